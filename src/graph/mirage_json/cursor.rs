@@ -1,0 +1,155 @@
+//! A JSON value together with its path in the document, so that every read can fail with an
+//! error naming exactly where.
+
+use serde_json::Value;
+
+use crate::graph::error::ErrorKind;
+
+/// An error at a JSON path (the importer adds file, graph and operator).
+#[derive(Debug)]
+pub struct PathErr {
+    /// JSON path, e.g. `[0][3].bgraph.grid_dim.x`.
+    pub path: String,
+    /// What is wrong there.
+    pub kind: ErrorKind,
+}
+
+/// Result of a read at a path.
+pub type JResult<T> = Result<T, PathErr>;
+
+/// A value and its path.
+#[derive(Clone)]
+pub struct J<'a> {
+    /// The value.
+    pub v: &'a Value,
+    /// Its path.
+    pub path: String,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
+        Value::Number(_) => "a non-integer number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl<'a> J<'a> {
+    /// The document root; `path` is the prefix shown for it (usually empty).
+    pub fn root(v: &'a Value, path: impl Into<String>) -> Self {
+        J {
+            v,
+            path: path.into(),
+        }
+    }
+
+    /// An error at this value.
+    pub fn err(&self, kind: ErrorKind) -> PathErr {
+        PathErr {
+            path: self.path.clone(),
+            kind,
+        }
+    }
+
+    fn wrong(&self, expected: &'static str) -> PathErr {
+        self.err(ErrorKind::WrongType {
+            expected,
+            found: type_name(self.v),
+        })
+    }
+
+    fn child_key(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+
+    /// The value of `key` (this value must be an object).
+    pub fn key(&self, key: &str) -> JResult<J<'a>> {
+        self.opt_key(key)?.ok_or_else(|| PathErr {
+            path: self.child_key(key),
+            kind: ErrorKind::MissingKey(key.to_string()),
+        })
+    }
+
+    /// The value of `key` if present (this value must be an object).
+    pub fn opt_key(&self, key: &str) -> JResult<Option<J<'a>>> {
+        let obj = self.v.as_object().ok_or_else(|| self.wrong("an object"))?;
+        Ok(obj.get(key).map(|v| J {
+            v,
+            path: self.child_key(key),
+        }))
+    }
+
+    /// Whether this value is an object with `key`.
+    pub fn has(&self, key: &str) -> bool {
+        self.v.as_object().is_some_and(|o| o.contains_key(key))
+    }
+
+    /// The elements (this value must be an array).
+    pub fn items(&self) -> JResult<Vec<J<'a>>> {
+        let arr = self.v.as_array().ok_or_else(|| self.wrong("an array"))?;
+        Ok(arr
+            .iter()
+            .enumerate()
+            .map(|(i, v)| J {
+                v,
+                path: format!("{}[{i}]", self.path),
+            })
+            .collect())
+    }
+
+    /// An integer.
+    pub fn int(&self) -> JResult<i64> {
+        self.v.as_i64().ok_or_else(|| self.wrong("an integer"))
+    }
+
+    /// An integer in `lo..=hi`.
+    pub fn int_in(&self, lo: i64, hi: i64, what: &str) -> JResult<i64> {
+        let x = self.int()?;
+        if x < lo || x > hi {
+            return Err(self.err(ErrorKind::BadValue(format!(
+                "{what} {x} is outside {lo}..={hi}"
+            ))));
+        }
+        Ok(x)
+    }
+
+    /// A non-negative integer up to `hi`, as usize.
+    pub fn size(&self, hi: usize, what: &str) -> JResult<usize> {
+        Ok(self.int_in(0, hi as i64, what)? as usize)
+    }
+
+    /// A boolean.
+    pub fn bool(&self) -> JResult<bool> {
+        self.v.as_bool().ok_or_else(|| self.wrong("a boolean"))
+    }
+
+    /// A finite number.
+    pub fn float(&self) -> JResult<f64> {
+        match self.v.as_f64() {
+            Some(x) if x.is_finite() => Ok(x),
+            _ => Err(self.wrong("a number")),
+        }
+    }
+
+    /// A string.
+    pub fn str(&self) -> JResult<&'a str> {
+        self.v.as_str().ok_or_else(|| self.wrong("a string"))
+    }
+
+    /// An `{"x":…, "y":…, "z":…}` object of integers.
+    pub fn int3(&self) -> JResult<[i64; 3]> {
+        Ok([
+            self.key("x")?.int()?,
+            self.key("y")?.int()?,
+            self.key("z")?.int()?,
+        ])
+    }
+}

@@ -1,0 +1,896 @@
+//! Mirage µGraph JSON → IR (`mirage-graph-format.md` §1–§3).
+//!
+//! The importer is structural: it resolves guids, binds customized operators' threadblock inputs
+//! and outputs by position (verified by guid), decodes element types, normalises legacy
+//! spellings and the May-2024 schema, and records every operator's JSON path. Shapes and flags
+//! are taken as recorded; [`crate::graph::validate`] recomputes and checks them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::cursor::{J, JResult, PathErr};
+use super::names::{self, KnName, NameError, TbName, UnaryName};
+use super::{FileForm, ImportOptions, LoadedGraph, MirageFile};
+use crate::graph::arena::Handle;
+use crate::graph::dtype::{DType, DtypeTable};
+use crate::graph::error::{ErrorKind, GraphError, Location};
+use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
+use crate::graph::ops::{AccumKind, DimMap, TbReduction, UnaryOp};
+use crate::graph::shape::{MAX_DIMS, Shape, Strides};
+use crate::graph::source::{OpOrigin, SourceMap};
+use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
+
+/// Largest extent, stride or launch dimension accepted from a file (2⁴⁰).
+const MAX_EXTENT: usize = 1 << 40;
+
+/// Parses a Mirage µGraph document. `file` is only used in error messages.
+pub fn parse_str(
+    text: &str,
+    file: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<MirageFile, GraphError> {
+    let file_buf = file.map(Path::to_path_buf);
+    let with_file = |mut e: GraphError| {
+        e.location.file = file_buf.clone();
+        e
+    };
+    let doc: Value = serde_json::from_str(text).map_err(|e| {
+        with_file(GraphError::new(ErrorKind::Json {
+            line: e.line(),
+            column: e.column(),
+            message: json_message(&e),
+        }))
+    })?;
+    let root = J::root(&doc, "");
+    let path_err = |e: PathErr| {
+        with_file(GraphError {
+            location: Location {
+                json_path: Some(if e.path.is_empty() {
+                    "(document root)".into()
+                } else {
+                    e.path
+                }),
+                ..Location::default()
+            },
+            kind: e.kind,
+        })
+    };
+
+    // Top-level form.
+    let (form, graph_values): (FileForm, Vec<J>) = match &doc {
+        Value::Object(_) if root.has("generated_graphs") => (
+            FileForm::LegacyCheckpoint,
+            root.key("generated_graphs")
+                .and_then(|g| g.items())
+                .map_err(path_err)?,
+        ),
+        Value::Array(items) => {
+            if items.is_empty() {
+                return Err(path_err(root.err(ErrorKind::Invalid(
+                    "the file holds no graphs (an empty array)".into(),
+                ))));
+            }
+            if items[0].is_array() {
+                (FileForm::CandidateList, root.items().map_err(path_err)?)
+            } else {
+                (FileForm::SingleGraph, vec![root.clone()])
+            }
+        }
+        _ => {
+            return Err(path_err(root.err(ErrorKind::WrongType {
+                expected: "an array of graphs, a graph, or a checkpoint object with generated_graphs",
+                found: if doc.is_object() { "an object without generated_graphs" } else { "a scalar" },
+            })));
+        }
+    };
+    if graph_values.is_empty() {
+        return Err(path_err(
+            root.err(ErrorKind::Invalid("the file holds no graphs".into())),
+        ));
+    }
+
+    let (table, table_reason, warning) = match opts.dtype_table {
+        Some(t) => (t, "given explicitly".to_string(), None),
+        None => detect_table(&doc, form).map_err(|kind| with_file(GraphError::new(kind)))?,
+    };
+    let mut warnings: Vec<String> = warning.into_iter().collect();
+
+    let mut graphs = Vec::with_capacity(graph_values.len());
+    for (index, gv) in graph_values.iter().enumerate() {
+        let mut imp = GraphImporter {
+            table,
+            legacy_schema: form == FileForm::LegacyCheckpoint,
+            g: KernelGraph::new(),
+            src: SourceMap {
+                file: file_buf.clone(),
+                graph: Some(index),
+                ..SourceMap::default()
+            },
+            dguids: HashMap::new(),
+        };
+        imp.graph(gv, &mut warnings)?;
+        graphs.push(LoadedGraph {
+            graph: imp.g,
+            source: imp.src,
+        });
+    }
+    Ok(MirageFile {
+        path: file_buf,
+        form,
+        dtype_table: table,
+        dtype_table_reason: table_reason,
+        warnings,
+        graphs,
+    })
+}
+
+/// Reads and parses a file.
+pub fn read_file(path: &Path, opts: &ImportOptions) -> Result<MirageFile, GraphError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| GraphError::new(ErrorKind::Io(e.to_string())).in_file(path))?;
+    parse_str(&text, Some(path), opts)
+}
+
+fn json_message(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    // serde_json appends " at line L column C"; we print those separately.
+    let msg = match s.rfind(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    };
+    match e.classify() {
+        serde_json::error::Category::Eof => format!("{msg} (the file is truncated)"),
+        _ if msg.starts_with("trailing characters") => {
+            format!("{msg} (garbage after the end of the JSON document)")
+        }
+        _ => msg,
+    }
+}
+
+/// Chooses the dtype table from the document (§2.6.1 of the format reference).
+fn detect_table(
+    doc: &Value,
+    form: FileForm,
+) -> Result<(DtypeTable, String, Option<String>), ErrorKind> {
+    let mut codes = BTreeSet::new();
+    let mut legacy_names = form == FileForm::LegacyCheckpoint;
+    let mut new_names = false;
+    let mut head_ops = false;
+    scan(
+        doc,
+        &mut codes,
+        &mut legacy_names,
+        &mut new_names,
+        &mut head_ops,
+    );
+    let decodable = |t: DtypeTable| codes.iter().all(|&c| t.decode(c).is_some());
+    let mut candidates: Vec<DtypeTable> = DtypeTable::ALL
+        .into_iter()
+        .filter(|&t| decodable(t))
+        .collect();
+    let codes_text = codes
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if candidates.is_empty() {
+        return Err(ErrorKind::BadValue(format!(
+            "no dtype table defines all data_type codes used ({codes_text}); pass --dtype-table to choose one"
+        )));
+    }
+    let mut why = Vec::new();
+    if legacy_names {
+        // Legacy accumulator names: legacy codes, or (Feb 28 – Mar 10, 2025) mid codes.
+        candidates.retain(|&t| t != DtypeTable::Current);
+        why.push("legacy operator names");
+    } else if new_names {
+        candidates.retain(|&t| t != DtypeTable::Legacy);
+        why.push("current operator names");
+    }
+    if head_ops {
+        candidates.retain(|&t| t == DtypeTable::Current);
+        why.push("operators that only recent Mirage writes");
+    }
+    if candidates.is_empty() {
+        return Err(ErrorKind::BadValue(format!(
+            "the data_type codes used ({codes_text}) do not fit the file's vintage ({}); pass --dtype-table to choose a table",
+            why.join(", ")
+        )));
+    }
+    let all_agree = |a: DtypeTable| {
+        candidates
+            .iter()
+            .all(|&b| codes.iter().all(|&c| a.agrees_with(b, c)))
+    };
+    // Preference when the file does not decide: legacy first if it qualifies (its unique codes
+    // already excluded the others), then mid (the real-world files with 940/941 codes are the
+    // Qwen2.5 demo caches), then current.
+    let pick = if candidates.contains(&DtypeTable::Legacy) {
+        DtypeTable::Legacy
+    } else if candidates.contains(&DtypeTable::Mid) {
+        DtypeTable::Mid
+    } else {
+        DtypeTable::Current
+    };
+    let mut reason = if why.is_empty() {
+        format!("data_type codes {codes_text}")
+    } else {
+        format!("{}; data_type codes {codes_text}", why.join(", "))
+    };
+    let warning = if candidates.len() > 1 && !all_agree(pick) {
+        let alternatives: Vec<String> = candidates
+            .iter()
+            .filter(|&&t| t != pick)
+            .map(|&t| {
+                let meanings: Vec<String> = codes
+                    .iter()
+                    .filter(|&&c| !pick.agrees_with(t, c))
+                    .map(|&c| {
+                        format!(
+                            "{c} = {}",
+                            t.decode(c).map_or("?".into(), |d| d.to_string())
+                        )
+                    })
+                    .collect();
+                format!("under the {t} table {}", meanings.join(", "))
+            })
+            .collect();
+        reason.push_str(" (ambiguous)");
+        Some(format!(
+            "the dtype table is ambiguous: reading codes with the {pick} table ({}), but {}; pass --dtype-table to choose",
+            codes
+                .iter()
+                .map(|&c| format!(
+                    "{c} = {}",
+                    pick.decode(c).map_or("?".into(), |d| d.to_string())
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
+            alternatives.join("; ")
+        ))
+    } else {
+        None
+    };
+    Ok((pick, reason, warning))
+}
+
+fn scan(v: &Value, codes: &mut BTreeSet<i64>, legacy: &mut bool, new: &mut bool, head: &mut bool) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| scan(x, codes, legacy, new, head)),
+        Value::Object(o) => {
+            for (k, x) in o {
+                match (k.as_str(), x) {
+                    ("data_type", Value::Number(n)) => {
+                        if let Some(c) = n.as_i64() {
+                            codes.insert(c);
+                        }
+                    }
+                    ("op_type", Value::String(s)) => {
+                        if s.starts_with("tb_accum_") {
+                            *legacy = true;
+                        } else if s.starts_with("tb_forloop_accum_") {
+                            *new = true;
+                        } else if s.starts_with("kn_chunk_") || s == "kn_allreduce_op" {
+                            *head = true;
+                        }
+                    }
+                    _ => scan(x, codes, legacy, new, head),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+struct GraphImporter {
+    table: DtypeTable,
+    legacy_schema: bool,
+    g: KernelGraph,
+    src: SourceMap,
+    /// DTensor guid → (tensor, JSON path of its definition).
+    dguids: HashMap<i64, (Handle<DTensor>, String)>,
+}
+
+/// What an error is about, for the location.
+#[derive(Clone, Default)]
+struct Ctx {
+    op: Option<String>,
+}
+
+/// Fields shared by DTensor and STensor objects.
+struct TensorFields {
+    shape: Shape,
+    dtype: DType,
+    guid: i64,
+}
+
+fn parse_tensor_fields(j: &J, table: DtypeTable) -> JResult<TensorFields> {
+    let code_j = j.key("data_type")?;
+    let code = code_j.int()?;
+    let dtype = table.decode(code).ok_or_else(|| {
+        code_j.err(ErrorKind::UnknownDtypeCode {
+            code,
+            table: table.name().into(),
+        })
+    })?;
+    let nd_j = j.key("num_dims")?;
+    let nd = nd_j.int_in(1, MAX_DIMS as i64, "num_dims")? as usize;
+    let dim_j = j.key("dim")?;
+    let dims = dim_j.items()?;
+    if dims.len() < nd {
+        return Err(dim_j.err(ErrorKind::BadValue(format!(
+            "dim has {} entries but num_dims is {nd}",
+            dims.len()
+        ))));
+    }
+    let mut ext = Vec::with_capacity(nd);
+    for d in &dims[..nd] {
+        ext.push(d.size(MAX_EXTENT, "extent")?);
+    }
+    for d in &dims[nd..] {
+        d.int()?;
+    }
+    let shape =
+        Shape::new(&ext).ok_or_else(|| dim_j.err(ErrorKind::BadValue("bad rank".into())))?;
+    let guid = j.key("guid")?.int()?;
+    Ok(TensorFields { shape, dtype, guid })
+}
+
+impl GraphImporter {
+    fn error(&self, e: PathErr, ctx: &Ctx) -> GraphError {
+        GraphError {
+            location: Location {
+                file: self.src.file.clone(),
+                graph: self.src.graph,
+                json_path: Some(e.path),
+                op: ctx.op.clone(),
+                tensor: None,
+            },
+            kind: e.kind,
+        }
+    }
+
+    fn graph(&mut self, gj: &J, warnings: &mut Vec<String>) -> Result<(), GraphError> {
+        let root_ctx = Ctx::default();
+        let ops = gj.items().map_err(|e| self.error(e, &root_ctx))?;
+        for (i, oj) in ops.iter().enumerate() {
+            let op_type = oj.key("op_type").and_then(|t| t.str()).map_err(|e| {
+                self.error(
+                    e,
+                    &Ctx {
+                        op: Some(format!("kernel op {i}")),
+                    },
+                )
+            })?;
+            let ctx = Ctx {
+                op: Some(format!("{op_type}, kernel op {i}")),
+            };
+            let name = names::parse_kn(op_type).map_err(|ne| {
+                let t = oj.key("op_type").expect("checked above");
+                self.error(
+                    t.err(match ne {
+                        NameError::Unknown => ErrorKind::UnknownOp {
+                            level: "kernel",
+                            name: op_type.into(),
+                        },
+                        NameError::Unsupported(why) => ErrorKind::Unsupported(why.into()),
+                    }),
+                    &ctx,
+                )
+            })?;
+            self.kn_op(oj, name, &ctx)
+                .map_err(|e| self.error(e, &ctx))?;
+            self.src.kn_ops.push(OpOrigin {
+                path: oj.path.clone(),
+                op_type: op_type.to_string(),
+            });
+        }
+        if self.legacy_schema && self.g.outputs().is_empty() {
+            self.implicit_outputs(warnings);
+        }
+        Ok(())
+    }
+
+    /// May-2024 schema: no output operators; every tensor nobody reads is an output.
+    fn implicit_outputs(&mut self, warnings: &mut Vec<String>) {
+        let mut read = vec![false; self.g.tensors.len()];
+        for (_, op) in self.g.ops.iter() {
+            for &t in &op.inputs {
+                read[t.index()] = true;
+            }
+        }
+        let mut added = 0;
+        let producers: Vec<(usize, Handle<DTensor>)> = self
+            .g
+            .ops
+            .iter()
+            .filter(|(_, op)| !matches!(op.kind, KnOpKind::Input { .. }))
+            .flat_map(|(h, op)| op.outputs.iter().map(move |&t| (h.index(), t)))
+            .collect();
+        for (producer, t) in producers {
+            if !read[t.index()] {
+                self.g.ops.append(KnOp {
+                    kind: KnOpKind::Output { strides: None },
+                    inputs: vec![t],
+                    outputs: vec![],
+                });
+                let path = self.src.kn_ops[producer].path.clone();
+                self.src.kn_ops.push(OpOrigin {
+                    path,
+                    op_type: "kn_output_op (implicit, May-2024 schema)".into(),
+                });
+                added += 1;
+            }
+        }
+        warnings.push(format!(
+            "graph {}: May-2024 schema without kn_output_op; the {added} tensor(s) nobody reads are the outputs",
+            self.src.graph.unwrap_or(0)
+        ));
+    }
+
+    /// Resolves `input_tensors[k]` of a kernel op against earlier definitions.
+    fn resolve_dtensor(&self, tj: &J) -> JResult<Handle<DTensor>> {
+        let gj = tj.key("guid")?;
+        let guid = gj.int()?;
+        let &(h, _) = self
+            .dguids
+            .get(&guid)
+            .ok_or_else(|| gj.err(ErrorKind::DanglingGuid(guid)))?;
+        self.check_copy(tj, h)?;
+        Ok(h)
+    }
+
+    /// Checks a consumer's copy of a DTensor against its definition.
+    fn check_copy(&self, tj: &J, h: Handle<DTensor>) -> JResult<()> {
+        let f = parse_tensor_fields(tj, self.table)?;
+        let d = &self.g.tensors[h];
+        if f.shape != d.shape {
+            return Err(tj.key("dim")?.err(ErrorKind::CopyMismatch {
+                what: "shape",
+                here: f.shape.to_string(),
+                producer: d.shape.to_string(),
+            }));
+        }
+        if f.dtype != d.dtype {
+            return Err(tj.key("data_type")?.err(ErrorKind::CopyMismatch {
+                what: "data_type",
+                here: f.dtype.to_string(),
+                producer: d.dtype.to_string(),
+            }));
+        }
+        Ok(())
+    }
+
+    fn define_dtensor(&mut self, tj: &J) -> JResult<Handle<DTensor>> {
+        let f = parse_tensor_fields(tj, self.table)?;
+        if let Some((_, first)) = self.dguids.get(&f.guid) {
+            return Err(tj.key("guid")?.err(ErrorKind::DuplicateGuid {
+                guid: f.guid,
+                first: first.clone(),
+            }));
+        }
+        let h = self.g.tensors.append(DTensor {
+            shape: f.shape,
+            dtype: f.dtype,
+            guid: Some(f.guid),
+        });
+        self.dguids.insert(f.guid, (h, tj.path.clone()));
+        Ok(h)
+    }
+
+    fn kn_op(&mut self, oj: &J, name: KnName, ctx: &Ctx) -> Result<(), PathErr> {
+        let ins_j = match oj.opt_key("input_tensors")? {
+            Some(j) => j.items()?,
+            None => Vec::new(),
+        };
+        let outs_j = match oj.opt_key("output_tensors")? {
+            Some(j) => j.items()?,
+            None => Vec::new(),
+        };
+        let mut inputs = Vec::with_capacity(ins_j.len());
+        for tj in &ins_j {
+            inputs.push(self.resolve_dtensor(tj)?);
+        }
+        let mut outputs = Vec::with_capacity(outs_j.len());
+        for tj in &outs_j {
+            outputs.push(self.define_dtensor(tj)?);
+        }
+        let kind = match name {
+            KnName::Input => {
+                check_single_gpu(oj, "input_map")?;
+                let strides = match oj.opt_key("input_strides")? {
+                    Some(sj) => parse_strides(&sj)?,
+                    // May-2024 schema: no strides, row-major.
+                    None => match outputs.first() {
+                        Some(&t) => self.g.tensors[t].shape.row_major_strides(),
+                        None => Strides::default(),
+                    },
+                };
+                KnOpKind::Input { strides }
+            }
+            KnName::Output => {
+                check_single_gpu(oj, "output_map")?;
+                let strides = match oj.opt_key("output_strides")? {
+                    Some(sj) => {
+                        let s = parse_strides(&sj)?;
+                        if s.0.is_empty() { None } else { Some(s) }
+                    }
+                    None => None,
+                };
+                KnOpKind::Output { strides }
+            }
+            KnName::Matmul => KnOpKind::Matmul,
+            KnName::Unary(u) => KnOpKind::Unary(unary_op(oj, u)?),
+            KnName::Binary(b) => KnOpKind::Binary(b),
+            KnName::Reduction(dim) => KnOpKind::Reduction { dim },
+            KnName::RmsNorm => {
+                let nj = oj.opt_key("normalized_dims")?.ok_or_else(|| {
+                    oj.err(ErrorKind::Unsupported(
+                        "kn_rms_norm_op without `normalized_dims`: Mirage does not save how many trailing dims are normalised, so the operator's meaning is unknown".into(),
+                    ))
+                })?;
+                KnOpKind::RmsNorm {
+                    normalized_dims: nj.size(MAX_DIMS, "normalized_dims")?,
+                }
+            }
+            KnName::Concat(dim) => {
+                check_named_dim(oj, "concat_dim", dim)?;
+                KnOpKind::Concat { dim }
+            }
+            KnName::Split(dim) => KnOpKind::Split { dim },
+            KnName::Chunk(dim) => {
+                check_named_dim(oj, "chunk_dim", dim)?;
+                KnOpKind::Chunk {
+                    dim,
+                    chunk_size: oj.key("chunk_size")?.size(MAX_EXTENT, "chunk_size")?,
+                }
+            }
+            KnName::AllReduce => KnOpKind::AllReduce {
+                inplace: match oj.opt_key("inplace")? {
+                    Some(j) => j.bool()?,
+                    None => false,
+                },
+            },
+            KnName::Customized => {
+                let bj = oj.key("bgraph")?;
+                let kn_index = self.g.ops.len();
+                let (tb, origins) =
+                    self.bgraph(&bj, &ins_j, &outs_j, &inputs, &outputs, ctx, kn_index)?;
+                self.src.tb_ops.insert(kn_index, origins);
+                KnOpKind::Customized(Box::new(tb))
+            }
+        };
+        self.g.ops.append(KnOp {
+            kind,
+            inputs,
+            outputs,
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bgraph(
+        &mut self,
+        bj: &J,
+        kn_ins: &[J],
+        kn_outs: &[J],
+        inputs: &[Handle<DTensor>],
+        outputs: &[Handle<DTensor>],
+        _ctx: &Ctx,
+        kn_index: usize,
+    ) -> JResult<(TbGraph, Vec<OpOrigin>)> {
+        let launch = |key: &str| -> JResult<[usize; 3]> {
+            let j = bj.key(key)?;
+            let v = j.int3()?;
+            let mut out = [0usize; 3];
+            for (a, (&x, o)) in v.iter().zip(out.iter_mut()).enumerate() {
+                if x < 0 || x as u64 > MAX_EXTENT as u64 {
+                    return Err(j.key(["x", "y", "z"][a])?.err(ErrorKind::BadValue(format!(
+                        "{key} {} = {x} is negative or absurdly large",
+                        ["x", "y", "z"][a]
+                    ))));
+                }
+                *o = x as usize;
+            }
+            Ok(out)
+        };
+        let grid = launch("grid_dim")?;
+        let block = launch("block_dim")?;
+        let forloop_range = bj.key("forloop_range")?.size(MAX_EXTENT, "forloop_range")?;
+        let reduction_dimx = bj
+            .key("reduction_dimx")?
+            .size(MAX_EXTENT, "reduction_dimx")?;
+        let mut tb = TbGraph::new(grid, block, forloop_range, reduction_dimx);
+        let mut origins = Vec::new();
+        let mut sguids: HashMap<i64, (Handle<STensor>, String)> = HashMap::new();
+        let (mut in_pos, mut out_pos) = (0usize, 0usize);
+
+        for (i, oj) in bj.key("operators")?.items()?.iter().enumerate() {
+            let tj = oj.key("op_type")?;
+            let op_type = tj.str()?;
+            let name = names::parse_tb(op_type).map_err(|ne| {
+                tj.err(match ne {
+                    NameError::Unknown => ErrorKind::UnknownOp {
+                        level: "threadblock",
+                        name: op_type.into(),
+                    },
+                    NameError::Unsupported(why) => ErrorKind::Unsupported(why.into()),
+                })
+            })?;
+            let ins_j = match oj.opt_key("input_tensors")? {
+                Some(j) => j.items()?,
+                None => Vec::new(),
+            };
+            let outs_j = match oj.opt_key("output_tensors")? {
+                Some(j) => j.items()?,
+                None => Vec::new(),
+            };
+            let mut ins = Vec::with_capacity(ins_j.len());
+            for sj in &ins_j {
+                let gj = sj.key("guid")?;
+                let guid = gj.int()?;
+                let &(h, _) = sguids
+                    .get(&guid)
+                    .ok_or_else(|| gj.err(ErrorKind::DanglingGuid(guid)))?;
+                let f = parse_tensor_fields(sj, self.table)?;
+                let s = &tb.tensors[h];
+                if f.shape != s.shape {
+                    return Err(sj.key("dim")?.err(ErrorKind::CopyMismatch {
+                        what: "shape",
+                        here: f.shape.to_string(),
+                        producer: s.shape.to_string(),
+                    }));
+                }
+                if f.dtype != s.dtype {
+                    return Err(sj.key("data_type")?.err(ErrorKind::CopyMismatch {
+                        what: "data_type",
+                        here: f.dtype.to_string(),
+                        producer: s.dtype.to_string(),
+                    }));
+                }
+                if let Some(aj) = sj.opt_key("after_accum")?
+                    && aj.bool()? != s.after_accum
+                {
+                    return Err(aj.err(ErrorKind::CopyMismatch {
+                        what: "after_accum",
+                        here: aj.bool()?.to_string(),
+                        producer: s.after_accum.to_string(),
+                    }));
+                }
+                ins.push(h);
+            }
+            let in_after = ins.iter().any(|&h| tb.tensors[h].after_accum);
+            // Define the outputs; `after` is the flag to assume when the file records none.
+            let mut define = |tb: &mut TbGraph, sj: &J, after: bool| -> JResult<Handle<STensor>> {
+                let f = parse_tensor_fields(sj, self.table)?;
+                if let Some((_, first)) = sguids.get(&f.guid) {
+                    return Err(sj.key("guid")?.err(ErrorKind::DuplicateGuid {
+                        guid: f.guid,
+                        first: first.clone(),
+                    }));
+                }
+                let after_accum = match sj.opt_key("after_accum")? {
+                    Some(aj) => aj.bool()?,
+                    None => after,
+                };
+                let h = tb.tensors.append(STensor {
+                    shape: f.shape,
+                    dtype: f.dtype,
+                    after_accum,
+                    guid: Some(f.guid),
+                });
+                sguids.insert(f.guid, (h, sj.path.clone()));
+                Ok(h)
+            };
+            let origin = OpOrigin {
+                path: oj.path.clone(),
+                op_type: op_type.to_string(),
+            };
+            let kind = match name {
+                TbName::Input => {
+                    let dj = oj.key("dtensor")?;
+                    let kn_in = kn_ins.get(in_pos).ok_or_else(|| {
+                        oj.err(ErrorKind::Invalid(format!(
+                            "tb_input_op number {} but the customized operator has only {} inputs",
+                            in_pos + 1,
+                            kn_ins.len()
+                        )))
+                    })?;
+                    bind_guid(&dj, kn_in, "input", in_pos)?;
+                    self.check_copy(&dj, inputs[in_pos])?;
+                    let imap = parse_map(&oj.key("input_map")?)?;
+                    let fj = oj.key("forloop_dim")?;
+                    let f = fj.int_in(-1, MAX_DIMS as i64 - 1, "forloop_dim")?;
+                    in_pos += 1;
+                    TbOpKind::Input {
+                        input: in_pos - 1,
+                        imap,
+                        forloop_dim: usize::try_from(f).ok(),
+                    }
+                }
+                TbName::Output => {
+                    let dj = oj.key("dtensor")?;
+                    let kn_out = kn_outs.get(out_pos).ok_or_else(|| {
+                        oj.err(ErrorKind::Invalid(format!(
+                            "tb_output_op number {} but the customized operator has only {} outputs",
+                            out_pos + 1,
+                            kn_outs.len()
+                        )))
+                    })?;
+                    bind_guid(&dj, kn_out, "output", out_pos)?;
+                    self.check_copy(&dj, outputs[out_pos])?;
+                    let omap = parse_map(&oj.key("output_map")?)?;
+                    out_pos += 1;
+                    if outs_j.len() > 1 {
+                        return Err(oj.key("output_tensors")?.err(ErrorKind::Arity {
+                            what: "outputs",
+                            expected: "0 (or 1 in the May-2024 schema)".into(),
+                            found: outs_j.len(),
+                        }));
+                    }
+                    if let Some(sj) = outs_j.first() {
+                        // May-2024 schema: the output operator accumulates over the loop itself.
+                        let acc = define(&mut tb, sj, true)?;
+                        tb.ops.append(TbOp {
+                            kind: TbOpKind::Accum(AccumKind::Nored),
+                            inputs: ins.clone(),
+                            outputs: vec![acc],
+                        });
+                        origins.push(OpOrigin {
+                            path: oj.path.clone(),
+                            op_type: format!("{op_type} (accumulating, May-2024 schema)"),
+                        });
+                        ins = vec![acc];
+                    }
+                    tb.ops.append(TbOp {
+                        kind: TbOpKind::Output {
+                            output: out_pos - 1,
+                            omap,
+                        },
+                        inputs: ins,
+                        outputs: vec![],
+                    });
+                    origins.push(origin);
+                    continue;
+                }
+                TbName::Matmul => TbOpKind::Matmul,
+                TbName::Unary(u) => TbOpKind::Unary(unary_op(oj, u)?),
+                TbName::Binary(b) => TbOpKind::Binary(b),
+                TbName::Reduction(dim, kind) => {
+                    check_named_dim(oj, "reduce_dim", dim)?;
+                    if let Some(rj) = oj.opt_key("reduce_size")? {
+                        let want = match kind {
+                            TbReduction::Sum => 1,
+                            TbReduction::ToDimx => reduction_dimx as i64,
+                            TbReduction::Max => -1,
+                        };
+                        let got = rj.int()?;
+                        if got != want && !(kind == TbReduction::Max && got == 1) {
+                            return Err(rj.err(ErrorKind::BadValue(format!(
+                                "reduce_size {got} does not match {op_type} (expected {want})"
+                            ))));
+                        }
+                    }
+                    TbOpKind::Reduction { dim, kind }
+                }
+                TbName::RmsNorm => TbOpKind::RmsNorm,
+                TbName::Concat(dim) => {
+                    check_named_dim(oj, "concat_dim", dim)?;
+                    TbOpKind::Concat { dim }
+                }
+                TbName::Accum(kind, _) => TbOpKind::Accum(kind),
+            };
+            let after = match kind {
+                TbOpKind::Input { .. } => false,
+                TbOpKind::Accum(_) => true,
+                _ => in_after,
+            };
+            let mut outs = Vec::with_capacity(outs_j.len());
+            for sj in &outs_j {
+                outs.push(define(&mut tb, sj, after)?);
+            }
+            tb.ops.append(TbOp {
+                kind,
+                inputs: ins,
+                outputs: outs,
+            });
+            origins.push(origin);
+            let _ = i;
+        }
+        let _ = kn_index;
+        Ok((tb, origins))
+    }
+}
+
+/// Checks that a threadblock input/output operator's `dtensor` is the customized operator's
+/// tensor at the same position.
+fn bind_guid(dj: &J, kn_t: &J, what: &str, pos: usize) -> JResult<()> {
+    let gj = dj.key("guid")?;
+    let guid = gj.int()?;
+    let want = kn_t.key("guid")?.int()?;
+    if guid != want {
+        return Err(gj.err(ErrorKind::Invalid(format!(
+            "tb_{what}_op number {} names DTensor guid {guid}, but {what} {pos} of the customized operator is guid {want} (threadblock {what}s are bound by position)",
+            pos + 1
+        ))));
+    }
+    Ok(())
+}
+
+fn check_single_gpu(oj: &J, key: &str) -> JResult<()> {
+    if let Some(mj) = oj.opt_key(key)? {
+        let m = mj.int3()?;
+        if m != [-1, -1, -1] {
+            return Err(mj.err(ErrorKind::Unsupported(format!(
+                "{key} ({}, {}, {}) partitions the tensor across GPUs; mucc targets one GPU",
+                m[0], m[1], m[2]
+            ))));
+        }
+    }
+    Ok(())
+}
+
+fn check_named_dim(oj: &J, key: &str, dim: usize) -> JResult<()> {
+    if let Some(j) = oj.opt_key(key)? {
+        let v = j.int()?;
+        if v != dim as i64 {
+            return Err(j.err(ErrorKind::BadValue(format!(
+                "{key} {v} disagrees with the operator name (dim {dim})"
+            ))));
+        }
+    }
+    Ok(())
+}
+
+fn parse_strides(sj: &J) -> JResult<Strides> {
+    let mut v = Vec::new();
+    for x in sj.items()? {
+        v.push(x.size(MAX_EXTENT, "stride")?);
+    }
+    Ok(Strides(v))
+}
+
+fn parse_map(mj: &J) -> JResult<DimMap> {
+    let m = mj.int3()?;
+    for (a, &x) in m.iter().enumerate() {
+        if !(-1..MAX_DIMS as i64).contains(&x) {
+            return Err(mj.key(["x", "y", "z"][a])?.err(ErrorKind::BadValue(format!(
+                "map entry {x} is not a dim index (−1 for none, 0..=3)"
+            ))));
+        }
+    }
+    DimMap::from_mirage(m).ok_or_else(|| mj.err(ErrorKind::BadValue("bad map".into())))
+}
+
+fn unary_op(oj: &J, u: UnaryName) -> JResult<UnaryOp> {
+    Ok(match u {
+        UnaryName::Plain(op) => op,
+        UnaryName::MulScalar => {
+            let sj = oj.opt_key("scalar")?.ok_or_else(|| {
+                oj.err(ErrorKind::Unsupported(
+                    "mul_scalar without `scalar`: Mirage does not save the scalar (its loader silently uses 0), so the operator's meaning is unknown; add \"scalar\": <number>".into(),
+                ))
+            })?;
+            UnaryOp::MulScalar(sj.float()?)
+        }
+        UnaryName::Clamp => {
+            let (lo, hi) = (oj.opt_key("min_val")?, oj.opt_key("max_val")?);
+            match (lo, hi) {
+                (Some(lo), Some(hi)) => UnaryOp::Clamp {
+                    min: lo.float()?,
+                    max: hi.float()?,
+                },
+                _ => {
+                    return Err(oj.err(ErrorKind::Unsupported(
+                        "clamp without `min_val`/`max_val`: Mirage does not save the bounds, so the operator's meaning is unknown; add \"min_val\" and \"max_val\"".into(),
+                    )));
+                }
+            }
+        }
+    })
+}
+
+#[allow(dead_code)]
+fn _assert_send(_: PathBuf) {}

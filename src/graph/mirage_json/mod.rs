@@ -1,0 +1,79 @@
+//! Mirage's saved µGraph JSON: import ([`parse_str`], [`read_file`]) and export
+//! ([`graph_to_json`], [`graphs_to_json`]). See `mirage-graph-format.md` for the format.
+
+mod cursor;
+mod export;
+mod import;
+pub mod names;
+
+use std::path::PathBuf;
+
+pub use export::{ExportOptions, graph_to_json, graphs_to_json};
+pub use import::{parse_str, read_file};
+
+use super::dtype::DtypeTable;
+use super::error::ValidationErrors;
+use super::kernel::KernelGraph;
+use super::source::SourceMap;
+
+/// The top-level shape of a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileForm {
+    /// A JSON array of candidate graphs (what Mirage's search saves).
+    CandidateList,
+    /// One graph (an array of operators), as `KNGraph.to_json` writes.
+    SingleGraph,
+    /// The May-2024 search checkpoint object; its `generated_graphs` are the candidates.
+    LegacyCheckpoint,
+}
+
+impl FileForm {
+    /// A short description.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FileForm::CandidateList => "list of candidate graphs",
+            FileForm::SingleGraph => "single graph",
+            FileForm::LegacyCheckpoint => "May-2024 checkpoint object (generated_graphs)",
+        }
+    }
+}
+
+/// Options of the importer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// The dtype table to use; `None` detects it from the file.
+    pub dtype_table: Option<DtypeTable>,
+}
+
+/// One imported graph with the JSON origins of its operators.
+#[derive(Clone, Debug)]
+pub struct LoadedGraph {
+    /// The graph.
+    pub graph: KernelGraph,
+    /// Where its operators came from.
+    pub source: SourceMap,
+}
+
+impl LoadedGraph {
+    /// Validates the graph, with errors naming JSON paths.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        super::validate::validate(&self.graph, Some(&self.source))
+    }
+}
+
+/// An imported file.
+#[derive(Clone, Debug)]
+pub struct MirageFile {
+    /// The file read, if any.
+    pub path: Option<PathBuf>,
+    /// Its top-level form.
+    pub form: FileForm,
+    /// The dtype table used.
+    pub dtype_table: DtypeTable,
+    /// Why that table was used.
+    pub dtype_table_reason: String,
+    /// Things a user should know (ambiguous dtype table, implicit outputs, …).
+    pub warnings: Vec<String>,
+    /// The candidate graphs, in file order.
+    pub graphs: Vec<LoadedGraph>,
+}

@@ -1,0 +1,17 @@
+//! mucc: a µGraph-to-CUDA transpiler.
+//!
+//! mucc reads µGraphs — Mirage's two-level kernel graphs — from Mirage's saved JSON or from the
+//! Rust builder API, validates them, evaluates them on the CPU as a reference, and (in later
+//! stages) plans and emits CUDA C++. The pipeline and its stages are described in `DESIGN.md`
+//! of the shared project folder; this crate follows its layout:
+//!
+//! - [`graph`]: IR, Mirage JSON import/export, builder, validation, CPU interpreter;
+//! - [`sched`], [`layout`], [`emit`], [`cuda`]: planning, emission and GPU execution (to come).
+
+#![warn(missing_docs)]
+
+pub mod cuda;
+pub mod emit;
+pub mod graph;
+pub mod layout;
+pub mod sched;
