@@ -9,9 +9,17 @@
 //! - [`sched`], [`layout`], [`emit`], [`cuda`]: planning, emission and GPU execution (to come).
 
 #![warn(missing_docs)]
+// Loops over the three grid axes and the four padded dims index several arrays at once; an
+// index is the clearest way to write them.
+#![allow(clippy::needless_range_loop)]
 
 pub mod cuda;
 pub mod emit;
 pub mod graph;
 pub mod layout;
 pub mod sched;
+
+pub use graph::mirage_json::{
+    ExportOptions, FileForm, ImportOptions, LoadedGraph, MirageFile, parse_str, read_file,
+};
+pub use graph::{GraphError, KernelGraph, ValidationErrors, validate};

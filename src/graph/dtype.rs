@@ -112,6 +112,14 @@ impl DType {
         )
     }
 
+    /// Whether this is an unsigned integer type.
+    pub fn is_unsigned(self) -> bool {
+        matches!(
+            self,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::U4
+        )
+    }
+
     /// Rounds `x` to the nearest value representable in this type (round to nearest even for
     /// floats; round and saturate for integers). Unsupported types return `x` unchanged.
     pub fn round(self, x: f64) -> f64 {

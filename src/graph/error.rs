@@ -230,8 +230,8 @@ pub enum ErrorKind {
 /// An error with its location.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GraphError {
-    /// Where.
-    pub location: Location,
+    /// Where (boxed: errors travel through `Result`s on hot paths).
+    pub location: Box<Location>,
     /// What.
     pub kind: ErrorKind,
 }
@@ -240,7 +240,7 @@ impl GraphError {
     /// An error with an empty location.
     pub fn new(kind: ErrorKind) -> Self {
         GraphError {
-            location: Location::default(),
+            location: Box::default(),
             kind,
         }
     }

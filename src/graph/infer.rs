@@ -101,7 +101,7 @@ pub fn tb_input(
     for a in 0..3 {
         if let (true, Some(dim)) = (grid[a] > 1, imap.axis(a)) {
             let e = s.dim(dim);
-            if e % grid[a] != 0 {
+            if !e.is_multiple_of(grid[a]) {
                 return Err(ErrorKind::NotDivisible {
                     what: format!(
                         "grid axis {} ({} blocks) partitions",
@@ -118,7 +118,7 @@ pub fn tb_input(
     if let Some(f) = forloop_dim {
         check_dim(d, f, "forloop_dim")?;
         let e = s.dim(f);
-        if e % forloop_range != 0 {
+        if !e.is_multiple_of(forloop_range) {
             return Err(ErrorKind::NotDivisible {
                 what: format!("the for-loop ({forloop_range} iterations) partitions per-block"),
                 dim: f,
@@ -181,7 +181,7 @@ pub fn tb_reduction(x: &Shape, dim: usize, kind: TbReduction, dimx: usize) -> R 
         TbReduction::Sum | TbReduction::Max => Ok(x.with_dim(dim, 1)),
         TbReduction::ToDimx => {
             let e = x.dim(dim);
-            if dimx == 0 || e % dimx != 0 {
+            if dimx == 0 || !e.is_multiple_of(dimx) {
                 return Err(ErrorKind::NotDivisible {
                     what: "reduction to reduction_dimx groups".into(),
                     dim,
@@ -223,7 +223,7 @@ pub fn accum(kind: AccumKind, x: &Shape, r: Option<&Shape>, dimx: usize) -> R {
 pub fn kn_reduction(x: &Shape, dim: usize, to: usize) -> R {
     check_dim(x, dim, "reduction dim")?;
     let e = x.dim(dim);
-    if to == 0 || e % to != 0 {
+    if to == 0 || !e.is_multiple_of(to) {
         return Err(ErrorKind::NotDivisible {
             what: "reduction output groups".into(),
             dim,

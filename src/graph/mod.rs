@@ -7,9 +7,12 @@
 //! whether it is well formed; later stages assume that it is.
 
 pub mod arena;
+pub mod builder;
+pub mod display;
 pub mod dtype;
 pub mod error;
 pub mod infer;
+pub mod interp;
 pub mod kernel;
 pub mod mirage_json;
 pub mod ops;
@@ -19,6 +22,7 @@ pub mod threadblock;
 pub mod validate;
 
 pub use arena::{Arena, Handle};
+pub use builder::{GraphBuilder, TbGraphBuilder};
 pub use dtype::{DType, DtypeTable};
 pub use error::{ErrorKind, GraphError, Location, ValidationErrors};
 pub use kernel::{DTensor, KernelGraph, KnOp, KnOpKind};

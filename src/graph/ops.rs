@@ -60,9 +60,7 @@ impl UnaryOp {
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
             UnaryOp::Relu => {
-                if x > 0.0 {
-                    x
-                } else if x.is_nan() {
+                if x > 0.0 || x.is_nan() {
                     x
                 } else {
                     0.0

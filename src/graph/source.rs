@@ -165,5 +165,8 @@ pub fn bgraph_location(
 
 /// Shorthand: an error at a location.
 pub fn err_at(location: Location, kind: ErrorKind) -> GraphError {
-    GraphError { location, kind }
+    GraphError {
+        location: Box::new(location),
+        kind,
+    }
 }

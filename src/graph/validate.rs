@@ -457,9 +457,11 @@ impl<'a> Validator<'a> {
 
 fn check_unary(u: &UnaryOp) -> Option<ErrorKind> {
     match *u {
-        UnaryOp::Clamp { min, max } if !(min <= max) => Some(ErrorKind::BadValue(format!(
-            "clamp bounds [{min}, {max}] are empty or not numbers"
-        ))),
+        UnaryOp::Clamp { min, max } if min.partial_cmp(&max).is_none_or(|o| o.is_gt()) => {
+            Some(ErrorKind::BadValue(format!(
+                "clamp bounds [{min}, {max}] are empty or not numbers"
+            )))
+        }
         UnaryOp::MulScalar(s) if !s.is_finite() => Some(ErrorKind::BadValue(format!(
             "mul_scalar scalar {s} is not finite"
         ))),

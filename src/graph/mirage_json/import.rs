@@ -46,14 +46,14 @@ pub fn parse_str(
     let root = J::root(&doc, "");
     let path_err = |e: PathErr| {
         with_file(GraphError {
-            location: Location {
+            location: Box::new(Location {
                 json_path: Some(if e.path.is_empty() {
                     "(document root)".into()
                 } else {
                     e.path
                 }),
                 ..Location::default()
-            },
+            }),
             kind: e.kind,
         })
     };
@@ -341,13 +341,13 @@ fn parse_tensor_fields(j: &J, table: DtypeTable) -> JResult<TensorFields> {
 impl GraphImporter {
     fn error(&self, e: PathErr, ctx: &Ctx) -> GraphError {
         GraphError {
-            location: Location {
+            location: Box::new(Location {
                 file: self.src.file.clone(),
                 graph: self.src.graph,
                 json_path: Some(e.path),
                 op: ctx.op.clone(),
                 tensor: None,
-            },
+            }),
             kind: e.kind,
         }
     }

@@ -1,0 +1,193 @@
+//! `mucc eval`.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::Instant;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use mucc::graph::interp::{self, Array, HostTensor, InputSpec};
+use mucc::graph::{DType, KernelGraph, Shape, Strides};
+
+use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
+
+/// Arguments of `mucc eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    #[command(flatten)]
+    select: GraphSelection,
+    /// Seed of the random inputs (uniform in [−scale, scale), rounded to the input dtype).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Half-width of the input distribution.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+}
+
+/// Statistics of one output.
+struct Stats {
+    shape: Shape,
+    checksum: f64,
+    l1: f64,
+    l2: f64,
+    max_abs: f64,
+    non_finite: usize,
+}
+
+fn stats(a: &Array) -> Stats {
+    let mut s = Stats {
+        shape: a.shape,
+        checksum: 0.0,
+        l1: 0.0,
+        l2: 0.0,
+        max_abs: 0.0,
+        non_finite: 0,
+    };
+    for &x in &a.data {
+        if !x.is_finite() {
+            s.non_finite += 1;
+            continue;
+        }
+        s.checksum += x;
+        s.l1 += x.abs();
+        s.l2 += x * x;
+        s.max_abs = s.max_abs.max(x.abs());
+    }
+    s.l2 = s.l2.sqrt();
+    s
+}
+
+/// ‖a − b‖ / max(‖a‖, ‖b‖) (0 when both are 0; ∞ for different shapes or non-finite values).
+pub fn relative_difference(a: &Array, b: &Array) -> f64 {
+    if a.shape != b.shape {
+        return f64::INFINITY;
+    }
+    let (mut d, mut na, mut nb) = (0.0, 0.0, 0.0);
+    for (&x, &y) in a.data.iter().zip(&b.data) {
+        d += (x - y) * (x - y);
+        na += x * x;
+        nb += y * y;
+    }
+    let denom = f64::max(na, nb).sqrt();
+    if !d.is_finite() || !denom.is_finite() {
+        f64::INFINITY
+    } else if denom == 0.0 {
+        if d == 0.0 { 0.0 } else { f64::INFINITY }
+    } else {
+        d.sqrt() / denom
+    }
+}
+
+type Signature = Vec<(Shape, Strides, DType)>;
+
+fn signature(g: &KernelGraph) -> Signature {
+    g.inputs()
+        .into_iter()
+        .map(|(_, t)| {
+            let d = &g.tensors[t];
+            (
+                d.shape,
+                g.input_strides(t).cloned().unwrap_or_default(),
+                d.dtype,
+            )
+        })
+        .collect()
+}
+
+/// Runs `mucc eval`.
+pub fn run(a: EvalArgs) -> Result<(), Failure> {
+    let file = load(&a.input)?;
+    print_warnings(&file);
+    let indices = a.select.indices(&file, false)?;
+    // Validate first: the interpreter assumes valid graphs.
+    for &i in &indices {
+        if let Err(e) = file.graphs[i].validate() {
+            return Err(Failure::User(format!("graph {i} is invalid:\n{e}")));
+        }
+    }
+    let spec = InputSpec {
+        seed: a.seed,
+        scale: a.scale,
+    };
+    let mut out = stdout();
+    writeln!(
+        out,
+        "inputs: uniform in [-{s}, {s}), seed {}, rounded to each input's dtype",
+        a.seed,
+        s = a.scale
+    )?;
+    let bar = if indices.len() > 1 {
+        let b = ProgressBar::new(indices.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} graphs, {elapsed} elapsed, ~{eta} left",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    // Candidates of one file share their inputs: draw them once per signature.
+    let mut cache: HashMap<Signature, Vec<HostTensor>> = HashMap::new();
+    let mut results: Vec<(usize, Vec<Array>)> = Vec::new();
+    for &i in &indices {
+        let g = &file.graphs[i].graph;
+        let t0 = Instant::now();
+        let inputs = cache
+            .entry(signature(g))
+            .or_insert_with(|| interp::random_inputs(g, spec))
+            .clone();
+        let outs = interp::evaluate_owned(g, inputs)
+            .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
+        let secs = t0.elapsed().as_secs_f64();
+        bar.suspend(|| -> Result<(), std::io::Error> {
+            for (j, o) in outs.iter().enumerate() {
+                let s = stats(o);
+                write!(
+                    out,
+                    "graph {i}: output {j}: shape {} checksum {:.12e} l1 {:.6e} l2 {:.6e} max|x| {:.6e}",
+                    s.shape, s.checksum, s.l1, s.l2, s.max_abs
+                )?;
+                if s.non_finite > 0 {
+                    write!(out, " NON-FINITE {}", s.non_finite)?;
+                }
+                writeln!(out, " ({secs:.2} s)")?;
+            }
+            Ok(())
+        })?;
+        bar.inc(1);
+        results.push((i, outs));
+    }
+    bar.finish_and_clear();
+    if results.len() > 1 {
+        // Largest pairwise relative difference over all candidate pairs and outputs.
+        let mut worst = (-1.0f64, 0, 0, 0);
+        for x in 0..results.len() {
+            for y in x + 1..results.len() {
+                let ((gi, oi), (gj, oj)) = (&results[x], &results[y]);
+                for k in 0..oi.len().max(oj.len()) {
+                    let d = match (oi.get(k), oj.get(k)) {
+                        (Some(p), Some(q)) => relative_difference(p, q),
+                        _ => f64::INFINITY,
+                    };
+                    if d > worst.0 {
+                        worst = (d, *gi, *gj, k);
+                    }
+                }
+            }
+        }
+        writeln!(
+            out,
+            "candidates agree: {} (largest pairwise relative difference {:.3e}, graphs {} and {}, output {})",
+            if worst.0 < 1e-9 { "yes" } else { "NO" },
+            worst.0,
+            worst.1,
+            worst.2,
+            worst.3
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! Subcommands of the `mucc` binary.
+
+mod eval;
+mod export;
+mod inspect;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use mucc::graph::DtypeTable;
+use mucc::{ImportOptions, MirageFile};
+
+/// mucc: a µGraph-to-CUDA transpiler for Mirage µGraphs.
+#[derive(Parser, Debug)]
+#[command(name = "mucc", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show the candidates, kernels, operators, shapes, grids, loops and dtypes of a µGraph
+    /// file, and whether each graph is valid.
+    Inspect(inspect::InspectArgs),
+    /// Evaluate graphs on the CPU reference interpreter (f64) with seeded random inputs.
+    Eval(eval::EvalArgs),
+    /// Write graphs back as Mirage JSON (e.g. convert legacy files to current Mirage).
+    Export(export::ExportArgs),
+}
+
+/// Options shared by commands that read a µGraph file.
+#[derive(Args, Debug, Clone)]
+pub struct InputArgs {
+    /// A Mirage µGraph JSON file (a candidate list, a single graph, or a May-2024 checkpoint).
+    pub file: PathBuf,
+    /// How to read `data_type` codes: legacy (≤ 2025-02-27), mid (2025-02-28 … 06-04) or
+    /// current. Detected from the file when absent.
+    #[arg(long, value_name = "TABLE", value_parser = parse_table)]
+    pub dtype_table: Option<DtypeTable>,
+}
+
+fn parse_table(s: &str) -> Result<DtypeTable, String> {
+    s.parse()
+}
+
+/// Selection of graphs within a file.
+#[derive(Args, Debug, Clone)]
+pub struct GraphSelection {
+    /// Index of the graph (candidate) in the file.
+    #[arg(long, short = 'g', value_name = "N", conflicts_with = "all")]
+    pub graph: Option<usize>,
+    /// All graphs of the file.
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl GraphSelection {
+    /// The indices selected; `default_all` decides what no flag means.
+    pub fn indices(&self, file: &MirageFile, default_all: bool) -> Result<Vec<usize>, Failure> {
+        let n = file.graphs.len();
+        match self.graph {
+            Some(g) if g >= n => Err(Failure::User(format!(
+                "{}: there is no graph {g}; the file has {n} graph{} (0..={})",
+                file.path
+                    .as_ref()
+                    .map_or("input".into(), |p| p.display().to_string()),
+                if n == 1 { "" } else { "s" },
+                n - 1
+            ))),
+            Some(g) => Ok(vec![g]),
+            None if self.all || default_all => Ok((0..n).collect()),
+            None => Ok(vec![0]),
+        }
+    }
+}
+
+/// Why a command failed.
+pub enum Failure {
+    /// A user error, printed as `error: …`.
+    User(String),
+    /// A failure already reported on stdout/stderr.
+    Quiet,
+    /// stdout was closed (e.g. piped into `head`): stop quietly.
+    BrokenPipe,
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::BrokenPipe {
+            Failure::BrokenPipe
+        } else {
+            Failure::User(format!("cannot write output: {e}"))
+        }
+    }
+}
+
+/// Loads a file with the shared options.
+pub fn load(args: &InputArgs) -> Result<MirageFile, Failure> {
+    mucc::read_file(
+        &args.file,
+        &ImportOptions {
+            dtype_table: args.dtype_table,
+        },
+    )
+    .map_err(|e| Failure::User(e.to_string()))
+}
+
+/// Prints the file's warnings on stderr.
+pub fn print_warnings(file: &MirageFile) {
+    for w in &file.warnings {
+        eprintln!(
+            "warning: {}: {w}",
+            file.path
+                .as_ref()
+                .map_or("input".into(), |p| p.display().to_string())
+        );
+    }
+}
+
+/// A locked stdout.
+pub fn stdout() -> io::StdoutLock<'static> {
+    io::stdout().lock()
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let r = match cli.command {
+        Command::Inspect(a) => inspect::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Export(a) => export::run(a),
+    };
+    let _ = io::stdout().flush();
+    r
+}

@@ -1,0 +1,108 @@
+//! A stable, readable text form of a kernel graph (used by `mucc inspect` and tests).
+//!
+//! DTensors are `%N` and STensors `sN` (arena indices); shapes are printed after `->`.
+
+use std::fmt::Write;
+
+use super::kernel::{KernelGraph, KnOpKind};
+use super::threadblock::{TbGraph, TbOpKind};
+
+fn join<T>(items: impl IntoIterator<Item = T>, f: impl Fn(T) -> String) -> String {
+    items.into_iter().map(f).collect::<Vec<_>>().join(", ")
+}
+
+/// The text form of `g`.
+pub fn dump(g: &KernelGraph) -> String {
+    let mut s = String::new();
+    let dts = join(g.dtypes(), |d| d.to_string());
+    let _ = writeln!(
+        s,
+        "{} inputs, {} outputs, {} kernels, dtypes {dts}",
+        g.inputs().len(),
+        g.outputs().len(),
+        g.num_kernels()
+    );
+    for (_, op) in g.ops.iter() {
+        let ins = join(&op.inputs, |t| format!("%{}", t.index()));
+        let outs = join(&op.outputs, |t| format!("%{}", t.index()));
+        let shapes = join(&op.outputs, |t| {
+            let d = &g.tensors[*t];
+            format!("{} {}", d.shape, d.dtype)
+        });
+        match &op.kind {
+            KnOpKind::Input { strides } => {
+                let _ = writeln!(s, "{outs} = input -> {shapes} strides {strides}");
+            }
+            KnOpKind::Output { strides } => {
+                let st = strides
+                    .as_ref()
+                    .map_or("chosen by mucc".to_string(), |s| s.to_string());
+                let _ = writeln!(s, "output {ins} strides {st}");
+            }
+            KnOpKind::Customized(tb) => {
+                let _ = writeln!(
+                    s,
+                    "{outs} = customized({ins}) grid ({}, {}, {}) block ({}, {}, {}) forloop {} dimx {} -> {shapes}",
+                    tb.grid[0],
+                    tb.grid[1],
+                    tb.grid[2],
+                    tb.block[0],
+                    tb.block[1],
+                    tb.block[2],
+                    tb.forloop_range,
+                    tb.reduction_dimx
+                );
+                dump_tb(&mut s, tb, &op.inputs, &op.outputs);
+            }
+            other => {
+                let name = match other {
+                    KnOpKind::Unary(u) => u.to_string(),
+                    KnOpKind::RmsNorm { normalized_dims } => {
+                        format!("rms_norm[{normalized_dims} dims]")
+                    }
+                    k => k.name(),
+                };
+                let _ = writeln!(s, "{outs} = {name}({ins}) -> {shapes}");
+            }
+        }
+    }
+    s
+}
+
+fn dump_tb(
+    s: &mut String,
+    tb: &TbGraph,
+    kn_ins: &[super::Handle<super::DTensor>],
+    kn_outs: &[super::Handle<super::DTensor>],
+) {
+    for (_, op) in tb.ops.iter() {
+        let ins = join(&op.inputs, |t| format!("s{}", t.index()));
+        let outs = join(&op.outputs, |t| format!("s{}", t.index()));
+        let shapes = join(&op.outputs, |t| {
+            let st = &tb.tensors[*t];
+            format!(
+                "{}{}",
+                st.shape,
+                if st.after_accum { " after-loop" } else { "" }
+            )
+        });
+        let line = match &op.kind {
+            TbOpKind::Input {
+                input,
+                imap,
+                forloop_dim,
+            } => format!(
+                "{outs} = input %{} imap {imap} forloop_dim {} -> {shapes}",
+                kn_ins.get(*input).map_or(usize::MAX, |t| t.index()),
+                forloop_dim.map_or(-1, |f| f as i64)
+            ),
+            TbOpKind::Output { output, omap } => format!(
+                "output {ins} -> %{} omap {omap}",
+                kn_outs.get(*output).map_or(usize::MAX, |t| t.index())
+            ),
+            TbOpKind::Unary(u) => format!("{outs} = {u}({ins}) -> {shapes}"),
+            other => format!("{outs} = {}({ins}) -> {shapes}", other.name()),
+        };
+        let _ = writeln!(s, "    {line}");
+    }
+}

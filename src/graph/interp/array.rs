@@ -1,0 +1,320 @@
+//! Dense row-major f64 arrays and the tensor operations the interpreter needs. Every operation
+//! works on any rank from 1 to 4 by viewing shapes as 4-dim with leading 1s.
+
+use crate::graph::ops::BinaryOp;
+use crate::graph::shape::{MAX_DIMS, Shape};
+
+/// A dense, row-major array of f64 values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Array {
+    /// Logical shape.
+    pub shape: Shape,
+    /// `shape.numel()` values in row-major order.
+    pub data: Vec<f64>,
+}
+
+/// A shape padded to 4 dims with leading 1s, and its row-major strides.
+#[derive(Clone, Copy)]
+struct Dims4 {
+    ext: [usize; MAX_DIMS],
+    stride: [usize; MAX_DIMS],
+    /// Number of padding dims in front.
+    pad: usize,
+}
+
+fn dims4(s: &Shape) -> Dims4 {
+    let pad = MAX_DIMS - s.rank();
+    let mut ext = [1; MAX_DIMS];
+    ext[pad..].copy_from_slice(s.dims());
+    let mut stride = [0; MAX_DIMS];
+    let mut acc = 1;
+    for d in (0..MAX_DIMS).rev() {
+        stride[d] = acc;
+        acc *= ext[d];
+    }
+    Dims4 { ext, stride, pad }
+}
+
+impl Array {
+    /// An array of `shape` filled with `value`.
+    pub fn full(shape: Shape, value: f64) -> Array {
+        Array {
+            shape,
+            data: vec![value; shape.numel()],
+        }
+    }
+
+    /// An array from row-major values (`data.len()` must equal `shape.numel()`).
+    pub fn from_vec(shape: Shape, data: Vec<f64>) -> Array {
+        debug_assert_eq!(data.len(), shape.numel());
+        Array { shape, data }
+    }
+
+    /// Applies `f` to every element.
+    pub fn map(&self, f: impl Fn(f64) -> f64) -> Array {
+        Array {
+            shape: self.shape,
+            data: self.data.iter().map(|&x| f(x)).collect(),
+        }
+    }
+
+    /// Element-wise `op` with broadcasting to `out` (both shapes must broadcast to it).
+    pub fn binary(a: &Array, b: &Array, op: BinaryOp, out: Shape) -> Array {
+        if a.shape == out && b.shape == out {
+            let data = a
+                .data
+                .iter()
+                .zip(&b.data)
+                .map(|(&x, &y)| op.apply(x, y))
+                .collect();
+            return Array { shape: out, data };
+        }
+        let o = dims4(&out);
+        let (da, db) = (dims4(&a.shape), dims4(&b.shape));
+        let bstride = |d: &Dims4| -> [usize; MAX_DIMS] {
+            let mut s = d.stride;
+            for i in 0..MAX_DIMS {
+                if d.ext[i] == 1 {
+                    s[i] = 0;
+                }
+            }
+            s
+        };
+        let (sa, sb) = (bstride(&da), bstride(&db));
+        let mut data = Vec::with_capacity(out.numel());
+        for i0 in 0..o.ext[0] {
+            for i1 in 0..o.ext[1] {
+                for i2 in 0..o.ext[2] {
+                    let ba = i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+                    let bb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+                    for i3 in 0..o.ext[3] {
+                        data.push(op.apply(a.data[ba + i3 * sa[3]], b.data[bb + i3 * sb[3]]));
+                    }
+                }
+            }
+        }
+        Array { shape: out, data }
+    }
+
+    /// In place: `self = self * r + x` where `r` broadcasts to `self` (rescaled accumulation).
+    pub fn rescale_add(&mut self, r: &Array, x: &Array) {
+        let scaled = Array::binary(self, r, BinaryOp::Mul, self.shape);
+        for ((s, p), q) in self.data.iter_mut().zip(&scaled.data).zip(&x.data) {
+            *s = p + q;
+        }
+    }
+
+    /// In place: `self += x` (equal shapes).
+    pub fn add_assign(&mut self, x: &Array) {
+        for (s, v) in self.data.iter_mut().zip(&x.data) {
+            *s += v;
+        }
+    }
+
+    /// Splits the array around `dim` into (outer, extent, inner) sizes.
+    fn around(&self, dim: usize) -> (usize, usize, usize) {
+        let d = self.shape.dims();
+        let outer: usize = d[..dim].iter().product();
+        let inner: usize = d[dim + 1..].iter().product();
+        (outer, d[dim], inner)
+    }
+
+    /// Grouped sum over `dim` down to extent `to` (which divides the extent), with the strided
+    /// grouping of Mirage's redtox: out[…, j, …] = Σₖ X[…, k·to + j, …]. `to = 1` is a plain sum.
+    pub fn sum_to(&self, dim: usize, to: usize) -> Array {
+        let (outer, ext, inner) = self.around(dim);
+        let mut data = vec![0.0; outer * to * inner];
+        for o in 0..outer {
+            for e in 0..ext {
+                let j = e % to;
+                let src = &self.data[(o * ext + e) * inner..][..inner];
+                let dst = &mut data[(o * to + j) * inner..][..inner];
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d += s;
+                }
+            }
+        }
+        Array {
+            shape: self.shape.with_dim(dim, to),
+            data,
+        }
+    }
+
+    /// Maximum over `dim` (the dim becomes 1).
+    pub fn max_over(&self, dim: usize) -> Array {
+        let (outer, ext, inner) = self.around(dim);
+        let mut data = vec![f64::NEG_INFINITY; outer * inner];
+        for o in 0..outer {
+            for e in 0..ext {
+                let src = &self.data[(o * ext + e) * inner..][..inner];
+                let dst = &mut data[o * inner..][..inner];
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    // NaN propagates, as in IEEE max-with-NaN-awareness of a reference.
+                    if s > *d || s.is_nan() {
+                        *d = s;
+                    }
+                }
+            }
+        }
+        Array {
+            shape: self.shape.with_dim(dim, 1),
+            data,
+        }
+    }
+
+    /// Batched matrix product over the last two dims; leading dims must be equal.
+    pub fn matmul(a: &Array, b: &Array) -> Array {
+        let r = a.shape.rank();
+        let (m, k, n) = (a.shape.dim(r - 2), a.shape.dim(r - 1), b.shape.dim(r - 1));
+        let batch: usize = a.shape.dims()[..r - 2].iter().product();
+        let mut data = vec![0.0; batch * m * n];
+        for bt in 0..batch {
+            let (ab, bb, cb) = (&a.data[bt * m * k..], &b.data[bt * k * n..], bt * m * n);
+            for i in 0..m {
+                let c = &mut data[cb + i * n..cb + (i + 1) * n];
+                for p in 0..k {
+                    let x = ab[i * k + p];
+                    let brow = &bb[p * n..(p + 1) * n];
+                    for (cv, &bv) in c.iter_mut().zip(brow) {
+                        *cv += x * bv;
+                    }
+                }
+            }
+        }
+        Array {
+            shape: a.shape.with_dim(r - 1, n),
+            data,
+        }
+    }
+
+    /// x / sqrt(mean(x²)) over the trailing `nd` dims (no ε).
+    pub fn rms_norm(&self, nd: usize) -> Array {
+        let r = self.shape.rank();
+        let group: usize = self.shape.dims()[r - nd..].iter().product();
+        let mut data = self.data.clone();
+        for chunk in data.chunks_mut(group) {
+            let ms = chunk.iter().map(|x| x * x).sum::<f64>() / group as f64;
+            let rms = ms.sqrt();
+            for x in chunk.iter_mut() {
+                *x /= rms;
+            }
+        }
+        Array {
+            shape: self.shape,
+            data,
+        }
+    }
+
+    /// The sub-array of `shape` starting at `origin` (all within bounds).
+    pub fn slice(&self, origin: &[usize], shape: Shape) -> Array {
+        let src = dims4(&self.shape);
+        let dst = dims4(&shape);
+        let mut o = [0; MAX_DIMS];
+        o[src.pad..].copy_from_slice(origin);
+        let mut data = Vec::with_capacity(shape.numel());
+        for i0 in 0..dst.ext[0] {
+            for i1 in 0..dst.ext[1] {
+                for i2 in 0..dst.ext[2] {
+                    let base = (o[0] + i0) * src.stride[0]
+                        + (o[1] + i1) * src.stride[1]
+                        + (o[2] + i2) * src.stride[2]
+                        + o[3];
+                    data.extend_from_slice(&self.data[base..base + dst.ext[3]]);
+                }
+            }
+        }
+        Array { shape, data }
+    }
+
+    /// Writes `src` into this array at `origin` (all within bounds).
+    pub fn write_slice(&mut self, origin: &[usize], src: &Array) {
+        let dst = dims4(&self.shape);
+        let s = dims4(&src.shape);
+        let mut o = [0; MAX_DIMS];
+        o[dst.pad..].copy_from_slice(origin);
+        let mut k = 0;
+        for i0 in 0..s.ext[0] {
+            for i1 in 0..s.ext[1] {
+                for i2 in 0..s.ext[2] {
+                    let base = (o[0] + i0) * dst.stride[0]
+                        + (o[1] + i1) * dst.stride[1]
+                        + (o[2] + i2) * dst.stride[2]
+                        + o[3];
+                    self.data[base..base + s.ext[3]].copy_from_slice(&src.data[k..k + s.ext[3]]);
+                    k += s.ext[3];
+                }
+            }
+        }
+    }
+
+    /// Concatenation along `dim` (other dims equal).
+    pub fn concat(parts: &[&Array], dim: usize, out: Shape) -> Array {
+        let mut result = Array::full(out, 0.0);
+        let mut offset = 0;
+        for p in parts {
+            let mut origin = vec![0; out.rank()];
+            origin[dim] = offset;
+            result.write_slice(&origin, p);
+            offset += p.shape.dim(dim);
+        }
+        result
+    }
+
+    /// Euclidean norm.
+    pub fn norm2(&self) -> f64 {
+        self.data.iter().map(|x| x * x).sum::<f64>().sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arr(d: &[usize], v: &[f64]) -> Array {
+        Array::from_vec(Shape::new(d).unwrap(), v.to_vec())
+    }
+
+    #[test]
+    fn strided_grouping() {
+        // 2 blocks × 3 features side by side: [a0 a1 a2 b0 b1 b2] → [a0+b0, a1+b1, a2+b2].
+        let x = arr(&[1, 6], &[1., 2., 3., 10., 20., 30.]);
+        assert_eq!(x.sum_to(1, 3).data, vec![11., 22., 33.]);
+        assert_eq!(x.sum_to(1, 1).data, vec![66.]);
+        let y = arr(&[2, 2], &[1., 2., 3., 4.]);
+        assert_eq!(y.sum_to(0, 1).data, vec![4., 6.]);
+        assert_eq!(y.max_over(1).data, vec![2., 4.]);
+    }
+
+    #[test]
+    fn matmul_and_broadcast() {
+        let a = arr(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+        let b = arr(&[3, 1], &[1., 1., 1.]);
+        assert_eq!(Array::matmul(&a, &b).data, vec![6., 15.]);
+        let r = arr(&[2, 1], &[2., 3.]);
+        let q = Array::binary(&a, &r, BinaryOp::Div, a.shape);
+        assert_eq!(q.data, vec![0.5, 1., 1.5, 4. / 3., 5. / 3., 2.]);
+        let row = arr(&[1, 3], &[1., 0., -1.]);
+        let col = arr(&[2, 1], &[1., 2.]);
+        let outer = Array::binary(&row, &col, BinaryOp::Mul, Shape::new(&[2, 3]).unwrap());
+        assert_eq!(outer.data, vec![1., 0., -1., 2., 0., -2.]);
+    }
+
+    #[test]
+    fn slices() {
+        let a = arr(&[2, 3, 4], &(0..24).map(f64::from).collect::<Vec<_>>());
+        let s = a.slice(&[1, 1, 2], Shape::new(&[1, 2, 2]).unwrap());
+        assert_eq!(s.data, vec![18., 19., 22., 23.]);
+        let mut z = Array::full(a.shape, 0.0);
+        z.write_slice(&[1, 1, 2], &s);
+        assert_eq!(z.slice(&[1, 1, 2], s.shape), s);
+        let c = Array::concat(
+            &[&arr(&[1, 2], &[1., 2.]), &arr(&[1, 1], &[3.])],
+            1,
+            Shape::new(&[1, 3]).unwrap(),
+        );
+        assert_eq!(c.data, vec![1., 2., 3.]);
+        let n = arr(&[1, 2], &[3., 4.]).rms_norm(1);
+        let rms = (12.5f64).sqrt();
+        assert_eq!(n.data, vec![3. / rms, 4. / rms]);
+    }
+}

@@ -1,0 +1,187 @@
+//! The CPU reference interpreter: evaluates a validated kernel graph on host arrays in f64 with
+//! the exact semantics of `mirage-graph-format.md` §4 — threadblock graphs block by block and
+//! iteration by iteration, strided `redtox`, RMS without ε or weight, input strides honoured.
+//! It is the oracle every later stage is checked against.
+
+pub mod array;
+mod inputs;
+mod threadblock;
+
+pub use array::Array;
+pub use inputs::{InputSpec, random_inputs};
+
+use std::rc::Rc;
+
+use crate::graph::arena::Handle;
+use crate::graph::error::{ErrorKind, GraphError};
+use crate::graph::kernel::{DTensor, KernelGraph, KnOpKind};
+use crate::graph::shape::{Shape, Strides};
+
+/// A caller buffer: values in physical order, addressed through `strides`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    /// Logical shape.
+    pub shape: Shape,
+    /// Element strides.
+    pub strides: Strides,
+    /// The buffer (at least `strides.span(&shape)` elements).
+    pub data: Vec<f64>,
+}
+
+impl HostTensor {
+    /// The logical (row-major) array this buffer holds.
+    pub fn to_array(&self) -> Array {
+        let st = &self.strides.0;
+        let dims = self.shape.dims();
+        let mut out = Vec::with_capacity(self.shape.numel());
+        let mut idx = vec![0usize; dims.len()];
+        for _ in 0..self.shape.numel() {
+            let off: usize = idx.iter().zip(st).map(|(i, s)| i * s).sum();
+            out.push(self.data[off]);
+            for d in (0..dims.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < dims[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Array::from_vec(self.shape, out)
+    }
+
+    /// A row-major buffer holding `a`.
+    pub fn from_array(a: &Array) -> HostTensor {
+        HostTensor {
+            shape: a.shape,
+            strides: a.shape.row_major_strides(),
+            data: a.data.clone(),
+        }
+    }
+}
+
+/// Evaluates `g` (which must have passed [`crate::graph::validate()`]) on `inputs`, one per graph
+/// input in order. Returns the graph outputs in order, as logical arrays.
+pub fn evaluate(g: &KernelGraph, inputs: &[HostTensor]) -> Result<Vec<Array>, GraphError> {
+    evaluate_owned(g, inputs.to_vec())
+}
+
+/// Like [`evaluate`], but takes the inputs by value, so that dense row-major buffers become the
+/// interpreter's arrays without a copy (the large attention inputs are hundreds of MB in f64).
+pub fn evaluate_owned(g: &KernelGraph, inputs: Vec<HostTensor>) -> Result<Vec<Array>, GraphError> {
+    let graph_inputs = g.inputs();
+    if inputs.len() != graph_inputs.len() {
+        return Err(GraphError::new(ErrorKind::Invalid(format!(
+            "the graph has {} inputs but {} were given",
+            graph_inputs.len(),
+            inputs.len()
+        ))));
+    }
+    for (i, (given, &(_, t))) in inputs.iter().zip(&graph_inputs).enumerate() {
+        let want = g.tensors[t].shape;
+        if given.shape != want {
+            return Err(GraphError::new(ErrorKind::Invalid(format!(
+                "input {i} has shape {}, the graph expects {want}",
+                given.shape
+            ))));
+        }
+        match given.strides.span(&given.shape) {
+            Some(n) if n <= given.data.len() => {}
+            _ => {
+                return Err(GraphError::new(ErrorKind::Invalid(format!(
+                    "input {i}: a buffer of {} elements is too small for strides {}",
+                    given.data.len(),
+                    given.strides
+                ))));
+            }
+        }
+    }
+    let mut pending = inputs.into_iter();
+    let mut values: Vec<Option<Rc<Array>>> = vec![None; g.tensors.len()];
+    let mut outputs = Vec::new();
+    let val = |values: &Vec<Option<Rc<Array>>>, t: Handle<DTensor>| -> Rc<Array> {
+        values[t.index()]
+            .clone()
+            .expect("validated graphs define tensors before use")
+    };
+    // Free each tensor after its last reader.
+    let mut last_use = vec![usize::MAX; g.tensors.len()];
+    for (h, op) in g.ops.iter() {
+        for &t in &op.inputs {
+            last_use[t.index()] = h.index();
+        }
+    }
+    for (h, op) in g.ops.iter() {
+        let shape = |k: usize| g.tensors[op.outputs[k]].shape;
+        let result: Vec<Array> = match &op.kind {
+            KnOpKind::Input { .. } => {
+                let given = pending.next().expect("counted above");
+                let dense = given.shape.row_major_strides() == given.strides
+                    && given.data.len() == given.shape.numel();
+                if dense {
+                    vec![Array::from_vec(given.shape, given.data)]
+                } else {
+                    vec![given.to_array()]
+                }
+            }
+            KnOpKind::Output { .. } => {
+                outputs.push(Rc::unwrap_or_clone(val(&values, op.inputs[0])));
+                vec![]
+            }
+            KnOpKind::Matmul => vec![Array::matmul(
+                &val(&values, op.inputs[0]),
+                &val(&values, op.inputs[1]),
+            )],
+            KnOpKind::Unary(u) => vec![val(&values, op.inputs[0]).map(|x| u.apply(x))],
+            KnOpKind::Binary(b) => vec![Array::binary(
+                &val(&values, op.inputs[0]),
+                &val(&values, op.inputs[1]),
+                *b,
+                shape(0),
+            )],
+            KnOpKind::Reduction { dim } => {
+                vec![val(&values, op.inputs[0]).sum_to(*dim, shape(0).dim(*dim))]
+            }
+            KnOpKind::RmsNorm { normalized_dims } => {
+                vec![val(&values, op.inputs[0]).rms_norm(*normalized_dims)]
+            }
+            KnOpKind::Concat { dim } => {
+                let parts: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(&values, t)).collect();
+                let refs: Vec<&Array> = parts.iter().map(|p| p.as_ref()).collect();
+                vec![Array::concat(&refs, *dim, shape(0))]
+            }
+            KnOpKind::Split { dim } | KnOpKind::Chunk { dim, .. } => {
+                let x = val(&values, op.inputs[0]);
+                let mut offset = 0;
+                (0..op.outputs.len())
+                    .map(|k| {
+                        let s = shape(k);
+                        let mut origin = vec![0; s.rank()];
+                        origin[*dim] = offset;
+                        offset += s.dim(*dim);
+                        x.slice(&origin, s)
+                    })
+                    .collect()
+            }
+            KnOpKind::AllReduce { .. } => {
+                // The identity on one GPU: share the input's array.
+                values[op.outputs[0].index()] = Some(val(&values, op.inputs[0]));
+                vec![]
+            }
+            KnOpKind::Customized(tb) => {
+                let ins: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(&values, t)).collect();
+                let refs: Vec<&Array> = ins.iter().map(|p| p.as_ref()).collect();
+                let shapes: Vec<Shape> = (0..op.outputs.len()).map(shape).collect();
+                threadblock::run(tb, &refs, &shapes)
+            }
+        };
+        for (&t, a) in op.outputs.iter().zip(result) {
+            values[t.index()] = Some(Rc::new(a));
+        }
+        for &t in &op.inputs {
+            if last_use[t.index()] == h.index() {
+                values[t.index()] = None;
+            }
+        }
+    }
+    Ok(outputs)
+}
