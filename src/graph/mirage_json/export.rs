@@ -5,7 +5,8 @@
 //! ignores it on load). Recorded guids are kept; tensors without one get fresh guids above the
 //! largest in use. Parameters Mirage does not serialise are written under extra keys that
 //! Mirage ignores and mucc reads back: `scalar` (mul_scalar), `min_val`/`max_val` (clamp),
-//! `normalized_dims` (kernel rms_norm).
+//! `normalized_dims` (kernel rms_norm); and the first operator of every graph names the dtype
+//! table under `mucc_dtype_table`, since the codes alone are ambiguous.
 
 use serde_json::{Map, Value, json};
 
@@ -17,6 +18,9 @@ use crate::graph::kernel::{DTensor, KernelGraph, KnOpKind};
 use crate::graph::ops::{TbReduction, UnaryOp};
 use crate::graph::shape::{MAX_DIMS, Shape};
 use crate::graph::threadblock::{STensor, TbGraph, TbOpKind};
+
+/// The key, written on each graph's first operator, that names the dtype table of the file.
+pub const TABLE_KEY: &str = "mucc_dtype_table";
 
 /// How to write a graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,8 +187,13 @@ impl Exporter<'_> {
 
     fn graph(&self) -> Result<Value, GraphError> {
         let mut ops = Vec::new();
-        for (_, op) in self.g.ops.iter() {
+        for (h, op) in self.g.ops.iter() {
             let mut m = Map::new();
+            if h.index() == 0 {
+                // Codes 940/941 mean different types in the mid and current tables; name the
+                // table so that the file is never ambiguous (Mirage ignores unknown keys).
+                m.insert(TABLE_KEY.into(), json!(self.opts.dtype_table.name()));
+            }
             m.insert("op_type".into(), json!(names::kn_name(&op.kind)));
             let ins: Result<Vec<Value>, _> = op.inputs.iter().map(|&t| self.dtensor(t)).collect();
             let outs: Result<Vec<Value>, _> = op.outputs.iter().map(|&t| self.dtensor(t)).collect();

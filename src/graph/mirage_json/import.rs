@@ -154,6 +154,13 @@ fn detect_table(
     doc: &Value,
     form: FileForm,
 ) -> Result<(DtypeTable, String, Option<String>), ErrorKind> {
+    if let Some(t) = table_marker(doc)? {
+        return Ok((
+            t,
+            format!("named by `{}` (written by mucc)", super::export::TABLE_KEY),
+            None,
+        ));
+    }
     let mut codes = BTreeSet::new();
     let mut legacy_names = form == FileForm::LegacyCheckpoint;
     let mut new_names = false;
@@ -254,6 +261,26 @@ fn detect_table(
         None
     };
     Ok((pick, reason, warning))
+}
+
+/// The table named by mucc's marker key on the first operator of the first graph, if any.
+fn table_marker(doc: &Value) -> Result<Option<DtypeTable>, ErrorKind> {
+    let first_graph = match doc {
+        Value::Object(o) => o.get("generated_graphs").and_then(|g| g.get(0)),
+        Value::Array(a) if a.first().is_some_and(Value::is_array) => a.first(),
+        other => Some(other),
+    };
+    let marker = first_graph
+        .and_then(|g| g.get(0))
+        .and_then(|op| op.get(super::export::TABLE_KEY));
+    match marker {
+        None => Ok(None),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(ErrorKind::BadValue),
+        Some(_) => Err(ErrorKind::BadValue(format!(
+            "`{}` must be \"legacy\", \"mid\" or \"current\"",
+            super::export::TABLE_KEY
+        ))),
+    }
 }
 
 fn scan(v: &Value, codes: &mut BTreeSet<i64>, legacy: &mut bool, new: &mut bool, head: &mut bool) {
