@@ -173,6 +173,24 @@ impl KernelGraph {
             .count()
     }
 
+    /// Forgets every recorded guid (of DTensors and of every threadblock graph's STensors), so
+    /// that graphs can be compared by structure alone.
+    pub fn clear_guids(&mut self) {
+        let handles: Vec<_> = self.tensors.handles().collect();
+        for h in handles {
+            self.tensors[h].guid = None;
+        }
+        let ops: Vec<_> = self.ops.handles().collect();
+        for h in ops {
+            if let KnOpKind::Customized(tb) = &mut self.ops[h].kind {
+                let ts: Vec<_> = tb.tensors.handles().collect();
+                for t in ts {
+                    tb.tensors[t].guid = None;
+                }
+            }
+        }
+    }
+
     /// The element types used by the graph's tensors, sorted and deduplicated.
     pub fn dtypes(&self) -> Vec<DType> {
         let mut v: Vec<DType> = self.tensors.iter().map(|(_, t)| t.dtype).collect();

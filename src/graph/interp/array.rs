@@ -1,8 +1,13 @@
 //! Dense row-major f64 arrays and the tensor operations the interpreter needs. Every operation
 //! works on any rank from 1 to 4 by viewing shapes as 4-dim with leading 1s.
 
+use rayon::prelude::*;
+
 use crate::graph::ops::BinaryOp;
 use crate::graph::shape::{MAX_DIMS, Shape};
+
+/// Work (elements or multiply-adds) above which an operation is split across threads.
+const PARALLEL_WORK: usize = 1 << 20;
 
 /// A dense, row-major array of f64 values.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,11 +55,16 @@ impl Array {
         Array { shape, data }
     }
 
-    /// Applies `f` to every element.
-    pub fn map(&self, f: impl Fn(f64) -> f64) -> Array {
+    /// Applies `f` to every element (across threads for large arrays).
+    pub fn map(&self, f: impl Fn(f64) -> f64 + Sync) -> Array {
+        let data = if self.data.len() >= PARALLEL_WORK {
+            self.data.par_iter().map(|&x| f(x)).collect()
+        } else {
+            self.data.iter().map(|&x| f(x)).collect()
+        };
         Array {
             shape: self.shape,
-            data: self.data.iter().map(|&x| f(x)).collect(),
+            data,
         }
     }
 
@@ -162,24 +172,31 @@ impl Array {
         }
     }
 
-    /// Batched matrix product over the last two dims; leading dims must be equal.
+    /// Batched matrix product over the last two dims; leading dims must be equal. Large
+    /// products are split over output rows across threads.
     pub fn matmul(a: &Array, b: &Array) -> Array {
         let r = a.shape.rank();
         let (m, k, n) = (a.shape.dim(r - 2), a.shape.dim(r - 1), b.shape.dim(r - 1));
         let batch: usize = a.shape.dims()[..r - 2].iter().product();
         let mut data = vec![0.0; batch * m * n];
-        for bt in 0..batch {
-            let (ab, bb, cb) = (&a.data[bt * m * k..], &b.data[bt * k * n..], bt * m * n);
-            for i in 0..m {
-                let c = &mut data[cb + i * n..cb + (i + 1) * n];
-                for p in 0..k {
-                    let x = ab[i * k + p];
-                    let brow = &bb[p * n..(p + 1) * n];
-                    for (cv, &bv) in c.iter_mut().zip(brow) {
-                        *cv += x * bv;
-                    }
+        let row = |idx: usize, c: &mut [f64]| {
+            let (bt, i) = (idx / m, idx % m);
+            let arow = &a.data[bt * m * k + i * k..][..k];
+            let bmat = &b.data[bt * k * n..][..k * n];
+            for (p, &x) in arow.iter().enumerate() {
+                for (cv, &bv) in c.iter_mut().zip(&bmat[p * n..(p + 1) * n]) {
+                    *cv += x * bv;
                 }
             }
+        };
+        if n > 0 && batch * m * n * k >= PARALLEL_WORK {
+            data.par_chunks_mut(n)
+                .enumerate()
+                .for_each(|(idx, c)| row(idx, c));
+        } else if n > 0 {
+            data.chunks_mut(n)
+                .enumerate()
+                .for_each(|(idx, c)| row(idx, c));
         }
         Array {
             shape: a.shape.with_dim(r - 1, n),

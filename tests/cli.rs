@@ -1,0 +1,227 @@
+//! The `mucc` command line: outputs, exit codes (0 ok, 1 user error, 2 internal error), and
+//! that it never overwrites a file without being asked.
+
+mod common;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use common::corpus_dir;
+
+fn mucc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mucc"))
+        .args(args)
+        .output()
+        .expect("run mucc")
+}
+
+fn corpus(name: &str) -> String {
+    corpus_dir().join(name).to_string_lossy().into_owned()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mucc-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn inspect_summarises_every_candidate() {
+    let o = mucc(&["inspect", &corpus("gated_mlp.json")]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("form: list of candidate graphs, 32 graphs"),
+        "{out}"
+    );
+    assert!(out.contains("dtype table: legacy"), "{out}");
+    assert!(out.contains("32 of 32 graphs valid"), "{out}");
+    assert!(
+        out.contains("customized[grid (128, 1, 1), forloop 64, 10 ops]"),
+        "{out}"
+    );
+}
+
+#[test]
+fn inspect_one_graph_dumps_it() {
+    let o = mucc(&["inspect", &corpus("single_gated_mlp.json"), "--graph", "0"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(0));
+    for needle in [
+        "%0 = input -> [8, 4096] f16 strides [4096, 1]",
+        "s1 = input %1 imap (1, -1, -1) forloop_dim 0 -> [64, 32]",
+        "s5 = accum_nored(s3) -> [8, 32] after-loop",
+        "s7 = silu(s5) -> [8, 32] after-loop",
+        "%5 = mul(%3, %4) -> [8, 4096] f16",
+        "validation: ok",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in\n{out}");
+    }
+}
+
+#[test]
+fn inspect_reports_invalid_graphs_and_fails() {
+    let src = std::fs::read_to_string(corpus("single_gated_mlp.json")).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&src).unwrap();
+    // Make blocks of 4096 threads.
+    doc[0][3]["bgraph"]["block_dim"]["x"] = 4096.into();
+    let p = tmp("bad_block.json");
+    std::fs::write(&p, doc.to_string()).unwrap();
+    let o = mucc(&["inspect", p.to_str().unwrap()]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(out.contains("INVALID"), "{out}");
+    assert!(out.contains("at [0][3].bgraph.block_dim"), "{out}");
+    assert!(
+        out.contains("block_dim x = 4096 is outside 1..=1024"),
+        "{out}"
+    );
+    assert!(out.contains("0 of 1 graphs valid"), "{out}");
+}
+
+#[test]
+fn eval_all_reports_agreement() {
+    let o = mucc(&["eval", &corpus("lora.json"), "--all", "--seed", "3"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(
+        out.matches("output 0: shape [16, 4096]").count(),
+        4,
+        "{out}"
+    );
+    assert!(out.contains("candidates agree: yes"), "{out}");
+    // Same seed, same numbers.
+    let again = mucc(&["eval", &corpus("lora.json"), "--graph", "2", "--seed", "3"]);
+    let line = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("graph 2: output 0"))
+            .map(|l| l.split(" (").next().unwrap().to_string())
+    };
+    assert_eq!(line(&out), line(&text(&again).0));
+}
+
+#[test]
+fn eval_of_qknorm_candidates_reports_disagreement() {
+    let o = mucc(&["eval", &corpus("qknorm_gqa_bs1.json"), "--graph", "0"]);
+    assert_eq!(o.status.code(), Some(0));
+    let (out, _) = text(&o);
+    assert!(
+        out.contains("graph 0: output 0: shape [2, 256, 64]"),
+        "{out}"
+    );
+}
+
+#[test]
+fn user_errors_exit_1_with_a_message() {
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["inspect".into(), "/nonexistent/x.json".into()],
+            "cannot read file",
+        ),
+        (
+            vec![
+                "eval".into(),
+                corpus("lora.json"),
+                "--graph".into(),
+                "9".into(),
+            ],
+            "there is no graph 9; the file has 4 graphs (0..=3)",
+        ),
+        (
+            vec![
+                "inspect".into(),
+                corpus("lora.json"),
+                "--dtype-table".into(),
+                "newest".into(),
+            ],
+            "unknown dtype table `newest`",
+        ),
+        (vec!["frobnicate".into()], "unrecognized subcommand"),
+        (vec![], "Usage"),
+    ];
+    for (args, needle) in cases {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = mucc(&a);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
+    }
+}
+
+#[test]
+fn syntax_errors_name_line_and_column() {
+    let p = tmp("truncated.json");
+    std::fs::write(&p, "[[{\"op_type\": \"kn_input_op\"").unwrap();
+    let o = mucc(&["inspect", p.to_str().unwrap()]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("truncated.json: invalid JSON at line 1, column"),
+        "{err}"
+    );
+    assert!(err.contains("the file is truncated"), "{err}");
+}
+
+#[test]
+fn export_round_trips_and_never_overwrites_silently() {
+    let p = tmp("export.json");
+    let _ = std::fs::remove_file(&p);
+    let ps = p.to_str().unwrap();
+    let o = mucc(&["export", &corpus("legacy_checkpoint_lora.json"), "-o", ps]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    let first = std::fs::read_to_string(&p).unwrap();
+    // The converted file is current Mirage: current names and codes, explicit outputs.
+    assert!(first.contains("\"kn_output_op\""));
+    assert!(first.contains("\"tb_forloop_accum_nored_op\""));
+    assert!(first.contains("\"data_type\":940"));
+    let again = mucc(&["export", &corpus("lora.json"), "-o", ps]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again).1.contains("exists; pass --force"),
+        "{}",
+        text(&again).1
+    );
+    assert_eq!(
+        std::fs::read_to_string(&p).unwrap(),
+        first,
+        "the file is untouched"
+    );
+    let forced = mucc(&["export", &corpus("lora.json"), "-o", ps, "--force"]);
+    assert_eq!(forced.status.code(), Some(0));
+    let o = mucc(&["inspect", ps]);
+    let (out, _) = text(&o);
+    assert!(out.contains("4 of 4 graphs valid"), "{out}");
+    assert!(
+        out.contains("dtype table: current (named by `mucc_dtype_table`"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mucc"))
+        .args(["inspect", &corpus("qknorm_gqa_bs8.json")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = [0u8; 16];
+    stdout.read_exact(&mut buf).unwrap();
+    drop(stdout);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !err.contains("internal error") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert_ne!(o.status.code(), Some(2));
+}
