@@ -96,6 +96,12 @@ pub fn tb_input(
     forloop_dim: Option<usize>,
     forloop_range: usize,
 ) -> R {
+    let per_block = tb_input_grid(d, grid, imap)?;
+    tb_input_loop(&per_block, forloop_dim, forloop_range)
+}
+
+/// The grid half of [`tb_input`]: the per-block extent of `d`.
+pub fn tb_input_grid(d: &Shape, grid: [usize; 3], imap: DimMap) -> R {
     let mut s = *d;
     check_map(d, grid, imap, "input map")?;
     for a in 0..3 {
@@ -115,20 +121,25 @@ pub fn tb_input(
             s = s.with_dim(dim, e / grid[a]);
         }
     }
-    if let Some(f) = forloop_dim {
-        check_dim(d, f, "forloop_dim")?;
-        let e = s.dim(f);
-        if !e.is_multiple_of(forloop_range) {
-            return Err(ErrorKind::NotDivisible {
-                what: format!("the for-loop ({forloop_range} iterations) partitions per-block"),
-                dim: f,
-                extent: e,
-                by: forloop_range,
-            });
-        }
-        s = s.with_dim(f, e / forloop_range);
-    }
     Ok(s)
+}
+
+/// The loop half of [`tb_input`]: the per-iteration tile of a per-block extent.
+pub fn tb_input_loop(per_block: &Shape, forloop_dim: Option<usize>, forloop_range: usize) -> R {
+    let Some(f) = forloop_dim else {
+        return Ok(*per_block);
+    };
+    check_dim(per_block, f, "forloop_dim")?;
+    let e = per_block.dim(f);
+    if forloop_range == 0 || !e.is_multiple_of(forloop_range) {
+        return Err(ErrorKind::NotDivisible {
+            what: format!("the for-loop ({forloop_range} iterations) partitions per-block"),
+            dim: f,
+            extent: e,
+            by: forloop_range,
+        });
+    }
+    Ok(per_block.with_dim(f, e / forloop_range))
 }
 
 /// Checks a partition map: entries are dims of the tensor, and no two axes with more than one

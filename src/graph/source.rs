@@ -27,6 +27,8 @@ pub struct SourceMap {
     pub file: Option<PathBuf>,
     /// Index of the graph among the file's candidates.
     pub graph: Option<usize>,
+    /// JSON path of the graph (the array of its operators), e.g. `[3]`.
+    pub graph_path: Option<String>,
     /// Origin of each kernel operator, by operator index.
     pub kn_ops: Vec<OpOrigin>,
     /// Origin of each threadblock operator, by kernel operator index then operator index.
@@ -153,7 +155,7 @@ pub fn bgraph_location(
     g: &KernelGraph,
     src: Option<&SourceMap>,
     kn_op: Handle<KnOp>,
-    key: &'static str,
+    key: &str,
 ) -> Location {
     let mut loc = kn_location(g, src, kn_op, Slot::Op);
     if let Some(p) = &mut loc.json_path {

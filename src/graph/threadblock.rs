@@ -131,14 +131,14 @@ impl TbGraph {
         }
     }
 
-    /// Total number of thread blocks.
+    /// Total number of thread blocks (saturating).
     pub fn num_blocks(&self) -> usize {
-        self.grid.iter().product()
+        self.grid.iter().fold(1usize, |a, &b| a.saturating_mul(b))
     }
 
-    /// Threads per block.
+    /// Threads per block (saturating).
     pub fn num_threads(&self) -> usize {
-        self.block.iter().product()
+        self.block.iter().fold(1usize, |a, &b| a.saturating_mul(b))
     }
 
     /// The operator that defines tile `t`, if any.

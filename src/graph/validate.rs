@@ -170,6 +170,7 @@ impl<'a> Validator<'a> {
                 Location {
                     file: self.src.and_then(|s| s.file.clone()),
                     graph: self.src.and_then(|s| s.graph),
+                    json_path: self.src.and_then(|s| s.graph_path.clone()),
                     ..Location::default()
                 },
                 ErrorKind::Invalid("the graph has no outputs".into()),
@@ -347,18 +348,25 @@ impl<'a> Validator<'a> {
                 if self.arity(h, op, (1, 1), (1, usize::MAX)) {
                     let x = t(op.inputs[0]).shape;
                     let parts: Vec<Shape> = op.outputs.iter().map(|&y| t(y).shape).collect();
-                    match infer::concat(&parts, *dim) {
-                        Ok(s) if s == x => {}
-                        Ok(s) => self.push(
-                            self.kn_loc(h, Slot::Op),
-                            ErrorKind::Operands(format!(
-                                "the outputs together have shape {s}, but the input is {x}"
-                            )),
-                        ),
-                        Err(e) => self.push(self.kn_loc(h, Slot::Op), e),
-                    }
+                    let concatenated = match infer::concat(&parts, *dim) {
+                        Ok(s) if s == x => true,
+                        Ok(s) => {
+                            self.push(
+                                self.kn_loc(h, Slot::Op),
+                                ErrorKind::Operands(format!(
+                                    "the outputs together have shape {s}, but the input is {x}"
+                                )),
+                            );
+                            false
+                        }
+                        Err(e) => {
+                            self.push(self.kn_loc(h, Slot::Op), e);
+                            false
+                        }
+                    };
+                    // The outputs tile the input along `dim`: now check equal chunks.
                     if let KnOpKind::Chunk { chunk_size, .. } = op.kind
-                        && *dim < x.rank()
+                        && concatenated
                     {
                         let n = parts.len();
                         let each = parts[0].dim(*dim);
@@ -398,7 +406,12 @@ impl<'a> Validator<'a> {
         for a in 0..3 {
             if tb.grid[a] == 0 || tb.grid[a] > MAX_GRID[a] {
                 self.push(
-                    bgraph_location(g, self.src, h, "grid_dim"),
+                    bgraph_location(
+                        g,
+                        self.src,
+                        h,
+                        &format!("grid_dim.{}", super::ops::AXIS_NAMES[a]),
+                    ),
                     ErrorKind::LaunchLimit(format!(
                         "grid_dim {} = {} is outside 1..={}",
                         super::ops::AXIS_NAMES[a],
@@ -409,7 +422,12 @@ impl<'a> Validator<'a> {
             }
             if tb.block[a] == 0 || tb.block[a] > MAX_BLOCK[a] {
                 self.push(
-                    bgraph_location(g, self.src, h, "block_dim"),
+                    bgraph_location(
+                        g,
+                        self.src,
+                        h,
+                        &format!("block_dim.{}", super::ops::AXIS_NAMES[a]),
+                    ),
                     ErrorKind::LaunchLimit(format!(
                         "block_dim {} = {} is outside 1..={}",
                         super::ops::AXIS_NAMES[a],
@@ -419,14 +437,12 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        if tb.block.iter().all(|&b| b > 0)
-            && tb.block.iter().fold(1usize, |a, &b| a.saturating_mul(b)) > MAX_THREADS
-        {
+        let threads: u128 = tb.block.iter().map(|&b| b as u128).product();
+        if threads > MAX_THREADS as u128 {
             self.push(
                 bgraph_location(g, self.src, h, "block_dim"),
                 ErrorKind::LaunchLimit(format!(
-                    "block_dim has {} threads; CUDA allows at most {MAX_THREADS}",
-                    tb.num_threads()
+                    "block_dim has {threads} threads; CUDA allows at most {MAX_THREADS}"
                 )),
             );
         }
@@ -697,8 +713,23 @@ impl TbValidator<'_, '_> {
                         },
                     );
                 }
-                let r = infer::tb_input(&d.shape, tb.grid, *imap, *forloop_dim, tb.forloop_range);
-                self.expect(h, 0, s, r, false);
+                // Partition errors point at the map or the loop dim that causes them.
+                let r = match infer::tb_input_grid(&d.shape, tb.grid, *imap) {
+                    Err(e) => {
+                        self.push(h, Slot::Key("input_map"), e);
+                        return;
+                    }
+                    Ok(per_block) => {
+                        match infer::tb_input_loop(&per_block, *forloop_dim, tb.forloop_range) {
+                            Err(e) => {
+                                self.push(h, Slot::Key("forloop_dim"), e);
+                                return;
+                            }
+                            Ok(tile) => tile,
+                        }
+                    }
+                };
+                self.expect(h, 0, s, Ok(r), false);
             }
             TbOpKind::Output { output, omap } => {
                 if !self.arity(h, op, 1, 0) {

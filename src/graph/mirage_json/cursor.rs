@@ -5,17 +5,19 @@ use serde_json::Value;
 
 use crate::graph::error::ErrorKind;
 
-/// An error at a JSON path (the importer adds file, graph and operator).
+/// An error at a JSON path (the importer adds file and graph).
 #[derive(Debug)]
 pub struct PathErr {
     /// JSON path, e.g. `[0][3].bgraph.grid_dim.x`.
     pub path: String,
     /// What is wrong there.
     pub kind: ErrorKind,
+    /// The operator concerned, when more precise than the importer's context.
+    pub op: Option<String>,
 }
 
 /// Result of a read at a path.
-pub type JResult<T> = Result<T, PathErr>;
+pub type JResult<T> = Result<T, Box<PathErr>>;
 
 /// A value and its path.
 #[derive(Clone)]
@@ -31,7 +33,7 @@ fn type_name(v: &Value) -> &'static str {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
         Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
-        Value::Number(_) => "a non-integer number",
+        Value::Number(_) => "a floating-point number",
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
@@ -48,14 +50,15 @@ impl<'a> J<'a> {
     }
 
     /// An error at this value.
-    pub fn err(&self, kind: ErrorKind) -> PathErr {
-        PathErr {
+    pub fn err(&self, kind: ErrorKind) -> Box<PathErr> {
+        Box::new(PathErr {
             path: self.path.clone(),
             kind,
-        }
+            op: None,
+        })
     }
 
-    fn wrong(&self, expected: &'static str) -> PathErr {
+    fn wrong(&self, expected: &'static str) -> Box<PathErr> {
         self.err(ErrorKind::WrongType {
             expected,
             found: type_name(self.v),
@@ -72,9 +75,12 @@ impl<'a> J<'a> {
 
     /// The value of `key` (this value must be an object).
     pub fn key(&self, key: &str) -> JResult<J<'a>> {
-        self.opt_key(key)?.ok_or_else(|| PathErr {
-            path: self.child_key(key),
-            kind: ErrorKind::MissingKey(key.to_string()),
+        self.opt_key(key)?.ok_or_else(|| {
+            Box::new(PathErr {
+                path: self.child_key(key),
+                kind: ErrorKind::MissingKey(key.to_string()),
+                op: None,
+            })
         })
     }
 
@@ -107,7 +113,21 @@ impl<'a> J<'a> {
 
     /// An integer.
     pub fn int(&self) -> JResult<i64> {
-        self.v.as_i64().ok_or_else(|| self.wrong("an integer"))
+        if let Some(x) = self.v.as_i64() {
+            return Ok(x);
+        }
+        if let Some(x) = self.v.as_u64() {
+            return Err(self.err(ErrorKind::BadValue(format!(
+                "integer {x} is out of range (at most {})",
+                i64::MAX
+            ))));
+        }
+        // Mirage's reader (nlohmann::json) converts numbers to integers: accept 64.0, but not
+        // 64.5, which it would silently truncate.
+        match self.v.as_f64() {
+            Some(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Ok(x as i64),
+            _ => Err(self.wrong("an integer")),
+        }
     }
 
     /// An integer in `lo..=hi`.

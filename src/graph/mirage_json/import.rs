@@ -44,7 +44,7 @@ pub fn parse_str(
         }))
     })?;
     let root = J::root(&doc, "");
-    let path_err = |e: PathErr| {
+    let path_err = |e: Box<PathErr>| {
         with_file(GraphError {
             location: Box::new(Location {
                 json_path: Some(if e.path.is_empty() {
@@ -81,7 +81,11 @@ pub fn parse_str(
         _ => {
             return Err(path_err(root.err(ErrorKind::WrongType {
                 expected: "an array of graphs, a graph, or a checkpoint object with generated_graphs",
-                found: if doc.is_object() { "an object without generated_graphs" } else { "a scalar" },
+                found: match &doc {
+                    Value::Object(_) => "an object without generated_graphs",
+                    Value::Null => "null",
+                    _ => "a scalar",
+                },
             })));
         }
     };
@@ -93,7 +97,11 @@ pub fn parse_str(
 
     let (table, table_reason, warning) = match opts.dtype_table {
         Some(t) => (t, "given explicitly".to_string(), None),
-        None => detect_table(&doc, form).map_err(|kind| with_file(GraphError::new(kind)))?,
+        None => detect_table(&doc, &graph_values, form).map_err(|(graph, e)| {
+            let mut e = path_err(e);
+            e.location.graph = graph;
+            e
+        })?,
     };
     let mut warnings: Vec<String> = warning.into_iter().collect();
 
@@ -106,6 +114,11 @@ pub fn parse_str(
             src: SourceMap {
                 file: file_buf.clone(),
                 graph: Some(index),
+                graph_path: Some(if gv.path.is_empty() {
+                    "(document root)".into()
+                } else {
+                    gv.path.clone()
+                }),
                 ..SourceMap::default()
             },
             dguids: HashMap::new(),
@@ -128,8 +141,25 @@ pub fn parse_str(
 
 /// Reads and parses a file.
 pub fn read_file(path: &Path, opts: &ImportOptions) -> Result<MirageFile, GraphError> {
-    let text = std::fs::read_to_string(path)
+    let bytes = std::fs::read(path)
         .map_err(|e| GraphError::new(ErrorKind::Io(e.to_string())).in_file(path))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let bad = e.utf8_error().valid_up_to();
+        let before = &e.as_bytes()[..bad];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = bad
+            - before
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |p| p + 1)
+            + 1;
+        GraphError::new(ErrorKind::Json {
+            line,
+            column,
+            message: "the file is not UTF-8 text".into(),
+        })
+        .in_file(path)
+    })?;
     parse_str(&text, Some(path), opts)
 }
 
@@ -149,12 +179,26 @@ fn json_message(e: &serde_json::Error) -> String {
     }
 }
 
+/// The dtype table chosen for a file: (table, why, warning if ambiguous).
+type TableChoice = (DtypeTable, String, Option<String>);
+
 /// Chooses the dtype table from the document (§2.6.1 of the format reference).
 fn detect_table(
     doc: &Value,
+    graphs: &[J],
     form: FileForm,
-) -> Result<(DtypeTable, String, Option<String>), ErrorKind> {
-    if let Some(t) = table_marker(doc)? {
+) -> Result<TableChoice, (Option<usize>, Box<PathErr>)> {
+    if let Some(t) = table_marker(doc).map_err(|kind| {
+        let path = "[0][0].mucc_dtype_table".into();
+        (
+            Some(0),
+            Box::new(PathErr {
+                path,
+                kind,
+                op: None,
+            }),
+        )
+    })? {
         return Ok((
             t,
             format!("named by `{}` (written by mucc)", super::export::TABLE_KEY),
@@ -165,13 +209,41 @@ fn detect_table(
     let mut legacy_names = form == FileForm::LegacyCheckpoint;
     let mut new_names = false;
     let mut head_ops = false;
-    scan(
-        doc,
-        &mut codes,
-        &mut legacy_names,
-        &mut new_names,
-        &mut head_ops,
-    );
+    for g in graphs {
+        scan(
+            g.v,
+            &mut codes,
+            &mut legacy_names,
+            &mut new_names,
+            &mut head_ops,
+        );
+    }
+    // Errors point at the first use of a code that the remaining tables cannot read.
+    let located = |tables: &[DtypeTable], kind: ErrorKind| {
+        let best = tables
+            .iter()
+            .max_by_key(|t| codes.iter().filter(|&&c| t.decode(c).is_some()).count());
+        let code = codes
+            .iter()
+            .copied()
+            .find(|&c| best.is_none_or(|t| t.decode(c).is_none()));
+        let (graph, path) = code
+            .and_then(|c| {
+                graphs
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, g)| find_code(g.v, c, g.path.clone()).map(|p| (Some(i), p)))
+            })
+            .unwrap_or_default();
+        (
+            graph,
+            Box::new(PathErr {
+                path,
+                kind,
+                op: None,
+            }),
+        )
+    };
     let decodable = |t: DtypeTable| codes.iter().all(|&c| t.decode(c).is_some());
     let mut candidates: Vec<DtypeTable> = DtypeTable::ALL
         .into_iter()
@@ -183,28 +255,34 @@ fn detect_table(
         .collect::<Vec<_>>()
         .join(", ");
     if candidates.is_empty() {
-        return Err(ErrorKind::BadValue(format!(
-            "no dtype table defines all data_type codes used ({codes_text}); pass --dtype-table to choose one"
-        )));
+        return Err(located(
+            &DtypeTable::ALL,
+            ErrorKind::BadValue(format!(
+                "no dtype table defines all data_type codes used ({codes_text}); pass --dtype-table to choose one"
+            )),
+        ));
     }
     let mut why = Vec::new();
+    let mut allowed = DtypeTable::ALL.to_vec();
     if legacy_names {
         // Legacy accumulator names: legacy codes, or (Feb 28 – Mar 10, 2025) mid codes.
-        candidates.retain(|&t| t != DtypeTable::Current);
+        allowed.retain(|&t| t != DtypeTable::Current);
         why.push("legacy operator names");
     } else if new_names {
-        candidates.retain(|&t| t != DtypeTable::Legacy);
+        allowed.retain(|&t| t != DtypeTable::Legacy);
         why.push("current operator names");
     }
     if head_ops {
-        candidates.retain(|&t| t == DtypeTable::Current);
+        allowed.retain(|&t| t == DtypeTable::Current);
         why.push("operators that only recent Mirage writes");
     }
+    candidates.retain(|t| allowed.contains(t));
     if candidates.is_empty() {
-        return Err(ErrorKind::BadValue(format!(
+        let kind = ErrorKind::BadValue(format!(
             "the data_type codes used ({codes_text}) do not fit the file's vintage ({}); pass --dtype-table to choose a table",
             why.join(", ")
-        )));
+        ));
+        return Err(located(&allowed, kind));
     }
     let all_agree = |a: DtypeTable| {
         candidates
@@ -261,6 +339,29 @@ fn detect_table(
         None
     };
     Ok((pick, reason, warning))
+}
+
+/// The JSON path of the first `data_type` equal to `code` under `v` (at `path`).
+fn find_code(v: &Value, code: i64, path: String) -> Option<String> {
+    match v {
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| find_code(x, code, format!("{path}[{i}]"))),
+        Value::Object(o) => o.iter().find_map(|(k, x)| {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            if k == "data_type" && x.as_i64() == Some(code) {
+                Some(p)
+            } else {
+                find_code(x, code, p)
+            }
+        }),
+        _ => None,
+    }
 }
 
 /// The table named by mucc's marker key on the first operator of the first graph, if any.
@@ -372,7 +473,7 @@ impl GraphImporter {
                 file: self.src.file.clone(),
                 graph: self.src.graph,
                 json_path: Some(e.path),
-                op: ctx.op.clone(),
+                op: e.op.or_else(|| ctx.op.clone()),
                 tensor: None,
             }),
             kind: e.kind,
@@ -381,11 +482,11 @@ impl GraphImporter {
 
     fn graph(&mut self, gj: &J, warnings: &mut Vec<String>) -> Result<(), GraphError> {
         let root_ctx = Ctx::default();
-        let ops = gj.items().map_err(|e| self.error(e, &root_ctx))?;
+        let ops = gj.items().map_err(|e| self.error(*e, &root_ctx))?;
         for (i, oj) in ops.iter().enumerate() {
             let op_type = oj.key("op_type").and_then(|t| t.str()).map_err(|e| {
                 self.error(
-                    e,
+                    *e,
                     &Ctx {
                         op: Some(format!("kernel op {i}")),
                     },
@@ -397,7 +498,7 @@ impl GraphImporter {
             let name = names::parse_kn(op_type).map_err(|ne| {
                 let t = oj.key("op_type").expect("checked above");
                 self.error(
-                    t.err(match ne {
+                    *t.err(match ne {
                         NameError::Unknown => ErrorKind::UnknownOp {
                             level: "kernel",
                             name: op_type.into(),
@@ -407,8 +508,7 @@ impl GraphImporter {
                     &ctx,
                 )
             })?;
-            self.kn_op(oj, name, &ctx)
-                .map_err(|e| self.error(e, &ctx))?;
+            self.kn_op(oj, name).map_err(|e| self.error(*e, &ctx))?;
             self.src.kn_ops.push(OpOrigin {
                 path: oj.path.clone(),
                 op_type: op_type.to_string(),
@@ -507,7 +607,7 @@ impl GraphImporter {
         Ok(h)
     }
 
-    fn kn_op(&mut self, oj: &J, name: KnName, ctx: &Ctx) -> Result<(), PathErr> {
+    fn kn_op(&mut self, oj: &J, name: KnName) -> JResult<()> {
         let ins_j = match oj.opt_key("input_tensors")? {
             Some(j) => j.items()?,
             None => Vec::new(),
@@ -584,7 +684,7 @@ impl GraphImporter {
                 let bj = oj.key("bgraph")?;
                 let kn_index = self.g.ops.len();
                 let (tb, origins) =
-                    self.bgraph(&bj, &ins_j, &outs_j, &inputs, &outputs, ctx, kn_index)?;
+                    self.bgraph(&bj, &ins_j, &outs_j, &inputs, &outputs, kn_index)?;
                 self.src.tb_ops.insert(kn_index, origins);
                 KnOpKind::Customized(Box::new(tb))
             }
@@ -605,7 +705,6 @@ impl GraphImporter {
         kn_outs: &[J],
         inputs: &[Handle<DTensor>],
         outputs: &[Handle<DTensor>],
-        _ctx: &Ctx,
         kn_index: usize,
     ) -> JResult<(TbGraph, Vec<OpOrigin>)> {
         let launch = |key: &str| -> JResult<[usize; 3]> {
@@ -635,198 +734,216 @@ impl GraphImporter {
         let (mut in_pos, mut out_pos) = (0usize, 0usize);
 
         for (i, oj) in bj.key("operators")?.items()?.iter().enumerate() {
-            let tj = oj.key("op_type")?;
-            let op_type = tj.str()?;
-            let name = names::parse_tb(op_type).map_err(|ne| {
-                tj.err(match ne {
-                    NameError::Unknown => ErrorKind::UnknownOp {
-                        level: "threadblock",
-                        name: op_type.into(),
-                    },
-                    NameError::Unsupported(why) => ErrorKind::Unsupported(why.into()),
-                })
-            })?;
-            let ins_j = match oj.opt_key("input_tensors")? {
-                Some(j) => j.items()?,
-                None => Vec::new(),
-            };
-            let outs_j = match oj.opt_key("output_tensors")? {
-                Some(j) => j.items()?,
-                None => Vec::new(),
-            };
-            let mut ins = Vec::with_capacity(ins_j.len());
-            for sj in &ins_j {
-                let gj = sj.key("guid")?;
-                let guid = gj.int()?;
-                let &(h, _) = sguids
-                    .get(&guid)
-                    .ok_or_else(|| gj.err(ErrorKind::DanglingGuid(guid)))?;
-                let f = parse_tensor_fields(sj, self.table)?;
-                let s = &tb.tensors[h];
-                if f.shape != s.shape {
-                    return Err(sj.key("dim")?.err(ErrorKind::CopyMismatch {
-                        what: "shape",
-                        here: f.shape.to_string(),
-                        producer: s.shape.to_string(),
-                    }));
-                }
-                if f.dtype != s.dtype {
-                    return Err(sj.key("data_type")?.err(ErrorKind::CopyMismatch {
-                        what: "data_type",
-                        here: f.dtype.to_string(),
-                        producer: s.dtype.to_string(),
-                    }));
-                }
-                if let Some(aj) = sj.opt_key("after_accum")?
-                    && aj.bool()? != s.after_accum
-                {
-                    return Err(aj.err(ErrorKind::CopyMismatch {
-                        what: "after_accum",
-                        here: aj.bool()?.to_string(),
-                        producer: s.after_accum.to_string(),
-                    }));
-                }
-                ins.push(h);
-            }
-            let in_after = ins.iter().any(|&h| tb.tensors[h].after_accum);
-            // Define the outputs; `after` is the flag to assume when the file records none.
-            let mut define = |tb: &mut TbGraph, sj: &J, after: bool| -> JResult<Handle<STensor>> {
-                let f = parse_tensor_fields(sj, self.table)?;
-                if let Some((_, first)) = sguids.get(&f.guid) {
-                    return Err(sj.key("guid")?.err(ErrorKind::DuplicateGuid {
-                        guid: f.guid,
-                        first: first.clone(),
-                    }));
-                }
-                let after_accum = match sj.opt_key("after_accum")? {
-                    Some(aj) => aj.bool()?,
-                    None => after,
+            let mut op_name = format!("threadblock operator {i} of kernel op {kn_index}");
+            let mut one = || -> JResult<()> {
+                let tj = oj.key("op_type")?;
+                let op_type = tj.str()?;
+                op_name = format!("{op_type}, operator {i} of kernel op {kn_index}");
+                let name = names::parse_tb(op_type).map_err(|ne| {
+                    tj.err(match ne {
+                        NameError::Unknown => ErrorKind::UnknownOp {
+                            level: "threadblock",
+                            name: op_type.into(),
+                        },
+                        NameError::Unsupported(why) => ErrorKind::Unsupported(why.into()),
+                    })
+                })?;
+                let ins_j = match oj.opt_key("input_tensors")? {
+                    Some(j) => j.items()?,
+                    None => Vec::new(),
                 };
-                let h = tb.tensors.append(STensor {
-                    shape: f.shape,
-                    dtype: f.dtype,
-                    after_accum,
-                    guid: Some(f.guid),
-                });
-                sguids.insert(f.guid, (h, sj.path.clone()));
-                Ok(h)
-            };
-            let origin = OpOrigin {
-                path: oj.path.clone(),
-                op_type: op_type.to_string(),
-            };
-            let kind = match name {
-                TbName::Input => {
-                    let dj = oj.key("dtensor")?;
-                    let kn_in = kn_ins.get(in_pos).ok_or_else(|| {
-                        oj.err(ErrorKind::Invalid(format!(
-                            "tb_input_op number {} but the customized operator has only {} inputs",
-                            in_pos + 1,
-                            kn_ins.len()
-                        )))
-                    })?;
-                    bind_guid(&dj, kn_in, "input", in_pos)?;
-                    self.check_copy(&dj, inputs[in_pos])?;
-                    let imap = parse_map(&oj.key("input_map")?)?;
-                    let fj = oj.key("forloop_dim")?;
-                    let f = fj.int_in(-1, MAX_DIMS as i64 - 1, "forloop_dim")?;
-                    in_pos += 1;
-                    TbOpKind::Input {
-                        input: in_pos - 1,
-                        imap,
-                        forloop_dim: usize::try_from(f).ok(),
-                    }
-                }
-                TbName::Output => {
-                    let dj = oj.key("dtensor")?;
-                    let kn_out = kn_outs.get(out_pos).ok_or_else(|| {
-                        oj.err(ErrorKind::Invalid(format!(
-                            "tb_output_op number {} but the customized operator has only {} outputs",
-                            out_pos + 1,
-                            kn_outs.len()
-                        )))
-                    })?;
-                    bind_guid(&dj, kn_out, "output", out_pos)?;
-                    self.check_copy(&dj, outputs[out_pos])?;
-                    let omap = parse_map(&oj.key("output_map")?)?;
-                    out_pos += 1;
-                    if outs_j.len() > 1 {
-                        return Err(oj.key("output_tensors")?.err(ErrorKind::Arity {
-                            what: "outputs",
-                            expected: "0 (or 1 in the May-2024 schema)".into(),
-                            found: outs_j.len(),
+                let outs_j = match oj.opt_key("output_tensors")? {
+                    Some(j) => j.items()?,
+                    None => Vec::new(),
+                };
+                let mut ins = Vec::with_capacity(ins_j.len());
+                for sj in &ins_j {
+                    let gj = sj.key("guid")?;
+                    let guid = gj.int()?;
+                    let &(h, _) = sguids
+                        .get(&guid)
+                        .ok_or_else(|| gj.err(ErrorKind::DanglingGuid(guid)))?;
+                    let f = parse_tensor_fields(sj, self.table)?;
+                    let s = &tb.tensors[h];
+                    if f.shape != s.shape {
+                        return Err(sj.key("dim")?.err(ErrorKind::CopyMismatch {
+                            what: "shape",
+                            here: f.shape.to_string(),
+                            producer: s.shape.to_string(),
                         }));
                     }
-                    if let Some(sj) = outs_j.first() {
-                        // May-2024 schema: the output operator accumulates over the loop itself.
-                        let acc = define(&mut tb, sj, true)?;
-                        tb.ops.append(TbOp {
-                            kind: TbOpKind::Accum(AccumKind::Nored),
-                            inputs: ins.clone(),
-                            outputs: vec![acc],
-                        });
-                        origins.push(OpOrigin {
-                            path: oj.path.clone(),
-                            op_type: format!("{op_type} (accumulating, May-2024 schema)"),
-                        });
-                        ins = vec![acc];
+                    if f.dtype != s.dtype {
+                        return Err(sj.key("data_type")?.err(ErrorKind::CopyMismatch {
+                            what: "data_type",
+                            here: f.dtype.to_string(),
+                            producer: s.dtype.to_string(),
+                        }));
                     }
-                    tb.ops.append(TbOp {
-                        kind: TbOpKind::Output {
-                            output: out_pos - 1,
-                            omap,
-                        },
-                        inputs: ins,
-                        outputs: vec![],
-                    });
-                    origins.push(origin);
-                    continue;
+                    if let Some(aj) = sj.opt_key("after_accum")?
+                        && aj.bool()? != s.after_accum
+                    {
+                        return Err(aj.err(ErrorKind::CopyMismatch {
+                            what: "after_accum",
+                            here: aj.bool()?.to_string(),
+                            producer: s.after_accum.to_string(),
+                        }));
+                    }
+                    ins.push(h);
                 }
-                TbName::Matmul => TbOpKind::Matmul,
-                TbName::Unary(u) => TbOpKind::Unary(unary_op(oj, u)?),
-                TbName::Binary(b) => TbOpKind::Binary(b),
-                TbName::Reduction(dim, kind) => {
-                    check_named_dim(oj, "reduce_dim", dim)?;
-                    if let Some(rj) = oj.opt_key("reduce_size")? {
-                        let want = match kind {
-                            TbReduction::Sum => 1,
-                            TbReduction::ToDimx => reduction_dimx as i64,
-                            TbReduction::Max => -1,
+                let in_after = ins.iter().any(|&h| tb.tensors[h].after_accum);
+                // Define the outputs; `after` is the flag to assume when the file records none.
+                let mut define =
+                    |tb: &mut TbGraph, sj: &J, after: bool| -> JResult<Handle<STensor>> {
+                        let f = parse_tensor_fields(sj, self.table)?;
+                        if let Some((_, first)) = sguids.get(&f.guid) {
+                            return Err(sj.key("guid")?.err(ErrorKind::DuplicateGuid {
+                                guid: f.guid,
+                                first: first.clone(),
+                            }));
+                        }
+                        let after_accum = match sj.opt_key("after_accum")? {
+                            Some(aj) => aj.bool()?,
+                            None => after,
                         };
-                        let got = rj.int()?;
-                        if got != want && !(kind == TbReduction::Max && got == 1) {
-                            return Err(rj.err(ErrorKind::BadValue(format!(
-                                "reduce_size {got} does not match {op_type} (expected {want})"
-                            ))));
+                        let h = tb.tensors.append(STensor {
+                            shape: f.shape,
+                            dtype: f.dtype,
+                            after_accum,
+                            guid: Some(f.guid),
+                        });
+                        sguids.insert(f.guid, (h, sj.path.clone()));
+                        Ok(h)
+                    };
+                let origin = OpOrigin {
+                    path: oj.path.clone(),
+                    op_type: op_type.to_string(),
+                };
+                let kind = match name {
+                    TbName::Input => {
+                        let dj = oj.key("dtensor")?;
+                        let kn_in = kn_ins.get(in_pos).ok_or_else(|| {
+                            oj.err(ErrorKind::Invalid(format!(
+                                "tb_input_op number {} but the customized operator has only {} inputs",
+                                in_pos + 1,
+                                kn_ins.len()
+                            )))
+                        })?;
+                        bind_guid(&dj, kn_in, "input", in_pos)?;
+                        self.check_copy(&dj, inputs[in_pos])?;
+                        let imap = parse_map(&oj.key("input_map")?)?;
+                        let fj = oj.key("forloop_dim")?;
+                        let f = fj.int_in(-1, MAX_DIMS as i64 - 1, "forloop_dim")?;
+                        in_pos += 1;
+                        TbOpKind::Input {
+                            input: in_pos - 1,
+                            imap,
+                            forloop_dim: usize::try_from(f).ok(),
                         }
                     }
-                    TbOpKind::Reduction { dim, kind }
+                    TbName::Output => {
+                        let dj = oj.key("dtensor")?;
+                        let kn_out = kn_outs.get(out_pos).ok_or_else(|| {
+                            oj.err(ErrorKind::Invalid(format!(
+                                "tb_output_op number {} but the customized operator has only {} outputs",
+                                out_pos + 1,
+                                kn_outs.len()
+                            )))
+                        })?;
+                        bind_guid(&dj, kn_out, "output", out_pos)?;
+                        self.check_copy(&dj, outputs[out_pos])?;
+                        let omap = parse_map(&oj.key("output_map")?)?;
+                        out_pos += 1;
+                        if outs_j.len() > 1 {
+                            return Err(oj.key("output_tensors")?.err(ErrorKind::Arity {
+                                what: "outputs",
+                                expected: "0 (or 1 in the May-2024 schema)".into(),
+                                found: outs_j.len(),
+                            }));
+                        }
+                        if let Some(sj) = outs_j.first() {
+                            // May-2024 schema (tiles without `after_accum`): the output operator
+                            // accumulates over the loop itself. Elsewhere it has no outputs.
+                            let may_2024 = self.legacy_schema
+                                || ins_j.first().is_some_and(|t| !t.has("after_accum"));
+                            if !may_2024 {
+                                return Err(oj.key("output_tensors")?.err(ErrorKind::Arity {
+                                    what: "outputs",
+                                    expected: "0 (an output tile is only allowed in the May-2024 schema, whose tiles record no after_accum)".into(),
+                                    found: outs_j.len(),
+                                }));
+                            }
+                            let acc = define(&mut tb, sj, true)?;
+                            tb.ops.append(TbOp {
+                                kind: TbOpKind::Accum(AccumKind::Nored),
+                                inputs: ins.clone(),
+                                outputs: vec![acc],
+                            });
+                            origins.push(OpOrigin {
+                                path: oj.path.clone(),
+                                op_type: format!("{op_type} (accumulating, May-2024 schema)"),
+                            });
+                            ins = vec![acc];
+                        }
+                        tb.ops.append(TbOp {
+                            kind: TbOpKind::Output {
+                                output: out_pos - 1,
+                                omap,
+                            },
+                            inputs: ins,
+                            outputs: vec![],
+                        });
+                        origins.push(origin);
+                        return Ok(());
+                    }
+                    TbName::Matmul => TbOpKind::Matmul,
+                    TbName::Unary(u) => TbOpKind::Unary(unary_op(oj, u)?),
+                    TbName::Binary(b) => TbOpKind::Binary(b),
+                    TbName::Reduction(dim, kind) => {
+                        check_named_dim(oj, "reduce_dim", dim)?;
+                        if let Some(rj) = oj.opt_key("reduce_size")? {
+                            let want = match kind {
+                                TbReduction::Sum => 1,
+                                TbReduction::ToDimx => reduction_dimx as i64,
+                                TbReduction::Max => -1,
+                            };
+                            let got = rj.int()?;
+                            if got != want && !(kind == TbReduction::Max && got == 1) {
+                                return Err(rj.err(ErrorKind::BadValue(format!(
+                                    "reduce_size {got} does not match {op_type} (expected {want})"
+                                ))));
+                            }
+                        }
+                        TbOpKind::Reduction { dim, kind }
+                    }
+                    TbName::RmsNorm => TbOpKind::RmsNorm,
+                    TbName::Concat(dim) => {
+                        check_named_dim(oj, "concat_dim", dim)?;
+                        TbOpKind::Concat { dim }
+                    }
+                    TbName::Accum(kind, _) => TbOpKind::Accum(kind),
+                };
+                let after = match kind {
+                    TbOpKind::Input { .. } => false,
+                    TbOpKind::Accum(_) => true,
+                    _ => in_after,
+                };
+                let mut outs = Vec::with_capacity(outs_j.len());
+                for sj in &outs_j {
+                    outs.push(define(&mut tb, sj, after)?);
                 }
-                TbName::RmsNorm => TbOpKind::RmsNorm,
-                TbName::Concat(dim) => {
-                    check_named_dim(oj, "concat_dim", dim)?;
-                    TbOpKind::Concat { dim }
-                }
-                TbName::Accum(kind, _) => TbOpKind::Accum(kind),
+                tb.ops.append(TbOp {
+                    kind,
+                    inputs: ins,
+                    outputs: outs,
+                });
+                origins.push(origin);
+                Ok(())
             };
-            let after = match kind {
-                TbOpKind::Input { .. } => false,
-                TbOpKind::Accum(_) => true,
-                _ => in_after,
-            };
-            let mut outs = Vec::with_capacity(outs_j.len());
-            for sj in &outs_j {
-                outs.push(define(&mut tb, sj, after)?);
-            }
-            tb.ops.append(TbOp {
-                kind,
-                inputs: ins,
-                outputs: outs,
-            });
-            origins.push(origin);
-            let _ = i;
+            one().map_err(|mut e| {
+                e.op.get_or_insert(op_name.clone());
+                e
+            })?;
         }
-        let _ = kn_index;
         Ok((tb, origins))
     }
 }
