@@ -289,16 +289,24 @@ fn detect_table(
             .iter()
             .all(|&b| codes.iter().all(|&c| a.agrees_with(b, c)))
     };
-    // Preference when the file does not decide: legacy first if it qualifies (its unique codes
-    // already excluded the others), then mid (the real-world files with 940/941 codes are the
-    // Qwen2.5 demo caches), then current.
-    let pick = if candidates.contains(&DtypeTable::Legacy) {
-        DtypeTable::Legacy
-    } else if candidates.contains(&DtypeTable::Mid) {
-        DtypeTable::Mid
-    } else {
-        DtypeTable::Current
+    // When the file does not decide: prefer the reading under which more codes are the usual
+    // storage types (f16, bf16, f32: legacy 940 is f64 and mid 940 is bf16, so a legacy-named
+    // file with 940 is a Feb/Mar-2025 mid file); then legacy, whose unique codes already
+    // excluded the others; then mid (the real-world files with 940/941 are the Qwen2.5 demo
+    // caches, mid-era bf16); then current.
+    let usual = |t: DtypeTable| {
+        codes
+            .iter()
+            .filter(|&&c| matches!(t.decode(c), Some(DType::F16 | DType::BF16 | DType::F32)))
+            .count()
     };
+    let order = [DtypeTable::Legacy, DtypeTable::Mid, DtypeTable::Current];
+    let pick = order
+        .into_iter()
+        .filter(|t| candidates.contains(t))
+        .rev()
+        .max_by_key(|&t| usual(t))
+        .unwrap_or(DtypeTable::Current);
     let mut reason = if why.is_empty() {
         format!("data_type codes {codes_text}")
     } else {
