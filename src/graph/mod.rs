@@ -10,6 +10,7 @@ pub mod arena;
 pub mod builder;
 pub mod display;
 pub mod dtype;
+pub mod fusion;
 pub mod error;
 pub mod infer;
 pub mod interp;

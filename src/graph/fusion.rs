@@ -1,0 +1,241 @@
+//! Epilogue fusion chains of a threadblock graph.
+//!
+//! A chain is a leading operator followed by element-wise unary operators, optionally ended by
+//! a for-loop accumulator (store-and-accumulate) or an output (store). The tiles between chain
+//! members are never materialised: each element flows through the chain in registers. The chains
+//! are a property of the graph, so both the layout solver and the scheduler read them.
+//!
+//! An operator F joins the chain of the producer P of its (first) input when all hold:
+//! 1. F is a unary operator, a one-input accumulator (every kind but the rescaling ones), or an
+//!    output;
+//! 2. that input is P's only output, and F is its only consumer;
+//! 3. P is not an input, output or accumulator (inputs are copies; accumulators and outputs end a
+//!    chain), and P has not already been closed by an accumulator or output;
+//! 4. F runs in P's phase (an accumulator consumes in-loop tiles and an output after-loop tiles,
+//!    which validation guarantees; unary ops share their input's phase by definition).
+//!
+//! This covers Mirage's rule (unary ops and `accum_nored` fused onto a single-consumer producer)
+//! and extends it to every one-input accumulator and to stores; unlike Mirage's emitter, nothing
+//! fused after a matmul is dropped: every member is applied.
+
+use std::fmt::Write;
+
+use super::arena::Handle;
+use super::ops::AccumKind;
+use super::threadblock::{TbGraph, TbOp, TbOpKind};
+
+/// One chain: the leader first, then the fused operators in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// Members, leader first.
+    pub ops: Vec<Handle<TbOp>>,
+}
+
+impl Chain {
+    /// The leading operator.
+    pub fn leader(&self) -> Handle<TbOp> {
+        self.ops[0]
+    }
+
+    /// The last operator.
+    pub fn tail(&self) -> Handle<TbOp> {
+        self.ops[self.ops.len() - 1]
+    }
+}
+
+/// The chains of a threadblock graph; every operator is in exactly one chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusionPlan {
+    /// Chains in the order of their leaders.
+    pub chains: Vec<Chain>,
+    /// For each operator, the index of its chain.
+    pub chain_of: Vec<usize>,
+}
+
+impl FusionPlan {
+    /// The chain containing `op`.
+    pub fn chain(&self, op: Handle<TbOp>) -> &Chain {
+        &self.chains[self.chain_of[op.index()]]
+    }
+
+    /// Whether `op` leads its chain.
+    pub fn is_leader(&self, op: Handle<TbOp>) -> bool {
+        self.chain(op).leader() == op
+    }
+
+    /// Whether `op` was fused onto the operator before it in its chain.
+    pub fn is_fused(&self, op: Handle<TbOp>) -> bool {
+        !self.is_leader(op)
+    }
+
+    /// A stable text form: one line per chain of two or more operators.
+    pub fn dump(&self, tb: &TbGraph) -> String {
+        let mut s = String::new();
+        for c in self.chains.iter().filter(|c| c.ops.len() > 1) {
+            let names: Vec<String> = c
+                .ops
+                .iter()
+                .map(|&h| format!("op{} {}", h.index(), tb.ops[h].kind.name()))
+                .collect();
+            let _ = writeln!(s, "chain {}", names.join(" -> "));
+        }
+        if s.is_empty() {
+            s.push_str("no fused chains\n");
+        }
+        s
+    }
+}
+
+fn can_follow(kind: &TbOpKind) -> bool {
+    match kind {
+        TbOpKind::Unary(_) | TbOpKind::Output { .. } => true,
+        TbOpKind::Accum(k) => !matches!(k, AccumKind::NoredRescale | AccumKind::RedLdSumRescale),
+        _ => false,
+    }
+}
+
+fn ends_chain(kind: &TbOpKind) -> bool {
+    matches!(kind, TbOpKind::Accum(_) | TbOpKind::Output { .. })
+}
+
+fn can_lead_into(kind: &TbOpKind) -> bool {
+    !matches!(
+        kind,
+        TbOpKind::Input { .. } | TbOpKind::Output { .. } | TbOpKind::Accum(_)
+    )
+}
+
+/// Computes the fusion chains of a validated threadblock graph.
+pub fn fuse(tb: &TbGraph) -> FusionPlan {
+    let mut consumers = vec![0usize; tb.tensors.len()];
+    for (_, op) in tb.ops.iter() {
+        for &t in &op.inputs {
+            consumers[t.index()] += 1;
+        }
+    }
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut chain_of = vec![usize::MAX; tb.ops.len()];
+    for (h, op) in tb.ops.iter() {
+        let joined = (|| {
+            if !can_follow(&op.kind) {
+                return None;
+            }
+            let input = *op.inputs.first()?;
+            if consumers[input.index()] != 1 {
+                return None;
+            }
+            let p = tb.producer(input)?;
+            let prod = &tb.ops[p];
+            if prod.outputs.len() != 1 || !can_lead_into(&prod.kind) {
+                return None;
+            }
+            let c = chain_of[p.index()];
+            let chain = &chains[c];
+            // P must be the open end of its chain.
+            if chain.tail() != p || ends_chain(&tb.ops[chain.tail()].kind) {
+                return None;
+            }
+            Some(c)
+        })();
+        match joined {
+            Some(c) => {
+                chains[c].ops.push(h);
+                chain_of[h.index()] = c;
+            }
+            None => {
+                chain_of[h.index()] = chains.len();
+                chains.push(Chain { ops: vec![h] });
+            }
+        }
+    }
+    FusionPlan { chains, chain_of }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+    use crate::graph::{DType, KnOpKind};
+
+    fn tb_of(g: &crate::graph::KernelGraph) -> &TbGraph {
+        g.customized_ops().next().unwrap().1
+    }
+
+    #[test]
+    fn gated_mlp_chains() {
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[8, 256], DType::F16).unwrap();
+        let w1 = g.new_input(&[256, 512], DType::F16).unwrap();
+        let w2 = g.new_input(&[256, 512], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([16, 1, 1], [128, 1, 1], 4);
+        let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+        let t1 = tb.new_input(&g, w1, [1, -1, -1], 0).unwrap();
+        let t2 = tb.new_input(&g, w2, [1, -1, -1], 0).unwrap();
+        let m1 = tb.matmul(tx, t1).unwrap();
+        let m2 = tb.matmul(tx, t2).unwrap();
+        let a1 = tb.forloop_accum(m1, AccumKind::Nored).unwrap();
+        let a2 = tb.forloop_accum(m2, AccumKind::Nored).unwrap();
+        let s = tb.silu(a1).unwrap();
+        let o = tb.mul(s, a2).unwrap();
+        tb.new_output(o, [1, -1, -1]).unwrap();
+        let outs = g.customized(tb).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        let g = g.build().unwrap();
+        let tb = tb_of(&g);
+        let plan = fuse(tb);
+        assert_eq!(
+            plan.dump(tb),
+            "chain op3 matmul -> op5 accum_nored\nchain op4 matmul -> op6 accum_nored\nchain op8 mul -> op9 output\n"
+        );
+        // silu reads an accumulator's tile: it leads its own chain.
+        assert!(plan.is_leader(Handle::from_index(7)));
+        assert_eq!(plan.chains.len(), 7);
+    }
+
+    #[test]
+    fn unary_ops_after_a_matmul_stay_in_the_chain() {
+        // Mirage's emitter drops every fused unary but exp after a matmul; here all are kept.
+        let mut g = GraphBuilder::new();
+        let a = g.new_input(&[16, 64], DType::F16).unwrap();
+        let b = g.new_input(&[64, 16], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 2);
+        let ta = tb.new_input(&g, a, [-1, -1, -1], 1).unwrap();
+        let tbb = tb.new_input(&g, b, [-1, -1, -1], 0).unwrap();
+        let m = tb.matmul(ta, tbb).unwrap();
+        let e = tb.silu(m).unwrap();
+        let sc = tb.mul_scalar(e, 0.5).unwrap();
+        let acc = tb.forloop_accum(sc, AccumKind::RedLdSum).unwrap();
+        let sq = tb.sqrt(acc).unwrap();
+        tb.new_output(sq, [-1, -1, -1]).unwrap();
+        let outs = g.customized(tb).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        let g = g.build().unwrap();
+        let plan = fuse(tb_of(&g));
+        assert_eq!(
+            plan.dump(tb_of(&g)),
+            "chain op2 matmul -> op3 silu -> op4 mul_scalar -> op5 accum_red_ld_sum\nchain op6 sqrt -> op7 output\n"
+        );
+    }
+
+    #[test]
+    fn shared_tiles_and_two_output_ops_are_not_fused() {
+        let mut g = GraphBuilder::new();
+        let a = g.new_input(&[4, 64], DType::F32).unwrap();
+        let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 1);
+        let t = tb.new_input(&g, a, [-1, -1, -1], -1).unwrap();
+        let e = tb.exp(t).unwrap(); // input op: not a leader to fuse onto
+        let (mx, _diff) = tb.reduction_max(e, 1).unwrap();
+        let n = tb.exp(mx).unwrap(); // producer has two outputs
+        let s1 = tb.square(n).unwrap(); // n has two consumers
+        let s2 = tb.sqrt(n).unwrap();
+        let sum = tb.add(s1, s2).unwrap();
+        let acc = tb.forloop_accum(sum, AccumKind::Nored).unwrap();
+        tb.new_output(acc, [-1, -1, -1]).unwrap();
+        let outs = g.customized(tb).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        let g = g.build().unwrap();
+        let plan = fuse(tb_of(&g));
+        assert_eq!(plan.dump(tb_of(&g)), "chain op6 add -> op7 accum_nored\n");
+        assert!(matches!(g.ops.iter().nth(1).unwrap().1.kind, KnOpKind::Customized(_)));
+    }
+}
