@@ -18,6 +18,7 @@ pub mod emit;
 pub mod graph;
 pub mod layout;
 pub mod sched;
+pub mod target;
 
 pub use graph::mirage_json::{
     ExportOptions, FileForm, ImportOptions, LoadedGraph, MirageFile, parse_str, read_file,

@@ -68,6 +68,20 @@ impl FusionPlan {
         !self.is_leader(op)
     }
 
+    /// For each tile of `tb`: whether it exists in shared memory, i.e. whether its producer ends
+    /// its chain (tiles passed between chain members live in registers).
+    pub fn materialized(&self, tb: &TbGraph) -> Vec<bool> {
+        let mut m = vec![false; tb.tensors.len()];
+        for (h, op) in tb.ops.iter() {
+            if self.chain(h).tail() == h {
+                for &t in &op.outputs {
+                    m[t.index()] = true;
+                }
+            }
+        }
+        m
+    }
+
     /// A stable text form: one line per chain of two or more operators.
     pub fn dump(&self, tb: &TbGraph) -> String {
         let mut s = String::new();
@@ -236,6 +250,9 @@ mod tests {
         let g = g.build().unwrap();
         let plan = fuse(tb_of(&g));
         assert_eq!(plan.dump(tb_of(&g)), "chain op6 add -> op7 accum_nored\n");
-        assert!(matches!(g.ops.iter().nth(1).unwrap().1.kind, KnOpKind::Customized(_)));
+        assert!(matches!(
+            g.ops.iter().nth(1).unwrap().1.kind,
+            KnOpKind::Customized(_)
+        ));
     }
 }

@@ -1,2 +1,9 @@
-//! Layout resolution (Z3), strides and swizzle planning. Not implemented yet: filled by the
-//! planning issue.
+//! Layouts: which dim of each tensor is innermost and which tile dims are swizzled (Z3,
+//! [`solve`]), the strides that follow ([`strides`]), and the swizzle of each shared-memory tile
+//! ([`swizzle`], planned after scheduling from the chunk sizes the schedule needs).
+
+pub mod model;
+pub mod solve;
+pub mod strides;
+
+pub use solve::{LayoutError, LayoutPlan, SolveOptions, resolve};

@@ -1,2 +1,4 @@
-//! Threadblock scheduling and memory planning (depth-topo order, barriers, op metadata,
-//! shared-memory DSA, workspace reuse). Not implemented yet: filled by the planning issue.
+//! Threadblock scheduling ([`order`]), per-operator plans ([`meta`]) and memory planning
+//! ([`memory`]): shared memory by DSA heuristics, the global workspace by liveness.
+
+pub mod order;

@@ -1,0 +1,114 @@
+//! Compilation targets: the GPU architectures mucc emits code for, with the limits and features
+//! that every planning and emission stage reads instead of hard-coding numbers.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A GPU architecture mucc can target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Ampere (A100): cp.async, ldmatrix, mma.sync.
+    Sm80,
+    /// Hopper (H100/H200) with the architecture-specific features: TMA, mbarrier, wgmma.
+    Sm90a,
+}
+
+impl Arch {
+    /// The name used by nvcc and on the command line (`sm_80`, `sm_90a`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sm_80" | "sm80" => Ok(Arch::Sm80),
+            "sm_90a" | "sm90a" | "sm_90" | "sm90" => Ok(Arch::Sm90a),
+            _ => Err(format!(
+                "unsupported architecture `{s}` (expected sm_80 or sm_90a)"
+            )),
+        }
+    }
+}
+
+/// Limits and features of a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The architecture.
+    pub arch: Arch,
+    /// Dynamic shared memory one block may use (bytes, after opting in).
+    pub smem_per_block: usize,
+    /// Threads per block.
+    pub max_threads_per_block: usize,
+    /// 32-bit registers per thread the planner may give to register-resident accumulators.
+    pub accum_register_budget: usize,
+    /// Shared-memory banks × bank width: the span of one conflict-free row access (bytes).
+    pub smem_line_bytes: usize,
+    /// Widest single copy (bytes): 16 for `cp.async`/`ld.global.v4`.
+    pub max_copy_bytes: usize,
+    /// `ldmatrix` is available.
+    pub has_ldmatrix: bool,
+    /// `cp.async` is available.
+    pub has_cp_async: bool,
+    /// TMA, mbarrier and wgmma are available.
+    pub has_tma_wgmma: bool,
+}
+
+impl Target {
+    /// The target of an architecture.
+    pub fn new(arch: Arch) -> Target {
+        match arch {
+            Arch::Sm80 => Target {
+                arch,
+                smem_per_block: 163 * 1024,
+                max_threads_per_block: 1024,
+                accum_register_budget: 192,
+                smem_line_bytes: 128,
+                max_copy_bytes: 16,
+                has_ldmatrix: true,
+                has_cp_async: true,
+                has_tma_wgmma: false,
+            },
+            Arch::Sm90a => Target {
+                arch,
+                smem_per_block: 227 * 1024,
+                max_threads_per_block: 1024,
+                accum_register_budget: 192,
+                smem_line_bytes: 128,
+                max_copy_bytes: 16,
+                has_ldmatrix: true,
+                has_cp_async: true,
+                has_tma_wgmma: true,
+            },
+        }
+    }
+
+    /// Both targets mucc supports.
+    pub fn all() -> [Target; 2] {
+        [Target::new(Arch::Sm80), Target::new(Arch::Sm90a)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits() {
+        assert_eq!(Target::new(Arch::Sm80).smem_per_block, 166_912);
+        assert_eq!(Target::new(Arch::Sm90a).smem_per_block, 232_448);
+        assert_eq!("sm_90a".parse::<Arch>(), Ok(Arch::Sm90a));
+        assert!("sm_70".parse::<Arch>().is_err());
+    }
+}
