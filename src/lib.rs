@@ -17,6 +17,7 @@ pub mod cuda;
 pub mod emit;
 pub mod graph;
 pub mod layout;
+pub mod pipeline;
 pub mod sched;
 pub mod target;
 

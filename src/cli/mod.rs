@@ -1,6 +1,7 @@
 //! Subcommands of the `mucc` binary.
 
 mod eval;
+mod explain;
 mod export;
 mod inspect;
 
@@ -28,6 +29,9 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Write graphs back as Mirage JSON (e.g. convert legacy files to current Mirage).
     Export(export::ExportArgs),
+    /// Show every planning decision for one graph: fusion chains, schedule with barriers,
+    /// layouts, strides and swizzles, operator plans, shared-memory and workspace maps.
+    Explain(explain::ExplainArgs),
 }
 
 /// Options shared by commands that read a µGraph file.
@@ -130,6 +134,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Inspect(a) => inspect::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Export(a) => export::run(a),
+        Command::Explain(a) => explain::run(a),
     };
     let _ = io::stdout().flush();
     r

@@ -1,0 +1,97 @@
+//! `mucc explain`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use mucc::graph::Handle;
+use mucc::pipeline::{self, Options};
+use mucc::sched::memory;
+use mucc::target::{Arch, Target};
+
+use super::{Failure, InputArgs, load, print_warnings, stdout};
+
+/// Arguments of `mucc explain`.
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    /// Index of the graph (candidate) in the file.
+    #[arg(long, short = 'g', value_name = "N", default_value_t = 0)]
+    graph: usize,
+    /// Target architecture.
+    #[arg(long, default_value = "sm_80", value_parser = |s: &str| s.parse::<Arch>())]
+    arch: Arch,
+    /// Also draw each kernel's shared-memory plan (x = schedule step, y = address) into this
+    /// SVG file (one file; kernels after the first get `.kN` before the extension).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Overwrite the SVG file if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `mucc explain`.
+pub fn run(a: ExplainArgs) -> Result<(), Failure> {
+    let file = load(&a.input)?;
+    print_warnings(&file);
+    let n = file.graphs.len();
+    let lg = file.graphs.get(a.graph).ok_or_else(|| {
+        Failure::User(format!(
+            "there is no graph {}; the file has {n} graph(s) (0..={})",
+            a.graph,
+            n - 1
+        ))
+    })?;
+    lg.validate()
+        .map_err(|e| Failure::User(format!("graph {} is invalid:\n{e}", a.graph)))?;
+    let opts = Options {
+        target: Target::new(a.arch),
+        solve: Default::default(),
+    };
+    let plan = pipeline::plan(&lg.graph, &opts).map_err(|e| {
+        Failure::User(format!(
+            "{}: graph {}: {e}",
+            a.input.file.display(),
+            a.graph
+        ))
+    })?;
+    let mut out = stdout();
+    writeln!(out, "file: {}, graph {}", a.input.file.display(), a.graph)?;
+    write!(out, "{}", pipeline::explain(&lg.graph, &plan))?;
+    if let Some(svg) = &a.svg {
+        for (i, (&k, kp)) in plan.kernels.iter().enumerate() {
+            let path = if i == 0 {
+                svg.clone()
+            } else {
+                let stem = svg
+                    .file_stem()
+                    .map_or("plan".into(), |s| s.to_string_lossy().into_owned());
+                let ext = svg
+                    .extension()
+                    .map_or("svg".into(), |s| s.to_string_lossy().into_owned());
+                svg.with_file_name(format!("{stem}.k{k}.{ext}"))
+            };
+            if path.exists() && !a.force {
+                return Err(Failure::User(format!(
+                    "{} exists; pass --force to overwrite it",
+                    path.display()
+                )));
+            }
+            let title = format!(
+                "{} graph {} kernel op {k} ({}, {})",
+                a.input.file.display(),
+                a.graph,
+                a.arch,
+                lg.graph.ops[Handle::from_index(k)].kind.name()
+            );
+            std::fs::write(
+                &path,
+                memory::svg(&title, &kp.smem.buffers, &kp.smem.packing),
+            )
+            .map_err(|e| Failure::User(format!("cannot write {}: {e}", path.display())))?;
+            writeln!(out, "wrote {}", path.display())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,439 @@
+//! Per-operator plans: how each threadblock operator will be carried out.
+//!
+//! - **Inputs and outputs**: a 16-byte chunked copy when the tile and the DTensor share their
+//!   innermost dim, the tile's rows are a whole number of 16-byte chunks, and every row start —
+//!   DTensor strides, block offsets, per-iteration offsets — is 16-byte aligned; an element copy
+//!   otherwise (never a chunk that crosses a row end, so no read or write past a tile). In-loop
+//!   chunked inputs on targets with `cp.async` are software-pipelined; the stage count is chosen
+//!   later from the shared-memory budget.
+//! - **Accumulators**: kept in registers when the per-thread register cost fits the budget
+//!   (exact MMA fragment sizes for matmul chains, ⌈elements / threads⌉ otherwise; the rescaling
+//!   kinds stay in shared memory); reducing kinds reduce every iteration, except after a matmul,
+//!   where the fragment is accumulated whole and reduced once after the loop.
+//! - **Matmuls**: the warp grid (warps along M × warps along N) that minimises the per-warp
+//!   instruction count (MMA calls plus `ldmatrix` loads), ties broken toward more warps; fp16 and
+//!   bf16 use `mma.sync m16n8k16` with fp32 accumulation, other types FMA.
+
+use crate::graph::dtype::DType;
+use crate::graph::fusion::FusionPlan;
+use crate::graph::ops::{AccumKind, DimMap};
+use crate::graph::shape::{Shape, Strides};
+use crate::graph::threadblock::{TbGraph, TbOpKind};
+use crate::layout::solve::KernelLayout;
+use crate::layout::strides::padded_strides;
+use crate::target::Target;
+
+/// How a tile moves between global and shared memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Copy {
+    /// 16-byte chunks along `dim`.
+    Chunked {
+        /// The shared innermost dim.
+        dim: usize,
+        /// Elements per chunk.
+        chunk_elems: usize,
+    },
+    /// One element at a time.
+    Elementwise {
+        /// Why not chunked.
+        reason: String,
+    },
+}
+
+impl Copy {
+    /// Whether this is a chunked copy.
+    pub fn is_chunked(&self) -> bool {
+        matches!(self, Copy::Chunked { .. })
+    }
+}
+
+/// Where an accumulator lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccumStorage {
+    /// In registers across the loop (32-bit registers per thread).
+    Registers {
+        /// Registers per thread.
+        per_thread: usize,
+    },
+    /// In shared memory.
+    Shared,
+}
+
+/// When a reducing accumulator reduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccumReduce {
+    /// No reduction (element-wise kinds).
+    None,
+    /// Each iteration's tile is reduced, then accumulated.
+    EachIteration,
+    /// The whole tile is accumulated and reduced once after the loop.
+    AfterLoop,
+}
+
+/// The plan of an operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpPlan {
+    /// A threadblock input.
+    Input {
+        /// The copy.
+        copy: Copy,
+        /// Pipeline stages (1 = not pipelined).
+        stages: usize,
+    },
+    /// A threadblock output.
+    Output {
+        /// The copy; `None` when the chain's leader stores directly from registers.
+        copy: Option<Copy>,
+    },
+    /// A for-loop accumulator.
+    Accum {
+        /// Storage.
+        storage: AccumStorage,
+        /// Reduction timing.
+        reduce: AccumReduce,
+    },
+    /// A matmul.
+    Matmul {
+        /// Warps along M and N.
+        warps: (usize, usize),
+        /// The instruction.
+        instr: &'static str,
+        /// MMA calls per warp per execution.
+        mma_per_warp: usize,
+        /// `ldmatrix.x4` loads per warp per execution.
+        loads_per_warp: usize,
+    },
+    /// Anything else.
+    Plain,
+}
+
+/// Bytes per element.
+pub fn elem_bytes(d: DType) -> usize {
+    (d.bits() as usize / 8).max(1)
+}
+
+/// A G↔S copy plan for a tile of `tile` (innermost `tile_inner`) inside a DTensor of `d`
+/// (innermost `d_inner`, strides `d_strides`), with the offsets the grid and the loop add.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_plan(
+    d: &Shape,
+    d_strides: &Strides,
+    d_inner: usize,
+    tile: &Shape,
+    tile_inner: usize,
+    map: DimMap,
+    grid: [usize; 3],
+    forloop_dim: Option<usize>,
+    elem: usize,
+    target: &Target,
+) -> Copy {
+    let chunk = target.max_copy_bytes / elem;
+    let no = |reason: String| Copy::Elementwise { reason };
+    if chunk <= 1 {
+        return no("elements are as wide as a chunk".into());
+    }
+    if d_inner != tile_inner || d_strides.0[d_inner] != 1 {
+        return no(format!(
+            "the tile's innermost dim {tile_inner} is not the tensor's contiguous dim"
+        ));
+    }
+    if !tile.dim(tile_inner).is_multiple_of(chunk) {
+        return no(format!(
+            "rows of {} elements are not a whole number of {}-byte chunks",
+            tile.dim(tile_inner),
+            target.max_copy_bytes
+        ));
+    }
+    for dim in 0..d.rank() {
+        if dim != d_inner && tile.dim(dim) > 1 && !d_strides.0[dim].is_multiple_of(chunk) {
+            return no(format!(
+                "stride {} of dim {dim} is not a multiple of {chunk} elements",
+                d_strides.0[dim]
+            ));
+        }
+    }
+    for a in 0..3 {
+        if let (true, Some(dim)) = (grid[a] > 1, map.axis(a)) {
+            let off = d.dim(dim) / grid[a] * d_strides.0[dim];
+            if !off.is_multiple_of(chunk) {
+                return no(format!(
+                    "block offsets along dim {dim} ({off} elements) are not chunk-aligned"
+                ));
+            }
+        }
+    }
+    if let Some(f) = forloop_dim {
+        let off = tile.dim(f) * d_strides.0[f];
+        if !off.is_multiple_of(chunk) {
+            return no(format!(
+                "iteration offsets along dim {f} ({off} elements) are not chunk-aligned"
+            ));
+        }
+    }
+    Copy::Chunked {
+        dim: tile_inner,
+        chunk_elems: chunk,
+    }
+}
+
+/// Chooses the warp grid of a matmul C[m, n] = A[m, k]·B[k, n].
+pub fn warp_grid(m: usize, n: usize, k: usize, warps: usize) -> ((usize, usize), usize, usize) {
+    let (mt, nt, kt) = (m.div_ceil(16), n.div_ceil(8), k.div_ceil(16));
+    let mut best: Option<((usize, usize), usize, usize, usize)> = None;
+    for wm in 1..=warps {
+        for wn in 1..=warps / wm {
+            let (pm, pn) = (mt.div_ceil(wm), nt.div_ceil(wn));
+            // Useless warps (no tile to work on) are not counted as parallelism.
+            if (wm > 1 && pm * (wm - 1) >= mt) || (wn > 1 && pn * (wn - 1) >= nt) {
+                continue;
+            }
+            let mma = pm * pn * kt;
+            // ldmatrix.x4 loads a 16×16 A fragment or two 16×8 B fragments.
+            let loads = pm * kt + pn.div_ceil(2) * kt;
+            let cost = mma + loads;
+            let better = match best {
+                None => true,
+                Some((_, c, _, _)) => {
+                    cost < c || (cost == c && wm * wn > best.map_or(0, |b| b.0.0 * b.0.1))
+                }
+            };
+            if better {
+                best = Some(((wm, wn), cost, mma, loads));
+            }
+        }
+    }
+    let (w, _, mma, loads) =
+        best.unwrap_or(((1, 1), 0, mt * nt * kt, mt * kt + nt.div_ceil(2) * kt));
+    (w, mma, loads)
+}
+
+/// Per-thread registers of a matmul's fp32 accumulator fragment.
+pub fn fragment_registers(m: usize, n: usize, warps: (usize, usize)) -> usize {
+    m.div_ceil(16 * warps.0) * n.div_ceil(8 * warps.1) * 4
+}
+
+/// Plans every operator of a threadblock graph except the pipeline stage counts (1 here).
+pub fn plan_ops(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    layout: &KernelLayout,
+    kn_ins: &[(Shape, Strides, usize)],
+    kn_outs: &[(Shape, Strides, usize)],
+    target: &Target,
+) -> Vec<OpPlan> {
+    let threads = tb.num_threads().max(1);
+    let warps = (threads / 32).max(1);
+    let mut regs_left = target.accum_register_budget;
+    let mut plans = Vec::with_capacity(tb.ops.len());
+    for (h, op) in tb.ops.iter() {
+        let chain = fusion.chain(h);
+        let plan = match &op.kind {
+            TbOpKind::Input {
+                input,
+                imap,
+                forloop_dim,
+            } => {
+                let (ds, dst, dinner) = &kn_ins[*input];
+                let s = &tb.tensors[op.outputs[0]];
+                let tl =
+                    layout.tiles[op.outputs[0].index()].map_or(s.shape.rank() - 1, |l| l.innermost);
+                let copy = copy_plan(
+                    ds,
+                    dst,
+                    *dinner,
+                    &s.shape,
+                    tl,
+                    *imap,
+                    tb.grid,
+                    *forloop_dim,
+                    elem_bytes(s.dtype),
+                    target,
+                );
+                OpPlan::Input { copy, stages: 1 }
+            }
+            TbOpKind::Output { output, omap } => {
+                if chain.ops.len() > 1 {
+                    OpPlan::Output { copy: None }
+                } else {
+                    let (ds, dst, dinner) = &kn_outs[*output];
+                    let s = &tb.tensors[op.inputs[0]];
+                    let tl = layout.tiles[op.inputs[0].index()]
+                        .map_or(s.shape.rank() - 1, |l| l.innermost);
+                    let copy = copy_plan(
+                        ds,
+                        dst,
+                        *dinner,
+                        &s.shape,
+                        tl,
+                        *omap,
+                        tb.grid,
+                        None,
+                        elem_bytes(s.dtype),
+                        target,
+                    );
+                    OpPlan::Output { copy: Some(copy) }
+                }
+            }
+            TbOpKind::Matmul => {
+                let (a, b) = (
+                    &tb.tensors[op.inputs[0]].shape,
+                    &tb.tensors[op.inputs[1]].shape,
+                );
+                let r = a.rank();
+                let (m, k, n) = (a.dim(r - 2), a.dim(r - 1), b.dim(r - 1));
+                let (w, mma, loads) = warp_grid(m, n, k, warps);
+                let instr = match tb.tensors[op.inputs[0]].dtype {
+                    DType::F16 => "mma.sync.m16n8k16.f32.f16.f16.f32",
+                    DType::BF16 => "mma.sync.m16n8k16.f32.bf16.bf16.f32",
+                    _ => "fma.f32",
+                };
+                OpPlan::Matmul {
+                    warps: w,
+                    instr,
+                    mma_per_warp: mma,
+                    loads_per_warp: loads,
+                }
+            }
+            TbOpKind::Accum(kind) => {
+                let leader = &tb.ops[chain.leader()];
+                let after_matmul = matches!(leader.kind, TbOpKind::Matmul);
+                let reduce = if !kind.reduces_last_dim() {
+                    AccumReduce::None
+                } else if after_matmul {
+                    AccumReduce::AfterLoop
+                } else {
+                    AccumReduce::EachIteration
+                };
+                let rescale = matches!(kind, AccumKind::NoredRescale | AccumKind::RedLdSumRescale);
+                let regs = if rescale {
+                    None
+                } else if after_matmul {
+                    // The fragment of the matmul's result, whatever the reduction.
+                    let c = &tb.tensors[leader.outputs[0]].shape;
+                    let r = c.rank();
+                    let w = match plans.get(chain.leader().index()) {
+                        Some(OpPlan::Matmul { warps, .. }) => *warps,
+                        _ => (1, 1),
+                    };
+                    Some(fragment_registers(c.dim(r - 2), c.dim(r - 1), w))
+                } else {
+                    let state = match reduce {
+                        AccumReduce::AfterLoop => tb.tensors[op.inputs[0]].shape.numel(),
+                        _ => tb.tensors[op.outputs[0]].shape.numel(),
+                    };
+                    Some(state.div_ceil(threads))
+                };
+                let storage = match regs {
+                    Some(n) if n <= regs_left => {
+                        regs_left -= n;
+                        AccumStorage::Registers { per_thread: n }
+                    }
+                    _ => AccumStorage::Shared,
+                };
+                OpPlan::Accum { storage, reduce }
+            }
+            _ => OpPlan::Plain,
+        };
+        plans.push(plan);
+    }
+    plans
+}
+
+/// Strides and physical size of an intermediate DTensor with this innermost dim.
+pub fn dtensor_strides(shape: &Shape, innermost: usize, dtype: DType) -> (Strides, usize) {
+    padded_strides(shape, innermost, None, elem_bytes(dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Arch;
+
+    #[test]
+    fn chunked_copies_need_aligned_rows() {
+        let t = Target::new(Arch::Sm80);
+        let d = Shape::new(&[4096, 4096]).unwrap();
+        let st = d.row_major_strides();
+        let tile = Shape::new(&[64, 32]).unwrap();
+        let c = copy_plan(
+            &d,
+            &st,
+            1,
+            &tile,
+            1,
+            DimMap::from([1, -1, -1]),
+            [128, 1, 1],
+            Some(0),
+            2,
+            &t,
+        );
+        assert_eq!(
+            c,
+            Copy::Chunked {
+                dim: 1,
+                chunk_elems: 8
+            }
+        );
+        // A column-major tile of a row-major tensor cannot use 16-byte chunks.
+        let c = copy_plan(
+            &d,
+            &st,
+            1,
+            &tile,
+            0,
+            DimMap::from([1, -1, -1]),
+            [128, 1, 1],
+            Some(0),
+            2,
+            &t,
+        );
+        assert!(!c.is_chunked());
+        // Rows of 24 fp16 elements are three chunks; rows of 20 are not whole chunks.
+        let d2 = Shape::new(&[8, 4800]).unwrap();
+        let c = copy_plan(
+            &d2,
+            &d2.row_major_strides(),
+            1,
+            &Shape::new(&[8, 20]).unwrap(),
+            1,
+            DimMap::from([1, -1, -1]),
+            [240, 1, 1],
+            None,
+            2,
+            &t,
+        );
+        assert!(
+            matches!(c, Copy::Elementwise { reason } if reason.contains("rows of 20 elements"))
+        );
+        // Odd row stride of the source.
+        let d3 = Shape::new(&[8, 50]).unwrap();
+        let c = copy_plan(
+            &d3,
+            &d3.row_major_strides(),
+            1,
+            &Shape::new(&[8, 16]).unwrap(),
+            1,
+            DimMap::NONE,
+            [1, 1, 1],
+            Some(1),
+            2,
+            &t,
+        );
+        assert!(!c.is_chunked());
+    }
+
+    #[test]
+    fn warp_grids() {
+        // 8×32 (gated MLP tile, 4 warps): 1 M tile, 4 N tiles → warps split N.
+        assert_eq!(warp_grid(8, 32, 64, 4).0, (1, 4));
+        // 64×64: 4×8 tiles.
+        let (w, mma, _) = warp_grid(64, 64, 64, 4);
+        assert_eq!(w.0 * w.1, 4);
+        assert_eq!(mma, 4 * 8 * 4 / 4);
+        // A 1×24 result of a 296-deep product on 4 warps.
+        let (w, _, _) = warp_grid(1, 24, 296, 4);
+        assert_eq!(w, (1, 3));
+        assert_eq!(fragment_registers(8, 32, (1, 4)), 4);
+        assert_eq!(fragment_registers(64, 64, (2, 2)), 2 * 4 * 4);
+    }
+}

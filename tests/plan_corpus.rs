@@ -1,0 +1,175 @@
+//! Every corpus graph gets a complete plan for sm_80 and sm_90a, and the plans keep their
+//! invariants: shared memory within the target's limit, no two live buffers overlapping, every
+//! chain scheduled after the chains it reads with a barrier in between, deterministic output.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::corpus_files;
+use mucc::graph::fusion::FusionPlan;
+use mucc::graph::{KnOpKind, TbGraph};
+use mucc::pipeline::{self, GraphPlan, Options};
+use mucc::sched::memory::Buffer;
+use mucc::sched::order::{Schedule, Step};
+use mucc::target::Target;
+use mucc::{ImportOptions, read_file};
+use rayon::prelude::*;
+
+fn no_overlap(bufs: &[Buffer], offsets: &[usize]) -> Result<(), String> {
+    for i in 0..bufs.len() {
+        for j in i + 1..bufs.len() {
+            let (a, b) = (&bufs[i], &bufs[j]);
+            let time = a.start < b.end && b.start < a.end;
+            let space = offsets[i] < offsets[j] + b.bytes && offsets[j] < offsets[i] + a.bytes;
+            if time && space {
+                return Err(format!("{} and {} overlap", a.name, b.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every chain runs after the chains producing its inputs, with a barrier between them unless
+/// they are in different phases (phase boundaries have their own barriers).
+fn ordered(tb: &TbGraph, f: &FusionPlan, s: &Schedule) -> Result<(), String> {
+    let steps: Vec<_> = s.steps().collect();
+    let pos = |c: usize| {
+        steps
+            .iter()
+            .position(|(_, st)| **st == Step::Run(c))
+            .expect("every chain runs")
+    };
+    for (c, chain) in f.chains.iter().enumerate() {
+        for &t in &tb.ops[chain.leader()].inputs {
+            let p = f.chain_of[tb.producer(t).expect("defined").index()];
+            let (pp, pc) = (pos(p), pos(c));
+            if pp >= pc {
+                return Err(format!("chain {c} runs before its producer {p}"));
+            }
+            if !steps[pp..pc]
+                .iter()
+                .any(|(_, st)| matches!(st, Step::Barrier(_)))
+            {
+                return Err(format!("no barrier between chain {p} and its reader {c}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check(g: &mucc::KernelGraph, p: &GraphPlan) -> Result<(), String> {
+    for (&k, kp) in &p.kernels {
+        let KnOpKind::Customized(tb) = &g.ops[mucc::graph::Handle::from_index(k)].kind else {
+            return Err("not customized".into());
+        };
+        if kp.smem.total > p.target.smem_per_block {
+            return Err("over the shared-memory limit".into());
+        }
+        no_overlap(&kp.smem.buffers, &kp.smem.packing.offsets)?;
+        ordered(tb, &kp.fusion, &kp.schedule)?;
+        if kp.smem.packing.peak < kp.smem.packing.lower_bound {
+            return Err("peak below the lower bound".into());
+        }
+    }
+    no_overlap(&p.workspace, &p.workspace_packing.offsets)
+}
+
+#[test]
+fn every_corpus_graph_plans_for_both_targets() {
+    let files = corpus_files();
+    let graphs: Vec<(String, usize, mucc::KernelGraph)> = files
+        .iter()
+        .flat_map(|f| {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            read_file(f, &ImportOptions::default())
+                .unwrap()
+                .graphs
+                .into_iter()
+                .enumerate()
+                .map(move |(i, g)| (name.clone(), i, g.graph))
+        })
+        .collect();
+    assert_eq!(graphs.len(), 604);
+    let start = Instant::now();
+    let results: Vec<(Duration, f64, Result<(), String>)> = graphs
+        .par_iter()
+        .flat_map(|(name, i, g)| {
+            Target::all()
+                .into_iter()
+                .map(|target| {
+                    let opts = Options {
+                        target,
+                        solve: Default::default(),
+                    };
+                    match pipeline::plan(g, &opts) {
+                        Ok(p) => {
+                            let ratio = p
+                                .kernels
+                                .values()
+                                .map(|k| {
+                                    k.smem.packing.peak as f64
+                                        / k.smem.packing.lower_bound.max(1) as f64
+                                })
+                                .fold(1.0, f64::max);
+                            let r = check(g, &p)
+                                .map_err(|e| format!("{name} graph {i} {}: {e}", target.arch));
+                            (p.layout.report.elapsed, ratio, r)
+                        }
+                        Err(e) => (
+                            Duration::ZERO,
+                            1.0,
+                            Err(format!("{name} graph {i} {}: {e}", target.arch)),
+                        ),
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let wall = start.elapsed();
+    let errors: Vec<&String> = results
+        .iter()
+        .filter_map(|(_, _, r)| r.as_ref().err())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{} failures:\n{}",
+        errors.len(),
+        errors
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let mut times: Vec<Duration> = results.iter().map(|r| r.0).collect();
+    times.sort();
+    let worst = results.iter().map(|r| r.1).fold(1.0, f64::max);
+    eprintln!(
+        "planned {} graph×target pairs in {:.1} s wall; layout solve median {:.1} ms, max {:.1} ms; worst smem peak / lower bound {:.3}",
+        results.len(),
+        wall.as_secs_f64(),
+        times[times.len() / 2].as_secs_f64() * 1e3,
+        times[times.len() - 1].as_secs_f64() * 1e3,
+        worst
+    );
+}
+
+#[test]
+fn plans_are_deterministic() {
+    let f = read_file(
+        &common::corpus_dir().join("gqa_bs1.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    for lg in f.graphs.iter().take(4) {
+        for target in Target::all() {
+            let opts = Options {
+                target,
+                solve: Default::default(),
+            };
+            let a = pipeline::explain(&lg.graph, &pipeline::plan(&lg.graph, &opts).unwrap());
+            let b = pipeline::explain(&lg.graph, &pipeline::plan(&lg.graph, &opts).unwrap());
+            assert_eq!(a, b);
+        }
+    }
+}
