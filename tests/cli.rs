@@ -225,3 +225,41 @@ fn a_closed_stdout_is_not_an_error() {
     );
     assert_ne!(o.status.code(), Some(2));
 }
+
+#[test]
+fn explain_prints_the_plan_and_draws_it() {
+    let svg = tmp("plan.svg");
+    let _ = std::fs::remove_file(&svg);
+    let s = svg.to_str().unwrap();
+    let o = mucc(&[
+        "explain",
+        &corpus("single_gated_mlp.json"),
+        "--arch",
+        "sm_90a",
+        "--svg",
+        s,
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    for needle in [
+        "target sm_90a",
+        "layout: z3 optimum",
+        "chain op3 matmul -> op5 accum_nored",
+        "schedule: - | 0,1,2 3,4 | 7,8",
+        "barrier (the next iteration overwrites tiles read at the last level)",
+        "op5 accum_nored: registers (4 per thread)",
+        "(hopper 64B)",
+        "shared memory:",
+        "workspace:",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in\n{out}");
+    }
+    let drawing = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawing.starts_with("<svg") && drawing.contains("s1 (tb_input_op)"));
+    let again = mucc(&["explain", &corpus("single_gated_mlp.json"), "--svg", s]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(text(&again).1.contains("exists; pass --force"));
+    let bad = mucc(&["explain", &corpus("lora.json"), "--arch", "sm_70"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad).1.contains("unsupported architecture `sm_70`"));
+}

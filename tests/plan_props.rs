@@ -1,0 +1,270 @@
+//! Property tests of the planners on random valid threadblock graphs, and the solver's error and
+//! fallback paths.
+
+use mucc::graph::builder::{GraphBuilder, TbGraphBuilder};
+use mucc::graph::{AccumKind, DType, Handle, KernelGraph, STensor};
+use mucc::layout::solve::SolveMethod;
+use mucc::layout::{SolveOptions, resolve};
+use mucc::pipeline::{self, Options, PlanError};
+use mucc::sched::order::Step;
+use mucc::target::{Arch, Target};
+use proptest::prelude::*;
+
+/// One step of a random program over in-loop tiles [16, 32] (pool A) and [32, 32] (pool W).
+#[derive(Clone, Debug)]
+enum Op {
+    Unary(u8, usize),
+    Binary(u8, usize, usize),
+    Matmul(usize, usize),
+    RowSumThenDiv(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..4, 0usize..64).prop_map(|(k, a)| Op::Unary(k, a)),
+        (0u8..4, 0usize..64, 0usize..64).prop_map(|(k, a, b)| Op::Binary(k, a, b)),
+        (0usize..64, 0usize..64).prop_map(|(a, w)| Op::Matmul(a, w)),
+        (0usize..64).prop_map(Op::RowSumThenDiv),
+    ]
+}
+
+/// A random valid graph: `n_in` inputs streamed over the loop, random ops, 1–3 accumulators of
+/// random kinds, optional after-loop ops, every after-loop leaf stored.
+fn build(
+    grid_x: usize,
+    f: usize,
+    n_in: usize,
+    ops: &[Op],
+    accs: &[(usize, u8)],
+    post: &[(u8, usize)],
+) -> Option<KernelGraph> {
+    let mut g = GraphBuilder::new();
+    let mut tb = TbGraphBuilder::new([grid_x, 1, 1], [128, 1, 1], f);
+    let mut a_pool: Vec<Handle<STensor>> = Vec::new();
+    let mut w_pool: Vec<Handle<STensor>> = Vec::new();
+    for i in 0..n_in {
+        let x = g.new_input(&[16, 32 * f * grid_x], DType::F16).ok()?;
+        a_pool.push(tb.new_input(&g, x, [1, -1, -1], 1).ok()?);
+        if i % 2 == 0 {
+            let w = g.new_input(&[32 * f, 32 * grid_x], DType::F16).ok()?;
+            w_pool.push(tb.new_input(&g, w, [1, -1, -1], 0).ok()?);
+        }
+    }
+    for o in ops {
+        let pick = |pool: &Vec<Handle<STensor>>, i: usize| pool[i % pool.len()];
+        let t = match *o {
+            Op::Unary(k, a) => {
+                let x = pick(&a_pool, a);
+                match k {
+                    0 => tb.exp(x),
+                    1 => tb.silu(x),
+                    2 => tb.square(x),
+                    _ => tb.mul_scalar(x, 0.5),
+                }
+            }
+            Op::Binary(k, a, b) => {
+                let (x, y) = (pick(&a_pool, a), pick(&a_pool, b));
+                match k {
+                    0 => tb.add(x, y),
+                    1 => tb.mul(x, y),
+                    2 => tb.sub(x, y),
+                    _ => tb.div(x, y),
+                }
+            }
+            Op::Matmul(a, w) => tb.matmul(pick(&a_pool, a), pick(&w_pool, w)),
+            Op::RowSumThenDiv(a) => {
+                let x = pick(&a_pool, a);
+                let r = tb.reduction(x, 1).ok()?;
+                tb.div(x, r)
+            }
+        };
+        a_pool.push(t.ok()?);
+    }
+    let kinds = [
+        AccumKind::Nored,
+        AccumKind::Max,
+        AccumKind::RedLdSum,
+        AccumKind::RedLdRms,
+        AccumKind::RedLdMean,
+    ];
+    let mut after: Vec<Handle<STensor>> = Vec::new();
+    for &(i, k) in accs {
+        let x = a_pool[a_pool.len() - 1 - i % a_pool.len()];
+        let kind = kinds[k as usize % kinds.len()];
+        after.push(tb.forloop_accum(x, kind).ok()?);
+    }
+    let mut leaves = after.clone();
+    for &(k, i) in post {
+        let x = after[i % after.len()];
+        let y = match k {
+            0 => tb.sqrt(x),
+            1 => tb.exp(x),
+            _ => tb.add(x, x),
+        };
+        leaves.push(y.ok()?);
+    }
+    for t in leaves {
+        tb.new_output(t, [1, -1, -1]).ok()?;
+    }
+    let outs = g.customized(tb).ok()?;
+    for o in outs {
+        g.mark_output(o).ok()?;
+    }
+    g.build().ok()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// On random graphs: every chain runs after its producers with a barrier in between, no two
+    /// live shared-memory buffers overlap, and planning is deterministic.
+    #[test]
+    fn random_graphs_plan_soundly(
+        grid_x in 1usize..3,
+        f in prop_oneof![Just(1usize), Just(2), Just(4)],
+        n_in in 1usize..4,
+        ops in prop::collection::vec(op(), 0..8),
+        accs in prop::collection::vec((0usize..8, 0u8..5), 1..4),
+        post in prop::collection::vec((0u8..3, 0usize..4), 0..3),
+        arch in prop_oneof![Just(Arch::Sm80), Just(Arch::Sm90a)],
+    ) {
+        let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
+            return Err(TestCaseError::reject("builder refused the combination"));
+        };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default() };
+        let plan = pipeline::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (_, tb) = g.customized_ops().next().unwrap();
+        let kp = plan.kernels.values().next().unwrap();
+        // Order and barriers.
+        let steps: Vec<_> = kp.schedule.steps().collect();
+        let pos = |c: usize| steps.iter().position(|(_, s)| **s == Step::Run(c)).unwrap();
+        for (c, chain) in kp.fusion.chains.iter().enumerate() {
+            for &t in &tb.ops[chain.leader()].inputs {
+                let p = kp.fusion.chain_of[tb.producer(t).unwrap().index()];
+                prop_assert!(pos(p) < pos(c));
+                prop_assert!(steps[pos(p)..pos(c)].iter().any(|(_, s)| matches!(s, Step::Barrier(_))));
+            }
+        }
+        // Memory.
+        let b = &kp.smem.buffers;
+        let off = &kp.smem.packing.offsets;
+        for i in 0..b.len() {
+            for j in i + 1..b.len() {
+                let time = b[i].start < b[j].end && b[j].start < b[i].end;
+                let space = off[i] < off[j] + b[j].bytes && off[j] < off[i] + b[i].bytes;
+                prop_assert!(!(time && space), "{} and {} overlap", b[i].name, b[j].name);
+            }
+        }
+        prop_assert!(kp.smem.packing.peak >= kp.smem.packing.lower_bound);
+        // Determinism.
+        let again = pipeline::plan(&g, &opts).unwrap();
+        prop_assert_eq!(pipeline::explain(&g, &plan), pipeline::explain(&g, &again));
+    }
+}
+
+/// A kernel-level matmul whose operand's contiguous dim is its batch dim cannot be laid out for
+/// cuBLAS: the error names both constraints in conflict.
+#[test]
+fn unsatisfiable_layouts_name_the_conflicting_operators() {
+    let mut g = GraphBuilder::new();
+    // [4, 8, 16] stored batch-innermost.
+    let a = g
+        .new_input_strided(&[4, 8, 16], &[1, 64, 4], DType::F16)
+        .unwrap();
+    let b = g.new_input(&[4, 16, 8], DType::F16).unwrap();
+    let c = g.matmul(a, b).unwrap();
+    g.mark_output(c).unwrap();
+    let g = g.build().unwrap();
+    let opts = Options {
+        target: Target::new(Arch::Sm80),
+        solve: SolveOptions::default(),
+    };
+    let e = pipeline::plan(&g, &opts).unwrap_err();
+    let PlanError::Layout(le) = &e else {
+        panic!("{e}")
+    };
+    let text = e.to_string();
+    assert!(
+        le.conflict
+            .iter()
+            .any(|c| c
+                .contains("kernel op 0 (kn_input_op): the caller's strides make dim 0 innermost")),
+        "{text}"
+    );
+    assert!(
+        le.conflict.iter().any(|c| c
+            .contains("kernel op 2 (kn_matmul_op): A's innermost dim must be one of its last two")),
+        "{text}"
+    );
+}
+
+/// The fallback search (used when Z3 gives up) finds layouts satisfying every constraint; on
+/// the corpus-like gated MLP its cost is no better than Z3's optimum.
+#[test]
+fn fallback_search_finds_feasible_layouts() {
+    let f = mucc::read_file(
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/corpus/mirage-benchmarks/gqa_bs1.json"
+        )),
+        &Default::default(),
+    )
+    .unwrap();
+    for lg in f.graphs.iter().take(5) {
+        let g = &lg.graph;
+        let fusion = g
+            .customized_ops()
+            .map(|(h, tb)| (h.index(), mucc::graph::fusion::fuse(tb)))
+            .collect();
+        let z3 = resolve(g, &fusion, &SolveOptions::default()).unwrap();
+        let fb = resolve(
+            g,
+            &fusion,
+            &SolveOptions {
+                force_fallback: true,
+                ..SolveOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(z3.report.method, SolveMethod::Z3);
+        assert!(matches!(fb.report.method, SolveMethod::Fallback { .. }));
+        assert!(fb.cost >= z3.cost, "z3 {} fallback {}", z3.cost, fb.cost);
+    }
+}
+
+/// A tile too large for shared memory is a clear error with the lower bound.
+#[test]
+fn shared_memory_overflow_is_an_error() {
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[256, 512], DType::F32).unwrap();
+    let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 1);
+    // A 512 KiB tile, and an accumulator of the same size (too big for registers).
+    let t = tb.new_input(&g, x, [-1, -1, -1], -1).unwrap();
+    let a = tb.forloop_accum(t, AccumKind::Nored).unwrap();
+    tb.new_output(a, [-1, -1, -1]).unwrap();
+    let o = g.customized(tb).unwrap();
+    g.mark_output(o[0]).unwrap();
+    let g = g.build().unwrap();
+    let e = pipeline::plan(
+        &g,
+        &Options {
+            target: Target::new(Arch::Sm90a),
+            solve: SolveOptions::default(),
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, PlanError::SharedMemory { limit: 232_448, .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("kernel op 1 (kn_customized_op) needs"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("lower bound of any plan: 1048576 bytes"),
+        "{e}"
+    );
+}
