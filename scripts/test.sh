@@ -8,15 +8,15 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
-# Debian's Z3 is needed from the planning stage on (layout resolution); install it when it is
-# missing and we can, so that a fresh machine is ready.
+# Debian's Z3 is needed by the layout solver; install it when it is missing and we can, so that
+# a fresh machine is ready.
 if ! dpkg -s libz3-dev >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         step "installing libz3-dev"
         apt-get install -y -q libz3-dev >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libz3-dev >/dev/null) \
-            || echo "note: could not install libz3-dev (not needed by the current tests)"
+            || { echo "error: could not install libz3-dev, which mucc links"; exit 1; }
     else
-        echo "note: libz3-dev is not installed (not needed by the current tests)"
+        echo "error: libz3-dev is missing; install it (apt-get install libz3-dev)"; exit 1
     fi
 fi
 

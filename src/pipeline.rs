@@ -689,6 +689,13 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
                     "{} x {} warps, {instr}, {mma_per_warp} mma + {loads_per_warp} ldmatrix per warp",
                     warps.0, warps.1
                 ),
+                OpPlan::RowReduce {
+                    rows,
+                    len,
+                    threads_per_row,
+                } => {
+                    format!("{rows} rows of {len}, {threads_per_row} threads per row")
+                }
                 OpPlan::Plain => match kp
                     .fusion
                     .is_leader(h)

@@ -268,3 +268,31 @@ fn shared_memory_overflow_is_an_error() {
         "{e}"
     );
 }
+
+/// Intermediate DTensors share workspace once dead (Mirage never reuses): a chain of four
+/// kernels needs two buffers, not three. Buffers are 128-byte aligned.
+#[test]
+fn workspace_reuses_dead_intermediates() {
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[3, 50], DType::F32).unwrap();
+    let a = g.exp(x).unwrap();
+    let b = g.exp(a).unwrap();
+    let c = g.exp(b).unwrap();
+    let d = g.exp(c).unwrap();
+    g.mark_output(d).unwrap();
+    let g = g.build().unwrap();
+    let p = pipeline::plan(
+        &g,
+        &Options {
+            target: Target::new(Arch::Sm80),
+            solve: SolveOptions::default(),
+        },
+    )
+    .unwrap();
+    assert_eq!(p.workspace.len(), 3);
+    // [3, 50] f32 rows padded to 52: 624 bytes, 640 with 128-byte alignment.
+    assert!(p.workspace.iter().all(|b| b.bytes == 640));
+    assert_eq!(p.workspace_bytes(), 1280);
+    assert_eq!(p.workspace_packing.lower_bound, 1280);
+    assert!(p.workspace_packing.offsets.iter().all(|o| o % 128 == 0));
+}

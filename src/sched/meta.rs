@@ -103,8 +103,33 @@ pub enum OpPlan {
         /// `ldmatrix.x4` loads per warp per execution.
         loads_per_warp: usize,
     },
+    /// A reduction over rows (tb reductions and rms_norm): `rows` independent groups of `len`
+    /// elements, each reduced by `threads_per_row` threads (a power of two up to a warp,
+    /// combining partial sums with warp shuffles); rms_norm then scales its row in a second
+    /// pass over the same registers.
+    RowReduce {
+        /// Independent rows.
+        rows: usize,
+        /// Elements reduced per row.
+        len: usize,
+        /// Threads cooperating on one row.
+        threads_per_row: usize,
+    },
     /// Anything else.
     Plain,
+}
+
+/// Threads per row when `threads` threads reduce `rows` rows: rows are spread over threads
+/// first; leftover threads join rows in powers of two, at most a warp per row.
+pub fn threads_per_row(rows: usize, threads: usize) -> usize {
+    if rows >= threads {
+        return 1;
+    }
+    let mut t = 1;
+    while t < 32 && rows * t * 2 <= threads {
+        t *= 2;
+    }
+    t
 }
 
 /// Bytes per element.
@@ -332,6 +357,26 @@ pub fn plan_ops(
                 };
                 OpPlan::Accum { storage, reduce }
             }
+            TbOpKind::Reduction { dim, .. } => {
+                let x = &tb.tensors[op.inputs[0]].shape;
+                let len = x.dim(*dim);
+                let rows = x.numel() / len.max(1);
+                OpPlan::RowReduce {
+                    rows,
+                    len,
+                    threads_per_row: threads_per_row(rows, threads),
+                }
+            }
+            TbOpKind::RmsNorm => {
+                let x = &tb.tensors[op.inputs[0]].shape;
+                let len = x.dim(x.rank() - 1);
+                let rows = x.numel() / len.max(1);
+                OpPlan::RowReduce {
+                    rows,
+                    len,
+                    threads_per_row: threads_per_row(rows, threads),
+                }
+            }
             _ => OpPlan::Plain,
         };
         plans.push(plan);
@@ -434,6 +479,10 @@ mod tests {
         let (w, _, _) = warp_grid(1, 24, 296, 4);
         assert_eq!(w, (1, 3));
         assert_eq!(fragment_registers(8, 32, (1, 4)), 4);
+        // rms_norm of one 4096-long row on 128 threads: a warp per row; 16 rows: 8 threads each.
+        assert_eq!(threads_per_row(1, 128), 32);
+        assert_eq!(threads_per_row(16, 128), 8);
+        assert_eq!(threads_per_row(256, 128), 1);
         assert_eq!(fragment_registers(64, 64, (2, 2)), 2 * 4 * 4);
     }
 }
