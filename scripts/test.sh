@@ -10,7 +10,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 # Debian's Z3 is needed by the layout solver; install it when it is missing and we can, so that
 # a fresh machine is ready.
-if ! dpkg -s libz3-dev >/dev/null 2>&1; then
+if ! { pkg-config --exists z3 2>/dev/null || [ -f /usr/include/z3.h ]; }; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         step "installing libz3-dev"
         apt-get install -y -q libz3-dev >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libz3-dev >/dev/null) \
