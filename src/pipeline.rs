@@ -350,6 +350,24 @@ fn plan_kernel(
             ))
         })
         .collect();
+    // Chunk congruence: a 16-byte copy needs the tile's swizzle to keep 16-byte chunks whole.
+    for (h, op) in tb.ops.iter() {
+        let tile = match &op.kind {
+            TbOpKind::Input { .. } => op.outputs[0],
+            TbOpKind::Output { .. } => op.inputs[0],
+            _ => continue,
+        };
+        let chunk = tiles[tile.index()].as_ref().map_or(0, |g| g.chunk_bytes);
+        let reason = format!("the tile's swizzle keeps only {chunk}-byte chunks whole");
+        match &mut ops[h.index()] {
+            OpPlan::Input { copy, .. } | OpPlan::Output { copy: Some(copy) }
+                if copy.is_chunked() && chunk < target.max_copy_bytes =>
+            {
+                *copy = Copy::Elementwise { reason };
+            }
+            _ => {}
+        }
+    }
     // Pipelined inputs: chunked, in the loop, with a next iteration to prefetch.
     let pipelined: Vec<usize> = tb
         .ops
