@@ -2,7 +2,8 @@
 # mucc's test command (what CI runs): formatting, lints, and every test.
 #
 # Tests run in release mode: the corpus tests run the f64 reference interpreter over every
-# benchmark graph, which takes minutes even optimised.
+# benchmark graph, which takes minutes even optimised. The CUDA compile checks use the pinned
+# CUDA 13.0 wheels that scripts/cuda-toolchain.sh installs (no GPU needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,11 @@ if ! { pkg-config --exists z3 2>/dev/null || [ -f /usr/include/z3.h ]; }; then
         echo "error: libz3-dev is missing; install it (apt-get install libz3-dev)"; exit 1
     fi
 fi
+
+step "CUDA 13.0 toolchain (pip wheels, cached outside the repository)"
+# shellcheck source=scripts/cuda-toolchain.sh
+source scripts/cuda-toolchain.sh
+nvcc --version | tail -1
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

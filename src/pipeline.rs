@@ -783,3 +783,25 @@ fn copy_text(c: &Copy) -> String {
         Copy::Elementwise { reason } => format!("element copy ({reason})"),
     }
 }
+
+/// Why a graph cannot be transpiled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TranspileError {
+    /// Planning failed.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Emission failed.
+    #[error(transparent)]
+    Emit(#[from] crate::emit::EmitError),
+}
+
+/// Plans and emits a validated graph; `source` names it in the generated file's header.
+pub fn transpile(
+    g: &KernelGraph,
+    opts: &Options,
+    source: &str,
+) -> Result<(GraphPlan, crate::emit::Emitted), TranspileError> {
+    let p = plan(g, opts)?;
+    let e = crate::emit::emit(g, &p, source)?;
+    Ok((p, e))
+}

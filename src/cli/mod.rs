@@ -4,6 +4,7 @@ mod eval;
 mod explain;
 mod export;
 mod inspect;
+mod transpile;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -29,6 +30,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Write graphs back as Mirage JSON (e.g. convert legacy files to current Mirage).
     Export(export::ExportArgs),
+    /// Turn a µGraph into one CUDA C++ file (and its launch plan).
+    Transpile(transpile::TranspileArgs),
     /// Show every planning decision for one graph: fusion chains, schedule with barriers,
     /// layouts, strides and swizzles, operator plans, shared-memory and workspace maps.
     Explain(explain::ExplainArgs),
@@ -135,6 +138,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Eval(a) => eval::run(a),
         Command::Export(a) => export::run(a),
         Command::Explain(a) => explain::run(a),
+        Command::Transpile(a) => transpile::run(a),
     };
     let _ = io::stdout().flush();
     r

@@ -328,6 +328,16 @@ impl GraphBuilder {
         ))
     }
 
+    /// All-reduce across GPUs (the identity on one GPU).
+    pub fn all_reduce(&mut self, x: Handle<DTensor>) -> R<Handle<DTensor>> {
+        let d = self.tensor(x, "allreduce")?.clone();
+        Ok(self.push(
+            KnOpKind::AllReduce { inplace: false },
+            vec![x],
+            vec![(d.shape, d.dtype)],
+        )[0])
+    }
+
     /// A customized operator running `tb`; returns its outputs in `new_output` order.
     pub fn customized(&mut self, tb: TbGraphBuilder) -> R<Vec<Handle<DTensor>>> {
         let here = self.here("customized");

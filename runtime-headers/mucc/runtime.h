@@ -1,0 +1,17 @@
+// mucc runtime: the header every generated file includes. Header-only, no CUTLASS, no C++
+// standard library; compiles under nvcc and NVRTC.
+//
+//   types.h               element types, compute types, Vec<T, N>
+//   layout.h              Shape, Stride, Layout, Swizzle, SwizzledLayout
+//   ops.h                 scalar operators (op::exp, op::silu, op::gelu, …)
+//   kernel/elementwise.h  kn::unary, kn::binary, kn::copy
+//   kernel/reduction.h    kn::reduce, kn::rms_norm
+//   host.h                error checks and cuBLAS (host only, not under NVRTC)
+#pragma once
+
+#include "types.h"
+#include "layout.h"
+#include "ops.h"
+#include "kernel/elementwise.h"
+#include "kernel/reduction.h"
+#include "host.h"

@@ -1,0 +1,186 @@
+//! Every golden `.cu` compiles with nvcc for sm_80 and sm_90a (host code included), with no
+//! error, no warning and no register spill, and through NVRTC for both targets.
+//!
+//! Needs the CUDA 13.0 toolchain of `scripts/cuda-toolchain.sh` (which `scripts/test.sh`
+//! sources): nvcc from `$MUCC_CUDA_HOME/bin` and `libnvrtc.so.13` on `LD_LIBRARY_PATH`. Without
+//! it the tests fail, naming the script, unless `MUCC_SKIP_CUDA=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The toolchain root, or `None` when the tests are explicitly skipped.
+fn cuda_home() -> Option<PathBuf> {
+    if std::env::var_os("MUCC_SKIP_CUDA").is_some_and(|v| v == "1") {
+        eprintln!("MUCC_SKIP_CUDA=1: skipping the CUDA compile checks");
+        return None;
+    }
+    let home = std::env::var_os("MUCC_CUDA_HOME").map(PathBuf::from).expect(
+        "MUCC_CUDA_HOME is not set: run `source scripts/cuda-toolchain.sh` first (or set MUCC_SKIP_CUDA=1)",
+    );
+    assert!(
+        home.join("bin/nvcc").exists(),
+        "no nvcc under {}",
+        home.display()
+    );
+    Some(home)
+}
+
+fn golden_sources() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(crate_dir().join("golden/kernel"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 12, "at least 12 golden kernel-level files");
+    v
+}
+
+/// ptxas figures of one compile.
+#[derive(Debug, Default)]
+struct Figures {
+    max_registers: u32,
+    spill_bytes: u32,
+    kernels: usize,
+}
+
+fn ptxas_figures(log: &str) -> Figures {
+    let mut f = Figures::default();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Used ").nth(1)
+            && let Some(n) = rest.split(' ').next().and_then(|n| n.parse::<u32>().ok())
+        {
+            f.max_registers = f.max_registers.max(n);
+            f.kernels += 1;
+        }
+        if line.contains("spill stores") {
+            for part in line.split(',') {
+                let words: Vec<&str> = part.split_whitespace().collect();
+                if let [n, "bytes", "spill", ..] = words.as_slice() {
+                    f.spill_bytes += n.parse::<u32>().unwrap_or(0);
+                }
+            }
+        }
+    }
+    f
+}
+
+/// The figures and seconds of a compile, or why it failed.
+type Compiled = Result<(Figures, f64), String>;
+
+/// Compiles `src` (host and device code) for both targets.
+fn nvcc(home: &Path, src: &Path) -> Compiled {
+    let out = std::env::temp_dir().join(format!(
+        "mucc-nvcc-{}-{}.o",
+        std::process::id(),
+        src.file_stem().unwrap().to_string_lossy()
+    ));
+    let t = Instant::now();
+    let o = Command::new(home.join("bin/nvcc"))
+        .arg("-c")
+        .arg("-o")
+        .arg(&out)
+        .arg("-I")
+        .arg(crate_dir().join("runtime-headers"))
+        .args([
+            "-std=c++17",
+            "-gencode=arch=compute_80,code=sm_80",
+            "-gencode=arch=compute_90a,code=sm_90a",
+            "-Xptxas",
+            "-v",
+        ])
+        .arg(src)
+        .output()
+        .map_err(|e| format!("cannot run nvcc: {e}"))?;
+    let secs = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&out);
+    let log = String::from_utf8_lossy(&o.stderr).to_string() + &String::from_utf8_lossy(&o.stdout);
+    if !o.status.success() {
+        return Err(format!("{}: nvcc failed:\n{log}", src.display()));
+    }
+    if let Some(w) = log
+        .lines()
+        .find(|l| l.contains("warning") || l.contains("error"))
+    {
+        return Err(format!("{}: nvcc reported: {w}\n{log}", src.display()));
+    }
+    let f = ptxas_figures(&log);
+    if f.spill_bytes > 0 {
+        return Err(format!(
+            "{}: {} bytes of register spills\n{log}",
+            src.display(),
+            f.spill_bytes
+        ));
+    }
+    Ok((f, secs))
+}
+
+#[test]
+fn goldens_compile_with_nvcc_for_sm80_and_sm90a() {
+    let Some(home) = cuda_home() else { return };
+    let results: Vec<(PathBuf, Compiled)> = golden_sources()
+        .into_par_iter()
+        .map(|p| {
+            let r = nvcc(&home, &p);
+            (p, r)
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for (p, r) in &results {
+        match r {
+            Ok((f, secs)) => eprintln!(
+                "nvcc {:<40} {:>5.2} s  {} kernels x 2 targets, max {} registers, 0 spills",
+                p.file_name().unwrap().to_string_lossy(),
+                secs,
+                f.kernels / 2,
+                f.max_registers
+            ),
+            Err(e) => failures.push(e.clone()),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn goldens_compile_with_nvrtc() {
+    let Some(home) = cuda_home() else { return };
+    assert!(
+        unsafe { cudarc::nvrtc::sys::is_culib_present() },
+        "libnvrtc.so.13 is not loadable: run `source scripts/cuda-toolchain.sh` (it sets LD_LIBRARY_PATH)"
+    );
+    let mut failures = Vec::new();
+    for p in golden_sources() {
+        let src = std::fs::read_to_string(&p).unwrap();
+        for arch in ["sm_80", "sm_90a"] {
+            let t = Instant::now();
+            let opts = cudarc::nvrtc::CompileOptions {
+                arch: Some(arch),
+                include_paths: vec![
+                    crate_dir()
+                        .join("runtime-headers")
+                        .to_string_lossy()
+                        .into_owned(),
+                    home.join("include").to_string_lossy().into_owned(),
+                ],
+                options: vec!["-std=c++17".into()],
+                ..Default::default()
+            };
+            match cudarc::nvrtc::compile_ptx_with_opts(&src, opts) {
+                Ok(_) => eprintln!(
+                    "nvrtc {:<40} {arch:<6} {:>5.2} s",
+                    p.file_name().unwrap().to_string_lossy(),
+                    t.elapsed().as_secs_f64()
+                ),
+                Err(e) => failures.push(format!("{} ({arch}): {e:?}", p.display())),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
