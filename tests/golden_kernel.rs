@@ -42,7 +42,9 @@ fn binary_broadcast_bf16() -> KernelGraph {
     let t = g.sub(s, c).unwrap();
     let u = g.mul(t, b).unwrap();
     let v = g.div(u, b).unwrap();
-    let w = g.pow(c, v).unwrap();
+    // A positive base, so that pow is defined everywhere.
+    let e = g.exp(v).unwrap();
+    let w = g.pow(e, c).unwrap();
     g.mark_output(w).unwrap();
     g.build().unwrap()
 }

@@ -4,7 +4,7 @@
 // input 0: %0 [32, 16, 64] bf16 strides [1024, 64, 1]
 // input 1: %1 [32, 16, 1] bf16 strides [16, 1, 1]
 // input 2: %2 [1, 16, 64] bf16 strides [1024, 64, 1]
-// output 0: %7 [32, 16, 64] bf16 strides [1024, 64, 1] (32768 elements)
+// output 0: %8 [32, 16, 64] bf16 strides [1024, 64, 1] (32768 elements)
 // workspace: 131072 bytes
 
 #include "mucc/runtime.h"
@@ -61,17 +61,29 @@ extern "C" __global__ void __launch_bounds__(256) k6_div(mucc::bf16* __restrict_
   mucc::kn::binary<mucc::bf16, 1, k6_div_l::v0, k6_div_l::v1, k6_div_l::v2>(v0, v1, v2, k6_div_op{});
 }
 
-// kernel op 7: kn_pow_op(%2, %6) -> %7 [32, 16, 64] bf16
-namespace k7_pow_l {
+// kernel op 7: kn_exp_op(%6) -> %7 [32, 16, 64] bf16
+namespace k7_exp_l {
 using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<0, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
 }
-struct k7_pow_op {
+struct k7_exp_op {
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> x) const { return mucc::op::exp(x); }
+};
+extern "C" __global__ void __launch_bounds__(256) k7_exp(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1) {
+  mucc::kn::unary<mucc::bf16, 8, k7_exp_l::v0, k7_exp_l::v1>(v0, v1, k7_exp_op{});
+}
+
+// kernel op 8: kn_pow_op(%7, %2) -> %8 [32, 16, 64] bf16
+namespace k8_pow_l {
+using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<0, 64, 1>>;
+}
+struct k8_pow_op {
   __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::pow(a, b); }
 };
-extern "C" __global__ void __launch_bounds__(256) k7_pow(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 8, k7_pow_l::v0, k7_pow_l::v1, k7_pow_l::v2>(v0, v1, v2, k7_pow_op{});
+extern "C" __global__ void __launch_bounds__(256) k8_pow(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
+  mucc::kn::binary<mucc::bf16, 8, k8_pow_l::v0, k8_pow_l::v1, k8_pow_l::v2>(v0, v1, v2, k8_pow_op{});
 }
 
 #ifndef __CUDACC_RTC__
@@ -90,7 +102,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   mucc::bf16* d4 = reinterpret_cast<mucc::bf16*>(ws + 65536); (void)d4;  // %4 [32, 16, 64] bf16
   mucc::bf16* d5 = reinterpret_cast<mucc::bf16*>(ws + 0); (void)d5;  // %5 [32, 16, 64] bf16
   mucc::bf16* d6 = reinterpret_cast<mucc::bf16*>(ws + 65536); (void)d6;  // %6 [32, 16, 64] bf16
-  mucc::bf16* d7 = static_cast<mucc::bf16*>(outputs[0]); (void)d7;  // %7 [32, 16, 64] bf16
+  mucc::bf16* d7 = reinterpret_cast<mucc::bf16*>(ws + 0); (void)d7;  // %7 [32, 16, 64] bf16
+  mucc::bf16* d8 = static_cast<mucc::bf16*>(outputs[0]); (void)d8;  // %8 [32, 16, 64] bf16
 
   // kernel op 3: kn_add_op(%0, %1) -> %3 [32, 16, 64] bf16
   k3_add<<<128, 256, 0, stream>>>(d3, d0, d1);
@@ -108,8 +121,12 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   k6_div<<<128, 256, 0, stream>>>(d6, d5, d1);
   MUCC_CHECK_LAUNCH();
 
-  // kernel op 7: kn_pow_op(%2, %6) -> %7 [32, 16, 64] bf16
-  k7_pow<<<16, 256, 0, stream>>>(d7, d2, d6);
+  // kernel op 7: kn_exp_op(%6) -> %7 [32, 16, 64] bf16
+  k7_exp<<<16, 256, 0, stream>>>(d7, d6);
+  MUCC_CHECK_LAUNCH();
+
+  // kernel op 8: kn_pow_op(%7, %2) -> %8 [32, 16, 64] bf16
+  k8_pow<<<16, 256, 0, stream>>>(d8, d7, d2);
   MUCC_CHECK_LAUNCH();
 
   return 0;

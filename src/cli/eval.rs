@@ -24,6 +24,55 @@ pub struct EvalArgs {
     /// Half-width of the input distribution.
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
+    /// Write the inputs and reference outputs of the (single) evaluated graph into this
+    /// directory: `in<i>.bin` (the caller buffer, strides applied, as little-endian f64; padding
+    /// is NaN), `ref<j>.bin` (logical row-major f64) and `manifest.json` (shapes, strides, dtypes).
+    #[arg(long, value_name = "DIR", conflicts_with = "all")]
+    dump: Option<std::path::PathBuf>,
+}
+
+fn write_f64(path: &std::path::Path, data: &[f64]) -> Result<(), Failure> {
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(path, bytes)
+        .map_err(|e| Failure::User(format!("cannot write {}: {e}", path.display())))
+}
+
+fn dump(
+    dir: &std::path::Path,
+    g: &KernelGraph,
+    inputs: &[HostTensor],
+    outputs: &[Array],
+    spec: InputSpec,
+) -> Result<(), Failure> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
+    let mut ins = Vec::new();
+    for (i, (h, t)) in inputs.iter().zip(g.inputs()).enumerate() {
+        write_f64(&dir.join(format!("in{i}.bin")), &h.data)?;
+        ins.push(serde_json::json!({
+            "file": format!("in{i}.bin"),
+            "shape": h.shape.dims(),
+            "strides": h.strides.0,
+            "elems": h.data.len(),
+            "dtype": g.tensors[t.1].dtype.to_string(),
+        }));
+    }
+    let mut outs = Vec::new();
+    for (j, (o, (_, t))) in outputs.iter().zip(g.outputs()).enumerate() {
+        write_f64(&dir.join(format!("ref{j}.bin")), &o.data)?;
+        outs.push(serde_json::json!({
+            "file": format!("ref{j}.bin"),
+            "shape": o.shape.dims(),
+            "dtype": g.tensors[t].dtype.to_string(),
+        }));
+    }
+    let manifest =
+        serde_json::json!({"seed": spec.seed, "scale": spec.scale, "inputs": ins, "outputs": outs});
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n",
+    )
+    .map_err(|e| Failure::User(format!("cannot write {}: {e}", dir.display())))
 }
 
 /// Statistics of one output.
@@ -136,7 +185,13 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
     for &i in &indices {
         let g = &file.graphs[i].graph;
         let t0 = Instant::now();
-        let inputs = if indices.len() == 1 {
+        let inputs = if let Some(dir) = &a.dump {
+            let inputs = interp::random_inputs(g, spec);
+            let outs = interp::evaluate(g, &inputs)
+                .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
+            dump(dir, g, &inputs, &outs, spec)?;
+            inputs
+        } else if indices.len() == 1 {
             interp::random_inputs(g, spec)
         } else {
             cache
