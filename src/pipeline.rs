@@ -340,16 +340,29 @@ fn plan_kernel(
                 innermost: s.shape.rank() - 1,
                 swizzled: None,
             });
+            let elem = tile_elem_bytes(tb, h);
             Some(plan_tile(
                 &s.shape,
-                elem_bytes(s.dtype),
+                elem,
                 l,
-                min_chunk[h.index()].max(elem_bytes(s.dtype)),
+                min_chunk[h.index()].max(elem),
                 target,
                 feeds_mma[h.index()],
             ))
         })
         .collect();
+    // An output of an fp32 accumulator tile converts while it copies: element by element.
+    for (h, op) in tb.ops.iter() {
+        if let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) =
+            (&op.kind, &mut ops[h.index()])
+            && copy.is_chunked()
+            && tile_elem_bytes(tb, op.inputs[0]) != elem_bytes(tb.tensors[op.inputs[0]].dtype)
+        {
+            *copy = Copy::Elementwise {
+                reason: "the tile holds fp32 accumulator values; the copy converts".into(),
+            };
+        }
+    }
     // Chunk congruence: a 16-byte copy needs the tile's swizzle to keep 16-byte chunks whole.
     for (h, op) in tb.ops.iter() {
         let tile = match &op.kind {
@@ -773,6 +786,25 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     );
     s.push_str(&memory::dump(&p.workspace, &p.workspace_packing, 0));
     s
+}
+
+/// Bytes per element of a tile in shared memory: accumulator results of a loop of two or more
+/// iterations are kept in the compute type (fp32, or fp64 for fp64 and integer graphs);
+/// everything else — single-iteration accumulators included, which sum nothing across
+/// iterations — in the graph's type.
+pub fn tile_elem_bytes(tb: &TbGraph, t: Handle<crate::graph::STensor>) -> usize {
+    let dtype = tb.tensors[t].dtype;
+    let from_accum = tb
+        .producer(t)
+        .is_some_and(|p| matches!(tb.ops[p].kind, TbOpKind::Accum(_)));
+    if from_accum && tb.forloop_range > 1 {
+        match dtype {
+            crate::graph::DType::F16 | crate::graph::DType::BF16 | crate::graph::DType::F32 => 4,
+            _ => 8,
+        }
+    } else {
+        elem_bytes(dtype)
+    }
 }
 
 fn copy_text(c: &Copy) -> String {

@@ -6,10 +6,11 @@
 //!   otherwise (never a chunk that crosses a row end, so no read or write past a tile). In-loop
 //!   chunked inputs on targets with `cp.async` are software-pipelined; the stage count is chosen
 //!   later from the shared-memory budget.
-//! - **Accumulators**: kept in registers when the per-thread register cost fits the budget
-//!   (exact MMA fragment sizes for matmul chains, ⌈elements / threads⌉ otherwise; the rescaling
-//!   kinds stay in shared memory); reducing kinds reduce every iteration, except after a matmul,
-//!   where the fragment is accumulated whole and reduced once after the loop.
+//! - **Accumulators** accumulate in fp32 (fp64 for fp64 and integer graphs). Element-wise kinds
+//!   (nored, max) stay in registers when the per-thread cost fits the budget (exact MMA fragment
+//!   sizes after a matmul, ⌈elements / threads⌉ otherwise); reducing kinds reduce every
+//!   iteration's tile (row sums by groups of threads, or shared-memory atomics from a matmul's
+//!   fragment) into a small shared-memory state; rescaling kinds live in shared memory.
 //! - **Matmuls**: the warp grid (warps along M × warps along N) that minimises the per-warp
 //!   instruction count (MMA calls plus `ldmatrix` loads), ties broken toward more warps; fp16 and
 //!   bf16 use `mma.sync m16n8k16` with fp32 accumulation, other types FMA.
@@ -322,18 +323,18 @@ pub fn plan_ops(
             TbOpKind::Accum(kind) => {
                 let leader = &tb.ops[chain.leader()];
                 let after_matmul = matches!(leader.kind, TbOpKind::Matmul);
-                let reduce = if !kind.reduces_last_dim() {
-                    AccumReduce::None
-                } else if after_matmul {
-                    AccumReduce::AfterLoop
-                } else {
+                let reduce = if kind.reduces_last_dim() {
                     AccumReduce::EachIteration
+                } else {
+                    AccumReduce::None
                 };
-                let rescale = matches!(kind, AccumKind::NoredRescale | AccumKind::RedLdSumRescale);
-                let regs = if rescale {
+                // Element-wise kinds may live in registers: each thread owns fixed elements (a
+                // matmul's fragment, or a thread-strided share of the tile). Reducing and
+                // rescaling kinds keep their (small) state in shared memory.
+                let regs = if reduce != AccumReduce::None || matches!(kind, AccumKind::NoredRescale)
+                {
                     None
                 } else if after_matmul {
-                    // The fragment of the matmul's result, whatever the reduction.
                     let c = &tb.tensors[leader.outputs[0]].shape;
                     let r = c.rank();
                     let w = match plans.get(chain.leader().index()) {
@@ -342,11 +343,7 @@ pub fn plan_ops(
                     };
                     Some(fragment_registers(c.dim(r - 2), c.dim(r - 1), w))
                 } else {
-                    let state = match reduce {
-                        AccumReduce::AfterLoop => tb.tensors[op.inputs[0]].shape.numel(),
-                        _ => tb.tensors[op.outputs[0]].shape.numel(),
-                    };
-                    Some(state.div_ceil(threads))
+                    Some(tb.tensors[op.outputs[0]].shape.numel().div_ceil(threads))
                 };
                 let storage = match regs {
                     Some(n) if n <= regs_left => {
