@@ -789,15 +789,18 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
 }
 
 /// Bytes per element of a tile in shared memory: accumulator results of a loop of two or more
-/// iterations are kept in the compute type (fp32, or fp64 for fp64 and integer graphs);
-/// everything else — single-iteration accumulators included, which sum nothing across
-/// iterations — in the graph's type.
+/// iterations, and results of reducing accumulators (row sums, even of one iteration), are kept
+/// in the compute type (fp32, or fp64 for fp64 and integer graphs) — a 16-bit row sum of a few
+/// thousand terms overflows or loses its low digits; everything else — single-iteration
+/// element-wise accumulators included, which sum nothing — in the graph's type.
 pub fn tile_elem_bytes(tb: &TbGraph, t: Handle<crate::graph::STensor>) -> usize {
     let dtype = tb.tensors[t].dtype;
-    let from_accum = tb
-        .producer(t)
-        .is_some_and(|p| matches!(tb.ops[p].kind, TbOpKind::Accum(_)));
-    if from_accum && tb.forloop_range > 1 {
+    let accum = tb.producer(t).and_then(|p| match tb.ops[p].kind {
+        TbOpKind::Accum(k) => Some(k),
+        _ => None,
+    });
+    let wide = accum.is_some_and(|k| tb.forloop_range > 1 || k.reduces_last_dim());
+    if wide {
         match dtype {
             crate::graph::DType::F16 | crate::graph::DType::BF16 | crate::graph::DType::F32 => 4,
             _ => 8,

@@ -10,7 +10,7 @@
 {% for p in k.preamble -%}
 {{ p }}
 {% endfor -%}
-extern "C" __global__ void __launch_bounds__({{ k.block }}) {{ k.name }}({{ k.params }}) {
+extern "C" __global__ void __launch_bounds__({{ k.launch_bounds }}) {{ k.name }}({{ k.params }}) {
 {% for b in k.body -%}
 {{ "  " }}{{ b }}
 {% endfor -%}

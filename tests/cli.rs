@@ -265,7 +265,7 @@ fn explain_prints_the_plan_and_draws_it() {
 }
 
 #[test]
-fn transpile_writes_source_and_plan_and_refuses_customized_operators() {
+fn transpile_writes_source_and_plan() {
     let cu = tmp("lora0.cu");
     let plan = tmp("lora0.plan.json");
     let _ = std::fs::remove_file(&cu);
@@ -303,16 +303,19 @@ fn transpile_writes_source_and_plan_and_refuses_customized_operators() {
         cu.to_str().unwrap(),
     ]);
     assert_eq!(again.status.code(), Some(1));
-    // Customized operators are a clear error, not a stub.
-    let bad = mucc(&["transpile", &corpus("gated_mlp.json")]);
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(
-        text(&bad)
-            .1
-            .contains("not yet supported: customized operator (kernel op 3, kn_customized_op)"),
-        "{}",
-        text(&bad).1
-    );
+    // Customized operators become threadblock kernels.
+    let tb_cu = tmp("gated_mlp.cu");
+    let _ = std::fs::remove_file(&tb_cu);
+    let o = mucc(&[
+        "transpile",
+        &corpus("single_gated_mlp.json"),
+        "-o",
+        tb_cu.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    let src = std::fs::read_to_string(&tb_cu).unwrap();
+    assert!(src.contains("extern \"C\" __global__ void __launch_bounds__(128, 1) k3_customized("));
+    assert!(src.contains("cudaFuncAttributeMaxDynamicSharedMemorySize"));
     // --all writes one file per graph into a directory.
     let dir = tmp("all");
     let _ = std::fs::remove_dir_all(&dir);
@@ -323,15 +326,16 @@ fn transpile_writes_source_and_plan_and_refuses_customized_operators() {
         "--out-dir",
         dir.to_str().unwrap(),
     ]);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "graphs 1 and 2 have customized operators"
-    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    for g in 0..3 {
+        assert!(
+            dir.join(format!("legacy_checkpoint_lora.g{g}.sm_80.cu"))
+                .exists()
+        );
+    }
     assert!(dir.join("legacy_checkpoint_lora.g0.sm_80.cu").exists());
     assert!(
         dir.join("legacy_checkpoint_lora.g0.sm_80.plan.json")
             .exists()
     );
-    assert!(text(&o).1.contains("2 of 3 graphs could not be transpiled"));
 }

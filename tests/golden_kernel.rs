@@ -236,21 +236,3 @@ fn kernel_level_goldens() {
         assert_eq!(again.source, e.source);
     }
 }
-
-#[test]
-fn customized_operators_are_refused_clearly() {
-    let f = mucc::read_file(
-        &common::corpus_dir().join("lora.json"),
-        &ImportOptions::default(),
-    )
-    .unwrap();
-    let opts = Options {
-        target: Target::new(Arch::Sm80),
-        solve: Default::default(),
-    };
-    let e = pipeline::transpile(&f.graphs[0].graph, &opts, "lora").unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "not yet supported: customized operator (kernel op 4, kn_customized_op): mucc does not emit threadblock kernels yet"
-    );
-}

@@ -23,31 +23,47 @@ template <i64... Ss> struct Stride {
 namespace detail {
 template <class Sh, class St> struct Offset;
 template <> struct Offset<Shape<>, Stride<>> {
-  __host__ __device__ static constexpr i64 at(i64) { return 0; }
+  static constexpr i64 max = 0;
+  template <class I> __host__ __device__ static constexpr I at(I) { return 0; }
 };
 template <i64 D0, i64... Ds, i64 S0, i64... Ss> struct Offset<Shape<D0, Ds...>, Stride<S0, Ss...>> {
   static constexpr i64 inner = (Ds * ... * 1LL);
-  __host__ __device__ static constexpr i64 at(i64 i) {
-    return (i / inner) * S0 + Offset<Shape<Ds...>, Stride<Ss...>>::at(i % inner);
+  // The largest offset of the layout (strides are non-negative).
+  static constexpr i64 max = (D0 - 1) * S0 + Offset<Shape<Ds...>, Stride<Ss...>>::max;
+  template <class I> __host__ __device__ static constexpr I at(I i) {
+    return (i / static_cast<I>(inner)) * static_cast<I>(S0) + Offset<Shape<Ds...>, Stride<Ss...>>::at(i % static_cast<I>(inner));
   }
+};
+template <bool Small> struct IndexType {
+  using type = i64;
+};
+template <> struct IndexType<true> {
+  using type = int;
 };
 }  // namespace detail
 
-// Precondition: Shape and Stride have the same rank; 0 <= i < size.
+// Precondition: Shape and Stride have the same rank; 0 <= i < size. Offsets are computed in
+// 32-bit arithmetic when every offset of the layout fits (tiles, and most global views), in
+// 64-bit otherwise.
 template <class Sh, class St> struct Layout {
   static_assert(Sh::rank == St::rank, "a layout needs one stride per dim");
   using shape = Sh;
   using stride = St;
   static constexpr int rank = Sh::rank;
   static constexpr i64 size = Sh::size;
-  __host__ __device__ static constexpr i64 offset(i64 i) { return detail::Offset<Sh, St>::at(i); }
+  static constexpr i64 max_offset = detail::Offset<Sh, St>::max;
+  using index = typename detail::IndexType<(max_offset < 2147483647LL && size < 2147483647LL)>::type;
+  template <class I> __host__ __device__ static constexpr index offset(I i) {
+    return detail::Offset<Sh, St>::at(static_cast<index>(i));
+  }
 };
 
 // XOR swizzle on element offsets: bits [M+S, M+S+B) are XORed into bits [M, M+B), permuting
 // 2^M-element chunks within rows so that rows walked together hit different banks.
 template <int B, int M, int S> struct Swizzle {
-  static constexpr i64 mask = (1LL << B) - 1;
-  __host__ __device__ static constexpr i64 apply(i64 o) { return o ^ (((o >> (M + S)) & mask) << M); }
+  template <class I> __host__ __device__ static constexpr I apply(I o) {
+    return o ^ (((o >> (M + S)) & static_cast<I>((1LL << B) - 1)) << M);
+  }
 };
 
 // A layout followed by a swizzle of its offsets.
@@ -55,7 +71,29 @@ template <class L, class Sw> struct SwizzledLayout {
   using layout = L;
   static constexpr int rank = L::rank;
   static constexpr i64 size = L::size;
-  __host__ __device__ static constexpr i64 offset(i64 i) { return Sw::apply(L::offset(i)); }
+  using index = typename L::index;
+  template <class I> __host__ __device__ static constexpr index offset(I i) { return Sw::apply(L::offset(i)); }
+};
+
+namespace detail {
+template <class St, int I> struct StrideAt;
+template <i64 S0, i64... Ss> struct StrideAt<Stride<S0, Ss...>, 0> {
+  static constexpr i64 value = S0;
+};
+template <i64 S0, i64... Ss, int I> struct StrideAt<Stride<S0, Ss...>, I> {
+  static constexpr i64 value = StrideAt<Stride<Ss...>, I - 1>::value;
+};
+}  // namespace detail
+
+// Facts about a (possibly swizzled) layout used to pick instructions: the stride of dim I, and
+// the log2 of the element chunks a swizzle keeps whole (62: no swizzle).
+template <class L> struct LayoutTraits {
+  template <int I> static constexpr i64 stride = detail::StrideAt<typename L::stride, I>::value;
+  static constexpr int kept_chunk_log2 = 62;
+};
+template <class L, int B, int M, int S> struct LayoutTraits<SwizzledLayout<L, Swizzle<B, M, S>>> {
+  template <int I> static constexpr i64 stride = detail::StrideAt<typename L::stride, I>::value;
+  static constexpr int kept_chunk_log2 = M;
 };
 
 // Compile-time checks of the algebra (evaluated by every compiler that includes this file).
@@ -63,5 +101,6 @@ static_assert(Layout<Shape<3, 4>, Stride<4, 1>>::offset(5) == 5, "row-major");
 static_assert(Layout<Shape<3, 4>, Stride<1, 3>>::offset(5) == 4, "column-major");
 static_assert(Layout<Shape<2, 3, 4>, Stride<0, 4, 1>>::offset(13) == 1, "broadcast dim");
 static_assert(Swizzle<3, 3, 3>::apply(64) == 72, "xor swizzle moves row 1 by one chunk");
+static_assert(LayoutTraits<Layout<Shape<2, 3, 4>, Stride<12, 1, 3>>>::stride<2> == 3, "stride of dim 2");
 
 }  // namespace mucc

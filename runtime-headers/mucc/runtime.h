@@ -6,6 +6,9 @@
 //   ops.h                 scalar operators (op::exp, op::silu, op::gelu, …)
 //   kernel/elementwise.h  kn::unary, kn::binary, kn::copy
 //   kernel/reduction.h    kn::reduce, kn::rms_norm
+//   arch/sm80.h           cp.async, mma.sync m16n8k16 (fp32 accumulators)
+//   threadblock/loops.h   tb::for_each, for_each_unrolled, group_sum, for_each_row, rms_rows
+//   threadblock/matmul.h  tb::Mma (tensor cores), tb::FmaMatmul
 //   host.h                error checks and cuBLAS (host only, not under NVRTC)
 #pragma once
 
@@ -14,4 +17,7 @@
 #include "ops.h"
 #include "kernel/elementwise.h"
 #include "kernel/reduction.h"
+#include "arch/sm80.h"
+#include "threadblock/loops.h"
+#include "threadblock/matmul.h"
 #include "host.h"

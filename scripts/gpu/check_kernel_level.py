@@ -26,15 +26,17 @@ BOUNDS = {"f16": 5e-3, "bf16": 3e-2, "f32": 1e-5, "f64": 1e-12}
 
 
 def build(cu, so, headers):
-    cmd = ["nvcc", "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-O3", "-I", headers,
+    cmd = ["nvcc", "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-O3", "-lineinfo", "-I", headers,
            "-gencode=arch=compute_90a,code=sm_90a", "-o", so, cu, "-lcublas"]
-    subprocess.run(cmd, check=True)
+    cmd[1:1] = os.environ.get("MUCC_NVCC_FLAGS", "").split()
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
 def check(work, name, headers):
     cu, plan_path, data = (os.path.join(work, name + s) for s in (".cu", ".plan.json", ""))
     so = os.path.join(work, name + ".so")
-    build(cu, so, headers)
+    if not os.path.exists(so):
+        build(cu, so, headers)
     plan = json.load(open(plan_path))
     manifest = json.load(open(os.path.join(data, "manifest.json")))
     dev = torch.device("cuda")
@@ -81,17 +83,75 @@ def check(work, name, headers):
     return ok, rows
 
 
-def main():
-    work, headers = sys.argv[1], sys.argv[2]
-    names = sorted(n[:-3] for n in os.listdir(work) if n.endswith(".cu"))
-    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print(f"{'graph':<32} {'output':<34} {'rel err':>9} {'max abs':>9}  status")
-    failures = 0
+def worker(work, headers, names):
+    """Checks `names` in order, one JSON line each; stops at the first CUDA fault (the context is
+    unusable after one), so the parent can go on in a fresh process."""
     for name in names:
         try:
             ok, rows = check(work, name, headers)
-        except Exception as e:  # report and go on
-            ok, rows = False, [(name, "-", "error", "", str(e)[:200])]
+            print(json.dumps({"name": name, "ok": bool(ok), "rows": rows}), flush=True)
+        except Exception as e:  # report and stop: a CUDA error is sticky
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            print(json.dumps({"name": name, "ok": False, "rows": [(name, "-", "error", "", msg)]}), flush=True)
+            sys.exit(3)
+
+
+def main():
+    # `--one WORK NAME HEADERS`: check one graph in this process (for compute-sanitizer).
+    if sys.argv[1] == "--one":
+        ok, rows = check(sys.argv[2], sys.argv[3], sys.argv[4])
+        print(json.dumps({"ok": bool(ok), "rows": rows}))
+        return
+    if sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
+    work, headers = sys.argv[1], sys.argv[2]
+    names = sorted(n[:-3] for n in os.listdir(work) if n.endswith(".cu"))
+    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    # Build every library first, in parallel (nvcc is single-threaded).
+    from concurrent.futures import ThreadPoolExecutor
+    import time
+
+    def build_one(name):
+        so = os.path.join(work, name + ".so")
+        if os.path.exists(so):
+            return name, None
+        try:
+            build(os.path.join(work, name + ".cu"), so, headers)
+            return name, None
+        except subprocess.CalledProcessError as e:
+            return name, (e.stderr or "")[-400:]
+
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        build_errors = {n: e for n, e in pool.map(build_one, names) if e}
+    print(f"built {len(names)} libraries in {time.time() - t0:.0f} s")
+    print(f"{'graph':<32} {'output':<34} {'rel err':>9} {'max abs':>9}  status")
+    results = {n: (False, [(n, "-", "nvcc failed", "", e.replace("\n", " | "))]) for n, e in build_errors.items()}
+    todo = [n for n in names if n not in build_errors]
+    while todo:
+        p = subprocess.run([sys.executable, __file__, "--worker", work, headers] + todo,
+                           capture_output=True, text=True)
+        done = set()
+        for line in p.stdout.splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            results[r["name"]] = (r["ok"], r["rows"])
+            done.add(r["name"])
+        rest = [n for n in todo if n not in done]
+        if rest and p.returncode == 0:
+            break
+        if rest and rest[0] not in done and p.returncode not in (0, 3):
+            # The worker died inside this graph without reporting it.
+            tail = (p.stderr or "").strip().splitlines()[-1:] or ["(no output)"]
+            results[rest[0]] = (False, [(rest[0], "-", "crashed", "", tail[0][:200])])
+            rest = rest[1:]
+        todo = rest
+    failures = 0
+    for name in names:
+        ok, rows = results.get(name, (False, [(name, "-", "not run", "", "")]))
         failures += not ok
         for r in rows:
             print(f"{r[0]:<32} {r[1]:<34} {r[2]:>9} {r[3]:>9}  {r[4]}")

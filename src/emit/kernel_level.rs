@@ -92,7 +92,7 @@ struct Lowerer<'a> {
     launch_steps: Vec<Step>,
 }
 
-fn binding(p: Placement) -> Binding {
+pub(super) fn binding(p: Placement) -> Binding {
     match p {
         Placement::Input(index) => Binding::Input {
             index,
@@ -293,7 +293,7 @@ impl Lowerer<'_> {
             KernelView {
                 comment: comment.clone(),
                 name: name.clone(),
-                block: THREADS,
+                launch_bounds: THREADS.to_string(),
                 preamble,
                 params: params.join(", "),
                 body: vec![call(vec, &format!("{name}_l"))],
@@ -485,7 +485,7 @@ impl Lowerer<'_> {
                     KernelView {
                         comment: comment.clone(),
                         name: name.clone(),
-                        block: THREADS,
+                        launch_bounds: THREADS.to_string(),
                         preamble: vec![
                             format!("namespace {name}_l {{"),
                             format!("using v0 = {};", vy.layout()),
@@ -517,7 +517,7 @@ impl Lowerer<'_> {
                     KernelView {
                         comment: comment.clone(),
                         name: name.clone(),
-                        block: THREADS,
+                        launch_bounds: THREADS.to_string(),
                         preamble: vec![
                             format!("namespace {name}_l {{"),
                             format!("using v0 = {};", vy.layout()),
@@ -591,7 +591,7 @@ impl Lowerer<'_> {
                     KernelView {
                         comment: comment.clone(),
                         name,
-                        block: THREADS,
+                        launch_bounds: THREADS.to_string(),
                         preamble,
                         params: params.join(", "),
                         body,
@@ -601,7 +601,12 @@ impl Lowerer<'_> {
                     comment,
                 );
             }
-            KnOpKind::Customized(_) => return Err(EmitError::Customized { op: h.index() }),
+            KnOpKind::Customized(tb) => {
+                let (view, host, launch) = super::threadblock::emit(g, self.plan, h, op, tb)?;
+                self.kernels.push(view);
+                self.steps.push(host);
+                self.launch_steps.push(Step::Kernel(launch));
+            }
         }
         Ok(())
     }

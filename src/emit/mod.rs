@@ -10,6 +10,7 @@
 pub mod cublas;
 mod kernel_level;
 pub mod launch;
+mod threadblock;
 
 use askama::Template;
 
@@ -58,7 +59,8 @@ pub struct Emitted {
 struct KernelView {
     comment: String,
     name: String,
-    block: u32,
+    /// The arguments of `__launch_bounds__`.
+    launch_bounds: String,
     preamble: Vec<String>,
     params: String,
     body: Vec<String>,

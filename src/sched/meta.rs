@@ -7,8 +7,9 @@
 //!   chunked inputs on targets with `cp.async` are software-pipelined; the stage count is chosen
 //!   later from the shared-memory budget.
 //! - **Accumulators** accumulate in fp32 (fp64 for fp64 and integer graphs). Element-wise kinds
-//!   (nored, max) stay in registers when the per-thread cost fits the budget (exact MMA fragment
-//!   sizes after a matmul, ⌈elements / threads⌉ otherwise); reducing kinds reduce every
+//!   (nored, max) stay in registers when the per-thread cost fits the target's budget (exact MMA
+//!   fragment sizes after a matmul, ⌈elements / threads⌉ otherwise) and, unless a matmul feeds
+//!   them, the loop runs more than once; reducing kinds reduce every
 //!   iteration's tile (row sums by groups of threads, or shared-memory atomics from a matmul's
 //!   fragment) into a small shared-memory state; rescaling kinds live in shared memory.
 //! - **Matmuls**: the warp grid (warps along M × warps along N) that minimises the per-warp
@@ -308,7 +309,12 @@ pub fn plan_ops(
                 let r = a.rank();
                 let (m, k, n) = (a.dim(r - 2), a.dim(r - 1), b.dim(r - 1));
                 let (w, mma, loads) = warp_grid(m, n, k, warps);
+                // An operand kept wide (an accumulator's fp32 result) goes through FMAs.
+                let wide = op.inputs.iter().any(|&t| {
+                    crate::pipeline::tile_elem_bytes(tb, t) != elem_bytes(tb.tensors[t].dtype)
+                });
                 let instr = match tb.tensors[op.inputs[0]].dtype {
+                    _ if wide || !threads.is_multiple_of(32) => "fma.f32",
                     DType::F16 => "mma.sync.m16n8k16.f32.f16.f16.f32",
                     DType::BF16 => "mma.sync.m16n8k16.f32.bf16.bf16.f32",
                     _ => "fma.f32",
@@ -331,17 +337,25 @@ pub fn plan_ops(
                 // Element-wise kinds may live in registers: each thread owns fixed elements (a
                 // matmul's fragment, or a thread-strided share of the tile). Reducing and
                 // rescaling kinds keep their (small) state in shared memory.
-                let regs = if reduce != AccumReduce::None || matches!(kind, AccumKind::NoredRescale)
+                // Row-based leaders (rms_norm, reductions) map elements to threads by rows.
+                let row_leader =
+                    matches!(leader.kind, TbOpKind::RmsNorm | TbOpKind::Reduction { .. });
+                // With a single iteration an element-wise accumulator is a plain store: registers
+                // would only add a write-back.
+                let single_pass = tb.forloop_range <= 1 && !after_matmul;
+                let regs = if reduce != AccumReduce::None
+                    || matches!(kind, AccumKind::NoredRescale)
+                    || row_leader
+                    || single_pass
                 {
                     None
-                } else if after_matmul {
+                } else if let Some(OpPlan::Matmul { warps, instr, .. }) =
+                    plans.get(chain.leader().index()).filter(|_| after_matmul)
+                    && instr.starts_with("mma")
+                {
                     let c = &tb.tensors[leader.outputs[0]].shape;
                     let r = c.rank();
-                    let w = match plans.get(chain.leader().index()) {
-                        Some(OpPlan::Matmul { warps, .. }) => *warps,
-                        _ => (1, 1),
-                    };
-                    Some(fragment_registers(c.dim(r - 2), c.dim(r - 1), w))
+                    Some(fragment_registers(c.dim(r - 2), c.dim(r - 1), *warps))
                 } else {
                     Some(tb.tensors[op.outputs[0]].shape.numel().div_ceil(threads))
                 };

@@ -1,0 +1,199 @@
+// mucc runtime, threadblock level: C[M, N] (+)= A[M, K]·B[K, N] on shared-memory tiles with
+// mma.sync m16n8k16 and fp32 accumulators (fp16 and bf16), or with FMAs (other types).
+#pragma once
+
+#include "../arch/sm80.h"
+#include "../layout.h"
+
+namespace mucc {
+namespace tb {
+
+// A warp grid of WM × WN warps covers the ⌈M/16⌉ × ⌈N/8⌉ MMA tiles; warp (wm, wn) takes m-tiles
+// wm, wm+WM, … and n-tiles wn, wn+WN, …; `Frag` holds its fp32 accumulators. Elements outside
+// M, N or K read as zero (any shape is correct); warps beyond WM·WN do nothing.
+//
+// Operands are loaded with `ldmatrix` when their tile keeps whole 16-byte chunks along one of
+// its two matrix dims (the contiguous dim a multiple of 8 elements, the other stride a multiple
+// of 8, a swizzle that moves chunks only): A with K contiguous and B with K contiguous load
+// plainly, A with M contiguous and B with N contiguous with `.trans`. A lane whose 16-byte row
+// lies outside the matrix points at `zero`, 16 zero bytes of shared memory (the zero page), so
+// partial MMA tiles need no masking around `ldmatrix`. Other tiles load element by element.
+// Preconditions: T is f16 or bf16; the block has at least WM·WN full warps; tile pointers and
+// `zero` are 16-byte aligned shared memory; the leading (batch) dims of the tiles are 1.
+template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> struct Mma {
+  static constexpr int MT = static_cast<int>((M + 15) / 16);
+  static constexpr int NT8 = static_cast<int>((N + 7) / 8);
+  static constexpr int PM = (MT + WM - 1) / WM;
+  static constexpr int PN = (NT8 + WN - 1) / WN;
+  struct Frag {
+    float v[PM][PN][4];
+  };
+
+  using TA = LayoutTraits<LA>;
+  using TB = LayoutTraits<LB>;
+  static constexpr i64 a_sm = TA::template stride<LA::rank - 2>, a_sk = TA::template stride<LA::rank - 1>;
+  static constexpr i64 b_sk = TB::template stride<LB::rank - 2>, b_sn = TB::template stride<LB::rank - 1>;
+  // MUCC_NO_LDMATRIX_A / _B (debugging aids): element loads for that operand.
+#ifdef MUCC_NO_LDMATRIX_A
+  static constexpr bool a_chunks = false;
+#else
+  static constexpr bool a_chunks = sizeof(T) == 2 && TA::kept_chunk_log2 >= 3;
+#endif
+  // A by ldmatrix with K contiguous, or with M contiguous (.trans).
+  static constexpr bool a_k = a_chunks && a_sk == 1 && K % 8 == 0 && (M == 1 || a_sm % 8 == 0);
+  static constexpr bool a_m = !a_k && a_chunks && a_sm == 1 && M % 8 == 0 && (K == 1 || a_sk % 8 == 0);
+  // Only one operand goes through ldmatrix (A when it can): with both, multi-warp products of
+  // K >= 64 came out wrong on sm_80 and sm_90a code (H200) although the PTX is right and either
+  // operand alone is right; scripts/gpu/mma_selftest.cu reproduces it with
+  // -DMUCC_LDMATRIX_BOTH. Open issue; see docs/gpu-checks.md.
+#if defined(MUCC_NO_LDMATRIX_B)
+  static constexpr bool b_chunks = false;
+#elif defined(MUCC_LDMATRIX_BOTH)
+  static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3;
+#else
+  static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3 && !(a_k || a_m);
+#endif
+  // B by ldmatrix with K contiguous, or with N contiguous (.trans).
+  static constexpr bool b_k = b_chunks && b_sk == 1 && K % 8 == 0 && (N == 1 || b_sn % 8 == 0);
+  static constexpr bool b_n = !b_k && b_chunks && b_sn == 1 && N % 8 == 0 && (K == 1 || b_sk % 8 == 0);
+  // Whether the operands go through ldmatrix (for tests and the plan).
+  static constexpr bool ldmatrix_a = a_k || a_m;
+  static constexpr bool ldmatrix_b = b_k || b_n;
+
+  __device__ __forceinline__ static void zero(Frag& f) {
+#pragma unroll
+    for (int i = 0; i < PM; ++i)
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) f.v[i][j][q] = 0.0f;
+  }
+
+  __device__ __forceinline__ static T a_at(const T* a, int r, int c) { return (r < M && c < K) ? a[LA::offset(r * K + c)] : T(0.0f); }
+  __device__ __forceinline__ static T b_at(const T* b, int k, int n) { return (k < K && n < N) ? b[LB::offset(k * N + n)] : T(0.0f); }
+
+  __device__ __forceinline__ static void load_a(unsigned (&af)[4], const T* a, const T* zero, int mb, int k0, int lane) {
+    if constexpr (a_k) {
+      const int r = mb + (lane & 15), c = k0 + (lane >> 4) * 8;
+      sm80::ldmatrix_x4<false>(af, (r < M && c < K) ? a + LA::offset(r * K + c) : zero);
+    } else if constexpr (a_m) {
+      const int q = lane >> 3;
+      const int r = mb + (q & 1) * 8, c = k0 + (q >> 1) * 8 + (lane & 7);
+      sm80::ldmatrix_x4<true>(af, (r < M && c < K) ? a + LA::offset(r * K + c) : zero);
+    } else {
+      const int r = mb + (lane >> 2), c = k0 + (lane & 3) * 2;
+      af[0] = sm80::pack(a_at(a, r, c), a_at(a, r, c + 1));
+      af[1] = sm80::pack(a_at(a, r + 8, c), a_at(a, r + 8, c + 1));
+      af[2] = sm80::pack(a_at(a, r, c + 8), a_at(a, r, c + 9));
+      af[3] = sm80::pack(a_at(a, r + 8, c + 8), a_at(a, r + 8, c + 9));
+    }
+  }
+
+  __device__ __forceinline__ static void load_b(unsigned (&bf)[2], const T* b, const T* zero, int nb, int k0, int lane) {
+    if constexpr (b_k) {
+      const int n = nb + (lane & 7), k = k0 + ((lane >> 3) & 1) * 8;
+      sm80::ldmatrix_x2<false>(bf, (n < N && k < K) ? b + LB::offset(k * N + n) : zero);
+    } else if constexpr (b_n) {
+      const int k = k0 + (lane & 15);
+      sm80::ldmatrix_x2<true>(bf, (k < K && nb < N) ? b + LB::offset(k * N + nb) : zero);
+    } else {
+      const int n = nb + (lane >> 2), k = k0 + (lane & 3) * 2;
+      bf[0] = sm80::pack(b_at(b, k, n), b_at(b, k + 1, n));
+      bf[1] = sm80::pack(b_at(b, k + 8, n), b_at(b, k + 9, n));
+    }
+  }
+
+  // f += A·B for this warp's tiles; `zero` is the zero page.
+  __device__ __forceinline__ static void run(Frag& f, const T* a, const T* b, const void* zero, int warp, int lane) {
+    if (warp >= WM * WN) return;
+    const T* z = static_cast<const T*>(zero);
+    const int wm = warp / WN, wn = warp % WN;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      unsigned af[PM][4];
+      unsigned bf[PN][2];
+#pragma unroll
+      for (int i = 0; i < PM; ++i) load_a(af[i], a, z, (wm + i * WM) * 16, k0, lane);
+#pragma unroll
+      for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, (wn + j * WN) * 8, k0, lane);
+#pragma unroll
+      for (int i = 0; i < PM; ++i)
+#pragma unroll
+        for (int j = 0; j < PN; ++j)
+          if ((wm + i * WM) < MT && (wn + j * WN) < NT8) sm80::mma(f.v[i][j], af[i], bf[j], T());
+    }
+  }
+
+  // g(row, col, value) for every element of A·B inside M × N in this warp's tiles, computed in
+  // slices of one m-tile by up to 8 n-tiles, so registers stay bounded for any N (for results
+  // that are stored or reduced rather than kept in a fragment).
+  template <class G> __device__ __forceinline__ static void apply(const T* a, const T* b, const void* zero, int warp, int lane, G g) {
+    if (warp >= WM * WN) return;
+    constexpr int JC = PN < 8 ? PN : 8;
+    const T* z = static_cast<const T*>(zero);
+    const int wm = warp / WN, wn = warp % WN;
+    const int gid = lane >> 2, tig = lane & 3;
+    for (int i = 0; i < PM; ++i) {
+      const int mt = wm + i * WM;
+      if (mt >= MT) break;
+      for (int j0 = 0; j0 < PN; j0 += JC) {
+        float acc[JC][4];
+#pragma unroll
+        for (int jj = 0; jj < JC; ++jj)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[jj][q] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += 16) {
+          unsigned af[4];
+          load_a(af, a, z, mt * 16, k0, lane);
+#pragma unroll
+          for (int jj = 0; jj < JC; ++jj) {
+            const int nt = wn + (j0 + jj) * WN;
+            if (j0 + jj < PN && nt < NT8) {
+              unsigned bf[2];
+              load_b(bf, b, z, nt * 8, k0, lane);
+              sm80::mma(acc[jj], af, bf, T());
+            }
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < JC; ++jj)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int row = mt * 16 + gid + (q >= 2 ? 8 : 0);
+            const int col = (wn + (j0 + jj) * WN) * 8 + tig * 2 + (q & 1);
+            if (j0 + jj < PN && row < M && col < N) g(row, col, acc[jj][q]);
+          }
+      }
+    }
+  }
+
+  // g(row, col, value, i, j, q) for every element of this warp's tiles inside M × N.
+  template <class G> __device__ __forceinline__ static void each(Frag& f, int warp, int lane, G g) {
+    if (warp >= WM * WN) return;
+    const int wm = warp / WN, wn = warp % WN;
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int i = 0; i < PM; ++i)
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int row = (wm + i * WM) * 16 + gid + (q >= 2 ? 8 : 0);
+          const int col = (wn + j * WN) * 8 + tig * 2 + (q & 1);
+          if (row < M && col < N) g(row, col, f.v[i][j][q], i, j, q);
+        }
+  }
+};
+
+// C[e] = Σ_k A[row, k]·B[k, col] in the compute type, a thread per element of C (any types;
+// the operands may differ, e.g. an fp32 accumulator tile times an fp16 tile).
+template <class TA, class TB, class LA, class LB, i64 M, i64 N, i64 K> struct FmaMatmul {
+  using C = decltype(to_compute(TA()) * to_compute(TB()));
+  __device__ static C at(const TA* a, const TB* b, int row, int col) {
+    C s = C(0);
+    for (int k = 0; k < K; ++k) s += to_compute(a[LA::offset(row * K + k)]) * to_compute(b[LB::offset(k * N + col)]);
+    return s;
+  }
+};
+
+}  // namespace tb
+}  // namespace mucc

@@ -1,0 +1,284 @@
+//! Golden emission of threadblock kernels (customized operators): corpus graphs that together
+//! use every threadblock operator kind of the corpus, and builder-made graphs for what the corpus
+//! lacks — odd tiles (1×296 · 296×24, 3×50 · 50×13, 7×13), column-major inputs, bf16, fp32 FMA
+//! matmuls, loops of 1 and 64 iterations, the online-softmax operators. For each graph the golden
+//! folder keeps the generated file (`golden/threadblock/NAME.sm_80.cu`) and its launch plan
+//! (`NAME.sm_80.plan.json`); builder graphs also keep their Mirage JSON (`NAME.json`), which
+//! `scripts/gpu/check_graphs.sh` runs on a GPU. `tests/cuda_compile.rs` compiles every golden
+//! `.cu` with nvcc and NVRTC. Re-bless with `MUCC_BLESS=1`.
+
+mod common;
+
+use common::golden;
+use mucc::graph::mirage_json::{ExportOptions, graph_to_json};
+use mucc::graph::ops::AccumKind;
+use mucc::graph::{DType, GraphBuilder, KernelGraph, TbGraphBuilder};
+use mucc::pipeline::{self, Options};
+use mucc::target::{Arch, Target};
+use mucc::{ImportOptions, parse_str};
+
+type Build = fn() -> KernelGraph;
+
+/// One row times a 296×24 tile per block: M = 1 (zero-page rows), K = 296, N = 24.
+fn matmul_1x296x24_f16() -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[1, 296], DType::F16).unwrap();
+    let w = g.new_input(&[296, 96], DType::F16).unwrap();
+    let mut tb = TbGraphBuilder::new([4, 1, 1], [128, 1, 1], 1);
+    let tx = tb.new_input(&g, x, [-1, -1, -1], -1).unwrap();
+    let tw = tb.new_input(&g, w, [1, -1, -1], -1).unwrap();
+    let y = tb.matmul(tx, tw).unwrap();
+    let a = tb.forloop_accum(y, AccumKind::Nored).unwrap();
+    let s = tb.silu(a).unwrap();
+    tb.new_output(s, [1, -1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    g.mark_output(outs[0]).unwrap();
+    g.build().unwrap()
+}
+
+/// 3×50 · 50×13 tiles over two iterations, bf16: no dim is a multiple of the MMA tile and K is
+/// not a whole number of 16-byte chunks, so operands load element by element.
+fn matmul_3x50x13_bf16() -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    let a = g.new_input(&[6, 100], DType::BF16).unwrap();
+    let b = g.new_input(&[100, 26], DType::BF16).unwrap();
+    let mut tb = TbGraphBuilder::new([2, 2, 1], [64, 1, 1], 2);
+    let ta = tb.new_input(&g, a, [0, -1, -1], 1).unwrap();
+    let tbb = tb.new_input(&g, b, [-1, 1, -1], 0).unwrap();
+    let c = tb.matmul(ta, tbb).unwrap();
+    let acc = tb.forloop_accum(c, AccumKind::Nored).unwrap();
+    tb.new_output(acc, [0, 1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    g.mark_output(outs[0]).unwrap();
+    g.build().unwrap()
+}
+
+/// 7×13 fp32 tiles: element-wise chain, rms_norm, a row sum, an FMA matmul (7×13 · 13×5).
+fn tiles_7x13_f32() -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[14, 26], DType::F32).unwrap();
+    let y = g.new_input(&[14, 26], DType::F32).unwrap();
+    let w = g.new_input(&[13, 5], DType::F32).unwrap();
+    let mut tb = TbGraphBuilder::new([2, 2, 1], [96, 1, 1], 1);
+    let tx = tb.new_input(&g, x, [0, 1, -1], -1).unwrap();
+    let ty = tb.new_input(&g, y, [0, 1, -1], -1).unwrap();
+    let tw = tb.new_input(&g, w, [-1, -1, -1], -1).unwrap();
+    let e = tb.exp(tx).unwrap();
+    let m = tb.mul(e, ty).unwrap();
+    let n = tb.rms_norm(m).unwrap();
+    let an = tb.forloop_accum(n, AccumKind::Nored).unwrap();
+    let sum = tb.forloop_accum(m, AccumKind::RedLdSum).unwrap();
+    let p = tb.matmul(tx, tw).unwrap();
+    let ap = tb.forloop_accum(p, AccumKind::Nored).unwrap();
+    tb.new_output(an, [0, 1, -1]).unwrap();
+    tb.new_output(sum, [0, 1, -1]).unwrap();
+    tb.new_output(ap, [0, 1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    for o in outs {
+        g.mark_output(o).unwrap();
+    }
+    g.build().unwrap()
+}
+
+/// Column-major A (M contiguous: `ldmatrix.trans`) and B (K contiguous: plain `ldmatrix`) over
+/// four iterations, with a column-major output.
+fn matmul_colmajor_f16() -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    let a = g
+        .new_input_strided(&[64, 256], &[1, 64], DType::F16)
+        .unwrap();
+    let b = g
+        .new_input_strided(&[256, 128], &[1, 256], DType::F16)
+        .unwrap();
+    let mut tb = TbGraphBuilder::new([2, 1, 1], [128, 1, 1], 4);
+    let ta = tb.new_input(&g, a, [-1, -1, -1], 1).unwrap();
+    let tbb = tb.new_input(&g, b, [1, -1, -1], 0).unwrap();
+    let c = tb.matmul(ta, tbb).unwrap();
+    let acc = tb.forloop_accum(c, AccumKind::Nored).unwrap();
+    tb.new_output(acc, [1, -1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    g.mark_output_strided(outs[0], &[1, 64]).unwrap();
+    g.build().unwrap()
+}
+
+/// 64 iterations (a software-pipelined K loop) with a row mean next to the matmul, bf16.
+fn forloop_64_bf16() -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[16, 4096], DType::BF16).unwrap();
+    let w = g.new_input(&[4096, 128], DType::BF16).unwrap();
+    let mut tb = TbGraphBuilder::new([2, 1, 1], [128, 1, 1], 64);
+    let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+    let tw = tb.new_input(&g, w, [1, -1, -1], 0).unwrap();
+    let y = tb.matmul(tx, tw).unwrap();
+    let acc = tb.forloop_accum(y, AccumKind::Nored).unwrap();
+    let mean = tb.forloop_accum(tx, AccumKind::RedLdMean).unwrap();
+    let o = tb.sub(acc, mean).unwrap();
+    tb.new_output(o, [1, -1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    g.mark_output(outs[0]).unwrap();
+    g.build().unwrap()
+}
+
+/// Attention with the online-softmax operators (running max, both rescaling accumulators) and
+/// a strided to-dimx reduction, f16.
+fn online_softmax_f16() -> KernelGraph {
+    let (s, d, n, f) = (16, 64, 256, 4);
+    let mut g = GraphBuilder::new();
+    let q = g.new_input(&[2, s, d], DType::F16).unwrap();
+    let k = g.new_input(&[2, d, n], DType::F16).unwrap();
+    let v = g.new_input(&[2, n, d], DType::F16).unwrap();
+    let mut tb = TbGraphBuilder::new([2, 1, 1], [128, 1, 1], f).with_reduction_dimx(16);
+    let tq = tb.new_input(&g, q, [0, -1, -1], -1).unwrap();
+    let tk = tb.new_input(&g, k, [0, -1, -1], 2).unwrap();
+    let tv = tb.new_input(&g, v, [0, -1, -1], 1).unwrap();
+    let sc = tb.matmul(tq, tk).unwrap();
+    let (m, diff) = tb.reduction_max(sc, 2).unwrap();
+    let centred = tb.sub(sc, m).unwrap();
+    let p = tb.exp(centred).unwrap();
+    let r = tb.exp(diff).unwrap();
+    let l = tb
+        .forloop_accum_rescale(p, r, AccumKind::RedLdSumRescale)
+        .unwrap();
+    let pv = tb.matmul(p, tv).unwrap();
+    let o = tb
+        .forloop_accum_rescale(pv, r, AccumKind::NoredRescale)
+        .unwrap();
+    let out = tb.div(o, l).unwrap();
+    tb.new_output(out, [0, -1, -1]).unwrap();
+    let pd = tb.reduction_to_dimx(p, 2).unwrap();
+    let sx = tb.forloop_accum(pd, AccumKind::Nored).unwrap();
+    tb.new_output(sx, [0, -1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    for o in outs {
+        g.mark_output(o).unwrap();
+    }
+    g.build().unwrap()
+}
+
+/// Every builder-made golden graph: (name, builder).
+pub const GRAPHS: &[(&str, Build)] = &[
+    ("matmul_1x296x24_f16", matmul_1x296x24_f16),
+    ("matmul_3x50x13_bf16", matmul_3x50x13_bf16),
+    ("tiles_7x13_f32", tiles_7x13_f32),
+    ("matmul_colmajor_f16", matmul_colmajor_f16),
+    ("forloop_64_bf16", forloop_64_bf16),
+    ("online_softmax_f16", online_softmax_f16),
+];
+
+/// Corpus graphs with golden emission: (file, graph, what it covers). Together they use every
+/// threadblock operator kind of the corpus.
+pub const CORPUS: &[(&str, usize, &str)] = &[
+    (
+        "single_gated_mlp.json",
+        0,
+        "matmul, silu, nored accumulators, 64-iteration pipeline",
+    ),
+    ("gated_mlp.json", 2, "tb mul of two matmul accumulators"),
+    ("lora.json", 0, "tb add"),
+    (
+        "legacy_checkpoint_lora.json",
+        1,
+        "tb concat (dims 0 and 1), May-2024 schema",
+    ),
+    ("gqa_bs1.json", 0, "exp, red_ld_sum, strided redtox, div"),
+    ("mha_bs1.json", 0, "attention, two kernels"),
+    ("mqa_bs1.json", 0, "attention"),
+    ("single_mqa_bs1.json", 0, "attention, single candidate"),
+    ("ntrans_bs1.json", 0, "rms_norm"),
+    ("ntrans_bs1.json", 2, "red_ld_rms"),
+    (
+        "rmsnorm_bs1.json",
+        0,
+        "red_ld_rms beside a matmul, final division",
+    ),
+    (
+        "qknorm_gqa_bs1.json",
+        0,
+        "rms_norm into reductions, post-loop matmul of 4096 columns",
+    ),
+];
+
+fn opts() -> Options {
+    Options {
+        target: Target::new(Arch::Sm80),
+        solve: Default::default(),
+    }
+}
+
+fn emit_golden(name: &str, g: &KernelGraph, what: &str) {
+    let (_, e) = pipeline::transpile(g, &opts(), what).unwrap_or_else(|e| panic!("{name}: {e}"));
+    golden(&format!("threadblock/{name}.sm_80.cu"), &e.source);
+    golden(
+        &format!("threadblock/{name}.sm_80.plan.json"),
+        &(serde_json::to_string_pretty(&e.launch).unwrap() + "\n"),
+    );
+    // Emission is deterministic.
+    let (_, again) = pipeline::transpile(g, &opts(), what).unwrap();
+    assert_eq!(
+        again.source, e.source,
+        "{name}: emission is not deterministic"
+    );
+}
+
+#[test]
+fn builder_threadblock_goldens() {
+    for &(name, build) in GRAPHS {
+        let g = build();
+        let json =
+            serde_json::to_string_pretty(&graph_to_json(&g, &ExportOptions::default()).unwrap())
+                .unwrap()
+                + "\n";
+        golden(&format!("threadblock/{name}.json"), &json);
+        let back = parse_str(&json, None, &ImportOptions::default()).unwrap();
+        back.graphs[0].validate().unwrap();
+        emit_golden(
+            name,
+            &back.graphs[0].graph,
+            &format!("golden/threadblock/{name}.json, graph 0"),
+        );
+    }
+}
+
+#[test]
+fn corpus_threadblock_goldens() {
+    for &(file, graph, _) in CORPUS {
+        let f =
+            mucc::read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
+        let name = format!("{}.g{graph}", file.trim_end_matches(".json"));
+        emit_golden(
+            &name,
+            &f.graphs[graph].graph,
+            &format!("{file}, graph {graph}"),
+        );
+    }
+}
+
+/// The corpus goldens use every threadblock operator kind that occurs in the corpus.
+#[test]
+fn corpus_goldens_cover_every_corpus_operator_kind() {
+    use std::collections::BTreeSet;
+    let kinds = |g: &KernelGraph| -> BTreeSet<String> {
+        g.customized_ops()
+            .flat_map(|(_, tb)| tb.ops.iter().map(|(_, o)| o.kind.name().to_string()))
+            .collect()
+    };
+    let mut all = BTreeSet::new();
+    for p in common::corpus_files() {
+        let f = mucc::read_file(&p, &ImportOptions::default()).unwrap();
+        for g in &f.graphs {
+            all.extend(kinds(&g.graph));
+        }
+    }
+    let mut covered = BTreeSet::new();
+    for &(file, graph, _) in CORPUS {
+        let f =
+            mucc::read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
+        covered.extend(kinds(&f.graphs[graph].graph));
+    }
+    let missing: Vec<&String> = all.difference(&covered).collect();
+    assert!(
+        missing.is_empty(),
+        "not covered by a corpus golden: {missing:?}"
+    );
+    assert!(all.len() >= 12, "{all:?}");
+}
