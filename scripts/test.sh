@@ -32,6 +32,18 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+step "corpus compile check: 604 graphs x {sm_80, sm_90a} through nvcc and NVRTC (cached)"
+# Its own step so that its figures (transpile and compile times, registers, spills) are printed;
+# the full run below finds its outcomes in the cache.
+start=$(date +%s)
+log="$(mktemp)"
+if ! cargo test --release --test corpus_cuda -- --nocapture > "$log" 2>&1; then
+    tail -200 "$log"; echo "corpus compile check failed"; exit 1
+fi
+grep -E '^(transpile|nvcc|nvrtc|test result)' "$log" || true
+rm -f "$log"
+echo "corpus compile check took $(( $(date +%s) - start )) s"
+
 step "cargo test --release"
 start=$(date +%s)
 cargo test --release

@@ -1,4 +1,4 @@
-//! Every golden `.cu` compiles with nvcc for sm_80 and sm_90a (host code included), with no
+//! Every golden `.cu` (kernel-level and threadblock) compiles with nvcc for sm_80 and sm_90a (host code included), with no
 //! error, no warning and no register spill, and through NVRTC for both targets.
 //!
 //! Needs the CUDA 13.0 toolchain of `scripts/cuda-toolchain.sh` (which `scripts/test.sh`
@@ -33,14 +33,21 @@ fn cuda_home() -> Option<PathBuf> {
 }
 
 fn golden_sources() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(crate_dir().join("golden/kernel"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 12, "at least 12 golden kernel-level files");
-    v
+    let mut all = Vec::new();
+    for (dir, at_least) in [("golden/kernel", 12), ("golden/threadblock", 18)] {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(crate_dir().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+            .collect();
+        v.sort();
+        assert!(
+            v.len() >= at_least,
+            "at least {at_least} golden files in {dir}"
+        );
+        all.extend(v);
+    }
+    all
 }
 
 /// ptxas figures of one compile.

@@ -99,6 +99,9 @@ int main() {
   fails += check<L<16, 64, 64, 1>, L<64, 64, 1, 64>, 16, 64, 64, 1, 4>("A row (plain), B col (plain)");
   fails += check<L<16, 64, 64, 1>, L<64, 16, 16, 1>, 16, 16, 64, 1, 2>("plain 16x16x64, 1x2 warps (PN 1)");
   fails += check<L<16, 64, 64, 1>, L<64, 64, 64, 1>, 16, 64, 64, 1, 1>("plain 16x64x64, 1 warp (PN 8)");
+  fails += check<SW<L<8, 64, 64, 1>, 3, 3, 3>, L<64, 8, 8, 1>, 8, 8, 64, 1, 1>("gated_mlp g23: A 8x64 xor, B 64x8, 1x1 warps of 4");
+  fails += check<L<24, 40, 40, 1>, L<40, 24, 24, 1>, 24, 24, 40, 2, 2>("odd 24x24x40: partial m-tile and k-step, 2x2 warps");
+  fails += check<L<24, 40, 1, 24>, L<40, 24, 1, 40>, 24, 24, 40, 2, 2>("odd 24x24x40 col-major A and B");
   printf("%s\n", fails ? "FAILED" : "all ok");
   return fails != 0;
 }

@@ -185,23 +185,39 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
     for &i in &indices {
         let g = &file.graphs[i].graph;
         let t0 = Instant::now();
-        let inputs = if let Some(dir) = &a.dump {
+        let (outs, excess) = if let Some(dir) = &a.dump {
             let inputs = interp::random_inputs(g, spec);
-            let outs = interp::evaluate(g, &inputs)
+            let (outs, excess) = interp::evaluate_ranged(g, inputs.clone())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
             dump(dir, g, &inputs, &outs, spec)?;
-            inputs
-        } else if indices.len() == 1 {
-            interp::random_inputs(g, spec)
+            (outs, excess)
         } else {
-            cache
-                .entry(signature(g))
-                .or_insert_with(|| interp::random_inputs(g, spec))
-                .clone()
+            let inputs = if indices.len() == 1 {
+                interp::random_inputs(g, spec)
+            } else {
+                cache
+                    .entry(signature(g))
+                    .or_insert_with(|| interp::random_inputs(g, spec))
+                    .clone()
+            };
+            interp::evaluate_ranged(g, inputs)
+                .map_err(|e| Failure::User(format!("graph {i}: {e}")))?
         };
-        let outs = interp::evaluate_owned(g, inputs)
-            .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
         let secs = t0.elapsed().as_secs_f64();
+        bar.suspend(|| {
+            for x in &excess {
+                let d = &g.tensors[x.tensor];
+                eprintln!(
+                    "warning: graph {i}: %{} {} {} reaches |x| = {:.3e}, beyond the largest finite {} ({:.4e}): compiled code that stores it overflows where this f64 reference does not; lower --scale",
+                    x.tensor.index(),
+                    d.shape,
+                    x.dtype.name(),
+                    x.max_abs,
+                    x.dtype.name(),
+                    x.limit
+                );
+            }
+        });
         bar.suspend(|| -> Result<(), std::io::Error> {
             for (j, o) in outs.iter().enumerate() {
                 let s = stats(o);

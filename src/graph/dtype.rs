@@ -120,6 +120,17 @@ impl DType {
         )
     }
 
+    /// The largest finite value of a 16- or 32-bit floating-point type (where an f64 reference
+    /// can be finite while the stored tensor overflows); `None` for other types.
+    pub fn max_finite(self) -> Option<f64> {
+        match self {
+            DType::F16 => Some(half::f16::MAX.to_f64()),
+            DType::BF16 => Some(half::bf16::MAX.to_f64()),
+            DType::F32 => Some(f64::from(f32::MAX)),
+            _ => None,
+        }
+    }
+
     /// Rounds `x` to the nearest value representable in this type (round to nearest even for
     /// floats; round and saturate for integers). Unsupported types return `x` unchanged.
     pub fn round(self, x: f64) -> f64 {

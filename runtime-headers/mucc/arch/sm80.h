@@ -32,19 +32,20 @@ __device__ __forceinline__ unsigned pack(bf16 lo, bf16 hi) {
 //
 // ldmatrix: each lane gives the shared-memory address of one 16-byte row of an 8×8 matrix of
 // 16-bit elements (lanes 8q..8q+7 for matrix q); `.trans` delivers the transposed matrices.
-template <bool Trans> __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+// `addr` is a shared-state-space address (see smem_addr).
+template <bool Trans> __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
   if constexpr (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
-template <bool Trans> __device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* p) {
+template <bool Trans> __device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], unsigned addr) {
   if constexpr (Trans)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)) : "memory");
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
   else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)) : "memory");
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
 }
 
 // d += a·b, m16n8k16, fp32 accumulators (fragment layouts of the PTX ISA).

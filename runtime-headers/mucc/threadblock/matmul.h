@@ -18,6 +18,13 @@ namespace tb {
 // plainly, A with M contiguous and B with N contiguous with `.trans`. A lane whose 16-byte row
 // lies outside the matrix points at `zero`, 16 zero bytes of shared memory (the zero page), so
 // partial MMA tiles need no masking around `ldmatrix`. Other tiles load element by element.
+// `ldmatrix` and `mma.sync` are `.aligned`: every lane of the warp must execute the same
+// instruction together. Element loads and the zero-page selects may leave the warp diverged
+// (independent thread scheduling does not promise reconvergence), so a `__syncwarp()` precedes
+// each of them. Addresses are selected without branches (`chunk_addr`, `a_at`, `b_at`): with
+// `cond ? tile + offset : zero` the compiler fed ldmatrix from a branch-dependent register and
+// the sm_80/sm_90a code read wrong addresses (out of bounds in gated_mlp graph 23, wrong values
+// with both operands by ldmatrix); docs/gpu-checks.md has the history.
 // Preconditions: T is f16 or bf16; the block has at least WM·WN full warps; tile pointers and
 // `zero` are 16-byte aligned shared memory; the leading (batch) dims of the tiles are 1.
 template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> struct Mma {
@@ -42,16 +49,10 @@ template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> stru
   // A by ldmatrix with K contiguous, or with M contiguous (.trans).
   static constexpr bool a_k = a_chunks && a_sk == 1 && K % 8 == 0 && (M == 1 || a_sm % 8 == 0);
   static constexpr bool a_m = !a_k && a_chunks && a_sm == 1 && M % 8 == 0 && (K == 1 || a_sk % 8 == 0);
-  // Only one operand goes through ldmatrix (A when it can): with both, multi-warp products of
-  // K >= 64 came out wrong on sm_80 and sm_90a code (H200) although the PTX is right and either
-  // operand alone is right; scripts/gpu/mma_selftest.cu reproduces it with
-  // -DMUCC_LDMATRIX_BOTH. Open issue; see docs/gpu-checks.md.
-#if defined(MUCC_NO_LDMATRIX_B)
+#ifdef MUCC_NO_LDMATRIX_B
   static constexpr bool b_chunks = false;
-#elif defined(MUCC_LDMATRIX_BOTH)
-  static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3;
 #else
-  static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3 && !(a_k || a_m);
+  static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3;
 #endif
   // B by ldmatrix with K contiguous, or with N contiguous (.trans).
   static constexpr bool b_k = b_chunks && b_sk == 1 && K % 8 == 0 && (N == 1 || b_sn % 8 == 0);
@@ -69,17 +70,40 @@ template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> stru
         for (int q = 0; q < 4; ++q) f.v[i][j][q] = 0.0f;
   }
 
-  __device__ __forceinline__ static T a_at(const T* a, int r, int c) { return (r < M && c < K) ? a[LA::offset(r * K + c)] : T(0.0f); }
-  __device__ __forceinline__ static T b_at(const T* b, int k, int n) { return (k < K && n < N) ? b[LB::offset(k * N + n)] : T(0.0f); }
+  // Element loads, also branch-free: an index outside the tile reads element 0 and yields zero.
+  __device__ __forceinline__ static T a_at(const T* a, int r, int c) {
+    const bool in = r < M && c < K;
+    const T v = a[LA::offset(in ? r * static_cast<int>(K) + c : 0)];
+    return in ? v : T(0.0f);
+  }
+  __device__ __forceinline__ static T b_at(const T* b, int k, int n) {
+    const bool in = k < K && n < N;
+    const T v = b[LB::offset(in ? k * static_cast<int>(N) + n : 0)];
+    return in ? v : T(0.0f);
+  }
+
+  // The shared address of element (i, j) of a tile, or of the zero page when (i, j) is outside
+  // I × J: computed without a branch (clamped index, then a select), so the ldmatrix that uses
+  // it is not fed by a branch-dependent pointer.
+  template <class L, i64 I, i64 J>
+  __device__ __forceinline__ static unsigned chunk_addr(const T* t, const T* zero, int i, int j) {
+    const bool in = i < I && j < J;
+    const int e = in ? i * static_cast<int>(J) + j : 0;
+    const unsigned p = sm80::smem_addr(t + L::offset(e));
+    const unsigned z = sm80::smem_addr(zero);
+    return in ? p : z;
+  }
 
   __device__ __forceinline__ static void load_a(unsigned (&af)[4], const T* a, const T* zero, int mb, int k0, int lane) {
     if constexpr (a_k) {
       const int r = mb + (lane & 15), c = k0 + (lane >> 4) * 8;
-      sm80::ldmatrix_x4<false>(af, (r < M && c < K) ? a + LA::offset(r * K + c) : zero);
+      __syncwarp();
+      sm80::ldmatrix_x4<false>(af, chunk_addr<LA, M, K>(a, zero, r, c));
     } else if constexpr (a_m) {
       const int q = lane >> 3;
       const int r = mb + (q & 1) * 8, c = k0 + (q >> 1) * 8 + (lane & 7);
-      sm80::ldmatrix_x4<true>(af, (r < M && c < K) ? a + LA::offset(r * K + c) : zero);
+      __syncwarp();
+      sm80::ldmatrix_x4<true>(af, chunk_addr<LA, M, K>(a, zero, r, c));
     } else {
       const int r = mb + (lane >> 2), c = k0 + (lane & 3) * 2;
       af[0] = sm80::pack(a_at(a, r, c), a_at(a, r, c + 1));
@@ -92,10 +116,12 @@ template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> stru
   __device__ __forceinline__ static void load_b(unsigned (&bf)[2], const T* b, const T* zero, int nb, int k0, int lane) {
     if constexpr (b_k) {
       const int n = nb + (lane & 7), k = k0 + ((lane >> 3) & 1) * 8;
-      sm80::ldmatrix_x2<false>(bf, (n < N && k < K) ? b + LB::offset(k * N + n) : zero);
+      __syncwarp();
+      sm80::ldmatrix_x2<false>(bf, chunk_addr<LB, K, N>(b, zero, k, n));
     } else if constexpr (b_n) {
       const int k = k0 + (lane & 15);
-      sm80::ldmatrix_x2<true>(bf, (k < K && nb < N) ? b + LB::offset(k * N + nb) : zero);
+      __syncwarp();
+      sm80::ldmatrix_x2<true>(bf, chunk_addr<LB, K, N>(b, zero, k, nb));
     } else {
       const int n = nb + (lane >> 2), k = k0 + (lane & 3) * 2;
       bf[0] = sm80::pack(b_at(b, k, n), b_at(b, k + 1, n));
@@ -115,6 +141,7 @@ template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> stru
       for (int i = 0; i < PM; ++i) load_a(af[i], a, z, (wm + i * WM) * 16, k0, lane);
 #pragma unroll
       for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, (wn + j * WN) * 8, k0, lane);
+      __syncwarp();
 #pragma unroll
       for (int i = 0; i < PM; ++i)
 #pragma unroll
@@ -150,6 +177,7 @@ template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> stru
             if (j0 + jj < PN && nt < NT8) {
               unsigned bf[2];
               load_b(bf, b, z, nt * 8, k0, lane);
+              __syncwarp();
               sm80::mma(acc[jj], af, bf, T());
             }
           }

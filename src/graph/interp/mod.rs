@@ -13,6 +13,7 @@ pub use inputs::{InputSpec, random_inputs};
 use std::rc::Rc;
 
 use crate::graph::arena::Handle;
+use crate::graph::dtype::DType;
 use crate::graph::error::{ErrorKind, GraphError};
 use crate::graph::kernel::{DTensor, KernelGraph, KnOpKind};
 use crate::graph::shape::{Shape, Strides};
@@ -59,6 +60,20 @@ impl HostTensor {
     }
 }
 
+/// A tensor of the graph whose reference values do not fit its element type: the f64 reference
+/// stays finite, but a compiled graph that stores the tensor in that type overflows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RangeExcess {
+    /// The tensor (kernel level).
+    pub tensor: Handle<DTensor>,
+    /// Its element type.
+    pub dtype: DType,
+    /// The largest magnitude among its reference values.
+    pub max_abs: f64,
+    /// The largest finite value of `dtype`.
+    pub limit: f64,
+}
+
 /// Evaluates `g` (which must have passed [`crate::graph::validate()`]) on `inputs`, one per graph
 /// input in order. Returns the graph outputs in order, as logical arrays.
 pub fn evaluate(g: &KernelGraph, inputs: &[HostTensor]) -> Result<Vec<Array>, GraphError> {
@@ -68,6 +83,16 @@ pub fn evaluate(g: &KernelGraph, inputs: &[HostTensor]) -> Result<Vec<Array>, Gr
 /// Like [`evaluate`], but takes the inputs by value, so that dense row-major buffers become the
 /// interpreter's arrays without a copy (the large attention inputs are hundreds of MB in f64).
 pub fn evaluate_owned(g: &KernelGraph, inputs: Vec<HostTensor>) -> Result<Vec<Array>, GraphError> {
+    evaluate_ranged(g, inputs).map(|(outs, _)| outs)
+}
+
+/// Like [`evaluate_owned`], and also reports every tensor computed by the graph (not the inputs)
+/// whose values exceed the finite range of its 16/32-bit float type, in graph order.
+pub fn evaluate_ranged(
+    g: &KernelGraph,
+    inputs: Vec<HostTensor>,
+) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
+    let mut excess = Vec::new();
     let graph_inputs = g.inputs();
     if inputs.len() != graph_inputs.len() {
         return Err(GraphError::new(ErrorKind::Invalid(format!(
@@ -175,6 +200,18 @@ pub fn evaluate_owned(g: &KernelGraph, inputs: Vec<HostTensor>) -> Result<Vec<Ar
             }
         };
         for (&t, a) in op.outputs.iter().zip(result) {
+            let dtype = g.tensors[t].dtype;
+            if let Some(limit) = dtype.max_finite() {
+                let max_abs = a.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                if max_abs > limit {
+                    excess.push(RangeExcess {
+                        tensor: t,
+                        dtype,
+                        max_abs,
+                        limit,
+                    });
+                }
+            }
             values[t.index()] = Some(Rc::new(a));
         }
         for &t in &op.inputs {
@@ -183,5 +220,5 @@ pub fn evaluate_owned(g: &KernelGraph, inputs: Vec<HostTensor>) -> Result<Vec<Ar
             }
         }
     }
-    Ok(outputs)
+    Ok((outputs, excess))
 }
