@@ -1,12 +1,13 @@
 //! mucc: a µGraph-to-CUDA transpiler.
 //!
 //! mucc reads µGraphs — Mirage's two-level kernel graphs — from Mirage's saved JSON or from the
-//! Rust builder API, validates them, evaluates them on the CPU as a reference, and (in later
-//! stages) plans and emits CUDA C++. The pipeline and its stages are described in `DESIGN.md`
+//! Rust builder API, validates them, evaluates them on the CPU as a reference, plans them and
+//! emits CUDA C++, which it compiles with NVRTC. The pipeline and its stages are described in `DESIGN.md`
 //! of the shared project folder; this crate follows its layout:
 //!
 //! - [`graph`]: IR, Mirage JSON import/export, builder, validation, CPU interpreter;
-//! - [`sched`], [`layout`], [`emit`], [`cuda`]: planning, emission and GPU execution (to come).
+//! - [`sched`], [`layout`], [`emit`]: planning and emission;
+//! - [`cuda`]: NVRTC compilation with a disk cache (GPU execution to come).
 
 #![warn(missing_docs)]
 // Loops over the three grid axes and the four padded dims index several arrays at once; an

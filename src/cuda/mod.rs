@@ -1,2 +1,6 @@
-//! Compilation (NVRTC/nvcc), module cache, launch, timing and verification on a GPU. Not
-//! implemented yet: filled by the GPU-run issue.
+//! Compilation (NVRTC, with a disk cache), and later module loading, launch, timing and
+//! verification on a GPU (the GPU-run issue).
+
+pub mod compile;
+
+pub use compile::{CompileError, Compiler, CompilerOptions, Cubin, Source};
