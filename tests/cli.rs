@@ -339,3 +339,27 @@ fn transpile_writes_source_and_plan() {
             .exists()
     );
 }
+
+#[test]
+fn run_without_a_gpu_fails_with_one_line() {
+    // This test is for machines without a GPU (CI): with one, `mucc run` would run.
+    let has_driver = [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists());
+    if has_driver {
+        eprintln!("a CUDA driver is installed: skipping the no-GPU test");
+        return;
+    }
+    let o = mucc(&["run", &corpus("single_gated_mlp.json"), "--check"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "stdout: {out}\nstderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("error: no CUDA driver found"),
+        "names the problem: {err}"
+    );
+    assert!(out.is_empty(), "{out}");
+}

@@ -4,6 +4,7 @@ mod eval;
 mod explain;
 mod export;
 mod inspect;
+mod run;
 mod transpile;
 
 use std::io::{self, Write};
@@ -35,6 +36,9 @@ enum Command {
     /// Show every planning decision for one graph: fusion chains, schedule with barriers,
     /// layouts, strides and swizzles, operator plans, shared-memory and workspace maps.
     Explain(explain::ExplainArgs),
+    /// Transpile, compile (NVRTC, cached) and execute graphs on the GPU; with `--check`,
+    /// compare every output with the CPU interpreter.
+    Run(run::RunArgs),
 }
 
 /// Options shared by commands that read a µGraph file.
@@ -139,6 +143,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Export(a) => export::run(a),
         Command::Explain(a) => explain::run(a),
         Command::Transpile(a) => transpile::run(a),
+        Command::Run(a) => run::run(a),
     };
     let _ = io::stdout().flush();
     r

@@ -1,6 +1,9 @@
-//! Compilation (NVRTC, with a disk cache), and later module loading, launch, timing and
-//! verification on a GPU (the GPU-run issue).
+//! GPU side: NVRTC compilation with a disk cache ([`compile`]), execution of launch plans
+//! through cudarc ([`run`]), and host data conversion and comparison ([`data`]).
 
 pub mod compile;
+pub mod data;
+pub mod run;
 
 pub use compile::{CompileError, Compiler, CompilerOptions, Cubin, Source};
+pub use run::{Buffers, Gpu, Program, RunError};

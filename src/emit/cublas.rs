@@ -200,6 +200,7 @@ mod tests {
         Binding::Workspace {
             byte_offset: off,
             elem_offset: 0,
+            elem_bytes: 2,
         }
     }
 

@@ -92,7 +92,7 @@ struct Lowerer<'a> {
     launch_steps: Vec<Step>,
 }
 
-pub(super) fn binding(p: Placement) -> Binding {
+pub(super) fn binding(p: Placement, dtype: DType) -> Binding {
     match p {
         Placement::Input(index) => Binding::Input {
             index,
@@ -105,6 +105,7 @@ pub(super) fn binding(p: Placement) -> Binding {
         Placement::Workspace(byte_offset) => Binding::Workspace {
             byte_offset,
             elem_offset: 0,
+            elem_bytes: elem(dtype),
         },
     }
 }
@@ -184,7 +185,7 @@ impl Lowerer<'_> {
         View {
             dims,
             strides,
-            at: binding(geo.placement).offset_by(offset),
+            at: binding(geo.placement, self.tensor(t).dtype).offset_by(offset),
             ptr,
         }
     }
@@ -353,7 +354,10 @@ impl Lowerer<'_> {
                     (
                         self.tensor(t).shape,
                         self.plan.dtensors[t.index()].strides.clone(),
-                        binding(self.plan.dtensors[t.index()].placement),
+                        binding(
+                            self.plan.dtensors[t.index()].placement,
+                            self.tensor(t).dtype,
+                        ),
                     )
                 };
                 let (sa, ta, ba) = mk(a);

@@ -22,12 +22,14 @@ pub enum Binding {
         /// Offset in elements.
         elem_offset: usize,
     },
-    /// The workspace at `byte_offset` bytes, plus `elem_offset` elements.
+    /// The workspace at `byte_offset` bytes, plus `elem_offset` elements of `elem_bytes` bytes.
     Workspace {
         /// Offset of the tensor in bytes.
         byte_offset: usize,
         /// Offset in elements.
         elem_offset: usize,
+        /// Bytes per element of the tensor.
+        elem_bytes: usize,
     },
 }
 
@@ -46,9 +48,11 @@ impl Binding {
             Binding::Workspace {
                 byte_offset,
                 elem_offset,
+                elem_bytes,
             } => Binding::Workspace {
                 byte_offset,
                 elem_offset: elem_offset + extra,
+                elem_bytes,
             },
         }
     }

@@ -978,14 +978,14 @@ pub(super) fn emit(
         params.push(format!("{t}* __restrict__ out{j}"));
         args.push((
             format!("d{}", o.index()),
-            binding(plan.dtensors[o.index()].placement),
+            binding(plan.dtensors[o.index()].placement, g.tensors[o].dtype),
         ));
     }
     for (i, &x) in op.inputs.iter().enumerate() {
         params.push(format!("const {t}* __restrict__ in{i}"));
         args.push((
             format!("d{}", x.index()),
-            binding(plan.dtensors[x.index()].placement),
+            binding(plan.dtensors[x.index()].placement, g.tensors[x].dtype),
         ));
     }
     // Prologue: thread index, tiles, block offsets.

@@ -1,0 +1,436 @@
+//! Executing a launch plan on a GPU through cudarc: the device, its buffers, the generated
+//! kernels (from a cubin) and the plan's cuBLAS calls, all on one stream, every result checked.
+//!
+//! cudarc loads the driver and cuBLAS dynamically and panics when a library is missing, so
+//! [`Gpu::open`] probes for them first: a machine without a driver gets
+//! [`RunError::NoDriver`], one without a device [`RunError::NoDevice`].
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{DriverError, LaunchConfig, PushKernelArg};
+
+use crate::emit::launch::{Binding, GemmCall, LaunchPlan, Step, TensorDirective};
+use crate::graph::DType;
+use crate::target::Arch;
+
+/// Why a plan could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No CUDA driver library.
+    #[error(
+        "no CUDA driver found (libcuda.so.1 could not be loaded): running needs an NVIDIA GPU and its driver"
+    )]
+    NoDriver,
+    /// The driver loaded but offers no usable device.
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// A GPU mucc does not compile for.
+    #[error(
+        "{name} has compute capability {major}.{minor}; mucc targets sm_80 (compute capability 8.x) and sm_90a (9.0)"
+    )]
+    UnsupportedGpu {
+        /// Device name.
+        name: String,
+        /// Compute capability, major.
+        major: i32,
+        /// Compute capability, minor.
+        minor: i32,
+    },
+    /// libcublas could not be loaded although the plan calls cuBLAS.
+    #[error("the plan calls cuBLAS but libcublas.so.13 could not be loaded")]
+    NoCublas,
+    /// A driver call failed.
+    #[error("{what}: {source}")]
+    Driver {
+        /// What was being done.
+        what: String,
+        /// The driver's error.
+        source: DriverError,
+    },
+    /// A cuBLAS call failed.
+    #[error("{what}: cuBLAS returned {status}")]
+    Cublas {
+        /// What was being done.
+        what: String,
+        /// The status.
+        status: String,
+    },
+    /// The plan or the data given does not fit.
+    #[error("{0}")]
+    Plan(String),
+}
+
+fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> RunError {
+    let what = what.into();
+    move |source| RunError::Driver { what, source }
+}
+
+/// One GPU and a stream on it.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// The device's name.
+    pub name: String,
+    /// The target its code is compiled for.
+    pub arch: Arch,
+    blas: Option<cudarc::cublas::CudaBlas>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+/// Whether the CUDA driver library can be loaded.
+pub fn driver_available() -> bool {
+    // SAFETY: only probes for the library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// A loaded module: the plan's kernels, resolved.
+pub struct Program {
+    _module: Arc<CudaModule>,
+    functions: Vec<Option<CudaFunction>>,
+    plan: LaunchPlan,
+}
+
+/// Device buffers for one execution of a plan.
+pub struct Buffers {
+    inputs: Vec<CudaSlice<u8>>,
+    outputs: Vec<CudaSlice<u8>>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+/// Bytes of one element of a directive's dtype.
+fn elem_bytes(d: &TensorDirective) -> Result<usize, RunError> {
+    let dt: DType = d
+        .dtype
+        .parse()
+        .map_err(|_| RunError::Plan(format!("unknown dtype {} in the plan", d.dtype)))?;
+    Ok((dt.bits() as usize).div_ceil(8))
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and a stream on it.
+    pub fn open(ordinal: usize) -> Result<Gpu, RunError> {
+        if !driver_available() {
+            return Err(RunError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| RunError::NoDevice(e.to_string()))?;
+        let name = ctx.name().map_err(driver("reading the device name"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))?;
+        let arch = match (major, minor) {
+            (8, _) => Arch::Sm80,
+            (9, 0) => Arch::Sm90a,
+            _ => return Err(RunError::UnsupportedGpu { name, major, minor }),
+        };
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            arch,
+            blas: None,
+        })
+    }
+
+    /// Loads `cubin` and resolves the kernels of `plan`, setting their dynamic shared-memory
+    /// limits.
+    pub fn load(&mut self, cubin: &[u8], plan: &LaunchPlan) -> Result<Program, RunError> {
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()))
+            .map_err(driver("loading the compiled module"))?;
+        let mut functions = Vec::new();
+        for step in &plan.steps {
+            match step {
+                Step::Kernel(k) => {
+                    let f = module
+                        .load_function(&k.name)
+                        .map_err(driver(format!("finding kernel {}", k.name)))?;
+                    if k.dynamic_smem > 48 * 1024 {
+                        f.set_attribute(
+                            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            k.dynamic_smem as i32,
+                        )
+                        .map_err(driver(format!(
+                            "allowing {} bytes of dynamic shared memory for {}",
+                            k.dynamic_smem, k.name
+                        )))?;
+                    }
+                    functions.push(Some(f));
+                }
+                Step::Gemm(_) => {
+                    if self.blas.is_none() {
+                        // SAFETY: only probes for the library.
+                        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+                            return Err(RunError::NoCublas);
+                        }
+                        let blas =
+                            cudarc::cublas::CudaBlas::new(self.stream.clone()).map_err(|e| {
+                                RunError::Cublas {
+                                    what: "creating a cuBLAS handle".into(),
+                                    status: format!("{e:?}"),
+                                }
+                            })?;
+                        self.blas = Some(blas);
+                    }
+                    functions.push(None);
+                }
+            }
+        }
+        Ok(Program {
+            _module: module,
+            functions,
+            plan: plan.clone(),
+        })
+    }
+
+    /// Allocates (zeroed) buffers for `prog`'s inputs, outputs and workspace.
+    pub fn alloc(&self, prog: &Program) -> Result<Buffers, RunError> {
+        let alloc = |d: &TensorDirective| -> Result<CudaSlice<u8>, RunError> {
+            let n = (d.alloc_elems * elem_bytes(d)?).max(1);
+            self.stream
+                .alloc_zeros::<u8>(n)
+                .map_err(driver(format!("allocating {n} bytes")))
+        };
+        let inputs = prog
+            .plan
+            .inputs
+            .iter()
+            .map(alloc)
+            .collect::<Result<_, _>>()?;
+        let outputs = prog
+            .plan
+            .outputs
+            .iter()
+            .map(alloc)
+            .collect::<Result<_, _>>()?;
+        let workspace = match prog.plan.workspace_bytes {
+            0 => None,
+            n => Some(
+                self.stream
+                    .alloc_zeros::<u8>(n)
+                    .map_err(driver(format!("allocating {n} bytes of workspace")))?,
+            ),
+        };
+        Ok(Buffers {
+            inputs,
+            outputs,
+            workspace,
+        })
+    }
+
+    /// Copies `bytes` (the whole caller buffer of input `i`) to the device.
+    pub fn upload_input(&self, bufs: &mut Buffers, i: usize, bytes: &[u8]) -> Result<(), RunError> {
+        let dst = bufs
+            .inputs
+            .get_mut(i)
+            .ok_or_else(|| RunError::Plan(format!("no input {i}")))?;
+        if bytes.len() != dst.len() {
+            return Err(RunError::Plan(format!(
+                "input {i}: {} bytes given, the buffer holds {}",
+                bytes.len(),
+                dst.len()
+            )));
+        }
+        self.stream
+            .memcpy_htod(bytes, dst)
+            .map_err(driver(format!("copying input {i} to the device")))
+    }
+
+    /// Fills every output buffer with `byte` (0xFF: NaN for floats, -1 for signed integers).
+    pub fn poison_outputs(&self, bufs: &mut Buffers, byte: u8) -> Result<(), RunError> {
+        for (j, o) in bufs.outputs.iter_mut().enumerate() {
+            let host = vec![byte; o.len()];
+            self.stream
+                .memcpy_htod(&host, o)
+                .map_err(driver(format!("poisoning output {j}")))?;
+        }
+        Ok(())
+    }
+
+    /// Copies output `j`'s whole buffer back.
+    pub fn download_output(&self, bufs: &Buffers, j: usize) -> Result<Vec<u8>, RunError> {
+        let src = bufs
+            .outputs
+            .get(j)
+            .ok_or_else(|| RunError::Plan(format!("no output {j}")))?;
+        self.stream
+            .clone_dtoh(src)
+            .map_err(driver(format!("copying output {j} back")))
+    }
+
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<(), RunError> {
+        self.stream.synchronize().map_err(driver(
+            "running the plan (a kernel faulted or a launch failed)",
+        ))
+    }
+
+    /// The device address a binding denotes.
+    fn address(&self, prog: &Program, bufs: &Buffers, b: Binding) -> Result<u64, RunError> {
+        let base = |s: &CudaSlice<u8>| -> u64 {
+            let (p, _sync) = s.device_ptr(&self.stream);
+            p
+        };
+        Ok(match b {
+            Binding::Input { index, elem_offset } => {
+                let d = &prog.plan.inputs[index];
+                base(&bufs.inputs[index]) + (elem_offset * elem_bytes(d)?) as u64
+            }
+            Binding::Output { index, elem_offset } => {
+                let d = &prog.plan.outputs[index];
+                base(&bufs.outputs[index]) + (elem_offset * elem_bytes(d)?) as u64
+            }
+            Binding::Workspace {
+                byte_offset,
+                elem_offset,
+                elem_bytes,
+            } => {
+                let ws = bufs.workspace.as_ref().ok_or_else(|| {
+                    RunError::Plan("the plan binds the workspace but has none".into())
+                })?;
+                base(ws) + (byte_offset + elem_offset * elem_bytes) as u64
+            }
+        })
+    }
+
+    /// Queues every step of `prog` on the stream (call [`Gpu::synchronize`] to wait).
+    pub fn execute(&self, prog: &Program, bufs: &Buffers) -> Result<(), RunError> {
+        for (step, f) in prog.plan.steps.iter().zip(&prog.functions) {
+            match (step, f) {
+                (Step::Kernel(k), Some(f)) => {
+                    let args: Vec<u64> = k
+                        .args
+                        .iter()
+                        .map(|&b| self.address(prog, bufs, b))
+                        .collect::<Result<_, _>>()?;
+                    let mut launch = self.stream.launch_builder(f);
+                    for a in &args {
+                        launch.arg(a);
+                    }
+                    let cfg = LaunchConfig {
+                        grid_dim: (k.grid[0], k.grid[1], k.grid[2]),
+                        block_dim: (k.block[0], k.block[1], k.block[2]),
+                        shared_mem_bytes: k.dynamic_smem,
+                    };
+                    // SAFETY: the arguments are the kernel's pointer parameters in order, as
+                    // the emitter declared them, pointing into live buffers of the plan's sizes.
+                    unsafe { launch.launch(cfg) }
+                        .map_err(driver(format!("launching {}", k.name)))?;
+                }
+                (Step::Gemm(g), None) => self.gemm(prog, bufs, g)?,
+                _ => unreachable!("functions are resolved per step in load"),
+            }
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, prog: &Program, bufs: &Buffers, g: &GemmCall) -> Result<(), RunError> {
+        use cudarc::cublas::sys;
+        let blas = self
+            .blas
+            .as_ref()
+            .expect("created in load for plans with gemms");
+        let dt = match g.data_type {
+            "CUDA_R_16F" => sys::cudaDataType::CUDA_R_16F,
+            "CUDA_R_16BF" => sys::cudaDataType::CUDA_R_16BF,
+            "CUDA_R_32F" => sys::cudaDataType::CUDA_R_32F,
+            "CUDA_R_64F" => sys::cudaDataType::CUDA_R_64F,
+            other => {
+                return Err(RunError::Plan(format!(
+                    "cuBLAS data type {other} is not supported"
+                )));
+            }
+        };
+        let (ct, one64, zero64, one32, zero32) = match g.compute_type {
+            "CUBLAS_COMPUTE_32F" => (
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                0.0,
+                0.0,
+                1.0f32,
+                0.0f32,
+            ),
+            "CUBLAS_COMPUTE_64F" => (
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+                1.0f64,
+                0.0f64,
+                0.0,
+                0.0,
+            ),
+            other => {
+                return Err(RunError::Plan(format!(
+                    "cuBLAS compute type {other} is not supported"
+                )));
+            }
+        };
+        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
+            if ct == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {
+                (
+                    (&one64 as *const f64).cast(),
+                    (&zero64 as *const f64).cast(),
+                )
+            } else {
+                (
+                    (&one32 as *const f32).cast(),
+                    (&zero32 as *const f32).cast(),
+                )
+            };
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let a = self.address(prog, bufs, g.a)?;
+        let b = self.address(prog, bufs, g.b)?;
+        let c = self.address(prog, bufs, g.c)?;
+        // SAFETY: the handle is bound to this stream; the operands point into live buffers of
+        // the sizes the plan computed for these dimensions and strides; alpha/beta outlive the
+        // call (cuBLAS reads host scalars before returning).
+        let status = unsafe {
+            sys::cublasGemmStridedBatchedEx(
+                *blas.handle(),
+                op(g.trans_a),
+                op(g.trans_b),
+                g.m,
+                g.n,
+                g.k,
+                alpha,
+                a as *const std::ffi::c_void,
+                dt,
+                g.lda,
+                g.stride_a,
+                b as *const std::ffi::c_void,
+                dt,
+                g.ldb,
+                g.stride_b,
+                beta,
+                c as *mut std::ffi::c_void,
+                dt,
+                g.ldc,
+                g.stride_c,
+                g.batch,
+                ct,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(RunError::Cublas {
+                what: format!("gemm {}x{}x{} (batch {})", g.m, g.n, g.k, g.batch),
+                status: format!("{status:?}"),
+            });
+        }
+        Ok(())
+    }
+}
