@@ -206,11 +206,13 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         let secs = t0.elapsed().as_secs_f64();
         bar.suspend(|| {
             for x in &excess {
-                let d = &g.tensors[x.tensor];
+                let shape = match x.place {
+                    interp::RangePlace::Tensor(t) => format!(" {}", g.tensors[t].shape),
+                    interp::RangePlace::Tile { .. } => String::new(),
+                };
                 eprintln!(
-                    "warning: graph {i}: %{} {} {} reaches |x| = {:.3e}, beyond the largest finite {} ({:.4e}): compiled code that stores it overflows where this f64 reference does not; lower --scale",
-                    x.tensor.index(),
-                    d.shape,
+                    "warning: graph {i}: {}{shape} {} reaches |x| = {:.3e}, beyond the largest finite {} ({:.4e}): compiled code that stores it overflows where this f64 reference does not; lower --scale",
+                    x.place,
                     x.dtype.name(),
                     x.max_abs,
                     x.dtype.name(),

@@ -76,8 +76,8 @@ fn inputs_and_reference(g: &KernelGraph, seed: u64, scale: f64) -> Result<Drawn,
             }
             Some(x) => {
                 note = Some(format!(
-                    "%{} {} would reach |x| = {:.3e} at scale {scale}",
-                    x.tensor.index(),
+                    "{} {} would reach |x| = {:.3e} at scale {scale}",
+                    x.place,
                     x.dtype.name(),
                     x.max_abs
                 ));

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::error::{ErrorKind, GraphError};
-use crate::graph::kernel::{DTensor, KernelGraph, KnOpKind};
+use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::shape::{Shape, Strides};
 
 /// A caller buffer: values in physical order, addressed through `strides`.
@@ -64,14 +64,39 @@ impl HostTensor {
 /// stays finite, but a compiled graph that stores the tensor in that type overflows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RangeExcess {
-    /// The tensor (kernel level).
-    pub tensor: Handle<DTensor>,
+    /// The kernel-level tensor, or the customized operator producing the tile.
+    pub place: RangePlace,
     /// Its element type.
     pub dtype: DType,
     /// The largest magnitude among its reference values.
     pub max_abs: f64,
     /// The largest finite value of `dtype`.
     pub limit: f64,
+}
+
+/// Where a [`RangeExcess`] was seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RangePlace {
+    /// A kernel-level tensor.
+    Tensor(Handle<DTensor>),
+    /// STensor `tile` (index in its threadblock graph) of the customized operator `op`. The
+    /// interpreter does not know which tiles the generated code keeps in fp32 registers, so this
+    /// is conservative: such a tile may overflow only in the graph's dtype, not on the GPU.
+    Tile {
+        /// The customized kernel operator.
+        op: Handle<KnOp>,
+        /// The STensor index.
+        tile: usize,
+    },
+}
+
+impl std::fmt::Display for RangePlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RangePlace::Tensor(t) => write!(f, "%{}", t.index()),
+            RangePlace::Tile { op, tile } => write!(f, "tile s{tile} of kernel op {}", op.index()),
+        }
+    }
 }
 
 /// Evaluates `g` (which must have passed [`crate::graph::validate()`]) on `inputs`, one per graph
@@ -196,7 +221,21 @@ pub fn evaluate_ranged(
                 let ins: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(&values, t)).collect();
                 let refs: Vec<&Array> = ins.iter().map(|p| p.as_ref()).collect();
                 let shapes: Vec<Shape> = (0..op.outputs.len()).map(shape).collect();
-                threadblock::run(tb, &refs, &shapes)
+                let (outs, tile_max) = threadblock::run(tb, &refs, &shapes);
+                for (t, &max_abs) in tile_max.iter().enumerate() {
+                    let dtype = tb.tensors.iter().nth(t).map(|(_, s)| s.dtype);
+                    if let Some((dtype, limit)) = dtype.and_then(|d| d.max_finite().map(|l| (d, l)))
+                        && max_abs > limit
+                    {
+                        excess.push(RangeExcess {
+                            place: RangePlace::Tile { op: h, tile: t },
+                            dtype,
+                            max_abs,
+                            limit,
+                        });
+                    }
+                }
+                outs
             }
         };
         for (&t, a) in op.outputs.iter().zip(result) {
@@ -205,7 +244,7 @@ pub fn evaluate_ranged(
                 let max_abs = a.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
                 if max_abs > limit {
                     excess.push(RangeExcess {
-                        tensor: t,
+                        place: RangePlace::Tensor(t),
                         dtype,
                         max_abs,
                         limit,

@@ -76,14 +76,15 @@ fn plan(tb: &TbGraph) -> Plan {
 type Stores = Vec<(usize, Vec<usize>, Array)>;
 
 /// Runs a customized operator; `inputs` are its input DTensors as logical arrays, `out_shapes`
-/// the shapes of its outputs.
-pub fn run(tb: &TbGraph, inputs: &[&Array], out_shapes: &[Shape]) -> Vec<Array> {
+/// the shapes of its outputs. Also returns, per STensor, the largest magnitude it took in any
+/// block and iteration (NaN ignored), for range checks against its dtype.
+pub fn run(tb: &TbGraph, inputs: &[&Array], out_shapes: &[Shape]) -> (Vec<Array>, Vec<f64>) {
     let plan = plan(tb);
     let [gx, gy, gz] = tb.grid;
     let blocks: Vec<[usize; 3]> = (0..gz)
         .flat_map(|z| (0..gy).flat_map(move |y| (0..gx).map(move |x| [x, y, z])))
         .collect();
-    let per_block: Vec<Stores> = blocks
+    let per_block: Vec<(Stores, Vec<f64>)> = blocks
         .par_iter()
         .map(|&b| Block::new(tb, &plan, inputs, b).run())
         .collect();
@@ -91,12 +92,16 @@ pub fn run(tb: &TbGraph, inputs: &[&Array], out_shapes: &[Shape]) -> Vec<Array> 
         .iter()
         .map(|&s| Array::full(s, f64::NAN))
         .collect();
-    for stores in per_block {
+    let mut tile_max = vec![0.0f64; tb.tensors.len()];
+    for (stores, maxima) in per_block {
         for (j, origin, tile) in stores {
             outs[j].write_slice(&origin, &tile);
         }
+        for (m, x) in tile_max.iter_mut().zip(maxima) {
+            *m = m.max(x);
+        }
     }
-    outs
+    (outs, tile_max)
 }
 
 /// Accumulator state.
@@ -113,6 +118,8 @@ struct Block<'a> {
     inputs: &'a [&'a Array],
     b: [usize; 3],
     values: Vec<Option<Array>>,
+    /// Largest magnitude each tile took so far.
+    tile_max: Vec<f64>,
     accs: Vec<Option<Acc>>,
     /// Running maxima of `reduction_max` operators.
     running_max: Vec<Option<Array>>,
@@ -126,6 +133,7 @@ impl<'a> Block<'a> {
             inputs,
             b,
             values: vec![None; tb.tensors.len()],
+            tile_max: vec![0.0; tb.tensors.len()],
             accs: (0..tb.ops.len()).map(|_| None).collect(),
             running_max: vec![None; tb.ops.len()],
         }
@@ -138,10 +146,14 @@ impl<'a> Block<'a> {
     }
 
     fn set(&mut self, t: Handle<STensor>, a: Array) {
+        if self.tb.tensors[t].dtype.max_finite().is_some() {
+            let m = &mut self.tile_max[t.index()];
+            *m = a.data.iter().fold(*m, |m, x| m.max(x.abs()));
+        }
         self.values[t.index()] = Some(a);
     }
 
-    fn run(mut self) -> Stores {
+    fn run(mut self) -> (Stores, Vec<f64>) {
         let tb = self.tb;
         for (h, op) in tb.ops.iter() {
             if self.plan.phase[h.index()] == Phase::Hoisted {
@@ -177,7 +189,7 @@ impl<'a> Block<'a> {
                 }
             }
         }
-        stores
+        (stores, self.tile_max)
     }
 
     /// Executes one operator in iteration `i`.
