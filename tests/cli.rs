@@ -363,3 +363,49 @@ fn run_without_a_gpu_fails_with_one_line() {
     );
     assert!(out.is_empty(), "{out}");
 }
+
+#[test]
+fn build_writes_a_shared_library_and_its_header_and_never_overwrites() {
+    if std::env::var_os("MUCC_SKIP_CUDA").is_some_and(|v| v == "1") {
+        return;
+    }
+    let home = std::env::var_os("MUCC_CUDA_HOME").map(PathBuf::from).expect(
+        "MUCC_CUDA_HOME is not set: run `source scripts/cuda-toolchain.sh` first (or set MUCC_SKIP_CUDA=1)",
+    );
+    let nvcc = home.join("bin/nvcc").to_string_lossy().into_owned();
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/threadblock/matmul_3x50x13_bf16.json")
+        .to_string_lossy()
+        .into_owned();
+    let so = tmp("libmm_cli.so");
+    let h = so.with_extension("h");
+    let _ = std::fs::remove_file(&so);
+    let _ = std::fs::remove_file(&h);
+    let so_s = so.to_string_lossy().into_owned();
+    let args = [
+        "build", &golden, "--graph", "0", "--arch", "sm_80", "-o", &so_s, "--nvcc", &nvcc,
+    ];
+    let o = mucc(&args);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    let header = std::fs::read_to_string(&h).unwrap();
+    assert!(header.contains("int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, void* stream);"));
+    assert!(
+        header.contains(
+            "input 1: bf16 [100, 26], element strides [26, 1], a buffer of 2600 elements"
+        ),
+        "{header}"
+    );
+    assert!(header.contains("#define MUCC_NUM_OUTPUTS 1"));
+    let bytes = std::fs::read(&so).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF");
+    // The entry point is exported.
+    let nm = Command::new("nm").arg("-D").arg(&so).output().expect("nm");
+    assert!(String::from_utf8_lossy(&nm.stdout).contains(" T mucc_execute"));
+    // A second build without --force refuses and leaves the library alone.
+    let o = mucc(&args);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("exists; pass --force"), "{err}");
+    assert_eq!(std::fs::read(&so).unwrap(), bytes);
+}

@@ -1,5 +1,6 @@
 //! Subcommands of the `mucc` binary.
 
+mod build;
 mod eval;
 mod explain;
 mod export;
@@ -39,6 +40,8 @@ enum Command {
     /// Transpile, compile (NVRTC, cached) and execute graphs on the GPU; with `--check`,
     /// compare every output with the CPU interpreter.
     Run(run::RunArgs),
+    /// Build one graph into a shared library exposing `mucc_execute`, with a C header.
+    Build(build::BuildArgs),
 }
 
 /// Options shared by commands that read a µGraph file.
@@ -144,6 +147,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Explain(a) => explain::run(a),
         Command::Transpile(a) => transpile::run(a),
         Command::Run(a) => run::run(a),
+        Command::Build(a) => build::run(a),
     };
     let _ = io::stdout().flush();
     r

@@ -305,6 +305,23 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
+/// SHA-256 of the embedded runtime headers (paths and contents).
+fn embedded_headers_hash() -> String {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for (rel, text) in RUNTIME_HEADERS {
+        parts.push(rel.as_bytes());
+        parts.push(text.as_bytes());
+    }
+    sha256_hex(&parts)
+}
+
+/// Installs the embedded runtime headers under `cache` (default: [`default_cache_dir`]) once,
+/// content-addressed, and returns the folder to pass as `-I` (it holds `mucc/runtime.h`).
+pub fn install_runtime_headers(cache: Option<&Path>) -> Result<PathBuf, CompileError> {
+    let base = cache.map_or_else(default_cache_dir, Path::to_path_buf);
+    materialise_headers(&base, &embedded_headers_hash())
+}
+
 /// Whether libnvrtc can be loaded (cudarc's loader panics otherwise, so check first).
 pub fn nvrtc_available() -> bool {
     // SAFETY: only probes for the library.
@@ -330,12 +347,7 @@ impl Compiler {
                 (d, h)
             }
             None => {
-                let mut parts: Vec<&[u8]> = Vec::new();
-                for (rel, text) in RUNTIME_HEADERS {
-                    parts.push(rel.as_bytes());
-                    parts.push(text.as_bytes());
-                }
-                let h = sha256_hex(&parts);
+                let h = embedded_headers_hash();
                 (materialise_headers(&base, &h)?, h)
             }
         };
