@@ -158,24 +158,26 @@ fn cuda_home() -> Option<PathBuf> {
     Some(home)
 }
 
-/// The digest of every runtime header (a change invalidates the cache).
+/// The digest of every runtime header, by path relative to `runtime-headers/` and contents (a
+/// change invalidates the cache; where the checkout lives and the folder's README do not).
 fn headers_digest() -> String {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
             if p.is_dir() {
                 walk(&p, out);
-            } else {
+            } else if p.extension().is_some_and(|e| e == "h") {
                 out.push(p);
             }
         }
     }
+    let root = crate_dir().join("runtime-headers");
     let mut files = Vec::new();
-    walk(&crate_dir().join("runtime-headers"), &mut files);
+    walk(&root, &mut files);
     files.sort();
     let mut h = Sha256::new();
     for f in files {
-        h.update(f.to_string_lossy().as_bytes());
+        h.update(f.strip_prefix(&root).unwrap().to_string_lossy().as_bytes());
         h.update(std::fs::read(&f).unwrap());
     }
     format!("{:x}", h.finalize())
