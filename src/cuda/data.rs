@@ -3,7 +3,7 @@
 
 use crate::graph::DType;
 use crate::graph::interp::Array;
-use crate::graph::shape::{Shape, Strides};
+pub use crate::graph::interp::gather;
 
 /// Bytes per element of `dt`.
 pub fn elem_bytes(dt: DType) -> usize {
@@ -56,25 +56,6 @@ pub fn decode(dt: DType, bytes: &[u8]) -> Vec<f64> {
             _ => unreachable!("unsupported dtypes are rejected by validation"),
         })
         .collect()
-}
-
-/// The logical (row-major) array a strided buffer holds.
-pub fn gather(shape: Shape, strides: &Strides, buffer: &[f64]) -> Array {
-    let dims = shape.dims();
-    let mut out = Vec::with_capacity(shape.numel());
-    let mut idx = vec![0usize; dims.len()];
-    for _ in 0..shape.numel() {
-        let off: usize = idx.iter().zip(&strides.0).map(|(i, s)| i * s).sum();
-        out.push(buffer[off]);
-        for d in (0..dims.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < dims[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    Array::from_vec(shape, out)
 }
 
 /// The largest relative L2 error ‖out − ref‖ / ‖ref‖ accepted for an output of `dt`.
@@ -142,6 +123,7 @@ pub fn compare(dt: DType, out: &Array, reference: &Array) -> Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::shape::{Shape, Strides};
 
     #[test]
     fn encode_decode_round_trip_every_supported_dtype() {

@@ -32,22 +32,7 @@ pub struct HostTensor {
 impl HostTensor {
     /// The logical (row-major) array this buffer holds.
     pub fn to_array(&self) -> Array {
-        let st = &self.strides.0;
-        let dims = self.shape.dims();
-        let mut out = Vec::with_capacity(self.shape.numel());
-        let mut idx = vec![0usize; dims.len()];
-        for _ in 0..self.shape.numel() {
-            let off: usize = idx.iter().zip(st).map(|(i, s)| i * s).sum();
-            out.push(self.data[off]);
-            for d in (0..dims.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < dims[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
-        Array::from_vec(self.shape, out)
+        gather(self.shape, &self.strides, &self.data)
     }
 
     /// A row-major buffer holding `a`.
@@ -58,6 +43,25 @@ impl HostTensor {
             data: a.data.clone(),
         }
     }
+}
+
+/// The logical (row-major) array held by `buffer`, a strided buffer of `shape`.
+pub fn gather(shape: Shape, strides: &Strides, buffer: &[f64]) -> Array {
+    let dims = shape.dims();
+    let mut out = Vec::with_capacity(shape.numel());
+    let mut idx = vec![0usize; dims.len()];
+    for _ in 0..shape.numel() {
+        let off: usize = idx.iter().zip(&strides.0).map(|(i, s)| i * s).sum();
+        out.push(buffer[off]);
+        for d in (0..dims.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Array::from_vec(shape, out)
 }
 
 /// A tensor of the graph whose reference values do not fit its element type: the f64 reference
