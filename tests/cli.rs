@@ -341,7 +341,7 @@ fn transpile_writes_source_and_plan() {
 }
 
 #[test]
-fn run_without_a_gpu_fails_with_one_line() {
+fn run_and_bench_without_a_gpu_fail_with_one_line() {
     // This test is for machines without a GPU (CI): with one, `mucc run` would run.
     let has_driver = [
         "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
@@ -353,15 +353,38 @@ fn run_without_a_gpu_fails_with_one_line() {
         eprintln!("a CUDA driver is installed: skipping the no-GPU test");
         return;
     }
-    let o = mucc(&["run", &corpus("single_gated_mlp.json"), "--check"]);
-    let (out, err) = text(&o);
-    assert_eq!(o.status.code(), Some(1), "stdout: {out}\nstderr: {err}");
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(
-        err.starts_with("error: no CUDA driver found"),
-        "names the problem: {err}"
-    );
-    assert!(out.is_empty(), "{out}");
+    let file = corpus("single_gated_mlp.json");
+    for args in [
+        vec!["run", &file, "--check"],
+        vec!["bench", &file, "--all"],
+        vec!["bench", &file, "--json"],
+    ] {
+        let o = mucc(&args);
+        let (out, err) = text(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{args:?}: stdout: {out}\nstderr: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(
+            err.starts_with("error: no CUDA driver found"),
+            "{args:?}: names the problem: {err}"
+        );
+        assert!(out.is_empty(), "{args:?}: {out}");
+    }
+}
+
+#[test]
+fn bench_refuses_to_overwrite_its_json_report() {
+    let report = tmp("bench_report.json");
+    std::fs::write(&report, "keep me").unwrap();
+    let r = report.to_string_lossy().into_owned();
+    let o = mucc(&["bench", &corpus("lora.json"), "--json-out", &r]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("exists; pass --force"), "{err}");
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), "keep me");
 }
 
 #[test]

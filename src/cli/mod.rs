@@ -1,9 +1,11 @@
 //! Subcommands of the `mucc` binary.
 
+mod bench;
 mod build;
 mod eval;
 mod explain;
 mod export;
+mod gpu;
 mod inspect;
 mod run;
 mod transpile;
@@ -40,6 +42,9 @@ enum Command {
     /// Transpile, compile (NVRTC, cached) and execute graphs on the GPU; with `--check`,
     /// compare every output with the CPU interpreter.
     Run(run::RunArgs),
+    /// Time graphs on the GPU (CUDA events, CUDA-graph replay, inputs rotated past the L2
+    /// cache) against the floor from the GPU's measured bandwidth and matrix rate.
+    Bench(bench::BenchArgs),
     /// Build one graph into a shared library exposing `mucc_execute`, with a C header.
     Build(build::BuildArgs),
 }
@@ -147,6 +152,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Explain(a) => explain::run(a),
         Command::Transpile(a) => transpile::run(a),
         Command::Run(a) => run::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Build(a) => build::run(a),
     };
     let _ = io::stdout().flush();

@@ -69,14 +69,26 @@ fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> RunError {
 
 /// One GPU and a stream on it.
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
     /// The device's name.
     pub name: String,
     /// The target its code is compiled for.
     pub arch: Arch,
-    blas: Option<cudarc::cublas::CudaBlas>,
+    /// Bytes of L2 cache.
+    pub l2_bytes: usize,
+    pub(crate) blas: Option<Blas>,
 }
+
+/// A cuBLAS handle on the GPU's stream with a workspace of its own, so that its calls need no
+/// allocation (and can be captured in a CUDA graph).
+pub(crate) struct Blas {
+    pub(crate) handle: cudarc::cublas::CudaBlas,
+    _workspace: CudaSlice<u8>,
+}
+
+/// Bytes of the cuBLAS workspace (what PyTorch gives cuBLAS on Hopper).
+const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,7 +116,25 @@ pub struct Program {
 pub struct Buffers {
     inputs: Vec<CudaSlice<u8>>,
     outputs: Vec<CudaSlice<u8>>,
-    workspace: Option<CudaSlice<u8>>,
+    workspace: Option<Arc<CudaSlice<u8>>>,
+}
+
+impl Buffers {
+    /// Bytes of the caller buffers (inputs and outputs; not the workspace).
+    pub fn io_bytes(&self) -> usize {
+        self.inputs
+            .iter()
+            .chain(&self.outputs)
+            .map(|b| b.len())
+            .sum()
+    }
+}
+
+impl Program {
+    /// The launch plan the program executes.
+    pub fn plan(&self) -> &LaunchPlan {
+        &self.plan
+    }
 }
 
 /// Bytes of one element of a directive's dtype.
@@ -132,14 +162,67 @@ impl Gpu {
             (9, 0) => Arch::Sm90a,
             _ => return Err(RunError::UnsupportedGpu { name, major, minor }),
         };
-        let stream = ctx.default_stream();
+        let l2_bytes = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .map_err(driver("reading the L2 cache size"))?
+            .max(0) as usize;
+        // One stream of our own (the legacy default stream cannot be captured into a CUDA
+        // graph). Everything runs on it, so cudarc's cross-stream event tracking is not needed
+        // (and its event records would get in the way of stream capture).
+        // SAFETY: no buffer is ever used on another stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
         Ok(Gpu {
             ctx,
             stream,
             name,
             arch,
+            l2_bytes,
             blas: None,
         })
+    }
+
+    /// Creates the cuBLAS handle (once), bound to the GPU's stream and given its own workspace.
+    pub(crate) fn ensure_blas(&mut self) -> Result<(), RunError> {
+        if self.blas.is_some() {
+            return Ok(());
+        }
+        // SAFETY: only probes for the library.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(RunError::NoCublas);
+        }
+        let handle =
+            cudarc::cublas::CudaBlas::new(self.stream.clone()).map_err(|e| RunError::Cublas {
+                what: "creating a cuBLAS handle".into(),
+                status: format!("{e:?}"),
+            })?;
+        let workspace = self
+            .stream
+            .alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)
+            .map_err(driver("allocating the cuBLAS workspace"))?;
+        let ptr = {
+            let (p, _sync) = workspace.device_ptr(&self.stream);
+            p
+        };
+        // SAFETY: the workspace lives as long as the handle (both in `Blas`).
+        let status = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *handle.handle(),
+                ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        };
+        if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(RunError::Cublas {
+                what: "setting the cuBLAS workspace".into(),
+                status: format!("{status:?}"),
+            });
+        }
+        self.blas = Some(Blas {
+            handle,
+            _workspace: workspace,
+        });
+        Ok(())
     }
 
     /// Loads `cubin` and resolves the kernels of `plan`, setting their dynamic shared-memory
@@ -169,20 +252,7 @@ impl Gpu {
                     functions.push(Some(f));
                 }
                 Step::Gemm(_) => {
-                    if self.blas.is_none() {
-                        // SAFETY: only probes for the library.
-                        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-                            return Err(RunError::NoCublas);
-                        }
-                        let blas =
-                            cudarc::cublas::CudaBlas::new(self.stream.clone()).map_err(|e| {
-                                RunError::Cublas {
-                                    what: "creating a cuBLAS handle".into(),
-                                    status: format!("{e:?}"),
-                                }
-                            })?;
-                        self.blas = Some(blas);
-                    }
+                    self.ensure_blas()?;
                     functions.push(None);
                 }
             }
@@ -196,6 +266,16 @@ impl Gpu {
 
     /// Allocates (zeroed) buffers for `prog`'s inputs, outputs and workspace.
     pub fn alloc(&self, prog: &Program) -> Result<Buffers, RunError> {
+        self.alloc_sharing_workspace(prog, None)
+    }
+
+    /// Allocates (zeroed) inputs and outputs for `prog`, and the workspace of `share` if given
+    /// (a caller executing one plan on several buffer sets in turn needs one workspace).
+    pub fn alloc_sharing_workspace(
+        &self,
+        prog: &Program,
+        share: Option<&Buffers>,
+    ) -> Result<Buffers, RunError> {
         let alloc = |d: &TensorDirective| -> Result<CudaSlice<u8>, RunError> {
             let n = (d.alloc_elems * elem_bytes(d)?).max(1);
             self.stream
@@ -214,13 +294,14 @@ impl Gpu {
             .iter()
             .map(alloc)
             .collect::<Result<_, _>>()?;
-        let workspace = match prog.plan.workspace_bytes {
-            0 => None,
-            n => Some(
-                self.stream
-                    .alloc_zeros::<u8>(n)
-                    .map_err(driver(format!("allocating {n} bytes of workspace")))?,
-            ),
+        let workspace = match (prog.plan.workspace_bytes, share) {
+            (0, _) => None,
+            (_, Some(s)) => s.workspace.clone(),
+            (n, None) => {
+                Some(Arc::new(self.stream.alloc_zeros::<u8>(n).map_err(
+                    driver(format!("allocating {n} bytes of workspace")),
+                )?))
+            }
         };
         Ok(Buffers {
             inputs,
@@ -245,6 +326,16 @@ impl Gpu {
         self.stream
             .memcpy_htod(bytes, dst)
             .map_err(driver(format!("copying input {i} to the device")))
+    }
+
+    /// Copies every input buffer of `from` into `to` (on the device).
+    pub fn copy_inputs(&self, from: &Buffers, to: &mut Buffers) -> Result<(), RunError> {
+        for (i, (src, dst)) in from.inputs.iter().zip(to.inputs.iter_mut()).enumerate() {
+            self.stream
+                .memcpy_dtod(src, dst)
+                .map_err(driver(format!("copying input {i} on the device")))?;
+        }
+        Ok(())
     }
 
     /// Fills every output buffer with `byte` (0xFF: NaN for floats, -1 for signed integers).
@@ -337,10 +428,11 @@ impl Gpu {
 
     fn gemm(&self, prog: &Program, bufs: &Buffers, g: &GemmCall) -> Result<(), RunError> {
         use cudarc::cublas::sys;
-        let blas = self
+        let blas = &self
             .blas
             .as_ref()
-            .expect("created in load for plans with gemms");
+            .expect("created in load for plans with gemms")
+            .handle;
         let dt = match g.data_type {
             "CUDA_R_16F" => sys::cudaDataType::CUDA_R_16F,
             "CUDA_R_16BF" => sys::cudaDataType::CUDA_R_16BF,

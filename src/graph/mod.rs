@@ -8,6 +8,7 @@
 
 pub mod arena;
 pub mod builder;
+pub mod cost;
 pub mod display;
 pub mod dtype;
 pub mod error;

@@ -1,0 +1,458 @@
+//! `mucc bench`: time graphs on the GPU and compare them with the floor of the GPU they run on.
+//!
+//! Per graph: median µs per execution (CUDA events; CUDA-graph replay by default; buffer sets
+//! rotated so that the working set exceeds twice the L2 cache), achieved GB/s (input bytes
+//! read once plus output bytes written once, over the time) and TFLOP/s (matrix products), and
+//! the ratio to the floor from the bandwidth and matrix rate measured once per run. The fastest
+//! graph that ran cleanly (and passed `--check`, when given) is marked.
+
+use std::io::Write;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use mucc::cuda::bench::{Ceilings, Launch, Timing, TimingOptions, rotation_sets};
+use mucc::cuda::data::{self, Comparison};
+use mucc::graph::DType;
+use mucc::graph::cost::{self, Work};
+use serde_json::{Value, json};
+
+use super::gpu::{GpuArgs, InputChoice, Prepared, Session, read_outputs, upload_inputs};
+use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
+
+/// How executions are launched while timing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LaunchArg {
+    /// Captured once into a CUDA graph and replayed.
+    Graph,
+    /// Launched one by one on the stream.
+    Stream,
+}
+
+/// Arguments of `mucc bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    input: InputArgs,
+    #[command(flatten)]
+    select: GraphSelection,
+    /// Timed samples per graph (the median is reported). In graph mode a sample is one replay
+    /// of at least 10 executions (one per buffer set, rounded up), in stream mode one execution.
+    #[arg(long, default_value_t = 50)]
+    iters: usize,
+    /// Untimed samples before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Replay a CUDA graph of the executions, or launch each on the stream.
+    #[arg(long, value_enum, default_value_t = LaunchArg::Graph)]
+    launch: LaunchArg,
+    /// Check every graph against the CPU interpreter first, as `mucc run --check` does; only a
+    /// graph that passes can be marked fastest.
+    #[arg(long)]
+    check: bool,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Half-width of the input distribution (lowered per graph with `--check` while a stored
+    /// tensor would overflow).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Print one JSON document instead of the table.
+    #[arg(long, conflicts_with = "json_out")]
+    json: bool,
+    /// Also write the JSON document to this file (the table still goes to stdout).
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<std::path::PathBuf>,
+    /// Overwrite the `--json-out` file if it exists.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    gpu: GpuArgs,
+}
+
+/// What was measured for one graph.
+struct Row {
+    graph: usize,
+    result: Result<Measured, String>,
+}
+
+struct Measured {
+    timing: Timing,
+    work: Work,
+    steps: usize,
+    compile: String,
+    cached: bool,
+    /// `None` without `--check`.
+    check: Option<Vec<Comparison>>,
+    /// Every output element finite after the timed runs.
+    finite: bool,
+}
+
+impl Measured {
+    fn eligible(&self) -> bool {
+        self.finite
+            && self
+                .check
+                .as_ref()
+                .is_none_or(|c| c.iter().all(Comparison::passed))
+    }
+}
+
+/// µs of the floor, and which term sets it.
+fn floor(ceil: &Ceilings, w: &Work) -> (f64, &'static str) {
+    let (m, c) = (ceil.memory_seconds(w), ceil.compute_seconds(w));
+    if c > m {
+        (c * 1e6, "compute")
+    } else {
+        (m * 1e6, "memory")
+    }
+}
+
+fn measure(
+    session: &mut Session,
+    prep: &Prepared,
+    a: &BenchArgs,
+    graph: &mucc::graph::KernelGraph,
+) -> Result<Measured, String> {
+    let gpu = &mut session.gpu;
+    let launch = &prep.emitted.launch;
+    let prog = gpu
+        .load(&prep.cubin.bytes, launch)
+        .map_err(|e| e.to_string())?;
+    let mut first = gpu.alloc(&prog).map_err(|e| e.to_string())?;
+    upload_inputs(gpu, &mut first, launch, &prep.drawn.inputs)?;
+    gpu.poison_outputs(&mut first, 0xff)
+        .map_err(|e| e.to_string())?;
+    let check = match &prep.drawn.reference {
+        Some(refs) => {
+            gpu.execute(&prog, &first).map_err(|e| e.to_string())?;
+            gpu.synchronize().map_err(|e| e.to_string())?;
+            let outs = read_outputs(gpu, &first, launch)?;
+            let cmp = outs
+                .iter()
+                .zip(refs)
+                .map(|((dt, got), r)| data::compare(*dt, got, r))
+                .collect();
+            gpu.poison_outputs(&mut first, 0xff)
+                .map_err(|e| e.to_string())?;
+            Some(cmp)
+        }
+        None => None,
+    };
+    let (free, _) = gpu.memory_info().map_err(|e| e.to_string())?;
+    let n = rotation_sets(first.io_bytes(), gpu.l2_bytes, (free / 4).min(8 << 30));
+    let mut sets = vec![first];
+    for _ in 1..n {
+        let mut s = gpu
+            .alloc_sharing_workspace(&prog, Some(&sets[0]))
+            .map_err(|e| e.to_string())?;
+        gpu.copy_inputs(&sets[0], &mut s)
+            .map_err(|e| e.to_string())?;
+        gpu.poison_outputs(&mut s, 0xff)
+            .map_err(|e| e.to_string())?;
+        sets.push(s);
+    }
+    let timing = gpu
+        .time(
+            &prog,
+            &sets,
+            &TimingOptions {
+                samples: a.iters.max(1),
+                warmup: a.warmup,
+                launch: match a.launch {
+                    LaunchArg::Graph => Launch::Graph,
+                    LaunchArg::Stream => Launch::Stream,
+                },
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    // Every set was executed: its outputs must all be written and finite.
+    let mut finite = true;
+    for s in &sets {
+        for (_, got) in read_outputs(gpu, s, launch)? {
+            finite &= got.data.iter().all(|x| x.is_finite());
+        }
+    }
+    Ok(Measured {
+        timing,
+        work: cost::work(graph),
+        steps: launch.steps.len(),
+        compile: prep.describe(),
+        cached: prep.cubin.cached,
+        check,
+        finite,
+    })
+}
+
+/// Runs `mucc bench`.
+pub fn run(a: BenchArgs) -> Result<(), Failure> {
+    let file = load(&a.input)?;
+    print_warnings(&file);
+    let indices = a.select.indices(&file, false)?;
+    if let Some(p) = &a.json_out
+        && p.exists()
+        && !a.force
+    {
+        return Err(Failure::User(format!(
+            "{} exists; pass --force to overwrite it",
+            p.display()
+        )));
+    }
+    let mut session = Session::open(&a.gpu)?;
+    let name = a.input.file.display().to_string();
+    let t0 = Instant::now();
+    let prepared = session.prepare(
+        &file,
+        &name,
+        &indices,
+        InputChoice {
+            seed: a.seed,
+            scale: a.scale,
+            check: a.check,
+        },
+    );
+    let prepare_seconds = t0.elapsed().as_secs_f64();
+    // The ceilings, once: bandwidth, and the matrix rate of every operand type the graphs use.
+    let mut dtypes: Vec<DType> = indices
+        .iter()
+        .flat_map(|&i| cost::work(&file.graphs[i].graph).matmul_flops)
+        .map(|(d, _)| d)
+        .collect();
+    dtypes.sort();
+    dtypes.dedup();
+    let ceilings = session
+        .gpu
+        .measure_ceilings(&dtypes)
+        .map_err(|e| Failure::User(format!("measuring the GPU's ceilings: {e}")))?;
+    let mut rows = Vec::new();
+    for (&i, prep) in indices.iter().zip(prepared) {
+        let result = prep.and_then(|p| measure(&mut session, &p, &a, &file.graphs[i].graph));
+        rows.push(Row { graph: i, result });
+    }
+    let fastest = rows
+        .iter()
+        .filter_map(|r| r.result.as_ref().ok().map(|m| (r.graph, m)))
+        .filter(|(_, m)| m.eligible())
+        .min_by(|x, y| x.1.timing.median_us.total_cmp(&y.1.timing.median_us))
+        .map(|(g, _)| g);
+    let failed = rows
+        .iter()
+        .filter(|r| !r.result.as_ref().is_ok_and(Measured::eligible))
+        .count();
+    let mut out = stdout();
+    let doc = json_report(&a, &session, &ceilings, &rows, fastest, prepare_seconds);
+    let text = serde_json::to_string_pretty(&doc).expect("JSON values serialise");
+    if let Some(p) = &a.json_out {
+        std::fs::write(p, format!("{text}\n"))
+            .map_err(|e| Failure::User(format!("cannot write {}: {e}", p.display())))?;
+    }
+    if a.json {
+        writeln!(out, "{text}")?;
+    } else {
+        table(
+            &mut out,
+            &a,
+            &session,
+            &ceilings,
+            &rows,
+            fastest,
+            prepare_seconds,
+        )?;
+    }
+    if failed > 0 {
+        return Err(Failure::Quiet);
+    }
+    Ok(())
+}
+
+fn launch_name(l: LaunchArg) -> &'static str {
+    match l {
+        LaunchArg::Graph => "CUDA-graph replay",
+        LaunchArg::Stream => "stream launches",
+    }
+}
+
+fn describe_ceilings(c: &Ceilings) -> String {
+    let mut s = format!("copy {:.2} TB/s", c.copy_bytes_per_s / 1e12);
+    for (dt, r) in &c.matmul_flops_per_s {
+        s.push_str(&format!("; {} matmul {:.1} TFLOP/s", dt.name(), r / 1e12));
+    }
+    s
+}
+
+fn table(
+    out: &mut impl Write,
+    a: &BenchArgs,
+    session: &Session,
+    ceilings: &Ceilings,
+    rows: &[Row],
+    fastest: Option<usize>,
+    prepare_seconds: f64,
+) -> Result<(), Failure> {
+    writeln!(
+        out,
+        "GPU: {}; {}, median of {} samples, inputs seed {} scale {}",
+        session.describe(),
+        launch_name(a.launch),
+        a.iters.max(1),
+        a.seed,
+        a.scale
+    )?;
+    writeln!(out, "ceilings (measured): {}", describe_ceilings(ceilings))?;
+    writeln!(
+        out,
+        "{}: {} graph{} transpiled and compiled in {prepare_seconds:.1} s",
+        a.input.file.display(),
+        rows.len(),
+        if rows.len() == 1 { "" } else { "s" }
+    )?;
+    if let Some(m) = rows.iter().find_map(|r| r.result.as_ref().ok()) {
+        let (f, bound) = floor(ceilings, &m.work);
+        writeln!(
+            out,
+            "work: {:.3} MB read, {:.3} MB written, {:.3} GFLOP in matrix products; floor {f:.2} µs ({bound})",
+            m.work.input_bytes as f64 / 1e6,
+            m.work.output_bytes as f64 / 1e6,
+            m.work.flops() / 1e9
+        )?;
+    }
+    writeln!(
+        out,
+        "  graph      µs   ×floor     GB/s  TFLOP/s  sets  steps  notes"
+    )?;
+    for r in rows {
+        let mark = if Some(r.graph) == fastest { "*" } else { " " };
+        match &r.result {
+            Ok(m) => {
+                let (f, _) = floor(ceilings, &m.work);
+                let t = m.timing.median_us;
+                let mut notes = vec![if m.cached {
+                    "cached".to_string()
+                } else {
+                    "compiled".to_string()
+                }];
+                if let Some(c) = &m.check {
+                    let worst = c.iter().map(|c| c.rel_l2).fold(0.0, f64::max);
+                    notes.push(if c.iter().all(Comparison::passed) {
+                        format!("check ok (rel err {worst:.1e})")
+                    } else {
+                        format!("CHECK FAILED (rel err {worst:.1e})")
+                    });
+                }
+                if !m.finite {
+                    notes.push("NON-FINITE OUTPUT".into());
+                }
+                writeln!(
+                    out,
+                    "{mark} {:>5} {:>7.2} {:>8.2} {:>8.0} {:>8.2} {:>5} {:>6}  {}",
+                    r.graph,
+                    t,
+                    t / f,
+                    m.work.bytes() as f64 / (t * 1e-6) / 1e9,
+                    m.work.flops() / (t * 1e-6) / 1e12,
+                    m.timing.sets,
+                    m.steps,
+                    notes.join(", ")
+                )?;
+            }
+            Err(e) => {
+                let first = e.lines().next().unwrap_or("");
+                writeln!(out, "{mark} {:>5}  FAILED: {first}", r.graph)?;
+                for l in e.lines().skip(1) {
+                    writeln!(out, "          {l}")?;
+                }
+            }
+        }
+    }
+    match fastest.and_then(|g| {
+        rows.iter()
+            .find(|r| r.graph == g)
+            .and_then(|r| r.result.as_ref().ok())
+            .map(|m| (g, m))
+    }) {
+        Some((g, m)) => {
+            let (f, _) = floor(ceilings, &m.work);
+            writeln!(
+                out,
+                "fastest: graph {g}, {:.2} µs, {:.2}× the floor (compile: {})",
+                m.timing.median_us,
+                m.timing.median_us / f,
+                m.compile
+            )?;
+        }
+        None => writeln!(out, "fastest: none (no graph ran cleanly)")?,
+    }
+    Ok(())
+}
+
+fn json_report(
+    a: &BenchArgs,
+    session: &Session,
+    ceilings: &Ceilings,
+    rows: &[Row],
+    fastest: Option<usize>,
+    prepare_seconds: f64,
+) -> Value {
+    let (major, minor) = session.compiler.nvrtc_version();
+    let rates: serde_json::Map<String, Value> = ceilings
+        .matmul_flops_per_s
+        .iter()
+        .map(|(d, r)| (d.name().to_string(), json!(r)))
+        .collect();
+    let graphs: Vec<Value> = rows
+        .iter()
+        .map(|r| match &r.result {
+            Ok(m) => {
+                let (f, bound) = floor(ceilings, &m.work);
+                let t = m.timing.median_us;
+                json!({
+                    "graph": r.graph,
+                    "ok": m.eligible(),
+                    "median_us": t,
+                    "min_us": m.timing.min_us,
+                    "max_us": m.timing.max_us,
+                    "samples": m.timing.samples,
+                    "executions_per_sample": m.timing.executions_per_sample,
+                    "sets": m.timing.sets,
+                    "steps": m.steps,
+                    "input_bytes": m.work.input_bytes,
+                    "output_bytes": m.work.output_bytes,
+                    "flops": m.work.flops(),
+                    "floor_us": f,
+                    "floor_bound": bound,
+                    "ratio_to_floor": t / f,
+                    "achieved_gbps": m.work.bytes() as f64 / (t * 1e-6) / 1e9,
+                    "achieved_tflops": m.work.flops() / (t * 1e-6) / 1e12,
+                    "outputs_finite": m.finite,
+                    "cache_hit": m.cached,
+                    "check": m.check.as_ref().map(|c| c.iter().map(|c| json!({
+                        "rel_l2": c.rel_l2,
+                        "max_abs": c.max_abs,
+                        "non_finite": c.non_finite,
+                        "bound": c.bound,
+                        "passed": c.passed(),
+                    })).collect::<Vec<_>>()),
+                    "fastest": Some(r.graph) == fastest,
+                })
+            }
+            Err(e) => json!({"graph": r.graph, "ok": false, "error": e, "fastest": false}),
+        })
+        .collect();
+    json!({
+        "file": a.input.file.display().to_string(),
+        "gpu": {"name": session.gpu.name, "arch": session.gpu.arch.name(), "l2_bytes": session.gpu.l2_bytes},
+        "nvrtc": format!("{major}.{minor}"),
+        "ceilings": {"copy_bytes_per_s": ceilings.copy_bytes_per_s, "matmul_flops_per_s": rates},
+        "options": {
+            "launch": match a.launch { LaunchArg::Graph => "graph", LaunchArg::Stream => "stream" },
+            "iters": a.iters.max(1),
+            "warmup": a.warmup,
+            "seed": a.seed,
+            "scale": a.scale,
+            "check": a.check,
+        },
+        "prepare_seconds": prepare_seconds,
+        "graphs": graphs,
+        "fastest": fastest,
+    })
+}
