@@ -265,11 +265,14 @@ impl Gpu {
                 let queued = (0..per).try_for_each(|k| self.execute(prog, &sets[k % sets.len()]));
                 let captured = self
                     .stream
-                    .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+                    .end_capture(CUgraphInstantiate_flags(0));
                 queued?;
                 let graph = captured
                     .map_err(driver("capturing the plan into a CUDA graph"))?
                     .ok_or_else(|| RunError::Plan("the CUDA-graph capture was empty".into()))?;
+                graph
+                    .upload()
+                    .map_err(driver("uploading the CUDA graph"))?;
                 let ms = self.time_samples(opts.warmup.max(1), samples, || {
                     graph.launch().map_err(driver("replaying the CUDA graph"))
                 })?;

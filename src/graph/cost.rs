@@ -31,7 +31,8 @@ impl Work {
 
     /// All matrix-product operations.
     pub fn flops(&self) -> f64 {
-        self.matmul_flops.iter().map(|(_, f)| f).sum()
+        // A fold from +0.0: an empty `sum` of floats is −0.0.
+        self.matmul_flops.iter().fold(0.0, |a, (_, f)| a + f)
     }
 
     fn add_flops(&mut self, dt: DType, f: f64) {
