@@ -301,10 +301,15 @@ fn table(
     writeln!(out, "ceilings (measured): {}", describe_ceilings(ceilings))?;
     writeln!(
         out,
-        "{}: {} graph{} transpiled and compiled in {prepare_seconds:.1} s",
+        "{}: {} graph{} transpiled and compiled{} in {prepare_seconds:.1} s",
         a.input.file.display(),
         rows.len(),
-        if rows.len() == 1 { "" } else { "s" }
+        if rows.len() == 1 { "" } else { "s" },
+        if a.check {
+            ", references computed"
+        } else {
+            ""
+        }
     )?;
     if let Some(m) = rows.iter().find_map(|r| r.result.as_ref().ok()) {
         let (f, bound) = floor(ceilings, &m.work);

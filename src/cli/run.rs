@@ -67,8 +67,13 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     if indices.len() > 1 {
         writeln!(
             out,
-            "{} graphs transpiled and compiled in {:.1} s",
+            "{} graphs transpiled and compiled{} in {:.1} s (in parallel)",
             indices.len(),
+            if a.check {
+                ", references computed"
+            } else {
+                ""
+            },
             t0.elapsed().as_secs_f64()
         )?;
     }
