@@ -16,7 +16,9 @@ use mucc::graph::DType;
 use mucc::graph::cost::{self, Work};
 use serde_json::{Value, json};
 
-use super::gpu::{GpuArgs, InputChoice, Prepared, Session, read_outputs, upload_inputs};
+use super::gpu::{
+    GpuArgs, InputCache, InputChoice, Prepared, Session, read_outputs, upload_inputs,
+};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
 /// How executions are launched while timing.
@@ -112,6 +114,7 @@ fn measure(
     prep: &Prepared,
     a: &BenchArgs,
     graph: &mucc::graph::KernelGraph,
+    cache: &mut InputCache,
 ) -> Result<Measured, String> {
     let gpu = &mut session.gpu;
     let launch = &prep.emitted.launch;
@@ -119,10 +122,18 @@ fn measure(
         .load(&prep.cubin.bytes, launch)
         .map_err(|e| e.to_string())?;
     let mut first = gpu.alloc(&prog).map_err(|e| e.to_string())?;
-    upload_inputs(gpu, &mut first, launch, &prep.drawn.inputs)?;
+    let shared;
+    let inputs: &[_] = match &prep.drawn {
+        Some(d) => &d.inputs,
+        None => {
+            shared = cache.get(graph, a.seed, a.scale);
+            &shared
+        }
+    };
+    upload_inputs(gpu, &mut first, launch, inputs)?;
     gpu.poison_outputs(&mut first, 0xff)
         .map_err(|e| e.to_string())?;
-    let check = match &prep.drawn.reference {
+    let check = match prep.drawn.as_ref().and_then(|d| d.reference.as_ref()) {
         Some(refs) => {
             gpu.execute(&prog, &first).map_err(|e| e.to_string())?;
             gpu.synchronize().map_err(|e| e.to_string())?;
@@ -225,8 +236,10 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
         .measure_ceilings(&dtypes)
         .map_err(|e| Failure::User(format!("measuring the GPU's ceilings: {e}")))?;
     let mut rows = Vec::new();
+    let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
-        let result = prep.and_then(|p| measure(&mut session, &p, &a, &file.graphs[i].graph));
+        let result =
+            prep.and_then(|p| measure(&mut session, &p, &a, &file.graphs[i].graph, &mut cache));
         rows.push(Row { graph: i, result });
     }
     let fastest = rows

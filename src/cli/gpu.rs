@@ -2,6 +2,7 @@
 //! transpiling and compiling the selected graphs in parallel, and drawing inputs.
 
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Instant;
 
 use clap::Args;
@@ -88,21 +89,12 @@ impl Session {
             .map(|&i| {
                 let lg = &file.graphs[i];
                 lg.validate().map_err(|e| format!("invalid:\n{e}"))?;
+                // Without a check, inputs depend only on the input signature: drawn later, once
+                // for all candidates that share it (InputCache).
                 let drawn = if inputs.check {
-                    inputs_and_reference(&lg.graph, inputs.seed, inputs.scale)?
+                    Some(inputs_and_reference(&lg.graph, inputs.seed, inputs.scale)?)
                 } else {
-                    Drawn {
-                        inputs: interp::random_inputs(
-                            &lg.graph,
-                            InputSpec {
-                                seed: inputs.seed,
-                                scale: inputs.scale,
-                            },
-                        ),
-                        reference: None,
-                        scale: inputs.scale,
-                        note: None,
-                    }
+                    None
                 };
                 let t0 = Instant::now();
                 let (_, emitted) =
@@ -137,8 +129,37 @@ pub struct Prepared {
     pub cubin: Cubin,
     /// Seconds spent planning and emitting.
     pub transpile_seconds: f64,
-    /// Its inputs (and reference outputs).
-    pub drawn: Drawn,
+    /// Its inputs and reference outputs, when checking.
+    pub drawn: Option<Drawn>,
+}
+
+/// Inputs drawn once for consecutive graphs with the same input signature (shapes, dtypes,
+/// strides), as the candidates of one file have: drawing them is the costliest host step of
+/// a run without `--check` on large graphs.
+#[derive(Default)]
+pub struct InputCache {
+    key: Vec<(Vec<usize>, DType, Vec<usize>)>,
+    inputs: Rc<Vec<HostTensor>>,
+}
+
+impl InputCache {
+    /// The inputs of `g` drawn at `seed` and `scale` (the same for every call of one cache).
+    pub fn get(&mut self, g: &KernelGraph, seed: u64, scale: f64) -> Rc<Vec<HostTensor>> {
+        let key: Vec<_> = g
+            .inputs()
+            .into_iter()
+            .map(|(_, t)| {
+                let d = &g.tensors[t];
+                let strides = g.input_strides(t).map(|s| s.0.clone()).unwrap_or_default();
+                (d.shape.dims().to_vec(), d.dtype, strides)
+            })
+            .collect();
+        if key != self.key || self.inputs.is_empty() {
+            self.inputs = Rc::new(interp::random_inputs(g, InputSpec { seed, scale }));
+            self.key = key;
+        }
+        self.inputs.clone()
+    }
 }
 
 /// How inputs are drawn.
@@ -223,9 +244,14 @@ pub fn upload_inputs(
 ) -> Result<(), String> {
     for (k, (t, d)) in inputs.iter().zip(&launch.inputs).enumerate() {
         let dt = d.dtype.parse::<DType>()?;
-        let mut vals = t.data.clone();
-        vals.resize(d.alloc_elems, 0.0);
-        gpu.upload_input(bufs, k, &data::encode(dt, &vals))
+        let bytes = if t.data.len() == d.alloc_elems {
+            data::encode(dt, &t.data)
+        } else {
+            let mut vals = t.data.clone();
+            vals.resize(d.alloc_elems, 0.0);
+            data::encode(dt, &vals)
+        };
+        gpu.upload_input(bufs, k, &bytes)
             .map_err(|e| e.to_string())?;
     }
     Ok(())

@@ -7,7 +7,9 @@ use std::time::Instant;
 use clap::Args;
 use mucc::cuda::data::{self, Comparison};
 
-use super::gpu::{Drawn, GpuArgs, InputChoice, Session, read_outputs, upload_inputs};
+use super::gpu::{
+    Drawn, GpuArgs, InputCache, InputChoice, Session, read_outputs, upload_inputs,
+};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
 /// Arguments of `mucc run`.
@@ -78,6 +80,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         )?;
     }
     let (mut passed, mut failed, mut compiled, mut cached) = (0usize, 0usize, 0usize, 0usize);
+    let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
         let gpu = &mut session.gpu;
         let result = (|| -> Result<GraphReport, String> {
@@ -93,15 +96,24 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                 .load(&cubin.bytes, &emitted.launch)
                 .map_err(|e| e.to_string())?;
             let mut bufs = gpu.alloc(&prog).map_err(|e| e.to_string())?;
-            let Drawn {
-                inputs,
-                reference,
-                scale,
-                note,
-            } = &prep.drawn;
-            if let Some(n) = note {
-                info.push_str(&format!("; input scale lowered to {scale} ({n})"));
-            }
+            let shared;
+            let (inputs, reference): (&[_], _) = match &prep.drawn {
+                Some(Drawn {
+                    inputs,
+                    reference,
+                    scale,
+                    note,
+                }) => {
+                    if let Some(n) = note {
+                        info.push_str(&format!("; input scale lowered to {scale} ({n})"));
+                    }
+                    (inputs, reference.as_ref())
+                }
+                None => {
+                    shared = cache.get(&file.graphs[i].graph, a.seed, a.scale);
+                    (&shared, None)
+                }
+            };
             upload_inputs(gpu, &mut bufs, &emitted.launch, inputs)?;
             gpu.poison_outputs(&mut bufs, 0xff)
                 .map_err(|e| e.to_string())?;
