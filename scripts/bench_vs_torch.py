@@ -16,7 +16,9 @@ and prints one Markdown table with the ratios. Run it on the GPU machine (it has
       python3 scripts/bench_vs_torch.py --mucc carry/mucc --corpus carry/corpus --out $OUT
 
 `--mucc-json DIR` reads `DIR/<name>.bench.json` files written earlier by `mucc bench --json`
-instead of running mucc (scripts/gpu-test.sh writes them).
+instead of running mucc (scripts/gpu-test.sh writes them). `--torch-json FILE` reads PyTorch's
+timings from a file an earlier run wrote with `--save-torch FILE` (same GPU kind, please);
+`--no-mucc` times PyTorch only.
 """
 
 import argparse
@@ -167,7 +169,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--only", nargs="*", help="workload names to run")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--save-torch", help="write PyTorch's timings to this JSON file")
+    ap.add_argument("--torch-json", help="read PyTorch's timings from this JSON file")
+    ap.add_argument("--no-mucc", action="store_true", help="time PyTorch only")
     args = ap.parse_args()
+    saved = {}
+    if args.torch_json:
+        with open(args.torch_json) as f:
+            saved = json.load(f)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
@@ -177,13 +186,19 @@ def main():
         if args.only and name not in args.only:
             continue
         t0 = time.time()
-        eager, sets, eager_ok = time_graph(fn, shapes, args.iters, args.warmup)
-        comp = comp_ok = None
-        if not args.no_compile:
-            torch._dynamo.reset()
-            cfn = torch.compile(fn, dynamic=False)
-            comp, _, comp_ok = time_graph(cfn, shapes, args.iters, args.warmup)
-        doc = mucc_bench(args, name, file, scale)
+        if name in saved:
+            eager, comp = saved[name]["eager_us"], saved[name]["compile_us"]
+            sets, eager_ok, comp_ok = saved[name]["sets"], True, True
+        else:
+            eager, sets, eager_ok = time_graph(fn, shapes, args.iters, args.warmup)
+            comp = comp_ok = None
+            if not args.no_compile:
+                torch._dynamo.reset()
+                cfn = torch.compile(fn, dynamic=False)
+                comp, _, comp_ok = time_graph(cfn, shapes, args.iters, args.warmup)
+            saved[name] = {"eager_us": eager, "compile_us": comp, "sets": sets,
+                           "gpu": gpu, "torch": torch.__version__}
+        doc = None if args.no_mucc else mucc_bench(args, name, file, scale)
         best = None
         if doc:
             ok = [g for g in doc["graphs"] if g.get("ok")]
@@ -219,6 +234,9 @@ def main():
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         lines.append("")
         lines.append(f"Geometric mean of mucc / best torch over {len(ratios)} workloads: {geo:.2f}")
+    if args.save_torch:
+        with open(args.save_torch, "w") as f:
+            json.dump(saved, f, indent=1)
     table = "\n".join(lines)
     print(table)
     if args.out:
