@@ -411,7 +411,7 @@ fn plan_kernel(
     let max_stages = if pipelined.is_empty() {
         1
     } else {
-        tb.forloop_range.min(4)
+        tb.forloop_range.min(target.max_pipeline_stages).max(1)
     };
     let mut best: Option<SmemPlan> = None;
     let mut smallest: Option<SmemPlan> = None;

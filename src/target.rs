@@ -47,10 +47,14 @@ impl FromStr for Arch {
 pub struct Target {
     /// The architecture.
     pub arch: Arch,
-    /// Dynamic shared memory one block may use (bytes, after opting in).
+    /// Dynamic shared memory one block may use (bytes, after opting in), less
+    /// [`RUNTIME_STATIC_SMEM`] for the runtime's own static shared arrays.
     pub smem_per_block: usize,
     /// Threads per block.
     pub max_threads_per_block: usize,
+    /// Most stages of a `cp.async` software pipeline (fewer when shared memory is short or the
+    /// loop has fewer iterations).
+    pub max_pipeline_stages: usize,
     /// 32-bit registers per thread the planner may give to register-resident accumulators.
     pub accum_register_budget: usize,
     /// Shared-memory banks × bank width: the span of one conflict-free row access (bytes).
@@ -65,14 +69,19 @@ pub struct Target {
     pub has_tma_wgmma: bool,
 }
 
+/// Bytes of static shared memory the runtime headers may declare in a kernel (the partial sums
+/// of block-wide row reductions: at most 32 warps × 8 bytes), kept out of the planner's budget.
+pub const RUNTIME_STATIC_SMEM: usize = 256;
+
 impl Target {
     /// The target of an architecture.
     pub fn new(arch: Arch) -> Target {
         match arch {
             Arch::Sm80 => Target {
                 arch,
-                smem_per_block: 163 * 1024,
+                smem_per_block: 163 * 1024 - RUNTIME_STATIC_SMEM,
                 max_threads_per_block: 1024,
+                max_pipeline_stages: 4,
                 accum_register_budget: 64,
                 smem_line_bytes: 128,
                 max_copy_bytes: 16,
@@ -82,8 +91,9 @@ impl Target {
             },
             Arch::Sm90a => Target {
                 arch,
-                smem_per_block: 227 * 1024,
+                smem_per_block: 227 * 1024 - RUNTIME_STATIC_SMEM,
                 max_threads_per_block: 1024,
+                max_pipeline_stages: 4,
                 accum_register_budget: 64,
                 smem_line_bytes: 128,
                 max_copy_bytes: 16,
@@ -106,8 +116,14 @@ mod tests {
 
     #[test]
     fn limits() {
-        assert_eq!(Target::new(Arch::Sm80).smem_per_block, 166_912);
-        assert_eq!(Target::new(Arch::Sm90a).smem_per_block, 232_448);
+        assert_eq!(
+            Target::new(Arch::Sm80).smem_per_block,
+            166_912 - RUNTIME_STATIC_SMEM
+        );
+        assert_eq!(
+            Target::new(Arch::Sm90a).smem_per_block,
+            232_448 - RUNTIME_STATIC_SMEM
+        );
         assert_eq!("sm_90a".parse::<Arch>(), Ok(Arch::Sm90a));
         assert!("sm_70".parse::<Arch>().is_err());
     }

@@ -254,7 +254,7 @@ fn shared_memory_overflow_is_an_error() {
     )
     .unwrap_err();
     assert!(
-        matches!(e, PlanError::SharedMemory { limit: 232_448, .. }),
+        matches!(e, PlanError::SharedMemory { limit: 232_192, .. }),
         "{e}"
     );
     assert!(

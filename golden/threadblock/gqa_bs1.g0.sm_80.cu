@@ -23,9 +23,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<2048, 1, 128>>, mucc::Swizzle<3, 3, 4>>;
   using L10 = mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<2048, 16, 1>>;
   using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 1, 16>>, mucc::Swizzle<2, 2, 3>>;
-  using L12 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 1, 16>>;
-  using L13 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<262144, 1, 256>>;
-  using L14 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<131072, 1, 256>>;
+  using L12 = mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<262144, 256, 1>>;
+  using L13 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<1024, 16, 1>>, mucc::Swizzle<2, 2, 3>>;
+  using L14 = mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<131072, 256, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -82,9 +82,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   L2::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) { s7[L11::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
   __syncthreads();
   // op8 output
-  mucc::tb::for_each<128, 2048>(tid, [&](int e, int) { go8[L13::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L12::offset(e)])); });
+  mucc::tb::for_each<128, 2048>(tid, [&](int e, int) { go8[L12::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L10::offset(e)])); });
   // op9 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { go9[L14::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L11::offset(e)])); });
+  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { go9[L14::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L13::offset(e)])); });
 }
 
 // kernel op 4: kn_customized_op grid (2, 16, 1), block (128, 1, 1), forloop 1, 53312 bytes of shared memory; schedule 0,1 | 2,3 | 4

@@ -16,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   using L3 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>;
   using L4 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<256, 1>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<1, 64>>, mucc::Swizzle<3, 2, 4>>;
-  using L6 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<1, 64>>;
+  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -56,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   L1::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) { s3[L5::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
   __syncthreads();
   // op4 output
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go4[L6::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s3[L5::offset(e)])); });
+  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go4[L3::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s3[L6::offset(e)])); });
 }
 
 #ifndef __CUDACC_RTC__

@@ -22,9 +22,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   using L8 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 1, 128>>, mucc::Swizzle<3, 3, 4>>;
   using L9 = mucc::tb::Mma<mucc::f16, L3, L5, 64, 64, 128, 2, 2>;
   using L10 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 1, 64>>;
-  using L12 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<1048576, 1, 1024>>;
-  using L13 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1, 1024>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<1048576, 1024, 1>>;
+  using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2, 4>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1024, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -77,9 +77,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   mucc::tb::for_each_unrolled<128, 8192>(tid, [&](int e, int r) { s5[L10::offset(e)] = mucc::from_compute<float>(acc5[r]); });
   __syncthreads();
   // op8 output
-  mucc::tb::for_each<128, 8192>(tid, [&](int e, int) { go8[L12::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L11::offset(e)])); });
+  mucc::tb::for_each<128, 8192>(tid, [&](int e, int) { go8[L11::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L10::offset(e)])); });
   // op9 output
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go9[L13::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L0::offset(e)])); });
+  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go9[L13::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L12::offset(e)])); });
 }
 
 // kernel op 4: kn_customized_op grid (1, 128, 1), block (128, 1, 1), forloop 1, 26656 bytes of shared memory; schedule 0,1 | 2,3 | 4

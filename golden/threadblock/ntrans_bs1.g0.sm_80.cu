@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp; (void)lane;
     // op3 rms_norm
-    mucc::tb::rms_rows<128, 32, 1, 4096, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v); return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v); return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
     __syncthreads();
     // op4 add
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s1[L0::offset(e)]), mucc::to_compute(s3[L0::offset(e)]))); });
@@ -54,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s6[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s5[L0::offset(e)]), mucc::to_compute(s1[L0::offset(e)]))); });
     __syncthreads();
     // op7 rms_norm -> op8 accum_nored
-    mucc::tb::rms_rows<128, 32, 1, 4096, float>(tid, [&](int row, int j) { return mucc::to_compute(s6[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s8[L0::offset(row * 4096 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s6[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s8[L0::offset(row * 4096 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
   }
   __syncthreads();
   // op9 output

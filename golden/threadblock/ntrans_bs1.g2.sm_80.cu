@@ -13,7 +13,7 @@
 extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<1, 4096>, mucc::Stride<4096, 1>>;
   using L1 = mucc::Layout<mucc::Shape<1, 1>, mucc::Stride<1, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 1>, mucc::Stride<1, 8>>;
+  using L2 = mucc::Layout<mucc::Shape<1, 1>, mucc::Stride<8, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp; (void)lane;
     // op3 rms_norm
-    mucc::tb::rms_rows<128, 32, 1, 4096, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v); return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v); return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
     __syncthreads();
     // op4 add
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s1[L0::offset(e)]), mucc::to_compute(s3[L0::offset(e)]))); });
@@ -61,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
     // op7 accum_nored
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s7[L0::offset(e)] += mucc::to_compute(s6[L0::offset(e)]); });
     // op8 accum_red_ld_rms
-    mucc::tb::for_each_row<128, 32, 1, 4096, float>(tid, [&](int row, int j) { { const float x_ = mucc::to_compute(s6[L0::offset(row * 4096 + j)]); return x_ * x_; } }, [&](int row, float s) { s8[L1::offset(row)] += s; });
+    mucc::tb::for_each_row<128, 128, 1, 4096, float>(tid, [&](int row, int j) { { const float x_ = mucc::to_compute(s6[L0::offset(row * 4096 + j)]); return x_ * x_; } }, [&](int row, float s) { s8[L1::offset(row)] += s; });
   }
   __syncthreads();
   mucc::tb::for_each<128, 1>(tid, [&](int e, int) { const float v = mucc::to_compute(s8[L1::offset(e)]); s8[L1::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0))); });

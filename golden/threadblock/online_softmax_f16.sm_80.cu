@@ -22,6 +22,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   using L7 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 64, 1, 4>;
   using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
   using L9 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
+  using L10 = mucc::Layout<mucc::Shape<1, 16, 16>, mucc::Stride<256, 16, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -95,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   // op11 div -> op12 output
   mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; go12[L1::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s11[L1::offset(e)]), mucc::to_compute(s9[L8::offset(e)]))); });
   // op15 output
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) { go15[L2::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s14[L2::offset(e)])); });
+  mucc::tb::for_each<128, 256>(tid, [&](int e, int) { go15[L10::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s14[L10::offset(e)])); });
 }
 
 #ifndef __CUDACC_RTC__

@@ -54,11 +54,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp; (void)lane;
     // op3 rms_norm -> op6 accum_red_ld_sum
-    mucc::tb::rms_rows<128, 32, 4, 64, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L3::offset(row * 64 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; return v; }, [&](int row, float s) { (void)row; (void)s; s6[L1::offset(row)] += s; });
+    mucc::tb::rms_rows<128, 32, 4, 64, true, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L3::offset(row * 64 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; return v; }, [&](int row, float s) { (void)row; (void)s; s6[L1::offset(row)] += s; });
     // op4 accum_nored
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s4[L0::offset(e)] += mucc::to_compute(s1[L0::offset(e)]); });
     // op5 rms_norm -> op8 accum_nored
-    mucc::tb::rms_rows<128, 2, 64, 64, float>(tid, [&](int row, int j) { return mucc::to_compute(s2[L6::offset(row * 64 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s8[L2::offset(row * 64 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    mucc::tb::rms_rows<128, 2, 64, 64, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s2[L6::offset(row * 64 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s8[L2::offset(row * 64 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
   }
   __syncthreads();
   // op7 mul -> op9 output

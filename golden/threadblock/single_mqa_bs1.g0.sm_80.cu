@@ -21,8 +21,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
   using L8 = mucc::tb::Mma<mucc::f16, L4, L1, 64, 128, 64, 1, 4>;
   using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2, 4>>;
-  using L10 = mucc::Layout<mucc::Shape<1, 64, 1>, mucc::Stride<8192, 1, 1024>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1, 1024>>;
+  using L10 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<64, 64, 1>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1024, 1>>;
+  using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2, 4>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1024, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -76,9 +78,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   L3::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) { s7[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
   __syncthreads();
   // op8 output
-  mucc::tb::for_each<128, 64>(tid, [&](int e, int) { go8[L10::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L0::offset(e)])); });
+  mucc::tb::for_each<128, 64>(tid, [&](int e, int) { go8[L11::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L10::offset(e)])); });
   // op9 output
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go9[L11::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L9::offset(e)])); });
+  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go9[L13::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L12::offset(e)])); });
 }
 
 // kernel op 4: kn_customized_op grid (1, 64, 1), block (128, 1, 1), forloop 1, 20800 bytes of shared memory; schedule 0,1 | 2,3 | 4

@@ -25,9 +25,11 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restr
   using L9 = mucc::tb::FmaMatmul<float, float, L2, L5, 7, 5, 13>;
   using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<1, 16>>, mucc::Swizzle<4, 0, 5>>;
   using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<7, 5>, mucc::Stride<1, 8>>, mucc::Swizzle<1, 2, 3>>;
-  using L12 = mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<1, 16>>;
-  using L13 = mucc::Layout<mucc::Shape<7, 1>, mucc::Stride<1, 16>>;
-  using L14 = mucc::Layout<mucc::Shape<7, 5>, mucc::Stride<1, 16>>;
+  using L12 = mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<16, 1>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 7>, mucc::Stride<8, 1>>;
+  using L14 = mucc::Layout<mucc::Shape<1, 7>, mucc::Stride<16, 1>>;
+  using L15 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<5, 7>, mucc::Stride<8, 1>>, mucc::Swizzle<1, 2, 3>>;
+  using L16 = mucc::Layout<mucc::Shape<5, 7>, mucc::Stride<16, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -73,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restr
     mucc::tb::for_each<96, 91>(tid, [&](int e, int r) { (void)r; s4[L8::offset(e)] = mucc::from_compute<float>(mucc::op::mul(mucc::to_compute(s3[L8::offset(e)]), mucc::to_compute(s1[L10::offset(e)]))); });
     __syncthreads();
     // op5 rms_norm -> op6 accum_nored
-    mucc::tb::rms_rows<96, 8, 7, 13, float>(tid, [&](int row, int j) { return mucc::to_compute(s4[L0::offset(row * 13 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s6[L0::offset(row * 13 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    mucc::tb::rms_rows<96, 8, 7, 13, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s4[L0::offset(row * 13 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s6[L0::offset(row * 13 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
     // op7 accum_red_ld_sum
     mucc::tb::for_each_row<96, 8, 7, 13, float>(tid, [&](int row, int j) { return mucc::to_compute(s4[L0::offset(row * 13 + j)]); }, [&](int row, float s) { s7[L1::offset(row)] += s; });
   }
@@ -81,11 +83,11 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restr
   mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) { s9[L11::offset(e)] = mucc::from_compute<float>(acc9[r]); });
   __syncthreads();
   // op10 output
-  mucc::tb::for_each<96, 91>(tid, [&](int e, int) { go10[L12::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s6[L0::offset(e)])); });
+  mucc::tb::for_each<96, 91>(tid, [&](int e, int) { go10[L12::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s6[L8::offset(e)])); });
   // op11 output
-  mucc::tb::for_each<96, 7>(tid, [&](int e, int) { go11[L13::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s7[L1::offset(e)])); });
+  mucc::tb::for_each<96, 7>(tid, [&](int e, int) { go11[L14::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s7[L13::offset(e)])); });
   // op12 output
-  mucc::tb::for_each<96, 35>(tid, [&](int e, int) { go12[L14::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s9[L11::offset(e)])); });
+  mucc::tb::for_each<96, 35>(tid, [&](int e, int) { go12[L16::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s9[L15::offset(e)])); });
 }
 
 #ifndef __CUDACC_RTC__

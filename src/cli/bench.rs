@@ -318,11 +318,7 @@ fn table(
         a.input.file.display(),
         rows.len(),
         if rows.len() == 1 { "" } else { "s" },
-        if a.check {
-            ", references computed"
-        } else {
-            ""
-        }
+        if a.check { ", references computed" } else { "" }
     )?;
     if let Some(m) = rows.iter().find_map(|r| r.result.as_ref().ok()) {
         let (f, bound) = floor(ceilings, &m.work);

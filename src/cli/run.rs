@@ -7,9 +7,7 @@ use std::time::Instant;
 use clap::Args;
 use mucc::cuda::data::{self, Comparison};
 
-use super::gpu::{
-    Drawn, GpuArgs, InputCache, InputChoice, Session, read_outputs, upload_inputs,
-};
+use super::gpu::{Drawn, GpuArgs, InputCache, InputChoice, Session, read_outputs, upload_inputs};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
 /// Arguments of `mucc run`.
@@ -71,11 +69,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
             out,
             "{} graphs transpiled and compiled{} in {:.1} s (in parallel)",
             indices.len(),
-            if a.check {
-                ", references computed"
-            } else {
-                ""
-            },
+            if a.check { ", references computed" } else { "" },
             t0.elapsed().as_secs_f64()
         )?;
     }

@@ -263,16 +263,12 @@ impl Gpu {
                     .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                     .map_err(driver("starting a CUDA-graph capture"))?;
                 let queued = (0..per).try_for_each(|k| self.execute(prog, &sets[k % sets.len()]));
-                let captured = self
-                    .stream
-                    .end_capture(CUgraphInstantiate_flags(0));
+                let captured = self.stream.end_capture(CUgraphInstantiate_flags(0));
                 queued?;
                 let graph = captured
                     .map_err(driver("capturing the plan into a CUDA graph"))?
                     .ok_or_else(|| RunError::Plan("the CUDA-graph capture was empty".into()))?;
-                graph
-                    .upload()
-                    .map_err(driver("uploading the CUDA graph"))?;
+                graph.upload().map_err(driver("uploading the CUDA graph"))?;
                 let ms = self.time_samples(opts.warmup.max(1), samples, || {
                     graph.launch().map_err(driver("replaying the CUDA graph"))
                 })?;

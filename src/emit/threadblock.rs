@@ -411,7 +411,7 @@ impl Ctx<'_> {
                 let s = self.tb.tensors[x].shape;
                 let len = s.dim(s.rank() - 1);
                 let rows = s.numel() / len;
-                let tpr = self.tpr(rows);
+                let tpr = self.tpr(rows, len);
                 let natural: Vec<usize> = (0..s.rank()).collect();
                 let xr = self.tile_read(x, &s, &natural, &format!("row * {len} + j"))?;
                 let out_v = self.members(&members, "v");
@@ -432,8 +432,9 @@ impl Ctx<'_> {
                         (format!("{st} return {cty}(0);"), String::new())
                     }
                 };
+                let total = !done.is_empty();
                 self.line(format!(
-                    "mucc::tb::rms_rows<{nt}, {tpr}, {rows}, {len}, {cty}>(tid, [&](int row, int j) {{ return {xr}; }}, [&](int row, int j, {cty} v) {{ (void)row; (void)j; {per_elem} }}, [&](int row, {cty} s) {{ (void)row; (void)s; {done} }});"
+                    "mucc::tb::rms_rows<{nt}, {tpr}, {rows}, {len}, {total}, {cty}>(tid, [&](int row, int j) {{ return {xr}; }}, [&](int row, int j, {cty} v) {{ (void)row; (void)j; {per_elem} }}, [&](int row, {cty} s) {{ (void)row; (void)s; {done} }});"
                 ));
             }
             TbOpKind::Reduction {
@@ -480,7 +481,7 @@ impl Ctx<'_> {
                 let v = self.members(&members, "s");
                 let st = self.sink_stmt(sink, &os, &natural, "row", "0", &v)?;
                 let rows = os.numel();
-                let tpr = self.tpr(rows);
+                let tpr = self.tpr(rows, k);
                 self.line(format!(
                     "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {cty}>(tid, [&](int row, int j) {{ return {xr}; }}, [&](int row, {cty} s) {{ {st} }});"
                 ));
@@ -490,11 +491,11 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn tpr(&self, rows: usize) -> usize {
+    fn tpr(&self, rows: usize, len: usize) -> usize {
         if !self.nt.is_multiple_of(32) {
             1
         } else {
-            threads_per_row(rows, self.nt)
+            threads_per_row(rows, len, self.nt)
         }
     }
 
@@ -609,7 +610,7 @@ impl Ctx<'_> {
             };
             let len = space.dim(space.rank() - 1);
             let rows = space.numel() / len;
-            let tpr = self.tpr(rows);
+            let tpr = self.tpr(rows, len);
             let v = value(self, &format!("row * {len} + j"))?;
             let elem = if kind == AccumKind::RedLdRms {
                 format!("{{ const {cty} x_ = {v}; return x_ * x_; }}")
@@ -880,9 +881,9 @@ impl Ctx<'_> {
                 }
             }
             _ => {
-                let natural: Vec<usize> = (0..s.rank()).collect();
-                let sl = self.tile_layout(t, &natural)?;
-                let gl = self.strided_layout(&s, &s, &dst_strides, &natural, None);
+                let order = coalescing_order(&s, &dst_strides);
+                let sl = self.tile_layout(t, &order)?;
+                let gl = self.strided_layout(&s, &s, &dst_strides, &order, None);
                 format!(
                     "{{ const {ty}* src_ = {src}; mucc::tb::for_each<{nt}, {}>(tid, [&](int e, int) {{ {dst}[{sl}::offset(e)] = src_[{gl}::offset(e)]; }}); }}",
                     s.numel()
@@ -915,7 +916,16 @@ impl Ctx<'_> {
                 o.push(*dim);
                 (o, *chunk_elems)
             }
-            _ => ((0..s.rank()).collect(), 1),
+            _ => {
+                let TbOpKind::Output { output, .. } = self.tb.ops[op].kind else {
+                    unreachable!("an output operator")
+                };
+                let dt = self.op.outputs[output];
+                (
+                    coalescing_order(&s, &self.plan.dtensors[dt.index()].strides.0),
+                    1,
+                )
+            }
         };
         let sl = self.tile_layout(s_t, &order)?;
         let (p, gl) = self.global_out(op, &s, &order);
@@ -935,6 +945,17 @@ impl Ctx<'_> {
         }
         Ok(())
     }
+}
+
+/// The order in which an element-by-element copy between a tile and a device tensor with
+/// `strides` walks the tile's dims (the last the fastest): the device tensor's smallest stride
+/// last, so that consecutive threads touch consecutive device addresses (a column-major
+/// intermediate copied in row-major order would make every 2-byte access its own 32-byte
+/// sector). Dims of extent 1 go first; ties keep the natural order (row-major stays natural).
+fn coalescing_order(shape: &Shape, strides: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..shape.rank()).collect();
+    order.sort_by_key(|&d| (shape.dim(d) > 1, std::cmp::Reverse(strides[d])));
+    order
 }
 
 /// Emits the kernel of customized operator `kn`, its host launch and its launch-plan entry.

@@ -121,14 +121,17 @@ pub enum OpPlan {
     Plain,
 }
 
-/// Threads per row when `threads` threads reduce `rows` rows: rows are spread over threads
-/// first; leftover threads join rows in powers of two, at most a warp per row.
-pub fn threads_per_row(rows: usize, threads: usize) -> usize {
+/// Threads per row when `threads` threads reduce `rows` rows of `len` elements: rows are
+/// spread over threads first; leftover threads join rows in powers of two. Up to a warp, a
+/// row's partial sums meet through warp shuffles; more than a warp joins a row (partial sums
+/// then also meet in shared memory, between two barriers) only while every thread still gets
+/// at least 8 of its elements — e.g. a whole block normalises one 4096-wide row.
+pub fn threads_per_row(rows: usize, len: usize, threads: usize) -> usize {
     if rows >= threads {
         return 1;
     }
     let mut t = 1;
-    while t < 32 && rows * t * 2 <= threads {
+    while rows * t * 2 <= threads && (t < 32 || len >= t * 2 * 8) {
         t *= 2;
     }
     t
@@ -368,14 +371,14 @@ pub fn plan_ops(
                 };
                 OpPlan::Accum { storage, reduce }
             }
-            TbOpKind::Reduction { dim, .. } => {
-                let x = &tb.tensors[op.inputs[0]].shape;
-                let len = x.dim(*dim);
-                let rows = x.numel() / len.max(1);
+            TbOpKind::Reduction { .. } => {
+                // Each output element sums `len` inputs (a dim, or a dim / dimx for to-dimx).
+                let rows = tb.tensors[op.outputs[0]].shape.numel().max(1);
+                let len = tb.tensors[op.inputs[0]].shape.numel() / rows;
                 OpPlan::RowReduce {
                     rows,
                     len,
-                    threads_per_row: threads_per_row(rows, threads),
+                    threads_per_row: threads_per_row(rows, len, threads),
                 }
             }
             TbOpKind::RmsNorm => {
@@ -385,7 +388,7 @@ pub fn plan_ops(
                 OpPlan::RowReduce {
                     rows,
                     len,
-                    threads_per_row: threads_per_row(rows, threads),
+                    threads_per_row: threads_per_row(rows, len, threads),
                 }
             }
             _ => OpPlan::Plain,
@@ -491,9 +494,14 @@ mod tests {
         assert_eq!(w, (1, 3));
         assert_eq!(fragment_registers(8, 32, (1, 4)), 4);
         // rms_norm of one 4096-long row on 128 threads: a warp per row; 16 rows: 8 threads each.
-        assert_eq!(threads_per_row(1, 128), 32);
-        assert_eq!(threads_per_row(16, 128), 8);
-        assert_eq!(threads_per_row(256, 128), 1);
+        assert_eq!(threads_per_row(1, 64, 128), 32);
+        assert_eq!(threads_per_row(1, 4096, 128), 128);
+        assert_eq!(threads_per_row(2, 4096, 128), 64);
+        assert_eq!(threads_per_row(1, 4096, 96), 64);
+        assert_eq!(threads_per_row(1, 800, 128), 64);
+        assert_eq!(threads_per_row(16, 4096, 128), 8);
+        assert_eq!(threads_per_row(64, 64, 128), 2);
+        assert_eq!(threads_per_row(256, 64, 128), 1);
         assert_eq!(fragment_registers(64, 64, (2, 2)), 2 * 4 * 4);
     }
 }

@@ -9,13 +9,15 @@ namespace tb {
 
 // f(e, r) for every e = tid + r·NT < N: each thread takes a fixed share, the same in every
 // call (so state kept per thread across loop iterations stays with its elements). Indices are
-// 32-bit: N is the size of a tile (shared memory or registers).
+// 32-bit: N is the size of a tile (shared memory or registers). Precondition: 0 ≤ tid < NT.
+// When NT divides N the bound holds for every r, so it is not tested: the body is straight-line
+// code whose loads the compiler can issue together (a test per element hides that from it).
 template <int NT, i64 N, class F> __device__ __forceinline__ void for_each(int tid, F f) {
   constexpr int R = static_cast<int>((N + NT - 1) / NT);
 #pragma unroll 4
   for (int r = 0; r < R; ++r) {
     const int e = tid + r * NT;
-    if (e < N) f(e, r);
+    if (N % NT == 0 || e < N) f(e, r);
   }
 }
 
@@ -25,7 +27,7 @@ template <int NT, i64 N, class F> __device__ __forceinline__ void for_each_unrol
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int e = tid + r * NT;
-    if (e < N) f(e, r);
+    if (N % NT == 0 || e < N) f(e, r);
   }
 }
 
@@ -37,9 +39,35 @@ template <int TPR, class C> __device__ __forceinline__ C group_sum(C x) {
   return x;
 }
 
+// Sum over groups of TPR consecutive threads of a block of NT threads. TPR ≤ 32: warp
+// shuffles (every lane of the warp must call it). TPR > 32: warp shuffles, then the warps'
+// partial sums meet in a small static shared array between two barriers, so every thread of
+// the block must call it, in uniform control flow. Preconditions: TPR a power of two; NT a
+// multiple of 32 when TPR > 1.
+template <int NT, int TPR, class C> __device__ __forceinline__ C block_group_sum(C x, int tid) {
+  if constexpr (TPR <= 32) {
+    (void)tid;
+    return group_sum<TPR>(x);
+  } else {
+    constexpr int NW = NT / 32, W = TPR / 32;
+    __shared__ C partial[NW];
+    x = group_sum<32>(x);
+    const int warp = tid / 32;
+    if (tid % 32 == 0) partial[warp] = x;
+    __syncthreads();
+    const int first = (warp / W) * W;
+    C s = C(0);
+#pragma unroll
+    for (int w = 0; w < W; ++w) s += first + w < NW ? partial[first + w] : C(0);
+    __syncthreads();  // the array is free for the next call
+    return s;
+  }
+}
+
 // Row reductions: groups of TPR threads take rows; for each row, s = Σ_j elem(row, j) over
 // j < LEN, then sink(row, s) on the group's first thread.
-// Preconditions: TPR is a power of two dividing 32, and NT a multiple of 32 when TPR > 1.
+// Preconditions: TPR is a power of two; NT a multiple of 32 when TPR > 1; with TPR > 32 every
+// thread of the block calls it (see block_group_sum).
 template <int NT, int TPR, i64 ROWS, i64 LEN, class C, class E, class S>
 __device__ __forceinline__ void for_each_row(int tid, E elem, S sink) {
   constexpr int G = NT / TPR;
@@ -49,17 +77,18 @@ __device__ __forceinline__ void for_each_row(int tid, E elem, S sink) {
     const int row = base + g;
     C s = C(0);
     if (row < ROWS) {
+#pragma unroll 4
       for (int j = lane; j < LEN; j += TPR) s += elem(row, j);
     }
-    s = group_sum<TPR>(s);
+    s = block_group_sum<NT, TPR>(s, tid);
     if (row < ROWS && lane == 0) sink(row, s);
   }
 }
 
 // RMS-normalised rows: scale = 1 / sqrt(mean_j x(row, j)²); then out(row, j, x(row, j)·scale)
-// for every element, and, once per row on the group's first thread, done(row, Σ_j v) where v is
-// what `out` returned. Preconditions: as for for_each_row.
-template <int NT, int TPR, i64 ROWS, i64 LEN, class C, class X, class O, class D>
+// for every element, and, when TOTAL, once per row on the group's first thread, done(row, Σ_j v)
+// where v is what `out` returned. Preconditions: as for for_each_row.
+template <int NT, int TPR, i64 ROWS, i64 LEN, bool TOTAL, class C, class X, class O, class D>
 __device__ __forceinline__ void rms_rows(int tid, X x, O out, D done) {
   constexpr int G = NT / TPR;
   const int g = tid / TPR;
@@ -68,19 +97,26 @@ __device__ __forceinline__ void rms_rows(int tid, X x, O out, D done) {
     const int row = base + g;
     C ss = C(0);
     if (row < ROWS) {
+#pragma unroll 4
       for (int j = lane; j < LEN; j += TPR) {
         const C v = x(row, j);
         ss += v * v;
       }
     }
-    ss = group_sum<TPR>(ss);
+    ss = block_group_sum<NT, TPR>(ss, tid);
     C total = C(0);
     if (row < ROWS) {
       const C scale = C(1) / op::sqrt(ss / C(LEN));
+#pragma unroll 4
       for (int j = lane; j < LEN; j += TPR) total += out(row, j, x(row, j) * scale);
     }
-    total = group_sum<TPR>(total);
-    if (row < ROWS && lane == 0) done(row, total);
+    if constexpr (TOTAL) {
+      total = block_group_sum<NT, TPR>(total, tid);
+      if (row < ROWS && lane == 0) done(row, total);
+    } else {
+      (void)total;
+      (void)done;
+    }
   }
 }
 
