@@ -19,7 +19,7 @@ use crate::layout::swizzle::{TileGeometry, plan_tile};
 use crate::sched::memory::{self, Buffer, Packing};
 use crate::sched::meta::{AccumStorage, Copy, OpPlan, dtensor_strides, elem_bytes, plan_ops};
 use crate::sched::order::{Phase, Schedule, Step, schedule};
-use crate::target::Target;
+use crate::target::{RUNTIME_STATIC_SMEM, Target};
 
 /// Bytes reserved at the start of shared memory and kept zero: the source of out-of-bounds
 /// `ldmatrix` lanes.
@@ -34,6 +34,22 @@ pub struct Options {
     pub target: Target,
     /// Layout solver options.
     pub solve: SolveOptions,
+}
+
+/// Shared memory the driver reserves per resident block (bytes).
+const DRIVER_SMEM_PER_BLOCK: usize = 1024;
+
+/// Blocks of `tb` one SM should hold at once: two when blocks are small (≤ 4 warps) and the
+/// grid has at least two per SM of a typical part of the target, so that one block's
+/// barriers and memory waits overlap the other's work; else one. Pipeline depth gives way
+/// to this (down to two stages), as a deep pipeline in a lone 4-warp block hides less.
+fn resident_blocks_wanted(tb: &TbGraph, target: &Target) -> usize {
+    let warps = tb.num_threads().div_ceil(32);
+    if warps <= 4 && tb.num_blocks() >= 2 * target.typical_sms {
+        2
+    } else {
+        1
+    }
 }
 
 /// Why a graph cannot be planned.
@@ -413,21 +429,43 @@ fn plan_kernel(
     } else {
         tb.forloop_range.min(target.max_pipeline_stages).max(1)
     };
-    let mut best: Option<SmemPlan> = None;
-    let mut smallest: Option<SmemPlan> = None;
+    // Shared memory for each pipeline depth, deepest first.
+    let mut attempts: Vec<(usize, SmemPlan)> = Vec::new();
     for stages in (1..=max_stages).rev() {
         for &p in &pipelined {
             if let OpPlan::Input { stages: s, .. } = &mut ops[p] {
                 *s = stages;
             }
         }
-        let smem = smem_plan(tb, &fusion, &sched, &ops, &tiles, base);
-        if smem.total <= target.smem_per_block {
-            best = Some(smem);
-            break;
-        }
-        smallest = Some(smem);
+        attempts.push((stages, smem_plan(tb, &fusion, &sched, &ops, &tiles, base)));
     }
+    // The deepest pipeline that keeps the blocks an SM should hold resident (see
+    // `resident_blocks_wanted`) and still has two stages; else the deepest that fits at all.
+    let wanted = resident_blocks_wanted(tb, target);
+    let occupancy_budget = (target.smem_per_sm / wanted)
+        .saturating_sub(DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM)
+        .min(target.smem_per_block);
+    let chosen = attempts
+        .iter()
+        .position(|(st, p)| p.total <= occupancy_budget && (*st >= 2 || max_stages == 1))
+        .or_else(|| {
+            attempts
+                .iter()
+                .position(|(_, p)| p.total <= target.smem_per_block)
+        });
+    let (best, smallest) = match chosen {
+        Some(i) => (Some(attempts.swap_remove(i)), None),
+        None => (None, attempts.pop()),
+    };
+    let best = best.map(|(stages, plan)| {
+        for &p in &pipelined {
+            if let OpPlan::Input { stages: s, .. } = &mut ops[p] {
+                *s = stages;
+            }
+        }
+        plan
+    });
+    let smallest = smallest.map(|(_, plan)| plan);
     let smem = match best {
         Some(s) => s,
         None => {
@@ -839,4 +877,22 @@ pub fn transpile(
     let p = plan(g, opts)?;
     let e = crate::emit::emit(g, &p, source)?;
     Ok((p, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Arch;
+
+    #[test]
+    fn two_resident_blocks_for_large_grids_of_small_blocks() {
+        let t = Target::new(Arch::Sm90a);
+        let tb = |grid: [usize; 3], threads: usize| TbGraph::new(grid, [threads, 1, 1], 4, 64);
+        // 1024 blocks of 4 warps (mqa_bs8): two per SM.
+        assert_eq!(resident_blocks_wanted(&tb([8, 8, 16], 128), &t), 2);
+        // 128 blocks: fewer than two per SM of 132.
+        assert_eq!(resident_blocks_wanted(&tb([128, 1, 1], 128), &t), 1);
+        // 8-warp blocks already bring enough warps.
+        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 256), &t), 1);
+    }
 }

@@ -52,6 +52,11 @@ pub struct Target {
     pub smem_per_block: usize,
     /// Threads per block.
     pub max_threads_per_block: usize,
+    /// Shared memory of one SM (bytes), shared by its resident blocks.
+    pub smem_per_sm: usize,
+    /// SMs of a typical part of this architecture (A100: 108, H100 SXM/H200: 132); used only by
+    /// occupancy heuristics.
+    pub typical_sms: usize,
     /// Most stages of a `cp.async` software pipeline (fewer when shared memory is short or the
     /// loop has fewer iterations).
     pub max_pipeline_stages: usize,
@@ -81,6 +86,8 @@ impl Target {
                 arch,
                 smem_per_block: 163 * 1024 - RUNTIME_STATIC_SMEM,
                 max_threads_per_block: 1024,
+                smem_per_sm: 164 * 1024,
+                typical_sms: 108,
                 max_pipeline_stages: 4,
                 accum_register_budget: 64,
                 smem_line_bytes: 128,
@@ -93,6 +100,8 @@ impl Target {
                 arch,
                 smem_per_block: 227 * 1024 - RUNTIME_STATIC_SMEM,
                 max_threads_per_block: 1024,
+                smem_per_sm: 228 * 1024,
+                typical_sms: 132,
                 max_pipeline_stages: 4,
                 accum_register_budget: 64,
                 smem_line_bytes: 128,

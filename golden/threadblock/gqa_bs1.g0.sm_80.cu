@@ -9,7 +9,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 137232 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
+// kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 71696 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
 extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>, mucc::Swizzle<3, 3, 4>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
@@ -33,9 +33,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   (void)warp; (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2064);  // s1 (tb_input_op) x4 stages
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 67600);  // s2 (tb_input_op) x4 stages
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 133136);  // s4 (tb_exp_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2064);  // s1 (tb_input_op) x2 stages
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 34832);  // s2 (tb_input_op) x2 stages
+  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 67600);  // s4 (tb_exp_op)
   float* s5 = reinterpret_cast<float*>(smem + 16);  // s5 (tb_forloop_accum_nored_op)
   float* s7 = reinterpret_cast<float*>(smem + 8208);  // s7 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.z) * 1024;
@@ -52,23 +52,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   // op0 input
   { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
   __syncthreads();
-  // software pipeline: 4 stages
+  // software pipeline: 2 stages
   if (0 < 4) { { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 0 + L1::offset(i), src_ + L7::offset(i)); }); } }
-  mucc::sm80::cp_async_commit();
-  if (1 < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(1) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 8192 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(1) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 8192 + L1::offset(i), src_ + L7::offset(i)); }); } }
-  mucc::sm80::cp_async_commit();
-  if (2 < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(2) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 16384 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(2) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 16384 + L1::offset(i), src_ + L7::offset(i)); }); } }
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp; (void)lane;
-    mucc::f16* s1_cur = s1 + (it % 4) * 8192;
-    mucc::f16* s2_cur = s2 + (it % 4) * 8192;
-    mucc::sm80::cp_async_wait<2>();
+    mucc::f16* s1_cur = s1 + (it % 2) * 8192;
+    mucc::f16* s2_cur = s2 + (it % 2) * 8192;
+    mucc::sm80::cp_async_wait<0>();
     // op1 input
     // op2 input
     __syncthreads();
-    { const int pf = it + 3; if (pf < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 8192 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(pf) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + (pf % 4) * 8192 + L1::offset(i), src_ + L7::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    { const int pf = it + 1; if (pf < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 2) * 8192 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(pf) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + (pf % 2) * 8192 + L1::offset(i), src_ + L7::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
     // op3 matmul -> op4 exp
     L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) { s4[L0::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(mucc::op::exp(v)); });
     __syncthreads();
@@ -148,11 +144,11 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   mucc::f16* d4 = reinterpret_cast<mucc::f16*>(ws + 1048576); (void)d4;  // %4 [2, 256, 512] f16
   mucc::f16* d5 = static_cast<mucc::f16*>(outputs[0]); (void)d5;  // %5 [2, 256, 64] f16
 
-  // kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 137232 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
+  // kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 71696 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
   {
     static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k3_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 137232)); smem_set = true; }
-    k3_customized<<<dim3(2, 8, 16), dim3(128, 1, 1), 137232, stream>>>(d3, d4, d0, d1, d2);
+    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k3_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 71696)); smem_set = true; }
+    k3_customized<<<dim3(2, 8, 16), dim3(128, 1, 1), 71696, stream>>>(d3, d4, d0, d1, d2);
     MUCC_CHECK_LAUNCH();
   }
 
