@@ -20,7 +20,7 @@
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr};
 
-use super::run::{Buffers, Gpu, Program, RunError};
+use super::run::{Buffers, Gpu, Program, RunError, driver};
 use crate::graph::DType;
 use crate::graph::cost::Work;
 
@@ -174,13 +174,6 @@ fn random_bytes(dt: DType, n: usize, seed: u64) -> Vec<u8> {
         }
     }
     out
-}
-
-fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> RunError + '_ {
-    move |source| RunError::Driver {
-        what: what.to_string(),
-        source,
-    }
 }
 
 impl Gpu {

@@ -62,7 +62,8 @@ pub enum RunError {
     Plan(String),
 }
 
-fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> RunError {
+/// Wraps a driver error with what was being done.
+pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> RunError {
     let what = what.into();
     move |source| RunError::Driver { what, source }
 }
