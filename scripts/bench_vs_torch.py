@@ -188,14 +188,17 @@ def main():
         t0 = time.time()
         if name in saved:
             eager, comp = saved[name]["eager_us"], saved[name]["compile_us"]
-            sets, eager_ok, comp_ok = saved[name]["sets"], True, True
+            sets = saved[name]["sets"]
         else:
             eager, sets, eager_ok = time_graph(fn, shapes, args.iters, args.warmup)
-            comp = comp_ok = None
+            comp, comp_ok = None, True
             if not args.no_compile:
                 torch._dynamo.reset()
                 cfn = torch.compile(fn, dynamic=False)
                 comp, _, comp_ok = time_graph(cfn, shapes, args.iters, args.warmup)
+            if not (eager_ok and comp_ok):
+                print(f"{name}: PyTorch produced non-finite outputs (eager finite: {eager_ok}, "
+                      f"compile finite: {comp_ok})", file=sys.stderr)
             saved[name] = {"eager_us": eager, "compile_us": comp, "sets": sets,
                            "gpu": gpu, "torch": torch.__version__}
         doc = None if args.no_mucc else mucc_bench(args, name, file, scale)
@@ -204,7 +207,7 @@ def main():
             ok = [g for g in doc["graphs"] if g.get("ok")]
             if ok:
                 best = min(ok, key=lambda g: g["median_us"])
-        rows.append((name, eager, comp, best, doc, sets, eager_ok and comp_ok is not False))
+        rows.append((name, eager, comp, best, doc))
         print(f"{name}: eager {eager:.2f} µs, compile {comp if comp is None else round(comp, 2)} µs, "
               f"mucc {best['median_us'] if best else None} µs ({time.time() - t0:.0f} s)",
               file=sys.stderr, flush=True)
@@ -218,7 +221,7 @@ def main():
         "|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
-    for name, eager, comp, best, doc, _, _ in rows:
+    for name, eager, comp, best, doc in rows:
         torch_best = min(x for x in (eager, comp) if x is not None)
         if best:
             r = best["median_us"] / torch_best

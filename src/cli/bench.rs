@@ -101,12 +101,8 @@ impl Measured {
 
 /// µs of the floor, and which term sets it.
 fn floor(ceil: &Ceilings, w: &Work) -> (f64, &'static str) {
-    let (m, c) = (ceil.memory_seconds(w), ceil.compute_seconds(w));
-    if c > m {
-        (c * 1e6, "compute")
-    } else {
-        (m * 1e6, "memory")
-    }
+    let (seconds, bound) = ceil.floor(w);
+    (seconds * 1e6, bound.name())
 }
 
 fn measure(
@@ -133,7 +129,7 @@ fn measure(
     upload_inputs(gpu, &mut first, launch, inputs)?;
     gpu.poison_outputs(&mut first, 0xff)
         .map_err(|e| e.to_string())?;
-    let check = match prep.drawn.as_ref().and_then(|d| d.reference.as_ref()) {
+    let check = match prep.drawn.as_ref().map(|d| &d.reference) {
         Some(refs) => {
             gpu.execute(&prog, &first).map_err(|e| e.to_string())?;
             gpu.synchronize().map_err(|e| e.to_string())?;

@@ -101,7 +101,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                     if let Some(n) = note {
                         info.push_str(&format!("; input scale lowered to {scale} ({n})"));
                     }
-                    (inputs, reference.as_ref())
+                    (inputs, Some(reference))
                 }
                 None => {
                     shared = cache.get(&file.graphs[i].graph, a.seed, a.scale);

@@ -15,7 +15,7 @@
 //! product on random data (zeros run faster than real data) with the accumulation mucc uses.
 //! Both take the median of several timed runs after warm-up. The floor of a graph is the larger
 //! of its bytes over the bandwidth and its matrix operations over the rate
-//! ([`Ceilings::floor_seconds`]).
+//! ([`Ceilings::floor`]).
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr};
@@ -99,6 +99,25 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// Which ceiling sets a floor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// Moving the bytes.
+    Memory,
+    /// The matrix products.
+    Compute,
+}
+
+impl Bound {
+    /// `memory` or `compute`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bound::Memory => "memory",
+            Bound::Compute => "compute",
+        }
+    }
+}
+
 /// The measured ceilings of a GPU.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ceilings {
@@ -131,9 +150,14 @@ impl Ceilings {
             .sum()
     }
 
-    /// The floor: the larger of the memory and compute times.
-    pub fn floor_seconds(&self, w: &Work) -> f64 {
-        self.memory_seconds(w).max(self.compute_seconds(w))
+    /// The floor in seconds — the larger of the memory and compute times — and which it is.
+    pub fn floor(&self, w: &Work) -> (f64, Bound) {
+        let (m, c) = (self.memory_seconds(w), self.compute_seconds(w));
+        if c > m {
+            (c, Bound::Compute)
+        } else {
+            (m, Bound::Memory)
+        }
     }
 }
 
@@ -440,13 +464,13 @@ mod tests {
         };
         assert!((c.memory_seconds(&w) - 1e-6).abs() < 1e-15);
         assert!((c.compute_seconds(&w) - 2e-6).abs() < 1e-15);
-        assert_eq!(c.floor_seconds(&w), c.compute_seconds(&w));
+        assert_eq!(c.floor(&w), (c.compute_seconds(&w), Bound::Compute));
         // A type without a measured rate counts nothing.
         let w32 = Work {
             matmul_flops: vec![(DType::F32, 1e12)],
             ..w
         };
-        assert_eq!(c.floor_seconds(&w32), c.memory_seconds(&w32));
+        assert_eq!(c.floor(&w32), (c.memory_seconds(&w32), Bound::Memory));
     }
 
     #[test]
