@@ -6,8 +6,13 @@
 //! of the shared project folder; this crate follows its layout:
 //!
 //! - [`graph`]: IR, Mirage JSON import/export, builder, validation, CPU interpreter;
-//! - [`sched`], [`layout`], [`emit`]: planning and emission;
-//! - [`cuda`]: NVRTC compilation with a disk cache (GPU execution to come).
+//! - [`layout`], [`sched`]: planning — every decision, recorded in a typed plan;
+//! - [`explain`]: the plan as text; [`emit`]: CUDA C++ printed from the plan;
+//! - [`transpile`]: plan then emit; [`cuda`]: NVRTC/nvcc compilation with a disk cache,
+//!   execution of launch plans through cudarc, timing.
+//!
+//! `ARCHITECTURE.md` in the repository names each stage, its types and the command that shows
+//! its result.
 
 #![warn(missing_docs)]
 // Loops over the three grid axes and the four padded dims index several arrays at once; an
@@ -16,11 +21,12 @@
 
 pub mod cuda;
 pub mod emit;
+pub mod explain;
 pub mod graph;
 pub mod layout;
-pub mod pipeline;
 pub mod sched;
 pub mod target;
+pub mod transpile;
 
 pub use graph::mirage_json::{
     ExportOptions, FileForm, ImportOptions, LoadedGraph, MirageFile, parse_str, read_file,

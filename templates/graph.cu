@@ -20,23 +20,17 @@ extern "C" __global__ void __launch_bounds__({{ k.launch_bounds }}) {{ k.name }}
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds {{ workspace }} bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-{% if uses_workspace -%}
-{{ "  " }}char* ws = static_cast<char*>(workspace);
-{% else -%}
-{{ "  " }}(void)workspace;
-{% endif -%}
-{{ "  " }}(void)inputs;
-  (void)outputs;
-  (void)stream;
-{% for t in tensors -%}
-{{ "  " }}{{ t }}
-{% endfor -%}
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 {% for s in steps %}
   // {{ s.comment }}
+  {
 {% for l in s.lines -%}
-{{ "  " }}{{ l }}
+{{ "    " }}{{ l }}
 {% endfor -%}
+{{ "  }" }}
 {% endfor %}
   return 0;
 }

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use mucc::ImportOptions;
 use mucc::emit::launch::Step;
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
@@ -102,7 +102,7 @@ fn transpile_corpus() -> Vec<Unit> {
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();
-            let (_, e) = pipeline::transpile(&g, &opts, &format!("{stem}.json, graph {i}"))
+            let (_, e) = mucc::transpile::transpile(&g, &opts, &format!("{stem}.json, graph {i}"))
                 .map_err(|e| format!("{name}: {e}"))?;
             let transpile_secs = t.elapsed().as_secs_f64();
             let kernels = e

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{corpus_dir, golden};
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 use mucc::{ImportOptions, read_file};
 
@@ -15,8 +15,8 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         target: Target::new(arch),
         solve: Default::default(),
     };
-    let plan = pipeline::plan(g, &opts).unwrap();
-    format!("{file} graph {graph}\n{}", pipeline::explain(g, &plan))
+    let plan = mucc::sched::plan(g, &opts).unwrap();
+    format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))
 }
 
 /// (file, graph, what it covers)

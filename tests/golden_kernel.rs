@@ -9,7 +9,7 @@ mod common;
 use common::golden;
 use mucc::graph::mirage_json::{ExportOptions, graph_to_json};
 use mucc::graph::{DType, GraphBuilder, KernelGraph};
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 use mucc::{ImportOptions, parse_str};
 
@@ -224,7 +224,8 @@ fn kernel_level_goldens() {
             solve: Default::default(),
         };
         let (_, e) =
-            pipeline::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0")).unwrap();
+            mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))
+                .unwrap();
         golden(&format!("kernel/{name}.sm_80.cu"), &e.source);
         golden(
             &format!("kernel/{name}.sm_80.plan.json"),
@@ -232,7 +233,8 @@ fn kernel_level_goldens() {
         );
         // Emission is deterministic.
         let (_, again) =
-            pipeline::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0")).unwrap();
+            mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))
+                .unwrap();
         assert_eq!(again.source, e.source);
     }
 }

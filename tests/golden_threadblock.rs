@@ -13,7 +13,7 @@ use common::golden;
 use mucc::graph::mirage_json::{ExportOptions, graph_to_json};
 use mucc::graph::ops::AccumKind;
 use mucc::graph::{DType, GraphBuilder, KernelGraph, TbGraphBuilder};
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 use mucc::{ImportOptions, parse_str};
 
@@ -206,14 +206,15 @@ fn opts() -> Options {
 }
 
 fn emit_golden(name: &str, g: &KernelGraph, what: &str) {
-    let (_, e) = pipeline::transpile(g, &opts(), what).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let (_, e) =
+        mucc::transpile::transpile(g, &opts(), what).unwrap_or_else(|e| panic!("{name}: {e}"));
     golden(&format!("threadblock/{name}.sm_80.cu"), &e.source);
     golden(
         &format!("threadblock/{name}.sm_80.plan.json"),
         &(serde_json::to_string_pretty(&e.launch).unwrap() + "\n"),
     );
     // Emission is deterministic.
-    let (_, again) = pipeline::transpile(g, &opts(), what).unwrap();
+    let (_, again) = mucc::transpile::transpile(g, &opts(), what).unwrap();
     assert_eq!(
         again.source, e.source,
         "{name}: emission is not deterministic"

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use common::corpus_files;
 use mucc::graph::fusion::FusionPlan;
 use mucc::graph::{KnOpKind, TbGraph};
-use mucc::pipeline::{self, GraphPlan, Options};
 use mucc::sched::memory::Buffer;
 use mucc::sched::order::{Schedule, Step};
+use mucc::sched::{GraphPlan, Options};
 use mucc::target::Target;
 use mucc::{ImportOptions, read_file};
 use rayon::prelude::*;
@@ -102,7 +102,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         target,
                         solve: Default::default(),
                     };
-                    match pipeline::plan(g, &opts) {
+                    match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
                             let ratio = p
                                 .kernels
@@ -167,8 +167,10 @@ fn plans_are_deterministic() {
                 target,
                 solve: Default::default(),
             };
-            let a = pipeline::explain(&lg.graph, &pipeline::plan(&lg.graph, &opts).unwrap());
-            let b = pipeline::explain(&lg.graph, &pipeline::plan(&lg.graph, &opts).unwrap());
+            let a =
+                mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());
+            let b =
+                mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());
             assert_eq!(a, b);
         }
     }

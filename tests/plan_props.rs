@@ -5,8 +5,8 @@ use mucc::graph::builder::{GraphBuilder, TbGraphBuilder};
 use mucc::graph::{AccumKind, DType, Handle, KernelGraph, STensor};
 use mucc::layout::solve::SolveMethod;
 use mucc::layout::{SolveOptions, resolve};
-use mucc::pipeline::{self, Options, PlanError};
 use mucc::sched::order::Step;
+use mucc::sched::{Options, PlanError};
 use mucc::target::{Arch, Target};
 use proptest::prelude::*;
 
@@ -132,7 +132,7 @@ proptest! {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
         let opts = Options { target: Target::new(arch), solve: SolveOptions::default() };
-        let plan = pipeline::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
         // Order and barriers.
@@ -157,8 +157,8 @@ proptest! {
         }
         prop_assert!(kp.smem.packing.peak >= kp.smem.packing.lower_bound);
         // Determinism.
-        let again = pipeline::plan(&g, &opts).unwrap();
-        prop_assert_eq!(pipeline::explain(&g, &plan), pipeline::explain(&g, &again));
+        let again = mucc::sched::plan(&g, &opts).unwrap();
+        prop_assert_eq!(mucc::explain::explain(&g, &plan), mucc::explain::explain(&g, &again));
     }
 }
 
@@ -179,7 +179,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         target: Target::new(Arch::Sm80),
         solve: SolveOptions::default(),
     };
-    let e = pipeline::plan(&g, &opts).unwrap_err();
+    let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
         panic!("{e}")
     };
@@ -245,7 +245,7 @@ fn shared_memory_overflow_is_an_error() {
     let o = g.customized(tb).unwrap();
     g.mark_output(o[0]).unwrap();
     let g = g.build().unwrap();
-    let e = pipeline::plan(
+    let e = mucc::sched::plan(
         &g,
         &Options {
             target: Target::new(Arch::Sm90a),
@@ -281,7 +281,7 @@ fn workspace_reuses_dead_intermediates() {
     let d = g.exp(c).unwrap();
     g.mark_output(d).unwrap();
     let g = g.build().unwrap();
-    let p = pipeline::plan(
+    let p = mucc::sched::plan(
         &g,
         &Options {
             target: Target::new(Arch::Sm80),

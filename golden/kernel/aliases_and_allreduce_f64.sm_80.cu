@@ -52,36 +52,38 @@ extern "C" __global__ void __launch_bounds__(256) k5_output_copy(double* __restr
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 896 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const double* d0 = static_cast<const double*>(inputs[0]); (void)d0;  // %0 [7, 13] f64
-  double* d1 = reinterpret_cast<double*>(ws + 0); (void)d1;  // %1 [7, 13] f64
-  double* d2 = static_cast<double*>(outputs[1]); (void)d2;  // %2 [7, 13] f64
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 1: kn_exp_op(%0) -> %1 [7, 13] f64
-  k1_exp<<<1, 256, 0, stream>>>(d1, d0);
-  MUCC_CHECK_LAUNCH();
+  // launch k1_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k1_exp);
+    void* const args[] = {buf.ws(0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 2: kn_allreduce_op(%1) -> %2 [7, 13] f64
-  k2_allreduce<<<1, 256, 0, stream>>>(d2, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_allreduce
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_allreduce);
+    void* const args[] = {buf.out(1, 0), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // output 0 is a copy of %0
-  double* o0 = static_cast<double*>(outputs[0]);
+  // launch k3_output_copy
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_output_copy);
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_output_op(%0) -> 
-  k3_output_copy<<<1, 256, 0, stream>>>(o0, d0);
-  MUCC_CHECK_LAUNCH();
-
-  // output 2 is a copy of %2
-  double* o2 = static_cast<double*>(outputs[2]);
-
-  // kernel op 5: kn_output_op(%2) -> 
-  k5_output_copy<<<1, 256, 0, stream>>>(o2, d2);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_output_copy
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_output_copy);
+    void* const args[] = {buf.out(2, 0), buf.out(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

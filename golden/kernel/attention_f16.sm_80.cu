@@ -47,49 +47,59 @@ extern "C" __global__ void __launch_bounds__(256) k7_div(mucc::f16* __restrict__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 8388608 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [32, 16, 64] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [32, 64, 4096] f16
-  const mucc::f16* d2 = static_cast<const mucc::f16*>(inputs[2]); (void)d2;  // %2 [32, 4096, 64] f16
-  mucc::f16* d3 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d3;  // %3 [32, 16, 4096] f16
-  mucc::f16* d4 = reinterpret_cast<mucc::f16*>(ws + 4194304); (void)d4;  // %4 [32, 16, 4096] f16
-  mucc::f16* d5 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d5;  // %5 [32, 16, 1] f16
-  mucc::f16* d6 = reinterpret_cast<mucc::f16*>(ws + 1024); (void)d6;  // %6 [32, 16, 64] f16
-  mucc::f16* d7 = static_cast<mucc::f16*>(outputs[0]); (void)d7;  // %7 [32, 16, 64] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_matmul_op(%0, %1) -> %3 [32, 16, 4096] f16 (cuBLAS)
+  // cuBLAS: 32 product(s) of 16x64 by 64x4096
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_T, 16, 4096, 64, &alpha, d0, CUDA_R_16F, 64, 1024LL, d1, CUDA_R_16F, 4096, 262144LL, &beta, d3, CUDA_R_16F, 16, 65536LL, 32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_T, 16, 4096, 64, &alpha,
+      buf.in(0, 0), CUDA_R_16F, 64, 1024LL,
+      buf.in(1, 0), CUDA_R_16F, 4096, 262144LL, &beta,
+      buf.ws(0), CUDA_R_16F, 16, 65536LL,
+      32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // kernel op 4: kn_exp_op(%3) -> %4 [32, 16, 4096] f16
-  k4_exp<<<1024, 256, 0, stream>>>(d4, d3);
-  MUCC_CHECK_LAUNCH();
+  // launch k4_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k4_exp);
+    void* const args[] = {buf.ws(4194304), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 5: kn_reduction_2_op(%4) -> %5 [32, 16, 1] f16
-  k5_reduction_2<<<64, 256, 0, stream>>>(d5, d4);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_reduction_2
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_reduction_2);
+    void* const args[] = {buf.ws(0), buf.ws(4194304)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 6: kn_matmul_op(%4, %2) -> %6 [32, 16, 64] f16 (cuBLAS)
+  // cuBLAS: 32 product(s) of 64x4096 by 4096x16
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, 64, 16, 4096, &alpha, d2, CUDA_R_16F, 64, 262144LL, d4, CUDA_R_16F, 16, 65536LL, &beta, d6, CUDA_R_16F, 64, 1024LL, 32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_T, 64, 16, 4096, &alpha,
+      buf.in(2, 0), CUDA_R_16F, 64, 262144LL,
+      buf.ws(4194304), CUDA_R_16F, 16, 65536LL, &beta,
+      buf.ws(1024), CUDA_R_16F, 64, 1024LL,
+      32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // kernel op 7: kn_div_op(%6, %5) -> %7 [32, 16, 64] f16
-  k7_div<<<128, 256, 0, stream>>>(d7, d6, d5);
-  MUCC_CHECK_LAUNCH();
+  // launch k7_div
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k7_div);
+    void* const args[] = {buf.out(0, 0), buf.ws(1024), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

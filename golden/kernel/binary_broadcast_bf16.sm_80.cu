@@ -90,44 +90,52 @@ extern "C" __global__ void __launch_bounds__(256) k8_pow(mucc::bf16* __restrict_
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 131072 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::bf16* d0 = static_cast<const mucc::bf16*>(inputs[0]); (void)d0;  // %0 [32, 16, 64] bf16
-  const mucc::bf16* d1 = static_cast<const mucc::bf16*>(inputs[1]); (void)d1;  // %1 [32, 16, 1] bf16
-  const mucc::bf16* d2 = static_cast<const mucc::bf16*>(inputs[2]); (void)d2;  // %2 [1, 16, 64] bf16
-  mucc::bf16* d3 = reinterpret_cast<mucc::bf16*>(ws + 0); (void)d3;  // %3 [32, 16, 64] bf16
-  mucc::bf16* d4 = reinterpret_cast<mucc::bf16*>(ws + 65536); (void)d4;  // %4 [32, 16, 64] bf16
-  mucc::bf16* d5 = reinterpret_cast<mucc::bf16*>(ws + 0); (void)d5;  // %5 [32, 16, 64] bf16
-  mucc::bf16* d6 = reinterpret_cast<mucc::bf16*>(ws + 65536); (void)d6;  // %6 [32, 16, 64] bf16
-  mucc::bf16* d7 = reinterpret_cast<mucc::bf16*>(ws + 0); (void)d7;  // %7 [32, 16, 64] bf16
-  mucc::bf16* d8 = static_cast<mucc::bf16*>(outputs[0]); (void)d8;  // %8 [32, 16, 64] bf16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_add_op(%0, %1) -> %3 [32, 16, 64] bf16
-  k3_add<<<128, 256, 0, stream>>>(d3, d0, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_add
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_add);
+    void* const args[] = {buf.ws(0), buf.in(0, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 4: kn_sub_op(%3, %2) -> %4 [32, 16, 64] bf16
-  k4_sub<<<16, 256, 0, stream>>>(d4, d3, d2);
-  MUCC_CHECK_LAUNCH();
+  // launch k4_sub
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k4_sub);
+    void* const args[] = {buf.ws(65536), buf.ws(0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 5: kn_mul_op(%4, %1) -> %5 [32, 16, 64] bf16
-  k5_mul<<<128, 256, 0, stream>>>(d5, d4, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_mul
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_mul);
+    void* const args[] = {buf.ws(0), buf.ws(65536), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 6: kn_div_op(%5, %1) -> %6 [32, 16, 64] bf16
-  k6_div<<<128, 256, 0, stream>>>(d6, d5, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k6_div
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k6_div);
+    void* const args[] = {buf.ws(65536), buf.ws(0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 7: kn_exp_op(%6) -> %7 [32, 16, 64] bf16
-  k7_exp<<<16, 256, 0, stream>>>(d7, d6);
-  MUCC_CHECK_LAUNCH();
+  // launch k7_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k7_exp);
+    void* const args[] = {buf.ws(0), buf.ws(65536)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 8: kn_pow_op(%7, %2) -> %8 [32, 16, 64] bf16
-  k8_pow<<<16, 256, 0, stream>>>(d8, d7, d2);
-  MUCC_CHECK_LAUNCH();
+  // launch k8_pow
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k8_pow);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

@@ -67,37 +67,38 @@ extern "C" __global__ void __launch_bounds__(256) k5_concat_0(mucc::f16* __restr
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 17408 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [16, 256] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [16, 16] f16
-  mucc::f16* d2 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d2;  // %2 [16, 272] f16
-  mucc::f16* d3 = reinterpret_cast<mucc::f16*>(ws + 8704); (void)d3;  // %3 [16, 100] f16
-  mucc::f16* d4 = static_cast<mucc::f16*>(outputs[0]); (void)d4;  // %4 [16, 172] f16
-  mucc::f16* d5 = reinterpret_cast<mucc::f16*>(ws + 8704); (void)d5;  // %5 [4, 272] f16
-  mucc::f16* d6 = reinterpret_cast<mucc::f16*>(ws + 10880); (void)d6;  // %6 [4, 272] f16
-  mucc::f16* d7 = reinterpret_cast<mucc::f16*>(ws + 13056); (void)d7;  // %7 [4, 272] f16
-  mucc::f16* d8 = reinterpret_cast<mucc::f16*>(ws + 15232); (void)d8;  // %8 [4, 272] f16
-  mucc::f16* d9 = static_cast<mucc::f16*>(outputs[1]); (void)d9;  // %9 [8, 272] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_concat_1_op(%0, %1) -> %2 [16, 272] f16
-  k2_concat_1<<<2, 256, 0, stream>>>(d2, d0, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_concat_1
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_concat_1);
+    void* const args[] = {buf.ws(0), buf.in(0, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_split_1_op(%2) -> %3 [16, 100] f16, %4 [16, 172] f16
-  k3_split_1<<<3, 256, 0, stream>>>(d2, d3, d4);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_split_1
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_split_1);
+    void* const args[] = {buf.ws(0), buf.ws(8704), buf.out(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(3, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 4: kn_chunk_0_op(%2) -> %5 [4, 272] f16, %6 [4, 272] f16, %7 [4, 272] f16, %8 [4, 272] f16
-  k4_chunk_0<<<1, 256, 0, stream>>>(d2, d5, d6, d7, d8);
-  MUCC_CHECK_LAUNCH();
+  // launch k4_chunk_0
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k4_chunk_0);
+    void* const args[] = {buf.ws(0), buf.ws(8704), buf.ws(10880), buf.ws(13056), buf.ws(15232)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 5: kn_concat_0_op(%8, %5) -> %9 [8, 272] f16
-  k5_concat_0<<<1, 256, 0, stream>>>(d9, d8, d5);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_concat_0
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_concat_0);
+    void* const args[] = {buf.out(1, 0), buf.ws(15232), buf.ws(8704)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

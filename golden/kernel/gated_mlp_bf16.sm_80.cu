@@ -38,44 +38,52 @@ extern "C" __global__ void __launch_bounds__(256) k6_mul(mucc::bf16* __restrict_
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 49152 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::bf16* d0 = static_cast<const mucc::bf16*>(inputs[0]); (void)d0;  // %0 [8, 512] bf16
-  const mucc::bf16* d1 = static_cast<const mucc::bf16*>(inputs[1]); (void)d1;  // %1 [512, 1024] bf16
-  const mucc::bf16* d2 = static_cast<const mucc::bf16*>(inputs[2]); (void)d2;  // %2 [512, 1024] bf16
-  mucc::bf16* d3 = reinterpret_cast<mucc::bf16*>(ws + 0); (void)d3;  // %3 [8, 1024] bf16
-  mucc::bf16* d4 = reinterpret_cast<mucc::bf16*>(ws + 16384); (void)d4;  // %4 [8, 1024] bf16
-  mucc::bf16* d5 = reinterpret_cast<mucc::bf16*>(ws + 32768); (void)d5;  // %5 [8, 1024] bf16
-  mucc::bf16* d6 = static_cast<mucc::bf16*>(outputs[0]); (void)d6;  // %6 [8, 1024] bf16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_matmul_op(%0, %1) -> %3 [8, 1024] bf16 (cuBLAS)
+  // cuBLAS: 1 product(s) of 1024x512 by 512x8
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 1024, 8, 512, &alpha, d1, CUDA_R_16BF, 1024, 0LL, d0, CUDA_R_16BF, 512, 0LL, &beta, d3, CUDA_R_16BF, 1024, 0LL, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, 1024, 8, 512, &alpha,
+      buf.in(1, 0), CUDA_R_16BF, 1024, 0LL,
+      buf.in(0, 0), CUDA_R_16BF, 512, 0LL, &beta,
+      buf.ws(0), CUDA_R_16BF, 1024, 0LL,
+      1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // kernel op 4: kn_matmul_op(%0, %2) -> %4 [8, 1024] bf16 (cuBLAS)
+  // cuBLAS: 1 product(s) of 1024x512 by 512x8
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 1024, 8, 512, &alpha, d2, CUDA_R_16BF, 1024, 0LL, d0, CUDA_R_16BF, 512, 0LL, &beta, d4, CUDA_R_16BF, 1024, 0LL, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, 1024, 8, 512, &alpha,
+      buf.in(2, 0), CUDA_R_16BF, 1024, 0LL,
+      buf.in(0, 0), CUDA_R_16BF, 512, 0LL, &beta,
+      buf.ws(16384), CUDA_R_16BF, 1024, 0LL,
+      1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // kernel op 5: kn_silu_op(%3) -> %5 [8, 1024] bf16
-  k5_silu<<<4, 256, 0, stream>>>(d5, d3);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_silu
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_silu);
+    void* const args[] = {buf.ws(32768), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(4, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 6: kn_mul_op(%5, %4) -> %6 [8, 1024] bf16
-  k6_mul<<<4, 256, 0, stream>>>(d6, d5, d4);
-  MUCC_CHECK_LAUNCH();
+  // launch k6_mul
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k6_mul);
+    void* const args[] = {buf.out(0, 0), buf.ws(32768), buf.ws(16384)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(4, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

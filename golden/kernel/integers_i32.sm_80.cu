@@ -46,28 +46,31 @@ extern "C" __global__ void __launch_bounds__(256) k4_reduction_1(mucc::i32* __re
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 1792 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::i32* d0 = static_cast<const mucc::i32*>(inputs[0]); (void)d0;  // %0 [5, 40] i32
-  const mucc::i32* d1 = static_cast<const mucc::i32*>(inputs[1]); (void)d1;  // %1 [5, 1] i32
-  mucc::i32* d2 = reinterpret_cast<mucc::i32*>(ws + 0); (void)d2;  // %2 [5, 40] i32
-  mucc::i32* d3 = reinterpret_cast<mucc::i32*>(ws + 896); (void)d3;  // %3 [5, 40] i32
-  mucc::i32* d4 = static_cast<mucc::i32*>(outputs[0]); (void)d4;  // %4 [5, 1] i32
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_mul_op(%0, %1) -> %2 [5, 40] i32
-  k2_mul<<<1, 256, 0, stream>>>(d2, d0, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_mul
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_mul);
+    void* const args[] = {buf.ws(0), buf.in(0, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_relu_op(%2) -> %3 [5, 40] i32
-  k3_relu<<<1, 256, 0, stream>>>(d3, d2);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_relu
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_relu);
+    void* const args[] = {buf.ws(896), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 4: kn_reduction_1_op(%3) -> %4 [5, 1] i32
-  k4_reduction_1<<<1, 256, 0, stream>>>(d4, d3);
-  MUCC_CHECK_LAUNCH();
+  // launch k4_reduction_1
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k4_reduction_1);
+    void* const args[] = {buf.out(0, 0), buf.ws(896)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

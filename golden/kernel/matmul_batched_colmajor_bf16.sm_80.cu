@@ -12,22 +12,23 @@
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::bf16* d0 = static_cast<const mucc::bf16*>(inputs[0]); (void)d0;  // %0 [32, 16, 64] bf16
-  const mucc::bf16* d1 = static_cast<const mucc::bf16*>(inputs[1]); (void)d1;  // %1 [32, 64, 1024] bf16
-  mucc::bf16* d2 = static_cast<mucc::bf16*>(outputs[0]); (void)d2;  // %2 [32, 16, 1024] bf16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_matmul_op(%0, %1) -> %2 [32, 16, 1024] bf16 (cuBLAS)
+  // cuBLAS: 32 product(s) of 1024x64 by 64x16
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 1024, 16, 64, &alpha, d1, CUDA_R_16BF, 64, 65536LL, d0, CUDA_R_16BF, 64, 1024LL, &beta, d2, CUDA_R_16BF, 1024, 16384LL, 32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, 1024, 16, 64, &alpha,
+      buf.in(1, 0), CUDA_R_16BF, 64, 65536LL,
+      buf.in(0, 0), CUDA_R_16BF, 64, 1024LL, &beta,
+      buf.out(0, 0), CUDA_R_16BF, 1024, 16384LL,
+      32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   return 0;

@@ -12,22 +12,23 @@
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [8, 512] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [512, 256] f16
-  mucc::f16* d2 = static_cast<mucc::f16*>(outputs[0]); (void)d2;  // %2 [8, 256] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_matmul_op(%0, %1) -> %2 [8, 256] f16 (cuBLAS)
+  // cuBLAS: 1 product(s) of 256x512 by 512x8
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 256, 8, 512, &alpha, d1, CUDA_R_16F, 256, 0LL, d0, CUDA_R_16F, 512, 0LL, &beta, d2, CUDA_R_16F, 256, 0LL, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, 256, 8, 512, &alpha,
+      buf.in(1, 0), CUDA_R_16F, 256, 0LL,
+      buf.in(0, 0), CUDA_R_16F, 512, 0LL, &beta,
+      buf.out(0, 0), CUDA_R_16F, 256, 0LL,
+      1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   return 0;

@@ -12,22 +12,23 @@
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const float* d0 = static_cast<const float*>(inputs[0]); (void)d0;  // %0 [3, 50] f32
-  const float* d1 = static_cast<const float*>(inputs[1]); (void)d1;  // %1 [50, 783] f32
-  float* d2 = static_cast<float*>(outputs[0]); (void)d2;  // %2 [3, 783] f32
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_matmul_op(%0, %1) -> %2 [3, 783] f32 (cuBLAS)
+  // cuBLAS: 1 product(s) of 3x50 by 50x783
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_T, 3, 783, 50, &alpha, d0, CUDA_R_32F, 50, 0LL, d1, CUDA_R_32F, 783, 0LL, &beta, d2, CUDA_R_32F, 3, 0LL, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_T, 3, 783, 50, &alpha,
+      buf.in(0, 0), CUDA_R_32F, 50, 0LL,
+      buf.in(1, 0), CUDA_R_32F, 783, 0LL, &beta,
+      buf.out(0, 0), CUDA_R_32F, 3, 0LL,
+      1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   return 0;

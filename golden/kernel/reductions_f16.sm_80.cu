@@ -51,33 +51,38 @@ extern "C" __global__ void __launch_bounds__(256) k5_reduction_2(mucc::f16* __re
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [3, 50, 783] f16
-  mucc::f16* d1 = static_cast<mucc::f16*>(outputs[0]); (void)d1;  // %1 [1, 50, 783] f16
-  mucc::f16* d2 = static_cast<mucc::f16*>(outputs[1]); (void)d2;  // %2 [3, 1, 783] f16
-  mucc::f16* d3 = static_cast<mucc::f16*>(outputs[2]); (void)d3;  // %3 [3, 50, 1] f16
-  const mucc::f16* d4 = static_cast<const mucc::f16*>(inputs[1]); (void)d4;  // %4 [4, 16, 512] f16
-  mucc::f16* d5 = static_cast<mucc::f16*>(outputs[3]); (void)d5;  // %5 [4, 16, 64] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 1: kn_reduction_0_op(%0) -> %1 [1, 50, 783] f16
-  k1_reduction_0<<<153, 256, 0, stream>>>(d1, d0);
-  MUCC_CHECK_LAUNCH();
+  // launch k1_reduction_0
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k1_reduction_0);
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(153, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 2: kn_reduction_1_op(%0) -> %2 [3, 1, 783] f16
-  k2_reduction_1<<<10, 256, 0, stream>>>(d2, d0);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_reduction_1
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_reduction_1);
+    void* const args[] = {buf.out(1, 0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(10, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_reduction_2_op(%0) -> %3 [3, 50, 1] f16
-  k3_reduction_2<<<19, 256, 0, stream>>>(d3, d0);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_reduction_2
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_reduction_2);
+    void* const args[] = {buf.out(2, 0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(19, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 5: kn_reduction_2_op(%4) -> %5 [4, 16, 64] f16
-  k5_reduction_2<<<16, 256, 0, stream>>>(d5, d4);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_reduction_2
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_reduction_2);
+    void* const args[] = {buf.out(3, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

@@ -31,23 +31,24 @@ extern "C" __global__ void __launch_bounds__(256) k3_rms_norm(float* __restrict_
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const float* d0 = static_cast<const float*>(inputs[0]); (void)d0;  // %0 [16, 4096] f32
-  const float* d1 = static_cast<const float*>(inputs[1]); (void)d1;  // %1 [4, 8, 60] f32
-  float* d2 = static_cast<float*>(outputs[0]); (void)d2;  // %2 [16, 4096] f32
-  float* d3 = static_cast<float*>(outputs[1]); (void)d3;  // %3 [4, 8, 60] f32
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_rms_norm_op(%0) -> %2 [16, 4096] f32
-  k2_rms_norm<<<2, 256, 0, stream>>>(d2, d0);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_rms_norm
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_rms_norm);
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_rms_norm_op(%1) -> %3 [4, 8, 60] f32
-  k3_rms_norm<<<1, 256, 0, stream>>>(d3, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_rms_norm
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_rms_norm);
+    void* const args[] = {buf.out(1, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

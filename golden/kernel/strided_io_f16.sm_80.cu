@@ -37,23 +37,24 @@ extern "C" __global__ void __launch_bounds__(256) k3_exp(mucc::f16* __restrict__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 384 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [3, 50] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [3, 50] f16
-  mucc::f16* d2 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d2;  // %2 [3, 50] f16
-  mucc::f16* d3 = static_cast<mucc::f16*>(outputs[0]); (void)d3;  // %3 [3, 50] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_add_op(%0, %1) -> %2 [3, 50] f16
-  k2_add<<<1, 256, 0, stream>>>(d2, d0, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_add
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_add);
+    void* const args[] = {buf.ws(0), buf.in(0, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_exp_op(%2) -> %3 [3, 50] f16
-  k3_exp<<<1, 256, 0, stream>>>(d3, d2);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_exp);
+    void* const args[] = {buf.out(0, 0), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

@@ -132,62 +132,80 @@ extern "C" __global__ void __launch_bounds__(256) k10_log(mucc::f16* __restrict_
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 470528 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [3, 50, 783] f16
-  mucc::f16* d1 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d1;  // %1 [3, 50, 783] f16
-  mucc::f16* d2 = reinterpret_cast<mucc::f16*>(ws + 235264); (void)d2;  // %2 [3, 50, 783] f16
-  mucc::f16* d3 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d3;  // %3 [3, 50, 783] f16
-  mucc::f16* d4 = static_cast<mucc::f16*>(outputs[1]); (void)d4;  // %4 [3, 50, 783] f16
-  mucc::f16* d5 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d5;  // %5 [3, 50, 783] f16
-  mucc::f16* d6 = reinterpret_cast<mucc::f16*>(ws + 235264); (void)d6;  // %6 [3, 50, 783] f16
-  mucc::f16* d7 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d7;  // %7 [3, 50, 783] f16
-  mucc::f16* d8 = reinterpret_cast<mucc::f16*>(ws + 235264); (void)d8;  // %8 [3, 50, 783] f16
-  mucc::f16* d9 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d9;  // %9 [3, 50, 783] f16
-  mucc::f16* d10 = static_cast<mucc::f16*>(outputs[0]); (void)d10;  // %10 [3, 50, 783] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 1: kn_exp_op(%0) -> %1 [3, 50, 783] f16
-  k1_exp<<<459, 256, 0, stream>>>(d1, d0);
-  MUCC_CHECK_LAUNCH();
+  // launch k1_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k1_exp);
+    void* const args[] = {buf.ws(0), buf.in(0, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 2: kn_square_op(%1) -> %2 [3, 50, 783] f16
-  k2_square<<<459, 256, 0, stream>>>(d2, d1);
-  MUCC_CHECK_LAUNCH();
+  // launch k2_square
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k2_square);
+    void* const args[] = {buf.ws(235264), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 3: kn_sqrt_op(%2) -> %3 [3, 50, 783] f16
-  k3_sqrt<<<459, 256, 0, stream>>>(d3, d2);
-  MUCC_CHECK_LAUNCH();
+  // launch k3_sqrt
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k3_sqrt);
+    void* const args[] = {buf.ws(0), buf.ws(235264)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 4: kn_silu_op(%3) -> %4 [3, 50, 783] f16
-  k4_silu<<<459, 256, 0, stream>>>(d4, d3);
-  MUCC_CHECK_LAUNCH();
+  // launch k4_silu
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k4_silu);
+    void* const args[] = {buf.out(1, 0), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 5: kn_sigmoid_op(%4) -> %5 [3, 50, 783] f16
-  k5_sigmoid<<<459, 256, 0, stream>>>(d5, d4);
-  MUCC_CHECK_LAUNCH();
+  // launch k5_sigmoid
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_sigmoid);
+    void* const args[] = {buf.ws(0), buf.out(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 6: kn_gelu_op(%5) -> %6 [3, 50, 783] f16
-  k6_gelu<<<459, 256, 0, stream>>>(d6, d5);
-  MUCC_CHECK_LAUNCH();
+  // launch k6_gelu
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k6_gelu);
+    void* const args[] = {buf.ws(235264), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 7: kn_relu_op(%6) -> %7 [3, 50, 783] f16
-  k7_relu<<<459, 256, 0, stream>>>(d7, d6);
-  MUCC_CHECK_LAUNCH();
+  // launch k7_relu
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k7_relu);
+    void* const args[] = {buf.ws(0), buf.ws(235264)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 8: kn_clamp_op(%7) -> %8 [3, 50, 783] f16
-  k8_clamp<<<459, 256, 0, stream>>>(d8, d7);
-  MUCC_CHECK_LAUNCH();
+  // launch k8_clamp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k8_clamp);
+    void* const args[] = {buf.ws(235264), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 9: kn_mul_scalar_op(%8) -> %9 [3, 50, 783] f16
-  k9_mul_scalar<<<459, 256, 0, stream>>>(d9, d8);
-  MUCC_CHECK_LAUNCH();
+  // launch k9_mul_scalar
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k9_mul_scalar);
+    void* const args[] = {buf.ws(0), buf.ws(235264)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
-  // kernel op 10: kn_log_op(%9) -> %10 [3, 50, 783] f16
-  k10_log<<<459, 256, 0, stream>>>(d10, d9);
-  MUCC_CHECK_LAUNCH();
+  // launch k10_log
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k10_log);
+    void* const args[] = {buf.out(0, 0), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

@@ -78,23 +78,21 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [16, 256] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [256, 4096] f16
-  const mucc::f16* d2 = static_cast<const mucc::f16*>(inputs[2]); (void)d2;  // %2 [256, 16] f16
-  const mucc::f16* d3 = static_cast<const mucc::f16*>(inputs[3]); (void)d3;  // %3 [16, 4096] f16
-  mucc::f16* d4 = static_cast<mucc::f16*>(outputs[0]); (void)d4;  // %4 [16, 4096] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 4: kn_customized_op grid (64, 1, 1), block (128, 1, 1), forloop 1, 57872 bytes of shared memory; schedule 0,1,2,3 | 4,5 6 7 | 9
+  // launch k4_customized
   {
+    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
     static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k4_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 57872)); smem_set = true; }
-    k4_customized<<<dim3(64, 1, 1), dim3(128, 1, 1), 57872, stream>>>(d4, d0, d1, d2, d3);
-    MUCC_CHECK_LAUNCH();
+    if (!smem_set) {
+      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 57872));
+      smem_set = true;
+    }
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0), buf.in(3, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(128, 1, 1), 57872, stream, args));
   }
 
   return 0;

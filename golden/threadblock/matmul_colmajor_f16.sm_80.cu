@@ -63,21 +63,21 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [64, 256] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [256, 128] f16
-  mucc::f16* d2 = static_cast<mucc::f16*>(outputs[0]); (void)d2;  // %2 [64, 128] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 65552 bytes of shared memory; schedule - | 0,1 2 | 4
+  // launch k2_customized
   {
+    const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k2_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 65552)); smem_set = true; }
-    k2_customized<<<dim3(2, 1, 1), dim3(128, 1, 1), 65552, stream>>>(d2, d0, d1);
-    MUCC_CHECK_LAUNCH();
+    if (!smem_set) {
+      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65552));
+      smem_set = true;
+    }
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(128, 1, 1), 65552, stream, args));
   }
 
   return 0;

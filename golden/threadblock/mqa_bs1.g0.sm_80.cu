@@ -131,32 +131,28 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 3145728 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [1, 1024, 64] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [1, 64, 4096] f16
-  const mucc::f16* d2 = static_cast<const mucc::f16*>(inputs[2]); (void)d2;  // %2 [1, 4096, 64] f16
-  mucc::f16* d3 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d3;  // %3 [1, 1024, 1024] f16
-  mucc::f16* d4 = reinterpret_cast<mucc::f16*>(ws + 2097152); (void)d4;  // %4 [1, 1024, 512] f16
-  mucc::f16* d5 = static_cast<mucc::f16*>(outputs[0]); (void)d5;  // %5 [1, 1024, 64] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_customized_op grid (1, 8, 16), block (128, 1, 1), forloop 4, 139280 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
+  // launch k3_customized
   {
+    const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k3_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 139280)); smem_set = true; }
-    k3_customized<<<dim3(1, 8, 16), dim3(128, 1, 1), 139280, stream>>>(d3, d4, d0, d1, d2);
-    MUCC_CHECK_LAUNCH();
+    if (!smem_set) {
+      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 139280));
+      smem_set = true;
+    }
+    void* const args[] = {buf.ws(0), buf.ws(2097152), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 8, 16), dim3(128, 1, 1), 139280, stream, args));
   }
 
-  // kernel op 4: kn_customized_op grid (1, 128, 1), block (128, 1, 1), forloop 1, 26656 bytes of shared memory; schedule 0,1 | 2,3 | 4
+  // launch k4_customized
   {
-    static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k4_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 26656)); smem_set = true; }
-    k4_customized<<<dim3(1, 128, 1), dim3(128, 1, 1), 26656, stream>>>(d5, d3, d4);
-    MUCC_CHECK_LAUNCH();
+    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(2097152)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 128, 1), dim3(128, 1, 1), 26656, stream, args));
   }
 
   return 0;

@@ -135,48 +135,49 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(mucc::f16* __
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 10485760 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [2, 256, 64] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [2, 64, 4096] f16
-  const mucc::f16* d2 = static_cast<const mucc::f16*>(inputs[2]); (void)d2;  // %2 [2, 4096, 64] f16
-  mucc::f16* d3 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d3;  // %3 [2, 4, 262144] f16
-  mucc::f16* d4 = reinterpret_cast<mucc::f16*>(ws + 4194304); (void)d4;  // %4 [2, 64, 4096] f16
-  mucc::f16* d5 = reinterpret_cast<mucc::f16*>(ws + 5242880); (void)d5;  // %5 [2, 4, 262144] f16
-  mucc::f16* d6 = reinterpret_cast<mucc::f16*>(ws + 9437184); (void)d6;  // %6 [2, 4096, 64] f16
-  mucc::f16* d7 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d7;  // %7 [2, 256, 4096] f16
-  mucc::f16* d8 = static_cast<mucc::f16*>(outputs[0]); (void)d8;  // %8 [2, 256, 64] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 33296 bytes of shared memory; schedule 0,1,2 | 3,4,5 | 7,10
+  // launch k3_customized
   {
-    static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k3_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 33296)); smem_set = true; }
-    k3_customized<<<dim3(2, 64, 1), dim3(128, 1, 1), 33296, stream>>>(d3, d4, d0, d1, d2);
-    MUCC_CHECK_LAUNCH();
+    const void* kernel = reinterpret_cast<const void*>(&k3_customized);
+    void* const args[] = {buf.ws(0), buf.ws(4194304), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(128, 1, 1), 33296, stream, args));
   }
 
-  // kernel op 4: kn_exp_op(%3) -> %5 [2, 4, 262144] f16
-  k4_exp<<<1024, 256, 0, stream>>>(d5, d3);
-  MUCC_CHECK_LAUNCH();
-
-  // kernel op 5: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 81936 bytes of shared memory; schedule 0,1 | 2,3,4 | 5,6
+  // launch k4_exp
   {
-    static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k5_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 81936)); smem_set = true; }
-    k5_customized<<<dim3(2, 64, 1), dim3(128, 1, 1), 81936, stream>>>(d6, d7, d4, d5);
-    MUCC_CHECK_LAUNCH();
+    const void* kernel = reinterpret_cast<const void*>(&k4_exp);
+    void* const args[] = {buf.ws(5242880), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream, args));
   }
 
-  // kernel op 6: kn_matmul_op(%7, %6) -> %8 [2, 256, 64] f16 (cuBLAS)
+  // launch k5_customized
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_customized);
+    static bool smem_set = false;
+    if (!smem_set) {
+      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 81936));
+      smem_set = true;
+    }
+    void* const args[] = {buf.ws(9437184), buf.ws(0), buf.ws(4194304), buf.ws(5242880)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(128, 1, 1), 81936, stream, args));
+  }
+
+  // cuBLAS: 2 product(s) of 64x4096 by 4096x256
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
-    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 64, 256, 4096, &alpha, d6, CUDA_R_16F, 4096, 262144LL, d7, CUDA_R_16F, 4096, 1048576LL, &beta, d8, CUDA_R_16F, 64, 16384LL, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, 64, 256, 4096, &alpha,
+      buf.ws(9437184), CUDA_R_16F, 4096, 262144LL,
+      buf.ws(0), CUDA_R_16F, 4096, 1048576LL, &beta,
+      buf.out(0, 0), CUDA_R_16F, 64, 16384LL,
+      2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   return 0;

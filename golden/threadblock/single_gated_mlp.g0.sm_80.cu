@@ -90,29 +90,24 @@ extern "C" __global__ void __launch_bounds__(256) k4_mul(mucc::f16* __restrict__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 131072 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  char* ws = static_cast<char*>(workspace);
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const mucc::f16* d0 = static_cast<const mucc::f16*>(inputs[0]); (void)d0;  // %0 [8, 4096] f16
-  const mucc::f16* d1 = static_cast<const mucc::f16*>(inputs[1]); (void)d1;  // %1 [4096, 4096] f16
-  const mucc::f16* d2 = static_cast<const mucc::f16*>(inputs[2]); (void)d2;  // %2 [4096, 4096] f16
-  mucc::f16* d3 = reinterpret_cast<mucc::f16*>(ws + 0); (void)d3;  // %3 [8, 4096] f16
-  mucc::f16* d4 = reinterpret_cast<mucc::f16*>(ws + 65536); (void)d4;  // %4 [8, 4096] f16
-  mucc::f16* d5 = static_cast<mucc::f16*>(outputs[0]); (void)d5;  // %5 [8, 4096] f16
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 36880 bytes of shared memory; schedule - | 0,1,2 3,4 | 7,8
+  // launch k3_customized
   {
-    static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k3_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 36880)); smem_set = true; }
-    k3_customized<<<dim3(128, 1, 1), dim3(128, 1, 1), 36880, stream>>>(d3, d4, d0, d1, d2);
-    MUCC_CHECK_LAUNCH();
+    const void* kernel = reinterpret_cast<const void*>(&k3_customized);
+    void* const args[] = {buf.ws(0), buf.ws(65536), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(128, 1, 1), 36880, stream, args));
   }
 
-  // kernel op 4: kn_mul_op(%3, %4) -> %5 [8, 4096] f16
-  k4_mul<<<16, 256, 0, stream>>>(d5, d3, d4);
-  MUCC_CHECK_LAUNCH();
+  // launch k4_mul
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k4_mul);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(65536)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
 
   return 0;
 }

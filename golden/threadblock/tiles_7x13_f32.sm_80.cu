@@ -94,24 +94,16 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restr
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
-  (void)workspace;
-  (void)inputs;
-  (void)outputs;
-  (void)stream;
-  const float* d0 = static_cast<const float*>(inputs[0]); (void)d0;  // %0 [14, 26] f32
-  const float* d1 = static_cast<const float*>(inputs[1]); (void)d1;  // %1 [14, 26] f32
-  const float* d2 = static_cast<const float*>(inputs[2]); (void)d2;  // %2 [13, 5] f32
-  float* d3 = static_cast<float*>(outputs[0]); (void)d3;  // %3 [14, 26] f32
-  float* d4 = static_cast<float*>(outputs[1]); (void)d4;  // %4 [14, 2] f32
-  float* d5 = static_cast<float*>(outputs[2]); (void)d5;  // %5 [14, 10] f32
+extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) {
+  const mucc::host::Buffers buf{inputs, outputs, workspace};
+  (void)buf;
 
-  // kernel op 3: kn_customized_op grid (2, 2, 1), block (96, 1, 1), forloop 1, 2608 bytes of shared memory; schedule 0,1,2 | 3,8 4 5,7 | 10,11,12
+  // launch k3_customized
   {
-    static bool smem_set = false;
-    if (!smem_set) { MUCC_CHECK(cudaFuncSetAttribute(k3_customized, cudaFuncAttributeMaxDynamicSharedMemorySize, 2608)); smem_set = true; }
-    k3_customized<<<dim3(2, 2, 1), dim3(96, 1, 1), 2608, stream>>>(d3, d4, d5, d0, d1, d2);
-    MUCC_CHECK_LAUNCH();
+    const void* kernel = reinterpret_cast<const void*>(&k3_customized);
+    void* const args[] = {buf.out(0, 0), buf.out(1, 0), buf.out(2, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(96, 1, 1), 2608, stream, args));
   }
 
   return 0;

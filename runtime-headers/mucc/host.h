@@ -15,8 +15,6 @@
     if (mucc_err_ != cudaSuccess) return (int)mucc_err_;   \
   } while (0)
 
-#define MUCC_CHECK_LAUNCH() MUCC_CHECK(cudaGetLastError())
-
 #define MUCC_CHECK_CUBLAS(expr)                                                   \
   do {                                                                            \
     cublasStatus_t mucc_st_ = (expr);                                             \
@@ -25,6 +23,27 @@
 
 namespace mucc {
 namespace host {
+
+// The caller's buffers of mucc_execute; in/out/ws give the address `bytes` bytes into one.
+struct Buffers {
+  const void* const* inputs;
+  void* const* outputs;
+  void* workspace;
+  void* in(int i, unsigned long long bytes) const {
+    return const_cast<char*>(static_cast<const char*>(inputs[i])) + bytes;
+  }
+  void* out(int j, unsigned long long bytes) const { return static_cast<char*>(outputs[j]) + bytes; }
+  void* ws(unsigned long long bytes) const { return static_cast<char*>(workspace) + bytes; }
+};
+
+// Launches `kernel` (whose parameters are N pointers) with the addresses `ptrs` on `stream`.
+template <int N>
+inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                          void* const (&ptrs)[N]) {
+  void* args[N];
+  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
+  return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+}
 
 // One cuBLAS handle per host thread, created on first use.
 inline cublasStatus_t cublas_handle(cublasHandle_t* out) {

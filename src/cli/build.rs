@@ -6,7 +6,7 @@ use std::process::Command;
 
 use clap::Args;
 use mucc::emit::launch::{LaunchPlan, Step, TensorDirective};
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings};
@@ -147,7 +147,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         target: Target::new(a.arch),
         solve: Default::default(),
     };
-    let (_, emitted) = pipeline::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
+    let (_, emitted) = mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
         .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;
 
     // The runtime headers: a given folder, or the embedded copy installed in the cache.

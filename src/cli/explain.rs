@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use mucc::graph::Handle;
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::sched::memory;
 use mucc::target::{Arch, Target};
 
@@ -49,7 +49,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
         target: Target::new(a.arch),
         solve: Default::default(),
     };
-    let plan = pipeline::plan(&lg.graph, &opts).map_err(|e| {
+    let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
         Failure::User(format!(
             "{}: graph {}: {e}",
             a.input.file.display(),
@@ -58,7 +58,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     })?;
     let mut out = stdout();
     writeln!(out, "file: {}, graph {}", a.input.file.display(), a.graph)?;
-    write!(out, "{}", pipeline::explain(&lg.graph, &plan))?;
+    write!(out, "{}", mucc::explain::explain(&lg.graph, &plan))?;
     if let Some(svg) = &a.svg {
         for (i, (&k, kp)) in plan.kernels.iter().enumerate() {
             let path = if i == 0 {

@@ -13,7 +13,7 @@ use mucc::emit::Emitted;
 use mucc::emit::launch::LaunchPlan;
 use mucc::graph::interp::{self, Array, HostTensor, InputSpec};
 use mucc::graph::{DType, KernelGraph, Shape, Strides};
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::Target;
 use rayon::prelude::*;
 
@@ -97,9 +97,12 @@ impl Session {
                     None
                 };
                 let t0 = Instant::now();
-                let (_, emitted) =
-                    pipeline::transpile(&lg.graph, &self.opts, &format!("{name}, graph {i}"))
-                        .map_err(|e| e.to_string())?;
+                let (_, emitted) = mucc::transpile::transpile(
+                    &lg.graph,
+                    &self.opts,
+                    &format!("{name}, graph {i}"),
+                )
+                .map_err(|e| e.to_string())?;
                 let transpile_seconds = t0.elapsed().as_secs_f64();
                 let path = format!("{name}#graph{i}.{arch}.cu");
                 let cubin = self
@@ -243,7 +246,7 @@ pub fn upload_inputs(
     inputs: &[HostTensor],
 ) -> Result<(), String> {
     for (k, (t, d)) in inputs.iter().zip(&launch.inputs).enumerate() {
-        let dt = d.dtype.parse::<DType>()?;
+        let dt = d.dtype;
         let bytes = if t.data.len() == d.alloc_elems {
             data::encode(dt, &t.data)
         } else {
@@ -268,7 +271,7 @@ pub fn read_outputs(
         .iter()
         .enumerate()
         .map(|(j, d)| {
-            let dt = d.dtype.parse::<DType>()?;
+            let dt = d.dtype;
             let bytes = gpu.download_output(bufs, j).map_err(|e| e.to_string())?;
             let buf = data::decode(dt, &bytes);
             let shape =

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use mucc::pipeline::{self, Options};
+use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
@@ -76,7 +76,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
             .validate()
             .map_err(|e| format!("graph {i} is invalid:\n{e}"))
             .and_then(|()| {
-                pipeline::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
+                mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
                     .map_err(|e| format!("{}: graph {i}: {e}", a.input.file.display()))
             });
         let (_, emitted) = match result {

@@ -11,8 +11,9 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::driver::{DriverError, LaunchConfig, PushKernelArg};
 
-use crate::emit::launch::{Binding, GemmCall, LaunchPlan, Step, TensorDirective};
-use crate::graph::DType;
+use crate::emit::launch::{
+    Binding, BufferRef, CublasCompute, CudaDataType, GemmCall, LaunchPlan, Step, TensorDirective,
+};
 use crate::target::Arch;
 
 /// Why a plan could not run.
@@ -136,15 +137,6 @@ impl Program {
     pub fn plan(&self) -> &LaunchPlan {
         &self.plan
     }
-}
-
-/// Bytes of one element of a directive's dtype.
-fn elem_bytes(d: &TensorDirective) -> Result<usize, RunError> {
-    let dt: DType = d
-        .dtype
-        .parse()
-        .map_err(|_| RunError::Plan(format!("unknown dtype {} in the plan", d.dtype)))?;
-    Ok((dt.bits() as usize).div_ceil(8))
 }
 
 impl Gpu {
@@ -278,7 +270,7 @@ impl Gpu {
         share: Option<&Buffers>,
     ) -> Result<Buffers, RunError> {
         let alloc = |d: &TensorDirective| -> Result<CudaSlice<u8>, RunError> {
-            let n = (d.alloc_elems * elem_bytes(d)?).max(1);
+            let n = d.alloc_bytes();
             self.stream
                 .alloc_zeros::<u8>(n)
                 .map_err(driver(format!("allocating {n} bytes")))
@@ -374,26 +366,17 @@ impl Gpu {
             let (p, _sync) = s.device_ptr(&self.stream);
             p
         };
-        Ok(match b {
-            Binding::Input { index, elem_offset } => {
-                let d = &prog.plan.inputs[index];
-                base(&bufs.inputs[index]) + (elem_offset * elem_bytes(d)?) as u64
-            }
-            Binding::Output { index, elem_offset } => {
-                let d = &prog.plan.outputs[index];
-                base(&bufs.outputs[index]) + (elem_offset * elem_bytes(d)?) as u64
-            }
-            Binding::Workspace {
-                byte_offset,
-                elem_offset,
-                elem_bytes,
-            } => {
-                let ws = bufs.workspace.as_ref().ok_or_else(|| {
-                    RunError::Plan("the plan binds the workspace but has none".into())
-                })?;
-                base(ws) + (byte_offset + elem_offset * elem_bytes) as u64
-            }
-        })
+        let (buffer, offset) = prog.plan.resolve(b).ok_or_else(|| {
+            RunError::Plan(format!("the plan binds a buffer it does not have: {b:?}"))
+        })?;
+        let slice = match buffer {
+            BufferRef::Input(i) => &bufs.inputs[i],
+            BufferRef::Output(j) => &bufs.outputs[j],
+            BufferRef::Workspace => bufs.workspace.as_ref().ok_or_else(|| {
+                RunError::Plan("the plan binds the workspace but has none".into())
+            })?,
+        };
+        Ok(base(slice) + offset as u64)
     }
 
     /// Queues every step of `prog` on the stream (call [`Gpu::synchronize`] to wait).
@@ -435,36 +418,26 @@ impl Gpu {
             .expect("created in load for plans with gemms")
             .handle;
         let dt = match g.data_type {
-            "CUDA_R_16F" => sys::cudaDataType::CUDA_R_16F,
-            "CUDA_R_16BF" => sys::cudaDataType::CUDA_R_16BF,
-            "CUDA_R_32F" => sys::cudaDataType::CUDA_R_32F,
-            "CUDA_R_64F" => sys::cudaDataType::CUDA_R_64F,
-            other => {
-                return Err(RunError::Plan(format!(
-                    "cuBLAS data type {other} is not supported"
-                )));
-            }
+            CudaDataType::R16F => sys::cudaDataType::CUDA_R_16F,
+            CudaDataType::R16BF => sys::cudaDataType::CUDA_R_16BF,
+            CudaDataType::R32F => sys::cudaDataType::CUDA_R_32F,
+            CudaDataType::R64F => sys::cudaDataType::CUDA_R_64F,
         };
         let (ct, one64, zero64, one32, zero32) = match g.compute_type {
-            "CUBLAS_COMPUTE_32F" => (
+            CublasCompute::F32 => (
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 0.0,
                 0.0,
                 1.0f32,
                 0.0f32,
             ),
-            "CUBLAS_COMPUTE_64F" => (
+            CublasCompute::F64 => (
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
                 1.0f64,
                 0.0f64,
                 0.0,
                 0.0,
             ),
-            other => {
-                return Err(RunError::Plan(format!(
-                    "cuBLAS compute type {other} is not supported"
-                )));
-            }
         };
         let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
             if ct == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {

@@ -1,36 +1,35 @@
-//! CUDA C++ emission: askama templates rendered from small view structs, against the bundled
-//! runtime headers (`runtime-headers/mucc`).
+//! CUDA C++ emission from a [`GraphPlan`]: the emitter prints what the plan decided and
+//! decides nothing itself.
 //!
-//! The generated file holds one `extern "C" __global__` kernel per kernel-level operator (stable
-//! names: `k{op}_{name}`), and a host entry `mucc_execute` (guarded out under NVRTC) that binds
-//! the tensors — caller inputs, caller outputs, workspace offsets — and runs every step on the
-//! caller's stream, checking every call. The [`launch::LaunchPlan`] describes the same steps for
-//! a runner that loads the kernels itself. Emission is deterministic.
+//! The generated file holds one `extern "C" __global__` kernel per kernel-level operator that
+//! runs one (stable names: `k{op}_{name}`), and a host entry `mucc_execute` (guarded out under
+//! NVRTC) rendered from the [`launch::LaunchPlan`], which describes the same steps for a runner
+//! that loads the kernels itself. Kernel-level operators are printed by [`kernel_level`],
+//! customized operators by the code path their plan names ([`threadblock`] for
+//! [`crate::sched::plan::CodePath::Sm80`]); C++ is spelled by [`cxx`]. Emission is
+//! deterministic.
 
-pub mod cublas;
+pub mod cxx;
+pub mod host;
 mod kernel_level;
 pub mod launch;
 mod threadblock;
 
 use askama::Template;
 
+use crate::graph::arena::Handle;
 use crate::graph::kernel::KernelGraph;
-use crate::pipeline::GraphPlan;
+use crate::sched::kernel_level::KnOpPlan;
+use crate::sched::plan::{CodePath, GraphPlan};
+use host::HostStep;
+use launch::{Step, TensorDirective};
 
 pub use launch::LaunchPlan;
 
 /// Why a planned graph cannot be emitted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EmitError {
-    /// A customized operator (threadblock kernels are emitted by a later stage).
-    #[error(
-        "not yet supported: customized operator (kernel op {op}, kn_customized_op): mucc does not emit threadblock kernels yet"
-    )]
-    Customized {
-        /// Kernel op index.
-        op: usize,
-    },
-    /// An operator mucc cannot emit, with the reason.
+    /// An operator the emitter cannot print, with the reason.
     #[error("kernel op {op} ({name}): {reason}")]
     Unsupported {
         /// Kernel op index.
@@ -66,13 +65,6 @@ struct KernelView {
     body: Vec<String>,
 }
 
-/// A step of the host entry.
-#[derive(Clone, Debug)]
-struct HostStep {
-    comment: String,
-    lines: Vec<String>,
-}
-
 #[derive(Template)]
 #[template(path = "graph.cu")]
 struct FileView {
@@ -81,28 +73,92 @@ struct FileView {
     arch: String,
     io_lines: Vec<String>,
     kernels: Vec<KernelView>,
-    tensors: Vec<String>,
     steps: Vec<HostStep>,
     workspace: usize,
-    uses_workspace: bool,
+}
+
+/// The caller's buffers and the workspace, as the header comment lists them, and as launch
+/// directives.
+fn io(
+    g: &KernelGraph,
+    plan: &GraphPlan,
+) -> (Vec<String>, Vec<TensorDirective>, Vec<TensorDirective>) {
+    let mut lines = Vec::new();
+    let mut directive = |kind: &str, i: usize, io: &crate::sched::plan::IoPlan| {
+        let d = &g.tensors[io.tensor];
+        let alloc = if kind == "output" {
+            format!(" ({} elements)", io.alloc_elems)
+        } else {
+            String::new()
+        };
+        lines.push(format!(
+            "{kind} {i}: %{} {} {} strides {}{alloc}",
+            io.tensor.index(),
+            d.shape,
+            d.dtype,
+            io.strides
+        ));
+        TensorDirective {
+            shape: d.shape.dims().to_vec(),
+            strides: io.strides.0.clone(),
+            alloc_elems: io.alloc_elems,
+            dtype: d.dtype,
+        }
+    };
+    let inputs: Vec<_> = plan
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, io)| directive("input", i, io))
+        .collect();
+    let outputs: Vec<_> = plan
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(j, io)| directive("output", j, io))
+        .collect();
+    lines.push(format!("workspace: {} bytes", plan.workspace_bytes()));
+    (lines, inputs, outputs)
 }
 
 /// Emits a planned graph. `source` describes where the graph came from (for the header).
 pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, EmitError> {
-    let parts = kernel_level::lower(g, plan)?;
+    let (io_lines, inputs, outputs) = io(g, plan);
+    let mut kernels = Vec::new();
+    let mut steps = Vec::new();
+    for (h, op) in g.ops.iter() {
+        match &plan.kernel_ops[h.index()] {
+            KnOpPlan::Customized => {
+                let kp = &plan.kernels[&h.index()];
+                let (view, launch) = match kp.path {
+                    CodePath::Sm80 => threadblock::emit(g, plan, h, op, kp)?,
+                };
+                kernels.push(view);
+                steps.push(Step::Kernel(launch));
+            }
+            other => {
+                let (view, launch) =
+                    kernel_level::emit(g, Handle::from_index(h.index()), op, other);
+                kernels.extend(view);
+                steps.extend(launch);
+            }
+        }
+    }
+    let launch = LaunchPlan {
+        arch: plan.target.arch,
+        inputs,
+        outputs,
+        workspace_bytes: plan.workspace_bytes(),
+        steps,
+    };
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         source: source.to_string(),
         arch: plan.target.arch.to_string(),
-        io_lines: parts.io_lines,
-        kernels: parts.kernels,
-        tensors: parts.tensors,
-        steps: parts.steps,
+        io_lines,
+        kernels,
+        steps: host::steps(&launch),
         workspace: plan.workspace_bytes(),
-        uses_workspace: plan
-            .dtensors
-            .iter()
-            .any(|d| matches!(d.placement, crate::pipeline::Placement::Workspace(_))),
     };
     let mut source = view
         .render()
@@ -110,8 +166,5 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     if !source.ends_with('\n') {
         source.push('\n');
     }
-    Ok(Emitted {
-        source,
-        launch: parts.launch,
-    })
+    Ok(Emitted { source, launch })
 }

@@ -17,9 +17,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::kernel_level::{binding, ctype};
+use super::cxx::ctype;
 use super::launch::{Binding, KernelLaunch};
-use super::{EmitError, HostStep, KernelView};
+use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::kernel::{KernelGraph, KnOp};
@@ -27,20 +27,9 @@ use crate::graph::ops::{AXIS_NAMES, AccumKind, BinaryOp, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
-use crate::pipeline::{GraphPlan, KernelPlan, SmemKind, tile_elem_bytes};
-use crate::sched::meta::{AccumStorage, Copy, OpPlan, elem_bytes, threads_per_row};
+use crate::sched::ops::{AccumStorage, Copy, CopyEngine, OpPlan};
 use crate::sched::order::{Phase, Step};
-
-/// What a chain does with its values.
-#[derive(Clone, Copy, Debug)]
-enum Sink {
-    /// Store into a shared-memory tile.
-    Tile(Handle<STensor>),
-    /// Store into the output of this output operator, in global memory.
-    Global(Handle<TbOp>),
-    /// Accumulate into this accumulator.
-    Accum(Handle<TbOp>),
-}
+use crate::sched::plan::{GraphPlan, KernelPlan, Sink};
 
 struct Ctx<'a> {
     g: &'a KernelGraph,
@@ -114,12 +103,13 @@ impl Ctx<'_> {
         }
     }
 
+    /// The C++ type tile `t` is stored in (the plan's).
     fn tile_ctype(&self, t: Handle<STensor>) -> &'static str {
-        if tile_elem_bytes(self.tb, t) == elem_bytes(self.tb.tensors[t].dtype) {
-            ctype(self.tb.tensors[t].dtype)
-        } else {
-            self.compute()
-        }
+        ctype(
+            self.kp.tiles[t.index()]
+                .as_ref()
+                .map_or(self.tb.tensors[t].dtype, |g| g.dtype),
+        )
     }
 
     fn tile_ref(&self, t: Handle<STensor>) -> String {
@@ -213,15 +203,11 @@ impl Ctx<'_> {
         ))
     }
 
-    /// Iteration order of a chain led by `lead` over `space`: the planned iteration dim last.
-    fn order(&self, lead: Handle<TbOp>, space: &Shape) -> Vec<usize> {
-        let it = self.plan.layout.kernels[&self.kn.index()].iter_dim[lead.index()];
-        let mut order: Vec<usize> = (0..space.rank()).filter(|&d| Some(d) != it).collect();
-        match it {
-            Some(d) => order.push(d),
-            None => order = (0..space.rank()).collect(),
-        }
-        order
+    /// The walk order the plan gives the chain led by `lead`.
+    fn order(&self, lead: Handle<TbOp>) -> Vec<usize> {
+        self.kp.chains[self.kp.fusion.chain_of[lead.index()]]
+            .order
+            .clone()
     }
 
     /// Global base pointer and layout of a threadblock output's DTensor region.
@@ -308,19 +294,16 @@ impl Ctx<'_> {
                     self.t()
                 )
             }
+            Sink::Copy => {
+                return Err(self.err("internal: a copy chain has no value sink".into()));
+            }
             Sink::Accum(a) => {
                 let TbOpKind::Accum(kind) = self.tb.ops[a].kind else {
                     unreachable!()
                 };
                 let out = self.tb.ops[a].outputs[0];
                 match (&self.kp.ops[a.index()], kind) {
-                    (
-                        OpPlan::Accum {
-                            storage: AccumStorage::Registers { .. },
-                            ..
-                        },
-                        AccumKind::Max,
-                    ) => {
+                    (OpPlan::Accum { storage, .. }, AccumKind::Max) if storage.in_registers() => {
                         format!(
                             "acc{}[{r}] = acc{}[{r}] > ({v}) ? acc{}[{r}] : ({v});",
                             a.index(),
@@ -328,13 +311,9 @@ impl Ctx<'_> {
                             a.index()
                         )
                     }
-                    (
-                        OpPlan::Accum {
-                            storage: AccumStorage::Registers { .. },
-                            ..
-                        },
-                        _,
-                    ) => format!("acc{}[{r}] += {v};", a.index()),
+                    (OpPlan::Accum { storage, .. }, _) if storage.in_registers() => {
+                        format!("acc{}[{r}] += {v};", a.index())
+                    }
                     (_, AccumKind::Max) => {
                         let l = self.tile_layout(out, order)?;
                         let p = self.tile_ref(out);
@@ -370,30 +349,8 @@ impl Ctx<'_> {
         let chain = self.kp.fusion.chains[c].clone();
         let lead = chain.leader();
         let lop = self.tb.ops[lead].clone();
-        let tail = chain.tail();
-        let tail_kind = self.tb.ops[tail].kind.clone();
-        let (members, sink): (Vec<Handle<TbOp>>, Sink) = match &tail_kind {
-            TbOpKind::Output { .. } if tail != lead => (
-                chain.ops[1..chain.ops.len() - 1].to_vec(),
-                Sink::Global(tail),
-            ),
-            TbOpKind::Accum(_) if tail != lead => (
-                chain.ops[1..chain.ops.len() - 1].to_vec(),
-                Sink::Accum(tail),
-            ),
-            // A lone accumulator accumulates its own input.
-            TbOpKind::Accum(_) => (Vec::new(), Sink::Accum(tail)),
-            _ => (
-                chain.ops[1..].to_vec(),
-                Sink::Tile(
-                    self.tb.ops[tail]
-                        .outputs
-                        .first()
-                        .copied()
-                        .unwrap_or(Handle::from_index(0)),
-                ),
-            ),
-        };
+        let cp = self.kp.chains[c].clone();
+        let (members, sink) = (cp.members, cp.sink);
         let names: Vec<String> = chain
             .ops
             .iter()
@@ -409,9 +366,8 @@ impl Ctx<'_> {
             TbOpKind::RmsNorm => {
                 let x = lop.inputs[0];
                 let s = self.tb.tensors[x].shape;
-                let len = s.dim(s.rank() - 1);
-                let rows = s.numel() / len;
-                let tpr = self.tpr(rows, len);
+                let split = self.row_split(lead)?;
+                let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
                 let natural: Vec<usize> = (0..s.rank()).collect();
                 let xr = self.tile_read(x, &s, &natural, &format!("row * {len} + j"))?;
                 let out_v = self.members(&members, "v");
@@ -480,8 +436,8 @@ impl Ctx<'_> {
                 let xr = self.tile_read(x, &xs, &natural, &idx)?;
                 let v = self.members(&members, "s");
                 let st = self.sink_stmt(sink, &os, &natural, "row", "0", &v)?;
-                let rows = os.numel();
-                let tpr = self.tpr(rows, k);
+                let split = self.row_split(lead)?;
+                let (rows, tpr) = (split.rows, split.threads_per_row);
                 self.line(format!(
                     "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {cty}>(tid, [&](int row, int j) {{ return {xr}; }}, [&](int row, {cty} s) {{ {st} }});"
                 ));
@@ -491,11 +447,14 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn tpr(&self, rows: usize, len: usize) -> usize {
-        if !self.nt.is_multiple_of(32) {
-            1
-        } else {
-            threads_per_row(rows, len, self.nt)
+    /// The plan's row split of row-reducing operator `op`.
+    fn row_split(&self, op: Handle<TbOp>) -> Result<crate::sched::ops::RowSplit, EmitError> {
+        match &self.kp.ops[op.index()] {
+            OpPlan::RowReduce(split)
+            | OpPlan::Accum {
+                rows: Some(split), ..
+            } => Ok(*split),
+            _ => Err(self.err(format!("internal: op{} has no row split", op.index()))),
         }
     }
 
@@ -540,12 +499,7 @@ impl Ctx<'_> {
         };
         let reducing = matches!(sink, Sink::Accum(a) if self.accum_reduces(a));
         let redtox = matches!(sink, Sink::Accum(a) if matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedtoxLdSum)));
-        // Row sinks and concat need the natural order.
-        let order = if reducing || matches!(lop.kind, TbOpKind::Concat { .. }) {
-            (0..space.rank()).collect()
-        } else {
-            self.order(lead, &space)
-        };
+        let order = self.order(lead);
         let value = |ctx: &mut Self, e: &str| -> Result<String, EmitError> {
             let v = match &lop.kind {
                 TbOpKind::Unary(u) => {
@@ -608,9 +562,8 @@ impl Ctx<'_> {
             let TbOpKind::Accum(kind) = self.tb.ops[a].kind else {
                 unreachable!()
             };
-            let len = space.dim(space.rank() - 1);
-            let rows = space.numel() / len;
-            let tpr = self.tpr(rows, len);
+            let split = self.row_split(a)?;
+            let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
             let v = value(self, &format!("row * {len} + j"))?;
             let elem = if kind == AccumKind::RedLdRms {
                 format!("{{ const {cty} x_ = {v}; return x_ * x_; }}")
@@ -669,6 +622,10 @@ impl Ctx<'_> {
         }
         let (ta, tb) = (self.tile_ctype(a), self.tile_ctype(b));
         let mma = plan_uses_mma(self.kp, lead);
+        let (wm, wn) = match &self.kp.ops[lead.index()] {
+            OpPlan::Matmul { warps, .. } => *warps,
+            _ => return Err(self.err(format!("internal: op{} has no matmul plan", lead.index()))),
+        };
         if !mma {
             // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
             let fma = self.alias(format!(
@@ -694,15 +651,6 @@ impl Ctx<'_> {
             ));
             return Ok(());
         }
-        let (wm, wn) = match &self.kp.ops[lead.index()] {
-            OpPlan::Matmul { warps, .. } => *warps,
-            _ => (1, 1),
-        };
-        let (wm, wn) = if wm * wn > self.nt / 32 {
-            (1, 1)
-        } else {
-            (wm, wn)
-        };
         let mt = self.alias(format!(
             "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}>",
             ctype(dtype)
@@ -862,11 +810,10 @@ impl Ctx<'_> {
         let nt = self.nt;
         Ok(match &self.kp.ops[op.index()] {
             OpPlan::Input {
-                copy: Copy::Chunked { dim, chunk_elems },
+                copy: Copy::Chunked { chunk_elems, .. },
                 ..
             } => {
-                let mut order: Vec<usize> = (0..s.rank()).filter(|&d| d != *dim).collect();
-                order.push(*dim);
+                let order = self.order(op);
                 let sl = self.tile_layout(t, &order)?;
                 let gl = self.strided_layout(&s, &s, &dst_strides, &order, None);
                 let n = s.numel() / chunk_elems;
@@ -881,7 +828,7 @@ impl Ctx<'_> {
                 }
             }
             _ => {
-                let order = coalescing_order(&s, &dst_strides);
+                let order = self.order(op);
                 let sl = self.tile_layout(t, &order)?;
                 let gl = self.strided_layout(&s, &s, &dst_strides, &order, None);
                 format!(
@@ -908,24 +855,12 @@ impl Ctx<'_> {
     fn output_copy(&mut self, op: Handle<TbOp>) -> Result<(), EmitError> {
         let s_t = self.tb.ops[op].inputs[0];
         let s = self.tb.tensors[s_t].shape;
-        let (order, chunk) = match &self.kp.ops[op.index()] {
+        let order = self.order(op);
+        let chunk = match &self.kp.ops[op.index()] {
             OpPlan::Output {
-                copy: Some(Copy::Chunked { dim, chunk_elems }),
-            } => {
-                let mut o: Vec<usize> = (0..s.rank()).filter(|&d| d != *dim).collect();
-                o.push(*dim);
-                (o, *chunk_elems)
-            }
-            _ => {
-                let TbOpKind::Output { output, .. } = self.tb.ops[op].kind else {
-                    unreachable!("an output operator")
-                };
-                let dt = self.op.outputs[output];
-                (
-                    coalescing_order(&s, &self.plan.dtensors[dt.index()].strides.0),
-                    1,
-                )
-            }
+                copy: Some(Copy::Chunked { chunk_elems, .. }),
+            } => *chunk_elems,
+            _ => 1,
         };
         let sl = self.tile_layout(s_t, &order)?;
         let (p, gl) = self.global_out(op, &s, &order);
@@ -947,27 +882,23 @@ impl Ctx<'_> {
     }
 }
 
-/// The order in which an element-by-element copy between a tile and a device tensor with
-/// `strides` walks the tile's dims (the last the fastest): the device tensor's smallest stride
-/// last, so that consecutive threads touch consecutive device addresses (a column-major
-/// intermediate copied in row-major order would make every 2-byte access its own 32-byte
-/// sector). Dims of extent 1 go first; ties keep the natural order (row-major stays natural).
-fn coalescing_order(shape: &Shape, strides: &[usize]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shape.rank()).collect();
-    order.sort_by_key(|&d| (shape.dim(d) > 1, std::cmp::Reverse(strides[d])));
-    order
-}
-
-/// Emits the kernel of customized operator `kn`, its host launch and its launch-plan entry.
+/// Emits the kernel of customized operator `kn` (plan `kp`) and its launch-plan entry.
 pub(super) fn emit(
     g: &KernelGraph,
     plan: &GraphPlan,
     kn: Handle<KnOp>,
     op: &KnOp,
-    tb: &TbGraph,
-) -> Result<(KernelView, HostStep, KernelLaunch), EmitError> {
-    let kp = &plan.kernels[&kn.index()];
-    let nt = tb.num_threads();
+    kp: &KernelPlan,
+) -> Result<(KernelView, KernelLaunch), EmitError> {
+    let crate::graph::kernel::KnOpKind::Customized(tb) = &op.kind else {
+        return Err(EmitError::Unsupported {
+            op: kn.index(),
+            name: op.kind.name(),
+            reason: "internal: a threadblock plan for an operator without a threadblock graph"
+                .into(),
+        });
+    };
+    let nt = kp.cta.threads;
     let mut ctx = Ctx {
         g,
         plan,
@@ -983,9 +914,14 @@ pub(super) fn emit(
         mma: BTreeMap::new(),
     };
     for (h, top) in tb.ops.iter() {
-        if let (TbOpKind::Input { .. }, OpPlan::Input { stages, .. }) =
-            (&top.kind, &kp.ops[h.index()])
-            && *stages > 1
+        if let (
+            TbOpKind::Input { .. },
+            OpPlan::Input {
+                stages,
+                engine: CopyEngine::CpAsync,
+                ..
+            },
+        ) = (&top.kind, &kp.ops[h.index()])
         {
             ctx.stages.insert(top.outputs[0].index(), *stages);
         }
@@ -997,17 +933,11 @@ pub(super) fn emit(
     let mut args = Vec::new();
     for (j, &o) in op.outputs.iter().enumerate() {
         params.push(format!("{t}* __restrict__ out{j}"));
-        args.push((
-            format!("d{}", o.index()),
-            binding(plan.dtensors[o.index()].placement, g.tensors[o].dtype),
-        ));
+        args.push(plan.binding(o, g.tensors[o].dtype.bytes()));
     }
     for (i, &x) in op.inputs.iter().enumerate() {
         params.push(format!("const {t}* __restrict__ in{i}"));
-        args.push((
-            format!("d{}", x.index()),
-            binding(plan.dtensors[x.index()].placement, g.tensors[x].dtype),
-        ));
+        args.push(plan.binding(x, g.tensors[x].dtype.bytes()));
     }
     // Prologue: thread index, tiles, block offsets.
     ctx.line("extern __shared__ __align__(128) unsigned char smem[];");
@@ -1019,12 +949,10 @@ pub(super) fn emit(
         ctx.line("if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page");
     }
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
-        let tile = match kind {
-            SmemKind::Tile { tile, .. } | SmemKind::Writeback { tile } => *tile,
-        };
+        let tile = kind.tile();
         let th = Handle::<STensor>::from_index(tile);
         let ty = ctx.tile_ctype(th);
-        let off = kp.smem.base + kp.smem.packing.offsets[b];
+        let off = kp.smem.offset(b);
         ctx.line(format!(
             "{ty}* s{tile} = reinterpret_cast<{ty}*>(smem + {off});  // {}",
             kp.smem.buffers[b].name
@@ -1064,18 +992,21 @@ pub(super) fn emit(
             format!("{cty}(0)")
         };
         let out = top.outputs[0];
-        let leader = kp.fusion.chain(h).leader();
         match &kp.ops[h.index()] {
             OpPlan::Accum {
-                storage: AccumStorage::Registers { .. },
+                storage:
+                    AccumStorage::Registers {
+                        per_thread,
+                        fragment_of,
+                    },
                 ..
             } => {
-                if let Some(mt) = matmul_type_for(&mut ctx, leader)? {
+                if let Some(mm) = *fragment_of {
+                    let mt = matmul_type(&mut ctx, mm)?;
                     ctx.line(format!("{mt}::Frag acc{};", h.index()));
                     ctx.line(format!("for (int i = 0; i < {mt}::PM; ++i) for (int j = 0; j < {mt}::PN; ++j) for (int q = 0; q < 4; ++q) acc{}.v[i][j][q] = {init};", h.index()));
                 } else {
-                    let n = tb.tensors[out].shape.numel();
-                    let r = n.div_ceil(nt);
+                    let r = *per_thread;
                     ctx.line(format!("{cty} acc{}[{r}];", h.index()));
                     ctx.line(format!(
                         "#pragma unroll\nfor (int r = 0; r < {r}; ++r) acc{}[r] = {init};",
@@ -1211,9 +1142,10 @@ pub(super) fn emit(
             continue;
         };
         let out = top.outputs[0];
-        let has_buffer = kp.tiles[out.index()].is_some() && kp.smem.kinds.iter().any(|k| matches!(k, SmemKind::Tile { tile, .. } | SmemKind::Writeback { tile } if *tile == out.index()));
+        let has_buffer =
+            kp.tiles[out.index()].is_some() && kp.smem.buffer_of(out.index()).is_some();
         if let OpPlan::Accum {
-            storage: AccumStorage::Registers { .. },
+            storage: AccumStorage::Registers { fragment_of, .. },
             ..
         } = &kp.ops[h.index()]
         {
@@ -1228,17 +1160,13 @@ pub(super) fn emit(
             let natural: Vec<usize> = (0..s.rank()).collect();
             let ty = ctx.tile_ctype(out);
             let leader = kp.fusion.chain(h).leader();
-            if let Some(mt) = matmul_type_for(&mut ctx, leader)? {
+            if let Some(mm) = *fragment_of {
+                let mt = matmul_type(&mut ctx, mm)?;
                 let l = ctx.tile_layout(out, &natural)?;
                 let n = s.dim(s.rank() - 1);
                 ctx.line(format!("{mt}::each(acc{}, warp, lane, [&](int row, int col, float v, int, int, int) {{ s{}[{l}::offset(row * {n} + col)] = mucc::from_compute<{ty}>(v); }});", h.index(), out.index()));
             } else {
-                let lead_op = &tb.ops[leader];
-                let space = match lead_op.kind {
-                    TbOpKind::Accum(_) => tb.tensors[lead_op.inputs[0]].shape,
-                    _ => tb.tensors[lead_op.outputs[0]].shape,
-                };
-                let order = ctx.order(leader, &space);
+                let order = ctx.order(leader);
                 let l = ctx.tile_layout(out, &order)?;
                 ctx.line(format!("mucc::tb::for_each_unrolled<{nt}, {}>(tid, [&](int e, int r) {{ s{}[{l}::offset(e)] = mucc::from_compute<{ty}>(acc{}[r]); }});", s.numel(), out.index(), h.index()));
             }
@@ -1301,60 +1229,33 @@ pub(super) fn emit(
     );
     let _ = write!(comment, "; schedule {}", kp.schedule.compact(&kp.fusion));
     let view = KernelView {
-        comment: comment.clone(),
+        comment,
         name: name.clone(),
-        // At least one block per SM: ptxas may use the registers it needs (without the
-        // minimum it sometimes capped a kernel at 32 registers and spilled).
-        launch_bounds: format!("{nt}, 1"),
+        launch_bounds: format!("{nt}, {}", kp.cta.min_blocks_per_sm),
         preamble: Vec::new(),
         params: params.join(", "),
         body,
     };
-    let ptrs: Vec<String> = args.iter().map(|(p, _)| p.clone()).collect();
-    let grid = format!("dim3({}, {}, {})", tb.grid[0], tb.grid[1], tb.grid[2]);
-    let block = format!("dim3({}, {}, {})", tb.block[0], tb.block[1], tb.block[2]);
-    let host = HostStep {
-        comment,
-        lines: vec![
-            "{".into(),
-            "  static bool smem_set = false;".into(),
-            format!(
-                "  if (!smem_set) {{ MUCC_CHECK(cudaFuncSetAttribute({name}, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem})); smem_set = true; }}"
-            ),
-            format!(
-                "  {name}<<<{grid}, {block}, {smem}, stream>>>({});",
-                ptrs.join(", ")
-            ),
-            "  MUCC_CHECK_LAUNCH();".into(),
-            "}".into(),
-        ],
-    };
     let launch = KernelLaunch {
         name,
-        grid: tb.grid.map(|x| x as u32),
-        block: tb.block.map(|x| x as u32),
+        grid: kp.cta.grid.map(|x| x as u32),
+        block: kp.cta.block.map(|x| x as u32),
         dynamic_smem: smem as u32,
-        args: args.into_iter().map(|(_, b)| b).collect::<Vec<Binding>>(),
+        args: args.into_iter().collect::<Vec<Binding>>(),
     };
-    Ok((view, host, launch))
+    Ok((view, launch))
 }
 
-/// The `Mma` helper type of the matmul leading `leader`, if it runs on tensor cores.
 /// Whether the plan carries this matmul out with `mma.sync` (otherwise FMAs).
 fn plan_uses_mma(kp: &KernelPlan, matmul: Handle<TbOp>) -> bool {
-    matches!(&kp.ops[matmul.index()], OpPlan::Matmul { instr, .. } if instr.starts_with("mma"))
+    matches!(&kp.ops[matmul.index()], OpPlan::Matmul { instr, .. } if instr.is_mma())
 }
 
-fn matmul_type_for(ctx: &mut Ctx, leader: Handle<TbOp>) -> Result<Option<String>, EmitError> {
+/// The `Mma` helper type of matmul `leader` (which the plan runs on tensor cores).
+fn matmul_type(ctx: &mut Ctx, leader: Handle<TbOp>) -> Result<String, EmitError> {
     let lop = &ctx.tb.ops[leader];
-    if !matches!(lop.kind, TbOpKind::Matmul) {
-        return Ok(None);
-    }
     let (a, b) = (lop.inputs[0], lop.inputs[1]);
     let dtype = ctx.tb.tensors[a].dtype;
-    if !plan_uses_mma(ctx.kp, leader) {
-        return Ok(None);
-    }
     let (sa, sb) = (ctx.tb.tensors[a].shape, ctx.tb.tensors[b].shape);
     let r = sa.rank();
     let (m, k, n) = (sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1));
@@ -1365,13 +1266,8 @@ fn matmul_type_for(ctx: &mut Ctx, leader: Handle<TbOp>) -> Result<Option<String>
         OpPlan::Matmul { warps, .. } => *warps,
         _ => (1, 1),
     };
-    let (wm, wn) = if wm * wn > ctx.nt / 32 {
-        (1, 1)
-    } else {
-        (wm, wn)
-    };
-    Ok(Some(ctx.alias(format!(
+    Ok(ctx.alias(format!(
         "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}>",
         ctype(dtype)
-    ))))
+    )))
 }

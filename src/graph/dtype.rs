@@ -98,6 +98,11 @@ impl DType {
         }
     }
 
+    /// Bytes of one element (sub-byte types count as one byte: mucc never stores them).
+    pub fn bytes(self) -> usize {
+        (self.bits() as usize).div_ceil(8)
+    }
+
     /// Whether mucc can store tensors of this type (everything but the sub-byte and fp8 types,
     /// whose encodings Mirage's files do not pin down).
     pub fn is_supported(self) -> bool {
@@ -156,6 +161,19 @@ impl DType {
             DType::U64 => int(x, 0.0, u64::MAX as f64),
             DType::F8 | DType::F4 | DType::I4 | DType::U4 => x,
         }
+    }
+}
+
+impl serde::Serialize for DType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

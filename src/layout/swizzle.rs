@@ -12,11 +12,11 @@
 //! - **Shift** otherwise: the row stride grows to the next number of chunks coprime with the
 //!   chunks per line (an odd number), so consecutive rows start in different banks.
 //!
-//! Rows of one chunk need neither. On Hopper, tiles that will feed TMA/wgmma also record the
-//! hardware swizzle mode (128, 64 or 32 bytes) their row width allows.
+//! Rows of one chunk need neither.
 
 use super::solve::TileLayout;
 use super::strides::{dim_order, padded_strides};
+use crate::graph::dtype::DType;
 use crate::graph::shape::{Shape, Strides};
 use crate::target::Target;
 
@@ -66,20 +66,21 @@ pub struct TileGeometry {
     pub swizzle: Swizzle,
     /// Chunk size the swizzle preserves (bytes).
     pub chunk_bytes: usize,
-    /// Hopper TMA/wgmma swizzle width in bytes, for tiles that feed wgmma on sm_90a.
-    pub hopper_swizzle: Option<usize>,
+    /// The element type the tile stores (the graph's type, or the compute type for the wide
+    /// accumulator tiles of `sched`).
+    pub dtype: DType,
 }
 
-/// Plans the geometry of a tile of `shape` with `elem`-byte elements whose widest access is
+/// Plans the geometry of a tile of `shape` storing `dtype` elements whose widest access is
 /// `min_chunk_bytes`.
 pub fn plan_tile(
     shape: &Shape,
-    elem: usize,
+    dtype: DType,
     layout: TileLayout,
     min_chunk_bytes: usize,
     target: &Target,
-    feeds_wgmma: bool,
 ) -> TileGeometry {
+    let elem = dtype.bytes();
     let (mut strides, mut phys) = padded_strides(shape, layout.innermost, layout.swizzled, elem);
     let mut chunk = min_chunk_bytes
         .max(elem)
@@ -138,12 +139,6 @@ pub fn plan_tile(
             }
         }
     }
-    let hopper_swizzle = if target.has_tma_wgmma && feeds_wgmma {
-        let row = inner_ext * elem;
-        [128, 64, 32].into_iter().find(|w| row.is_multiple_of(*w))
-    } else {
-        None
-    };
     let bytes = (phys * elem).div_ceil(16) * 16;
     TileGeometry {
         layout,
@@ -152,7 +147,7 @@ pub fn plan_tile(
         bytes,
         swizzle,
         chunk_bytes: chunk,
-        hopper_swizzle,
+        dtype,
     }
 }
 
@@ -177,32 +172,29 @@ mod tests {
         // 64×64 fp16: rows of 8 chunks of 16 B = one 128-B line → Swizzle<3,3,3>.
         let g = plan_tile(
             &Shape::new(&[64, 64]).unwrap(),
-            2,
+            DType::F16,
             l(1, Some(0)),
             16,
             &t(),
-            false,
         );
         assert_eq!(g.swizzle, Swizzle::Xor { b: 3, m: 3, s: 3 });
         assert_eq!(g.bytes, 8192);
         // 8×32 fp16: rows of 4 chunks; the line index permutes them.
         let g = plan_tile(
             &Shape::new(&[8, 32]).unwrap(),
-            2,
+            DType::F16,
             l(1, Some(0)),
             16,
             &t(),
-            false,
         );
         assert_eq!(g.swizzle, Swizzle::Xor { b: 2, m: 3, s: 3 });
         // 16×128 fp16: rows of 16 chunks; the low row bits permute them.
         let g = plan_tile(
             &Shape::new(&[16, 128]).unwrap(),
-            2,
+            DType::F16,
             l(1, Some(0)),
             16,
             &t(),
-            false,
         );
         assert_eq!(g.swizzle, Swizzle::Xor { b: 3, m: 3, s: 4 });
     }
@@ -212,11 +204,10 @@ mod tests {
         // 46×47 fp16: rows padded to 48 = 6 chunks, shifted to 7 chunks (56 elements).
         let g = plan_tile(
             &Shape::new(&[46, 47]).unwrap(),
-            2,
+            DType::F16,
             l(1, Some(0)),
             16,
             &t(),
-            false,
         );
         assert_eq!(g.swizzle, Swizzle::Shift { row_chunks: 7 });
         assert_eq!(g.strides, Strides(vec![56, 1]));
@@ -224,32 +215,20 @@ mod tests {
         // One-chunk rows need nothing.
         let g = plan_tile(
             &Shape::new(&[64, 8]).unwrap(),
-            2,
+            DType::F16,
             l(1, Some(0)),
             16,
             &t(),
-            false,
         );
         assert_eq!(g.swizzle, Swizzle::None);
         // Element-wise access of fp32 columns: 4-byte chunks.
         let g = plan_tile(
             &Shape::new(&[32, 32]).unwrap(),
-            4,
+            DType::F32,
             l(1, Some(0)),
             4,
             &t(),
-            false,
         );
         assert_eq!(g.swizzle, Swizzle::Xor { b: 5, m: 0, s: 5 });
-        // Hopper records a 128-byte mode for 64-wide fp16 rows.
-        let g = plan_tile(
-            &Shape::new(&[64, 64]).unwrap(),
-            2,
-            l(1, Some(0)),
-            16,
-            &Target::new(Arch::Sm90a),
-            true,
-        );
-        assert_eq!(g.hopper_swizzle, Some(128));
     }
 }

@@ -1,6 +1,72 @@
-//! Threadblock scheduling ([`order`]), per-operator plans ([`meta`]) and memory planning
-//! ([`memory`]): shared memory by DSA heuristics, the global workspace by liveness.
+//! Planning: every decision the generated code depends on, made here and recorded in a typed
+//! [`GraphPlan`] ([`plan`] module) that `explain` prints and `emit` prints code from.
+//!
+//! The stages, in the order [`plan()`] runs them:
+//!
+//! 1. fusion chains of each threadblock graph ([`crate::graph::fusion`]);
+//! 2. layouts of every tensor, jointly, with Z3 ([`crate::layout::solve`]);
+//! 3. DTensor strides and placement ([`dtensors`]);
+//! 4. per customized operator ([`kernel`]): schedule ([`order`]), operator plans ([`ops`]), tile
+//!    geometry and swizzles ([`crate::layout::swizzle`]), pipeline depth with the shared-memory
+//!    plan ([`smem`], packed by [`memory`]), how each chain runs, the CTA;
+//! 5. the workspace of intermediates (liveness, packed by [`memory`]);
+//! 6. kernel-level operators: runtime kernels with their vector widths and launches, cuBLAS
+//!    calls ([`kernel_level`], [`gemm`]).
 
+pub mod dtensors;
+pub mod gemm;
+pub mod kernel;
+pub mod kernel_level;
 pub mod memory;
-pub mod meta;
+pub mod ops;
 pub mod order;
+pub mod plan;
+pub mod smem;
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::graph::fusion::{FusionPlan, fuse};
+use crate::graph::kernel::KernelGraph;
+use crate::layout::solve::resolve;
+
+pub use plan::{GraphPlan, KernelPlan, Options, PlanError};
+
+/// Plans a validated graph.
+pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
+    let start = Instant::now();
+    let target = &opts.target;
+    let fusion: BTreeMap<usize, FusionPlan> = g
+        .customized_ops()
+        .map(|(h, tb)| (h.index(), fuse(tb)))
+        .collect();
+    let layout = resolve(g, &fusion, &opts.solve)?;
+    let mut dt = dtensors::dtensor_geometry(g, &layout);
+    let mut kernels = BTreeMap::new();
+    for (h, tb) in g.customized_ops() {
+        let k = h.index();
+        let fusion = fusion[&k].clone();
+        let kp = kernel::plan_kernel(g, k, tb, fusion, &layout.kernels[&k], &dt, target)?;
+        kernels.insert(k, kp);
+    }
+    let (workspace, workspace_tensors) = dtensors::workspace_buffers(g, &dt);
+    let workspace_packing = memory::pack(&workspace);
+    for (b, &t) in workspace_tensors.iter().enumerate() {
+        dt[t].placement = plan::Placement::Workspace(workspace_packing.offsets[b]);
+    }
+    let (inputs, outputs) = dtensors::io_plans(g, &dt);
+    let kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
+    Ok(GraphPlan {
+        target: *target,
+        layout,
+        dtensors: dt,
+        inputs,
+        outputs,
+        kernel_ops,
+        kernels,
+        workspace,
+        workspace_tensors,
+        workspace_packing,
+        elapsed: start.elapsed(),
+    })
+}

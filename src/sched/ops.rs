@@ -15,12 +15,16 @@
 //! - **Matmuls**: the warp grid (warps along M × warps along N) that minimises the per-warp
 //!   instruction count (MMA calls plus `ldmatrix` loads), ties broken toward more warps; fp16 and
 //!   bf16 use `mma.sync m16n8k16` with fp32 accumulation, other types FMA.
+//! - **Row reductions** (tb reductions, rms_norm): threads per row from [`threads_per_row`].
 
+use std::fmt;
+
+use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::fusion::FusionPlan;
 use crate::graph::ops::{AccumKind, DimMap};
 use crate::graph::shape::{Shape, Strides};
-use crate::graph::threadblock::{TbGraph, TbOpKind};
+use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::KernelLayout;
 use crate::layout::strides::padded_strides;
 use crate::target::Target;
@@ -49,6 +53,15 @@ impl Copy {
     }
 }
 
+/// Who moves a tile from global to shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyEngine {
+    /// The threads, with loads and stores (waited for before the next barrier).
+    Threads,
+    /// `cp.async` into a ring of pipeline stages, issued ahead of the iteration that reads it.
+    CpAsync,
+}
+
 /// Where an accumulator lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AccumStorage {
@@ -56,9 +69,51 @@ pub enum AccumStorage {
     Registers {
         /// Registers per thread.
         per_thread: usize,
+        /// The matmul whose `mma` fragment the registers follow (each thread keeps the
+        /// elements its fragment holds); `None`: each thread keeps elements tid + r·threads of
+        /// the leader's walk.
+        fragment_of: Option<Handle<TbOp>>,
     },
     /// In shared memory.
     Shared,
+}
+
+impl AccumStorage {
+    /// Whether the accumulator lives in registers.
+    pub fn in_registers(self) -> bool {
+        matches!(self, AccumStorage::Registers { .. })
+    }
+}
+
+/// The instruction a matmul runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulInstr {
+    /// `mma.sync.aligned.m16n8k16` with fp32 accumulators, operands by `ldmatrix` where the
+    /// tile layout allows; `dtype` is f16 or bf16.
+    MmaSyncM16N8K16 {
+        /// Operand type.
+        dtype: DType,
+    },
+    /// One thread per element of C, fp32 (or fp64) FMAs.
+    Fma,
+}
+
+impl MatmulInstr {
+    /// Whether this runs on tensor cores.
+    pub fn is_mma(self) -> bool {
+        matches!(self, MatmulInstr::MmaSyncM16N8K16 { .. })
+    }
+}
+
+impl fmt::Display for MatmulInstr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MatmulInstr::MmaSyncM16N8K16 { dtype } => {
+                write!(f, "mma.sync.m16n8k16.f32.{dtype}.{dtype}.f32")
+            }
+            MatmulInstr::Fma => f.write_str("fma.f32"),
+        }
+    }
 }
 
 /// When a reducing accumulator reduces.
@@ -72,6 +127,28 @@ pub enum AccumReduce {
     AfterLoop,
 }
 
+/// How the rows of a row reduction are spread over the block's threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowSplit {
+    /// Independent rows.
+    pub rows: usize,
+    /// Elements reduced per row.
+    pub len: usize,
+    /// Threads cooperating on one row (see [`threads_per_row`]).
+    pub threads_per_row: usize,
+}
+
+impl RowSplit {
+    /// `rows` rows of `len` elements over `threads` threads.
+    pub fn new(rows: usize, len: usize, threads: usize) -> RowSplit {
+        RowSplit {
+            rows,
+            len,
+            threads_per_row: threads_per_row(rows, len, threads),
+        }
+    }
+}
+
 /// The plan of an operator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OpPlan {
@@ -79,7 +156,9 @@ pub enum OpPlan {
     Input {
         /// The copy.
         copy: Copy,
-        /// Pipeline stages (1 = not pipelined).
+        /// Who copies.
+        engine: CopyEngine,
+        /// Pipeline stages (1 = not pipelined; more only with [`CopyEngine::CpAsync`]).
         stages: usize,
     },
     /// A threadblock output.
@@ -93,30 +172,24 @@ pub enum OpPlan {
         storage: AccumStorage,
         /// Reduction timing.
         reduce: AccumReduce,
+        /// For an accumulator that sums the rows of an element-wise chain's values itself:
+        /// how those rows are spread over the threads.
+        rows: Option<RowSplit>,
     },
     /// A matmul.
     Matmul {
-        /// Warps along M and N.
+        /// Warps along M and N (their product is at most the block's warps).
         warps: (usize, usize),
         /// The instruction.
-        instr: &'static str,
+        instr: MatmulInstr,
         /// MMA calls per warp per execution.
         mma_per_warp: usize,
         /// `ldmatrix.x4` loads per warp per execution.
         loads_per_warp: usize,
     },
-    /// A reduction over rows (tb reductions and rms_norm): `rows` independent groups of `len`
-    /// elements, each reduced by `threads_per_row` threads (a power of two up to a warp,
-    /// combining partial sums with warp shuffles); rms_norm then scales its row in a second
-    /// pass over the same registers.
-    RowReduce {
-        /// Independent rows.
-        rows: usize,
-        /// Elements reduced per row.
-        len: usize,
-        /// Threads cooperating on one row.
-        threads_per_row: usize,
-    },
+    /// A reduction over rows (tb reductions and rms_norm); rms_norm then scales its row in a
+    /// second pass.
+    RowReduce(RowSplit),
     /// Anything else.
     Plain,
 }
@@ -125,9 +198,10 @@ pub enum OpPlan {
 /// spread over threads first; leftover threads join rows in powers of two. Up to a warp, a
 /// row's partial sums meet through warp shuffles; more than a warp joins a row (partial sums
 /// then also meet in shared memory, between two barriers) only while every thread still gets
-/// at least 8 of its elements — e.g. a whole block normalises one 4096-wide row.
+/// at least 8 of its elements — e.g. a whole block normalises one 4096-wide row. Shuffles need
+/// whole warps: a block whose thread count is not a multiple of 32 reduces a row per thread.
 pub fn threads_per_row(rows: usize, len: usize, threads: usize) -> usize {
-    if rows >= threads {
+    if rows >= threads || !threads.is_multiple_of(32) {
         return 1;
     }
     let mut t = 1;
@@ -137,9 +211,28 @@ pub fn threads_per_row(rows: usize, len: usize, threads: usize) -> usize {
     t
 }
 
-/// Bytes per element.
-pub fn elem_bytes(d: DType) -> usize {
-    (d.bits() as usize / 8).max(1)
+/// The type a tile is stored in: accumulator results of a loop of two or more iterations, and
+/// results of reducing accumulators (row sums, even of one iteration), are kept in the compute
+/// type (fp32, or fp64 for fp64 and integer graphs) — a 16-bit row sum of a few thousand terms
+/// overflows or loses its low digits; everything else — single-iteration element-wise
+/// accumulators included, which sum nothing — in the graph's type.
+pub fn tile_dtype(tb: &TbGraph, t: Handle<STensor>) -> DType {
+    let dtype = tb.tensors[t].dtype;
+    let accum = tb.producer(t).and_then(|p| match tb.ops[p].kind {
+        TbOpKind::Accum(k) => Some(k),
+        _ => None,
+    });
+    let wide = accum.is_some_and(|k| tb.forloop_range > 1 || k.reduces_last_dim());
+    match dtype {
+        _ if !wide => dtype,
+        DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+        _ => DType::F64,
+    }
+}
+
+/// Whether tile `t` is stored wider than its graph type (see [`tile_dtype`]).
+pub fn tile_is_wide(tb: &TbGraph, t: Handle<STensor>) -> bool {
+    tile_dtype(tb, t) != tb.tensors[t].dtype
 }
 
 /// A G↔S copy plan for a tile of `tile` (innermost `tile_inner`) inside a DTensor of `d`
@@ -276,10 +369,14 @@ pub fn plan_ops(
                     *imap,
                     tb.grid,
                     *forloop_dim,
-                    elem_bytes(s.dtype),
+                    s.dtype.bytes(),
                     target,
                 );
-                OpPlan::Input { copy, stages: 1 }
+                OpPlan::Input {
+                    copy,
+                    engine: CopyEngine::Threads,
+                    stages: 1,
+                }
             }
             TbOpKind::Output { output, omap } => {
                 if chain.ops.len() > 1 {
@@ -298,7 +395,7 @@ pub fn plan_ops(
                         *omap,
                         tb.grid,
                         None,
-                        elem_bytes(s.dtype),
+                        s.dtype.bytes(),
                         target,
                     );
                     OpPlan::Output { copy: Some(copy) }
@@ -313,14 +410,11 @@ pub fn plan_ops(
                 let (m, k, n) = (a.dim(r - 2), a.dim(r - 1), b.dim(r - 1));
                 let (w, mma, loads) = warp_grid(m, n, k, warps);
                 // An operand kept wide (an accumulator's fp32 result) goes through FMAs.
-                let wide = op.inputs.iter().any(|&t| {
-                    crate::pipeline::tile_elem_bytes(tb, t) != elem_bytes(tb.tensors[t].dtype)
-                });
+                let wide = op.inputs.iter().any(|&t| tile_is_wide(tb, t));
                 let instr = match tb.tensors[op.inputs[0]].dtype {
-                    _ if wide || !threads.is_multiple_of(32) => "fma.f32",
-                    DType::F16 => "mma.sync.m16n8k16.f32.f16.f16.f32",
-                    DType::BF16 => "mma.sync.m16n8k16.f32.bf16.bf16.f32",
-                    _ => "fma.f32",
+                    _ if wide || !threads.is_multiple_of(32) => MatmulInstr::Fma,
+                    dtype @ (DType::F16 | DType::BF16) => MatmulInstr::MmaSyncM16N8K16 { dtype },
+                    _ => MatmulInstr::Fma,
                 };
                 OpPlan::Matmul {
                     warps: w,
@@ -354,42 +448,67 @@ pub fn plan_ops(
                     None
                 } else if let Some(OpPlan::Matmul { warps, instr, .. }) =
                     plans.get(chain.leader().index()).filter(|_| after_matmul)
-                    && instr.starts_with("mma")
+                    && instr.is_mma()
                 {
                     let c = &tb.tensors[leader.outputs[0]].shape;
                     let r = c.rank();
-                    Some(fragment_registers(c.dim(r - 2), c.dim(r - 1), *warps))
+                    Some((
+                        fragment_registers(c.dim(r - 2), c.dim(r - 1), *warps),
+                        Some(chain.leader()),
+                    ))
                 } else {
-                    Some(tb.tensors[op.outputs[0]].shape.numel().div_ceil(threads))
+                    Some((
+                        tb.tensors[op.outputs[0]].shape.numel().div_ceil(threads),
+                        None,
+                    ))
                 };
                 let storage = match regs {
-                    Some(n) if n <= regs_left => {
+                    Some((n, fragment_of)) if n <= regs_left => {
                         regs_left -= n;
-                        AccumStorage::Registers { per_thread: n }
+                        AccumStorage::Registers {
+                            per_thread: n,
+                            fragment_of,
+                        }
                     }
                     _ => AccumStorage::Shared,
                 };
-                OpPlan::Accum { storage, reduce }
+                // A row-summing accumulator after an element-wise leader sums the rows of the
+                // leader's values (an accumulator leading its own chain: of its input).
+                let elementwise_leader = matches!(
+                    leader.kind,
+                    TbOpKind::Unary(_)
+                        | TbOpKind::Binary(_)
+                        | TbOpKind::Concat { .. }
+                        | TbOpKind::Accum(_)
+                );
+                let rows = (reduce == AccumReduce::EachIteration
+                    && *kind != AccumKind::RedtoxLdSum
+                    && elementwise_leader)
+                    .then(|| {
+                        let space = match leader.kind {
+                            TbOpKind::Accum(_) => &tb.tensors[leader.inputs[0]].shape,
+                            _ => &tb.tensors[leader.outputs[0]].shape,
+                        };
+                        let len = space.dim(space.rank() - 1);
+                        RowSplit::new(space.numel() / len.max(1), len, threads)
+                    });
+                OpPlan::Accum {
+                    storage,
+                    reduce,
+                    rows,
+                }
             }
             TbOpKind::Reduction { .. } => {
                 // Each output element sums `len` inputs (a dim, or a dim / dimx for to-dimx).
                 let rows = tb.tensors[op.outputs[0]].shape.numel().max(1);
                 let len = tb.tensors[op.inputs[0]].shape.numel() / rows;
-                OpPlan::RowReduce {
-                    rows,
-                    len,
-                    threads_per_row: threads_per_row(rows, len, threads),
-                }
+                OpPlan::RowReduce(RowSplit::new(rows, len, threads))
             }
             TbOpKind::RmsNorm => {
                 let x = &tb.tensors[op.inputs[0]].shape;
                 let len = x.dim(x.rank() - 1);
                 let rows = x.numel() / len.max(1);
-                OpPlan::RowReduce {
-                    rows,
-                    len,
-                    threads_per_row: threads_per_row(rows, len, threads),
-                }
+                OpPlan::RowReduce(RowSplit::new(rows, len, threads))
             }
             _ => OpPlan::Plain,
         };
@@ -400,7 +519,7 @@ pub fn plan_ops(
 
 /// Strides and physical size of an intermediate DTensor with this innermost dim.
 pub fn dtensor_strides(shape: &Shape, innermost: usize, dtype: DType) -> (Strides, usize) {
-    padded_strides(shape, innermost, None, elem_bytes(dtype))
+    padded_strides(shape, innermost, None, dtype.bytes())
 }
 
 #[cfg(test)]

@@ -7,9 +7,100 @@
 //! dims that collapse into one stride for all three tensors become the cuBLAS batch; the others
 //! (only possible with user strides) are unrolled into separate calls.
 
-use super::launch::{Binding, GemmCall};
+use serde::{Deserialize, Serialize};
+
+use super::plan::Binding;
 use crate::graph::dtype::DType;
 use crate::graph::shape::{Shape, Strides};
+
+/// cuBLAS's element type of A, B and C (`cudaDataType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CudaDataType {
+    /// `CUDA_R_16F`.
+    #[serde(rename = "CUDA_R_16F")]
+    R16F,
+    /// `CUDA_R_16BF`.
+    #[serde(rename = "CUDA_R_16BF")]
+    R16BF,
+    /// `CUDA_R_32F`.
+    #[serde(rename = "CUDA_R_32F")]
+    R32F,
+    /// `CUDA_R_64F`.
+    #[serde(rename = "CUDA_R_64F")]
+    R64F,
+}
+
+impl CudaDataType {
+    /// The C enumerator.
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaDataType::R16F => "CUDA_R_16F",
+            CudaDataType::R16BF => "CUDA_R_16BF",
+            CudaDataType::R32F => "CUDA_R_32F",
+            CudaDataType::R64F => "CUDA_R_64F",
+        }
+    }
+}
+
+/// cuBLAS's accumulation type (`cublasComputeType_t`); alpha and beta have its scalar type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CublasCompute {
+    /// `CUBLAS_COMPUTE_32F` (float scalars).
+    #[serde(rename = "CUBLAS_COMPUTE_32F")]
+    F32,
+    /// `CUBLAS_COMPUTE_64F` (double scalars).
+    #[serde(rename = "CUBLAS_COMPUTE_64F")]
+    F64,
+}
+
+impl CublasCompute {
+    /// The C enumerator.
+    pub fn name(self) -> &'static str {
+        match self {
+            CublasCompute::F32 => "CUBLAS_COMPUTE_32F",
+            CublasCompute::F64 => "CUBLAS_COMPUTE_64F",
+        }
+    }
+}
+
+/// One `cublasGemmStridedBatchedEx` call (column-major, as cuBLAS sees it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemmCall {
+    /// `A` is transposed.
+    pub trans_a: bool,
+    /// `B` is transposed.
+    pub trans_b: bool,
+    /// Rows of op(A) and of C.
+    pub m: i32,
+    /// Columns of op(B) and of C.
+    pub n: i32,
+    /// Inner dimension.
+    pub k: i32,
+    /// cuBLAS's A operand.
+    pub a: Binding,
+    /// Leading dimension of A.
+    pub lda: i32,
+    /// Batch stride of A (elements).
+    pub stride_a: i64,
+    /// cuBLAS's B operand.
+    pub b: Binding,
+    /// Leading dimension of B.
+    pub ldb: i32,
+    /// Batch stride of B.
+    pub stride_b: i64,
+    /// The result.
+    pub c: Binding,
+    /// Leading dimension of C.
+    pub ldc: i32,
+    /// Batch stride of C.
+    pub stride_c: i64,
+    /// Batch count.
+    pub batch: i32,
+    /// Element type of A, B and C.
+    pub data_type: CudaDataType,
+    /// Accumulation type.
+    pub compute_type: CublasCompute,
+}
 
 /// One operand as stored.
 #[derive(Clone, Debug)]
@@ -57,12 +148,12 @@ fn major(s: &Shape, st: &Strides, what: &str) -> Result<Major, GemmError> {
     })
 }
 
-fn dtype_names(d: DType) -> Result<(&'static str, &'static str), GemmError> {
+fn dtype_names(d: DType) -> Result<(CudaDataType, CublasCompute), GemmError> {
     Ok(match d {
-        DType::F16 => ("CUDA_R_16F", "CUBLAS_COMPUTE_32F"),
-        DType::BF16 => ("CUDA_R_16BF", "CUBLAS_COMPUTE_32F"),
-        DType::F32 => ("CUDA_R_32F", "CUBLAS_COMPUTE_32F"),
-        DType::F64 => ("CUDA_R_64F", "CUBLAS_COMPUTE_64F"),
+        DType::F16 => (CudaDataType::R16F, CublasCompute::F32),
+        DType::BF16 => (CudaDataType::R16BF, CublasCompute::F32),
+        DType::F32 => (CudaDataType::R32F, CublasCompute::F32),
+        DType::F64 => (CudaDataType::R64F, CublasCompute::F64),
         other => {
             return Err(GemmError(format!(
                 "kernel-level matmul of {other} is not supported (cuBLAS covers f16, bf16, f32, f64)"
@@ -245,7 +336,7 @@ mod tests {
         );
         assert_eq!((g.lda, g.ldb, g.ldc), (32, 64, 32));
         assert_eq!((g.a, g.b), (ws(1024), ws(0)));
-        assert_eq!(g.compute_type, "CUBLAS_COMPUTE_32F");
+        assert_eq!(g.compute_type, CublasCompute::F32);
     }
 
     #[test]
@@ -289,7 +380,7 @@ mod tests {
             (g.stride_a, g.stride_b, g.stride_c),
             (64 * 4096, 16 * 64, 16 * 4096)
         );
-        assert_eq!(g.data_type, "CUDA_R_16BF");
+        assert_eq!(g.data_type, CudaDataType::R16BF);
     }
 
     #[test]

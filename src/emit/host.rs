@@ -1,0 +1,127 @@
+//! The host entry `mucc_execute`, rendered from the typed [`LaunchPlan`] alone: each kernel
+//! step becomes a `cudaLaunchKernel` through `mucc::host::launch` with the argument addresses
+//! its bindings denote, each cuBLAS step a `cublasGemmStridedBatchedEx` call. The runner of
+//! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
+
+use super::cxx::Writer;
+use super::launch::{Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step};
+use crate::sched::gemm::CublasCompute;
+
+/// Value `mucc_execute` adds to a `cublasStatus_t` it returns (the runtime's
+/// `MUCC_CUBLAS_ERROR_BASE`, and the generated library header's).
+pub const CUBLAS_ERROR_BASE: i32 = 100_000;
+
+/// A step of the host entry: a comment and its lines (at the entry's indentation).
+#[derive(Clone, Debug)]
+pub struct HostStep {
+    /// What the step does.
+    pub comment: String,
+    /// Its C++ lines.
+    pub lines: Vec<String>,
+}
+
+/// The device address a binding denotes, as a `void*` expression over `buf`
+/// (a `mucc::host::Buffers`).
+fn address(plan: &LaunchPlan, b: Binding) -> String {
+    match plan.resolve(b) {
+        Some((BufferRef::Input(i), off)) => format!("buf.in({i}, {off})"),
+        Some((BufferRef::Output(j), off)) => format!("buf.out({j}, {off})"),
+        Some((BufferRef::Workspace, off)) => format!("buf.ws({off})"),
+        // The emitter only binds buffers the plan has.
+        None => "nullptr".into(),
+    }
+}
+
+fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
+    let mut w = Writer::new();
+    let [gx, gy, gz] = k.grid;
+    let [bx, by, bz] = k.block;
+    w.line(format!(
+        "const void* kernel = reinterpret_cast<const void*>(&{});",
+        k.name
+    ));
+    if k.dynamic_smem > 48 * 1024 {
+        w.line("static bool smem_set = false;");
+        w.block("if (!smem_set)", "", |w| {
+            w.line(format!(
+                "MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, {}));",
+                k.dynamic_smem
+            ));
+            w.line("smem_set = true;");
+        });
+    }
+    let args: Vec<String> = k.args.iter().map(|b| address(plan, *b)).collect();
+    let one_line = format!("void* const args[] = {{{}}};", args.join(", "));
+    if one_line.len() + 4 <= super::cxx::MAX_LINE {
+        w.line(one_line);
+    } else {
+        w.open("void* const args[] =");
+        for (i, a) in args.iter().enumerate() {
+            let sep = if i + 1 < args.len() { "," } else { "" };
+            w.line(format!("{a}{sep}"));
+        }
+        w.close(";");
+    }
+    w.line(format!(
+        "MUCC_CHECK(mucc::host::launch(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args));",
+        k.dynamic_smem
+    ));
+    w.finish().lines().map(str::to_string).collect()
+}
+
+fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<String> {
+    let mut w = Writer::new();
+    let op = |t: bool| if t { "CUBLAS_OP_T" } else { "CUBLAS_OP_N" };
+    let scalar = match c.compute_type {
+        CublasCompute::F32 => "float",
+        CublasCompute::F64 => "double",
+    };
+    let dt = c.data_type.name();
+    w.line("cublasHandle_t handle;");
+    w.line("MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));");
+    w.line("MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));");
+    w.line(format!("const {scalar} alpha = 1, beta = 0;"));
+    w.line("MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(");
+    w.indented(|w| {
+        w.line(format!(
+            "handle, {}, {}, {}, {}, {}, &alpha,",
+            op(c.trans_a),
+            op(c.trans_b),
+            c.m,
+            c.n,
+            c.k
+        ));
+        let operand = |b: Binding, ld: i32, stride: i64| {
+            format!("{}, {dt}, {ld}, {stride}LL,", address(plan, b))
+        };
+        w.line(operand(c.a, c.lda, c.stride_a));
+        w.line(format!("{} &beta,", operand(c.b, c.ldb, c.stride_b)));
+        w.line(operand(c.c, c.ldc, c.stride_c));
+        w.line(format!(
+            "{}, {}, CUBLAS_GEMM_DEFAULT));",
+            c.batch,
+            c.compute_type.name()
+        ));
+    });
+    w.finish().lines().map(str::to_string).collect()
+}
+
+/// The steps of the host entry, one per launch-plan step.
+pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
+    plan.steps
+        .iter()
+        .map(|s| match s {
+            Step::Kernel(k) => HostStep {
+                comment: format!("launch {}", k.name),
+                lines: kernel_step(plan, k),
+            },
+            Step::Gemm(c) => HostStep {
+                comment: format!(
+                    "cuBLAS: {} product(s) of {}x{} by {}x{}",
+                    c.batch, c.m, c.k, c.k, c.n
+                ),
+                lines: gemm_step(plan, c),
+            },
+        })
+        .collect()
+}

@@ -1,0 +1,123 @@
+//! Device tensors: the strides and placement of every DTensor (caller buffers keep the
+//! caller's strides; intermediates get padded strides along their solved innermost dim), the
+//! caller's buffers, and the workspace buffers of intermediates with their lifetimes.
+
+use super::memory::Buffer;
+use super::ops::dtensor_strides;
+use super::plan::{DTensorGeometry, IoPlan, Placement, WORKSPACE_ALIGN};
+use crate::graph::kernel::{KernelGraph, KnOpKind};
+use crate::graph::shape::Strides;
+use crate::layout::solve::LayoutPlan;
+use crate::layout::strides::padded_strides;
+
+/// Strides and placement of every DTensor (workspace offsets are filled in after packing).
+pub(super) fn dtensor_geometry(g: &KernelGraph, layout: &LayoutPlan) -> Vec<DTensorGeometry> {
+    let mut placement: Vec<Option<Placement>> = vec![None; g.tensors.len()];
+    let mut user: Vec<Option<Strides>> = vec![None; g.tensors.len()];
+    for (i, (h, t)) in g.inputs().into_iter().enumerate() {
+        placement[t.index()] = Some(Placement::Input(i));
+        if let KnOpKind::Input { strides } = &g.ops[h].kind {
+            user[t.index()] = Some(strides.clone());
+        }
+    }
+    for (j, (h, t)) in g.outputs().into_iter().enumerate() {
+        if placement[t.index()].is_none() {
+            placement[t.index()] = Some(Placement::Output(j));
+            if let KnOpKind::Output { strides: Some(s) } = &g.ops[h].kind {
+                user[t.index()] = Some(s.clone());
+            }
+        }
+    }
+    g.tensors
+        .iter()
+        .map(|(h, d)| {
+            let innermost = layout.dtensors[h.index()];
+            let (strides, phys_elems) = match &user[h.index()] {
+                Some(s) => (s.clone(), s.span(&d.shape).unwrap_or(0)),
+                None => dtensor_strides(&d.shape, innermost, d.dtype),
+            };
+            DTensorGeometry {
+                innermost,
+                strides,
+                phys_elems,
+                placement: placement[h.index()].unwrap_or(Placement::Workspace(0)),
+            }
+        })
+        .collect()
+}
+
+/// Workspace buffers of the intermediates, live from the op that writes them to the last op
+/// that reads them, and the DTensor of each.
+pub(super) fn workspace_buffers(
+    g: &KernelGraph,
+    dt: &[DTensorGeometry],
+) -> (Vec<Buffer>, Vec<usize>) {
+    let mut def = vec![usize::MAX; g.tensors.len()];
+    let mut last = vec![0usize; g.tensors.len()];
+    for (h, op) in g.ops.iter() {
+        for &t in &op.outputs {
+            def[t.index()] = h.index();
+            last[t.index()] = h.index();
+        }
+        for &t in &op.inputs {
+            last[t.index()] = last[t.index()].max(h.index());
+        }
+    }
+    let mut bufs = Vec::new();
+    let mut tensors = Vec::new();
+    for (h, d) in g.tensors.iter() {
+        if matches!(dt[h.index()].placement, Placement::Workspace(_))
+            && def[h.index()] != usize::MAX
+        {
+            let bytes = (dt[h.index()].phys_elems * d.dtype.bytes()).div_ceil(WORKSPACE_ALIGN)
+                * WORKSPACE_ALIGN;
+            bufs.push(Buffer {
+                name: format!("%{} {} {}", h.index(), d.shape, d.dtype),
+                bytes,
+                start: def[h.index()],
+                end: last[h.index()] + 1,
+                align: WORKSPACE_ALIGN,
+            });
+            tensors.push(h.index());
+        }
+    }
+    (bufs, tensors)
+}
+
+/// The caller's buffers: inputs keep their strides; an output takes the strides the graph
+/// gives it, or its tensor's when the tensor lives in it, or padded strides along the tensor's
+/// innermost dim when it is a copy of another tensor (a graph input, or another output).
+pub(super) fn io_plans(g: &KernelGraph, dt: &[DTensorGeometry]) -> (Vec<IoPlan>, Vec<IoPlan>) {
+    let inputs = g
+        .inputs()
+        .into_iter()
+        .map(|(_, t)| {
+            let st = dt[t.index()].strides.clone();
+            IoPlan {
+                tensor: t,
+                alloc_elems: st.span(&g.tensors[t].shape).unwrap_or(0),
+                strides: st,
+            }
+        })
+        .collect();
+    let outputs = g
+        .outputs()
+        .into_iter()
+        .enumerate()
+        .map(|(j, (h, t))| {
+            let d = &g.tensors[t];
+            let geo = &dt[t.index()];
+            let (strides, alloc) = match &g.ops[h].kind {
+                KnOpKind::Output { strides: Some(s) } => (s.clone(), s.span(&d.shape).unwrap_or(0)),
+                _ if geo.placement == Placement::Output(j) => (geo.strides.clone(), geo.phys_elems),
+                _ => padded_strides(&d.shape, geo.innermost, None, d.dtype.bytes()),
+            };
+            IoPlan {
+                tensor: t,
+                strides,
+                alloc_elems: alloc.max(1),
+            }
+        })
+        .collect();
+    (inputs, outputs)
+}

@@ -1,0 +1,422 @@
+//! The plan of one customized operator, in order: schedule → operator plans → tile geometry
+//! (swizzles) → copies the geometry cannot serve → pipeline depth and shared memory → how each
+//! chain runs → the CTA.
+
+use super::ops::{Copy, CopyEngine, OpPlan, plan_ops, tile_dtype, tile_is_wide};
+use super::order::schedule;
+use super::plan::{
+    ChainPlan, CodePath, Cta, DTensorGeometry, KernelPlan, PlanError, Sink, SmemPlan, ZERO_PAGE,
+};
+use super::smem::smem_plan;
+use crate::graph::arena::Handle;
+use crate::graph::fusion::FusionPlan;
+use crate::graph::kernel::{DTensor, KernelGraph};
+use crate::graph::shape::Shape;
+use crate::graph::threadblock::{TbGraph, TbOpKind};
+use crate::layout::solve::{KernelLayout, TileLayout};
+use crate::layout::swizzle::{TileGeometry, plan_tile};
+use crate::target::{RUNTIME_STATIC_SMEM, Target};
+
+/// Shared memory the driver reserves per resident block (bytes).
+const DRIVER_SMEM_PER_BLOCK: usize = 1024;
+
+/// Blocks of `tb` one SM should hold at once: two when blocks are small (≤ 4 warps) and the
+/// grid has at least two per SM of a typical part of the target, so that one block's
+/// barriers and memory waits overlap the other's work; else one. Pipeline depth gives way
+/// to this (down to two stages), as a deep pipeline in a lone 4-warp block hides less.
+fn resident_blocks_wanted(tb: &TbGraph, target: &Target) -> usize {
+    let warps = tb.num_threads().div_ceil(32);
+    if warps <= 4 && tb.num_blocks() >= 2 * target.typical_sms {
+        2
+    } else {
+        1
+    }
+}
+
+/// The device tensors on one side of a customized operator: shape, strides, innermost dim.
+pub(super) type Side = Vec<(Shape, crate::graph::shape::Strides, usize)>;
+
+fn side(g: &KernelGraph, dt: &[DTensorGeometry], hs: &[Handle<DTensor>]) -> Side {
+    hs.iter()
+        .map(|&t| {
+            (
+                g.tensors[t].shape,
+                dt[t.index()].strides.clone(),
+                dt[t.index()].innermost,
+            )
+        })
+        .collect()
+}
+
+/// Plans customized operator `k` (threadblock graph `tb`).
+pub(super) fn plan_kernel(
+    g: &KernelGraph,
+    k: usize,
+    tb: &TbGraph,
+    fusion: FusionPlan,
+    kl: &KernelLayout,
+    dt: &[DTensorGeometry],
+    target: &Target,
+) -> Result<KernelPlan, PlanError> {
+    let op = &g.ops[Handle::from_index(k)];
+    let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
+    let sched = schedule(tb, &fusion);
+    let mut ops = plan_ops(tb, &fusion, kl, &ins, &outs, target);
+    let tiles = plan_tiles(tb, &fusion, kl, &ops, target);
+    demote_copies(tb, &tiles, &mut ops, target);
+    let resident_blocks = resident_blocks_wanted(tb, target);
+    let smem = plan_pipeline(
+        tb,
+        &fusion,
+        &sched,
+        &mut ops,
+        &tiles,
+        resident_blocks,
+        target,
+    )
+    .map_err(|s| PlanError::SharedMemory {
+        kernel: k,
+        needed: s.total,
+        limit: target.smem_per_block,
+        lower_bound: s.packing.lower_bound + s.base,
+        arch: target.arch.to_string(),
+    })?;
+    let chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
+    Ok(KernelPlan {
+        path: CodePath::Sm80,
+        cta: Cta {
+            grid: tb.grid,
+            block: tb.block,
+            threads: tb.num_threads(),
+            // At least one block per SM: ptxas may use the registers it needs (without the
+            // minimum it sometimes capped a kernel at 32 registers and spilled).
+            min_blocks_per_sm: 1,
+            resident_blocks,
+        },
+        fusion,
+        chains,
+        schedule: sched,
+        ops,
+        tiles,
+        smem,
+    })
+}
+
+/// Geometry of every tile that lives in shared memory, with the chunk sizes its accesses need:
+/// 16 bytes at chunked-copy endpoints and matmul operands and results.
+fn plan_tiles(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    kl: &KernelLayout,
+    ops: &[OpPlan],
+    target: &Target,
+) -> Vec<Option<TileGeometry>> {
+    let materialized = fusion.materialized(tb);
+    let mut min_chunk = vec![0usize; tb.tensors.len()];
+    for (h, op) in tb.ops.iter() {
+        match (&op.kind, &ops[h.index()]) {
+            (
+                TbOpKind::Input { .. },
+                OpPlan::Input {
+                    copy: Copy::Chunked { .. },
+                    ..
+                },
+            ) => min_chunk[op.outputs[0].index()] = target.max_copy_bytes,
+            (
+                TbOpKind::Output { .. },
+                OpPlan::Output {
+                    copy: Some(Copy::Chunked { .. }),
+                },
+            ) => min_chunk[op.inputs[0].index()] = target.max_copy_bytes,
+            (TbOpKind::Matmul, _) => {
+                for &t in &op.inputs {
+                    min_chunk[t.index()] = target.max_copy_bytes;
+                }
+                let tail = fusion.chain(h).tail();
+                if let Some(&c) = tb.ops[tail].outputs.first() {
+                    min_chunk[c.index()] = target.max_copy_bytes;
+                }
+            }
+            _ => {}
+        }
+    }
+    tb.tensors
+        .iter()
+        .map(|(h, s)| {
+            if !materialized[h.index()] {
+                return None;
+            }
+            let l = kl.tiles[h.index()].unwrap_or(TileLayout {
+                innermost: s.shape.rank() - 1,
+                swizzled: None,
+            });
+            let dtype = tile_dtype(tb, h);
+            Some(plan_tile(
+                &s.shape,
+                dtype,
+                l,
+                min_chunk[h.index()].max(dtype.bytes()),
+                target,
+            ))
+        })
+        .collect()
+}
+
+/// Chunked copies the tiles cannot serve become element copies: an output of an fp32
+/// accumulator tile converts while it copies, and a 16-byte copy needs the tile's swizzle to
+/// keep 16-byte chunks whole.
+fn demote_copies(
+    tb: &TbGraph,
+    tiles: &[Option<TileGeometry>],
+    ops: &mut [OpPlan],
+    target: &Target,
+) {
+    for (h, op) in tb.ops.iter() {
+        if let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) =
+            (&op.kind, &mut ops[h.index()])
+            && copy.is_chunked()
+            && tile_is_wide(tb, op.inputs[0])
+        {
+            *copy = Copy::Elementwise {
+                reason: "the tile holds fp32 accumulator values; the copy converts".into(),
+            };
+        }
+    }
+    for (h, op) in tb.ops.iter() {
+        let tile = match &op.kind {
+            TbOpKind::Input { .. } => op.outputs[0],
+            TbOpKind::Output { .. } => op.inputs[0],
+            _ => continue,
+        };
+        let chunk = tiles[tile.index()].as_ref().map_or(0, |g| g.chunk_bytes);
+        let reason = format!("the tile's swizzle keeps only {chunk}-byte chunks whole");
+        match &mut ops[h.index()] {
+            OpPlan::Input { copy, .. } | OpPlan::Output { copy: Some(copy) }
+                if copy.is_chunked() && chunk < target.max_copy_bytes =>
+            {
+                *copy = Copy::Elementwise { reason };
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Chooses the pipeline depth of the in-loop chunked inputs (with a next iteration to
+/// prefetch, on targets with `cp.async`) together with the shared-memory plan: the deepest
+/// pipeline that keeps `resident` blocks per SM and still has two stages, else the deepest
+/// that fits at all. Sets the inputs' stages and engines. `Err`: the smallest plan, which does
+/// not fit.
+fn plan_pipeline(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    sched: &super::order::Schedule,
+    ops: &mut [OpPlan],
+    tiles: &[Option<TileGeometry>],
+    resident: usize,
+    target: &Target,
+) -> Result<SmemPlan, SmemPlan> {
+    let pipelined: Vec<usize> = tb
+        .ops
+        .iter()
+        .filter(|(h, op)| {
+            matches!(
+                op.kind,
+                TbOpKind::Input {
+                    forloop_dim: Some(_),
+                    ..
+                }
+            ) && matches!(
+                ops[h.index()],
+                OpPlan::Input {
+                    copy: Copy::Chunked { .. },
+                    ..
+                }
+            ) && tb.forloop_range > 1
+                && target.has_cp_async
+        })
+        .map(|(h, _)| h.index())
+        .collect();
+    let has_matmul = tb
+        .ops
+        .iter()
+        .any(|(_, op)| matches!(op.kind, TbOpKind::Matmul));
+    let base = if has_matmul { ZERO_PAGE } else { 0 };
+    let max_stages = if pipelined.is_empty() {
+        1
+    } else {
+        tb.forloop_range.min(target.max_pipeline_stages).max(1)
+    };
+    let set_stages = |ops: &mut [OpPlan], stages: usize| {
+        for &p in &pipelined {
+            if let OpPlan::Input {
+                stages: s, engine, ..
+            } = &mut ops[p]
+            {
+                *s = stages;
+                *engine = if stages > 1 {
+                    CopyEngine::CpAsync
+                } else {
+                    CopyEngine::Threads
+                };
+            }
+        }
+    };
+    // Shared memory for each pipeline depth, deepest first.
+    let mut attempts: Vec<(usize, SmemPlan)> = Vec::new();
+    for stages in (1..=max_stages).rev() {
+        set_stages(ops, stages);
+        attempts.push((stages, smem_plan(tb, fusion, sched, ops, tiles, base)));
+    }
+    let occupancy_budget = (target.smem_per_sm / resident)
+        .saturating_sub(DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM)
+        .min(target.smem_per_block);
+    let chosen = attempts
+        .iter()
+        .position(|(st, p)| p.total <= occupancy_budget && (*st >= 2 || max_stages == 1))
+        .or_else(|| {
+            attempts
+                .iter()
+                .position(|(_, p)| p.total <= target.smem_per_block)
+        });
+    match chosen {
+        Some(i) => {
+            let (stages, plan) = attempts.swap_remove(i);
+            set_stages(ops, stages);
+            Ok(plan)
+        }
+        None => Err(attempts.pop().expect("at least one attempt").1),
+    }
+}
+
+/// The order in which an element-by-element copy between a tile and a device tensor with
+/// `strides` walks the tile's dims (the last the fastest): the device tensor's smallest stride
+/// last, so that consecutive threads touch consecutive device addresses (a column-major
+/// intermediate copied in row-major order would make every 2-byte access its own 32-byte
+/// sector). Dims of extent 1 go first; ties keep the natural order (row-major stays natural).
+fn coalescing_order(shape: &Shape, strides: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..shape.rank()).collect();
+    order.sort_by_key(|&d| (shape.dim(d) > 1, std::cmp::Reverse(strides[d])));
+    order
+}
+
+/// The walk order of a copy: a chunked copy walks its chunk dim last; an element copy
+/// coalesces on the device side.
+fn copy_order(copy: &Copy, shape: &Shape, device_strides: &[usize]) -> Vec<usize> {
+    match copy {
+        Copy::Chunked { dim, .. } => {
+            let mut o: Vec<usize> = (0..shape.rank()).filter(|d| d != dim).collect();
+            o.push(*dim);
+            o
+        }
+        Copy::Elementwise { .. } => coalescing_order(shape, device_strides),
+    }
+}
+
+/// How each chain runs: its members, its sink and its walk order.
+fn plan_chains(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    kl: &KernelLayout,
+    ops: &[OpPlan],
+    ins: &Side,
+    outs: &Side,
+) -> Vec<ChainPlan> {
+    fusion
+        .chains
+        .iter()
+        .map(|chain| {
+            let lead = chain.leader();
+            let lop = &tb.ops[lead];
+            let tail = chain.tail();
+            let natural = |s: &Shape| (0..s.rank()).collect::<Vec<usize>>();
+            // Copies.
+            match (&lop.kind, &ops[lead.index()]) {
+                (TbOpKind::Input { input, .. }, OpPlan::Input { copy, .. }) => {
+                    let s = tb.tensors[lop.outputs[0]].shape;
+                    return ChainPlan {
+                        members: Vec::new(),
+                        sink: Sink::Copy,
+                        order: copy_order(copy, &s, &ins[*input].1.0),
+                    };
+                }
+                (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
+                    let s = tb.tensors[lop.inputs[0]].shape;
+                    let copy = copy.clone().unwrap_or(Copy::Elementwise {
+                        reason: String::new(),
+                    });
+                    return ChainPlan {
+                        members: Vec::new(),
+                        sink: Sink::Copy,
+                        order: copy_order(&copy, &s, &outs[*output].1.0),
+                    };
+                }
+                _ => {}
+            }
+            let (members, sink) = match &tb.ops[tail].kind {
+                TbOpKind::Output { .. } if tail != lead => (
+                    chain.ops[1..chain.ops.len() - 1].to_vec(),
+                    Sink::Global(tail),
+                ),
+                TbOpKind::Accum(_) if tail != lead => (
+                    chain.ops[1..chain.ops.len() - 1].to_vec(),
+                    Sink::Accum(tail),
+                ),
+                // A lone accumulator accumulates its own input.
+                TbOpKind::Accum(_) => (Vec::new(), Sink::Accum(tail)),
+                _ => (chain.ops[1..].to_vec(), Sink::Tile(tb.ops[tail].outputs[0])),
+            };
+            // The space the leader produces (an accumulator leader: its input's).
+            let space = match &lop.kind {
+                TbOpKind::Accum(_) => tb.tensors[lop.inputs[0]].shape,
+                _ => tb.tensors[lop.outputs[0]].shape,
+            };
+            let reducing = matches!(sink, Sink::Accum(a)
+                if matches!(tb.ops[a].kind, TbOpKind::Accum(k) if k.reduces_last_dim()));
+            let order = match &lop.kind {
+                TbOpKind::Matmul | TbOpKind::RmsNorm | TbOpKind::Reduction { .. } => {
+                    natural(&space)
+                }
+                // Row sinks and concat need the natural order.
+                TbOpKind::Concat { .. } => natural(&space),
+                _ if reducing => natural(&space),
+                // The planned iteration dim last.
+                _ => match kl.iter_dim[lead.index()] {
+                    Some(it) => {
+                        let mut o: Vec<usize> = (0..space.rank()).filter(|&d| d != it).collect();
+                        o.push(it);
+                        o
+                    }
+                    None => natural(&space),
+                },
+            };
+            ChainPlan {
+                members,
+                sink,
+                order,
+            }
+        })
+        .collect()
+}
+
+/// Whether accumulator `a` keeps its state in registers.
+pub fn accum_in_registers(ops: &[OpPlan], a: Handle<crate::graph::threadblock::TbOp>) -> bool {
+    matches!(&ops[a.index()], OpPlan::Accum { storage, .. } if storage.in_registers())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Arch;
+
+    #[test]
+    fn two_resident_blocks_for_large_grids_of_small_blocks() {
+        let t = Target::new(Arch::Sm90a);
+        let tb = |grid: [usize; 3], threads: usize| TbGraph::new(grid, [threads, 1, 1], 4, 64);
+        // 1024 blocks of 4 warps (mqa_bs8): two per SM.
+        assert_eq!(resident_blocks_wanted(&tb([8, 8, 16], 128), &t), 2);
+        // 128 blocks: fewer than two per SM of 132.
+        assert_eq!(resident_blocks_wanted(&tb([128, 1, 1], 128), &t), 1);
+        // 8-warp blocks already bring enough warps.
+        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 256), &t), 1);
+    }
+}

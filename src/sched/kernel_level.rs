@@ -1,0 +1,396 @@
+//! Plans of kernel-level operators: which runtime kernel or cuBLAS call carries each one out,
+//! how it walks its tensors, its vector width and its launch.
+//!
+//! Element-wise kernels iterate over the result's shape with its dims of extent 1 dropped and
+//! its innermost dim last, so consecutive threads touch consecutive result elements; every
+//! operand is addressed through a view over that same iteration space (broadcast dims get
+//! stride 0). They use 16-byte vectors when every tensor has stride 1 along the last iteration
+//! dim, that dim's extent and every other stride are multiples of the vector length, and every
+//! base offset is too (buffers are 16-byte aligned: caller buffers by contract, the workspace by
+//! plan). Matmuls go to cuBLAS ([`super::gemm`]).
+
+use super::gemm::{GemmCall, Operand, gemm_calls};
+use super::plan::{Binding, DTensorGeometry, IoPlan, PlanError};
+use crate::graph::arena::Handle;
+use crate::graph::dtype::DType;
+use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
+use crate::graph::mirage_json::names;
+use crate::graph::ops::{BinaryOp, UnaryOp};
+use crate::graph::shape::Shape;
+
+/// Threads per block of kernel-level kernels.
+pub const THREADS: u32 = 256;
+/// Most blocks a grid-stride kernel launches.
+const MAX_BLOCKS: usize = 65535;
+/// Reduction lengths from which a warp (not a thread) computes each output.
+const WARP_REDUCTION_LEN: usize = 64;
+
+/// A tensor as a kernel walks it: the dims of the iteration space, slowest first, the
+/// tensor's element strides over them (0: broadcast), and where it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    /// Extents in walk order.
+    pub dims: Vec<usize>,
+    /// Element strides in walk order.
+    pub strides: Vec<usize>,
+    /// The first element.
+    pub at: Binding,
+}
+
+/// A grid-stride launch: `blocks` blocks of `threads` threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GridStride {
+    /// Blocks.
+    pub blocks: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl GridStride {
+    /// A launch for `work` items (one per thread), capped at [`MAX_BLOCKS`] blocks.
+    fn for_work(work: usize) -> GridStride {
+        GridStride {
+            blocks: work.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
+            threads: THREADS,
+        }
+    }
+}
+
+/// What an element-wise kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ElementwiseOp {
+    /// out = u(in0).
+    Unary(UnaryOp),
+    /// out = b(in0, in1).
+    Binary(BinaryOp),
+    /// out = in0 (output copies, single-GPU allreduce).
+    Copy,
+}
+
+/// One part of a concat, split or chunk: the part and the whole tensor's region it maps to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartCopy {
+    /// The part tensor.
+    pub part: View,
+    /// The whole tensor's region, over the part's iteration space.
+    pub whole: View,
+    /// Vector width (elements).
+    pub vector: usize,
+}
+
+/// How a kernel-level operator runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KnOpPlan {
+    /// Nothing runs: a graph input, or an output whose tensor already lives in its buffer.
+    Nothing,
+    /// A customized operator: see [`super::plan::GraphPlan::kernels`].
+    Customized,
+    /// An element-wise kernel (`mucc::kn::unary`, `binary`, `copy`).
+    Elementwise {
+        /// What it computes.
+        op: ElementwiseOp,
+        /// The result.
+        out: View,
+        /// The operands.
+        ins: Vec<View>,
+        /// Element type.
+        dtype: DType,
+        /// Vector width (elements).
+        vector: usize,
+        /// Launch.
+        launch: GridStride,
+    },
+    /// A sum over groups along `dim` (`mucc::kn::reduce`).
+    Reduction {
+        /// The result.
+        out: View,
+        /// The operand.
+        x: View,
+        /// Element type.
+        dtype: DType,
+        /// Result extent along the reduced dim.
+        to: usize,
+        /// Elements summed per result.
+        k: usize,
+        /// Elements after the reduced dim.
+        inner: usize,
+        /// Stride of the reduced dim in the operand.
+        stride: usize,
+        /// A warp per result (long sums) instead of a thread.
+        warp_per_output: bool,
+        /// Launch.
+        launch: GridStride,
+    },
+    /// RMS normalisation of groups (`mucc::kn::rms_norm`), a warp per group.
+    RmsNorm {
+        /// The result.
+        out: View,
+        /// The operand.
+        x: View,
+        /// Element type.
+        dtype: DType,
+        /// Groups.
+        rows: usize,
+        /// Elements per group.
+        group: usize,
+        /// Launch.
+        launch: GridStride,
+    },
+    /// Concat (parts → whole) or split/chunk (whole → parts): one copy per part.
+    Parts {
+        /// Concat: the whole tensor is written.
+        concat: bool,
+        /// The whole tensor.
+        whole: View,
+        /// The parts.
+        parts: Vec<PartCopy>,
+        /// Element type.
+        dtype: DType,
+        /// Launch.
+        launch: GridStride,
+    },
+    /// cuBLAS calls.
+    Gemm {
+        /// The calls, in order.
+        calls: Vec<GemmCall>,
+        /// cuBLAS's A is the logical B (a row-major C is computed transposed).
+        transposed: bool,
+    },
+}
+
+/// Vector length (elements) usable by all `views`, all over the same iteration dims.
+fn vector_len(views: &[&View], dtype: DType) -> usize {
+    let mut v = (16 / dtype.bytes()).max(1);
+    while v > 1 {
+        let ok = views.iter().all(|w| {
+            let last = w.dims.len() - 1;
+            w.dims[last] % v == 0
+                && w.strides[last] == 1
+                && w.at.elem_offset() % v == 0
+                && (0..last).all(|d| w.dims[d] == 1 || w.strides[d] % v == 0)
+        });
+        if ok {
+            break;
+        }
+        v /= 2;
+    }
+    v
+}
+
+/// Iteration order of a shape: dims of extent > 1, with `inner` last (if it is one of them).
+fn iteration_order(shape: &Shape, inner: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..shape.rank())
+        .filter(|&d| shape.dim(d) > 1 && d != inner)
+        .collect();
+    if shape.dim(inner) > 1 {
+        order.push(inner);
+    }
+    if order.is_empty() {
+        order.push(shape.rank() - 1);
+    }
+    order
+}
+
+struct Planner<'a> {
+    g: &'a KernelGraph,
+    dt: &'a [DTensorGeometry],
+    outputs: &'a [IoPlan],
+}
+
+impl Planner<'_> {
+    fn at(&self, t: Handle<DTensor>) -> Binding {
+        Binding::of(
+            self.dt[t.index()].placement,
+            self.g.tensors[t].dtype.bytes(),
+        )
+    }
+
+    /// A view of tensor `t` over `shape`'s dims in `order` (dims where `t` has extent 1 but
+    /// `shape` does not are broadcast: stride 0), shifted by `offset` elements.
+    fn view(&self, t: Handle<DTensor>, shape: &Shape, order: &[usize], offset: usize) -> View {
+        let geo = &self.dt[t.index()];
+        let ts = self.g.tensors[t].shape;
+        View {
+            dims: order.iter().map(|&d| shape.dim(d)).collect(),
+            strides: order
+                .iter()
+                .map(|&d| {
+                    if ts.dim(d) == 1 && shape.dim(d) > 1 {
+                        0
+                    } else {
+                        geo.strides.0[d]
+                    }
+                })
+                .collect(),
+            at: self.at(t).offset_by(offset),
+        }
+    }
+
+    fn full_view(&self, t: Handle<DTensor>) -> View {
+        let s = self.g.tensors[t].shape;
+        let order: Vec<usize> = (0..s.rank()).collect();
+        self.view(t, &s, &order, 0)
+    }
+
+    fn elementwise(&self, op: ElementwiseOp, out: View, ins: Vec<View>, dtype: DType) -> KnOpPlan {
+        let refs: Vec<&View> = std::iter::once(&out).chain(&ins).collect();
+        let vector = vector_len(&refs, dtype);
+        let work = out.dims.iter().product::<usize>() / vector;
+        KnOpPlan::Elementwise {
+            op,
+            out,
+            ins,
+            dtype,
+            vector,
+            launch: GridStride::for_work(work),
+        }
+    }
+
+    /// An element-wise operator writing `y` from `xs` over `y`'s shape.
+    fn map(&self, op: ElementwiseOp, y: Handle<DTensor>, xs: &[Handle<DTensor>]) -> KnOpPlan {
+        let s = self.g.tensors[y].shape;
+        let order = iteration_order(&s, self.dt[y.index()].innermost);
+        let ins = xs.iter().map(|&x| self.view(x, &s, &order, 0)).collect();
+        self.elementwise(
+            op,
+            self.view(y, &s, &order, 0),
+            ins,
+            self.g.tensors[y].dtype,
+        )
+    }
+
+    fn plan(&self, h: Handle<KnOp>, op: &KnOp) -> Result<KnOpPlan, PlanError> {
+        let g = self.g;
+        Ok(match &op.kind {
+            KnOpKind::Input { .. } => KnOpPlan::Nothing,
+            KnOpKind::Customized(_) => KnOpPlan::Customized,
+            KnOpKind::Output { .. } => {
+                let t = op.inputs[0];
+                let j = g.outputs().iter().position(|&(o, _)| o == h).unwrap_or(0);
+                if self.dt[t.index()].placement == super::plan::Placement::Output(j) {
+                    return Ok(KnOpPlan::Nothing);
+                }
+                // The tensor lives elsewhere (a graph input, or another output): copy it.
+                let s = g.tensors[t].shape;
+                let strides = &self.outputs[j].strides;
+                let order = iteration_order(&s, strides.innermost_dim(&s).unwrap_or(s.rank() - 1));
+                let dst = View {
+                    dims: order.iter().map(|&d| s.dim(d)).collect(),
+                    strides: order.iter().map(|&d| strides.0[d]).collect(),
+                    at: Binding::Output {
+                        index: j,
+                        elem_offset: 0,
+                    },
+                };
+                let src = self.view(t, &s, &order, 0);
+                self.elementwise(ElementwiseOp::Copy, dst, vec![src], g.tensors[t].dtype)
+            }
+            KnOpKind::Unary(u) => self.map(ElementwiseOp::Unary(*u), op.outputs[0], &op.inputs),
+            KnOpKind::Binary(b) => self.map(ElementwiseOp::Binary(*b), op.outputs[0], &op.inputs),
+            KnOpKind::AllReduce { .. } => {
+                self.map(ElementwiseOp::Copy, op.outputs[0], &op.inputs[..1])
+            }
+            KnOpKind::Matmul => {
+                let operand = |t: Handle<DTensor>| Operand {
+                    shape: &g.tensors[t].shape,
+                    strides: &self.dt[t.index()].strides,
+                    at: self.at(t),
+                };
+                let (a, b, c) = (op.inputs[0], op.inputs[1], op.outputs[0]);
+                let (calls, transposed) =
+                    gemm_calls(&operand(a), &operand(b), &operand(c), g.tensors[c].dtype).map_err(
+                        |e| PlanError::Unsupported {
+                            op: h.index(),
+                            name: names::kn_name(&op.kind),
+                            reason: e.0,
+                        },
+                    )?;
+                KnOpPlan::Gemm { calls, transposed }
+            }
+            KnOpKind::Reduction { dim } => {
+                let (x, y) = (op.inputs[0], op.outputs[0]);
+                let (xs, ys) = (g.tensors[x].shape, g.tensors[y].shape);
+                let to = ys.dim(*dim);
+                let k = xs.dim(*dim) / to;
+                let warp = k >= WARP_REDUCTION_LEN;
+                KnOpPlan::Reduction {
+                    out: self.full_view(y),
+                    x: self.full_view(x),
+                    dtype: g.tensors[y].dtype,
+                    to,
+                    k,
+                    inner: ys.dims()[dim + 1..].iter().product(),
+                    stride: self.dt[x.index()].strides.0[*dim],
+                    warp_per_output: warp,
+                    launch: GridStride::for_work(ys.numel() * if warp { 32 } else { 1 }),
+                }
+            }
+            KnOpKind::RmsNorm { normalized_dims } => {
+                let (x, y) = (op.inputs[0], op.outputs[0]);
+                let s = g.tensors[y].shape;
+                let group: usize = s.dims()[s.rank() - normalized_dims..].iter().product();
+                let rows = s.numel() / group;
+                KnOpPlan::RmsNorm {
+                    out: self.full_view(y),
+                    x: self.full_view(x),
+                    dtype: g.tensors[y].dtype,
+                    rows,
+                    group,
+                    launch: GridStride::for_work(rows * 32),
+                }
+            }
+            KnOpKind::Concat { dim } | KnOpKind::Split { dim } | KnOpKind::Chunk { dim, .. } => {
+                self.parts(op, *dim)
+            }
+        })
+    }
+
+    /// One kernel with a copy per part; the whole tensor is addressed at the part's offset
+    /// along `dim`.
+    fn parts(&self, op: &KnOp, dim: usize) -> KnOpPlan {
+        let concat = matches!(op.kind, KnOpKind::Concat { .. });
+        let (whole, parts) = if concat {
+            (op.outputs[0], &op.inputs)
+        } else {
+            (op.inputs[0], &op.outputs)
+        };
+        let dtype = self.g.tensors[whole].dtype;
+        let wstrides = &self.dt[whole.index()].strides.0;
+        let mut offset = 0usize;
+        let mut work = 0usize;
+        let mut copies = Vec::new();
+        for &p in parts {
+            let ps = self.g.tensors[p].shape;
+            let order = iteration_order(&ps, self.dt[p.index()].innermost);
+            let part = self.view(p, &ps, &order, 0);
+            let mut wpart = self.view(whole, &ps, &order, offset * wstrides[dim]);
+            // The whole tensor's extent-1 dims are not broadcast.
+            wpart.strides = order.iter().map(|&d| wstrides[d]).collect();
+            let vector = vector_len(&[&part, &wpart], dtype);
+            work = work.max(ps.numel() / vector);
+            offset += ps.dim(dim);
+            copies.push(PartCopy {
+                part,
+                whole: wpart,
+                vector,
+            });
+        }
+        KnOpPlan::Parts {
+            concat,
+            whole: self.full_view(whole),
+            parts: copies,
+            dtype,
+            launch: GridStride::for_work(work),
+        }
+    }
+}
+
+/// Plans every kernel-level operator of `g` (customized operators are planned apart).
+pub(super) fn plan_kernel_ops(
+    g: &KernelGraph,
+    dt: &[DTensorGeometry],
+    outputs: &[IoPlan],
+) -> Result<Vec<KnOpPlan>, PlanError> {
+    let p = Planner { g, dt, outputs };
+    g.ops.iter().map(|(h, op)| p.plan(h, op)).collect()
+}

@@ -1,0 +1,394 @@
+//! The plan: every decision the generated code depends on, as typed data.
+//!
+//! [`super::plan`] builds it; `explain` prints it; `emit` prints code from it and decides
+//! nothing. A field here is a choice (a CTA shape, a warp grid, an instruction, a pipeline
+//! depth, a copy width, a swizzle, an offset); what follows from the graph alone stays in the
+//! graph.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::kernel_level::KnOpPlan;
+use super::memory::{Buffer, Packing};
+use super::ops::OpPlan;
+use super::order::Schedule;
+use crate::graph::arena::Handle;
+use crate::graph::fusion::FusionPlan;
+use crate::graph::kernel::DTensor;
+use crate::graph::shape::Strides;
+use crate::graph::threadblock::{STensor, TbOp};
+use crate::layout::solve::{LayoutError, LayoutPlan, SolveOptions};
+use crate::layout::swizzle::TileGeometry;
+use crate::target::Target;
+
+/// Bytes reserved at the start of shared memory and kept zero: the source of out-of-bounds
+/// `ldmatrix` lanes.
+pub const ZERO_PAGE: usize = 16;
+/// Alignment of workspace buffers.
+pub const WORKSPACE_ALIGN: usize = 128;
+
+/// Options of the planner.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// The target.
+    pub target: Target,
+    /// Layout solver options.
+    pub solve: SolveOptions,
+}
+
+impl Options {
+    /// Default solver options for `target`.
+    pub fn for_target(target: Target) -> Options {
+        Options {
+            target,
+            solve: SolveOptions::default(),
+        }
+    }
+}
+
+/// Why a graph cannot be planned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// No layout satisfies the operators' constraints.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A customized operator needs more shared memory than the target has.
+    #[error(
+        "kernel op {kernel} (kn_customized_op) needs {needed} bytes of shared memory, but {arch} allows {limit} per block (lower bound of any plan: {lower_bound} bytes)"
+    )]
+    SharedMemory {
+        /// Kernel op index.
+        kernel: usize,
+        /// Bytes the best plan needs.
+        needed: usize,
+        /// The target's limit.
+        limit: usize,
+        /// The lower bound of any packing (+ the zero page).
+        lower_bound: usize,
+        /// The target.
+        arch: String,
+    },
+    /// A kernel-level operator has no implementation for these operands.
+    #[error("kernel op {op} ({name}): {reason}")]
+    Unsupported {
+        /// Kernel op index.
+        op: usize,
+        /// Mirage name of the operator.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where a DTensor lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// The caller's input buffer i.
+    Input(usize),
+    /// The caller's output buffer j.
+    Output(usize),
+    /// The workspace, at a byte offset.
+    Workspace(usize),
+}
+
+/// An address in the caller's buffers: a placement plus an element offset. Serialised as the
+/// launch plan's argument bindings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "buffer", rename_all = "snake_case")]
+pub enum Binding {
+    /// Caller input `index`, plus `elem_offset` elements.
+    Input {
+        /// Input index.
+        index: usize,
+        /// Offset in elements.
+        elem_offset: usize,
+    },
+    /// Caller output `index`, plus `elem_offset` elements.
+    Output {
+        /// Output index.
+        index: usize,
+        /// Offset in elements.
+        elem_offset: usize,
+    },
+    /// The workspace at `byte_offset` bytes, plus `elem_offset` elements of `elem_bytes` bytes.
+    Workspace {
+        /// Offset of the tensor in bytes.
+        byte_offset: usize,
+        /// Offset in elements.
+        elem_offset: usize,
+        /// Bytes per element of the tensor.
+        elem_bytes: usize,
+    },
+}
+
+impl Binding {
+    /// The start of a tensor placed at `p` with `elem_bytes`-byte elements.
+    pub fn of(p: Placement, elem_bytes: usize) -> Binding {
+        match p {
+            Placement::Input(index) => Binding::Input {
+                index,
+                elem_offset: 0,
+            },
+            Placement::Output(index) => Binding::Output {
+                index,
+                elem_offset: 0,
+            },
+            Placement::Workspace(byte_offset) => Binding::Workspace {
+                byte_offset,
+                elem_offset: 0,
+                elem_bytes,
+            },
+        }
+    }
+
+    /// The same buffer, `extra` elements further.
+    pub fn offset_by(self, extra: usize) -> Binding {
+        match self {
+            Binding::Input { index, elem_offset } => Binding::Input {
+                index,
+                elem_offset: elem_offset + extra,
+            },
+            Binding::Output { index, elem_offset } => Binding::Output {
+                index,
+                elem_offset: elem_offset + extra,
+            },
+            Binding::Workspace {
+                byte_offset,
+                elem_offset,
+                elem_bytes,
+            } => Binding::Workspace {
+                byte_offset,
+                elem_offset: elem_offset + extra,
+                elem_bytes,
+            },
+        }
+    }
+
+    /// The element offset.
+    pub fn elem_offset(self) -> usize {
+        match self {
+            Binding::Input { elem_offset, .. }
+            | Binding::Output { elem_offset, .. }
+            | Binding::Workspace { elem_offset, .. } => elem_offset,
+        }
+    }
+}
+
+/// The memory form of a DTensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DTensorGeometry {
+    /// Innermost dim.
+    pub innermost: usize,
+    /// Element strides.
+    pub strides: Strides,
+    /// Elements the buffer spans.
+    pub phys_elems: usize,
+    /// Where it lives.
+    pub placement: Placement,
+}
+
+/// A caller buffer: the tensor it holds, its strides and the elements to allocate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoPlan {
+    /// The DTensor.
+    pub tensor: Handle<DTensor>,
+    /// Element strides in the caller's buffer.
+    pub strides: Strides,
+    /// Elements the caller allocates (at least 1).
+    pub alloc_elems: usize,
+}
+
+/// What a shared-memory buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmemKind {
+    /// A tile (with this many pipeline stages).
+    Tile {
+        /// The tile.
+        tile: usize,
+        /// Copies of it (pipeline stages).
+        stages: usize,
+    },
+    /// A register accumulator's copy written back after the loop.
+    Writeback {
+        /// The tile.
+        tile: usize,
+    },
+}
+
+impl SmemKind {
+    /// The tile the buffer holds.
+    pub fn tile(self) -> usize {
+        match self {
+            SmemKind::Tile { tile, .. } | SmemKind::Writeback { tile } => tile,
+        }
+    }
+}
+
+/// The shared-memory plan of a customized operator.
+#[derive(Clone, Debug)]
+pub struct SmemPlan {
+    /// Buffers (offsets relative to the end of the zero page, see `base`).
+    pub buffers: Vec<Buffer>,
+    /// What each buffer holds.
+    pub kinds: Vec<SmemKind>,
+    /// The packing.
+    pub packing: Packing,
+    /// Bytes before the first buffer (the zero page, if any).
+    pub base: usize,
+    /// Total dynamic shared memory.
+    pub total: usize,
+}
+
+impl SmemPlan {
+    /// Byte offset (from the start of dynamic shared memory) of buffer `b`.
+    pub fn offset(&self, b: usize) -> usize {
+        self.base + self.packing.offsets[b]
+    }
+
+    /// The buffer holding tile `t`, if any.
+    pub fn buffer_of(&self, t: usize) -> Option<usize> {
+        self.kinds.iter().position(|k| k.tile() == t)
+    }
+}
+
+/// The instruction set a threadblock kernel is written with (one emitter and one set of runtime
+/// headers per path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodePath {
+    /// Ampere instructions (`runtime-headers/mucc/arch/sm80.h`): `cp.async` pipelines,
+    /// `ldmatrix`, `mma.sync`; runs on sm_80 and on sm_90a.
+    Sm80,
+}
+
+impl fmt::Display for CodePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodePath::Sm80 => f.write_str("sm80 (cp.async, ldmatrix, mma.sync)"),
+        }
+    }
+}
+
+/// The CTA of a threadblock kernel and how it is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cta {
+    /// Blocks (x, y, z).
+    pub grid: [usize; 3],
+    /// Threads (x, y, z).
+    pub block: [usize; 3],
+    /// Threads per block.
+    pub threads: usize,
+    /// The minimum of resident blocks per SM promised to the compiler (`__launch_bounds__`).
+    pub min_blocks_per_sm: usize,
+    /// Blocks of this kernel an SM should hold at once (shared memory is budgeted for them).
+    pub resident_blocks: usize,
+}
+
+/// Where a chain's values go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sink {
+    /// Stored into a shared-memory tile.
+    Tile(Handle<STensor>),
+    /// Stored into the device tensor of this output operator.
+    Global(Handle<TbOp>),
+    /// Accumulated into this accumulator.
+    Accum(Handle<TbOp>),
+    /// Nothing: the chain is a copy (an input or a lone output), see its operator plan.
+    Copy,
+}
+
+/// How a chain is carried out: the unary operators applied to its leader's values, where the
+/// results go, and the order in which its element loop walks the value space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainPlan {
+    /// The unary members applied in registers, in order.
+    pub members: Vec<Handle<TbOp>>,
+    /// Where the values go.
+    pub sink: Sink,
+    /// Dims of the walked space, slowest first (consecutive threads take consecutive elements
+    /// of the last one).
+    pub order: Vec<usize>,
+}
+
+/// The plan of one customized operator.
+#[derive(Clone, Debug)]
+pub struct KernelPlan {
+    /// The code path.
+    pub path: CodePath,
+    /// The CTA.
+    pub cta: Cta,
+    /// Fusion chains.
+    pub fusion: FusionPlan,
+    /// Per chain (same order as the fusion plan's chains).
+    pub chains: Vec<ChainPlan>,
+    /// Schedule.
+    pub schedule: Schedule,
+    /// Per operator.
+    pub ops: Vec<OpPlan>,
+    /// Per tile: geometry if it lives in shared memory.
+    pub tiles: Vec<Option<TileGeometry>>,
+    /// Shared memory.
+    pub smem: SmemPlan,
+}
+
+impl KernelPlan {
+    /// Pipeline stages of the loop's `cp.async` ring (1: no ring).
+    pub fn pipeline_stages(&self) -> usize {
+        self.ops
+            .iter()
+            .filter_map(|p| match p {
+                OpPlan::Input { stages, .. } => Some(*stages),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+/// The plan of a kernel graph.
+#[derive(Clone, Debug)]
+pub struct GraphPlan {
+    /// The target.
+    pub target: Target,
+    /// Layouts.
+    pub layout: LayoutPlan,
+    /// Per DTensor.
+    pub dtensors: Vec<DTensorGeometry>,
+    /// The caller's input buffers in order.
+    pub inputs: Vec<IoPlan>,
+    /// The caller's output buffers in order.
+    pub outputs: Vec<IoPlan>,
+    /// Per kernel operator (by index): how it runs.
+    pub kernel_ops: Vec<KnOpPlan>,
+    /// Per customized operator (by kernel op index).
+    pub kernels: BTreeMap<usize, KernelPlan>,
+    /// Workspace buffers (intermediate DTensors).
+    pub workspace: Vec<Buffer>,
+    /// The DTensor of each workspace buffer.
+    pub workspace_tensors: Vec<usize>,
+    /// Workspace packing.
+    pub workspace_packing: Packing,
+    /// Time spent planning.
+    pub elapsed: Duration,
+}
+
+impl GraphPlan {
+    /// Workspace bytes.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace_packing.peak
+    }
+
+    /// Whether any tensor lives in the workspace.
+    pub fn uses_workspace(&self) -> bool {
+        self.dtensors
+            .iter()
+            .any(|d| matches!(d.placement, Placement::Workspace(_)))
+    }
+
+    /// Where DTensor `t` starts.
+    pub fn binding(&self, t: Handle<DTensor>, elem_bytes: usize) -> Binding {
+        Binding::of(self.dtensors[t.index()].placement, elem_bytes)
+    }
+}

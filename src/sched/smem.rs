@@ -1,0 +1,184 @@
+//! Shared-memory buffers of a customized operator and their lifetimes, in schedule steps
+//! (barriers included): what the DSA packing of [`super::memory`] places.
+//!
+//! A tile lives from the step that writes it to the barrier after its last reader (a buffer is
+//! free only once every thread is past the reads). Pipelined input tiles and shared-memory
+//! accumulators live through the whole loop; register accumulators get a write-back buffer
+//! after the loop, only if something reads them; tiles written before the loop and read in it
+//! live through the loop.
+
+use super::memory::{self, Buffer};
+use super::ops::{AccumStorage, OpPlan};
+use super::order::{Phase, Schedule, Step};
+use super::plan::{SmemKind, SmemPlan};
+use crate::graph::fusion::FusionPlan;
+use crate::graph::mirage_json::names;
+use crate::graph::threadblock::{TbGraph, TbOpKind};
+use crate::layout::swizzle::TileGeometry;
+
+/// Shared-memory buffers and their lifetimes in schedule steps (barriers included).
+pub fn smem_plan(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    sched: &Schedule,
+    ops: &[OpPlan],
+    tiles: &[Option<TileGeometry>],
+    base: usize,
+) -> SmemPlan {
+    let steps: Vec<(Phase, &Step)> = sched.steps().collect();
+    let total_steps = steps.len();
+    let phase_range = |ph: Phase| -> (usize, usize) {
+        let idx: Vec<usize> = steps
+            .iter()
+            .enumerate()
+            .filter(|(_, (p, _))| *p == ph)
+            .map(|(i, _)| i)
+            .collect();
+        match (idx.first(), idx.last()) {
+            (Some(&a), Some(&b)) => (a, b + 1),
+            _ => {
+                // An empty phase sits between its neighbours.
+                let before = steps.iter().filter(|(p, _)| *p < ph).count();
+                (before, before)
+            }
+        }
+    };
+    let (loop_start, loop_end) = phase_range(Phase::Loop);
+    let (post_start, _) = phase_range(Phase::PostLoop);
+    let end_barrier = sched
+        .body
+        .last()
+        .is_some_and(|s| matches!(s, Step::Barrier(_)));
+    // Step index of each chain.
+    let mut run_at = vec![0usize; fusion.chains.len()];
+    for (i, (_, st)) in steps.iter().enumerate() {
+        if let Step::Run(c) = st {
+            run_at[*c] = i;
+        }
+    }
+    // The first barrier at or after step i, within the same phase, or the phase's end.
+    let release = |i: usize| -> usize {
+        let ph = steps[i].0;
+        for (j, (p, st)) in steps.iter().enumerate().skip(i) {
+            if *p != ph {
+                return j;
+            }
+            if matches!(st, Step::Barrier(_)) {
+                return j + 1;
+            }
+        }
+        total_steps
+    };
+    // Readers of each tile: leaders of the chains that take it as input.
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); tb.tensors.len()];
+    for (c, chain) in fusion.chains.iter().enumerate() {
+        for &t in &tb.ops[chain.leader()].inputs {
+            readers[t.index()].push(c);
+        }
+    }
+    let mut buffers = Vec::new();
+    let mut kinds = Vec::new();
+    for (h, op) in tb.ops.iter() {
+        let c = fusion.chain_of[h.index()];
+        if fusion.chains[c].tail() != h {
+            continue;
+        }
+        for &t in &op.outputs {
+            let Some(geo) = &tiles[t.index()] else {
+                continue;
+            };
+            let ph = sched.phase[c];
+            let last_read = readers[t.index()].iter().map(|&r| run_at[r]).max();
+            let end_of = |from: usize| last_read.map_or(from + 1, |r| release(r).max(from + 1));
+            let name = format!("s{} ({})", t.index(), names::tb_name(&op.kind, false));
+            let mut stages = 1;
+            let (start, end, kind) = match (&op.kind, &ops[h.index()]) {
+                (TbOpKind::Input { .. }, OpPlan::Input { stages: s, .. }) if *s > 1 => {
+                    stages = *s;
+                    (
+                        loop_start,
+                        loop_end.max(end_of(loop_start)),
+                        SmemKind::Tile {
+                            tile: t.index(),
+                            stages: *s,
+                        },
+                    )
+                }
+                (
+                    TbOpKind::Accum(_),
+                    OpPlan::Accum {
+                        storage: AccumStorage::Registers { .. },
+                        ..
+                    },
+                ) => {
+                    if readers[t.index()].is_empty() {
+                        continue;
+                    }
+                    (
+                        post_start,
+                        end_of(post_start),
+                        SmemKind::Writeback { tile: t.index() },
+                    )
+                }
+                (TbOpKind::Accum(_), _) => (
+                    loop_start,
+                    end_of(loop_start).max(loop_end),
+                    SmemKind::Tile {
+                        tile: t.index(),
+                        stages: 1,
+                    },
+                ),
+                _ => {
+                    let def = run_at[c];
+                    let (s, e) = match ph {
+                        Phase::PreLoop => (
+                            def,
+                            end_of(def).max(
+                                if readers[t.index()]
+                                    .iter()
+                                    .any(|&r| sched.phase[r] == Phase::Loop)
+                                {
+                                    loop_end
+                                } else {
+                                    0
+                                },
+                            ),
+                        ),
+                        Phase::Loop if !end_barrier => (loop_start, loop_end),
+                        _ => (def, end_of(def)),
+                    };
+                    (
+                        s,
+                        e,
+                        SmemKind::Tile {
+                            tile: t.index(),
+                            stages: 1,
+                        },
+                    )
+                }
+            };
+            let label = if stages > 1 {
+                format!("{name} x{stages} stages")
+            } else {
+                name
+            };
+            buffers.push(Buffer {
+                name: label,
+                bytes: geo.bytes * stages,
+                start,
+                end: end.max(start + 1),
+                align: 16,
+            });
+            kinds.push(kind);
+        }
+    }
+    let packing = memory::pack(&buffers);
+    let total = base + packing.peak;
+    SmemPlan {
+        buffers,
+        kinds,
+        packing,
+        base,
+        total,
+    }
+}
