@@ -1,15 +1,19 @@
 //! `mucc explain`: the plan as stable text. This module only reads a [`GraphPlan`]; every line
-//! it prints is a field of the plan that the generated code follows.
+//! it prints is a field of the plan that the generated code follows, plus warnings where an
+//! intermediate stays materialised although a single operator reads it.
 
 use std::fmt::Write;
 
 use crate::graph::arena::Handle;
 use crate::graph::kernel::{KernelGraph, KnOpKind};
+use crate::graph::mirage_json::names;
+use crate::graph::threadblock::TbGraph;
 use crate::layout::solve::SolveMethod;
+use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan};
 use crate::sched::memory;
-use crate::sched::ops::{AccumStorage, Copy, OpPlan};
+use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
 use crate::sched::order::Step;
-use crate::sched::plan::{GraphPlan, Placement};
+use crate::sched::plan::{GraphPlan, KernelPlan, Placement, Sink};
 
 /// The plan as stable text (what `mucc explain` prints).
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
@@ -44,141 +48,328 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
         );
     }
     for (&k, kp) in &p.kernels {
-        let KnOpKind::Customized(tb) = &g.ops[Handle::from_index(k)].kind else {
-            continue;
-        };
-        let _ = writeln!(
-            s,
-            "kernel op {k} (customized): grid ({}, {}, {}), {} threads, forloop {}",
-            tb.grid[0],
-            tb.grid[1],
-            tb.grid[2],
-            tb.num_threads(),
-            tb.forloop_range
-        );
-        for line in kp.fusion.dump(tb).lines() {
-            let _ = writeln!(s, "  {line}");
+        if let KnOpKind::Customized(tb) = &g.ops[Handle::from_index(k)].kind {
+            kernel(&mut s, p, k, tb, kp);
         }
-        let _ = writeln!(s, "  schedule: {}", kp.schedule.compact(&kp.fusion));
-        for (ph, st) in kp.schedule.steps() {
-            match st {
-                Step::Barrier(why) => {
-                    let _ = writeln!(s, "    {:<9} barrier ({why})", ph.name());
-                }
-                Step::Run(c) => {
-                    let chain = &kp.fusion.chains[*c];
-                    let names: Vec<String> = chain
-                        .ops
-                        .iter()
-                        .map(|&o| format!("op{} {}", o.index(), tb.ops[o].kind.name()))
-                        .collect();
-                    let _ = writeln!(
-                        s,
-                        "    {:<9} level {}: {}",
-                        ph.name(),
-                        kp.schedule.level[*c],
-                        names.join(" -> ")
-                    );
-                }
-            }
-        }
-        let _ = writeln!(s, "  operators:");
-        for (h, op) in tb.ops.iter() {
-            let plan = match &kp.ops[h.index()] {
-                OpPlan::Input { copy, stages, .. } => format!(
-                    "{}{}",
-                    copy_text(copy),
-                    if *stages > 1 {
-                        format!(", pipelined x{stages}")
-                    } else {
-                        String::new()
-                    }
-                ),
-                OpPlan::Output { copy: None } => "stored by its chain's leader".into(),
-                OpPlan::Output { copy: Some(c) } => copy_text(c),
-                OpPlan::Accum {
-                    storage, reduce, ..
-                } => format!(
-                    "{}, reduce {:?}",
-                    match storage {
-                        AccumStorage::Registers { per_thread, .. } =>
-                            format!("registers ({per_thread} per thread)"),
-                        AccumStorage::Shared => "shared memory".into(),
-                    },
-                    reduce
-                ),
-                OpPlan::Matmul {
-                    warps,
-                    instr,
-                    mma_per_warp,
-                    loads_per_warp,
-                } => format!(
-                    "{} x {} warps, {instr}, {mma_per_warp} mma + {loads_per_warp} ldmatrix per warp",
-                    warps.0, warps.1
-                ),
-                OpPlan::RowReduce(r) => {
-                    format!(
-                        "{} rows of {}, {} threads per row",
-                        r.rows, r.len, r.threads_per_row
-                    )
-                }
-                OpPlan::Plain => match kp
-                    .fusion
-                    .is_leader(h)
-                    .then(|| p.layout.kernels[&k].iter_dim[h.index()])
-                    .flatten()
-                {
-                    Some(d) => format!("threads along dim {d}"),
-                    None => "-".into(),
-                },
-            };
-            let _ = writeln!(s, "    op{} {}: {plan}", h.index(), op.kind.name());
-        }
-        let _ = writeln!(s, "  tiles:");
-        for (h, t) in tb.tensors.iter() {
-            match &kp.tiles[h.index()] {
-                Some(geo) => {
-                    let _ = writeln!(
-                        s,
-                        "    s{} {} {}: innermost {}{} strides {} swizzle {} ({} B)",
-                        h.index(),
-                        t.shape,
-                        t.dtype,
-                        geo.layout.innermost,
-                        geo.layout
-                            .swizzled
-                            .map_or(String::new(), |d| format!(" swizzled {d}")),
-                        geo.strides,
-                        geo.swizzle,
-                        geo.bytes
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        s,
-                        "    s{} {} {}: in registers (fused)",
-                        h.index(),
-                        t.shape,
-                        t.dtype
-                    );
-                }
-            }
-        }
-        let sm = &kp.smem;
-        let _ = writeln!(
-            s,
-            "  shared memory: {} B (zero page {} B + peak {} B; lower bound {} B; {})",
-            sm.total, sm.base, sm.packing.peak, sm.packing.lower_bound, sm.packing.heuristic
-        );
-        s.push_str(&memory::dump(&sm.buffers, &sm.packing, sm.base));
     }
+    kernel_ops(&mut s, g, p);
     let _ = writeln!(
         s,
         "workspace: {} B (lower bound {} B; {})",
         p.workspace_packing.peak, p.workspace_packing.lower_bound, p.workspace_packing.heuristic
     );
     s.push_str(&memory::dump(&p.workspace, &p.workspace_packing, 0));
+    for u in &p.unfused {
+        let _ = writeln!(
+            s,
+            "warning: %{} makes a round trip through the workspace to kernel op {} ({}), its only reader: mucc runs every kernel-level operator as a kernel of its own",
+            u.tensor.index(),
+            u.consumer.index(),
+            names::kn_name(&g.ops[u.consumer].kind)
+        );
+    }
     s
+}
+
+fn rows(r: &RowSplit) -> String {
+    format!(
+        "{} rows of {}, {} threads per row",
+        r.rows, r.len, r.threads_per_row
+    )
+}
+
+fn op_name(tb: &TbGraph, o: Handle<crate::graph::threadblock::TbOp>) -> String {
+    format!("op{} {}", o.index(), tb.ops[o].kind.name())
+}
+
+/// One customized operator's plan.
+fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan) {
+    let cta = &kp.cta;
+    let _ = writeln!(
+        s,
+        "kernel op {k} (customized): grid ({}, {}, {}), {} threads, forloop {}",
+        cta.grid[0], cta.grid[1], cta.grid[2], cta.threads, tb.forloop_range
+    );
+    let _ = writeln!(
+        s,
+        "  code path: {}; launch bounds ({}, {}); {} resident block(s) per SM budgeted",
+        kp.path, cta.threads, cta.min_blocks_per_sm, cta.resident_blocks
+    );
+    for line in kp.fusion.dump(tb).lines() {
+        let _ = writeln!(s, "  {line}");
+    }
+    let _ = writeln!(s, "  chains:");
+    for (c, chain) in kp.fusion.chains.iter().enumerate() {
+        let cp = &kp.chains[c];
+        let names: Vec<String> = chain.ops.iter().map(|&o| op_name(tb, o)).collect();
+        let sink = match cp.sink {
+            Sink::Tile(t) => format!("stored to s{}", t.index()),
+            Sink::Global(o) => format!("stored to the device tensor by op{}", o.index()),
+            Sink::Accum(a) => format!("accumulated into op{}", a.index()),
+            Sink::Copy => "copied".into(),
+        };
+        let _ = writeln!(
+            s,
+            "    {}: {sink}, walks dims {:?}",
+            names.join(" -> "),
+            cp.order
+        );
+    }
+    schedule(s, tb, kp);
+    let _ = writeln!(s, "  operators:");
+    for (h, op) in tb.ops.iter() {
+        let plan = op_plan(p, k, kp, h);
+        let _ = writeln!(s, "    op{} {}: {plan}", h.index(), op.kind.name());
+    }
+    tiles(s, tb, kp);
+    let sm = &kp.smem;
+    let _ = writeln!(
+        s,
+        "  shared memory: {} B (zero page {} B + peak {} B; lower bound {} B; {})",
+        sm.total, sm.base, sm.packing.peak, sm.packing.lower_bound, sm.packing.heuristic
+    );
+    s.push_str(&memory::dump(&sm.buffers, &sm.packing, sm.base));
+    for u in &kp.unfused {
+        let _ = writeln!(
+            s,
+            "  warning: s{} of {} stays in shared memory for {}, its only reader: {}",
+            u.tile.index(),
+            op_name(tb, u.producer),
+            op_name(tb, u.consumer),
+            u.reason
+        );
+    }
+}
+
+fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    let _ = writeln!(s, "  schedule: {}", kp.schedule.compact(&kp.fusion));
+    for (ph, st) in kp.schedule.steps() {
+        match st {
+            Step::Barrier(why) => {
+                let _ = writeln!(s, "    {:<9} barrier ({why})", ph.name());
+            }
+            Step::Run(c) => {
+                let names: Vec<String> = kp.fusion.chains[*c]
+                    .ops
+                    .iter()
+                    .map(|&o| op_name(tb, o))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "    {:<9} level {}: {}",
+                    ph.name(),
+                    kp.schedule.level[*c],
+                    names.join(" -> ")
+                );
+            }
+        }
+    }
+}
+
+/// The plan of operator `h` of kernel `k`.
+fn op_plan(
+    p: &GraphPlan,
+    k: usize,
+    kp: &KernelPlan,
+    h: Handle<crate::graph::threadblock::TbOp>,
+) -> String {
+    match &kp.ops[h.index()] {
+        OpPlan::Input {
+            copy,
+            engine,
+            stages,
+        } => {
+            let engine = match engine {
+                CopyEngine::Threads => "by the threads".to_string(),
+                CopyEngine::CpAsync => format!("cp.async, pipelined x{stages}"),
+            };
+            format!("{}, {engine}", copy_text(copy))
+        }
+        OpPlan::Output { copy: None } => "stored by its chain's leader".into(),
+        OpPlan::Output { copy: Some(c) } => copy_text(c),
+        OpPlan::Accum {
+            storage,
+            reduce,
+            rows: split,
+        } => {
+            let storage = match storage {
+                AccumStorage::Registers {
+                    per_thread,
+                    fragment_of: Some(m),
+                } => format!(
+                    "registers ({per_thread} per thread, the mma fragment of op{})",
+                    m.index()
+                ),
+                AccumStorage::Registers { per_thread, .. } => {
+                    format!("registers ({per_thread} per thread)")
+                }
+                AccumStorage::Shared => "shared memory".into(),
+            };
+            let split = split.map_or(String::new(), |r| format!(", {}", rows(&r)));
+            format!("{storage}, reduce {reduce:?}{split}")
+        }
+        OpPlan::Matmul {
+            warps,
+            instr: instr @ MatmulInstr::MmaSyncM16N8K16 { .. },
+            loads,
+            mma_per_warp,
+            loads_per_warp,
+        } => format!(
+            "{} x {} warps, {instr}, A by {}, B by {}, {mma_per_warp} mma + {loads_per_warp} ldmatrix per warp",
+            warps.0, warps.1, loads.0, loads.1
+        ),
+        OpPlan::Matmul {
+            instr: MatmulInstr::Fma,
+            ..
+        } => "fma.f32, a thread per element of the product".into(),
+        OpPlan::RowReduce(r) => rows(r),
+        OpPlan::Plain => match kp
+            .fusion
+            .is_leader(h)
+            .then(|| p.layout.kernels[&k].iter_dim[h.index()])
+            .flatten()
+        {
+            Some(d) => format!("threads along dim {d}"),
+            None => "-".into(),
+        },
+    }
+}
+
+fn tiles(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    let _ = writeln!(s, "  tiles:");
+    for (h, t) in tb.tensors.iter() {
+        match &kp.tiles[h.index()] {
+            Some(geo) => {
+                let stored = if geo.dtype == t.dtype {
+                    String::new()
+                } else {
+                    format!(" (stored as {})", geo.dtype)
+                };
+                let _ = writeln!(
+                    s,
+                    "    s{} {} {}{stored}: innermost {}{} strides {} swizzle {} ({} B)",
+                    h.index(),
+                    t.shape,
+                    t.dtype,
+                    geo.layout.innermost,
+                    geo.layout
+                        .swizzled
+                        .map_or(String::new(), |d| format!(" swizzled {d}")),
+                    geo.strides,
+                    geo.swizzle,
+                    geo.bytes
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "    s{} {} {}: in registers (fused)",
+                    h.index(),
+                    t.shape,
+                    t.dtype
+                );
+            }
+        }
+    }
+}
+
+/// The plans of the kernel-level operators that run something.
+fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
+    let mut lines = Vec::new();
+    for (h, op) in g.ops.iter() {
+        let text = match &p.kernel_ops[h.index()] {
+            KnOpPlan::Nothing | KnOpPlan::Customized => continue,
+            KnOpPlan::Elementwise {
+                op: ew,
+                vector,
+                launch,
+                ..
+            } => {
+                let what = match ew {
+                    ElementwiseOp::Unary(u) => format!("element-wise {}", u.name()),
+                    ElementwiseOp::Binary(b) => format!("element-wise {}", b.name()),
+                    ElementwiseOp::Copy => "copy".into(),
+                };
+                format!(
+                    "{what}, {vector}-element vectors, {} blocks x {} threads",
+                    launch.blocks, launch.threads
+                )
+            }
+            r @ KnOpPlan::Reduction { .. } => reduction_text(r),
+            KnOpPlan::RmsNorm {
+                rows,
+                group,
+                launch,
+                ..
+            } => format!(
+                "rms_norm of {rows} groups of {group}, a warp per group, {} blocks x {} threads",
+                launch.blocks, launch.threads
+            ),
+            KnOpPlan::Parts {
+                concat,
+                parts,
+                launch,
+                ..
+            } => {
+                let v: Vec<usize> = parts.iter().map(|c| c.vector).collect();
+                format!(
+                    "{} {} parts, vectors {v:?}, {} blocks x {} threads",
+                    if *concat { "concat of" } else { "split into" },
+                    parts.len(),
+                    launch.blocks,
+                    launch.threads
+                )
+            }
+            KnOpPlan::Gemm { calls, transposed } => {
+                let c = &calls[0];
+                format!(
+                    "cuBLAS, {} call(s){}: m {} n {} k {} batch {}, {} / {}",
+                    calls.len(),
+                    if *transposed {
+                        " (row-major C: computed as Cᵀ = Bᵀ·Aᵀ)"
+                    } else {
+                        ""
+                    },
+                    c.m,
+                    c.n,
+                    c.k,
+                    c.batch,
+                    c.data_type.name(),
+                    c.compute_type.name()
+                )
+            }
+        };
+        lines.push(format!(
+            "  kernel op {} ({}): {text}",
+            h.index(),
+            names::kn_name(&op.kind)
+        ));
+    }
+    if !lines.is_empty() {
+        let _ = writeln!(s, "kernel-level operators:");
+        for l in lines {
+            let _ = writeln!(s, "{l}");
+        }
+    }
+}
+
+fn reduction_text(p: &KnOpPlan) -> String {
+    let KnOpPlan::Reduction {
+        to,
+        k,
+        warp_per_output,
+        launch,
+        ..
+    } = p
+    else {
+        return String::new();
+    };
+    format!(
+        "sum of {k} elements into each of {to} per row, a {} per result, {} blocks x {} threads",
+        if *warp_per_output { "warp" } else { "thread" },
+        launch.blocks,
+        launch.threads
+    )
 }
 
 fn copy_text(c: &Copy) -> String {

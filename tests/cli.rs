@@ -247,7 +247,9 @@ fn explain_prints_the_plan_and_draws_it() {
         "chain op3 matmul -> op5 accum_nored",
         "schedule: - | 0,1,2 3,4 | 7,8",
         "barrier (the next iteration overwrites tiles read at the last level)",
-        "op5 accum_nored: registers (4 per thread)",
+        "op5 accum_nored: registers (4 per thread, the mma fragment of op3)",
+        "code path: sm80 (cp.async, ldmatrix, mma.sync); launch bounds (128, 1)",
+        "A by ldmatrix, B by ldmatrix.trans",
         "shared memory:",
         "workspace:",
     ] {

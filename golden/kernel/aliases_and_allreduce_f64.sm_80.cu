@@ -11,41 +11,59 @@
 
 // kernel op 1: kn_exp_op(%0) -> %1 [7, 13] f64
 namespace k1_exp_l {
-using v0 = mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<14, 1>>;
-using v1 = mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<13, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<14, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<13, 1>>;
 }
 struct k1_exp_op {
-  __device__ mucc::Compute<double> operator()(mucc::Compute<double> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<double> operator()(mucc::Compute<double> x) const {
+    return mucc::op::exp(x);
+  }
 };
 extern "C" __global__ void __launch_bounds__(256) k1_exp(double* __restrict__ v0, const double* __restrict__ v1) {
-  mucc::kn::unary<double, 1, k1_exp_l::v0, k1_exp_l::v1>(v0, v1, k1_exp_op{});
+  using namespace k1_exp_l;
+  mucc::kn::unary<double, 1, L0, L1>(v0, v1, k1_exp_op{});
 }
 
 // kernel op 2: kn_allreduce_op(%1) -> %2 [7, 13] f64
 namespace k2_allreduce_l {
-using v0 = mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<8, 1>>;
-using v1 = mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<1, 14>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<8, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<1, 14>>;
 }
 extern "C" __global__ void __launch_bounds__(256) k2_allreduce(double* __restrict__ v0, const double* __restrict__ v1) {
-  mucc::kn::copy<double, 1, k2_allreduce_l::v0, k2_allreduce_l::v1>(v0, v1);
+  using namespace k2_allreduce_l;
+  mucc::kn::copy<double, 1, L0, L1>(v0, v1);
 }
 
 // kernel op 3: kn_output_op(%0) -> 
 namespace k3_output_copy_l {
-using v0 = mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<14, 1>>;
-using v1 = mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<13, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<14, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<13, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k3_output_copy(double* __restrict__ v0, const double* __restrict__ v1) {
-  mucc::kn::copy<double, 1, k3_output_copy_l::v0, k3_output_copy_l::v1>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k3_output_copy(
+    double* __restrict__ v0,
+    const double* __restrict__ v1) {
+  using namespace k3_output_copy_l;
+  mucc::kn::copy<double, 1, L0, L1>(v0, v1);
 }
 
 // kernel op 5: kn_output_op(%2) -> 
 namespace k5_output_copy_l {
-using v0 = mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<7, 1>>;
-using v1 = mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<8, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<7, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<13, 7>, mucc::Stride<8, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k5_output_copy(double* __restrict__ v0, const double* __restrict__ v1) {
-  mucc::kn::copy<double, 1, k5_output_copy_l::v0, k5_output_copy_l::v1>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k5_output_copy(
+    double* __restrict__ v0,
+    const double* __restrict__ v1) {
+  using namespace k5_output_copy_l;
+  mucc::kn::copy<double, 1, L0, L1>(v0, v1);
 }
 
 #ifndef __CUDACC_RTC__

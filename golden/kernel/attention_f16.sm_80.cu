@@ -11,36 +11,55 @@
 
 // kernel op 4: kn_exp_op(%3) -> %4 [32, 16, 4096] f16
 namespace k4_exp_l {
-using v0 = mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
 }
 struct k4_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::exp(x);
+  }
 };
 extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 8, k4_exp_l::v0, k4_exp_l::v1>(v0, v1, k4_exp_op{});
+  using namespace k4_exp_l;
+  mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
 }
 
 // kernel op 5: kn_reduction_2_op(%4) -> %5 [32, 16, 1] f16
 namespace k5_reduction_2_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 1>, mucc::Stride<16, 1, 16>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 4096>, mucc::Stride<65536, 1, 16>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 4096>, mucc::Stride<65536, 1, 16>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k5_reduction_2(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::reduce<mucc::f16, k5_reduction_2_l::v0, k5_reduction_2_l::v1, 1, 4096, 1, 16, true>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k5_reduction_2(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k5_reduction_2_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 1, 4096, 1, 16, true>(v0, v1);
 }
 
 // kernel op 7: kn_div_op(%6, %5) -> %7 [32, 16, 64] f16
 namespace k7_div_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
 }
 struct k7_div_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const { return mucc::op::div(a, b); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
+    return mucc::op::div(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k7_div(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1, const mucc::f16* __restrict__ v2) {
-  mucc::kn::binary<mucc::f16, 1, k7_div_l::v0, k7_div_l::v1, k7_div_l::v2>(v0, v1, v2, k7_div_op{});
+extern "C" __global__ void __launch_bounds__(256) k7_div(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2) {
+  using namespace k7_div_l;
+  mucc::kn::binary<mucc::f16, 1, L0, L1, L2>(v0, v1, v2, k7_div_op{});
 }
 
 #ifndef __CUDACC_RTC__

@@ -11,79 +11,131 @@
 
 // kernel op 3: kn_add_op(%0, %1) -> %3 [32, 16, 64] bf16
 namespace k3_add_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
 }
 struct k3_add_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::add(a, b); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const {
+    return mucc::op::add(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k3_add(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 1, k3_add_l::v0, k3_add_l::v1, k3_add_l::v2>(v0, v1, v2, k3_add_op{});
+extern "C" __global__ void __launch_bounds__(256) k3_add(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1,
+    const mucc::bf16* __restrict__ v2) {
+  using namespace k3_add_l;
+  mucc::kn::binary<mucc::bf16, 1, L0, L1, L2>(v0, v1, v2, k3_add_op{});
 }
 
 // kernel op 4: kn_sub_op(%3, %2) -> %4 [32, 16, 64] bf16
 namespace k4_sub_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<0, 64, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<0, 64, 1>>;
 }
 struct k4_sub_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::sub(a, b); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const {
+    return mucc::op::sub(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k4_sub(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 8, k4_sub_l::v0, k4_sub_l::v1, k4_sub_l::v2>(v0, v1, v2, k4_sub_op{});
+extern "C" __global__ void __launch_bounds__(256) k4_sub(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1,
+    const mucc::bf16* __restrict__ v2) {
+  using namespace k4_sub_l;
+  mucc::kn::binary<mucc::bf16, 8, L0, L1, L2>(v0, v1, v2, k4_sub_op{});
 }
 
 // kernel op 5: kn_mul_op(%4, %1) -> %5 [32, 16, 64] bf16
 namespace k5_mul_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
 }
 struct k5_mul_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::mul(a, b); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const {
+    return mucc::op::mul(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k5_mul(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 1, k5_mul_l::v0, k5_mul_l::v1, k5_mul_l::v2>(v0, v1, v2, k5_mul_op{});
+extern "C" __global__ void __launch_bounds__(256) k5_mul(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1,
+    const mucc::bf16* __restrict__ v2) {
+  using namespace k5_mul_l;
+  mucc::kn::binary<mucc::bf16, 1, L0, L1, L2>(v0, v1, v2, k5_mul_op{});
 }
 
 // kernel op 6: kn_div_op(%5, %1) -> %6 [32, 16, 64] bf16
 namespace k6_div_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
 }
 struct k6_div_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::div(a, b); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const {
+    return mucc::op::div(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k6_div(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 1, k6_div_l::v0, k6_div_l::v1, k6_div_l::v2>(v0, v1, v2, k6_div_op{});
+extern "C" __global__ void __launch_bounds__(256) k6_div(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1,
+    const mucc::bf16* __restrict__ v2) {
+  using namespace k6_div_l;
+  mucc::kn::binary<mucc::bf16, 1, L0, L1, L2>(v0, v1, v2, k6_div_op{});
 }
 
 // kernel op 7: kn_exp_op(%6) -> %7 [32, 16, 64] bf16
 namespace k7_exp_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
 }
 struct k7_exp_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> x) const {
+    return mucc::op::exp(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k7_exp(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1) {
-  mucc::kn::unary<mucc::bf16, 8, k7_exp_l::v0, k7_exp_l::v1>(v0, v1, k7_exp_op{});
+extern "C" __global__ void __launch_bounds__(256) k7_exp(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1) {
+  using namespace k7_exp_l;
+  mucc::kn::unary<mucc::bf16, 8, L0, L1>(v0, v1, k7_exp_op{});
 }
 
 // kernel op 8: kn_pow_op(%7, %2) -> %8 [32, 16, 64] bf16
 namespace k8_pow_l {
-using v0 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<0, 64, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<0, 64, 1>>;
 }
 struct k8_pow_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::pow(a, b); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const {
+    return mucc::op::pow(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k8_pow(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 8, k8_pow_l::v0, k8_pow_l::v1, k8_pow_l::v2>(v0, v1, v2, k8_pow_op{});
+extern "C" __global__ void __launch_bounds__(256) k8_pow(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1,
+    const mucc::bf16* __restrict__ v2) {
+  using namespace k8_pow_l;
+  mucc::kn::binary<mucc::bf16, 8, L0, L1, L2>(v0, v1, v2, k8_pow_op{});
 }
 
 #ifndef __CUDACC_RTC__

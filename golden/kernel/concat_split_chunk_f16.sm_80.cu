@@ -11,56 +11,94 @@
 
 // kernel op 2: kn_concat_1_op(%0, %1) -> %2 [16, 272] f16
 namespace k2_concat_1_l {
-using part0 = mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>;
-using whole0 = mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<272, 1>>;
-using part1 = mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>;
-using whole1 = mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<272, 1>>;
+  using Part0 =
+    mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>;
+  using Whole0 =
+    mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<272, 1>>;
+  using Part1 =
+    mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>;
+  using Whole1 =
+    mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<272, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k2_concat_1(mucc::f16* __restrict__ whole, const mucc::f16* __restrict__ p0, const mucc::f16* __restrict__ p1) {
-  mucc::kn::copy<mucc::f16, 8, k2_concat_1_l::whole0, k2_concat_1_l::part0>(whole + 0, p0);
-  mucc::kn::copy<mucc::f16, 8, k2_concat_1_l::whole1, k2_concat_1_l::part1>(whole + 256, p1);
+extern "C" __global__ void __launch_bounds__(256) k2_concat_1(
+    mucc::f16* __restrict__ whole,
+    const mucc::f16* __restrict__ p0,
+    const mucc::f16* __restrict__ p1) {
+  using namespace k2_concat_1_l;
+  mucc::kn::copy<mucc::f16, 8, Whole0, Part0>(whole + 0, p0);
+  mucc::kn::copy<mucc::f16, 8, Whole1, Part1>(whole + 256, p1);
 }
 
 // kernel op 3: kn_split_1_op(%2) -> %3 [16, 100] f16, %4 [16, 172] f16
 namespace k3_split_1_l {
-using part0 = mucc::Layout<mucc::Shape<16, 100>, mucc::Stride<104, 1>>;
-using whole0 = mucc::Layout<mucc::Shape<16, 100>, mucc::Stride<272, 1>>;
-using part1 = mucc::Layout<mucc::Shape<16, 172>, mucc::Stride<176, 1>>;
-using whole1 = mucc::Layout<mucc::Shape<16, 172>, mucc::Stride<272, 1>>;
+  using Part0 =
+    mucc::Layout<mucc::Shape<16, 100>, mucc::Stride<104, 1>>;
+  using Whole0 =
+    mucc::Layout<mucc::Shape<16, 100>, mucc::Stride<272, 1>>;
+  using Part1 =
+    mucc::Layout<mucc::Shape<16, 172>, mucc::Stride<176, 1>>;
+  using Whole1 =
+    mucc::Layout<mucc::Shape<16, 172>, mucc::Stride<272, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k3_split_1(const mucc::f16* __restrict__ whole, mucc::f16* __restrict__ p0, mucc::f16* __restrict__ p1) {
-  mucc::kn::copy<mucc::f16, 4, k3_split_1_l::part0, k3_split_1_l::whole0>(p0, whole + 0);
-  mucc::kn::copy<mucc::f16, 4, k3_split_1_l::part1, k3_split_1_l::whole1>(p1, whole + 100);
+extern "C" __global__ void __launch_bounds__(256) k3_split_1(
+    const mucc::f16* __restrict__ whole,
+    mucc::f16* __restrict__ p0,
+    mucc::f16* __restrict__ p1) {
+  using namespace k3_split_1_l;
+  mucc::kn::copy<mucc::f16, 4, Part0, Whole0>(p0, whole + 0);
+  mucc::kn::copy<mucc::f16, 4, Part1, Whole1>(p1, whole + 100);
 }
 
 // kernel op 4: kn_chunk_0_op(%2) -> %5 [4, 272] f16, %6 [4, 272] f16, %7 [4, 272] f16, %8 [4, 272] f16
 namespace k4_chunk_0_l {
-using part0 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using whole0 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using part1 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using whole1 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using part2 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using whole2 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using part3 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using whole3 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Part0 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Whole0 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Part1 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Whole1 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Part2 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Whole2 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Part3 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Whole3 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k4_chunk_0(const mucc::f16* __restrict__ whole, mucc::f16* __restrict__ p0, mucc::f16* __restrict__ p1, mucc::f16* __restrict__ p2, mucc::f16* __restrict__ p3) {
-  mucc::kn::copy<mucc::f16, 8, k4_chunk_0_l::part0, k4_chunk_0_l::whole0>(p0, whole + 0);
-  mucc::kn::copy<mucc::f16, 8, k4_chunk_0_l::part1, k4_chunk_0_l::whole1>(p1, whole + 1088);
-  mucc::kn::copy<mucc::f16, 8, k4_chunk_0_l::part2, k4_chunk_0_l::whole2>(p2, whole + 2176);
-  mucc::kn::copy<mucc::f16, 8, k4_chunk_0_l::part3, k4_chunk_0_l::whole3>(p3, whole + 3264);
+extern "C" __global__ void __launch_bounds__(256) k4_chunk_0(
+    const mucc::f16* __restrict__ whole,
+    mucc::f16* __restrict__ p0,
+    mucc::f16* __restrict__ p1,
+    mucc::f16* __restrict__ p2,
+    mucc::f16* __restrict__ p3) {
+  using namespace k4_chunk_0_l;
+  mucc::kn::copy<mucc::f16, 8, Part0, Whole0>(p0, whole + 0);
+  mucc::kn::copy<mucc::f16, 8, Part1, Whole1>(p1, whole + 1088);
+  mucc::kn::copy<mucc::f16, 8, Part2, Whole2>(p2, whole + 2176);
+  mucc::kn::copy<mucc::f16, 8, Part3, Whole3>(p3, whole + 3264);
 }
 
 // kernel op 5: kn_concat_0_op(%8, %5) -> %9 [8, 272] f16
 namespace k5_concat_0_l {
-using part0 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using whole0 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using part1 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
-using whole1 = mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Part0 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Whole0 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Part1 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
+  using Whole1 =
+    mucc::Layout<mucc::Shape<4, 272>, mucc::Stride<272, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k5_concat_0(mucc::f16* __restrict__ whole, const mucc::f16* __restrict__ p0, const mucc::f16* __restrict__ p1) {
-  mucc::kn::copy<mucc::f16, 8, k5_concat_0_l::whole0, k5_concat_0_l::part0>(whole + 0, p0);
-  mucc::kn::copy<mucc::f16, 8, k5_concat_0_l::whole1, k5_concat_0_l::part1>(whole + 1088, p1);
+extern "C" __global__ void __launch_bounds__(256) k5_concat_0(
+    mucc::f16* __restrict__ whole,
+    const mucc::f16* __restrict__ p0,
+    const mucc::f16* __restrict__ p1) {
+  using namespace k5_concat_0_l;
+  mucc::kn::copy<mucc::f16, 8, Whole0, Part0>(whole + 0, p0);
+  mucc::kn::copy<mucc::f16, 8, Whole1, Part1>(whole + 1088, p1);
 }
 
 #ifndef __CUDACC_RTC__

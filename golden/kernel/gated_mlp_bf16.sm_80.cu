@@ -11,27 +11,43 @@
 
 // kernel op 5: kn_silu_op(%3) -> %5 [8, 1024] bf16
 namespace k5_silu_l {
-using v0 = mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
-using v1 = mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
 }
 struct k5_silu_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> x) const { return mucc::op::silu(x); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> x) const {
+    return mucc::op::silu(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k5_silu(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1) {
-  mucc::kn::unary<mucc::bf16, 8, k5_silu_l::v0, k5_silu_l::v1>(v0, v1, k5_silu_op{});
+extern "C" __global__ void __launch_bounds__(256) k5_silu(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1) {
+  using namespace k5_silu_l;
+  mucc::kn::unary<mucc::bf16, 8, L0, L1>(v0, v1, k5_silu_op{});
 }
 
 // kernel op 6: kn_mul_op(%5, %4) -> %6 [8, 1024] bf16
 namespace k6_mul_l {
-using v0 = mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
-using v1 = mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
-using v2 = mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<8, 1024>, mucc::Stride<1024, 1>>;
 }
 struct k6_mul_op {
-  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const { return mucc::op::mul(a, b); }
+  __device__ mucc::Compute<mucc::bf16> operator()(mucc::Compute<mucc::bf16> a, mucc::Compute<mucc::bf16> b) const {
+    return mucc::op::mul(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k6_mul(mucc::bf16* __restrict__ v0, const mucc::bf16* __restrict__ v1, const mucc::bf16* __restrict__ v2) {
-  mucc::kn::binary<mucc::bf16, 8, k6_mul_l::v0, k6_mul_l::v1, k6_mul_l::v2>(v0, v1, v2, k6_mul_op{});
+extern "C" __global__ void __launch_bounds__(256) k6_mul(
+    mucc::bf16* __restrict__ v0,
+    const mucc::bf16* __restrict__ v1,
+    const mucc::bf16* __restrict__ v2) {
+  using namespace k6_mul_l;
+  mucc::kn::binary<mucc::bf16, 8, L0, L1, L2>(v0, v1, v2, k6_mul_op{});
 }
 
 #ifndef __CUDACC_RTC__

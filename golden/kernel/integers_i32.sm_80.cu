@@ -10,36 +10,57 @@
 
 // kernel op 2: kn_mul_op(%0, %1) -> %2 [5, 40] i32
 namespace k2_mul_l {
-using v0 = mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
-using v1 = mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
-using v2 = mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<1, 0>>;
 }
 struct k2_mul_op {
-  __device__ mucc::Compute<mucc::i32> operator()(mucc::Compute<mucc::i32> a, mucc::Compute<mucc::i32> b) const { return mucc::op::mul(a, b); }
+  __device__ mucc::Compute<mucc::i32> operator()(mucc::Compute<mucc::i32> a, mucc::Compute<mucc::i32> b) const {
+    return mucc::op::mul(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k2_mul(mucc::i32* __restrict__ v0, const mucc::i32* __restrict__ v1, const mucc::i32* __restrict__ v2) {
-  mucc::kn::binary<mucc::i32, 1, k2_mul_l::v0, k2_mul_l::v1, k2_mul_l::v2>(v0, v1, v2, k2_mul_op{});
+extern "C" __global__ void __launch_bounds__(256) k2_mul(
+    mucc::i32* __restrict__ v0,
+    const mucc::i32* __restrict__ v1,
+    const mucc::i32* __restrict__ v2) {
+  using namespace k2_mul_l;
+  mucc::kn::binary<mucc::i32, 1, L0, L1, L2>(v0, v1, v2, k2_mul_op{});
 }
 
 // kernel op 3: kn_relu_op(%2) -> %3 [5, 40] i32
 namespace k3_relu_l {
-using v0 = mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
-using v1 = mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
 }
 struct k3_relu_op {
-  __device__ mucc::Compute<mucc::i32> operator()(mucc::Compute<mucc::i32> x) const { return mucc::op::relu(x); }
+  __device__ mucc::Compute<mucc::i32> operator()(mucc::Compute<mucc::i32> x) const {
+    return mucc::op::relu(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k3_relu(mucc::i32* __restrict__ v0, const mucc::i32* __restrict__ v1) {
-  mucc::kn::unary<mucc::i32, 4, k3_relu_l::v0, k3_relu_l::v1>(v0, v1, k3_relu_op{});
+extern "C" __global__ void __launch_bounds__(256) k3_relu(
+    mucc::i32* __restrict__ v0,
+    const mucc::i32* __restrict__ v1) {
+  using namespace k3_relu_l;
+  mucc::kn::unary<mucc::i32, 4, L0, L1>(v0, v1, k3_relu_op{});
 }
 
 // kernel op 4: kn_reduction_1_op(%3) -> %4 [5, 1] i32
 namespace k4_reduction_1_l {
-using v0 = mucc::Layout<mucc::Shape<5, 1>, mucc::Stride<1, 8>>;
-using v1 = mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<5, 1>, mucc::Stride<1, 8>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<5, 40>, mucc::Stride<40, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k4_reduction_1(mucc::i32* __restrict__ v0, const mucc::i32* __restrict__ v1) {
-  mucc::kn::reduce<mucc::i32, k4_reduction_1_l::v0, k4_reduction_1_l::v1, 1, 40, 1, 1, false>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k4_reduction_1(
+    mucc::i32* __restrict__ v0,
+    const mucc::i32* __restrict__ v1) {
+  using namespace k4_reduction_1_l;
+  mucc::kn::reduce<mucc::i32, L0, L1, 1, 40, 1, 1, false>(v0, v1);
 }
 
 #ifndef __CUDACC_RTC__

@@ -10,15 +10,24 @@
 
 // kernel op 2: kn_mul_op(%0, %1) -> %2 [1, 4, 4096] f32
 namespace k2_mul_l {
-using v0 = mucc::Layout<mucc::Shape<4, 4096>, mucc::Stride<4096, 1>>;
-using v1 = mucc::Layout<mucc::Shape<4, 4096>, mucc::Stride<0, 1>>;
-using v2 = mucc::Layout<mucc::Shape<4, 4096>, mucc::Stride<1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<4, 4096>, mucc::Stride<4096, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<4, 4096>, mucc::Stride<0, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<4, 4096>, mucc::Stride<1, 0>>;
 }
 struct k2_mul_op {
-  __device__ mucc::Compute<float> operator()(mucc::Compute<float> a, mucc::Compute<float> b) const { return mucc::op::mul(a, b); }
+  __device__ mucc::Compute<float> operator()(mucc::Compute<float> a, mucc::Compute<float> b) const {
+    return mucc::op::mul(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k2_mul(float* __restrict__ v0, const float* __restrict__ v1, const float* __restrict__ v2) {
-  mucc::kn::binary<float, 1, k2_mul_l::v0, k2_mul_l::v1, k2_mul_l::v2>(v0, v1, v2, k2_mul_op{});
+extern "C" __global__ void __launch_bounds__(256) k2_mul(
+    float* __restrict__ v0,
+    const float* __restrict__ v1,
+    const float* __restrict__ v2) {
+  using namespace k2_mul_l;
+  mucc::kn::binary<float, 1, L0, L1, L2>(v0, v1, v2, k2_mul_op{});
 }
 
 #ifndef __CUDACC_RTC__

@@ -13,38 +13,58 @@
 
 // kernel op 1: kn_reduction_0_op(%0) -> %1 [1, 50, 783] f16
 namespace k1_reduction_0_l {
-using v0 = mucc::Layout<mucc::Shape<1, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<1, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k1_reduction_0(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::reduce<mucc::f16, k1_reduction_0_l::v0, k1_reduction_0_l::v1, 1, 3, 39150, 39150, false>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k1_reduction_0(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k1_reduction_0_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 1, 3, 39150, 39150, false>(v0, v1);
 }
 
 // kernel op 2: kn_reduction_1_op(%0) -> %2 [3, 1, 783] f16
 namespace k2_reduction_1_l {
-using v0 = mucc::Layout<mucc::Shape<3, 1, 783>, mucc::Stride<784, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 1, 783>, mucc::Stride<784, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k2_reduction_1(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::reduce<mucc::f16, k2_reduction_1_l::v0, k2_reduction_1_l::v1, 1, 50, 783, 783, false>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k2_reduction_1(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k2_reduction_1_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 1, 50, 783, 783, false>(v0, v1);
 }
 
 // kernel op 3: kn_reduction_2_op(%0) -> %3 [3, 50, 1] f16
 namespace k3_reduction_2_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 1>, mucc::Stride<56, 1, 56>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 1>, mucc::Stride<56, 1, 56>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k3_reduction_2(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::reduce<mucc::f16, k3_reduction_2_l::v0, k3_reduction_2_l::v1, 1, 783, 1, 1, true>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k3_reduction_2(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k3_reduction_2_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 1, 783, 1, 1, true>(v0, v1);
 }
 
 // kernel op 5: kn_reduction_2_op(%4) -> %5 [4, 16, 64] f16
 namespace k5_reduction_2_l {
-using v0 = mucc::Layout<mucc::Shape<4, 16, 64>, mucc::Stride<1024, 64, 1>>;
-using v1 = mucc::Layout<mucc::Shape<4, 16, 512>, mucc::Stride<8192, 512, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<4, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<4, 16, 512>, mucc::Stride<8192, 512, 1>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k5_reduction_2(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::reduce<mucc::f16, k5_reduction_2_l::v0, k5_reduction_2_l::v1, 64, 8, 1, 1, false>(v0, v1);
+extern "C" __global__ void __launch_bounds__(256) k5_reduction_2(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k5_reduction_2_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 64, 8, 1, 1, false>(v0, v1);
 }
 
 #ifndef __CUDACC_RTC__

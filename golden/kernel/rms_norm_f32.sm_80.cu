@@ -11,20 +11,26 @@
 
 // kernel op 2: kn_rms_norm_op(%0) -> %2 [16, 4096] f32
 namespace k2_rms_norm_l {
-using v0 = mucc::Layout<mucc::Shape<16, 4096>, mucc::Stride<4096, 1>>;
-using v1 = mucc::Layout<mucc::Shape<16, 4096>, mucc::Stride<4096, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<16, 4096>, mucc::Stride<4096, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<16, 4096>, mucc::Stride<4096, 1>>;
 }
 extern "C" __global__ void __launch_bounds__(256) k2_rms_norm(float* __restrict__ v0, const float* __restrict__ v1) {
-  mucc::kn::rms_norm<float, k2_rms_norm_l::v0, k2_rms_norm_l::v1, 16, 4096>(v0, v1);
+  using namespace k2_rms_norm_l;
+  mucc::kn::rms_norm<float, L0, L1, 16, 4096>(v0, v1);
 }
 
 // kernel op 3: kn_rms_norm_op(%1) -> %3 [4, 8, 60] f32
 namespace k3_rms_norm_l {
-using v0 = mucc::Layout<mucc::Shape<4, 8, 60>, mucc::Stride<480, 60, 1>>;
-using v1 = mucc::Layout<mucc::Shape<4, 8, 60>, mucc::Stride<480, 60, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<4, 8, 60>, mucc::Stride<480, 60, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<4, 8, 60>, mucc::Stride<480, 60, 1>>;
 }
 extern "C" __global__ void __launch_bounds__(256) k3_rms_norm(float* __restrict__ v0, const float* __restrict__ v1) {
-  mucc::kn::rms_norm<float, k3_rms_norm_l::v0, k3_rms_norm_l::v1, 4, 480>(v0, v1);
+  using namespace k3_rms_norm_l;
+  mucc::kn::rms_norm<float, L0, L1, 4, 480>(v0, v1);
 }
 
 #ifndef __CUDACC_RTC__

@@ -10,27 +10,41 @@
 
 // kernel op 2: kn_add_op(%0, %1) -> %2 [3, 50] f16
 namespace k2_add_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<64, 1>>;
-using v2 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<1, 3>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<64, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<1, 3>>;
 }
 struct k2_add_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const { return mucc::op::add(a, b); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
+    return mucc::op::add(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k2_add(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1, const mucc::f16* __restrict__ v2) {
-  mucc::kn::binary<mucc::f16, 1, k2_add_l::v0, k2_add_l::v1, k2_add_l::v2>(v0, v1, v2, k2_add_op{});
+extern "C" __global__ void __launch_bounds__(256) k2_add(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2) {
+  using namespace k2_add_l;
+  mucc::kn::binary<mucc::f16, 1, L0, L1, L2>(v0, v1, v2, k2_add_op{});
 }
 
 // kernel op 3: kn_exp_op(%2) -> %3 [3, 50] f16
 namespace k3_exp_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
 }
 struct k3_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::exp(x);
+  }
 };
 extern "C" __global__ void __launch_bounds__(256) k3_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 2, k3_exp_l::v0, k3_exp_l::v1>(v0, v1, k3_exp_op{});
+  using namespace k3_exp_l;
+  mucc::kn::unary<mucc::f16, 2, L0, L1>(v0, v1, k3_exp_op{});
 }
 
 #ifndef __CUDACC_RTC__

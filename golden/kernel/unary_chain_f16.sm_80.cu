@@ -10,122 +10,190 @@
 
 // kernel op 1: kn_exp_op(%0) -> %1 [3, 50, 783] f16
 namespace k1_exp_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39150, 783, 1>>;
 }
 struct k1_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::exp(x);
+  }
 };
 extern "C" __global__ void __launch_bounds__(256) k1_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k1_exp_l::v0, k1_exp_l::v1>(v0, v1, k1_exp_op{});
+  using namespace k1_exp_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k1_exp_op{});
 }
 
 // kernel op 2: kn_square_op(%1) -> %2 [3, 50, 783] f16
 namespace k2_square_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k2_square_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::square(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::square(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k2_square(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k2_square_l::v0, k2_square_l::v1>(v0, v1, k2_square_op{});
+extern "C" __global__ void __launch_bounds__(256) k2_square(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k2_square_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k2_square_op{});
 }
 
 // kernel op 3: kn_sqrt_op(%2) -> %3 [3, 50, 783] f16
 namespace k3_sqrt_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k3_sqrt_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::sqrt(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::sqrt(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k3_sqrt(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k3_sqrt_l::v0, k3_sqrt_l::v1>(v0, v1, k3_sqrt_op{});
+extern "C" __global__ void __launch_bounds__(256) k3_sqrt(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k3_sqrt_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k3_sqrt_op{});
 }
 
 // kernel op 4: kn_silu_op(%3) -> %4 [3, 50, 783] f16
 namespace k4_silu_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k4_silu_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::silu(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::silu(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k4_silu(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k4_silu_l::v0, k4_silu_l::v1>(v0, v1, k4_silu_op{});
+extern "C" __global__ void __launch_bounds__(256) k4_silu(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k4_silu_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k4_silu_op{});
 }
 
 // kernel op 5: kn_sigmoid_op(%4) -> %5 [3, 50, 783] f16
 namespace k5_sigmoid_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k5_sigmoid_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::sigmoid(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::sigmoid(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k5_sigmoid(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k5_sigmoid_l::v0, k5_sigmoid_l::v1>(v0, v1, k5_sigmoid_op{});
+extern "C" __global__ void __launch_bounds__(256) k5_sigmoid(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k5_sigmoid_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k5_sigmoid_op{});
 }
 
 // kernel op 6: kn_gelu_op(%5) -> %6 [3, 50, 783] f16
 namespace k6_gelu_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k6_gelu_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::gelu(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::gelu(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k6_gelu(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k6_gelu_l::v0, k6_gelu_l::v1>(v0, v1, k6_gelu_op{});
+extern "C" __global__ void __launch_bounds__(256) k6_gelu(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k6_gelu_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k6_gelu_op{});
 }
 
 // kernel op 7: kn_relu_op(%6) -> %7 [3, 50, 783] f16
 namespace k7_relu_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k7_relu_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::relu(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::relu(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k7_relu(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k7_relu_l::v0, k7_relu_l::v1>(v0, v1, k7_relu_op{});
+extern "C" __global__ void __launch_bounds__(256) k7_relu(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k7_relu_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k7_relu_op{});
 }
 
 // kernel op 8: kn_clamp_op(%7) -> %8 [3, 50, 783] f16
 namespace k8_clamp_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k8_clamp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::clamp(x, mucc::Compute<mucc::f16>(0.25), mucc::Compute<mucc::f16>(0.75)); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::clamp(x, mucc::Compute<mucc::f16>(0.25), mucc::Compute<mucc::f16>(0.75));
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k8_clamp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k8_clamp_l::v0, k8_clamp_l::v1>(v0, v1, k8_clamp_op{});
+extern "C" __global__ void __launch_bounds__(256) k8_clamp(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k8_clamp_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k8_clamp_op{});
 }
 
 // kernel op 9: kn_mul_scalar_op(%8) -> %9 [3, 50, 783] f16
 namespace k9_mul_scalar_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k9_mul_scalar_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return x * mucc::Compute<mucc::f16>(1.5); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::mul(x, mucc::Compute<mucc::f16>(1.5));
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k9_mul_scalar(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k9_mul_scalar_l::v0, k9_mul_scalar_l::v1>(v0, v1, k9_mul_scalar_op{});
+extern "C" __global__ void __launch_bounds__(256) k9_mul_scalar(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k9_mul_scalar_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k9_mul_scalar_op{});
 }
 
 // kernel op 10: kn_log_op(%9) -> %10 [3, 50, 783] f16
 namespace k10_log_l {
-using v0 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
-using v1 = mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
 }
 struct k10_log_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::log(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::log(x);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k10_log(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 1, k10_log_l::v0, k10_log_l::v1>(v0, v1, k10_log_op{});
+extern "C" __global__ void __launch_bounds__(256) k10_log(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k10_log_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k10_log_op{});
 }
 
 #ifndef __CUDACC_RTC__

@@ -8,11 +8,16 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41040 bytes of shared memory; schedule - | 0,1 2,4 | 5
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::bf16* __restrict__ out0, const mucc::bf16* __restrict__ in0, const mucc::bf16* __restrict__ in1) {
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41040 bytes of shared memory
+// schedule - | 0,1 2,4 | 5
+extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+    mucc::bf16* __restrict__ out0,
+    const mucc::bf16* __restrict__ in0,
+    const mucc::bf16* __restrict__ in1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 4>;
+  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<16, 1>, mucc::Stride<1, 16>>;
   using L4 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
   using L5 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<128, 1>>;
@@ -23,7 +28,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::bf16* _
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 32784);  // s0 (tb_input_op) x4 stages
   mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s1 (tb_input_op) x4 stages
@@ -33,38 +39,72 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::bf16* _
   const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 64;
   mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
   L2::Frag acc3;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc3.v[i][j][q] = float(0);
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) { s4[L3::offset(e)] = mucc::from_compute<float>(float(0)); });
+  L2::fill(acc3, float(0.0));
+  mucc::tb::fill<128, 16, L3>(tid, s4, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  if (0 < 64) { { const mucc::bf16* src_ = gi0; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 0 + L0::offset(i), src_ + L4::offset(i)); }); } { const mucc::bf16* src_ = gi1; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L1::offset(i), src_ + L5::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 0, gi1);
   mucc::sm80::cp_async_commit();
-  if (1 < 64) { { const mucc::bf16* src_ = gi0 + static_cast<mucc::i64>(1) * 64; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 1024 + L0::offset(i), src_ + L4::offset(i)); }); } { const mucc::bf16* src_ = gi1 + static_cast<mucc::i64>(1) * 8192; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 4096 + L1::offset(i), src_ + L5::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 8192);
   mucc::sm80::cp_async_commit();
-  if (2 < 64) { { const mucc::bf16* src_ = gi0 + static_cast<mucc::i64>(2) * 64; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 2048 + L0::offset(i), src_ + L4::offset(i)); }); } { const mucc::bf16* src_ = gi1 + static_cast<mucc::i64>(2) * 8192; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 8192 + L1::offset(i), src_ + L5::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 2048, gi0 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 64; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::bf16* s0_cur = s0 + (it % 4) * 1024;
     mucc::bf16* s1_cur = s1 + (it % 4) * 4096;
     mucc::sm80::cp_async_wait<2>();
     // op0 input
+    // issued ahead by the pipeline
     // op1 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 3; if (pf < 64) { { const mucc::bf16* src_ = gi0 + static_cast<mucc::i64>(pf) * 64; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + (pf % 4) * 1024 + L0::offset(i), src_ + L4::offset(i)); }); } { const mucc::bf16* src_ = gi1 + static_cast<mucc::i64>(pf) * 8192; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 4096 + L1::offset(i), src_ + L5::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 3;
+      if (pf < 64) {
+        mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + (pf % 4) * 1024,
+            gi0 + static_cast<mucc::i64>(pf) * 64);
+        mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + (pf % 4) * 4096,
+            gi1 + static_cast<mucc::i64>(pf) * 8192);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op2 matmul -> op3 accum_nored
     L2::run(acc3, s0_cur, s1_cur, smem, warp, lane);
     // op4 accum_red_ld_mean
-    mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, [&](int row, int j) { return mucc::to_compute(s0_cur[L0::offset(row * 64 + j)]); }, [&](int row, float s) { s4[L3::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s0_cur[L0::offset(row * 64 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s4[L3::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, elem, sink);
+    }
     __syncthreads();
   }
-  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) { s3[L6::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
+  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s3[L6::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) { const float v = mucc::to_compute(s4[L3::offset(e)]); s4[L3::offset(e)] = mucc::from_compute<float>(v / float(4096.0)); });
+  mucc::tb::for_each<128, 16>(tid, [&](int e, int) {
+    const float v = mucc::to_compute(s4[L3::offset(e)]);
+    s4[L3::offset(e)] = mucc::from_compute<float>(v / float(4096.0));
+  });
   __syncthreads();
   // op5 sub -> op6 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; go6[L8::offset(e)] = mucc::from_compute<mucc::bf16>(mucc::op::sub(mucc::to_compute(s3[L6::offset(e)]), mucc::to_compute(s4[L7::offset(e)]))); });
+  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s3[L6::offset(e)]);
+    const float x1 = mucc::to_compute(s4[L7::offset(e)]);
+    float v = mucc::op::sub(x0, x1);
+    go6[L8::offset(e)] = mucc::from_compute<mucc::bf16>(v);
+  });
 }
 
 #ifndef __CUDACC_RTC__

@@ -9,28 +9,44 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 71696 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
-  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>, mucc::Swizzle<3, 3, 4>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 16, 64, 128, 1, 4>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
+// kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 71696 bytes of shared memory
+// schedule 0 | 1,2 3 5,6 | 8,9
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>, mucc::Swizzle<3,
+      3, 4>>;
+  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
+  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 16, 64, 128, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
   using L4 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16384, 64, 1>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3, 3, 4>>;
+  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
+      3, 4>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L3, L5, 16, 128, 64, 1, 4>;
-  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<2048, 1, 128>>, mucc::Swizzle<3, 3, 4>>;
+  using L8 = mucc::tb::Mma<mucc::f16, L3, L5, 16, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<2048, 1, 128>>, mucc::Swizzle<3,
+      3, 4>>;
   using L10 = mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<2048, 16, 1>>;
-  using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 1, 16>>, mucc::Swizzle<2, 2, 3>>;
+  using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 1, 16>>, mucc::Swizzle<2, 2,
+      3>>;
   using L12 = mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<262144, 256, 1>>;
-  using L13 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<1024, 16, 1>>, mucc::Swizzle<2, 2, 3>>;
+  using L13 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<1024, 16, 1>>, mucc::Swizzle<2, 2,
+      3>>;
   using L14 = mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<131072, 256, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2064);  // s1 (tb_input_op) x2 stages
@@ -45,48 +61,76 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 16384 + static_cast<mucc::i64>(blockIdx.z) * 16;
   float acc5[16];
   #pragma unroll
-  for (int r = 0; r < 16; ++r) acc5[r] = float(0);
+  for (int r = 0; r < 16; ++r) acc5[r] = float(0.0);
   L2::Frag acc7;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc7.v[i][j][q] = float(0);
+  L2::fill(acc7, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 1024, 8, L3, L4>(tid, s0, gi0);
   __syncthreads();
   // software pipeline: 2 stages
-  if (0 < 4) { { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 0 + L1::offset(i), src_ + L7::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 8192, 8, L5, L6>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L7>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::f16* s1_cur = s1 + (it % 2) * 8192;
     mucc::f16* s2_cur = s2 + (it % 2) * 8192;
     mucc::sm80::cp_async_wait<0>();
     // op1 input
+    // issued ahead by the pipeline
     // op2 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 1; if (pf < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 2) * 8192 + L5::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(pf) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + (pf % 2) * 8192 + L1::offset(i), src_ + L7::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 1;
+      if (pf < 4) {
+        mucc::tb::cp_async_chunks<128, 8192, 8, L5, L6>(tid, s1 + (pf % 2) * 8192,
+            gi1 + static_cast<mucc::i64>(pf) * 128);
+        mucc::tb::cp_async_chunks<128, 8192, 8, L1, L7>(tid, s2 + (pf % 2) * 8192,
+            gi2 + static_cast<mucc::i64>(pf) * 8192);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op3 matmul -> op4 exp
-    L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) { s4[L0::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(mucc::op::exp(v)); });
+    L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
+      v = mucc::op::exp(v);
+      s4[L0::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op5 accum_nored
-    mucc::tb::for_each_unrolled<128, 2048>(tid, [&](int e, int r) { (void)r; acc5[r] += mucc::to_compute(s4[L9::offset(e)]); });
+    mucc::tb::for_each_unrolled<128, 2048>(tid, [&](int e, int r) {
+      float v = mucc::to_compute(s4[L9::offset(e)]);
+      acc5[r] += v;
+    });
     // op6 matmul -> op7 accum_nored
     L2::run(acc7, s4, s2_cur, smem, warp, lane);
     __syncthreads();
   }
-  mucc::tb::for_each_unrolled<128, 2048>(tid, [&](int e, int r) { s5[L10::offset(e)] = mucc::from_compute<float>(acc5[r]); });
-  L2::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) { s7[L11::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
+  mucc::tb::for_each_unrolled<128, 2048>(tid, [&](int e, int r) {
+    s5[L10::offset(e)] = mucc::from_compute<float>(acc5[r]);
+  });
+  L2::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s7[L11::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
   // op8 output
-  mucc::tb::for_each<128, 2048>(tid, [&](int e, int) { go8[L12::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L10::offset(e)])); });
+  mucc::tb::copy_elems<128, 2048, L12, L10>(tid, go8, s5);
   // op9 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { go9[L14::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L13::offset(e)])); });
+  mucc::tb::copy_elems<128, 1024, L14, L13>(tid, go9, s7);
 }
 
-// kernel op 4: kn_customized_op grid (2, 16, 1), block (128, 1, 1), forloop 1, 53312 bytes of shared memory; schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 4: kn_customized_op grid (2, 16, 1), block (128, 1, 1), forloop 1, 53312 bytes of shared memory
+// schedule 0,1 | 2,3 | 4
+extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0, 6>>;
+  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0,
+      6>>;
   using L2 = mucc::Layout<mucc::Shape<1, 1024, 16>, mucc::Stride<16384, 16, 1>>;
   using L3 = mucc::Layout<mucc::Shape<1, 1024, 16>, mucc::Stride<262144, 256, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<8192, 16, 1>>;
@@ -99,7 +143,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 53248);  // s2 (tb_forloop_accum_red_ld_sum_op)
@@ -107,25 +152,47 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 16;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.y) * 1024;
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) { s2[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { s3[L1::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<128, 16, L0>(tid, s2, float(0.0));
+  mucc::tb::fill<128, 1024, L1>(tid, s3, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 2048>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L2::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L3::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 16384, 8, L2, L3>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L4::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L5::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 8192, 8, L4, L5>(tid, s1, gi1);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op2 accum_red_ld_sum
-    mucc::tb::for_each_row<128, 8, 16, 1024, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L6::offset(row * 1024 + j)]); }, [&](int row, float s) { s2[L0::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s0[L6::offset(row * 1024 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s2[L0::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 8, 16, 1024, float>(tid, elem, sink);
+    }
     // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<128, 1024>(tid, [&](int o, int) { float s = 0; for (int kk = 0; kk < 8; ++kk) s += mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]); s3[L1::offset(o)] += s; });
+    mucc::tb::for_each<128, 1024>(tid, [&](int o, int) {
+      float s = float(0.0);
+      for (int kk = 0; kk < 8; ++kk) {
+        float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
+        s += v;
+      }
+      mucc::tb::acc_add(s3[L1::offset(o)], s);
+    });
   }
   __syncthreads();
   // op4 div -> op5 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s3[L1::offset(e)]), mucc::to_compute(s2[L8::offset(e)]))); });
+  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s3[L1::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L8::offset(e)]);
+    float v = mucc::op::div(x0, x1);
+    go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
 }
 
 #ifndef __CUDACC_RTC__

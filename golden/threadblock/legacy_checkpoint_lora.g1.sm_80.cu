@@ -10,11 +10,18 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 4: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 1, 60688 bytes of shared memory; schedule 0,1,2,3 | 4,6 5 7 | 9
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2, const mucc::f16* __restrict__ in3) {
+// kernel op 4: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 1, 60688 bytes of shared memory
+// schedule 0,1,2,3 | 4,6 5 7 | 9
+extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2,
+    const mucc::f16* __restrict__ in3) {
   using L0 = mucc::Layout<mucc::Shape<16, 272>, mucc::Stride<280, 1>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<272, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 16, 32, 272, 1, 4>;
+  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 16, 32, 272, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>, mucc::Swizzle<3, 3, 5>>;
   using L4 = mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>;
   using L5 = mucc::Layout<mucc::Shape<256, 32>, mucc::Stride<32, 1>>;
@@ -23,14 +30,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   using L8 = mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>;
   using L9 = mucc::Layout<mucc::Shape<16, 32>, mucc::Stride<32, 1>>;
   using L10 = mucc::Layout<mucc::Shape<16, 32>, mucc::Stride<4096, 1>>;
-  using L11 = mucc::tb::Mma<mucc::f16, L3, L7, 16, 16, 256, 1, 2>;
+  using L11 = mucc::tb::Mma<mucc::f16, L3, L7, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
   using L13 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8208);  // s1 (tb_input_op)
@@ -46,36 +55,53 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   const mucc::f16* gi3 = in3 + static_cast<mucc::i64>(blockIdx.x) * 32;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 32;
   L2::Frag acc8;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc8.v[i][j][q] = float(0);
+  L2::fill(acc8, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L3, L4>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L5::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L6::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 8192, 8, L5, L6>(tid, s1, gi1);
   // op2 input
-  { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s2 + L7::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L8::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L7, L8>(tid, s2, gi2);
   // op3 input
-  { const mucc::f16* src_ = gi3; mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s3 + L9::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L10::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 512, 8, L9, L10>(tid, s3, gi3);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op4 matmul
-    L11::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) { s4[L12::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v); });
+    L11::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) {
+      s4[L12::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     // op6 concat_0
-    mucc::tb::for_each<128, 8704>(tid, [&](int e, int r) { (void)r; s6[L1::offset(e)] = mucc::from_compute<mucc::f16>((((e) / 32) % 272 < 256 ? mucc::to_compute(s1[L5::offset((((e) / 8704) * 256 + ((e) / 32) % 272) * 32 + (e) % 32)]) : mucc::to_compute(s3[L9::offset((((e) / 8704) * 16 + ((e) / 32) % 272 - 256) * 32 + (e) % 32)]))); });
+    mucc::tb::for_each<128, 8704>(tid, [&](int e, int) {
+      const int outer_ = (e) / 8704, mid_ = ((e) / 32) % 272, in_ = (e) % 32;
+      float v;
+      if (mid_ < 256) v = mucc::to_compute(s1[L5::offset((outer_ * 256 + mid_) * 32 + in_)]);
+      else v = mucc::to_compute(s3[L9::offset((outer_ * 16 + mid_ - 256) * 32 + in_)]);
+      s6[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op5 concat_1
-    mucc::tb::for_each<128, 4352>(tid, [&](int e, int r) { (void)r; s5[L0::offset(e)] = mucc::from_compute<mucc::f16>((((e) / 1) % 272 < 256 ? mucc::to_compute(s0[L3::offset((((e) / 272) * 256 + ((e) / 1) % 272) * 1 + (e) % 1)]) : mucc::to_compute(s4[L12::offset((((e) / 272) * 16 + ((e) / 1) % 272 - 256) * 1 + (e) % 1)]))); });
+    mucc::tb::for_each<128, 4352>(tid, [&](int e, int) {
+      const int outer_ = (e) / 272, mid_ = ((e) / 1) % 272, in_ = (e) % 1;
+      float v;
+      if (mid_ < 256) v = mucc::to_compute(s0[L3::offset((outer_ * 256 + mid_) * 1 + in_)]);
+      else v = mucc::to_compute(s4[L12::offset((outer_ * 16 + mid_ - 256) * 1 + in_)]);
+      s5[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op7 matmul -> op8 accum_nored
     L2::run(acc8, s5, s6, smem, warp, lane);
   }
   __syncthreads();  // the loop body's reads finish before write-backs
-  L2::each(acc8, warp, lane, [&](int row, int col, float v, int, int, int) { s8[L13::offset(row * 32 + col)] = mucc::from_compute<mucc::f16>(v); });
+  L2::each(acc8, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s8[L13::offset(row * 32 + col)] = mucc::from_compute<mucc::f16>(v);
+  });
   __syncthreads();
   // op9 output
-  mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(go9 + L10::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(s8 + L13::offset(i)); });
+  mucc::tb::copy_chunks<128, 512, 8, L10, L13>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__

@@ -10,8 +10,14 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 4: kn_customized_op grid (64, 1, 1), block (128, 1, 1), forloop 1, 57872 bytes of shared memory; schedule 0,1,2,3 | 4,5 6 7 | 9
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2, const mucc::f16* __restrict__ in3) {
+// kernel op 4: kn_customized_op grid (64, 1, 1), block (128, 1, 1), forloop 1, 57872 bytes of shared memory
+// schedule 0,1,2,3 | 4,5 6 7 | 9
+extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2,
+    const mucc::f16* __restrict__ in3) {
   using L0 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>, mucc::Swizzle<3, 3, 5>>;
   using L2 = mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>;
@@ -21,15 +27,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   using L6 = mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>;
   using L7 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L8 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
-  using L9 = mucc::tb::Mma<mucc::f16, L1, L3, 16, 64, 256, 1, 4>;
-  using L10 = mucc::tb::Mma<mucc::f16, L1, L5, 16, 16, 256, 1, 2>;
+  using L9 = mucc::tb::Mma<mucc::f16, L1, L3, 16, 64, 256, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L10 = mucc::tb::Mma<mucc::f16, L1, L5, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L12 = mucc::tb::Mma<mucc::f16, L11, L7, 16, 64, 16, 1, 4>;
+  using L12 = mucc::tb::Mma<mucc::f16, L11, L7, 16, 64, 16, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8208);  // s1 (tb_input_op)
@@ -44,34 +54,46 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   const mucc::f16* gi2 = in2 + 0;
   const mucc::f16* gi3 = in3 + static_cast<mucc::i64>(blockIdx.x) * 64;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { s8[L0::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
+  mucc::tb::fill<128, 1024, L0>(tid, s8, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L1::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L2::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L1, L2>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 2048>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 16384, 8, L3, L4>(tid, s1, gi1);
   // op2 input
-  { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s2 + L5::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L6::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L5, L6>(tid, s2, gi2);
   // op3 input
-  { const mucc::f16* src_ = gi3; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s3 + L7::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L8::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 1024, 8, L7, L8>(tid, s3, gi3);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op4 matmul
-    L9::apply(s0, s1, smem, warp, lane, [&](int row, int col, float v) { s4[L7::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v); });
+    L9::apply(s0, s1, smem, warp, lane, [&](int row, int col, float v) {
+      s4[L7::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     // op5 matmul
-    L10::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) { s5[L11::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v); });
+    L10::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) {
+      s5[L11::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op6 matmul
-    L12::apply(s5, s3, smem, warp, lane, [&](int row, int col, float v) { s6[L7::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v); });
+    L12::apply(s5, s3, smem, warp, lane, [&](int row, int col, float v) {
+      s6[L7::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op7 add -> op8 accum_nored
-    mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; s8[L0::offset(e)] += mucc::op::add(mucc::to_compute(s6[L7::offset(e)]), mucc::to_compute(s4[L7::offset(e)])); });
+    mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s6[L7::offset(e)]);
+      const float x1 = mucc::to_compute(s4[L7::offset(e)]);
+      float v = mucc::op::add(x0, x1);
+      mucc::tb::acc_add(s8[L0::offset(e)], v);
+    });
   }
   __syncthreads();
   // op9 output
-  mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(go9 + L8::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(s8 + L0::offset(i)); });
+  mucc::tb::copy_chunks<128, 1024, 8, L8, L0>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__

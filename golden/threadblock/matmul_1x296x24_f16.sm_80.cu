@@ -8,11 +8,16 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (4, 1, 1), block (128, 1, 1), forloop 1, 14816 bytes of shared memory; schedule 0,1 | 2 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 2: kn_customized_op grid (4, 1, 1), block (128, 1, 1), forloop 1, 14816 bytes of shared memory
+// schedule 0,1 | 2 | 4
+extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 296>, mucc::Stride<296, 1>>;
   using L1 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<24, 1>>;
-  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 1, 24, 296, 1, 3>;
+  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 1, 24, 296, 1, 3, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<96, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 24>, mucc::Stride<24, 1>>;
   using L5 = mucc::Layout<mucc::Shape<1, 24>, mucc::Stride<96, 1>>;
@@ -20,7 +25,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 608);  // s1 (tb_input_op)
@@ -29,24 +35,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 24;
   L2::Frag acc3;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc3.v[i][j][q] = float(0);
+  L2::fill(acc3, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 37>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 296, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 888>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L1::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L3::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 7104, 8, L1, L3>(tid, s1, gi1);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op2 matmul -> op3 accum_nored
     L2::run(acc3, s0, s1, smem, warp, lane);
   }
   __syncthreads();  // the loop body's reads finish before write-backs
-  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) { s3[L4::offset(row * 24 + col)] = mucc::from_compute<mucc::f16>(v); });
+  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s3[L4::offset(row * 24 + col)] = mucc::from_compute<mucc::f16>(v);
+  });
   __syncthreads();
   // op4 silu -> op5 output
-  mucc::tb::for_each<128, 24>(tid, [&](int e, int r) { (void)r; go5[L5::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::silu(mucc::to_compute(s3[L4::offset(e)]))); });
+  mucc::tb::for_each<128, 24>(tid, [&](int e, int) {
+    float v = mucc::to_compute(s3[L4::offset(e)]);
+    v = mucc::op::silu(v);
+    go5[L5::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
 }
 
 #ifndef __CUDACC_RTC__

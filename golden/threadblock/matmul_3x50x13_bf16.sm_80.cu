@@ -8,11 +8,15 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 2, 1), block (64, 1, 1), forloop 2, 1952 bytes of shared memory; schedule - | 0,1 2 | 4
-extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(mucc::bf16* __restrict__ out0, const mucc::bf16* __restrict__ in0, const mucc::bf16* __restrict__ in1) {
+// kernel op 2: kn_customized_op grid (2, 2, 1), block (64, 1, 1), forloop 2, 1952 bytes of shared memory
+// schedule - | 0,1 2 | 4
+extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
+    mucc::bf16* __restrict__ out0,
+    const mucc::bf16* __restrict__ in0,
+    const mucc::bf16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<50, 13>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 3, 13, 50, 1, 2>;
+  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 3, 13, 50, 1, 2, mucc::tb::Load::Elements, mucc::tb::Load::Elements>;
   using L3 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<100, 1>>;
   using L4 = mucc::Layout<mucc::Shape<50, 13>, mucc::Stride<26, 1>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<3, 13>, mucc::Stride<16, 1>>, mucc::Swizzle<2, 2, 3>>;
@@ -21,7 +25,8 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(mucc::bf16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s0 (tb_input_op)
   mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 352);  // s1 (tb_input_op)
@@ -30,24 +35,27 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(mucc::bf16* __
   const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 13;
   mucc::bf16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 96 + static_cast<mucc::i64>(blockIdx.y) * 13;
   L2::Frag acc3;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc3.v[i][j][q] = float(0);
+  L2::fill(acc3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 2; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op0 input
-    { const mucc::bf16* src_ = gi0 + static_cast<mucc::i64>(it) * 50; mucc::tb::for_each<64, 150>(tid, [&](int e, int) { s0[L0::offset(e)] = src_[L3::offset(e)]; }); }
+    mucc::tb::copy_elems<64, 150, L0, L3>(tid, s0, gi0 + static_cast<mucc::i64>(it) * 50);
     // op1 input
-    { const mucc::bf16* src_ = gi1 + static_cast<mucc::i64>(it) * 1300; mucc::tb::for_each<64, 650>(tid, [&](int e, int) { s1[L1::offset(e)] = src_[L4::offset(e)]; }); }
+    mucc::tb::copy_elems<64, 650, L1, L4>(tid, s1, gi1 + static_cast<mucc::i64>(it) * 1300);
     __syncthreads();
     // op2 matmul -> op3 accum_nored
     L2::run(acc3, s0, s1, smem, warp, lane);
     __syncthreads();
   }
-  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) { s3[L5::offset(row * 13 + col)] = mucc::from_compute<float>(v); });
+  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s3[L5::offset(row * 13 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
   // op4 output
-  mucc::tb::for_each<64, 39>(tid, [&](int e, int) { go4[L6::offset(e)] = mucc::from_compute<mucc::bf16>(mucc::to_compute(s3[L5::offset(e)])); });
+  mucc::tb::copy_elems<64, 39, L6, L5>(tid, go4, s3);
 }
 
 #ifndef __CUDACC_RTC__

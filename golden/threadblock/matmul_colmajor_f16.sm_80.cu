@@ -8,10 +8,15 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 65552 bytes of shared memory; schedule - | 0,1 2 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 65552 bytes of shared memory
+// schedule - | 0,1 2 | 4
+extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<1, 64>>, mucc::Swizzle<3, 3, 3>>;
-  using L1 = mucc::tb::Mma<mucc::f16, L0, L0, 64, 64, 64, 2, 2>;
+  using L1 = mucc::tb::Mma<mucc::f16, L0, L0, 64, 64, 64, 2, 2, mucc::tb::Load::LdmatrixTrans,
+      mucc::tb::Load::Ldmatrix>;
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L3 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>;
   using L4 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<256, 1>>;
@@ -21,7 +26,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op) x4 stages
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 32784);  // s1 (tb_input_op) x4 stages
@@ -30,33 +36,50 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 16384;
   mucc::f16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   L1::Frag acc3;
-  for (int i = 0; i < L1::PM; ++i) for (int j = 0; j < L1::PN; ++j) for (int q = 0; q < 4; ++q) acc3.v[i][j][q] = float(0);
+  L1::fill(acc3, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  if (0 < 4) { { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 0 + L2::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L2::offset(i), src_ + L4::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + 0, gi1);
   mucc::sm80::cp_async_commit();
-  if (1 < 4) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(1) * 4096; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 4096 + L2::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(1) * 64; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 4096 + L2::offset(i), src_ + L4::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + 4096, gi0 + static_cast<mucc::i64>(1) * 4096);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 64);
   mucc::sm80::cp_async_commit();
-  if (2 < 4) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(2) * 4096; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 8192 + L2::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(2) * 64; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 8192 + L2::offset(i), src_ + L4::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + 8192, gi0 + static_cast<mucc::i64>(2) * 4096);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::f16* s0_cur = s0 + (it % 4) * 4096;
     mucc::f16* s1_cur = s1 + (it % 4) * 4096;
     mucc::sm80::cp_async_wait<2>();
     // op0 input
+    // issued ahead by the pipeline
     // op1 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 3; if (pf < 4) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(pf) * 4096; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + (pf % 4) * 4096 + L2::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 64; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 4096 + L2::offset(i), src_ + L4::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 3;
+      if (pf < 4) {
+        mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + (pf % 4) * 4096,
+            gi0 + static_cast<mucc::i64>(pf) * 4096);
+        mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + (pf % 4) * 4096,
+            gi1 + static_cast<mucc::i64>(pf) * 64);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op2 matmul -> op3 accum_nored
     L1::run(acc3, s0_cur, s1_cur, smem, warp, lane);
     __syncthreads();
   }
-  L1::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) { s3[L5::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
+  L1::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s3[L5::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
   // op4 output
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go4[L3::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s3[L6::offset(e)])); });
+  mucc::tb::copy_elems<128, 4096, L3, L6>(tid, go4, s3);
 }
 
 #ifndef __CUDACC_RTC__

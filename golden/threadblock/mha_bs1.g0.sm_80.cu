@@ -11,18 +11,27 @@
 
 // kernel op 4: kn_exp_op(%3) -> %4 [32, 16, 4096] f16
 namespace k4_exp_l {
-using v0 = mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
-using v1 = mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
 }
 struct k4_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::exp(x);
+  }
 };
 extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 8, k4_exp_l::v0, k4_exp_l::v1>(v0, v1, k4_exp_op{});
+  using namespace k4_exp_l;
+  mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
 }
 
-// kernel op 6: kn_customized_op grid (32, 2, 1), block (128, 1, 1), forloop 1, 67616 bytes of shared memory; schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 6: kn_customized_op grid (32, 2, 1), block (128, 1, 1), forloop 1, 67616 bytes of shared memory
+// schedule 0,1 | 2,3 | 4
+extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 8, 1>, mucc::Stride<8, 1, 8>>;
   using L1 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>;
   using L2 = mucc::Layout<mucc::Shape<1, 4096, 8>, mucc::Stride<32768, 8, 1>>;
@@ -34,7 +43,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 65536);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 67584);  // s2 (tb_forloop_accum_red_ld_sum_op)
@@ -42,25 +52,43 @@ extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(mucc::f16* __
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 65536 + static_cast<mucc::i64>(blockIdx.y) * 8;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
-  mucc::tb::for_each<128, 8>(tid, [&](int e, int) { s2[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 512>(tid, [&](int e, int) { s3[L1::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
+  mucc::tb::fill<128, 8, L0>(tid, s2, float(0.0));
+  mucc::tb::fill<128, 512, L1>(tid, s3, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 4096>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L2::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L3::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 32768, 8, L2, L3>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L1::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 512, 8, L1, L4>(tid, s1, gi1);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op2 accum_red_ld_sum
-    mucc::tb::for_each_row<128, 16, 8, 4096, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L5::offset(row * 4096 + j)]); }, [&](int row, float s) { s2[L0::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s0[L5::offset(row * 4096 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s2[L0::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 16, 8, 4096, float>(tid, elem, sink);
+    }
     // op3 accum_nored
-    mucc::tb::for_each<128, 512>(tid, [&](int e, int r) { (void)r; s3[L1::offset(e)] += mucc::to_compute(s1[L1::offset(e)]); });
+    mucc::tb::for_each<128, 512>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s1[L1::offset(e)]);
+      mucc::tb::acc_add(s3[L1::offset(e)], v);
+    });
   }
   __syncthreads();
   // op4 div -> op5 output
-  mucc::tb::for_each<128, 512>(tid, [&](int e, int r) { (void)r; go5[L4::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s3[L1::offset(e)]), mucc::to_compute(s2[L6::offset(e)]))); });
+  mucc::tb::for_each<128, 512>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s3[L1::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L6::offset(e)]);
+    float v = mucc::op::div(x0, x1);
+    go5[L4::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
 }
 
 #ifndef __CUDACC_RTC__

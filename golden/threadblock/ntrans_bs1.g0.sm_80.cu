@@ -9,14 +9,20 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (8, 1, 1), block (128, 1, 1), forloop 1, 65536 bytes of shared memory; schedule 0,1,2 | 3 4 5 6 7 | 9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (8, 1, 1), block (128, 1, 1), forloop 1, 65536 bytes of shared memory
+// schedule 0,1,2 | 3 4 5 6 7 | 9
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<1, 4096>, mucc::Stride<4096, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s2 (tb_input_op)
@@ -29,36 +35,82 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { s8[L0::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
+  mucc::tb::fill<128, 4096, L0>(tid, s8, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s1, gi1);
   // op2 input
-  { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s2 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s2, gi2);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op3 rms_norm
-    mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v); return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    {
+      auto x = [&](int row, int j) {
+        return mucc::to_compute(s0[L0::offset(row * 4096 + j)]);
+      };
+      auto out = [&](int row, int j, float v) {
+        (void)row;
+        (void)j;
+        s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v);
+        return float(0.0);
+      };
+      auto done = [&](int row, float s) {
+        (void)row;
+        (void)s;
+      };
+      mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, x, out, done);
+    }
     __syncthreads();
     // op4 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s1[L0::offset(e)]), mucc::to_compute(s3[L0::offset(e)]))); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s1[L0::offset(e)]);
+      const float x1 = mucc::to_compute(s3[L0::offset(e)]);
+      float v = mucc::op::add(x0, x1);
+      s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op5 mul
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s5[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::mul(mucc::to_compute(s4[L0::offset(e)]), mucc::to_compute(s2[L0::offset(e)]))); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s4[L0::offset(e)]);
+      const float x1 = mucc::to_compute(s2[L0::offset(e)]);
+      float v = mucc::op::mul(x0, x1);
+      s5[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op6 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s6[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s5[L0::offset(e)]), mucc::to_compute(s1[L0::offset(e)]))); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s5[L0::offset(e)]);
+      const float x1 = mucc::to_compute(s1[L0::offset(e)]);
+      float v = mucc::op::add(x0, x1);
+      s6[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op7 rms_norm -> op8 accum_nored
-    mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s6[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s8[L0::offset(row * 4096 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    {
+      auto x = [&](int row, int j) {
+        return mucc::to_compute(s6[L0::offset(row * 4096 + j)]);
+      };
+      auto out = [&](int row, int j, float v) {
+        (void)row;
+        (void)j;
+        mucc::tb::acc_add(s8[L0::offset(row * 4096 + j)], v);
+        return float(0.0);
+      };
+      auto done = [&](int row, float s) {
+        (void)row;
+        (void)s;
+      };
+      mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, x, out, done);
+    }
   }
   __syncthreads();
   // op9 output
-  mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(go9 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(s8 + L0::offset(i)); });
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__

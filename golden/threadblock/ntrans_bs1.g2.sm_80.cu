@@ -9,8 +9,14 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (8, 1, 1), block (128, 1, 1), forloop 1, 65552 bytes of shared memory; schedule 0,1,2 | 3 4 5 6 7,8 | 9,10
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (8, 1, 1), block (128, 1, 1), forloop 1, 65552 bytes of shared memory
+// schedule 0,1,2 | 3 4 5 6 7,8 | 9,10
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<1, 4096>, mucc::Stride<4096, 1>>;
   using L1 = mucc::Layout<mucc::Shape<1, 1>, mucc::Stride<1, 1>>;
   using L2 = mucc::Layout<mucc::Shape<1, 1>, mucc::Stride<8, 1>>;
@@ -18,7 +24,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s2 (tb_input_op)
@@ -33,56 +40,111 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   mucc::f16* go10 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1;
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { s7[L0::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
-  mucc::tb::for_each<128, 1>(tid, [&](int e, int) { s8[L1::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<128, 4096, L0>(tid, s7, float(0.0));
+  mucc::tb::fill<128, 1, L1>(tid, s8, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s1, gi1);
   // op2 input
-  { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s2 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L0::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s2, gi2);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op3 rms_norm
-    mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L0::offset(row * 4096 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v); return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    {
+      auto x = [&](int row, int j) {
+        return mucc::to_compute(s0[L0::offset(row * 4096 + j)]);
+      };
+      auto out = [&](int row, int j, float v) {
+        (void)row;
+        (void)j;
+        s3[L0::offset(row * 4096 + j)] = mucc::from_compute<mucc::f16>(v);
+        return float(0.0);
+      };
+      auto done = [&](int row, float s) {
+        (void)row;
+        (void)s;
+      };
+      mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, x, out, done);
+    }
     __syncthreads();
     // op4 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s1[L0::offset(e)]), mucc::to_compute(s3[L0::offset(e)]))); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s1[L0::offset(e)]);
+      const float x1 = mucc::to_compute(s3[L0::offset(e)]);
+      float v = mucc::op::add(x0, x1);
+      s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op5 mul
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s5[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::mul(mucc::to_compute(s4[L0::offset(e)]), mucc::to_compute(s2[L0::offset(e)]))); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s4[L0::offset(e)]);
+      const float x1 = mucc::to_compute(s2[L0::offset(e)]);
+      float v = mucc::op::mul(x0, x1);
+      s5[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op6 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s6[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::add(mucc::to_compute(s5[L0::offset(e)]), mucc::to_compute(s1[L0::offset(e)]))); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s5[L0::offset(e)]);
+      const float x1 = mucc::to_compute(s1[L0::offset(e)]);
+      float v = mucc::op::add(x0, x1);
+      s6[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op7 accum_nored
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s7[L0::offset(e)] += mucc::to_compute(s6[L0::offset(e)]); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s6[L0::offset(e)]);
+      mucc::tb::acc_add(s7[L0::offset(e)], v);
+    });
     // op8 accum_red_ld_rms
-    mucc::tb::for_each_row<128, 128, 1, 4096, float>(tid, [&](int row, int j) { { const float x_ = mucc::to_compute(s6[L0::offset(row * 4096 + j)]); return x_ * x_; } }, [&](int row, float s) { s8[L1::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s6[L0::offset(row * 4096 + j)]);
+        return v * v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s8[L1::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 128, 1, 4096, float>(tid, elem, sink);
+    }
   }
   __syncthreads();
-  mucc::tb::for_each<128, 1>(tid, [&](int e, int) { const float v = mucc::to_compute(s8[L1::offset(e)]); s8[L1::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0))); });
+  mucc::tb::for_each<128, 1>(tid, [&](int e, int) {
+    const float v = mucc::to_compute(s8[L1::offset(e)]);
+    s8[L1::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0)));
+  });
   __syncthreads();
   // op9 output
-  mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(go9 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(s7 + L0::offset(i)); });
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, go9, s7);
   // op10 output
-  mucc::tb::for_each<128, 1>(tid, [&](int e, int) { go10[L2::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s8[L1::offset(e)])); });
+  mucc::tb::copy_elems<128, 1, L2, L1>(tid, go10, s8);
 }
 
 // kernel op 4: kn_div_op(%3, %4) -> %5 [8, 4096] f16
 namespace k4_div_l {
-using v0 = mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
-using v1 = mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
-using v2 = mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<1, 0>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<1, 0>>;
 }
 struct k4_div_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const { return mucc::op::div(a, b); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
+    return mucc::op::div(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k4_div(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1, const mucc::f16* __restrict__ v2) {
-  mucc::kn::binary<mucc::f16, 1, k4_div_l::v0, k4_div_l::v1, k4_div_l::v2>(v0, v1, v2, k4_div_op{});
+extern "C" __global__ void __launch_bounds__(256) k4_div(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2) {
+  using namespace k4_div_l;
+  mucc::kn::binary<mucc::f16, 1, L0, L1, L2>(v0, v1, v2, k4_div_op{});
 }
 
 #ifndef __CUDACC_RTC__

@@ -10,16 +10,25 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 79024 bytes of shared memory; schedule 0 | 1,2 3 4 5,7 8,9,13 10 | 11,15
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 79024 bytes of shared memory
+// schedule 0 | 1,2 3 4 5,7 8,9,13 10 | 11,15
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
   using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
   using L2 = mucc::Layout<mucc::Shape<1, 16, 16>, mucc::Stride<256, 1, 16>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
+  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 256, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 64, 1>>;
-  using L7 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 64, 1, 4>;
+  using L7 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
   using L9 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 16, 16>, mucc::Stride<256, 16, 1>>;
@@ -27,7 +36,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2064);  // s1 (tb_input_op) x4 stages
@@ -46,57 +56,114 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 16384;
   mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024;
   mucc::f16* go15 = out1 + static_cast<mucc::i64>(blockIdx.x) * 256;
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) { s9[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { s11[L1::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) { s14[L2::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) { s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(mucc::neg_inf<float>()); });
+  mucc::tb::fill<128, 16, L0>(tid, s4, mucc::neg_inf<float>());
+  mucc::tb::fill<128, 16, L0>(tid, s9, float(0.0));
+  mucc::tb::fill<128, 1024, L1>(tid, s11, float(0.0));
+  mucc::tb::fill<128, 256, L2>(tid, s14, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 128>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L1::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 1024, 8, L3, L1>(tid, s0, gi0);
   __syncthreads();
   // software pipeline: 4 stages
-  if (0 < 4) { { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L4::offset(i), src_ + L5::offset(i)); }); } { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 0 + L4::offset(i), src_ + L6::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  if (1 < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(1) * 64; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 4096 + L4::offset(i), src_ + L5::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(1) * 4096; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 4096 + L4::offset(i), src_ + L6::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(1) * 4096);
   mucc::sm80::cp_async_commit();
-  if (2 < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(2) * 64; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 8192 + L4::offset(i), src_ + L5::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(2) * 4096; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 8192 + L4::offset(i), src_ + L6::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(2) * 4096);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::f16* s1_cur = s1 + (it % 4) * 4096;
     mucc::f16* s2_cur = s2 + (it % 4) * 4096;
     mucc::sm80::cp_async_wait<2>();
     // op1 input
+    // issued ahead by the pipeline
     // op2 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 3; if (pf < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 64; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 4096 + L4::offset(i), src_ + L5::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(pf) * 4096; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + (pf % 4) * 4096 + L4::offset(i), src_ + L6::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 3;
+      if (pf < 4) {
+        mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + (pf % 4) * 4096,
+            gi1 + static_cast<mucc::i64>(pf) * 64);
+        mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + (pf % 4) * 4096,
+            gi2 + static_cast<mucc::i64>(pf) * 4096);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op3 matmul
-    L7::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) { s3[L3::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v); });
+    L7::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
+      s3[L3::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op4 reduction_2_max
-    mucc::tb::for_each<128, 16>(tid, [&](int o, int) { const int base = (o / 1) * 64 + o % 1; float m = mucc::neg_inf<float>(); for (int k = 0; k < 64; ++k) { const float x = mucc::to_compute(s3[L3::offset(base + k * 1)]); m = x > m || x != x ? x : m; } const float old = mucc::to_compute(s4[L0::offset(o)]); const float nw = m > old || m != m ? m : old; s4[L0::offset(o)] = mucc::from_compute<mucc::f16>(nw); s5[L0::offset(o)] = mucc::from_compute<mucc::f16>(old == nw ? float(0) : old - nw); });
+    mucc::tb::running_max<128, 16, 64, 1, L3, L0, L0>(tid, s3, s4, s5);
     __syncthreads();
     // op5 sub -> op6 exp
-    mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; s7[L3::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::exp(mucc::op::sub(mucc::to_compute(s3[L3::offset(e)]), mucc::to_compute(s4[L8::offset(e)])))); });
+    mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s3[L3::offset(e)]);
+      const float x1 = mucc::to_compute(s4[L8::offset(e)]);
+      float v = mucc::op::sub(x0, x1);
+      v = mucc::op::exp(v);
+      s7[L3::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     // op7 exp
-    mucc::tb::for_each<128, 16>(tid, [&](int e, int r) { (void)r; s8[L9::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::exp(mucc::to_compute(s5[L9::offset(e)]))); });
+    mucc::tb::for_each<128, 16>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s5[L9::offset(e)]);
+      v = mucc::op::exp(v);
+      s8[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op8 accum_red_ld_sum_rescale
-    mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, [&](int row, int j) { return mucc::to_compute(s7[L3::offset(row * 64 + j)]); }, [&](int row, float s) { s9[L0::offset(row)] = s9[L0::offset(row)] * mucc::to_compute(s8[L0::offset(row)]) + s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s7[L3::offset(row * 64 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        const float scale = mucc::to_compute(s8[L0::offset(row)]);
+        mucc::tb::acc_rescale(s9[L0::offset(row)], scale, s);
+      };
+      mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, elem, sink);
+    }
     // op9 matmul
-    L7::apply(s7, s2_cur, smem, warp, lane, [&](int row, int col, float v) { s10[L3::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v); });
+    L7::apply(s7, s2_cur, smem, warp, lane, [&](int row, int col, float v) {
+      s10[L3::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     // op13 reduction_2_to_dimx -> op14 accum_nored
-    mucc::tb::for_each_row<128, 1, 256, 4, float>(tid, [&](int row, int j) { return mucc::to_compute(s7[L3::offset((row / 16) * 64 + (j * 16 + (row / 1) % 16) * 1 + row % 1)]); }, [&](int row, float s) { s14[L2::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        return mucc::to_compute(s7[L3::offset((row / 16) * 64 + (j * 16 + (row / 1) % 16) * 1 + row % 1)]);
+      };
+      auto sink = [&](int row, float s) {
+        float v = s;
+        mucc::tb::acc_add(s14[L2::offset(row)], v);
+      };
+      mucc::tb::for_each_row<128, 1, 256, 4, float>(tid, elem, sink);
+    }
     __syncthreads();
     // op10 accum_nored_rescale
-    mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; s11[L1::offset(e)] = s11[L1::offset(e)] * mucc::to_compute(s8[L8::offset(e)]) + (mucc::to_compute(s10[L3::offset(e)])); });
+    mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s10[L3::offset(e)]);
+      const float scale = mucc::to_compute(s8[L8::offset(e)]);
+      mucc::tb::acc_rescale(s11[L1::offset(e)], scale, v);
+    });
   }
   __syncthreads();
   // op11 div -> op12 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; go12[L1::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s11[L1::offset(e)]), mucc::to_compute(s9[L8::offset(e)]))); });
+  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s11[L1::offset(e)]);
+    const float x1 = mucc::to_compute(s9[L8::offset(e)]);
+    float v = mucc::op::div(x0, x1);
+    go12[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
   // op15 output
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) { go15[L10::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s14[L10::offset(e)])); });
+  mucc::tb::copy_elems<128, 256, L10, L10>(tid, go15, s14);
 }
 
 #ifndef __CUDACC_RTC__

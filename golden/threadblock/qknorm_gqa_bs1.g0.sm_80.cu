@@ -9,15 +9,23 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 33296 bytes of shared memory; schedule 0,1,2 | 3,4,5 | 7,10
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 33296 bytes of shared memory
+// schedule 0,1,2 | 3,4,5 | 7,10
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<1, 1, 4096>, mucc::Stride<4096, 4096, 1>>;
   using L1 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
   using L2 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<256, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
+  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<256, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
   using L4 = mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<16384, 64, 1>>;
   using L5 = mucc::Layout<mucc::Shape<1, 1, 4096>, mucc::Stride<262144, 4096, 1>>;
-  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
+  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
   using L7 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
   using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4096, 0, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
@@ -27,7 +35,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 512);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 8704);  // s2 (tb_input_op)
@@ -39,54 +48,104 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go10 = out1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
-  mucc::tb::for_each<128, 4>(tid, [&](int e, int) { s6[L1::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { s8[L2::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
+  mucc::tb::fill<128, 4096, L0>(tid, s4, float(0.0));
+  mucc::tb::fill<128, 4, L1>(tid, s6, float(0.0));
+  mucc::tb::fill<128, 4096, L2>(tid, s8, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 32>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 256, 8, L3, L4>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L0::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L5::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L5>(tid, s1, gi1);
   // op2 input
-  { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s2 + L6::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L7::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L6, L7>(tid, s2, gi2);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op3 rms_norm -> op6 accum_red_ld_sum
-    mucc::tb::rms_rows<128, 32, 4, 64, true, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L3::offset(row * 64 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; return v; }, [&](int row, float s) { (void)row; (void)s; s6[L1::offset(row)] += s; });
+    {
+      auto x = [&](int row, int j) {
+        return mucc::to_compute(s0[L3::offset(row * 64 + j)]);
+      };
+      auto out = [&](int row, int j, float v) {
+        (void)row;
+        (void)j;
+        return v;
+      };
+      auto done = [&](int row, float s) {
+        (void)row;
+        (void)s;
+        mucc::tb::acc_add(s6[L1::offset(row)], s);
+      };
+      mucc::tb::rms_rows<128, 32, 4, 64, true, float>(tid, x, out, done);
+    }
     // op4 accum_nored
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s4[L0::offset(e)] += mucc::to_compute(s1[L0::offset(e)]); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s1[L0::offset(e)]);
+      mucc::tb::acc_add(s4[L0::offset(e)], v);
+    });
     // op5 rms_norm -> op8 accum_nored
-    mucc::tb::rms_rows<128, 2, 64, 64, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s2[L6::offset(row * 64 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s8[L2::offset(row * 64 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    {
+      auto x = [&](int row, int j) {
+        return mucc::to_compute(s2[L6::offset(row * 64 + j)]);
+      };
+      auto out = [&](int row, int j, float v) {
+        (void)row;
+        (void)j;
+        mucc::tb::acc_add(s8[L2::offset(row * 64 + j)], v);
+        return float(0.0);
+      };
+      auto done = [&](int row, float s) {
+        (void)row;
+        (void)s;
+      };
+      mucc::tb::rms_rows<128, 2, 64, 64, false, float>(tid, x, out, done);
+    }
   }
   __syncthreads();
   // op7 mul -> op9 output
-  mucc::tb::for_each<128, 16384>(tid, [&](int e, int r) { (void)r; go9[L10::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::mul(mucc::to_compute(s4[L8::offset(e)]), mucc::to_compute(s6[L9::offset(e)]))); });
+  mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s4[L8::offset(e)]);
+    const float x1 = mucc::to_compute(s6[L9::offset(e)]);
+    float v = mucc::op::mul(x0, x1);
+    go9[L10::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
   // op10 output
-  mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(go10 + L7::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(s8 + L11::offset(i)); });
+  mucc::tb::copy_chunks<128, 4096, 8, L7, L11>(tid, go10, s8);
 }
 
 // kernel op 4: kn_exp_op(%3) -> %5 [2, 4, 262144] f16
 namespace k4_exp_l {
-using v0 = mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
-using v1 = mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
 }
 struct k4_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const { return mucc::op::exp(x); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::exp(x);
+  }
 };
 extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  mucc::kn::unary<mucc::f16, 8, k4_exp_l::v0, k4_exp_l::v1>(v0, v1, k4_exp_op{});
+  using namespace k4_exp_l;
+  mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
 }
 
-// kernel op 5: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 81936 bytes of shared memory; schedule 0,1 | 2,3,4 | 5,6
-extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 5: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 81936 bytes of shared memory
+// schedule 0,1 | 2,3,4 | 5,6
+extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
   using L1 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>;
   using L2 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
   using L3 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>, mucc::Swizzle<3, 3, 9>>;
+  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>, mucc::Swizzle<3,
+      3, 9>>;
   using L6 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
   using L7 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
   using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 4096, 1>>;
@@ -95,7 +154,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 73728);  // s2 (tb_forloop_accum_nored_op)
@@ -105,30 +165,51 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(mucc::f16* __
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 64;
   mucc::f16* go7 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 16384;
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { s2[L0::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
-  mucc::tb::for_each<128, 16384>(tid, [&](int e, int) { s3[L1::offset(e)] = mucc::from_compute<mucc::f16>(float(0)); });
-  mucc::tb::for_each<128, 4>(tid, [&](int e, int) { s4[L2::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<128, 4096, L0>(tid, s2, float(0.0));
+  mucc::tb::fill<128, 16384, L1>(tid, s3, float(0.0));
+  mucc::tb::fill<128, 4, L2>(tid, s4, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L3::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L4::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L3, L4>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 2048>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L5::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L6::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 16384, 8, L5, L6>(tid, s1, gi1);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op2 accum_nored
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int r) { (void)r; s2[L3::offset(e)] += mucc::to_compute(s0[L3::offset(e)]); });
+    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s0[L3::offset(e)]);
+      mucc::tb::acc_add(s2[L3::offset(e)], v);
+    });
     // op3 accum_nored
-    mucc::tb::for_each<128, 16384>(tid, [&](int e, int r) { (void)r; s3[L1::offset(e)] += mucc::to_compute(s1[L5::offset(e)]); });
+    mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s1[L5::offset(e)]);
+      mucc::tb::acc_add(s3[L1::offset(e)], v);
+    });
     // op4 accum_red_ld_sum
-    mucc::tb::for_each_row<128, 32, 4, 4096, float>(tid, [&](int row, int j) { return mucc::to_compute(s1[L5::offset(row * 4096 + j)]); }, [&](int row, float s) { s4[L2::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s1[L5::offset(row * 4096 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s4[L2::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 32, 4, 4096, float>(tid, elem, sink);
+    }
   }
   __syncthreads();
   // op5 div -> op7 output
-  mucc::tb::for_each<128, 16384>(tid, [&](int e, int r) { (void)r; go7[L8::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s3[L1::offset(e)]), mucc::to_compute(s4[L7::offset(e)]))); });
+  mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s3[L1::offset(e)]);
+    const float x1 = mucc::to_compute(s4[L7::offset(e)]);
+    float v = mucc::op::div(x0, x1);
+    go7[L8::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
   // op6 output
-  mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(go6 + L9::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(s2 + L3::offset(i)); });
+  mucc::tb::copy_chunks<128, 4096, 8, L9, L3>(tid, go6, s2);
 }
 
 #ifndef __CUDACC_RTC__

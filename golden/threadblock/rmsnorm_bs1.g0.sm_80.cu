@@ -8,12 +8,17 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (256, 1, 1), block (128, 1, 1), forloop 32, 26656 bytes of shared memory; schedule - | 0,1 2,3 | 5
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 2: kn_customized_op grid (256, 1, 1), block (128, 1, 1), forloop 32, 26656 bytes of shared memory
+// schedule - | 0,1 2,3 | 5
+extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<2, 1>, mucc::Stride<1, 4>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<128, 1>>, mucc::Swizzle<3, 3, 4>>;
   using L2 = mucc::Layout<mucc::Shape<128, 24>, mucc::Stride<24, 1>>;
-  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 2, 24, 128, 1, 3>;
+  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 2, 24, 128, 1, 3, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
   using L4 = mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<4096, 1>>;
   using L5 = mucc::Layout<mucc::Shape<128, 24>, mucc::Stride<6144, 1>>;
   using L6 = mucc::Layout<mucc::Shape<2, 24>, mucc::Stride<28, 1>>;
@@ -23,7 +28,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 24592);  // s0 (tb_input_op) x4 stages
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op) x4 stages
@@ -32,39 +38,73 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(mucc::f16* __
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 24;
-  mucc::tb::for_each<128, 2>(tid, [&](int e, int) { s2[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<128, 2, L0>(tid, s2, float(0.0));
   L3::Frag acc4;
-  for (int i = 0; i < L3::PM; ++i) for (int j = 0; j < L3::PN; ++j) for (int q = 0; q < 4; ++q) acc4.v[i][j][q] = float(0);
+  L3::fill(acc4, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  if (0 < 32) { { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 32>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 0 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 384>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L2::offset(i), src_ + L5::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + 0, gi1);
   mucc::sm80::cp_async_commit();
-  if (1 < 32) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(1) * 128; mucc::tb::for_each<128, 32>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 256 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(1) * 786432; mucc::tb::for_each<128, 384>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 3072 + L2::offset(i), src_ + L5::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 256, gi0 + static_cast<mucc::i64>(1) * 128);
+  mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + 3072, gi1 + static_cast<mucc::i64>(1) * 786432);
   mucc::sm80::cp_async_commit();
-  if (2 < 32) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(2) * 128; mucc::tb::for_each<128, 32>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 512 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(2) * 786432; mucc::tb::for_each<128, 384>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 6144 + L2::offset(i), src_ + L5::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(2) * 128);
+  mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + 6144, gi1 + static_cast<mucc::i64>(2) * 786432);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 32; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::f16* s0_cur = s0 + (it % 4) * 256;
     mucc::f16* s1_cur = s1 + (it % 4) * 3072;
     mucc::sm80::cp_async_wait<2>();
     // op0 input
+    // issued ahead by the pipeline
     // op1 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 3; if (pf < 32) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(pf) * 128; mucc::tb::for_each<128, 32>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + (pf % 4) * 256 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 786432; mucc::tb::for_each<128, 384>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 3072 + L2::offset(i), src_ + L5::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 3;
+      if (pf < 32) {
+        mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + (pf % 4) * 256,
+            gi0 + static_cast<mucc::i64>(pf) * 128);
+        mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + (pf % 4) * 3072,
+            gi1 + static_cast<mucc::i64>(pf) * 786432);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op2 accum_red_ld_rms
-    mucc::tb::for_each_row<128, 32, 2, 128, float>(tid, [&](int row, int j) { { const float x_ = mucc::to_compute(s0_cur[L1::offset(row * 128 + j)]); return x_ * x_; } }, [&](int row, float s) { s2[L0::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s0_cur[L1::offset(row * 128 + j)]);
+        return v * v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s2[L0::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 32, 2, 128, float>(tid, elem, sink);
+    }
     // op3 matmul -> op4 accum_nored
     L3::run(acc4, s0_cur, s1_cur, smem, warp, lane);
     __syncthreads();
   }
-  L3::each(acc4, warp, lane, [&](int row, int col, float v, int, int, int) { s4[L6::offset(row * 24 + col)] = mucc::from_compute<float>(v); });
+  L3::each(acc4, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s4[L6::offset(row * 24 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
-  mucc::tb::for_each<128, 2>(tid, [&](int e, int) { const float v = mucc::to_compute(s2[L0::offset(e)]); s2[L0::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0))); });
+  mucc::tb::for_each<128, 2>(tid, [&](int e, int) {
+    const float v = mucc::to_compute(s2[L0::offset(e)]);
+    s2[L0::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0)));
+  });
   __syncthreads();
   // op5 div -> op6 output
-  mucc::tb::for_each<128, 48>(tid, [&](int e, int r) { (void)r; go6[L8::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s4[L6::offset(e)]), mucc::to_compute(s2[L7::offset(e)]))); });
+  mucc::tb::for_each<128, 48>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s4[L6::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L7::offset(e)]);
+    float v = mucc::op::div(x0, x1);
+    go6[L8::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
 }
 
 #ifndef __CUDACC_RTC__

@@ -9,11 +9,17 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 36880 bytes of shared memory; schedule - | 0,1,2 3,4 | 7,8
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 36880 bytes of shared memory
+// schedule - | 0,1,2 3,4 | 7,8
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 8, 32, 64, 1, 4>;
+  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 8, 32, 64, 1, 4, mucc::tb::Load::Ldmatrix, mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<8, 64>, mucc::Stride<4096, 1>>;
   using L4 = mucc::Layout<mucc::Shape<64, 32>, mucc::Stride<4096, 1>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<3, 2, 3>>;
@@ -22,7 +28,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 32784);  // s0 (tb_input_op) x4 stages
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op) x4 stages
@@ -35,55 +42,92 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x) * 32;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x) * 32;
   L2::Frag acc5;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc5.v[i][j][q] = float(0);
+  L2::fill(acc5, float(0.0));
   L2::Frag acc6;
-  for (int i = 0; i < L2::PM; ++i) for (int j = 0; j < L2::PN; ++j) for (int q = 0; q < 4; ++q) acc6.v[i][j][q] = float(0);
+  L2::fill(acc6, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  if (0 < 64) { { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 0 + L0::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 0 + L1::offset(i), src_ + L4::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  if (1 < 64) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(1) * 64; mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 512 + L0::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(1) * 262144; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 2048 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(1) * 262144; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 2048 + L1::offset(i), src_ + L4::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 2048, gi1 + static_cast<mucc::i64>(1) * 262144);
+  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 2048, gi2 + static_cast<mucc::i64>(1) * 262144);
   mucc::sm80::cp_async_commit();
-  if (2 < 64) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(2) * 64; mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + 1024 + L0::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(2) * 262144; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 4096 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(2) * 262144; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 4096 + L1::offset(i), src_ + L4::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(2) * 262144);
+  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(2) * 262144);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 64; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::f16* s0_cur = s0 + (it % 4) * 512;
     mucc::f16* s1_cur = s1 + (it % 4) * 2048;
     mucc::f16* s2_cur = s2 + (it % 4) * 2048;
     mucc::sm80::cp_async_wait<2>();
     // op0 input
+    // issued ahead by the pipeline
     // op1 input
+    // issued ahead by the pipeline
     // op2 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 3; if (pf < 64) { { const mucc::f16* src_ = gi0 + static_cast<mucc::i64>(pf) * 64; mucc::tb::for_each<128, 64>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s0 + (pf % 4) * 512 + L0::offset(i), src_ + L3::offset(i)); }); } { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 262144; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 2048 + L1::offset(i), src_ + L4::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(pf) * 262144; mucc::tb::for_each<128, 256>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + (pf % 4) * 2048 + L1::offset(i), src_ + L4::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 3;
+      if (pf < 64) {
+        mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + (pf % 4) * 512, gi0 + static_cast<mucc::i64>(pf) * 64);
+        mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + (pf % 4) * 2048,
+            gi1 + static_cast<mucc::i64>(pf) * 262144);
+        mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + (pf % 4) * 2048,
+            gi2 + static_cast<mucc::i64>(pf) * 262144);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op3 matmul -> op5 accum_nored
     L2::run(acc5, s0_cur, s1_cur, smem, warp, lane);
     // op4 matmul -> op6 accum_nored
     L2::run(acc6, s0_cur, s2_cur, smem, warp, lane);
     __syncthreads();
   }
-  L2::each(acc5, warp, lane, [&](int row, int col, float v, int, int, int) { s5[L5::offset(row * 32 + col)] = mucc::from_compute<float>(v); });
-  L2::each(acc6, warp, lane, [&](int row, int col, float v, int, int, int) { s6[L5::offset(row * 32 + col)] = mucc::from_compute<float>(v); });
+  L2::each(acc5, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s5[L5::offset(row * 32 + col)] = mucc::from_compute<float>(v);
+  });
+  L2::each(acc6, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s6[L5::offset(row * 32 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
   // op7 silu -> op9 output
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int r) { (void)r; go9[L6::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::silu(mucc::to_compute(s5[L5::offset(e)]))); });
+  mucc::tb::for_each<128, 256>(tid, [&](int e, int) {
+    float v = mucc::to_compute(s5[L5::offset(e)]);
+    v = mucc::op::silu(v);
+    go9[L6::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
   // op8 output
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) { go8[L6::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s6[L5::offset(e)])); });
+  mucc::tb::copy_elems<128, 256, L6, L5>(tid, go8, s6);
 }
 
 // kernel op 4: kn_mul_op(%3, %4) -> %5 [8, 4096] f16
 namespace k4_mul_l {
-using v0 = mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
-using v1 = mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
-using v2 = mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
+  using L0 =
+    mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<8, 4096>, mucc::Stride<4096, 1>>;
 }
 struct k4_mul_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const { return mucc::op::mul(a, b); }
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
+    return mucc::op::mul(a, b);
+  }
 };
-extern "C" __global__ void __launch_bounds__(256) k4_mul(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1, const mucc::f16* __restrict__ v2) {
-  mucc::kn::binary<mucc::f16, 8, k4_mul_l::v0, k4_mul_l::v1, k4_mul_l::v2>(v0, v1, v2, k4_mul_op{});
+extern "C" __global__ void __launch_bounds__(256) k4_mul(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2) {
+  using namespace k4_mul_l;
+  mucc::kn::binary<mucc::f16, 8, L0, L1, L2>(v0, v1, v2, k4_mul_op{});
 }
 
 #ifndef __CUDACC_RTC__

@@ -9,27 +9,41 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (1, 8, 16), block (128, 1, 1), forloop 4, 155920 bytes of shared memory; schedule 0 | 1,2 3 5,6 | 8,9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __restrict__ out0, mucc::f16* __restrict__ out1, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1, const mucc::f16* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (1, 8, 16), block (128, 1, 1), forloop 4, 155920 bytes of shared memory
+// schedule 0 | 1,2 3 5,6 | 8,9
+extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+    mucc::f16* __restrict__ out0,
+    mucc::f16* __restrict__ out1,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1,
+    const mucc::f16* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<1, 64, 1>, mucc::Stride<64, 1, 64>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3, 3, 4>>;
-  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 64, 64, 128, 2, 2>;
-  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3, 3>>;
+  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
+      3, 4>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
+  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 64, 64, 128, 2, 2, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<65536, 64, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L4, L1, 64, 128, 64, 1, 4>;
-  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2, 4>>;
+  using L8 = mucc::tb::Mma<mucc::f16, L4, L1, 64, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2,
+      4>>;
   using L10 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<64, 64, 1>>;
   using L11 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1024, 1>>;
-  using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2, 4>>;
+  using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2,
+      4>>;
   using L13 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1024, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8208);  // s1 (tb_input_op) x4 stages
@@ -42,51 +56,85 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(mucc::f16* __
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.y) * 32768;
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024 + static_cast<mucc::i64>(blockIdx.z) * 64;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 64;
-  mucc::tb::for_each<128, 64>(tid, [&](int e, int) { s5[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<128, 64, L0>(tid, s5, float(0.0));
   L3::Frag acc7;
-  for (int i = 0; i < L3::PM; ++i) for (int j = 0; j < L3::PN; ++j) for (int q = 0; q < 4; ++q) acc7.v[i][j][q] = float(0);
+  L3::fill(acc7, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 512>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L4::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L5::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s0, gi0);
   __syncthreads();
   // software pipeline: 4 stages
-  if (0 < 4) { { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 0 + L1::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 0 + L2::offset(i), src_ + L7::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  if (1 < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(1) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 8192 + L1::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(1) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 8192 + L2::offset(i), src_ + L7::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
   mucc::sm80::cp_async_commit();
-  if (2 < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(2) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + 16384 + L1::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(2) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + 16384 + L2::offset(i), src_ + L7::offset(i)); }); } }
+  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     mucc::f16* s1_cur = s1 + (it % 4) * 8192;
     mucc::f16* s2_cur = s2 + (it % 4) * 8192;
     mucc::sm80::cp_async_wait<2>();
     // op1 input
+    // issued ahead by the pipeline
     // op2 input
+    // issued ahead by the pipeline
     __syncthreads();
-    { const int pf = it + 3; if (pf < 4) { { const mucc::f16* src_ = gi1 + static_cast<mucc::i64>(pf) * 128; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s1 + (pf % 4) * 8192 + L1::offset(i), src_ + L6::offset(i)); }); } { const mucc::f16* src_ = gi2 + static_cast<mucc::i64>(pf) * 8192; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; mucc::sm80::cp_async_16(s2 + (pf % 4) * 8192 + L2::offset(i), src_ + L7::offset(i)); }); } } mucc::sm80::cp_async_commit(); }
+    {
+      const int pf = it + 3;
+      if (pf < 4) {
+        mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + (pf % 4) * 8192,
+            gi1 + static_cast<mucc::i64>(pf) * 128);
+        mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + (pf % 4) * 8192,
+            gi2 + static_cast<mucc::i64>(pf) * 8192);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op3 matmul -> op4 exp
-    L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) { s4[L1::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(mucc::op::exp(v)); });
+    L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
+      v = mucc::op::exp(v);
+      s4[L1::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(v);
+    });
     __syncthreads();
     // op5 accum_red_ld_sum
-    mucc::tb::for_each_row<128, 2, 64, 128, float>(tid, [&](int row, int j) { return mucc::to_compute(s4[L1::offset(row * 128 + j)]); }, [&](int row, float s) { s5[L0::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s4[L1::offset(row * 128 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s5[L0::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 2, 64, 128, float>(tid, elem, sink);
+    }
     // op6 matmul -> op7 accum_nored
     L3::run(acc7, s4, s2_cur, smem, warp, lane);
     __syncthreads();
   }
-  L3::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) { s7[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v); });
+  L3::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
+    s7[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+  });
   __syncthreads();
   // op8 output
-  mucc::tb::for_each<128, 64>(tid, [&](int e, int) { go8[L11::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s5[L10::offset(e)])); });
+  mucc::tb::copy_elems<128, 64, L11, L10>(tid, go8, s5);
   // op9 output
-  mucc::tb::for_each<128, 4096>(tid, [&](int e, int) { go9[L13::offset(e)] = mucc::from_compute<mucc::f16>(mucc::to_compute(s7[L12::offset(e)])); });
+  mucc::tb::copy_elems<128, 4096, L13, L12>(tid, go9, s7);
 }
 
-// kernel op 4: kn_customized_op grid (1, 64, 1), block (128, 1, 1), forloop 1, 20800 bytes of shared memory; schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __restrict__ out0, const mucc::f16* __restrict__ in0, const mucc::f16* __restrict__ in1) {
+// kernel op 4: kn_customized_op grid (1, 64, 1), block (128, 1, 1), forloop 1, 20800 bytes of shared memory
+// schedule 0,1 | 2,3 | 4
+extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+    mucc::f16* __restrict__ out0,
+    const mucc::f16* __restrict__ in0,
+    const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0, 6>>;
+  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0,
+      6>>;
   using L2 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<128, 16, 1>>;
   using L3 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<8192, 1024, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<8192, 16, 1>>;
@@ -99,7 +147,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 256);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 20736);  // s2 (tb_forloop_accum_red_ld_sum_op)
@@ -107,25 +156,47 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(mucc::f16* __
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.y) * 16;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024;
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) { s2[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) { s3[L1::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<128, 16, L0>(tid, s2, float(0.0));
+  mucc::tb::fill<128, 1024, L1>(tid, s3, float(0.0));
   __syncthreads();
   // op0 input
-  { const mucc::f16* src_ = gi0; mucc::tb::for_each<128, 16>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s0 + L2::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L3::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 128, 8, L2, L3>(tid, s0, gi0);
   // op1 input
-  { const mucc::f16* src_ = gi1; mucc::tb::for_each<128, 1024>(tid, [&](int c, int) { const int i = c * 8; *reinterpret_cast<mucc::Vec<mucc::f16, 8>*>(s1 + L4::offset(i)) = *reinterpret_cast<const mucc::Vec<mucc::f16, 8>*>(src_ + L5::offset(i)); }); }
+  mucc::tb::copy_chunks<128, 8192, 8, L4, L5>(tid, s1, gi1);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op2 accum_red_ld_sum
-    mucc::tb::for_each_row<128, 8, 16, 8, float>(tid, [&](int row, int j) { return mucc::to_compute(s0[L6::offset(row * 8 + j)]); }, [&](int row, float s) { s2[L0::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s0[L6::offset(row * 8 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s2[L0::offset(row)], s);
+      };
+      mucc::tb::for_each_row<128, 8, 16, 8, float>(tid, elem, sink);
+    }
     // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<128, 1024>(tid, [&](int o, int) { float s = 0; for (int kk = 0; kk < 8; ++kk) s += mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]); s3[L1::offset(o)] += s; });
+    mucc::tb::for_each<128, 1024>(tid, [&](int o, int) {
+      float s = float(0.0);
+      for (int kk = 0; kk < 8; ++kk) {
+        float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
+        s += v;
+      }
+      mucc::tb::acc_add(s3[L1::offset(o)], s);
+    });
   }
   __syncthreads();
   // op4 div -> op5 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int r) { (void)r; go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(mucc::op::div(mucc::to_compute(s3[L1::offset(e)]), mucc::to_compute(s2[L8::offset(e)]))); });
+  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    const float x0 = mucc::to_compute(s3[L1::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L8::offset(e)]);
+    float v = mucc::op::div(x0, x1);
+    go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  });
 }
 
 #ifndef __CUDACC_RTC__

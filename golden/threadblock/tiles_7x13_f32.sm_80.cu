@@ -11,8 +11,15 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 2, 1), block (96, 1, 1), forloop 1, 2608 bytes of shared memory; schedule 0,1,2 | 3,8 4 5,7 | 10,11,12
-extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2, const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2) {
+// kernel op 3: kn_customized_op grid (2, 2, 1), block (96, 1, 1), forloop 1, 2608 bytes of shared memory
+// schedule 0,1,2 | 3,8 4 5,7 | 10,11,12
+extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(
+    float* __restrict__ out0,
+    float* __restrict__ out1,
+    float* __restrict__ out2,
+    const float* __restrict__ in0,
+    const float* __restrict__ in1,
+    const float* __restrict__ in2) {
   using L0 = mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<1, 8>>;
   using L1 = mucc::Layout<mucc::Shape<7, 1>, mucc::Stride<1, 8>>;
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<7, 13>, mucc::Stride<16, 1>>, mucc::Swizzle<2, 2, 3>>;
@@ -34,7 +41,8 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restr
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
-  (void)warp; (void)lane;
+  (void)warp;
+  (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   float* s0 = reinterpret_cast<float*>(smem + 16);  // s0 (tb_input_op)
   float* s1 = reinterpret_cast<float*>(smem + 464);  // s1 (tb_input_op)
@@ -50,44 +58,84 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(float* __restr
   float* go10 = out0 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 208;
   float* go11 = out1 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 16;
   float* go12 = out2 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 80;
-  mucc::tb::for_each<96, 91>(tid, [&](int e, int) { s6[L0::offset(e)] = mucc::from_compute<float>(float(0)); });
-  mucc::tb::for_each<96, 7>(tid, [&](int e, int) { s7[L1::offset(e)] = mucc::from_compute<float>(float(0)); });
+  mucc::tb::fill<96, 91, L0>(tid, s6, float(0.0));
+  mucc::tb::fill<96, 7, L1>(tid, s7, float(0.0));
   float acc9[1];
   #pragma unroll
-  for (int r = 0; r < 1; ++r) acc9[r] = float(0);
+  for (int r = 0; r < 1; ++r) acc9[r] = float(0.0);
   __syncthreads();
   // op0 input
-  { const float* src_ = gi0; mucc::tb::for_each<96, 91>(tid, [&](int e, int) { s0[L2::offset(e)] = src_[L3::offset(e)]; }); }
+  mucc::tb::copy_elems<96, 91, L2, L3>(tid, s0, gi0);
   // op1 input
-  { const float* src_ = gi1; mucc::tb::for_each<96, 91>(tid, [&](int e, int) { s1[L4::offset(e)] = src_[L3::offset(e)]; }); }
+  mucc::tb::copy_elems<96, 91, L4, L3>(tid, s1, gi1);
   // op2 input
-  { const float* src_ = gi2; mucc::tb::for_each<96, 65>(tid, [&](int e, int) { s2[L5::offset(e)] = src_[L6::offset(e)]; }); }
+  mucc::tb::copy_elems<96, 65, L5, L6>(tid, s2, gi2);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp; (void)lane;
+    (void)warp;
+    (void)lane;
     // op3 exp
-    mucc::tb::for_each<96, 91>(tid, [&](int e, int r) { (void)r; s3[L8::offset(e)] = mucc::from_compute<float>(mucc::op::exp(mucc::to_compute(s0[L7::offset(e)]))); });
+    mucc::tb::for_each<96, 91>(tid, [&](int e, int) {
+      float v = mucc::to_compute(s0[L7::offset(e)]);
+      v = mucc::op::exp(v);
+      s3[L8::offset(e)] = mucc::from_compute<float>(v);
+    });
     // op8 matmul -> op9 accum_nored
-    mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) { (void)r; const int row = e / 5, col = e % 5; const float v = L9::at(s0, s2, row, col); acc9[r] += v; });
+    mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) {
+      const int row = e / 5, col = e % 5;
+      float v = L9::at(s0, s2, row, col);
+      acc9[r] += v;
+    });
     __syncthreads();
     // op4 mul
-    mucc::tb::for_each<96, 91>(tid, [&](int e, int r) { (void)r; s4[L8::offset(e)] = mucc::from_compute<float>(mucc::op::mul(mucc::to_compute(s3[L8::offset(e)]), mucc::to_compute(s1[L10::offset(e)]))); });
+    mucc::tb::for_each<96, 91>(tid, [&](int e, int) {
+      const float x0 = mucc::to_compute(s3[L8::offset(e)]);
+      const float x1 = mucc::to_compute(s1[L10::offset(e)]);
+      float v = mucc::op::mul(x0, x1);
+      s4[L8::offset(e)] = mucc::from_compute<float>(v);
+    });
     __syncthreads();
     // op5 rms_norm -> op6 accum_nored
-    mucc::tb::rms_rows<96, 8, 7, 13, false, float>(tid, [&](int row, int j) { return mucc::to_compute(s4[L0::offset(row * 13 + j)]); }, [&](int row, int j, float v) { (void)row; (void)j; s6[L0::offset(row * 13 + j)] += v; return float(0); }, [&](int row, float s) { (void)row; (void)s;  });
+    {
+      auto x = [&](int row, int j) {
+        return mucc::to_compute(s4[L0::offset(row * 13 + j)]);
+      };
+      auto out = [&](int row, int j, float v) {
+        (void)row;
+        (void)j;
+        mucc::tb::acc_add(s6[L0::offset(row * 13 + j)], v);
+        return float(0.0);
+      };
+      auto done = [&](int row, float s) {
+        (void)row;
+        (void)s;
+      };
+      mucc::tb::rms_rows<96, 8, 7, 13, false, float>(tid, x, out, done);
+    }
     // op7 accum_red_ld_sum
-    mucc::tb::for_each_row<96, 8, 7, 13, float>(tid, [&](int row, int j) { return mucc::to_compute(s4[L0::offset(row * 13 + j)]); }, [&](int row, float s) { s7[L1::offset(row)] += s; });
+    {
+      auto elem = [&](int row, int j) {
+        float v = mucc::to_compute(s4[L0::offset(row * 13 + j)]);
+        return v;
+      };
+      auto sink = [&](int row, float s) {
+        mucc::tb::acc_add(s7[L1::offset(row)], s);
+      };
+      mucc::tb::for_each_row<96, 8, 7, 13, float>(tid, elem, sink);
+    }
   }
   __syncthreads();  // the loop body's reads finish before write-backs
-  mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) { s9[L11::offset(e)] = mucc::from_compute<float>(acc9[r]); });
+  mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) {
+    s9[L11::offset(e)] = mucc::from_compute<float>(acc9[r]);
+  });
   __syncthreads();
   // op10 output
-  mucc::tb::for_each<96, 91>(tid, [&](int e, int) { go10[L12::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s6[L8::offset(e)])); });
+  mucc::tb::copy_elems<96, 91, L12, L8>(tid, go10, s6);
   // op11 output
-  mucc::tb::for_each<96, 7>(tid, [&](int e, int) { go11[L14::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s7[L13::offset(e)])); });
+  mucc::tb::copy_elems<96, 7, L14, L13>(tid, go11, s7);
   // op12 output
-  mucc::tb::for_each<96, 35>(tid, [&](int e, int) { go12[L16::offset(e)] = mucc::from_compute<float>(mucc::to_compute(s9[L15::offset(e)])); });
+  mucc::tb::copy_elems<96, 35, L16, L15>(tid, go12, s9);
 }
 
 #ifndef __CUDACC_RTC__

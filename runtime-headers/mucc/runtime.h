@@ -8,6 +8,8 @@
 //   kernel/reduction.h    kn::reduce, kn::rms_norm
 //   arch/sm80.h           cp.async, mma.sync m16n8k16 (fp32 accumulators)
 //   threadblock/loops.h   tb::for_each, for_each_unrolled, group_sum, for_each_row, rms_rows
+//   threadblock/copy.h    tb::copy_chunks, cp_async_chunks, copy_elems (tile <-> device tensor)
+//   threadblock/accum.h   tb::acc_add, acc_max, acc_rescale, max_of, fill, running_max
 //   threadblock/matmul.h  tb::Mma (tensor cores), tb::FmaMatmul
 //   host.h                error checks and cuBLAS (host only, not under NVRTC)
 #pragma once
@@ -19,5 +21,7 @@
 #include "kernel/reduction.h"
 #include "arch/sm80.h"
 #include "threadblock/loops.h"
+#include "threadblock/copy.h"
+#include "threadblock/accum.h"
 #include "threadblock/matmul.h"
 #include "host.h"

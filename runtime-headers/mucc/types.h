@@ -60,10 +60,16 @@ template <> __device__ __forceinline__ u16 from_compute<u16>(double x) { return 
 template <> __device__ __forceinline__ i8 from_compute<i8>(double x) { return saturate_int<i8>(x, -128.0, 127.0); }
 template <> __device__ __forceinline__ u8 from_compute<u8>(double x) { return saturate_int<u8>(x, 0.0, 255.0); }
 
-// −∞ in the compute type.
+// −∞, +∞ and a quiet NaN in the compute type.
 template <class C> __device__ __forceinline__ C neg_inf();
 template <> __device__ __forceinline__ float neg_inf<float>() { return __int_as_float(0xff800000); }
 template <> __device__ __forceinline__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ULL); }
+template <class C> __device__ __forceinline__ C inf();
+template <> __device__ __forceinline__ float inf<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double inf<double>() { return __longlong_as_double(0x7ff0000000000000ULL); }
+template <class C> __device__ __forceinline__ C nan();
+template <> __device__ __forceinline__ float nan<float>() { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double nan<double>() { return __longlong_as_double(0x7ff8000000000000ULL); }
 
 // x, hidden from the optimiser: what is computed from it is recomputed where it is used rather
 // than hoisted out of a loop and kept live in registers across its iterations.

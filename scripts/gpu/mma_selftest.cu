@@ -1,6 +1,8 @@
 // GPU self-test of mucc::tb::Mma: C = A·B on shared-memory tiles for several layouts, through
 // `run` (fragments) and `apply` (slices), against a CPU reference. Build and run on a GPU machine:
 //   nvcc -std=c++17 -arch=sm_90a -I runtime-headers scripts/gpu/mma_selftest.cu -o /tmp/mma && /tmp/mma
+// Operands load by ldmatrix (row-major A and column-major B plainly, the others with .trans);
+// -DMUCC_SELFTEST_ELEMENTS loads both element by element.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -8,6 +10,16 @@
 #include "mucc/runtime.h"
 
 using namespace mucc;
+
+// The load mode of an operand: ldmatrix along its contiguous dim, or element loads.
+template <class L, bool IsA> __host__ __device__ constexpr int mode() {
+#ifdef MUCC_SELFTEST_ELEMENTS
+  return tb::Load::Elements;
+#else
+  constexpr bool row = LayoutTraits<L>::template stride<1> == 1;
+  return (row == IsA) ? tb::Load::Ldmatrix : tb::Load::LdmatrixTrans;
+#endif
+}
 
 template <class LA, class LB, int M, int N, int K, int WM, int WN>
 __global__ void kern(const f16* ga, const f16* gb, float* c_run, float* c_apply) {
@@ -19,13 +31,13 @@ __global__ void kern(const f16* ga, const f16* gb, float* c_run, float* c_apply)
   for (int e = tid; e < M * K; e += blockDim.x) a[LA::offset(e)] = ga[e];
   for (int e = tid; e < K * N; e += blockDim.x) b[LB::offset(e)] = gb[e];
   __syncthreads();
-  using MM = tb::Mma<f16, LA, LB, M, N, K, WM, WN>;
+  using MM = tb::Mma<f16, LA, LB, M, N, K, WM, WN, mode<LA, true>(), mode<LB, false>()>;
   typename MM::Frag f;
   MM::zero(f);
   MM::run(f, a, b, smem, warp, lane);
   MM::each(f, warp, lane, [&](int r, int c, float v, int, int, int) { c_run[r * N + c] = v; });
   MM::apply(a, b, smem, warp, lane, [&](int r, int c, float v) { c_apply[r * N + c] = v; });
-  if (tid == 0) printf("  ldmatrix A %d B %d\n", int(MM::ldmatrix_a), int(MM::ldmatrix_b));
+  if (tid == 0) printf("  load modes A %d B %d\n", mode<LA, true>(), mode<LB, false>());
 }
 
 template <class LA, class LB, int M, int N, int K, int WM, int WN>

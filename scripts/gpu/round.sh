@@ -1,9 +1,9 @@
 # Device round: Mma self-test (sm_90a, sm_80 code, element loads only), then goldens and graph 0
 # of every corpus file.
 set -u
-nvcc -std=c++17 -arch=sm_90a -I runtime-headers scripts/gpu/mma_selftest.cu -o /tmp/mma && /tmp/mma | grep -v "ldmatrix A" | grep -E "wrong|ok|FAILED" | sed 's/^/default: /' | tail -16
+nvcc -std=c++17 -arch=sm_90a -I runtime-headers scripts/gpu/mma_selftest.cu -o /tmp/mma && /tmp/mma | grep -v "load modes A" | grep -E "wrong|ok|FAILED" | sed 's/^/default: /' | tail -16
 nvcc -std=c++17 -arch=sm_80 -I runtime-headers scripts/gpu/mma_selftest.cu -o /tmp/mma80 && echo "sm_80 code: $(/tmp/mma80 | tail -1)"
-nvcc -std=c++17 -arch=sm_90a -DMUCC_NO_LDMATRIX_A -DMUCC_NO_LDMATRIX_B -I runtime-headers scripts/gpu/mma_selftest.cu -o /tmp/mmas && echo "element loads only: $(/tmp/mmas | tail -1)"
+nvcc -std=c++17 -arch=sm_90a -DMUCC_SELFTEST_ELEMENTS -I runtime-headers scripts/gpu/mma_selftest.cu -o /tmp/mmas && echo "element loads only: $(/tmp/mmas | tail -1)"
 S=""
 for j in golden/kernel/*.json golden/threadblock/*.json; do
   case "$j" in *.plan.json) continue;; esac

@@ -60,6 +60,14 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         include_str!("../../runtime-headers/mucc/threadblock/loops.h"),
     ),
     (
+        "mucc/threadblock/copy.h",
+        include_str!("../../runtime-headers/mucc/threadblock/copy.h"),
+    ),
+    (
+        "mucc/threadblock/accum.h",
+        include_str!("../../runtime-headers/mucc/threadblock/accum.h"),
+    ),
+    (
         "mucc/threadblock/matmul.h",
         include_str!("../../runtime-headers/mucc/threadblock/matmul.h"),
     ),

@@ -121,6 +121,44 @@ pub fn layout(dims: &[usize], strides: &[usize], swizzle: Option<Swizzle>) -> St
     }
 }
 
+/// `text` as `// ` comment lines of at most `MAX_LINE - indent` characters, broken at spaces
+/// (a word longer than a line stays whole).
+pub fn comment(text: &str, indent: usize) -> Vec<String> {
+    let width = MAX_LINE.saturating_sub(indent + 3).max(20);
+    let mut lines = Vec::new();
+    let mut cur = String::new();
+    for word in text.split(' ') {
+        if !cur.is_empty() && cur.len() + 1 + word.len() > width {
+            lines.push(format!("// {cur}"));
+            cur.clear();
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(format!("// {cur}"));
+    }
+    lines
+}
+
+/// A kernel's signature up to the opening brace: on one line when it fits, else one parameter
+/// per line.
+pub fn kernel_signature(launch_bounds: &str, name: &str, params: &[String]) -> String {
+    let head = format!("extern \"C\" __global__ void __launch_bounds__({launch_bounds}) {name}(");
+    let one = format!("{head}{}) {{", params.join(", "));
+    if one.len() <= MAX_LINE {
+        return one;
+    }
+    let mut s = head;
+    for (i, p) in params.iter().enumerate() {
+        let sep = if i + 1 < params.len() { "," } else { ") {" };
+        let _ = write!(s, "\n    {p}{sep}");
+    }
+    s
+}
+
 /// Lines of C++ at an indentation level (two spaces per level).
 #[derive(Debug, Default)]
 pub struct Writer {
@@ -142,15 +180,50 @@ impl Writer {
         }
     }
 
-    /// One line.
+    /// One line; a statement longer than [`MAX_LINE`] with its indentation is broken after
+    /// commas, its continuation lines indented two levels deeper.
     pub fn line(&mut self, text: impl AsRef<str>) {
         let text = text.as_ref();
         if text.is_empty() {
             self.out.push('\n');
             return;
         }
-        for _ in 0..self.level {
-            self.out.push_str("  ");
+        let indent = 2 * self.level;
+        if indent + text.len() <= MAX_LINE || text.starts_with("//") || text.starts_with('#') {
+            self.raw(indent, text);
+            return;
+        }
+        let mut rest = text;
+        let mut first = true;
+        while !rest.is_empty() {
+            let ind = if first { indent } else { indent + 4 };
+            let room = MAX_LINE.saturating_sub(ind);
+            if rest.len() <= room {
+                self.raw(ind, rest);
+                break;
+            }
+            // The last ", " that keeps the line within its room (else the first one).
+            let cut = rest[..room]
+                .rfind(", ")
+                .or_else(|| rest.find(", "))
+                .map(|i| i + 1);
+            match cut {
+                Some(i) => {
+                    self.raw(ind, &rest[..i]);
+                    rest = rest[i..].trim_start();
+                }
+                None => {
+                    self.raw(ind, rest);
+                    break;
+                }
+            }
+            first = false;
+        }
+    }
+
+    fn raw(&mut self, indent: usize, text: &str) {
+        for _ in 0..indent {
+            self.out.push(' ');
         }
         self.out.push_str(text);
         self.out.push('\n');
@@ -218,6 +291,34 @@ mod tests {
             unary(&clamp, "v", "float"),
             "mucc::op::clamp(v, mucc::neg_inf<float>(), float(6.0))"
         );
+    }
+
+    #[test]
+    fn comments_wrap_and_signatures_break() {
+        let long = "word ".repeat(40);
+        for l in comment(long.trim(), 4) {
+            assert!(l.len() + 4 <= MAX_LINE && l.starts_with("// "), "{l}");
+        }
+        let params: Vec<String> = (0..6)
+            .map(|i| format!("const mucc::f16* __restrict__ in{i}"))
+            .collect();
+        let sig = kernel_signature("128, 1", "k3_customized", &params);
+        assert!(sig.lines().all(|l| l.len() <= MAX_LINE), "{sig}");
+        assert!(sig.ends_with("in5) {"));
+        let short = kernel_signature("256", "k1_exp", &params[..1]);
+        assert_eq!(short.lines().count(), 1);
+    }
+
+    #[test]
+    fn long_statements_break_after_commas() {
+        let mut w = Writer::at(2);
+        let args: Vec<String> = (0..30).map(|i| format!("argument_{i}")).collect();
+        w.line(format!("f({});", args.join(", ")));
+        let text = w.finish();
+        assert!(text.lines().count() > 1);
+        assert!(text.lines().all(|l| l.len() <= MAX_LINE), "{text}");
+        let joined: String = text.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+        assert_eq!(joined, format!("f({});", args.join(", ")));
     }
 
     #[test]

@@ -2,13 +2,13 @@
 //! (`mucc::kn::*`) over the plan's views, or cuBLAS steps.
 
 use super::KernelView;
-use super::cxx::{self, ctype};
+use super::cxx::{self, Writer, ctype};
 use super::launch::{KernelLaunch, Step};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
 use crate::graph::mirage_json::names;
-use crate::sched::kernel_level::{ElementwiseOp, GridStride, KnOpPlan, View};
+use crate::sched::kernel_level::{ElementwiseOp, GridStride, KnOpPlan, PartCopy, View};
 
 fn layout(v: &View) -> String {
     cxx::layout(&v.dims, &v.strides, None)
@@ -42,24 +42,30 @@ fn describe(g: &KernelGraph, h: Handle<KnOp>, op: &KnOp) -> String {
     )
 }
 
-/// A kernel over views `v0` (written) and `v1…` (read): layout aliases in a namespace, the
-/// typed pointer parameters, and a one-line body.
-fn view_kernel(
-    name: &str,
-    comment: String,
-    views: &[&View],
-    dtype: DType,
-    extra: Option<String>,
-    body: String,
-) -> KernelView {
-    let t = ctype(dtype);
-    let mut preamble = vec![format!("namespace {name}_l {{")];
-    for (i, v) in views.iter().enumerate() {
-        preamble.push(format!("using v{i} = {};", layout(v)));
-    }
-    preamble.push("}".into());
-    preamble.extend(extra);
-    let params: Vec<String> = (0..views.len())
+/// The layout aliases of a kernel's views, in `namespace NAME_l`, each `using ALIAS = …;`.
+fn aliases(w: &mut Writer, name: &str, views: &[(String, &View)]) {
+    w.block(format!("namespace {name}_l"), "", |w| {
+        for (alias, v) in views {
+            w.line(format!("using {alias} ="));
+            w.indented(|w| w.line(format!("{};", layout(v))));
+        }
+    });
+}
+
+/// The launch of a grid-stride kernel over `args`.
+fn launch(name: &str, l: GridStride, args: Vec<crate::sched::plan::Binding>) -> Step {
+    Step::Kernel(KernelLaunch {
+        name: name.to_string(),
+        grid: [l.blocks, 1, 1],
+        block: [l.threads, 1, 1],
+        dynamic_smem: 0,
+        args,
+    })
+}
+
+/// Typed pointer parameters `v0` (written) and `v1…` (read).
+fn view_params(t: &str, n: usize) -> Vec<String> {
+    (0..n)
         .map(|i| {
             if i == 0 {
                 format!("{t}* __restrict__ v0")
@@ -67,44 +73,152 @@ fn view_kernel(
                 format!("const {t}* __restrict__ v{i}")
             }
         })
-        .collect();
-    KernelView {
-        comment,
-        name: name.to_string(),
-        launch_bounds: crate::sched::kernel_level::THREADS.to_string(),
-        preamble,
-        params: params.join(", "),
-        body: vec![body],
-    }
+        .collect()
 }
 
-fn launch(name: &str, l: GridStride, views: &[&View]) -> Step {
-    Step::Kernel(KernelLaunch {
-        name: name.to_string(),
-        grid: [l.blocks, 1, 1],
-        block: [l.threads, 1, 1],
-        dynamic_smem: 0,
-        args: views.iter().map(|v| v.at).collect(),
-    })
-}
-
-fn unary_functor(u: &crate::graph::ops::UnaryOp, c: &str) -> String {
-    use crate::graph::ops::UnaryOp;
-    let lit = |x: f64| {
-        let s = format!("{x:?}");
-        if s.contains('.') || s.contains('e') || s.contains("inf") || s.contains("NaN") {
-            s
-        } else {
-            format!("{s}.0")
-        }
+/// The functor of an element-wise kernel (`NAME_op`), if it needs one.
+fn functor(w: &mut Writer, name: &str, op: ElementwiseOp, dtype: DType) {
+    let c = format!("mucc::Compute<{}>", ctype(dtype));
+    let (params, expr) = match op {
+        ElementwiseOp::Unary(u) => (format!("{c} x"), cxx::unary(&u, "x", &c)),
+        ElementwiseOp::Binary(b) => (format!("{c} a, {c} b"), cxx::binary(b, "a", "b")),
+        ElementwiseOp::Copy => return,
     };
-    match *u {
-        UnaryOp::Clamp { min, max } => {
-            format!("mucc::op::clamp(x, {c}({}), {c}({}))", lit(min), lit(max))
-        }
-        UnaryOp::MulScalar(s) => format!("x * {c}({})", lit(s)),
-        _ => cxx::unary(u, "x", c),
+    w.block(format!("struct {name}_op"), ";", |w| {
+        w.block(
+            format!("__device__ {c} operator()({params}) const"),
+            "",
+            |w| {
+                w.line(format!("return {expr};"));
+            },
+        );
+    });
+}
+
+/// An element-wise kernel: `kn::unary`, `kn::binary` or `kn::copy` over the views.
+fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Step) {
+    let KnOpPlan::Elementwise {
+        op,
+        out,
+        ins,
+        dtype,
+        vector,
+        launch: l,
+    } = plan
+    else {
+        unreachable!("called with an element-wise plan")
+    };
+    let t = ctype(*dtype);
+    let views: Vec<&View> = std::iter::once(out).chain(ins).collect();
+    let named: Vec<(String, &View)> = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("L{i}"), *v))
+        .collect();
+    let mut pre = Writer::new();
+    aliases(&mut pre, name, &named);
+    functor(&mut pre, name, *op, *dtype);
+    let (f, args, tail) = match op {
+        ElementwiseOp::Unary(_) => ("unary", "L0, L1", format!("v0, v1, {name}_op{{}}")),
+        ElementwiseOp::Binary(_) => ("binary", "L0, L1, L2", format!("v0, v1, v2, {name}_op{{}}")),
+        ElementwiseOp::Copy => ("copy", "L0, L1", "v0, v1".to_string()),
+    };
+    let mut body = Writer::at(1);
+    body.line(format!("using namespace {name}_l;"));
+    body.line(format!("mucc::kn::{f}<{t}, {vector}, {args}>({tail});"));
+    let params = view_params(t, views.len());
+    let threads = l.threads.to_string();
+    let view = KernelView::new(
+        &comment,
+        pre.finish(),
+        &threads,
+        name,
+        &params,
+        body.finish(),
+    );
+    let step = launch(name, *l, views.iter().map(|v| v.at).collect());
+    (view, step)
+}
+
+/// A concat (parts → whole) or split/chunk (whole → parts) kernel: one copy per part.
+fn parts(
+    name: &str,
+    comment: String,
+    concat: bool,
+    whole: &View,
+    parts: &[PartCopy],
+    dtype: DType,
+    l: GridStride,
+) -> (KernelView, Step) {
+    let t = ctype(dtype);
+    let mut named = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        named.push((format!("Part{i}"), &p.part));
+        named.push((format!("Whole{i}"), &p.whole));
     }
+    let mut pre = Writer::new();
+    aliases(&mut pre, name, &named);
+    let mut params = vec![if concat {
+        format!("{t}* __restrict__ whole")
+    } else {
+        format!("const {t}* __restrict__ whole")
+    }];
+    let mut body = Writer::at(1);
+    body.line(format!("using namespace {name}_l;"));
+    let mut args = vec![whole.at];
+    for (i, p) in parts.iter().enumerate() {
+        let woff = p.whole.at.elem_offset() - whole.at.elem_offset();
+        let v = p.vector;
+        if concat {
+            params.push(format!("const {t}* __restrict__ p{i}"));
+            body.line(format!(
+                "mucc::kn::copy<{t}, {v}, Whole{i}, Part{i}>(whole + {woff}, p{i});"
+            ));
+        } else {
+            params.push(format!("{t}* __restrict__ p{i}"));
+            body.line(format!(
+                "mucc::kn::copy<{t}, {v}, Part{i}, Whole{i}>(p{i}, whole + {woff});"
+            ));
+        }
+        args.push(p.part.at);
+    }
+    let threads = l.threads.to_string();
+    let view = KernelView::new(
+        &comment,
+        pre.finish(),
+        &threads,
+        name,
+        &params,
+        body.finish(),
+    );
+    (view, launch(name, l, args))
+}
+
+/// A kernel over `out` and `x` whose body is one runtime call.
+fn unary_view_kernel(
+    name: &str,
+    comment: String,
+    (out, x): (&View, &View),
+    dtype: DType,
+    l: GridStride,
+    call: String,
+) -> (KernelView, Step) {
+    let mut pre = Writer::new();
+    aliases(&mut pre, name, &[("L0".into(), out), ("L1".into(), x)]);
+    let mut body = Writer::at(1);
+    body.line(format!("using namespace {name}_l;"));
+    body.line(call);
+    let params = view_params(ctype(dtype), 2);
+    let threads = l.threads.to_string();
+    let view = KernelView::new(
+        &comment,
+        pre.finish(),
+        &threads,
+        name,
+        &params,
+        body.finish(),
+    );
+    (view, launch(name, l, vec![out.at, x.at]))
 }
 
 /// The kernel (if any) and steps of kernel-level operator `h`.
@@ -116,81 +230,41 @@ pub(super) fn emit(
 ) -> (Option<KernelView>, Vec<Step>) {
     let comment = describe(g, h, op);
     let k = h.index();
-    match plan {
-        KnOpPlan::Nothing | KnOpPlan::Customized => (None, Vec::new()),
-        KnOpPlan::Gemm { calls, .. } => (None, calls.iter().cloned().map(Step::Gemm).collect()),
-        KnOpPlan::Elementwise {
-            op: ew,
-            out,
-            ins,
-            dtype,
-            vector,
-            launch: l,
-        } => {
-            let t = ctype(*dtype);
-            let views: Vec<&View> = std::iter::once(out).chain(ins).collect();
-            let (suffix, functor, body) = match (ew, &op.kind) {
-                (ElementwiseOp::Unary(u), _) => {
-                    let name = format!("k{k}_{}", u.name());
-                    let functor = format!(
-                        "struct {name}_op {{\n  __device__ mucc::Compute<{t}> operator()(mucc::Compute<{t}> x) const {{ return {}; }}\n}};",
-                        unary_functor(u, &format!("mucc::Compute<{t}>"))
-                    );
-                    let body = format!(
-                        "mucc::kn::unary<{t}, {vector}, {name}_l::v0, {name}_l::v1>(v0, v1, {name}_op{{}});"
-                    );
-                    (u.name(), Some(functor), body)
-                }
-                (ElementwiseOp::Binary(b), _) => {
-                    let name = format!("k{k}_{}", b.name());
-                    let f = cxx::binary(*b, "a", "b");
-                    let functor = format!(
-                        "struct {name}_op {{\n  __device__ mucc::Compute<{t}> operator()(mucc::Compute<{t}> a, mucc::Compute<{t}> b) const {{ return {f}; }}\n}};"
-                    );
-                    let body = format!(
-                        "mucc::kn::binary<{t}, {vector}, {name}_l::v0, {name}_l::v1, {name}_l::v2>(v0, v1, v2, {name}_op{{}});"
-                    );
-                    (b.name(), Some(functor), body)
-                }
-                (ElementwiseOp::Copy, kind) => {
-                    let suffix = if matches!(kind, KnOpKind::Output { .. }) {
-                        "output_copy"
-                    } else {
-                        "allreduce"
-                    };
-                    let name = format!("k{k}_{suffix}");
-                    let body = format!(
-                        "mucc::kn::copy<{t}, {vector}, {name}_l::v0, {name}_l::v1>(v0, v1);"
-                    );
-                    (suffix, None, body)
-                }
+    let (view, step) = match plan {
+        KnOpPlan::Nothing | KnOpPlan::Customized => return (None, Vec::new()),
+        KnOpPlan::Gemm { calls, .. } => {
+            return (None, calls.iter().cloned().map(Step::Gemm).collect());
+        }
+        KnOpPlan::Elementwise { op: ew, .. } => {
+            let suffix = match (ew, &op.kind) {
+                (ElementwiseOp::Unary(u), _) => u.name(),
+                (ElementwiseOp::Binary(b), _) => b.name(),
+                (ElementwiseOp::Copy, KnOpKind::Output { .. }) => "output_copy",
+                (ElementwiseOp::Copy, _) => "allreduce",
             };
-            let name = format!("k{k}_{suffix}");
-            let view = view_kernel(&name, comment, &views, *dtype, functor, body);
-            (Some(view), vec![launch(&name, *l, &views)])
+            elementwise(&format!("k{k}_{suffix}"), comment, plan)
         }
         KnOpPlan::Reduction {
             out,
             x,
             dtype,
             to,
-            k: kk,
+            k: len,
             inner,
             stride,
             warp_per_output,
             launch: l,
         } => {
-            let KnOpKind::Reduction { dim } = op.kind else {
-                unreachable!("a reduction plan belongs to a reduction")
+            let dim = match op.kind {
+                KnOpKind::Reduction { dim } => dim,
+                _ => 0,
             };
-            let t = ctype(*dtype);
             let name = format!("k{k}_reduction_{dim}");
-            let body = format!(
-                "mucc::kn::reduce<{t}, {name}_l::v0, {name}_l::v1, {to}, {kk}, {inner}, {stride}, {warp_per_output}>(v0, v1);"
+            let t = ctype(*dtype);
+            let call = format!(
+                "mucc::kn::reduce<{t}, L0, L1, {to}, {len}, {inner}, {stride}, {warp_per_output}>(v0, v1);"
             );
-            let views = [out, x];
-            let view = view_kernel(&name, comment, &views, *dtype, None, body);
-            (Some(view), vec![launch(&name, *l, &views)])
+            unary_view_kernel(&name, comment, (out, x), *dtype, *l, call)
         }
         KnOpPlan::RmsNorm {
             out,
@@ -200,64 +274,21 @@ pub(super) fn emit(
             group,
             launch: l,
         } => {
-            let t = ctype(*dtype);
             let name = format!("k{k}_rms_norm");
-            let body = format!(
-                "mucc::kn::rms_norm<{t}, {name}_l::v0, {name}_l::v1, {rows}, {group}>(v0, v1);"
-            );
-            let views = [out, x];
-            let view = view_kernel(&name, comment, &views, *dtype, None, body);
-            (Some(view), vec![launch(&name, *l, &views)])
+            let t = ctype(*dtype);
+            let call = format!("mucc::kn::rms_norm<{t}, L0, L1, {rows}, {group}>(v0, v1);");
+            unary_view_kernel(&name, comment, (out, x), *dtype, *l, call)
         }
         KnOpPlan::Parts {
             concat,
             whole,
-            parts,
+            parts: ps,
             dtype,
             launch: l,
         } => {
-            let t = ctype(*dtype);
             let name = format!("k{k}_{}", op.kind.name());
-            let mut preamble = vec![format!("namespace {name}_l {{")];
-            let mut params = vec![if *concat {
-                format!("{t}* __restrict__ whole")
-            } else {
-                format!("const {t}* __restrict__ whole")
-            }];
-            let mut body = Vec::new();
-            let mut args = vec![whole.at];
-            let whole_offset = whole.at.elem_offset();
-            for (i, p) in parts.iter().enumerate() {
-                preamble.push(format!("using part{i} = {};", layout(&p.part)));
-                preamble.push(format!("using whole{i} = {};", layout(&p.whole)));
-                let woff = p.whole.at.elem_offset() - whole_offset;
-                let v = p.vector;
-                if *concat {
-                    params.push(format!("const {t}* __restrict__ p{i}"));
-                    body.push(format!("mucc::kn::copy<{t}, {v}, {name}_l::whole{i}, {name}_l::part{i}>(whole + {woff}, p{i});"));
-                } else {
-                    params.push(format!("{t}* __restrict__ p{i}"));
-                    body.push(format!("mucc::kn::copy<{t}, {v}, {name}_l::part{i}, {name}_l::whole{i}>(p{i}, whole + {woff});"));
-                }
-                args.push(p.part.at);
-            }
-            preamble.push("}".into());
-            let view = KernelView {
-                comment,
-                name: name.clone(),
-                launch_bounds: crate::sched::kernel_level::THREADS.to_string(),
-                preamble,
-                params: params.join(", "),
-                body,
-            };
-            let step = Step::Kernel(KernelLaunch {
-                name,
-                grid: [l.blocks, 1, 1],
-                block: [l.threads, 1, 1],
-                dynamic_smem: 0,
-                args,
-            });
-            (Some(view), vec![step])
+            parts(&name, comment, *concat, whole, ps, *dtype, *l)
         }
-    }
+    };
+    (Some(view), vec![step])
 }

@@ -56,22 +56,41 @@ pub struct Emitted {
 /// A kernel of the generated file.
 #[derive(Clone, Debug)]
 struct KernelView {
-    comment: String,
-    name: String,
-    /// The arguments of `__launch_bounds__`.
-    launch_bounds: String,
-    preamble: Vec<String>,
-    params: String,
-    body: Vec<String>,
+    /// `// ` comment lines before it.
+    comment: Vec<String>,
+    /// Declarations before the kernel (lines, each ending in a newline; may be empty).
+    preamble: String,
+    /// The signature up to and including the opening brace.
+    signature: String,
+    /// The body's lines, indented one level, each ending in a newline.
+    body: String,
+}
+
+impl KernelView {
+    /// A kernel `name` with `__launch_bounds__(launch_bounds)`, typed pointer `params` and
+    /// `body` (lines at level 1).
+    fn new(
+        comment: &str,
+        preamble: String,
+        launch_bounds: &str,
+        name: &str,
+        params: &[String],
+        body: String,
+    ) -> KernelView {
+        KernelView {
+            comment: cxx::comment(comment, 0),
+            preamble,
+            signature: cxx::kernel_signature(launch_bounds, name, params),
+            body,
+        }
+    }
 }
 
 #[derive(Template)]
 #[template(path = "graph.cu")]
 struct FileView {
     version: &'static str,
-    source: String,
-    arch: String,
-    io_lines: Vec<String>,
+    header: Vec<String>,
     kernels: Vec<KernelView>,
     steps: Vec<HostStep>,
     workspace: usize,
@@ -151,11 +170,14 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         workspace_bytes: plan.workspace_bytes(),
         steps,
     };
+    let mut header = vec![
+        format!("source: {source}"),
+        format!("target: {}", plan.target.arch),
+    ];
+    header.extend(io_lines);
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
-        source: source.to_string(),
-        arch: plan.target.arch.to_string(),
-        io_lines,
+        header,
         kernels,
         steps: host::steps(&launch),
         workspace: plan.workspace_bytes(),

@@ -22,7 +22,7 @@ use std::fmt::Write;
 
 use super::arena::Handle;
 use super::ops::AccumKind;
-use super::threadblock::{TbGraph, TbOp, TbOpKind};
+use super::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 
 /// One chain: the leader first, then the fused operators in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +117,92 @@ fn can_lead_into(kind: &TbOpKind) -> bool {
         kind,
         TbOpKind::Input { .. } | TbOpKind::Output { .. } | TbOpKind::Accum(_)
     )
+}
+
+/// Why a tile with a single consumer was not fused into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotFused {
+    /// The consumer combines several tiles (binary, concat, matmul).
+    SeveralInputs,
+    /// The consumer reduces rows (rms_norm, reductions): it leads a chain of its own.
+    ReducesRows,
+    /// The consumer is a rescaling accumulator, which takes a second tile.
+    Rescales,
+    /// The producer has two outputs (reduction_max).
+    TwoOutputs,
+    /// The producer is an accumulator: its value is complete only after the loop, and its
+    /// reader is not fused onto it.
+    Accumulator,
+}
+
+impl std::fmt::Display for NotFused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotFused::SeveralInputs => {
+                "the consumer combines several tiles; a chain continues only through unary operators, one-input accumulators and outputs"
+            }
+            NotFused::ReducesRows => "the consumer reduces rows and leads a chain of its own",
+            NotFused::Rescales => "the consumer is a rescaling accumulator, which reads a second tile",
+            NotFused::TwoOutputs => "the producer has two outputs",
+            NotFused::Accumulator => {
+                "the accumulator's registers are written back to shared memory after the loop and read from there (a store straight from registers is not implemented)"
+            }
+        })
+    }
+}
+
+/// A tile that stays in shared memory although a single operator reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unfused {
+    /// The tile.
+    pub tile: Handle<STensor>,
+    /// Its producer.
+    pub producer: Handle<TbOp>,
+    /// Its only consumer.
+    pub consumer: Handle<TbOp>,
+    /// Why the consumer did not join the producer's chain.
+    pub reason: NotFused,
+}
+
+/// Tiles computed in the block (not input copies) that stay materialised although a single
+/// operator reads them, with the reason the fusion rules give.
+pub fn unfused(tb: &TbGraph, plan: &FusionPlan) -> Vec<Unfused> {
+    let mut readers: Vec<Vec<Handle<TbOp>>> = vec![Vec::new(); tb.tensors.len()];
+    for (h, op) in tb.ops.iter() {
+        for &t in &op.inputs {
+            readers[t.index()].push(h);
+        }
+    }
+    let materialized = plan.materialized(tb);
+    let mut out = Vec::new();
+    for (t, _) in tb.tensors.iter() {
+        let (Some(p), [f]) = (tb.producer(t), readers[t.index()].as_slice()) else {
+            continue;
+        };
+        let prod = &tb.ops[p];
+        if !materialized[t.index()] || matches!(prod.kind, TbOpKind::Input { .. }) {
+            continue;
+        }
+        let cons = &tb.ops[*f];
+        let reason = match (&prod.kind, &cons.kind) {
+            (TbOpKind::Accum(_), _) => NotFused::Accumulator,
+            _ if prod.outputs.len() > 1 => NotFused::TwoOutputs,
+            (_, TbOpKind::Accum(AccumKind::NoredRescale | AccumKind::RedLdSumRescale)) => {
+                NotFused::Rescales
+            }
+            (_, TbOpKind::RmsNorm | TbOpKind::Reduction { .. }) => NotFused::ReducesRows,
+            (_, k) if !can_follow(k) => NotFused::SeveralInputs,
+            // Fusable by the rules, yet materialised: not expected; say nothing wrong.
+            _ => continue,
+        };
+        out.push(Unfused {
+            tile: t,
+            producer: p,
+            consumer: *f,
+            reason,
+        });
+    }
+    out
 }
 
 /// Computes the fusion chains of a validated threadblock graph.
@@ -250,6 +336,22 @@ mod tests {
         let g = g.build().unwrap();
         let plan = fuse(tb_of(&g));
         assert_eq!(plan.dump(tb_of(&g)), "chain op6 add -> op7 accum_nored\n");
+        // exp feeds a row reduction; the reduction's running max has two outputs; the add reads
+        // two tiles; the accumulator's tile is stored after the loop.
+        let why: Vec<(usize, usize, NotFused)> = unfused(tb_of(&g), &plan)
+            .iter()
+            .map(|u| (u.producer.index(), u.consumer.index(), u.reason))
+            .collect();
+        assert_eq!(
+            why,
+            vec![
+                (1, 2, NotFused::ReducesRows),
+                (2, 3, NotFused::TwoOutputs),
+                (4, 6, NotFused::SeveralInputs),
+                (5, 6, NotFused::SeveralInputs),
+                (7, 8, NotFused::Accumulator),
+            ]
+        );
         assert!(matches!(
             g.ops.iter().nth(1).unwrap().1.kind,
             KnOpKind::Customized(_)

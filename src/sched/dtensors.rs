@@ -4,8 +4,9 @@
 
 use super::memory::Buffer;
 use super::ops::dtensor_strides;
-use super::plan::{DTensorGeometry, IoPlan, Placement, WORKSPACE_ALIGN};
-use crate::graph::kernel::{KernelGraph, KnOpKind};
+use super::plan::{DTensorGeometry, IoPlan, KnUnfused, Placement, WORKSPACE_ALIGN};
+use crate::graph::arena::Handle;
+use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
 use crate::graph::shape::Strides;
 use crate::layout::solve::LayoutPlan;
 use crate::layout::strides::padded_strides;
@@ -120,4 +121,38 @@ pub(super) fn io_plans(g: &KernelGraph, dt: &[DTensorGeometry]) -> (Vec<IoPlan>,
         })
         .collect();
     (inputs, outputs)
+}
+
+/// Intermediates in the workspace whose only reader is a kernel-level element-wise operator.
+pub(super) fn unfused(g: &KernelGraph, dt: &[DTensorGeometry]) -> Vec<KnUnfused> {
+    let mut readers: Vec<Vec<Handle<KnOp>>> = vec![Vec::new(); g.tensors.len()];
+    let mut writer: Vec<Option<Handle<KnOp>>> = vec![None; g.tensors.len()];
+    for (h, op) in g.ops.iter() {
+        for &t in &op.inputs {
+            readers[t.index()].push(h);
+        }
+        for &t in &op.outputs {
+            writer[t.index()] = Some(h);
+        }
+    }
+    g.tensors
+        .iter()
+        .filter_map(|(t, _)| {
+            let (Some(producer), [consumer]) = (writer[t.index()], readers[t.index()].as_slice())
+            else {
+                return None;
+            };
+            let elementwise = matches!(
+                g.ops[*consumer].kind,
+                KnOpKind::Unary(_) | KnOpKind::Binary(_)
+            );
+            (elementwise && matches!(dt[t.index()].placement, Placement::Workspace(_))).then_some(
+                KnUnfused {
+                    tensor: t,
+                    producer,
+                    consumer: *consumer,
+                },
+            )
+        })
+        .collect()
 }

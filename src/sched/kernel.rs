@@ -2,14 +2,14 @@
 //! (swizzles) → copies the geometry cannot serve → pipeline depth and shared memory → how each
 //! chain runs → the CTA.
 
-use super::ops::{Copy, CopyEngine, OpPlan, plan_ops, tile_dtype, tile_is_wide};
+use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtype, tile_is_wide};
 use super::order::schedule;
 use super::plan::{
     ChainPlan, CodePath, Cta, DTensorGeometry, KernelPlan, PlanError, Sink, SmemPlan, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use crate::graph::arena::Handle;
-use crate::graph::fusion::FusionPlan;
+use crate::graph::fusion::{FusionPlan, NotFused};
 use crate::graph::kernel::{DTensor, KernelGraph};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
@@ -64,6 +64,7 @@ pub(super) fn plan_kernel(
     let mut ops = plan_ops(tb, &fusion, kl, &ins, &outs, target);
     let tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     demote_copies(tb, &tiles, &mut ops, target);
+    plan_operand_loads(tb, &tiles, &mut ops);
     let resident_blocks = resident_blocks_wanted(tb, target);
     let smem = plan_pipeline(
         tb,
@@ -82,6 +83,12 @@ pub(super) fn plan_kernel(
         arch: target.arch.to_string(),
     })?;
     let chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
+    // An accumulator in shared memory keeps its state there anyway; one in registers makes a
+    // round trip (write-back, then its reader loads it) that a direct store would avoid.
+    let unfused = crate::graph::fusion::unfused(tb, &fusion)
+        .into_iter()
+        .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
+        .collect();
     Ok(KernelPlan {
         path: CodePath::Sm80,
         cta: Cta {
@@ -99,6 +106,7 @@ pub(super) fn plan_kernel(
         ops,
         tiles,
         smem,
+        unfused,
     })
 }
 
@@ -197,6 +205,25 @@ fn demote_copies(
                 *copy = Copy::Elementwise { reason };
             }
             _ => {}
+        }
+    }
+}
+
+/// How the operands of each tensor-core matmul load, from their tiles' geometry.
+fn plan_operand_loads(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan]) {
+    for (h, op) in tb.ops.iter() {
+        let OpPlan::Matmul { instr, loads, .. } = &mut ops[h.index()] else {
+            continue;
+        };
+        let (a, b) = (op.inputs[0], op.inputs[1]);
+        if let (true, Some(ga), Some(gb)) = (
+            instr.is_mma(),
+            tiles[a.index()].as_ref(),
+            tiles[b.index()].as_ref(),
+        ) {
+            let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
+            let r = sa.rank();
+            *loads = operand_loads((sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1)), ga, gb);
         }
     }
 }

@@ -56,6 +56,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     }
     let (inputs, outputs) = dtensors::io_plans(g, &dt);
     let kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
+    let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {
         target: *target,
         layout,
@@ -67,6 +68,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         workspace,
         workspace_tensors,
         workspace_packing,
+        unfused,
         elapsed: start.elapsed(),
     })
 }

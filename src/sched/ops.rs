@@ -27,6 +27,7 @@ use crate::graph::shape::{Shape, Strides};
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::KernelLayout;
 use crate::layout::strides::padded_strides;
+use crate::layout::swizzle::{Swizzle, TileGeometry};
 use crate::target::Target;
 
 /// How a tile moves between global and shared memory.
@@ -127,6 +128,82 @@ pub enum AccumReduce {
     AfterLoop,
 }
 
+/// How a tensor-core matmul operand reaches registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandLoad {
+    /// `ldmatrix` (rows of 16 bytes along K).
+    Ldmatrix,
+    /// `ldmatrix.trans` (rows of 16 bytes along M for A, along N for B).
+    LdmatrixTrans,
+    /// Element by element (the tile keeps no whole 16-byte rows in a usable direction).
+    Elements,
+}
+
+impl OperandLoad {
+    /// The runtime's constant (`mucc::tb::Load`).
+    pub fn cxx(self) -> &'static str {
+        match self {
+            OperandLoad::Ldmatrix => "mucc::tb::Load::Ldmatrix",
+            OperandLoad::LdmatrixTrans => "mucc::tb::Load::LdmatrixTrans",
+            OperandLoad::Elements => "mucc::tb::Load::Elements",
+        }
+    }
+}
+
+impl fmt::Display for OperandLoad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OperandLoad::Ldmatrix => "ldmatrix",
+            OperandLoad::LdmatrixTrans => "ldmatrix.trans",
+            OperandLoad::Elements => "element loads",
+        })
+    }
+}
+
+/// How the operands of an `m×k · k×n` tensor-core matmul load, from the geometry of their
+/// tiles: `ldmatrix` needs 16-bit elements, whole 16-byte chunks (a swizzle that moves
+/// 8-element chunks or more) along the contiguous dim, that dim's extent a multiple of 8 and
+/// the other dim's stride a multiple of 8 (K contiguous first, then `.trans`).
+pub fn operand_loads(
+    (m, k, n): (usize, usize, usize),
+    a: &TileGeometry,
+    b: &TileGeometry,
+) -> (OperandLoad, OperandLoad) {
+    let kept = |g: &TileGeometry| match g.swizzle {
+        Swizzle::Xor { m, .. } => m as usize,
+        _ => 62,
+    };
+    let two_dims = |g: &TileGeometry| {
+        let r = g.strides.0.len();
+        (g.strides.0[r - 2], g.strides.0[r - 1])
+    };
+    let pick = |g: &TileGeometry,
+                (outer, outer_stride): (usize, usize),
+                (inner, inner_stride): (usize, usize),
+                k_inner: bool| {
+        let chunks = g.dtype.bytes() == 2 && kept(g) >= 3;
+        // The operand's K dim is `inner` for A and `outer` for B.
+        let (kd, ks, od, os) = if k_inner {
+            (inner, inner_stride, outer, outer_stride)
+        } else {
+            (outer, outer_stride, inner, inner_stride)
+        };
+        if chunks && ks == 1 && kd.is_multiple_of(8) && (od == 1 || os.is_multiple_of(8)) {
+            OperandLoad::Ldmatrix
+        } else if chunks && os == 1 && od.is_multiple_of(8) && (kd == 1 || ks.is_multiple_of(8)) {
+            OperandLoad::LdmatrixTrans
+        } else {
+            OperandLoad::Elements
+        }
+    };
+    let (a_sm, a_sk) = two_dims(a);
+    let (b_sk, b_sn) = two_dims(b);
+    (
+        pick(a, (m, a_sm), (k, a_sk), true),
+        pick(b, (k, b_sk), (n, b_sn), false),
+    )
+}
+
 /// How the rows of a row reduction are spread over the block's threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowSplit {
@@ -182,6 +259,8 @@ pub enum OpPlan {
         warps: (usize, usize),
         /// The instruction.
         instr: MatmulInstr,
+        /// How A and B reach registers (tensor cores only; set once the tiles are planned).
+        loads: (OperandLoad, OperandLoad),
         /// MMA calls per warp per execution.
         mma_per_warp: usize,
         /// `ldmatrix.x4` loads per warp per execution.
@@ -419,6 +498,7 @@ pub fn plan_ops(
                 OpPlan::Matmul {
                     warps: w,
                     instr,
+                    loads: (OperandLoad::Elements, OperandLoad::Elements),
                     mma_per_warp: mma,
                     loads_per_warp: loads,
                 }

@@ -16,8 +16,8 @@ use super::memory::{Buffer, Packing};
 use super::ops::OpPlan;
 use super::order::Schedule;
 use crate::graph::arena::Handle;
-use crate::graph::fusion::FusionPlan;
-use crate::graph::kernel::DTensor;
+use crate::graph::fusion::{FusionPlan, Unfused};
+use crate::graph::kernel::{DTensor, KnOp};
 use crate::graph::shape::Strides;
 use crate::graph::threadblock::{STensor, TbOp};
 use crate::layout::solve::{LayoutError, LayoutPlan, SolveOptions};
@@ -331,6 +331,8 @@ pub struct KernelPlan {
     pub tiles: Vec<Option<TileGeometry>>,
     /// Shared memory.
     pub smem: SmemPlan,
+    /// Computed tiles that stay in shared memory although a single operator reads them.
+    pub unfused: Vec<Unfused>,
 }
 
 impl KernelPlan {
@@ -345,6 +347,18 @@ impl KernelPlan {
             .max()
             .unwrap_or(1)
     }
+}
+
+/// An intermediate that makes a round trip through the workspace to its only reader, a
+/// kernel-level element-wise operator (kernel-level operators are not fused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KnUnfused {
+    /// The intermediate.
+    pub tensor: Handle<DTensor>,
+    /// The operator that writes it.
+    pub producer: Handle<KnOp>,
+    /// Its only reader.
+    pub consumer: Handle<KnOp>,
 }
 
 /// The plan of a kernel graph.
@@ -370,6 +384,8 @@ pub struct GraphPlan {
     pub workspace_tensors: Vec<usize>,
     /// Workspace packing.
     pub workspace_packing: Packing,
+    /// Intermediates that make a round trip through the workspace to their only reader.
+    pub unfused: Vec<KnUnfused>,
     /// Time spent planning.
     pub elapsed: Duration,
 }

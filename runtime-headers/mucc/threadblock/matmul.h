@@ -12,9 +12,10 @@ namespace tb {
 // wm, wm+WM, … and n-tiles wn, wn+WN, …; `Frag` holds its fp32 accumulators. Elements outside
 // M, N or K read as zero (any shape is correct); warps beyond WM·WN do nothing.
 //
-// Operands are loaded with `ldmatrix` when their tile keeps whole 16-byte chunks along one of
-// its two matrix dims (the contiguous dim a multiple of 8 elements, the other stride a multiple
-// of 8, a swizzle that moves chunks only): A with K contiguous and B with K contiguous load
+// LOAD_A and LOAD_B say how the operands load (the plan decides, see sched::ops::operand_loads;
+// a static_assert checks that the tile allows it): `ldmatrix` needs whole 16-byte chunks along
+// one of the tile's two matrix dims (that dim contiguous and a multiple of 8 elements, the other
+// stride a multiple of 8, a swizzle that moves chunks only); A and B with K contiguous load
 // plainly, A with M contiguous and B with N contiguous with `.trans`. A lane whose 16-byte row
 // lies outside the matrix points at `zero`, 16 zero bytes of shared memory (the zero page), so
 // partial MMA tiles need no masking around `ldmatrix`. Other tiles load element by element.
@@ -27,7 +28,15 @@ namespace tb {
 // with both operands by ldmatrix); docs/gpu-checks.md has the history.
 // Preconditions: T is f16 or bf16; the block has at least WM·WN full warps; tile pointers and
 // `zero` are 16-byte aligned shared memory; the leading (batch) dims of the tiles are 1.
-template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> struct Mma {
+// How an operand reaches registers.
+struct Load {
+  static constexpr int Ldmatrix = 0;
+  static constexpr int LdmatrixTrans = 1;
+  static constexpr int Elements = 2;
+};
+
+template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B>
+struct Mma {
   static constexpr int MT = static_cast<int>((M + 15) / 16);
   static constexpr int NT8 = static_cast<int>((N + 7) / 8);
   static constexpr int PM = (MT + WM - 1) / WM;
@@ -40,35 +49,32 @@ template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN> stru
   using TB = LayoutTraits<LB>;
   static constexpr i64 a_sm = TA::template stride<LA::rank - 2>, a_sk = TA::template stride<LA::rank - 1>;
   static constexpr i64 b_sk = TB::template stride<LB::rank - 2>, b_sn = TB::template stride<LB::rank - 1>;
-  // MUCC_NO_LDMATRIX_A / _B (debugging aids): element loads for that operand.
-#ifdef MUCC_NO_LDMATRIX_A
-  static constexpr bool a_chunks = false;
-#else
   static constexpr bool a_chunks = sizeof(T) == 2 && TA::kept_chunk_log2 >= 3;
-#endif
-  // A by ldmatrix with K contiguous, or with M contiguous (.trans).
-  static constexpr bool a_k = a_chunks && a_sk == 1 && K % 8 == 0 && (M == 1 || a_sm % 8 == 0);
-  static constexpr bool a_m = !a_k && a_chunks && a_sm == 1 && M % 8 == 0 && (K == 1 || a_sk % 8 == 0);
-#ifdef MUCC_NO_LDMATRIX_B
-  static constexpr bool b_chunks = false;
-#else
   static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3;
-#endif
+  // A by ldmatrix with K contiguous, or with M contiguous (.trans).
+  static constexpr bool a_k = LOAD_A == Load::Ldmatrix;
+  static constexpr bool a_m = LOAD_A == Load::LdmatrixTrans;
+  static_assert(!a_k || (a_chunks && a_sk == 1 && K % 8 == 0 && (M == 1 || a_sm % 8 == 0)),
+                "A cannot load by ldmatrix with this layout");
+  static_assert(!a_m || (a_chunks && a_sm == 1 && M % 8 == 0 && (K == 1 || a_sk % 8 == 0)),
+                "A cannot load by ldmatrix.trans with this layout");
   // B by ldmatrix with K contiguous, or with N contiguous (.trans).
-  static constexpr bool b_k = b_chunks && b_sk == 1 && K % 8 == 0 && (N == 1 || b_sn % 8 == 0);
-  static constexpr bool b_n = !b_k && b_chunks && b_sn == 1 && N % 8 == 0 && (K == 1 || b_sk % 8 == 0);
-  // Whether the operands go through ldmatrix (for tests and the plan).
-  static constexpr bool ldmatrix_a = a_k || a_m;
-  static constexpr bool ldmatrix_b = b_k || b_n;
+  static constexpr bool b_k = LOAD_B == Load::Ldmatrix;
+  static constexpr bool b_n = LOAD_B == Load::LdmatrixTrans;
+  static_assert(!b_k || (b_chunks && b_sk == 1 && K % 8 == 0 && (N == 1 || b_sn % 8 == 0)),
+                "B cannot load by ldmatrix with this layout");
+  static_assert(!b_n || (b_chunks && b_sn == 1 && N % 8 == 0 && (K == 1 || b_sk % 8 == 0)),
+                "B cannot load by ldmatrix.trans with this layout");
 
-  __device__ __forceinline__ static void zero(Frag& f) {
+  __device__ __forceinline__ static void fill(Frag& f, float x) {
 #pragma unroll
     for (int i = 0; i < PM; ++i)
 #pragma unroll
       for (int j = 0; j < PN; ++j)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) f.v[i][j][q] = 0.0f;
+        for (int q = 0; q < 4; ++q) f.v[i][j][q] = x;
   }
+  __device__ __forceinline__ static void zero(Frag& f) { fill(f, 0.0f); }
 
   // Element loads, also branch-free: an index outside the tile reads element 0 and yields zero.
   __device__ __forceinline__ static T a_at(const T* a, int r, int c) {

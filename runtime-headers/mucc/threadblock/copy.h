@@ -1,0 +1,54 @@
+// mucc runtime, threadblock level: copies between a device tensor and a shared-memory tile.
+// DL and SL are the layouts of the destination and the source over the tile's N elements, in
+// the walk order the plan chose (consecutive threads take consecutive elements of its last dim).
+#pragma once
+
+#include "../arch/sm80.h"
+#include "loops.h"
+
+namespace mucc {
+namespace tb {
+
+template <class A, class B> struct Same {
+  static constexpr bool value = false;
+};
+template <class A> struct Same<A, A> {
+  static constexpr bool value = true;
+};
+
+// dst[DL(i)] = src[SL(i)] in chunks of CHUNK elements, one vector load and store per chunk.
+// Preconditions: CHUNK·sizeof(T) is the vector width (16 bytes); N a multiple of CHUNK; both
+// layouts keep each chunk contiguous and aligned (the plan's chunked copies guarantee it).
+template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
+__device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
+  for_each<NT, N / CHUNK>(tid, [&](int c, int) {
+    const int i = c * CHUNK;
+    *reinterpret_cast<Vec<T, CHUNK>*>(dst + DL::offset(i)) = *reinterpret_cast<const Vec<T, CHUNK>*>(src + SL::offset(i));
+  });
+}
+
+// As copy_chunks, global → shared with cp.async (16-byte chunks): the copies are queued in this
+// thread's current cp.async group. Preconditions: as copy_chunks; dst in shared memory.
+template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
+__device__ __forceinline__ void cp_async_chunks(int tid, T* dst, const T* src) {
+  for_each<NT, N / CHUNK>(tid, [&](int c, int) {
+    const int i = c * CHUNK;
+    sm80::cp_async_16(dst + DL::offset(i), src + SL::offset(i));
+  });
+}
+
+// dst[DL(e)] = src[SL(e)] element by element; between different types through the compute
+// type, rounding once (fp32 accumulator tiles stored as the graph's type).
+template <int NT, i64 N, class DL, class SL, class TD, class TS>
+__device__ __forceinline__ void copy_elems(int tid, TD* dst, const TS* src) {
+  for_each<NT, N>(tid, [&](int e, int) {
+    if constexpr (Same<TD, TS>::value) {
+      dst[DL::offset(e)] = src[SL::offset(e)];
+    } else {
+      dst[DL::offset(e)] = from_compute<TD>(to_compute(src[SL::offset(e)]));
+    }
+  });
+}
+
+}  // namespace tb
+}  // namespace mucc

@@ -1,0 +1,479 @@
+//! One pass per chain: the leader computes a value (element-wise operators, a row of rms_norm,
+//! a reduction; matmuls in [`super::matmul`], copies in [`super::copy`]), the fused unary
+//! operators transform it in registers, and the sink stores or accumulates it, as the chain's
+//! plan says.
+
+use super::Ctx;
+use crate::emit::EmitError;
+use crate::emit::cxx;
+use crate::graph::arena::Handle;
+use crate::graph::ops::{AccumKind, TbReduction};
+use crate::graph::shape::Shape;
+use crate::graph::threadblock::{TbOp, TbOpKind};
+use crate::sched::ops::{OpPlan, RowSplit};
+use crate::sched::order::Phase;
+use crate::sched::plan::{ChainPlan, Sink};
+
+/// Natural (row-major) order of a shape's dims.
+pub(super) fn natural(s: &Shape) -> Vec<usize> {
+    (0..s.rank()).collect()
+}
+
+impl Ctx<'_> {
+    /// Emits chain `c`, which runs in `phase`.
+    pub(super) fn chain(&mut self, c: usize, phase: Phase) -> Result<(), EmitError> {
+        let chain = self.kp.fusion.chains[c].clone();
+        let lead = chain.leader();
+        let lop = self.tb.ops[lead].clone();
+        let cp = self.kp.chains[c].clone();
+        let names: Vec<String> = chain
+            .ops
+            .iter()
+            .map(|&o| format!("op{} {}", o.index(), self.tb.ops[o].kind.name()))
+            .collect();
+        for l in cxx::comment(&names.join(" -> "), 2 * self.w.level()) {
+            self.w.line(l);
+        }
+        match &lop.kind {
+            TbOpKind::Input { .. } => self.input_copy(lead, phase),
+            TbOpKind::Output { .. } => self.output_copy(lead),
+            TbOpKind::Matmul => self.matmul_chain(lead, &cp),
+            TbOpKind::RmsNorm => self.rms_chain(lead, &lop, &cp),
+            TbOpKind::Reduction {
+                dim,
+                kind: TbReduction::Max,
+            } => self.running_max(&lop, *dim),
+            TbOpKind::Reduction { dim, kind } => self.reduction_chain(lead, &lop, *dim, *kind, &cp),
+            _ => self.elementwise_chain(&lop, &cp),
+        }
+    }
+
+    /// `v = u(v);` for each unary member.
+    pub(super) fn member_lines(&self, members: &[Handle<TbOp>]) -> Vec<String> {
+        let c = self.compute();
+        members
+            .iter()
+            .filter_map(|&m| match &self.tb.ops[m].kind {
+                TbOpKind::Unary(u) => Some(format!("v = {};", cxx::unary(u, "v", c))),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The plan's row split of `op` (a row-reducing operator or accumulator).
+    fn row_split(&self, op: Handle<TbOp>) -> Result<RowSplit, EmitError> {
+        match &self.kp.ops[op.index()] {
+            OpPlan::RowReduce(split)
+            | OpPlan::Accum {
+                rows: Some(split), ..
+            } => Ok(*split),
+            _ => Err(self.internal(&format!("op{} has no row split", op.index()))),
+        }
+    }
+
+    /// Statements storing or accumulating `v` (compute type) at element `e` of the chain's
+    /// space `space` walked in `order`; `r` is the per-thread register slot.
+    pub(super) fn sink_lines(
+        &mut self,
+        sink: Sink,
+        space: &Shape,
+        order: &[usize],
+        e: &str,
+        r: &str,
+    ) -> Result<Vec<String>, EmitError> {
+        Ok(match sink {
+            Sink::Tile(t) => {
+                let l = self.tile_layout(t, order)?;
+                let ty = self.tile_ctype(t);
+                let p = self.tile_ref(t);
+                vec![format!(
+                    "{p}[{l}::offset({e})] = mucc::from_compute<{ty}>(v);"
+                )]
+            }
+            Sink::Global(o) => {
+                let (p, l) = self.global_out(o, space, order)?;
+                vec![format!(
+                    "{p}[{l}::offset({e})] = mucc::from_compute<{}>(v);",
+                    self.t()
+                )]
+            }
+            Sink::Copy => return Err(self.internal("a copy chain has no value sink")),
+            Sink::Accum(a) if self.accum_reduces(a) => {
+                let len = space.dim(space.rank() - 1);
+                self.reduce_atomic_lines(a, &format!("({e}) / {len}"), &format!("({e}) % {len}"))?
+            }
+            Sink::Accum(a) => self.accum_lines(a, space, order, e, r)?,
+        })
+    }
+
+    /// Statements accumulating `v` into element-wise accumulator `a`.
+    fn accum_lines(
+        &mut self,
+        a: Handle<TbOp>,
+        space: &Shape,
+        order: &[usize],
+        e: &str,
+        r: &str,
+    ) -> Result<Vec<String>, EmitError> {
+        let TbOpKind::Accum(kind) = self.tb.ops[a].kind else {
+            return Err(self.internal("an accumulator sink names a non-accumulator"));
+        };
+        let i = a.index();
+        if self.in_registers(a) {
+            return match kind {
+                AccumKind::Max => Ok(vec![format!(
+                    "acc{i}[{r}] = mucc::tb::max_of(acc{i}[{r}], v);"
+                )]),
+                AccumKind::Nored => Ok(vec![format!("acc{i}[{r}] += v;")]),
+                _ => Err(self.internal(&format!("accumulator op{i} cannot live in registers"))),
+            };
+        }
+        let out = self.tb.ops[a].outputs[0];
+        let l = self.tile_layout(out, order)?;
+        let slot = format!("{}[{l}::offset({e})]", self.tile_ref(out));
+        Ok(match kind {
+            AccumKind::Max => vec![format!("mucc::tb::acc_max({slot}, v);")],
+            AccumKind::Nored => vec![format!("mucc::tb::acc_add({slot}, v);")],
+            AccumKind::NoredRescale => {
+                let scale = self.tb.ops[a].inputs[1];
+                let read = self.tile_read(scale, space, order, e)?;
+                vec![
+                    format!("const {} scale = {read};", self.compute()),
+                    format!("mucc::tb::acc_rescale({slot}, scale, v);"),
+                ]
+            }
+            _ => return Err(self.internal(&format!("accumulator op{i} reduces"))),
+        })
+    }
+
+    /// Statements adding `v` at (`row`, `col`) of the space into reducing accumulator `a` with
+    /// shared-memory atomics (its tile holds the compute type).
+    pub(super) fn reduce_atomic_lines(
+        &mut self,
+        a: Handle<TbOp>,
+        row: &str,
+        col: &str,
+    ) -> Result<Vec<String>, EmitError> {
+        let TbOpKind::Accum(kind) = self.tb.ops[a].kind else {
+            return Err(self.internal("an accumulator sink names a non-accumulator"));
+        };
+        let out = self.tb.ops[a].outputs[0];
+        let os = self.tb.tensors[out].shape;
+        let l = self.tile_layout(out, &natural(&os))?;
+        let p = self.tile_ref(out);
+        let n = os.dim(os.rank() - 1);
+        Ok(vec![match kind {
+            AccumKind::RedLdSum | AccumKind::RedLdMean => {
+                format!("atomicAdd(&{p}[{l}::offset({row})], v);")
+            }
+            AccumKind::RedLdRms => format!("atomicAdd(&{p}[{l}::offset({row})], v * v);"),
+            AccumKind::RedtoxLdSum => {
+                format!("atomicAdd(&{p}[{l}::offset(({row}) * {n} + ({col}) % {n})], v);")
+            }
+            _ => {
+                return Err(self.err(format!(
+                    "not yet supported: accumulator {} fed element by element",
+                    kind.name()
+                )));
+            }
+        }])
+    }
+
+    /// Statements adding row sum `s` of row `row` into reducing accumulator `a`.
+    fn row_sink_lines(&mut self, a: Handle<TbOp>, row: &str) -> Result<Vec<String>, EmitError> {
+        let out = self.tb.ops[a].outputs[0];
+        let os = self.tb.tensors[out].shape;
+        let natural = natural(&os);
+        let l = self.tile_layout(out, &natural)?;
+        let slot = format!("{}[{l}::offset({row})]", self.tile_ref(out));
+        Ok(match self.tb.ops[a].kind {
+            TbOpKind::Accum(AccumKind::RedLdSumRescale) => {
+                let scale = self.tb.ops[a].inputs[1];
+                let read = self.tile_read(scale, &os, &natural, row)?;
+                vec![
+                    format!("const {} scale = {read};", self.compute()),
+                    format!("mucc::tb::acc_rescale({slot}, scale, s);"),
+                ]
+            }
+            _ => vec![format!("mucc::tb::acc_add({slot}, s);")],
+        })
+    }
+
+    /// Statements declaring `v`, the leader's value at element `e` of `space` (walked in
+    /// `order`), with the members applied.
+    fn value_lines(
+        &mut self,
+        lop: &TbOp,
+        space: &Shape,
+        order: &[usize],
+        e: &str,
+        members: &[Handle<TbOp>],
+    ) -> Result<Vec<String>, EmitError> {
+        let c = self.compute();
+        let mut lines = Vec::new();
+        match &lop.kind {
+            TbOpKind::Unary(u) => {
+                let x = self.tile_read(lop.inputs[0], space, order, e)?;
+                lines.push(format!("{c} v = {x};"));
+                lines.push(format!("v = {};", cxx::unary(u, "v", c)));
+            }
+            TbOpKind::Binary(b) => {
+                let x = self.tile_read(lop.inputs[0], space, order, e)?;
+                let y = self.tile_read(lop.inputs[1], space, order, e)?;
+                lines.push(format!("const {c} x0 = {x};"));
+                lines.push(format!("const {c} x1 = {y};"));
+                lines.push(format!("{c} v = {};", cxx::binary(*b, "x0", "x1")));
+            }
+            TbOpKind::Concat { dim } => {
+                let (a, b) = (lop.inputs[0], lop.inputs[1]);
+                let (sa, sb) = (self.tb.tensors[a].shape, self.tb.tensors[b].shape);
+                let inner: usize = space.dims()[dim + 1..].iter().product();
+                let (eo, ea, eb) = (space.dim(*dim), sa.dim(*dim), sb.dim(*dim));
+                let nat = natural(&sa);
+                let ra = self.tile_read(
+                    a,
+                    &sa,
+                    &nat,
+                    &format!("(outer_ * {ea} + mid_) * {inner} + in_"),
+                )?;
+                let rb = self.tile_read(
+                    b,
+                    &sb,
+                    &nat,
+                    &format!("(outer_ * {eb} + mid_ - {ea}) * {inner} + in_"),
+                )?;
+                lines.push(format!("const int outer_ = ({e}) / {}, mid_ = (({e}) / {inner}) % {eo}, in_ = ({e}) % {inner};", eo * inner));
+                lines.push(format!("{c} v;"));
+                lines.push(format!("if (mid_ < {ea}) v = {ra};"));
+                lines.push(format!("else v = {rb};"));
+            }
+            TbOpKind::Accum(_) => {
+                let x = self.tile_read(lop.inputs[0], space, order, e)?;
+                lines.push(format!("{c} v = {x};"));
+            }
+            other => {
+                return Err(self.err(format!(
+                    "not yet supported: threadblock operator {} as a chain leader",
+                    other.name()
+                )));
+            }
+        }
+        lines.extend(self.member_lines(members));
+        Ok(lines)
+    }
+
+    /// An element-wise chain (unary, binary, concat leaders, or an accumulator as leader).
+    fn elementwise_chain(&mut self, lop: &TbOp, cp: &ChainPlan) -> Result<(), EmitError> {
+        let (nt, c) = (self.nt, self.compute());
+        // The space the leader produces (an accumulator leader: its input's).
+        let space = match &lop.kind {
+            TbOpKind::Accum(_) => self.tb.tensors[lop.inputs[0]].shape,
+            _ => self.tb.tensors[lop.outputs[0]].shape,
+        };
+        let order = cp.order.clone();
+        if let Sink::Accum(a) = cp.sink
+            && self.accum_reduces(a)
+        {
+            if matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedtoxLdSum)) {
+                return self.redtox_chain(a, lop, &space, &order, cp);
+            }
+            // Row sums, by the accumulator's row split.
+            let split = self.row_split(a)?;
+            let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
+            let mut elem = self.value_lines(
+                lop,
+                &space,
+                &order,
+                &format!("row * {len} + j"),
+                &cp.members,
+            )?;
+            let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
+            elem.push(if rms { "return v * v;" } else { "return v;" }.into());
+            let done = self.row_sink_lines(a, "row")?;
+            self.w.block("", "", |w| {
+                w.block("auto elem = [&](int row, int j)", ";", |w| lines(w, &elem));
+                w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
+                    lines(w, &done)
+                });
+                w.line(format!(
+                    "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {len}, {c}>(tid, elem, sink);"
+                ));
+            });
+            return Ok(());
+        }
+        let mut body = self.value_lines(lop, &space, &order, "e", &cp.members)?;
+        body.extend(self.sink_lines(cp.sink, &space, &order, "e", "r")?);
+        let unrolled = matches!(cp.sink, Sink::Accum(a) if self.in_registers(a));
+        let (f, r) = if unrolled {
+            ("for_each_unrolled", "int r")
+        } else {
+            ("for_each", "int")
+        };
+        let n = space.numel();
+        self.w.block(
+            format!("mucc::tb::{f}<{nt}, {n}>(tid, [&](int e, {r})"),
+            ");",
+            |w| lines(w, &body),
+        );
+        Ok(())
+    }
+
+    /// A chain into a strided-group accumulator: each output element sums its group.
+    fn redtox_chain(
+        &mut self,
+        a: Handle<TbOp>,
+        lop: &TbOp,
+        space: &Shape,
+        order: &[usize],
+        cp: &ChainPlan,
+    ) -> Result<(), EmitError> {
+        let (nt, c) = (self.nt, self.compute());
+        let out = self.tb.ops[a].outputs[0];
+        let os = self.tb.tensors[out].shape;
+        let dimx = self.tb.reduction_dimx;
+        let len = space.dim(space.rank() - 1);
+        let k = len / dimx;
+        let e = format!("(o / {dimx}) * {len} + kk * {dimx} + o % {dimx}");
+        let mut value = self.value_lines(lop, space, order, &e, &cp.members)?;
+        value.push("s += v;".into());
+        let l = self.tile_layout(out, &natural(&os))?;
+        let p = self.tile_ref(out);
+        let n = os.numel();
+        self.w.block(
+            format!("mucc::tb::for_each<{nt}, {n}>(tid, [&](int o, int)"),
+            ");",
+            |w| {
+                w.line(format!("{c} s = {};", cxx::number(0.0, c)));
+                w.block(format!("for (int kk = 0; kk < {k}; ++kk)"), "", |w| {
+                    lines(w, &value)
+                });
+                w.line(format!("mucc::tb::acc_add({p}[{l}::offset(o)], s);"));
+            },
+        );
+        Ok(())
+    }
+
+    /// rms_norm rows: the normalised values go through the members to the sink; a row-summing
+    /// accumulator takes each row's total.
+    fn rms_chain(
+        &mut self,
+        lead: Handle<TbOp>,
+        lop: &TbOp,
+        cp: &ChainPlan,
+    ) -> Result<(), EmitError> {
+        let (nt, c) = (self.nt, self.compute());
+        let x = lop.inputs[0];
+        let s = self.tb.tensors[x].shape;
+        let split = self.row_split(lead)?;
+        let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
+        let nat = natural(&s);
+        let xr = self.tile_read(x, &s, &nat, &format!("row * {len} + j"))?;
+        let mut out = vec!["(void)row;".to_string(), "(void)j;".to_string()];
+        out.extend(self.member_lines(&cp.members));
+        let mut done = vec!["(void)row;".to_string(), "(void)s;".to_string()];
+        let total = match cp.sink {
+            Sink::Accum(a)
+                if self.accum_reduces(a)
+                    && !matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedtoxLdSum)) =>
+            {
+                let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
+                out.push(if rms { "return v * v;" } else { "return v;" }.into());
+                done.extend(self.row_sink_lines(a, "row")?);
+                true
+            }
+            sink => {
+                out.extend(self.sink_lines(sink, &s, &nat, &format!("row * {len} + j"), "0")?);
+                out.push(format!("return {};", cxx::number(0.0, c)));
+                false
+            }
+        };
+        self.w.block("", "", |w| {
+            w.block("auto x = [&](int row, int j)", ";", |w| {
+                w.line(format!("return {xr};"))
+            });
+            w.block(format!("auto out = [&](int row, int j, {c} v)"), ";", |w| {
+                lines(w, &out)
+            });
+            w.block(format!("auto done = [&](int row, {c} s)"), ";", |w| {
+                lines(w, &done)
+            });
+            w.line(format!(
+                "mucc::tb::rms_rows<{nt}, {tpr}, {rows}, {len}, {total}, {c}>(tid, x, out, done);"
+            ));
+        });
+        Ok(())
+    }
+
+    /// A sum (or strided grouped sum) over one dim: a row per output element.
+    fn reduction_chain(
+        &mut self,
+        lead: Handle<TbOp>,
+        lop: &TbOp,
+        dim: usize,
+        kind: TbReduction,
+        cp: &ChainPlan,
+    ) -> Result<(), EmitError> {
+        let (nt, c) = (self.nt, self.compute());
+        let x = lop.inputs[0];
+        let xs = self.tb.tensors[x].shape;
+        let os = self.tb.tensors[lop.outputs[0]].shape;
+        let to = if kind == TbReduction::ToDimx {
+            self.tb.reduction_dimx
+        } else {
+            1
+        };
+        let k = xs.dim(dim) / to;
+        let inner: usize = os.dims()[dim + 1..].iter().product();
+        let idx = format!(
+            "(row / {ti}) * {tki} + (j * {to} + (row / {inner}) % {to}) * {inner} + row % {inner}",
+            ti = to * inner,
+            tki = to * k * inner
+        );
+        let xr = self.tile_read(x, &xs, &natural(&xs), &idx)?;
+        let mut sink = vec![format!("{c} v = s;")];
+        sink.extend(self.member_lines(&cp.members));
+        sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
+        let split = self.row_split(lead)?;
+        let (rows, tpr) = (split.rows, split.threads_per_row);
+        self.w.block("", "", |w| {
+            w.block("auto elem = [&](int row, int j)", ";", |w| {
+                w.line(format!("return {xr};"))
+            });
+            w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
+                lines(w, &sink)
+            });
+            w.line(format!(
+                "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {c}>(tid, elem, sink);"
+            ));
+        });
+        Ok(())
+    }
+
+    /// Running max over the iterations (out0, the state) and previous − new (out1).
+    fn running_max(&mut self, lop: &TbOp, dim: usize) -> Result<(), EmitError> {
+        let nt = self.nt;
+        let x = lop.inputs[0];
+        let (o0, o1) = (lop.outputs[0], lop.outputs[1]);
+        let xs = self.tb.tensors[x].shape;
+        let os = self.tb.tensors[o0].shape;
+        let inner: usize = os.dims()[dim + 1..].iter().product();
+        let k = xs.dim(dim);
+        let nat = natural(&xs);
+        let lx = self.tile_layout(x, &nat)?;
+        let l0 = self.tile_layout(o0, &nat)?;
+        let l1 = self.tile_layout(o1, &nat)?;
+        let (px, p0, p1) = (self.tile_ref(x), self.tile_ref(o0), self.tile_ref(o1));
+        let n = os.numel();
+        self.w.line(format!(
+            "mucc::tb::running_max<{nt}, {n}, {k}, {inner}, {lx}, {l0}, {l1}>(tid, {px}, {p0}, {p1});"
+        ));
+        Ok(())
+    }
+}
+
+/// Writes `body`'s lines.
+pub(super) fn lines(w: &mut cxx::Writer, body: &[String]) {
+    for l in body {
+        w.line(l);
+    }
+}

@@ -1,0 +1,218 @@
+//! Copies between device tensors and tiles: each input's and output's block pointer, the
+//! copies themselves (`mucc::tb::copy_chunks`, `cp_async_chunks`, `copy_elems` with the plan's
+//! chunk width and walk order), and the `cp.async` ring of pipelined inputs (prologue, current
+//! slots, prefetch).
+
+use super::Ctx;
+use crate::emit::EmitError;
+use crate::graph::arena::Handle;
+use crate::graph::ops::{AXIS_NAMES, DimMap};
+use crate::graph::threadblock::{TbOp, TbOpKind};
+use crate::sched::ops::{Copy, OpPlan};
+use crate::sched::order::Phase;
+
+impl Ctx<'_> {
+    /// Block offset (elements) of the region of a DTensor with `strides` that `map` selects,
+    /// with per-block extents `per_block(dim)` along mapped dims.
+    fn block_offset(
+        &self,
+        map: DimMap,
+        strides: &[usize],
+        per_block: impl Fn(usize) -> usize,
+    ) -> String {
+        let mut terms = Vec::new();
+        for a in 0..3 {
+            if let (true, Some(d)) = (self.tb.grid[a] > 1, map.axis(a)) {
+                terms.push(format!(
+                    "static_cast<mucc::i64>(blockIdx.{}) * {}",
+                    AXIS_NAMES[a],
+                    per_block(d) * strides[d]
+                ));
+            }
+        }
+        if terms.is_empty() {
+            "0".into()
+        } else {
+            terms.join(" + ")
+        }
+    }
+
+    /// `gi<op>` and `go<op>`: this block's region of every input and output.
+    pub(super) fn block_pointers(&mut self) -> Result<(), EmitError> {
+        let (g, plan, op, tb, t) = (self.g, self.plan, self.op, self.tb, self.t());
+        for (h, top) in tb.ops.iter() {
+            match &top.kind {
+                TbOpKind::Input { input, imap, .. } => {
+                    let dt = op.inputs[*input];
+                    let d = g.tensors[dt].shape;
+                    let st = &plan.dtensors[dt.index()].strides.0;
+                    let off = self.block_offset(*imap, st, |dim| {
+                        let a = (0..3)
+                            .find(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(dim))
+                            .unwrap_or(0);
+                        d.dim(dim) / tb.grid[a]
+                    });
+                    self.w
+                        .line(format!("const {t}* gi{} = in{input} + {off};", h.index()));
+                }
+                TbOpKind::Output { output, omap } => {
+                    let s = tb.tensors[top.inputs[0]].shape;
+                    let st = &plan.dtensors[op.outputs[*output].index()].strides.0;
+                    let off = self.block_offset(*omap, st, |dim| s.dim(dim));
+                    self.w
+                        .line(format!("{t}* go{} = out{output} + {off};", h.index()));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The copy of input `op`'s tile for iteration `iter` (an expression, or `0`) into `dst`
+    /// (a pointer expression), by `cp.async` when `asynchronous`.
+    fn input_copy_line(
+        &mut self,
+        op: Handle<TbOp>,
+        dst: &str,
+        iter: &str,
+        asynchronous: bool,
+    ) -> Result<String, EmitError> {
+        let top = &self.tb.ops[op];
+        let TbOpKind::Input {
+            input, forloop_dim, ..
+        } = top.kind
+        else {
+            return Err(self.internal("an input copy of a non-input"));
+        };
+        let t = top.outputs[0];
+        let s = self.tb.tensors[t].shape;
+        let dt = self.op.inputs[input];
+        let strides = self.plan.dtensors[dt.index()].strides.0.clone();
+        let adv = forloop_dim.map_or(0, |f| s.dim(f) * strides[f]);
+        let src = if adv == 0 || iter == "0" {
+            format!("gi{}", op.index())
+        } else {
+            format!("gi{} + static_cast<mucc::i64>({iter}) * {adv}", op.index())
+        };
+        let order = self.order(op);
+        let sl = self.tile_layout(t, &order)?;
+        let gl = self.strided_layout(&s, &s, &strides, &order, None);
+        let (nt, n) = (self.nt, s.numel());
+        Ok(match &self.kp.ops[op.index()] {
+            OpPlan::Input {
+                copy: Copy::Chunked { chunk_elems, .. },
+                ..
+            } => {
+                let f = if asynchronous {
+                    "cp_async_chunks"
+                } else {
+                    "copy_chunks"
+                };
+                format!("mucc::tb::{f}<{nt}, {n}, {chunk_elems}, {sl}, {gl}>(tid, {dst}, {src});")
+            }
+            _ => format!("mucc::tb::copy_elems<{nt}, {n}, {sl}, {gl}>(tid, {dst}, {src});"),
+        })
+    }
+
+    /// An input copy in the schedule (pipelined inputs are issued ahead instead).
+    pub(super) fn input_copy(&mut self, op: Handle<TbOp>, phase: Phase) -> Result<(), EmitError> {
+        let t = self.tb.ops[op].outputs[0];
+        if self.stages.contains_key(&t.index()) {
+            self.w.line("// issued ahead by the pipeline");
+            return Ok(());
+        }
+        let iter = if phase == Phase::Loop { "it" } else { "0" };
+        let line = self.input_copy_line(op, &format!("s{}", t.index()), iter, false)?;
+        self.w.line(line);
+        Ok(())
+    }
+
+    /// The copy of an output's tile to this block's region of its device tensor.
+    pub(super) fn output_copy(&mut self, op: Handle<TbOp>) -> Result<(), EmitError> {
+        let s_t = self.tb.ops[op].inputs[0];
+        let s = self.tb.tensors[s_t].shape;
+        let order = self.order(op);
+        let sl = self.tile_layout(s_t, &order)?;
+        let (p, gl) = self.global_out(op, &s, &order)?;
+        let (nt, n) = (self.nt, s.numel());
+        let src = self.tile_ref(s_t);
+        let line = match &self.kp.ops[op.index()] {
+            OpPlan::Output {
+                copy: Some(Copy::Chunked { chunk_elems, .. }),
+            } => format!(
+                "mucc::tb::copy_chunks<{nt}, {n}, {chunk_elems}, {gl}, {sl}>(tid, {p}, {src});"
+            ),
+            _ => format!("mucc::tb::copy_elems<{nt}, {n}, {gl}, {sl}>(tid, {p}, {src});"),
+        };
+        self.w.line(line);
+        Ok(())
+    }
+
+    /// Pipelined inputs in operator order: (op, tile, elements per slot).
+    fn pipelined(&self) -> Vec<(Handle<TbOp>, usize, usize)> {
+        self.tb
+            .ops
+            .iter()
+            .filter_map(|(h, top)| {
+                let t = top.outputs.first()?.index();
+                self.stages.get(&t)?;
+                let slot = self.kp.tiles[t].as_ref().map_or(0, |g| g.phys_elems);
+                Some((h, t, slot))
+            })
+            .collect()
+    }
+
+    /// Declarations of the current slot of each pipelined tile: (tile, C++ type, slot size).
+    pub(super) fn pipelined_slots(&self) -> Vec<(usize, &'static str, usize)> {
+        self.pipelined()
+            .into_iter()
+            .map(|(_, t, slot)| (t, self.tile_ctype(Handle::from_index(t)), slot))
+            .collect()
+    }
+
+    /// The ring's prologue: stages − 1 groups of copies (iterations 0 … stages − 2) in flight
+    /// before the loop. Returns the stages (1: no ring).
+    pub(super) fn pipeline_prologue(&mut self) -> Result<usize, EmitError> {
+        let stages = self.kp.pipeline_stages();
+        if self.stages.is_empty() || stages <= 1 {
+            return Ok(1);
+        }
+        if stages > self.tb.forloop_range {
+            return Err(self.internal("a pipeline deeper than its loop"));
+        }
+        self.w
+            .line(format!("// software pipeline: {stages} stages"));
+        for s in 0..stages - 1 {
+            for (h, t, slot) in self.pipelined() {
+                let line =
+                    self.input_copy_line(h, &format!("s{t} + {}", s * slot), &s.to_string(), true)?;
+                self.w.line(line);
+            }
+            self.w.line("mucc::sm80::cp_async_commit();");
+        }
+        Ok(stages)
+    }
+
+    /// Inside the loop, after its first barrier: the copies of iteration it + stages − 1 into
+    /// the slot read one iteration ago, then a commit (an empty group past the end).
+    pub(super) fn prefetch(&mut self, stages: usize) -> Result<(), EmitError> {
+        let f = self.tb.forloop_range;
+        let mut copies = Vec::new();
+        for (h, t, slot) in self.pipelined() {
+            copies.push(self.input_copy_line(
+                h,
+                &format!("s{t} + (pf % {stages}) * {slot}"),
+                "pf",
+                true,
+            )?);
+        }
+        self.w.block("", "", |w| {
+            w.line(format!("const int pf = it + {};", stages - 1));
+            w.block(format!("if (pf < {f})"), "", |w| {
+                super::chain::lines(w, &copies)
+            });
+            w.line("mucc::sm80::cp_async_commit();");
+        });
+        Ok(())
+    }
+}

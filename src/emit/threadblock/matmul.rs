@@ -1,0 +1,206 @@
+//! Matmul chains: tensor-core products through `mucc::tb::Mma` (fragments accumulated in
+//! registers, or results stored or reduced slice by slice), FMA products through
+//! `mucc::tb::FmaMatmul`, as the matmul's plan says; and the write-back of register
+//! accumulators after the loop.
+
+use super::Ctx;
+use super::chain::{lines, natural};
+use crate::emit::EmitError;
+use crate::emit::cxx::ctype;
+use crate::graph::arena::Handle;
+use crate::graph::ops::AccumKind;
+use crate::graph::threadblock::{TbOp, TbOpKind};
+use crate::sched::ops::OpPlan;
+use crate::sched::plan::{ChainPlan, Sink};
+
+impl Ctx<'_> {
+    /// The `Mma` helper type of matmul `mm` (which the plan runs on tensor cores).
+    pub(super) fn matmul_type(&mut self, mm: Handle<TbOp>) -> Result<String, EmitError> {
+        let lop = &self.tb.ops[mm];
+        let (a, b) = (lop.inputs[0], lop.inputs[1]);
+        let dtype = self.tb.tensors[a].dtype;
+        let (sa, sb) = (self.tb.tensors[a].shape, self.tb.tensors[b].shape);
+        let r = sa.rank();
+        let (m, k, n) = (sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1));
+        let OpPlan::Matmul {
+            warps: (wm, wn),
+            loads: (load_a, load_b),
+            ..
+        } = self.kp.ops[mm.index()]
+        else {
+            return Err(self.internal(&format!("op{} has no matmul plan", mm.index())));
+        };
+        let nat = natural(&sa);
+        let la = self.tile_layout(a, &nat)?;
+        let lb = self.tile_layout(b, &nat)?;
+        Ok(self.alias(format!(
+            "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}>",
+            ctype(dtype),
+            load_a.cxx(),
+            load_b.cxx()
+        )))
+    }
+
+    /// A matmul chain.
+    pub(super) fn matmul_chain(
+        &mut self,
+        lead: Handle<TbOp>,
+        cp: &ChainPlan,
+    ) -> Result<(), EmitError> {
+        let lop = self.tb.ops[lead].clone();
+        let (a, b, c) = (lop.inputs[0], lop.inputs[1], lop.outputs[0]);
+        let (sa, sb, sc) = (
+            self.tb.tensors[a].shape,
+            self.tb.tensors[b].shape,
+            self.tb.tensors[c].shape,
+        );
+        let r = sa.rank();
+        let (m, k, n) = (sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1));
+        if sa.numel() != m * k || sb.numel() != k * n {
+            return Err(self.err(format!(
+                "not yet supported: tb op {} (matmul) multiplies batched tiles ({sa} · {sb}); only the last two dims may exceed 1",
+                lead.index()
+            )));
+        }
+        let OpPlan::Matmul { instr, .. } = self.kp.ops[lead.index()] else {
+            return Err(self.internal(&format!("op{} has no matmul plan", lead.index())));
+        };
+        let (pa, pb) = (self.tile_ref(a), self.tile_ref(b));
+        let nat = natural(&sc);
+        let reducing = matches!(cp.sink, Sink::Accum(acc) if self.accum_reduces(acc));
+        // What each element (row, col) of the product becomes.
+        let mut each = cp
+            .members
+            .is_empty()
+            .then(Vec::new)
+            .unwrap_or_else(|| self.member_lines(&cp.members));
+        let into_registers =
+            matches!(cp.sink, Sink::Accum(acc) if !reducing && self.in_registers(acc));
+        if !instr.is_mma() {
+            // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
+            let (la, lb) = (self.tile_layout(a, &nat)?, self.tile_layout(b, &nat)?);
+            let (ta, tb) = (self.tile_ctype(a), self.tile_ctype(b));
+            let fma = self.alias(format!(
+                "mucc::tb::FmaMatmul<{ta}, {tb}, {la}, {lb}, {m}, {n}, {k}>"
+            ));
+            each.extend(match cp.sink {
+                Sink::Accum(acc) if reducing => self.reduce_atomic_lines(acc, "row", "col")?,
+                sink => self.sink_lines(sink, &sc, &nat, "e", "r")?,
+            });
+            let c = self.compute();
+            let (f, rp) = if into_registers {
+                ("for_each_unrolled", "int r")
+            } else {
+                ("for_each", "int")
+            };
+            let nt = self.nt;
+            self.w.block(
+                format!("mucc::tb::{f}<{nt}, {}>(tid, [&](int e, {rp})", m * n),
+                ");",
+                |w| {
+                    w.line(format!("const int row = e / {n}, col = e % {n};"));
+                    w.line(format!("{c} v = {fma}::at({pa}, {pb}, row, col);"));
+                    lines(w, &each);
+                },
+            );
+            return Ok(());
+        }
+        let mt = self.matmul_type(lead)?;
+        let e = format!("row * {n} + col");
+        match cp.sink {
+            // Accumulated straight into the register fragment when nothing comes between.
+            Sink::Accum(acc)
+                if into_registers
+                    && cp.members.is_empty()
+                    && matches!(self.tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Nored)) =>
+            {
+                let i = acc.index();
+                self.w
+                    .line(format!("{mt}::run(acc{i}, {pa}, {pb}, smem, warp, lane);"));
+            }
+            // Into the fragment of a register accumulator, through the members.
+            Sink::Accum(acc) if into_registers => {
+                let i = acc.index();
+                each.push(
+                    if matches!(self.tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Max)) {
+                        format!("acc{i}.v[i][j][q] = mucc::tb::max_of(acc{i}.v[i][j][q], v);")
+                    } else {
+                        format!("acc{i}.v[i][j][q] += v;")
+                    },
+                );
+                self.w.block("", "", |w| {
+                    w.line(format!("{mt}::Frag c_;"));
+                    w.line(format!("{mt}::zero(c_);"));
+                    w.line(format!("{mt}::run(c_, {pa}, {pb}, smem, warp, lane);"));
+                    w.block(
+                        format!("{mt}::each(c_, warp, lane, [&](int row, int col, float v, int i, int j, int q)"),
+                        ");",
+                        |w| {
+                            w.line("(void)row;");
+                            w.line("(void)col;");
+                            lines(w, &each);
+                        },
+                    );
+                });
+            }
+            // Stored or reduced: computed slice by slice (bounded registers for any N).
+            sink => {
+                each.extend(match sink {
+                    Sink::Accum(acc) if reducing => self.reduce_atomic_lines(acc, "row", "col")?,
+                    sink => self.sink_lines(sink, &sc, &nat, &e, "0")?,
+                });
+                self.w.block(
+                    format!(
+                        "{mt}::apply({pa}, {pb}, smem, warp, lane, [&](int row, int col, float v)"
+                    ),
+                    ");",
+                    |w| lines(w, &each),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes register accumulator `acc` into its shared-memory buffer: from the fragment of
+    /// matmul `fragment_of`, or from each thread's share of the leader's walk.
+    pub(super) fn write_back(
+        &mut self,
+        acc: Handle<TbOp>,
+        fragment_of: Option<Handle<TbOp>>,
+    ) -> Result<(), EmitError> {
+        let out = self.tb.ops[acc].outputs[0];
+        let s = self.tb.tensors[out].shape;
+        let ty = self.tile_ctype(out);
+        let (a, o, nt) = (acc.index(), out.index(), self.nt);
+        if let Some(mm) = fragment_of {
+            let mt = self.matmul_type(mm)?;
+            let l = self.tile_layout(out, &natural(&s))?;
+            let n = s.dim(s.rank() - 1);
+            self.w.block(
+                format!(
+                    "{mt}::each(acc{a}, warp, lane, [&](int row, int col, float v, int, int, int)"
+                ),
+                ");",
+                |w| {
+                    w.line(format!(
+                        "s{o}[{l}::offset(row * {n} + col)] = mucc::from_compute<{ty}>(v);"
+                    ))
+                },
+            );
+        } else {
+            let order = self.order(acc);
+            let l = self.tile_layout(out, &order)?;
+            let n = s.numel();
+            self.w.block(
+                format!("mucc::tb::for_each_unrolled<{nt}, {n}>(tid, [&](int e, int r)"),
+                ");",
+                |w| {
+                    w.line(format!(
+                        "s{o}[{l}::offset(e)] = mucc::from_compute<{ty}>(acc{a}[r]);"
+                    ))
+                },
+            );
+        }
+        Ok(())
+    }
+}

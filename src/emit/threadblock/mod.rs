@@ -1,0 +1,501 @@
+//! Threadblock kernels of the [`CodePath::Sm80`](crate::sched::plan::CodePath::Sm80) path:
+//! one `__global__` kernel per customized operator, printed from its [`KernelPlan`].
+//!
+//! The kernel declares its shared-memory tiles at the plan's offsets, computes each input's and
+//! output's block offset from the grid maps and the DTensor strides, initialises the
+//! accumulators (registers or shared memory), then runs the schedule: the pre-loop steps, the
+//! for-loop (with the plan's `cp.async` ring for pipelined inputs), register write-backs and
+//! accumulator finalisation, and the post-loop steps, with `__syncthreads()` exactly where the
+//! schedule puts barriers ([`chain`]: one pass per chain; [`matmul`]: tensor-core and FMA
+//! products; [`copy`]: tile copies).
+//!
+//! Every tile access goes through the tile's compile-time layout (its strides and swizzle),
+//! walked in the order the plan gives the chain.
+
+mod chain;
+mod copy;
+mod matmul;
+
+use std::collections::BTreeMap;
+
+use super::cxx::{self, Writer, ctype};
+use super::launch::KernelLaunch;
+use super::{EmitError, KernelView};
+use crate::graph::arena::Handle;
+use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
+use crate::graph::ops::{AccumKind, TbReduction};
+use crate::graph::shape::Shape;
+use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
+use crate::layout::swizzle::Swizzle;
+use crate::sched::ops::{AccumStorage, CopyEngine, OpPlan};
+use crate::sched::order::{Phase, Step};
+use crate::sched::plan::{GraphPlan, KernelPlan};
+
+/// What the printing of one kernel needs: the graph and plan, the body being written, and the
+/// layout aliases declared so far.
+pub(super) struct Ctx<'a> {
+    g: &'a KernelGraph,
+    plan: &'a GraphPlan,
+    kn: Handle<KnOp>,
+    op: &'a KnOp,
+    tb: &'a TbGraph,
+    kp: &'a KernelPlan,
+    /// Threads per block.
+    nt: usize,
+    /// The kernel body.
+    w: Writer,
+    /// Type → alias name.
+    aliases: BTreeMap<String, String>,
+    /// `using` declarations of the aliases, in order.
+    alias_defs: Vec<String>,
+    /// Pipelined input tiles: tile index → stages.
+    stages: BTreeMap<usize, usize>,
+}
+
+impl Ctx<'_> {
+    fn err(&self, reason: String) -> EmitError {
+        EmitError::Unsupported {
+            op: self.kn.index(),
+            name: "kn_customized_op".into(),
+            reason,
+        }
+    }
+
+    fn internal(&self, what: &str) -> EmitError {
+        self.err(format!("internal: {what}"))
+    }
+
+    /// An alias `Ln` for type `ty` (declared once at the top of the kernel).
+    fn alias(&mut self, ty: String) -> String {
+        if let Some(a) = self.aliases.get(&ty) {
+            return a.clone();
+        }
+        let name = format!("L{}", self.aliases.len());
+        self.alias_defs.push(format!("using {name} = {ty};"));
+        self.aliases.insert(ty, name.clone());
+        name
+    }
+
+    /// The C++ element type of the device tensors.
+    fn t(&self) -> &'static str {
+        ctype(self.g.tensors[self.op.outputs[0]].dtype)
+    }
+
+    /// The compute type.
+    fn compute(&self) -> &'static str {
+        cxx::compute_ctype(self.g.tensors[self.op.outputs[0]].dtype)
+    }
+
+    /// The C++ type tile `t` is stored in (the plan's).
+    fn tile_ctype(&self, t: Handle<STensor>) -> &'static str {
+        ctype(
+            self.kp.tiles[t.index()]
+                .as_ref()
+                .map_or(self.tb.tensors[t].dtype, |g| g.dtype),
+        )
+    }
+
+    /// The pointer of tile `t` (the current pipeline slot for pipelined inputs).
+    fn tile_ref(&self, t: Handle<STensor>) -> String {
+        if self.stages.contains_key(&t.index()) {
+            format!("s{}_cur", t.index())
+        } else {
+            format!("s{}", t.index())
+        }
+    }
+
+    /// The layout of tile `t` walked in `order`.
+    fn tile_layout(&mut self, t: Handle<STensor>, order: &[usize]) -> Result<String, EmitError> {
+        let geo = self.kp.tiles[t.index()]
+            .as_ref()
+            .ok_or_else(|| self.internal(&format!("tile s{} has no shared memory", t.index())))?;
+        let shape = self.tb.tensors[t].shape;
+        let dims: Vec<usize> = order.iter().map(|&d| shape.dim(d)).collect();
+        let strides: Vec<usize> = order.iter().map(|&d| geo.strides.0[d]).collect();
+        let swizzle = geo.swizzle;
+        Ok(self.alias(cxx::layout(&dims, &strides, Some(swizzle))))
+    }
+
+    /// A layout over `space` (in `order`) for an operand of shape `shape` with `strides`:
+    /// dims where the operand has extent 1 but the space does not are broadcast (stride 0).
+    fn strided_layout(
+        &mut self,
+        space: &Shape,
+        shape: &Shape,
+        strides: &[usize],
+        order: &[usize],
+        swizzle: Option<Swizzle>,
+    ) -> String {
+        let dims: Vec<usize> = order.iter().map(|&d| space.dim(d)).collect();
+        let st: Vec<usize> = order
+            .iter()
+            .map(|&d| {
+                if shape.dim(d) == 1 && space.dim(d) > 1 {
+                    0
+                } else {
+                    strides[d]
+                }
+            })
+            .collect();
+        self.alias(cxx::layout(&dims, &st, swizzle))
+    }
+
+    /// The compute-type value of tile `t` at element `e` of `space` walked in `order`
+    /// (broadcast where the tile has extent 1).
+    fn tile_read(
+        &mut self,
+        t: Handle<STensor>,
+        space: &Shape,
+        order: &[usize],
+        e: &str,
+    ) -> Result<String, EmitError> {
+        let geo = self.kp.tiles[t.index()]
+            .as_ref()
+            .ok_or_else(|| self.internal(&format!("tile s{} has no shared memory", t.index())))?;
+        let (strides, swizzle) = (geo.strides.0.clone(), geo.swizzle);
+        let shape = self.tb.tensors[t].shape;
+        let l = self.strided_layout(space, &shape, &strides, order, Some(swizzle));
+        Ok(format!(
+            "mucc::to_compute({}[{l}::offset({e})])",
+            self.tile_ref(t)
+        ))
+    }
+
+    /// The walk order the plan gives the chain containing `op`.
+    fn order(&self, op: Handle<TbOp>) -> Vec<usize> {
+        self.kp.chains[self.kp.fusion.chain_of[op.index()]]
+            .order
+            .clone()
+    }
+
+    /// Global base pointer and layout of a threadblock output's DTensor region over `space`.
+    fn global_out(
+        &mut self,
+        out: Handle<TbOp>,
+        space: &Shape,
+        order: &[usize],
+    ) -> Result<(String, String), EmitError> {
+        let TbOpKind::Output { output, .. } = self.tb.ops[out].kind else {
+            return Err(self.internal("a global store names an operator that is no output"));
+        };
+        let dt = self.op.outputs[output];
+        let strides = self.plan.dtensors[dt.index()].strides.0.clone();
+        let l = self.strided_layout(space, space, &strides, order, None);
+        Ok((format!("go{}", out.index()), l))
+    }
+
+    /// Whether accumulator `a` keeps its state in registers.
+    fn in_registers(&self, a: Handle<TbOp>) -> bool {
+        matches!(&self.kp.ops[a.index()], OpPlan::Accum { storage, .. } if storage.in_registers())
+    }
+
+    /// Whether accumulator `a` reduces its tile's last dim.
+    fn accum_reduces(&self, a: Handle<TbOp>) -> bool {
+        matches!(self.tb.ops[a].kind, TbOpKind::Accum(k) if k.reduces_last_dim())
+    }
+}
+
+/// Emits the kernel of customized operator `kn` (plan `kp`) and its launch-plan entry.
+pub(super) fn emit(
+    g: &KernelGraph,
+    plan: &GraphPlan,
+    kn: Handle<KnOp>,
+    op: &KnOp,
+    kp: &KernelPlan,
+) -> Result<(KernelView, KernelLaunch), EmitError> {
+    let KnOpKind::Customized(tb) = &op.kind else {
+        return Err(EmitError::Unsupported {
+            op: kn.index(),
+            name: op.kind.name(),
+            reason: "internal: a threadblock plan for an operator without a threadblock graph"
+                .into(),
+        });
+    };
+    let mut ctx = Ctx {
+        g,
+        plan,
+        kn,
+        op,
+        tb,
+        kp,
+        nt: kp.cta.threads,
+        w: Writer::at(1),
+        aliases: BTreeMap::new(),
+        alias_defs: Vec::new(),
+        stages: BTreeMap::new(),
+    };
+    for (h, top) in tb.ops.iter() {
+        if let (TbOpKind::Input { .. }, OpPlan::Input { stages, engine, .. }) =
+            (&top.kind, &kp.ops[h.index()])
+            && *engine == CopyEngine::CpAsync
+        {
+            ctx.stages.insert(top.outputs[0].index(), *stages);
+        }
+    }
+    let (params, args) = signature(&ctx);
+    prologue(&mut ctx)?;
+    accumulator_state(&mut ctx)?;
+    for st in kp.schedule.pre_loop.clone() {
+        match st {
+            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
+            Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
+        }
+    }
+    let body_ends_with_barrier = ctx.for_loop()?;
+    after_loop(&mut ctx, body_ends_with_barrier)?;
+    for st in kp.schedule.post_loop.clone() {
+        match st {
+            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
+            Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
+        }
+    }
+    let name = format!("k{}_customized", kn.index());
+    let mut body = Writer::at(1);
+    for d in &ctx.alias_defs {
+        body.line(d);
+    }
+    let body = body.finish() + &ctx.w.finish();
+    let comment = format!(
+        "kernel op {}: kn_customized_op grid ({}, {}, {}), block ({}, {}, {}), forloop {}, {} bytes of shared memory",
+        kn.index(),
+        kp.cta.grid[0],
+        kp.cta.grid[1],
+        kp.cta.grid[2],
+        kp.cta.block[0],
+        kp.cta.block[1],
+        kp.cta.block[2],
+        tb.forloop_range,
+        kp.smem.total,
+    );
+    let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
+    let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, body);
+    view.comment.extend(cxx::comment(
+        &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
+        0,
+    ));
+    let launch = KernelLaunch {
+        name,
+        grid: kp.cta.grid.map(|x| x as u32),
+        block: kp.cta.block.map(|x| x as u32),
+        dynamic_smem: kp.smem.total as u32,
+        args,
+    };
+    Ok((view, launch))
+}
+
+/// Parameters (outputs, then inputs, as typed pointers) and their launch bindings.
+fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
+    let (g, plan, op, t) = (ctx.g, ctx.plan, ctx.op, ctx.t());
+    let mut params = Vec::new();
+    let mut args = Vec::new();
+    for (j, &o) in op.outputs.iter().enumerate() {
+        params.push(format!("{t}* __restrict__ out{j}"));
+        args.push(plan.binding(o, g.tensors[o].dtype.bytes()));
+    }
+    for (i, &x) in op.inputs.iter().enumerate() {
+        params.push(format!("const {t}* __restrict__ in{i}"));
+        args.push(plan.binding(x, g.tensors[x].dtype.bytes()));
+    }
+    (params, args)
+}
+
+/// Thread indices, the zero page, tile pointers at the plan's offsets, block offsets of every
+/// input and output.
+fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
+    let kp = ctx.kp;
+    let w = &mut ctx.w;
+    w.line("extern __shared__ __align__(128) unsigned char smem[];");
+    w.line("const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));");
+    w.line("const int tid = tid_k;");
+    w.line("const int warp = tid / 32, lane = tid % 32;");
+    w.line("(void)warp;");
+    w.line("(void)lane;");
+    if kp.smem.base > 0 {
+        w.line("if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page");
+    }
+    for (b, kind) in kp.smem.kinds.iter().enumerate() {
+        let tile = kind.tile();
+        let ty = ctx.tile_ctype(Handle::from_index(tile));
+        ctx.w.line(format!(
+            "{ty}* s{tile} = reinterpret_cast<{ty}*>(smem + {});  // {}",
+            kp.smem.offset(b),
+            kp.smem.buffers[b].name
+        ));
+    }
+    ctx.block_pointers()
+}
+
+/// Initial accumulator state (registers, fragments or tiles) and running-max states; a barrier
+/// when shared memory was written.
+fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
+    let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
+    let mut smem_init = false;
+    for (h, top) in tb.ops.iter() {
+        let init = match top.kind {
+            TbOpKind::Accum(AccumKind::Max)
+            | TbOpKind::Reduction {
+                kind: TbReduction::Max,
+                ..
+            } => cxx::number(f64::NEG_INFINITY, cty),
+            TbOpKind::Accum(_) => cxx::number(0.0, cty),
+            _ => continue,
+        };
+        let out = top.outputs[0];
+        match (&top.kind, &kp.ops[h.index()]) {
+            (
+                TbOpKind::Accum(_),
+                OpPlan::Accum {
+                    storage:
+                        AccumStorage::Registers {
+                            per_thread,
+                            fragment_of,
+                        },
+                    ..
+                },
+            ) => {
+                let a = h.index();
+                if let Some(mm) = *fragment_of {
+                    let mt = ctx.matmul_type(mm)?;
+                    ctx.w.line(format!("{mt}::Frag acc{a};"));
+                    ctx.w.line(format!("{mt}::fill(acc{a}, {init});"));
+                } else {
+                    ctx.w.line(format!("{cty} acc{a}[{per_thread}];"));
+                    ctx.w.line("#pragma unroll");
+                    ctx.w.line(format!(
+                        "for (int r = 0; r < {per_thread}; ++r) acc{a}[r] = {init};"
+                    ));
+                }
+            }
+            _ => {
+                let s = tb.tensors[out].shape;
+                let natural: Vec<usize> = (0..s.rank()).collect();
+                let l = ctx.tile_layout(out, &natural)?;
+                let n = s.numel();
+                let t = out.index();
+                ctx.w.line(format!(
+                    "mucc::tb::fill<{nt}, {n}, {l}>(tid, s{t}, {init});"
+                ));
+                smem_init = true;
+            }
+        }
+    }
+    if smem_init || kp.smem.base > 0 {
+        ctx.w.line("__syncthreads();");
+    }
+    Ok(())
+}
+
+/// After the loop: register write-backs (behind a barrier unless the body ends with one: a
+/// write-back buffer may share memory with tiles the body reads) and the finalisation of mean
+/// and RMS accumulators (after the barrier that completes them).
+fn after_loop(ctx: &mut Ctx, body_ends_with_barrier: bool) -> Result<(), EmitError> {
+    let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
+    let mut barrier = body_ends_with_barrier;
+    let mut finalize = Vec::new();
+    for (h, top) in tb.ops.iter() {
+        let TbOpKind::Accum(kind) = top.kind else {
+            continue;
+        };
+        let out = top.outputs[0];
+        let has_buffer = kp.smem.buffer_of(out.index()).is_some();
+        if let OpPlan::Accum {
+            storage: AccumStorage::Registers { fragment_of, .. },
+            ..
+        } = &kp.ops[h.index()]
+            && has_buffer
+        {
+            if !barrier {
+                ctx.w
+                    .line("__syncthreads();  // the loop body's reads finish before write-backs");
+                barrier = true;
+            }
+            ctx.write_back(h, *fragment_of)?;
+        }
+        let count = (tb.tensors[top.inputs[0]]
+            .shape
+            .dims()
+            .last()
+            .copied()
+            .unwrap_or(1)
+            * tb.forloop_range) as f64;
+        let count = cxx::number(count, cty);
+        match kind {
+            AccumKind::RedLdMean => finalize.push((out, format!("v / {count}"))),
+            AccumKind::RedLdRms => finalize.push((out, format!("mucc::op::sqrt(v / {count})"))),
+            _ => {}
+        }
+    }
+    if finalize.is_empty() {
+        return Ok(());
+    }
+    // The first post-loop barrier (accumulators complete) comes before the finalisation.
+    ctx.w.line("__syncthreads();");
+    for (out, expr) in finalize {
+        let s = tb.tensors[out].shape;
+        let natural: Vec<usize> = (0..s.rank()).collect();
+        let l = ctx.tile_layout(out, &natural)?;
+        let ty = ctx.tile_ctype(out);
+        let (o, n) = (out.index(), s.numel());
+        ctx.w.block(
+            format!("mucc::tb::for_each<{nt}, {n}>(tid, [&](int e, int)"),
+            ");",
+            |w| {
+                w.line(format!(
+                    "const {cty} v = mucc::to_compute(s{o}[{l}::offset(e)]);"
+                ));
+                w.line(format!(
+                    "s{o}[{l}::offset(e)] = mucc::from_compute<{ty}>({expr});"
+                ));
+            },
+        );
+    }
+    Ok(())
+}
+
+impl Ctx<'_> {
+    /// The for-loop: the pipeline prologue, then per iteration the current slots, the wait for
+    /// the oldest pending stage, the body with its barriers, and the prefetch of a later
+    /// iteration after the first barrier. Returns whether the body ends with a barrier.
+    fn for_loop(&mut self) -> Result<bool, EmitError> {
+        let f = self.tb.forloop_range;
+        let stages = self.pipeline_prologue()?;
+        self.w.open(format!("for (int it = 0; it < {f}; ++it)"));
+        // Thread indices re-derived in every iteration, opaque to the optimiser: address
+        // arithmetic is then recomputed where it is used instead of being hoisted out of the
+        // loop and held in registers across iterations (which made large bodies spill).
+        self.w
+            .line("const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;");
+        self.w.line("(void)warp;");
+        self.w.line("(void)lane;");
+        if stages > 1 {
+            for (t, ty, slot) in self.pipelined_slots() {
+                self.w
+                    .line(format!("{ty}* s{t}_cur = s{t} + (it % {stages}) * {slot};"));
+            }
+            self.w
+                .line(format!("mucc::sm80::cp_async_wait<{}>();", stages - 2));
+        }
+        let mut prefetched = stages <= 1;
+        let mut ends_with_barrier = false;
+        for st in self.kp.schedule.body.clone() {
+            ends_with_barrier = matches!(st, Step::Barrier(_));
+            match st {
+                Step::Barrier(_) => {
+                    self.w.line("__syncthreads();");
+                    if !prefetched {
+                        self.prefetch(stages)?;
+                        prefetched = true;
+                    }
+                }
+                Step::Run(c) => self.chain(c, Phase::Loop)?,
+            }
+        }
+        if !prefetched {
+            self.w.line("__syncthreads();");
+            self.prefetch(stages)?;
+            ends_with_barrier = true;
+        }
+        self.w.close("");
+        Ok(ends_with_barrier)
+    }
+}
