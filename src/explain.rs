@@ -223,6 +223,7 @@ fn op_plan(
             ..
         } => "fma.f32, a thread per element of the product".into(),
         OpPlan::RowReduce(r) => rows(r),
+        OpPlan::RunningMax => "running max over the loop, a thread per output element".into(),
         OpPlan::Plain => match kp
             .fusion
             .is_leader(h)

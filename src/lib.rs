@@ -24,6 +24,7 @@ pub mod emit;
 pub mod explain;
 pub mod graph;
 pub mod layout;
+pub mod outputs;
 pub mod sched;
 pub mod target;
 pub mod transpile;

@@ -63,8 +63,6 @@ pub struct Target {
     /// Dynamic shared memory one block may use (bytes, after opting in), less
     /// [`RUNTIME_STATIC_SMEM`] for the runtime's own static shared arrays.
     pub smem_per_block: usize,
-    /// Threads per block.
-    pub max_threads_per_block: usize,
     /// Shared memory of one SM (bytes), shared by its resident blocks.
     pub smem_per_sm: usize,
     /// SMs of a typical part of this architecture (A100: 108, H100 SXM/H200: 132); used only by
@@ -98,7 +96,6 @@ impl Target {
             Arch::Sm80 => Target {
                 arch,
                 smem_per_block: 163 * 1024 - RUNTIME_STATIC_SMEM,
-                max_threads_per_block: 1024,
                 smem_per_sm: 164 * 1024,
                 typical_sms: 108,
                 max_pipeline_stages: 4,
@@ -112,7 +109,6 @@ impl Target {
             Arch::Sm90a => Target {
                 arch,
                 smem_per_block: 227 * 1024 - RUNTIME_STATIC_SMEM,
-                max_threads_per_block: 1024,
                 smem_per_sm: 228 * 1024,
                 typical_sms: 132,
                 max_pipeline_stages: 4,

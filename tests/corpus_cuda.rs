@@ -362,7 +362,13 @@ fn nvrtc_batch(dir: &Path, batch_id: usize, units: &[&Unit]) -> Result<Vec<Outco
     let out = src.with_extension("ptx");
     let t = Instant::now();
     let o = Command::new(std::env::current_exe().unwrap())
-        .args(["nvrtc_worker", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "nvrtc_worker",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("MUCC_NVRTC_JOB_SRC", &src)
         .env("MUCC_NVRTC_JOB_ARCH", arch_name(arch))
         .env("MUCC_NVRTC_JOB_OUT", &out)
@@ -401,9 +407,10 @@ fn nvrtc_batch(dir: &Path, batch_id: usize, units: &[&Unit]) -> Result<Vec<Outco
 }
 
 /// The child side of `nvrtc_batch`: compiles `$MUCC_NVRTC_JOB_SRC` for `$MUCC_NVRTC_JOB_ARCH`
-/// and writes the PTX to `$MUCC_NVRTC_JOB_OUT` (nothing on failure, the log on stderr). Does
-/// nothing when run as a plain test.
+/// and writes the PTX to `$MUCC_NVRTC_JOB_OUT` (nothing on failure, the log on stderr). Ignored:
+/// only `nvrtc_batch` runs it, with `--ignored` and the job in its environment.
 #[test]
+#[ignore = "a worker process of the corpus check (nvrtc_batch runs it with --ignored)"]
 fn nvrtc_worker() {
     let (Some(src), Some(arch), Some(out)) = (
         std::env::var_os("MUCC_NVRTC_JOB_SRC"),

@@ -28,7 +28,9 @@ fn unary_chain_f16() -> KernelGraph {
     let i = g.clamp(h, 0.25, 0.75).unwrap();
     let j = g.mul_scalar(i, 1.5).unwrap();
     let k = g.log(j).unwrap();
-    g.mark_output(k).unwrap();
+    // An unbounded side: spelled as the runtime's infinity, not a C++ `-inf` literal.
+    let l = g.clamp(k, f64::NEG_INFINITY, 0.0).unwrap();
+    g.mark_output(l).unwrap();
     g.mark_output(d).unwrap();
     g.build().unwrap()
 }

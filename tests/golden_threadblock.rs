@@ -55,15 +55,27 @@ fn matmul_3x50x13_bf16() -> KernelGraph {
 
 /// 7×13 fp32 tiles: element-wise chain, rms_norm, a row sum, an FMA matmul (7×13 · 13×5).
 fn tiles_7x13_f32() -> KernelGraph {
+    tiles_7x13_f32_with(96)
+}
+
+/// The same with 100 threads, not a whole number of warps: rows are reduced one per thread (warp
+/// shuffles need whole warps), and explain says so.
+fn tiles_7x13_f32_100t() -> KernelGraph {
+    tiles_7x13_f32_with(100)
+}
+
+fn tiles_7x13_f32_with(threads: usize) -> KernelGraph {
     let mut g = GraphBuilder::new();
     let x = g.new_input(&[14, 26], DType::F32).unwrap();
     let y = g.new_input(&[14, 26], DType::F32).unwrap();
     let w = g.new_input(&[13, 5], DType::F32).unwrap();
-    let mut tb = TbGraphBuilder::new([2, 2, 1], [96, 1, 1], 1);
+    let mut tb = TbGraphBuilder::new([2, 2, 1], [threads, 1, 1], 1);
     let tx = tb.new_input(&g, x, [0, 1, -1], -1).unwrap();
     let ty = tb.new_input(&g, y, [0, 1, -1], -1).unwrap();
     let tw = tb.new_input(&g, w, [-1, -1, -1], -1).unwrap();
     let e = tb.exp(tx).unwrap();
+    // An unbounded clamp fused after exp: the runtime's infinity, not a C++ `-inf` literal.
+    let e = tb.clamp(e, f64::NEG_INFINITY, 4.0).unwrap();
     let m = tb.mul(e, ty).unwrap();
     let n = tb.rms_norm(m).unwrap();
     let an = tb.forloop_accum(n, AccumKind::Nored).unwrap();
@@ -160,6 +172,7 @@ pub const GRAPHS: &[(&str, Build)] = &[
     ("matmul_1x296x24_f16", matmul_1x296x24_f16),
     ("matmul_3x50x13_bf16", matmul_3x50x13_bf16),
     ("tiles_7x13_f32", tiles_7x13_f32),
+    ("tiles_7x13_f32_100t", tiles_7x13_f32_100t),
     ("matmul_colmajor_f16", matmul_colmajor_f16),
     ("forloop_64_bf16", forloop_64_bf16),
     ("online_softmax_f16", online_softmax_f16),
@@ -206,8 +219,12 @@ fn opts() -> Options {
 }
 
 fn emit_golden(name: &str, g: &KernelGraph, what: &str) {
-    let (_, e) =
+    let (p, e) =
         mucc::transpile::transpile(g, &opts(), what).unwrap_or_else(|e| panic!("{name}: {e}"));
+    golden(
+        &format!("threadblock/{name}.sm_80.explain.txt"),
+        &mucc::explain::explain(g, &p),
+    );
     golden(&format!("threadblock/{name}.sm_80.cu"), &e.source);
     golden(
         &format!("threadblock/{name}.sm_80.plan.json"),

@@ -2,7 +2,7 @@
 // source: golden/kernel/unary_chain_f16.json, graph 0
 // target: sm_80
 // input 0: %0 [3, 50, 783] f16 strides [39150, 783, 1]
-// output 0: %10 [3, 50, 783] f16 strides [39200, 784, 1] (117600 elements)
+// output 0: %11 [3, 50, 783] f16 strides [39200, 784, 1] (117600 elements)
 // output 1: %4 [3, 50, 783] f16 strides [39200, 784, 1] (117600 elements)
 // workspace: 470528 bytes
 
@@ -196,6 +196,25 @@ extern "C" __global__ void __launch_bounds__(256) k10_log(
   mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k10_log_op{});
 }
 
+// kernel op 11: kn_clamp_op(%10) -> %11 [3, 50, 783] f16
+namespace k11_clamp_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<3, 50, 783>, mucc::Stride<39200, 784, 1>>;
+}
+struct k11_clamp_op {
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
+    return mucc::op::clamp(x, mucc::neg_inf<mucc::Compute<mucc::f16>>(), mucc::Compute<mucc::f16>(0.0));
+  }
+};
+extern "C" __global__ void __launch_bounds__(256) k11_clamp(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k11_clamp_l;
+  mucc::kn::unary<mucc::f16, 1, L0, L1>(v0, v1, k11_clamp_op{});
+}
+
 #ifndef __CUDACC_RTC__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 470528 bytes
@@ -271,7 +290,14 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k10_log
   {
     const void* kernel = reinterpret_cast<const void*>(&k10_log);
-    void* const args[] = {buf.out(0, 0), buf.ws(0)};
+    void* const args[] = {buf.ws(235264), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
+
+  // launch k11_clamp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k11_clamp);
+    void* const args[] = {buf.out(0, 0), buf.ws(235264)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(459, 1, 1), dim3(256, 1, 1), 0, stream, args));
   }
 

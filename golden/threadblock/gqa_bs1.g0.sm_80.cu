@@ -57,8 +57,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.z) * 1024;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 512;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 32768;
-  mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 32768 + static_cast<mucc::i64>(blockIdx.z) * 16;
-  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 16384 + static_cast<mucc::i64>(blockIdx.z) * 16;
+  mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 32768
+      + static_cast<mucc::i64>(blockIdx.z) * 16;
+  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 16384
+      + static_cast<mucc::i64>(blockIdx.z) * 16;
   float acc5[16];
   #pragma unroll
   for (int r = 0; r < 16; ++r) acc5[r] = float(0.0);

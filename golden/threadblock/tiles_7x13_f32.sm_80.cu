@@ -12,7 +12,7 @@
 #include "mucc/runtime.h"
 
 // kernel op 3: kn_customized_op grid (2, 2, 1), block (96, 1, 1), forloop 1, 2608 bytes of shared memory
-// schedule 0,1,2 | 3,8 4 5,7 | 10,11,12
+// schedule 0,1,2 | 3,9 5 6,8 | 11,12,13
 extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(
     float* __restrict__ out0,
     float* __restrict__ out1,
@@ -47,22 +47,22 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(
   float* s0 = reinterpret_cast<float*>(smem + 16);  // s0 (tb_input_op)
   float* s1 = reinterpret_cast<float*>(smem + 464);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 912);  // s2 (tb_input_op)
-  float* s3 = reinterpret_cast<float*>(smem + 1328);  // s3 (tb_exp_op)
-  float* s4 = reinterpret_cast<float*>(smem + 1744);  // s4 (tb_mul_op)
-  float* s6 = reinterpret_cast<float*>(smem + 2160);  // s6 (tb_forloop_accum_nored_op)
-  float* s7 = reinterpret_cast<float*>(smem + 2576);  // s7 (tb_forloop_accum_red_ld_sum_op)
-  float* s9 = reinterpret_cast<float*>(smem + 16);  // s9 (tb_forloop_accum_nored_op)
+  float* s4 = reinterpret_cast<float*>(smem + 1328);  // s4 (tb_clamp_op)
+  float* s5 = reinterpret_cast<float*>(smem + 1744);  // s5 (tb_mul_op)
+  float* s7 = reinterpret_cast<float*>(smem + 2160);  // s7 (tb_forloop_accum_nored_op)
+  float* s8 = reinterpret_cast<float*>(smem + 2576);  // s8 (tb_forloop_accum_red_ld_sum_op)
+  float* s10 = reinterpret_cast<float*>(smem + 16);  // s10 (tb_forloop_accum_nored_op)
   const float* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 182 + static_cast<mucc::i64>(blockIdx.y) * 13;
   const float* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 182 + static_cast<mucc::i64>(blockIdx.y) * 13;
   const float* gi2 = in2 + 0;
-  float* go10 = out0 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 208;
-  float* go11 = out1 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 16;
-  float* go12 = out2 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 80;
-  mucc::tb::fill<96, 91, L0>(tid, s6, float(0.0));
-  mucc::tb::fill<96, 7, L1>(tid, s7, float(0.0));
-  float acc9[1];
+  float* go11 = out0 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 208;
+  float* go12 = out1 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 16;
+  float* go13 = out2 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 80;
+  mucc::tb::fill<96, 91, L0>(tid, s7, float(0.0));
+  mucc::tb::fill<96, 7, L1>(tid, s8, float(0.0));
+  float acc10[1];
   #pragma unroll
-  for (int r = 0; r < 1; ++r) acc9[r] = float(0.0);
+  for (int r = 0; r < 1; ++r) acc10[r] = float(0.0);
   __syncthreads();
   // op0 input
   mucc::tb::copy_elems<96, 91, L2, L3>(tid, s0, gi0);
@@ -75,36 +75,37 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    // op3 exp
+    // op3 exp -> op4 clamp
     mucc::tb::for_each<96, 91>(tid, [&](int e, int) {
       float v = mucc::to_compute(s0[L7::offset(e)]);
       v = mucc::op::exp(v);
-      s3[L8::offset(e)] = mucc::from_compute<float>(v);
+      v = mucc::op::clamp(v, mucc::neg_inf<float>(), float(4.0));
+      s4[L8::offset(e)] = mucc::from_compute<float>(v);
     });
-    // op8 matmul -> op9 accum_nored
+    // op9 matmul -> op10 accum_nored
     mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) {
       const int row = e / 5, col = e % 5;
       float v = L9::at(s0, s2, row, col);
-      acc9[r] += v;
+      acc10[r] += v;
     });
     __syncthreads();
-    // op4 mul
+    // op5 mul
     mucc::tb::for_each<96, 91>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s3[L8::offset(e)]);
+      const float x0 = mucc::to_compute(s4[L8::offset(e)]);
       const float x1 = mucc::to_compute(s1[L10::offset(e)]);
       float v = mucc::op::mul(x0, x1);
-      s4[L8::offset(e)] = mucc::from_compute<float>(v);
+      s5[L8::offset(e)] = mucc::from_compute<float>(v);
     });
     __syncthreads();
-    // op5 rms_norm -> op6 accum_nored
+    // op6 rms_norm -> op7 accum_nored
     {
       auto x = [&](int row, int j) {
-        return mucc::to_compute(s4[L0::offset(row * 13 + j)]);
+        return mucc::to_compute(s5[L0::offset(row * 13 + j)]);
       };
       auto out = [&](int row, int j, float v) {
         (void)row;
         (void)j;
-        mucc::tb::acc_add(s6[L0::offset(row * 13 + j)], v);
+        mucc::tb::acc_add(s7[L0::offset(row * 13 + j)], v);
         return float(0.0);
       };
       auto done = [&](int row, float s) {
@@ -113,29 +114,29 @@ extern "C" __global__ void __launch_bounds__(96, 1) k3_customized(
       };
       mucc::tb::rms_rows<96, 8, 7, 13, false, float>(tid, x, out, done);
     }
-    // op7 accum_red_ld_sum
+    // op8 accum_red_ld_sum
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s4[L0::offset(row * 13 + j)]);
+        float v = mucc::to_compute(s5[L0::offset(row * 13 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s7[L1::offset(row)], s);
+        mucc::tb::acc_add(s8[L1::offset(row)], s);
       };
       mucc::tb::for_each_row<96, 8, 7, 13, float>(tid, elem, sink);
     }
   }
   __syncthreads();  // the loop body's reads finish before write-backs
   mucc::tb::for_each_unrolled<96, 35>(tid, [&](int e, int r) {
-    s9[L11::offset(e)] = mucc::from_compute<float>(acc9[r]);
+    s10[L11::offset(e)] = mucc::from_compute<float>(acc10[r]);
   });
   __syncthreads();
-  // op10 output
-  mucc::tb::copy_elems<96, 91, L12, L8>(tid, go10, s6);
   // op11 output
-  mucc::tb::copy_elems<96, 7, L14, L13>(tid, go11, s7);
+  mucc::tb::copy_elems<96, 91, L12, L8>(tid, go11, s7);
   // op12 output
-  mucc::tb::copy_elems<96, 35, L16, L15>(tid, go12, s9);
+  mucc::tb::copy_elems<96, 7, L14, L13>(tid, go12, s8);
+  // op13 output
+  mucc::tb::copy_elems<96, 35, L16, L15>(tid, go13, s10);
 }
 
 #ifndef __CUDACC_RTC__

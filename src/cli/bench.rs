@@ -16,10 +16,9 @@ use mucc::graph::DType;
 use mucc::graph::cost::{self, Work};
 use serde_json::{Value, json};
 
-use super::gpu::{
-    GpuArgs, InputCache, InputChoice, Prepared, Session, read_outputs, upload_inputs,
-};
+use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared, read_outputs, upload_inputs};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
+use mucc::cuda::session::Session;
 
 /// How executions are launched while timing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -205,7 +204,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
             p.display()
         )));
     }
-    let mut session = Session::open(&a.gpu)?;
+    let mut session = super::gpu::open(&a.gpu)?;
     let name = a.input.file.display().to_string();
     let t0 = Instant::now();
     let prepared = session.prepare(
@@ -234,8 +233,9 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let mut rows = Vec::new();
     let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
-        let result =
-            prep.and_then(|p| measure(&mut session, &p, &a, &file.graphs[i].graph, &mut cache));
+        let result = prep
+            .map_err(|e| e.to_string())
+            .and_then(|p| measure(&mut session, &p, &a, &file.graphs[i].graph, &mut cache));
         rows.push(Row { graph: i, result });
     }
     let fastest = rows

@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::Args;
 use mucc::cuda::data::{self, Comparison};
 
-use super::gpu::{Drawn, GpuArgs, InputCache, InputChoice, Session, read_outputs, upload_inputs};
+use super::gpu::{Drawn, GpuArgs, InputCache, InputChoice, read_outputs, upload_inputs};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
 /// Arguments of `mucc run`.
@@ -43,7 +43,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
-    let mut session = Session::open(&a.gpu)?;
+    let mut session = super::gpu::open(&a.gpu)?;
     let name = a.input.file.display().to_string();
     let mut out = stdout();
     writeln!(
@@ -78,7 +78,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     for (&i, prep) in indices.iter().zip(prepared) {
         let gpu = &mut session.gpu;
         let result = (|| -> Result<GraphReport, String> {
-            let prep = prep?;
+            let prep = prep.map_err(|e| e.to_string())?;
             let (emitted, cubin) = (&prep.emitted, &prep.cubin);
             if cubin.cached {
                 cached += 1;

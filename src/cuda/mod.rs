@@ -1,10 +1,14 @@
 //! GPU side: NVRTC compilation with a disk cache ([`compile`]), execution of launch plans
-//! through cudarc ([`run`]), timing and ceilings ([`bench`]), and host data conversion and comparison ([`data`]).
+//! through cudarc ([`run`]), timing and ceilings ([`bench`]), host data conversion and
+//! comparison ([`data`]), a GPU session that prepares graphs for it ([`session`]), and nvcc
+//! builds of shared libraries ([`nvcc`]).
 
 pub mod bench;
 pub mod compile;
 pub mod data;
+pub mod nvcc;
 pub mod run;
+pub mod session;
 
 pub use compile::{CompileError, Compiler, CompilerOptions, Cubin, Source};
 pub use run::{Buffers, Gpu, Program, RunError};

@@ -181,7 +181,7 @@ impl Writer {
     }
 
     /// One line; a statement longer than [`MAX_LINE`] with its indentation is broken after
-    /// commas, its continuation lines indented two levels deeper.
+    /// commas (or before a `+`), its continuation lines indented two levels deeper.
     pub fn line(&mut self, text: impl AsRef<str>) {
         let text = text.as_ref();
         if text.is_empty() {
@@ -202,11 +202,19 @@ impl Writer {
                 self.raw(ind, rest);
                 break;
             }
-            // The last ", " that keeps the line within its room (else the first one).
-            let cut = rest[..room]
+            // The last ", " that keeps the line within its room, else the last " + ", else the
+            // first of either.
+            let mut end = room;
+            while !rest.is_char_boundary(end) {
+                end -= 1;
+            }
+            let head = &rest[..end];
+            let cut = head
                 .rfind(", ")
-                .or_else(|| rest.find(", "))
-                .map(|i| i + 1);
+                .map(|i| i + 1)
+                .or_else(|| head.rfind(" + "))
+                .or_else(|| rest.find(", ").map(|i| i + 1))
+                .or_else(|| rest.find(" + "));
             match cut {
                 Some(i) => {
                     self.raw(ind, &rest[..i]);

@@ -64,7 +64,7 @@ pub(super) fn plan_kernel(
     let mut ops = plan_ops(tb, &fusion, kl, &ins, &outs, target);
     let tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     demote_copies(tb, &tiles, &mut ops, target);
-    plan_operand_loads(tb, &tiles, &mut ops);
+    plan_operand_loads(tb, &tiles, &mut ops, target);
     let resident_blocks = resident_blocks_wanted(tb, target);
     let smem = plan_pipeline(
         tb,
@@ -210,7 +210,12 @@ fn demote_copies(
 }
 
 /// How the operands of each tensor-core matmul load, from their tiles' geometry.
-fn plan_operand_loads(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan]) {
+fn plan_operand_loads(
+    tb: &TbGraph,
+    tiles: &[Option<TileGeometry>],
+    ops: &mut [OpPlan],
+    target: &Target,
+) {
     for (h, op) in tb.ops.iter() {
         let OpPlan::Matmul { instr, loads, .. } = &mut ops[h.index()] else {
             continue;
@@ -223,7 +228,12 @@ fn plan_operand_loads(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [O
         ) {
             let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
             let r = sa.rank();
-            *loads = operand_loads((sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1)), ga, gb);
+            *loads = operand_loads(
+                (sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1)),
+                ga,
+                gb,
+                target,
+            );
         }
     }
 }

@@ -22,7 +22,7 @@ use std::fmt;
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::fusion::FusionPlan;
-use crate::graph::ops::{AccumKind, DimMap};
+use crate::graph::ops::{AccumKind, DimMap, TbReduction};
 use crate::graph::shape::{Shape, Strides};
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::KernelLayout;
@@ -168,6 +168,7 @@ pub fn operand_loads(
     (m, k, n): (usize, usize, usize),
     a: &TileGeometry,
     b: &TileGeometry,
+    target: &Target,
 ) -> (OperandLoad, OperandLoad) {
     let kept = |g: &TileGeometry| match g.swizzle {
         Swizzle::Xor { m, .. } => m as usize,
@@ -181,7 +182,7 @@ pub fn operand_loads(
                 (outer, outer_stride): (usize, usize),
                 (inner, inner_stride): (usize, usize),
                 k_inner: bool| {
-        let chunks = g.dtype.bytes() == 2 && kept(g) >= 3;
+        let chunks = target.has_ldmatrix && g.dtype.bytes() == 2 && kept(g) >= 3;
         // The operand's K dim is `inner` for A and `outer` for B.
         let (kd, ks, od, os) = if k_inner {
             (inner, inner_stride, outer, outer_stride)
@@ -269,6 +270,9 @@ pub enum OpPlan {
     /// A reduction over rows (tb reductions and rms_norm); rms_norm then scales its row in a
     /// second pass.
     RowReduce(RowSplit),
+    /// A running max over the loop (`reduction_max`): a thread per output element keeps the
+    /// maximum so far and the change of this iteration.
+    RunningMax,
     /// Anything else.
     Plain,
 }
@@ -578,6 +582,10 @@ pub fn plan_ops(
                     rows,
                 }
             }
+            TbOpKind::Reduction {
+                kind: TbReduction::Max,
+                ..
+            } => OpPlan::RunningMax,
             TbOpKind::Reduction { .. } => {
                 // Each output element sums `len` inputs (a dim, or a dim / dimx for to-dimx).
                 let rows = tb.tensors[op.outputs[0]].shape.numel().max(1);

@@ -159,6 +159,18 @@ impl<'a> J<'a> {
         }
     }
 
+    /// A number, or one of the strings `"inf"` and `"-inf"` (JSON has no infinities; mucc writes
+    /// infinite clamp bounds so).
+    pub fn extended_float(&self) -> JResult<f64> {
+        match self.v.as_str() {
+            Some("inf") => Ok(f64::INFINITY),
+            Some("-inf") => Ok(f64::NEG_INFINITY),
+            _ => self
+                .float()
+                .map_err(|_| self.wrong("a number, \"inf\" or \"-inf\"")),
+        }
+    }
+
     /// A string.
     pub fn str(&self) -> JResult<&'a str> {
         self.v.as_str().ok_or_else(|| self.wrong("a string"))

@@ -106,8 +106,18 @@ impl Exporter<'_> {
                 m.insert("scalar".into(), json!(s));
             }
             UnaryOp::Clamp { min, max } => {
-                m.insert("min_val".into(), json!(min));
-                m.insert("max_val".into(), json!(max));
+                // JSON has no infinities: an unbounded side is written as "inf" / "-inf".
+                let bound = |x: f64| {
+                    if x == f64::INFINITY {
+                        json!("inf")
+                    } else if x == f64::NEG_INFINITY {
+                        json!("-inf")
+                    } else {
+                        json!(x)
+                    }
+                };
+                m.insert("min_val".into(), bound(min));
+                m.insert("max_val".into(), bound(max));
             }
             _ => {}
         }

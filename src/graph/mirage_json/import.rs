@@ -1031,8 +1031,8 @@ fn unary_op(oj: &J, u: UnaryName) -> JResult<UnaryOp> {
             let (lo, hi) = (oj.opt_key("min_val")?, oj.opt_key("max_val")?);
             match (lo, hi) {
                 (Some(lo), Some(hi)) => UnaryOp::Clamp {
-                    min: lo.float()?,
-                    max: hi.float()?,
+                    min: lo.extended_float()?,
+                    max: hi.extended_float()?,
                 },
                 _ => {
                     return Err(oj.err(ErrorKind::Unsupported(

@@ -1,0 +1,225 @@
+//! nvcc builds: a generated file into a shared library exposing `mucc_execute`, and the C header
+//! that describes its buffers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::emit::host::CUBLAS_ERROR_BASE;
+use crate::emit::launch::{LaunchPlan, TensorDirective};
+use crate::target::Arch;
+
+/// Where nvcc and the runtime headers come from.
+#[derive(Clone, Debug, Default)]
+pub struct NvccOptions {
+    /// The nvcc to run (default: see [`find_nvcc`]).
+    pub nvcc: Option<PathBuf>,
+    /// Runtime headers folder (default: the embedded copy, installed in the cache).
+    pub runtime_headers: Option<PathBuf>,
+}
+
+/// Why a library could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum NvccError {
+    /// nvcc could not be started.
+    #[error("cannot run {nvcc} ({error}): install the CUDA toolkit or pass --nvcc")]
+    NotFound {
+        /// The nvcc tried.
+        nvcc: PathBuf,
+        /// Why it did not start.
+        error: std::io::Error,
+    },
+    /// nvcc rejected the source.
+    #[error("nvcc failed ({command}):\n{log}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Its output.
+        log: String,
+    },
+    /// A file could not be written or the runtime headers could not be installed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// The nvcc to use: `given`, else `$MUCC_NVCC`, `$MUCC_CUDA_HOME/bin/nvcc`,
+/// `$CUDA_HOME/bin/nvcc`, then `nvcc` on PATH.
+pub fn find_nvcc(given: Option<&Path>) -> PathBuf {
+    if let Some(p) = given {
+        return p.to_path_buf();
+    }
+    if let Some(p) = std::env::var_os("MUCC_NVCC") {
+        return PathBuf::from(p);
+    }
+    for var in ["MUCC_CUDA_HOME", "CUDA_HOME"] {
+        if let Some(h) = std::env::var_os(var) {
+            let p = PathBuf::from(h).join("bin/nvcc");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    PathBuf::from("nvcc")
+}
+
+/// nvcc's `-gencode` for `arch`.
+pub fn gencode(arch: Arch) -> String {
+    let (virt, real) = match arch {
+        Arch::Sm80 => ("compute_80", "sm_80"),
+        Arch::Sm90a => ("compute_90a", "sm_90a"),
+    };
+    format!("-gencode=arch={virt},code={real}")
+}
+
+/// A temporary directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles `source` (a generated file for `arch`) into the shared library `out`, linking cuBLAS
+/// when `plan` calls it. The library is built in a temporary directory (removed afterwards,
+/// whatever happens) and renamed into place, so `out` is never half-written.
+pub fn build_library(
+    source: &str,
+    plan: &LaunchPlan,
+    out: &Path,
+    opts: &NvccOptions,
+) -> Result<(), NvccError> {
+    let headers = match &opts.runtime_headers {
+        Some(d) => d.clone(),
+        None => super::compile::install_runtime_headers(None)
+            .map_err(|e| NvccError::Io(e.to_string()))?,
+    };
+    let work = super::compile::default_cache_dir()
+        .join("build")
+        .join(format!("{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&work)
+        .map_err(|e| NvccError::Io(format!("cannot create {}: {e}", work.display())))?;
+    let work = TempDir(work);
+    let src = work.0.join("graph.cu");
+    std::fs::write(&src, source)
+        .map_err(|e| NvccError::Io(format!("cannot write {}: {e}", src.display())))?;
+    let tmp_out = work.0.join("graph.so");
+    let nvcc = find_nvcc(opts.nvcc.as_deref());
+    let mut cmd = Command::new(&nvcc);
+    cmd.args(["-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC"])
+        .arg(gencode(plan.arch))
+        .arg("-I")
+        .arg(&headers)
+        .arg(&src)
+        .arg("-o")
+        .arg(&tmp_out);
+    // Toolkits from pip wheels keep their libraries in lib/, where nvcc does not look.
+    if let Some(top) = nvcc.parent().and_then(Path::parent) {
+        for lib in ["lib", "lib64"] {
+            if top.join(lib).is_dir() {
+                cmd.arg("-L").arg(top.join(lib));
+            }
+        }
+    }
+    if plan.uses_cublas() {
+        cmd.arg("-lcublas");
+    }
+    let output = cmd.output().map_err(|error| NvccError::NotFound {
+        nvcc: nvcc.clone(),
+        error,
+    })?;
+    if !output.status.success() {
+        return Err(NvccError::Failed {
+            command: format!("{cmd:?}"),
+            log: format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        });
+    }
+    crate::outputs::install_file(&tmp_out, out).map_err(NvccError::Io)
+}
+
+/// A name unique within this process.
+fn unique() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn describe(kind: &str, i: usize, d: &TensorDirective) -> String {
+    format!(
+        " *   {kind} {i}: {} {:?}, element strides {:?}, a buffer of {} elements",
+        d.dtype, d.shape, d.strides, d.alloc_elems
+    )
+}
+
+/// The C header of a library built from `plan`; `source` (where the graph came from, already
+/// made safe for a comment) goes into its first comment.
+pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
+    let mut lines = vec![
+        format!(
+            "/* Generated by mucc {} from {source}, for {}.",
+            env!("CARGO_PKG_VERSION"),
+            plan.arch
+        ),
+        " *".to_string(),
+        " * int mucc_execute(inputs, outputs, workspace, stream) runs the graph on `stream` (a"
+            .to_string(),
+        " * cudaStream_t); buffers are device pointers, 16-byte aligned, laid out as below; the"
+            .to_string(),
+        " * workspace is 128-byte aligned. Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE plus"
+            .to_string(),
+        " * a cublasStatus_t.".to_string(),
+        " *".to_string(),
+    ];
+    for (i, d) in plan.inputs.iter().enumerate() {
+        lines.push(describe("input", i, d));
+    }
+    for (j, d) in plan.outputs.iter().enumerate() {
+        lines.push(describe("output", j, d));
+    }
+    lines.push(format!(" *   workspace: {} bytes", plan.workspace_bytes));
+    lines.push(" */".to_string());
+    lines.push(format!("#ifndef {guard}"));
+    lines.push(format!("#define {guard}"));
+    lines.push(String::new());
+    lines.push(format!("#define MUCC_NUM_INPUTS {}", plan.inputs.len()));
+    lines.push(format!("#define MUCC_NUM_OUTPUTS {}", plan.outputs.len()));
+    lines.push(format!(
+        "#define MUCC_WORKSPACE_BYTES {}",
+        plan.workspace_bytes
+    ));
+    lines.push(format!(
+        "#define MUCC_CUBLAS_ERROR_BASE {CUBLAS_ERROR_BASE}"
+    ));
+    lines.push(String::new());
+    lines.push("#ifdef __cplusplus".to_string());
+    lines.push("extern \"C\" {".to_string());
+    lines.push("#endif".to_string());
+    lines.push("/* `stream` is a cudaStream_t (0: the legacy default stream). */".to_string());
+    lines.push(
+        "int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, void* stream);"
+            .to_string(),
+    );
+    lines.push("#ifdef __cplusplus".to_string());
+    lines.push("}".to_string());
+    lines.push("#endif".to_string());
+    lines.push(String::new());
+    lines.push(format!("#endif /* {guard} */"));
+    lines.join("\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generated header and the runtime's host.h agree on the cuBLAS error base.
+    #[test]
+    fn cublas_error_base_is_written_once() {
+        let host = include_str!("../../runtime-headers/mucc/host.h");
+        assert!(host.contains(&format!(
+            "#define MUCC_CUBLAS_ERROR_BASE {CUBLAS_ERROR_BASE}\n"
+        )));
+    }
+}

@@ -1,0 +1,306 @@
+//! A GPU session: a GPU, NVRTC with its cache, and the planning options of the GPU's target;
+//! validating, transpiling and compiling graphs for it in parallel ([`Session::prepare`]);
+//! drawing inputs and references, uploading inputs and reading outputs. `mucc run` and
+//! `mucc bench` are built on it.
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::data;
+use super::{Buffers, CompileError, Compiler, CompilerOptions, Cubin, Gpu, RunError, Source};
+use crate::MirageFile;
+use crate::emit::Emitted;
+use crate::emit::launch::LaunchPlan;
+use crate::graph::interp::{self, Array, HostTensor, InputSpec};
+use crate::graph::{DType, KernelGraph, Shape, Strides};
+use crate::sched::Options;
+use crate::target::Target;
+use crate::transpile::TranspileError;
+
+/// How to open a session.
+#[derive(Clone, Debug, Default)]
+pub struct SessionOptions {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Runtime headers folder (default: the copy embedded in mucc).
+    pub runtime_headers: Option<PathBuf>,
+    /// Compile without reading or writing the NVRTC cache.
+    pub no_cache: bool,
+}
+
+/// Why a session could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No GPU, or the driver failed.
+    #[error(transparent)]
+    Gpu(#[from] RunError),
+    /// NVRTC or its cache could not be set up.
+    #[error(transparent)]
+    Compiler(#[from] CompileError),
+}
+
+/// Why one graph could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The graph is not valid.
+    #[error("invalid:\n{0}")]
+    Invalid(crate::ValidationErrors),
+    /// Planning or emission failed.
+    #[error(transparent)]
+    Transpile(#[from] TranspileError),
+    /// NVRTC failed.
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    /// The reference could not be computed.
+    #[error("{0}")]
+    Reference(String),
+}
+
+/// An open GPU, a compiler for it, and the planning options for its target.
+pub struct Session {
+    /// The GPU.
+    pub gpu: Gpu,
+    /// NVRTC with its cache.
+    pub compiler: Compiler,
+    /// Planning options for the GPU's target.
+    pub opts: Options,
+}
+
+impl Session {
+    /// Opens the GPU first (without one nothing else is worth doing), then the compiler.
+    pub fn open(a: &SessionOptions) -> Result<Session, SessionError> {
+        let gpu = Gpu::open(a.device)?;
+        let compiler = Compiler::new(CompilerOptions {
+            runtime_headers: a.runtime_headers.clone(),
+            no_cache: a.no_cache,
+            ..Default::default()
+        })?;
+        let opts = Options {
+            target: Target::new(gpu.arch),
+            solve: Default::default(),
+        };
+        Ok(Session {
+            gpu,
+            compiler,
+            opts,
+        })
+    }
+
+    /// One line naming the GPU and the compiler.
+    pub fn describe(&self) -> String {
+        let (major, minor) = self.compiler.nvrtc_version();
+        format!(
+            "{} ({}), NVRTC {major}.{minor}",
+            self.gpu.name, self.gpu.arch
+        )
+    }
+
+    /// Validates, transpiles and compiles the graphs `indices` of `file`, and draws their inputs
+    /// (with the interpreter's reference when `inputs.check`), on all cores; results in the
+    /// order of `indices`.
+    pub fn prepare(
+        &self,
+        file: &MirageFile,
+        name: &str,
+        indices: &[usize],
+        inputs: InputChoice,
+    ) -> Vec<Result<Prepared, PrepareError>> {
+        let arch = self.gpu.arch;
+        indices
+            .par_iter()
+            .map(|&i| {
+                let lg = &file.graphs[i];
+                lg.validate().map_err(PrepareError::Invalid)?;
+                // Without a check, inputs depend only on the input signature: drawn later, once
+                // for all candidates that share it (InputCache).
+                let drawn = if inputs.check {
+                    Some(
+                        inputs_and_reference(&lg.graph, inputs.seed, inputs.scale)
+                            .map_err(PrepareError::Reference)?,
+                    )
+                } else {
+                    None
+                };
+                let t0 = Instant::now();
+                let (_, emitted) = crate::transpile::transpile(
+                    &lg.graph,
+                    &self.opts,
+                    &format!("{name}, graph {i}"),
+                )?;
+                let transpile_seconds = t0.elapsed().as_secs_f64();
+                let path = format!("{name}#graph{i}.{arch}.cu");
+                let cubin = self.compiler.compile(&Source {
+                    path: &path,
+                    text: &emitted.source,
+                    arch,
+                })?;
+                Ok(Prepared {
+                    emitted,
+                    cubin,
+                    transpile_seconds,
+                    drawn,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A graph transpiled and compiled for the session's GPU.
+pub struct Prepared {
+    /// The source and its launch plan.
+    pub emitted: Emitted,
+    /// The compiled module.
+    pub cubin: Cubin,
+    /// Seconds spent planning and emitting.
+    pub transpile_seconds: f64,
+    /// Its inputs and reference outputs, when checking.
+    pub drawn: Option<Drawn>,
+}
+
+/// Inputs drawn once for consecutive graphs with the same input signature (shapes, dtypes,
+/// strides), as the candidates of one file have: drawing them is the costliest host step of
+/// a run without `--check` on large graphs.
+#[derive(Default)]
+pub struct InputCache {
+    key: Vec<(Vec<usize>, DType, Vec<usize>)>,
+    inputs: Rc<Vec<HostTensor>>,
+}
+
+impl InputCache {
+    /// The inputs of `g` drawn at `seed` and `scale` (the same for every call of one cache).
+    pub fn get(&mut self, g: &KernelGraph, seed: u64, scale: f64) -> Rc<Vec<HostTensor>> {
+        let key: Vec<_> = g
+            .inputs()
+            .into_iter()
+            .map(|(_, t)| {
+                let d = &g.tensors[t];
+                let strides = g.input_strides(t).map(|s| s.0.clone()).unwrap_or_default();
+                (d.shape.dims().to_vec(), d.dtype, strides)
+            })
+            .collect();
+        if key != self.key || self.inputs.is_empty() {
+            self.inputs = Rc::new(interp::random_inputs(g, InputSpec { seed, scale }));
+            self.key = key;
+        }
+        self.inputs.clone()
+    }
+}
+
+/// How inputs are drawn.
+#[derive(Clone, Copy, Debug)]
+pub struct InputChoice {
+    /// Seed of the random inputs.
+    pub seed: u64,
+    /// Half-width of their distribution.
+    pub scale: f64,
+    /// Compute the interpreter's reference (and lower the scale while a stored tensor would
+    /// overflow).
+    pub check: bool,
+}
+
+impl Prepared {
+    /// "transpiled in … ms, compiled in … s" (or "cache hit").
+    pub fn describe(&self) -> String {
+        format!(
+            "transpiled in {:.0} ms, {} in {:.2} s",
+            self.transpile_seconds * 1e3,
+            if self.cubin.cached {
+                "cache hit"
+            } else {
+                "compiled"
+            },
+            self.cubin.seconds
+        )
+    }
+}
+
+/// Inputs, reference outputs, the input scale used, and why it was lowered (if it was).
+pub struct Drawn {
+    /// The inputs.
+    pub inputs: Vec<HostTensor>,
+    /// The interpreter's outputs on them.
+    pub reference: Vec<Array>,
+    /// The scale the inputs were drawn at.
+    pub scale: f64,
+    /// Why the scale was lowered, if it was.
+    pub note: Option<String>,
+}
+
+/// Inputs drawn at `scale`, halved while the reference overflows a stored tensor's dtype.
+pub fn inputs_and_reference(g: &KernelGraph, seed: u64, scale: f64) -> Result<Drawn, String> {
+    let mut scale = scale;
+    let mut note = None;
+    for _ in 0..12 {
+        let inputs = interp::random_inputs(g, InputSpec { seed, scale });
+        let (outs, excess) =
+            interp::evaluate_ranged(g, inputs.clone()).map_err(|e| e.to_string())?;
+        match excess.first() {
+            None => {
+                return Ok(Drawn {
+                    inputs,
+                    reference: outs,
+                    scale,
+                    note,
+                });
+            }
+            Some(x) => {
+                note = Some(format!(
+                    "{} {} would reach |x| = {:.3e} at scale {scale}",
+                    x.place,
+                    x.dtype.name(),
+                    x.max_abs
+                ));
+                scale /= 2.0;
+            }
+        }
+    }
+    Err(format!(
+        "stored tensors overflow their dtype even at input scale {scale}"
+    ))
+}
+
+/// Copies `inputs` into the input buffers of `bufs` (padded to each buffer's size).
+pub fn upload_inputs(
+    gpu: &Gpu,
+    bufs: &mut Buffers,
+    launch: &LaunchPlan,
+    inputs: &[HostTensor],
+) -> Result<(), String> {
+    for (k, (t, d)) in inputs.iter().zip(&launch.inputs).enumerate() {
+        let dt = d.dtype;
+        let bytes = if t.data.len() == d.alloc_elems {
+            data::encode(dt, &t.data)
+        } else {
+            let mut vals = t.data.clone();
+            vals.resize(d.alloc_elems, 0.0);
+            data::encode(dt, &vals)
+        };
+        gpu.upload_input(bufs, k, &bytes)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The logical values of every output of `bufs`, with their dtypes.
+pub fn read_outputs(
+    gpu: &Gpu,
+    bufs: &Buffers,
+    launch: &LaunchPlan,
+) -> Result<Vec<(DType, Array)>, String> {
+    launch
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(j, d)| {
+            let dt = d.dtype;
+            let bytes = gpu.download_output(bufs, j).map_err(|e| e.to_string())?;
+            let buf = data::decode(dt, &bytes);
+            let shape =
+                Shape::new(&d.shape).ok_or_else(|| format!("bad output shape {:?}", d.shape))?;
+            Ok((dt, data::gather(shape, &Strides(d.strides.clone()), &buf)))
+        })
+        .collect()
+}
