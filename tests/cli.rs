@@ -436,3 +436,72 @@ fn build_writes_a_shared_library_and_its_header_and_never_overwrites() {
     assert!(err.contains("exists; pass --force"), "{err}");
     assert_eq!(std::fs::read(&so).unwrap(), bytes);
 }
+
+/// A file name cannot inject code: newlines, a lone `\r`, `*/` and backslashes in the input's
+/// name reach the generated source and the library header only as `%XX` escapes, inside one
+/// comment line (issue 12, defect 1).
+#[test]
+fn hostile_file_names_do_not_reach_the_code() {
+    if std::env::var_os("MUCC_SKIP_CUDA").is_some_and(|v| v == "1") {
+        return;
+    }
+    let home = std::env::var_os("MUCC_CUDA_HOME").map(PathBuf::from).expect(
+        "MUCC_CUDA_HOME is not set: run `source scripts/cuda-toolchain.sh` first (or set MUCC_SKIP_CUDA=1)",
+    );
+    let nvcc = home.join("bin/nvcc").to_string_lossy().into_owned();
+    let dir = tmp("hostile");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/threadblock/matmul_3x50x13_bf16.json");
+    let names = [
+        "pwn\n__attribute__((constructor)) static void pwn(void){ __builtin_trap(); }\n#define JUNK .json",
+        "pwn\r__attribute__((constructor)) static void pwn(void){ __builtin_trap(); }\r#define JUNK .json",
+        // A directory named `x *`: the path holds `*/`, which would end a `/* */` comment.
+        "x */__attribute__((constructor)) static void pwn(void){}.json",
+        "x \\",
+    ];
+    std::fs::create_dir_all(dir.join("x *")).unwrap();
+    for (n, name) in names.iter().enumerate() {
+        let input = dir.join(name);
+        std::fs::copy(&golden, &input).unwrap();
+        let input_s = input.to_string_lossy().into_owned();
+        let cu = dir.join(format!("out{n}.cu"));
+        let o = mucc(&["transpile", &input_s, "-o", cu.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+        let so = dir.join(format!("libhostile{n}.so"));
+        let o = mucc(&[
+            "build",
+            &input_s,
+            "--graph",
+            "0",
+            "--arch",
+            "sm_80",
+            "-o",
+            so.to_str().unwrap(),
+            "--nvcc",
+            &nvcc,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+        let header = std::fs::read_to_string(so.with_extension("h")).unwrap();
+        let source = std::fs::read_to_string(&cu).unwrap();
+        for (what, text) in [("header", &header), ("source", &source)] {
+            for line in text.split(['\n', '\r']) {
+                let l = line.trim_start();
+                assert!(
+                    !l.starts_with("__attribute__") && !l.starts_with("#define JUNK"),
+                    "{what} of name {n} has a line the name started: {line}"
+                );
+                // Only the file-name comment mentions the payload, and it stays a comment.
+                if line.contains("constructor") {
+                    assert!(l.starts_with("//") || l.starts_with("/*"), "{what}: {line}");
+                    assert!(!line.contains("*/ __attribute__"), "{what}: {line}");
+                }
+                assert!(!line.ends_with('\\'), "{what}: a line continues: {line}");
+            }
+        }
+        let nm = Command::new("nm").arg("-D").arg(&so).output().expect("nm");
+        assert!(!String::from_utf8_lossy(&nm.stdout).contains("pwn"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -131,7 +131,7 @@ impl Session {
                     &format!("{name}, graph {i}"),
                 )?;
                 let transpile_seconds = t0.elapsed().as_secs_f64();
-                let path = format!("{name}#graph{i}.{arch}.cu");
+                let path = crate::emit::cxx::comment_safe(&format!("{name}#graph{i}.{arch}.cu"));
                 let cubin = self.compiler.compile(&Source {
                     path: &path,
                     text: &emitted.source,

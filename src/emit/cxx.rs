@@ -121,6 +121,32 @@ pub fn layout(dims: &[usize], strides: &[usize], swizzle: Option<Swizzle>) -> St
     }
 }
 
+/// `text` made safe for one line of a `//` or `/* */` comment, whatever it holds (a file name
+/// may hold anything): control characters (line breaks included: `\n`, `\r`, form feed,
+/// vertical tab, NEL, U+2028, U+2029), backslashes (a trailing one would continue the comment
+/// onto the next line) and `%` are written as `%XX` escapes of their UTF-8 bytes, and so are the
+/// `/` of `*/` and the second `?` of `??` (no trigraph). Printable text is kept.
+pub fn comment_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut prev = '\0';
+    for ch in text.chars() {
+        let escape = ch.is_control()
+            || matches!(ch, '\\' | '%' | '\u{2028}' | '\u{2029}')
+            || (ch == '/' && prev == '*')
+            || (ch == '?' && prev == '?');
+        if escape {
+            let mut buf = [0u8; 4];
+            for b in ch.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(ch);
+        }
+        prev = ch;
+    }
+    out
+}
+
 /// `text` as `// ` comment lines of at most `MAX_LINE - indent` characters, broken at spaces
 /// (a word longer than a line stays whole).
 pub fn comment(text: &str, indent: usize) -> Vec<String> {
@@ -298,6 +324,22 @@ mod tests {
         assert_eq!(
             unary(&clamp, "v", "float"),
             "mucc::op::clamp(v, mucc::neg_inf<float>(), float(6.0))"
+        );
+    }
+
+    #[test]
+    fn comment_text_cannot_end_or_continue_a_comment() {
+        let hostile = "pwn\n__attribute__((constructor)) static void f(void){}\r#define X */ \\\u{2028}??/ 100%";
+        let safe = comment_safe(hostile);
+        assert!(!safe.contains(['\n', '\r', '\\', '\u{2028}']), "{safe}");
+        assert!(!safe.contains("*/") && !safe.contains("??"), "{safe}");
+        assert_eq!(
+            safe,
+            "pwn%0A__attribute__((constructor)) static void f(void){}%0D#define X *%2F %5C%E2%80%A8?%3F/ 100%25"
+        );
+        assert_eq!(
+            comment_safe("gated_mlp.json, graph 3"),
+            "gated_mlp.json, graph 3"
         );
     }
 

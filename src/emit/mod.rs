@@ -140,7 +140,8 @@ fn io(
     (lines, inputs, outputs)
 }
 
-/// Emits a planned graph. `source` describes where the graph came from (for the header).
+/// Emits a planned graph. `source` describes where the graph came from; it goes into the
+/// header comment made safe ([`cxx::comment_safe`]), whatever it holds.
 pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, EmitError> {
     let (io_lines, inputs, outputs) = io(g, plan);
     let mut kernels = Vec::new();
@@ -171,7 +172,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         steps,
     };
     let mut header = vec![
-        format!("source: {source}"),
+        format!("source: {}", cxx::comment_safe(source)),
         format!("target: {}", plan.target.arch),
     ];
     header.extend(io_lines);
