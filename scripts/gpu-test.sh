@@ -2,7 +2,12 @@
 # GPU test on a GPU machine (no Rust needed):
 #   check     `mucc run --check --all` on every corpus file (numerical check of every graph);
 #   sanitize  compute-sanitizer memcheck and racecheck on graph 0 of each file;
-#   bench     `mucc bench --all` on every file (table in NAME.bench.txt, JSON in NAME.bench.json).
+#   bench     `mucc bench --all` on every file (table in NAME.bench.txt, JSON in NAME.bench.json);
+#   generated `mucc run --all --check` on CARRY/generated/*.json, random valid graphs written by
+#             `cargo run --release --example gen_graphs -- CARRY/generated COUNT` (not a
+#             default step);
+#   faults    a kernel fault (`mucc run --inject-fault`, a test hook) and a device-memory limit
+#             (`--max-device-memory`) each give one clear error and exit 1 (not a default step).
 #
 #   scripts/gpu-test.sh CARRY OUT [FILE.json ...]
 #
@@ -57,4 +62,29 @@ for f in "${files[@]}"; do
         printf '%-26s bench: %s (%d s)\n' "$name" "$(grep '^fastest' "$out/$name.bench.txt" | tail -1)" "$(( $(date +%s) - t0 ))"
     fi
 done
+if [[ "$steps" == *" generated "* ]]; then
+    t0=$(date +%s)
+    total_pass=0; total_fail=0
+    for f in "$carry"/generated/*.json; do
+        name="$(basename "$f" .json)"
+        "$carry/mucc" run "$f" --all --check > "$out/$name.run.log" 2>&1 || status=1
+        line="$(tail -1 "$out/$name.run.log")"
+        p=$(sed -n 's/.* \([0-9]*\) passed.*/\1/p' <<< "$line"); f_=$(sed -n 's/.*passed, \([0-9]*\) failed.*/\1/p' <<< "$line")
+        total_pass=$((total_pass + ${p:-0})); total_fail=$((total_fail + ${f_:-1}))
+        printf '%-26s %s\n' "$name" "$line"
+    done
+    printf 'generated graphs: %d passed, %d failed (%d s)\n' "$total_pass" "$total_fail" "$(( $(date +%s) - t0 ))"
+fi
+if [[ "$steps" == *" faults "* ]]; then
+    f="$carry/corpus/lora.json"
+    "$carry/mucc" run "$f" --all --check --inject-fault > "$out/fault.log" 2>&1
+    rc=$?
+    n=$(grep -c "failed on the GPU" "$out/fault.log")
+    printf 'fault: exit %d, %d fault report(s): %s\n' "$rc" "$n" "$(grep -m1 'failed on the GPU' "$out/fault.log" | cut -c1-160)"
+    { [ "$rc" = 1 ] && [ "$n" = 1 ] && grep -q "^stopping" "$out/fault.log"; } || status=1
+    "$carry/mucc" run "$f" --graph 0 --check --max-device-memory 1K > "$out/oom.log" 2>&1
+    rc=$?
+    printf 'device memory: exit %d: %s\n' "$rc" "$(grep -m1 'device memory' "$out/oom.log" | cut -c1-160)"
+    { [ "$rc" = 1 ] && grep -q "device memory" "$out/oom.log"; } || status=1
+fi
 exit $status

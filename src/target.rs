@@ -65,6 +65,9 @@ pub struct Target {
     pub smem_per_block: usize,
     /// Shared memory of one SM (bytes), shared by its resident blocks.
     pub smem_per_sm: usize,
+    /// Device memory of the largest part of this architecture (bytes; A100 80 GB, H200 141 GB):
+    /// a graph whose buffers exceed it cannot run on any such GPU.
+    pub device_memory: usize,
     /// SMs of a typical part of this architecture (A100: 108, H100 SXM/H200: 132); used only by
     /// occupancy heuristics.
     pub typical_sms: usize,
@@ -97,6 +100,7 @@ impl Target {
                 arch,
                 smem_per_block: 163 * 1024 - RUNTIME_STATIC_SMEM,
                 smem_per_sm: 164 * 1024,
+                device_memory: 80 << 30,
                 typical_sms: 108,
                 max_pipeline_stages: 4,
                 accum_register_budget: 64,
@@ -110,6 +114,7 @@ impl Target {
                 arch,
                 smem_per_block: 227 * 1024 - RUNTIME_STATIC_SMEM,
                 smem_per_sm: 228 * 1024,
+                device_memory: 141 << 30,
                 typical_sms: 132,
                 max_pipeline_stages: 4,
                 accum_register_budget: 64,

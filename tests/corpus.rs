@@ -108,6 +108,7 @@ fn import_export_import_round_trips_every_graph() {
                 None,
                 &ImportOptions {
                     dtype_table: Some(opts.dtype_table),
+                    ..Default::default()
                 },
             )
             .unwrap_or_else(|e| panic!("{}: re-import failed: {e}", path.display()));

@@ -38,7 +38,15 @@ fn export(g: &KernelGraph, table: DtypeTable, legacy_names: bool, marker: bool) 
 }
 
 fn read(text: &str, table: Option<DtypeTable>) -> MirageFile {
-    parse_str(text, None, &ImportOptions { dtype_table: table }).unwrap()
+    parse_str(
+        text,
+        None,
+        &ImportOptions {
+            dtype_table: table,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn dtype(f: &MirageFile) -> DType {

@@ -762,6 +762,7 @@ fn kernel_chunk_whose_outputs_lack_the_chunked_dim() {
     at(&mut doc, "[0]").as_array_mut().unwrap().insert(5, chunk);
     let opts = ImportOptions {
         dtype_table: Some(DtypeTable::Current),
+        ..Default::default()
     };
     let e = invalid_with(&doc, &opts);
     assert_at(&e, Some(0), "[0][5]");
@@ -980,6 +981,7 @@ fn unknown_dtype_code_with_an_explicit_table() {
     set(&mut doc, "[0][1].output_tensors[0].data_type", json!(12345));
     let opts = ImportOptions {
         dtype_table: Some(DtypeTable::Legacy),
+        ..Default::default()
     };
     let e = import_err_with(&doc, &opts);
     assert_at(&e, Some(0), "[0][1].output_tensors[0].data_type");
@@ -1019,6 +1021,7 @@ fn fp8_is_recognised_but_unsupported_under_the_current_table() {
     let doc: Value = serde_json::from_str(&text).unwrap();
     let opts = ImportOptions {
         dtype_table: Some(DtypeTable::Current),
+        ..Default::default()
     };
     let e = invalid_with(&doc, &opts);
     assert_at(&e, Some(0), "[0][0].output_tensors[0]");
@@ -1030,6 +1033,7 @@ fn fp8_is_recognised_but_unsupported_under_the_current_table() {
 fn legacy_fp16_code_under_the_current_table_is_unknown() {
     let opts = ImportOptions {
         dtype_table: Some(DtypeTable::Current),
+        ..Default::default()
     };
     let e = import_err_with(&gated(), &opts);
     assert_at(&e, Some(0), "[0][0].output_tensors[0].data_type");

@@ -48,7 +48,7 @@ fn golden(name: &str) -> (String, String) {
 }
 
 #[test]
-fn second_compile_is_a_cache_hit_with_the_same_cubin() {
+fn second_compile_is_a_cache_hit_with_the_same_cubin_and_damaged_entries_are_rebuilt() {
     if skip() {
         return;
     }
@@ -84,6 +84,26 @@ fn second_compile_is_a_cache_hit_with_the_same_cubin() {
         assert!(second.cached, "{arch}: the second compile reads the cache");
         assert_eq!(first.bytes, second.bytes);
         assert_eq!(first.key, second.key);
+        // A truncated entry, then a corrupted one: detected, compiled again, repaired.
+        let entry = cache.0.join("nvrtc").join(format!("{}.entry", first.key));
+        let good = std::fs::read(&entry).unwrap();
+        std::fs::write(&entry, &good[..good.len() / 2]).unwrap();
+        let again = compiler.compile(&src).unwrap();
+        assert!(!again.cached, "{arch}: a truncated entry is not used");
+        assert_eq!(again.bytes, first.bytes);
+        assert_eq!(
+            std::fs::read(&entry).unwrap(),
+            good,
+            "{arch}: the entry is rewritten"
+        );
+        let mut bad = good.clone();
+        let n = bad.len();
+        bad[n - 100] ^= 0xff;
+        std::fs::write(&entry, &bad).unwrap();
+        let again = compiler.compile(&src).unwrap();
+        assert!(!again.cached, "{arch}: a corrupted entry is not used");
+        assert_eq!(again.bytes, first.bytes);
+        assert!(compiler.compile(&src).unwrap().cached);
         eprintln!(
             "{arch}: compiled in {:.2} s, cache hit in {:.4} s, {} bytes",
             first.seconds,

@@ -105,6 +105,7 @@ fuzz_target!(|data: &[u8]| {
         let text2 = serde_json::to_string(&json).expect("serialising a serde_json::Value");
         let current = ImportOptions {
             dtype_table: Some(DtypeTable::Current),
+            ..Default::default()
         };
         let back = parse_str(&text2, None, &current)
             .unwrap_or_else(|e| panic!("re-import of an exported valid graph failed: {e}\n{text2}"));

@@ -55,7 +55,7 @@ pub struct BenchArgs {
     seed: u64,
     /// Half-width of the input distribution (lowered per graph with `--check` while a stored
     /// tensor would overflow).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
     scale: f64,
     /// Print one JSON document instead of the table.
     #[arg(long, conflicts_with = "json_out")]
@@ -68,6 +68,8 @@ pub struct BenchArgs {
     force: bool,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    budget: super::BudgetArgs,
 }
 
 /// What was measured for one graph.
@@ -130,8 +132,8 @@ fn measure(
         .map_err(|e| e.to_string())?;
     let check = match prep.drawn.as_ref().map(|d| &d.reference) {
         Some(refs) => {
-            gpu.execute(&prog, &first).map_err(|e| e.to_string())?;
-            gpu.synchronize().map_err(|e| e.to_string())?;
+            gpu.execute_checked(&prog, &first)
+                .map_err(|e| e.to_string())?;
             let outs = read_outputs(gpu, &first, launch)?;
             let cmp = outs
                 .iter()
@@ -195,14 +197,8 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
-    if let Some(p) = &a.json_out
-        && p.exists()
-        && !a.force
-    {
-        return Err(Failure::User(format!(
-            "{} exists; pass --force to overwrite it",
-            p.display()
-        )));
+    if let Some(p) = &a.json_out {
+        super::out::check(std::slice::from_ref(p), &[a.input.file.as_path()], a.force)?;
     }
     let mut session = super::gpu::open(&a.gpu)?;
     let name = a.input.file.display().to_string();
@@ -215,6 +211,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
             seed: a.seed,
             scale: a.scale,
             check: a.check,
+            budget: a.budget.budget(),
         },
     );
     let prepare_seconds = t0.elapsed().as_secs_f64();
@@ -252,8 +249,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let doc = json_report(&a, &session, &ceilings, &rows, fastest, prepare_seconds);
     let text = serde_json::to_string_pretty(&doc).expect("JSON values serialise");
     if let Some(p) = &a.json_out {
-        std::fs::write(p, format!("{text}\n"))
-            .map_err(|e| Failure::User(format!("cannot write {}: {e}", p.display())))?;
+        super::out::write(p, format!("{text}\n"))?;
     }
     if a.json {
         writeln!(out, "{text}")?;

@@ -59,14 +59,11 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         )));
     }
     let header_path = out.with_extension("h");
-    for p in [out, &header_path] {
-        if p.exists() && !a.force {
-            return Err(Failure::User(format!(
-                "{} exists; pass --force to overwrite it",
-                p.display()
-            )));
-        }
-    }
+    super::out::check(
+        &[out.clone(), header_path.clone()],
+        &[a.input.file.as_path()],
+        a.force,
+    )?;
     let lg = &file.graphs[i];
     lg.validate()
         .map_err(|e| Failure::User(format!("graph {i} is invalid:\n{e}")))?;

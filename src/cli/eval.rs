@@ -22,19 +22,33 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Half-width of the input distribution.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
     scale: f64,
     /// Write the inputs and reference outputs of the (single) evaluated graph into this
     /// directory: `in<i>.bin` (the caller buffer, strides applied, as little-endian f64; padding
     /// is NaN), `ref<j>.bin` (logical row-major f64) and `manifest.json` (shapes, strides, dtypes).
     #[arg(long, value_name = "DIR", conflicts_with = "all")]
     dump: Option<std::path::PathBuf>,
+    /// Overwrite files of an earlier `--dump` in DIR.
+    #[arg(long, requires = "dump")]
+    force: bool,
+    #[command(flatten)]
+    budget: super::BudgetArgs,
 }
 
 fn write_f64(path: &std::path::Path, data: &[f64]) -> Result<(), Failure> {
     let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(path, bytes)
-        .map_err(|e| Failure::User(format!("cannot write {}: {e}", path.display())))
+    super::out::write(path, bytes)
+}
+
+/// The files `--dump DIR` writes for `g`.
+fn dump_paths(dir: &std::path::Path, g: &KernelGraph) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<std::path::PathBuf> = (0..g.inputs().len())
+        .map(|i| dir.join(format!("in{i}.bin")))
+        .collect();
+    v.extend((0..g.outputs().len()).map(|j| dir.join(format!("ref{j}.bin"))));
+    v.push(dir.join("manifest.json"));
+    v
 }
 
 fn dump(
@@ -44,8 +58,6 @@ fn dump(
     outputs: &[Array],
     spec: InputSpec,
 ) -> Result<(), Failure> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
     let mut ins = Vec::new();
     for (i, (h, t)) in inputs.iter().zip(g.inputs()).enumerate() {
         write_f64(&dir.join(format!("in{i}.bin")), &h.data)?;
@@ -68,11 +80,10 @@ fn dump(
     }
     let manifest =
         serde_json::json!({"seed": spec.seed, "scale": spec.scale, "inputs": ins, "outputs": outs});
-    std::fs::write(
-        dir.join("manifest.json"),
+    super::out::write(
+        &dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n",
     )
-    .map_err(|e| Failure::User(format!("cannot write {}: {e}", dir.display())))
 }
 
 /// Statistics of one output.
@@ -150,11 +161,23 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
-    // Validate first: the interpreter assumes valid graphs.
+    // Validate first: the interpreter assumes valid graphs. Then the cost: a small file may
+    // ask for terabytes.
+    let budget = a.budget.budget();
     for &i in &indices {
         if let Err(e) = file.graphs[i].validate() {
             return Err(Failure::User(format!("graph {i} is invalid:\n{e}")));
         }
+        let g = &file.graphs[i].graph;
+        interp::estimate(g)
+            .check(g, &budget)
+            .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
+    }
+    if let Some(dir) = &a.dump {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
+        let g = &file.graphs[indices[0]].graph;
+        super::out::check(&dump_paths(dir, g), &[a.input.file.as_path()], a.force)?;
     }
     let spec = InputSpec {
         seed: a.seed,
@@ -205,7 +228,15 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         };
         let secs = t0.elapsed().as_secs_f64();
         bar.suspend(|| {
-            for x in &excess {
+            // A few warnings per graph, then a count: a long chain can overflow everywhere.
+            const SHOWN: usize = 4;
+            if excess.len() > SHOWN {
+                eprintln!(
+                    "warning: graph {i}: {} tensors or tiles exceed their dtype's finite range on these inputs (the first {SHOWN} follow); lower --scale",
+                    excess.len()
+                );
+            }
+            for x in excess.iter().take(SHOWN) {
                 let shape = match x.place {
                     interp::RangePlace::Tensor(t) => format!(" {}", g.tensors[t].shape),
                     interp::RangePlace::Tile { .. } => String::new(),

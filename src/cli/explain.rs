@@ -56,28 +56,34 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
             a.graph
         ))
     })?;
+    // The drawings: one per customized operator, all checked before the first is written.
+    let svg_paths: Vec<PathBuf> = match &a.svg {
+        None => Vec::new(),
+        Some(svg) => plan
+            .kernels
+            .keys()
+            .enumerate()
+            .map(|(i, &k)| {
+                if i == 0 {
+                    svg.clone()
+                } else {
+                    let stem = svg
+                        .file_stem()
+                        .map_or("plan".into(), |s| s.to_string_lossy().into_owned());
+                    let ext = svg
+                        .extension()
+                        .map_or("svg".into(), |s| s.to_string_lossy().into_owned());
+                    svg.with_file_name(format!("{stem}.k{k}.{ext}"))
+                }
+            })
+            .collect(),
+    };
+    super::out::check(&svg_paths, &[a.input.file.as_path()], a.force)?;
     let mut out = stdout();
     writeln!(out, "file: {}, graph {}", a.input.file.display(), a.graph)?;
     write!(out, "{}", mucc::explain::explain(&lg.graph, &plan))?;
-    if let Some(svg) = &a.svg {
-        for (i, (&k, kp)) in plan.kernels.iter().enumerate() {
-            let path = if i == 0 {
-                svg.clone()
-            } else {
-                let stem = svg
-                    .file_stem()
-                    .map_or("plan".into(), |s| s.to_string_lossy().into_owned());
-                let ext = svg
-                    .extension()
-                    .map_or("svg".into(), |s| s.to_string_lossy().into_owned());
-                svg.with_file_name(format!("{stem}.k{k}.{ext}"))
-            };
-            if path.exists() && !a.force {
-                return Err(Failure::User(format!(
-                    "{} exists; pass --force to overwrite it",
-                    path.display()
-                )));
-            }
+    if a.svg.is_some() {
+        for (path, (&k, kp)) in svg_paths.iter().zip(&plan.kernels) {
             let title = format!(
                 "{} graph {} kernel op {k} ({}, {})",
                 a.input.file.display(),
@@ -85,11 +91,10 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
                 a.arch,
                 lg.graph.ops[Handle::from_index(k)].kind.name()
             );
-            std::fs::write(
-                &path,
+            super::out::write(
+                path,
                 memory::svg(&title, &kp.smem.buffers, &kp.smem.packing),
-            )
-            .map_err(|e| Failure::User(format!("cannot write {}: {e}", path.display())))?;
+            )?;
             writeln!(out, "wrote {}", path.display())?;
         }
     }

@@ -1,6 +1,5 @@
 //! `mucc export`.
 
-use std::fs;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -62,14 +61,12 @@ pub fn run(a: ExportArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::User(e.to_string()))?;
     match &a.output {
         Some(path) => {
-            if path.exists() && !a.force {
-                return Err(Failure::User(format!(
-                    "{} exists; pass --force to overwrite it",
-                    path.display()
-                )));
-            }
-            fs::write(path, text + "\n")
-                .map_err(|e| Failure::User(format!("cannot write {}: {e}", path.display())))?;
+            super::out::check(
+                std::slice::from_ref(path),
+                &[a.input.file.as_path()],
+                a.force,
+            )?;
+            super::out::write(path, text + "\n")?;
         }
         None => writeln!(stdout(), "{text}")?,
     }

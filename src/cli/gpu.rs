@@ -23,6 +23,10 @@ pub struct GpuArgs {
     /// Compile without reading or writing the NVRTC cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// The most device memory one graph's buffers may take (bytes; K, M, G suffixes; default:
+    /// what the GPU has free).
+    #[arg(long, value_name = "BYTES", value_parser = super::parse_bytes)]
+    pub max_device_memory: Option<u64>,
 }
 
 /// Opens the GPU and the compiler `a` names.
@@ -31,6 +35,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         device: a.device,
         runtime_headers: a.runtime_headers.clone(),
         no_cache: a.no_cache,
+        max_device_memory: a.max_device_memory.map(|b| b as usize),
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

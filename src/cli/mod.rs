@@ -7,6 +7,7 @@ mod explain;
 mod export;
 mod gpu;
 mod inspect;
+mod out;
 mod run;
 mod transpile;
 
@@ -58,6 +59,66 @@ pub struct InputArgs {
     /// current. Detected from the file when absent.
     #[arg(long, value_name = "TABLE", value_parser = parse_table)]
     pub dtype_table: Option<DtypeTable>,
+    /// The largest input file to read (bytes; K, M and G suffixes are powers of 1024).
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_bytes)]
+    pub max_input_bytes: u64,
+}
+
+/// Limits of the f64 reference (`mucc eval`, and `--check` of `run` and `bench`).
+#[derive(Args, Debug, Clone)]
+pub struct BudgetArgs {
+    /// Host memory the reference may use (bytes; K, M, G suffixes).
+    #[arg(long, value_name = "BYTES", default_value = "8G", value_parser = parse_bytes)]
+    pub max_memory: u64,
+    /// Operations the reference may take (element operations and multiply-adds; 1e11 is about
+    /// a minute).
+    #[arg(long, value_name = "OPS", default_value_t = mucc::graph::interp::budget::DEFAULT_MAX_OPS, value_parser = parse_work)]
+    pub max_work: f64,
+}
+
+impl BudgetArgs {
+    /// The budget.
+    pub fn budget(&self) -> mucc::graph::interp::Budget {
+        mucc::graph::interp::Budget {
+            max_bytes: self.max_memory,
+            max_ops: self.max_work,
+        }
+    }
+}
+
+fn parse_work(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && !x.is_nan() => Ok(x),
+        _ => Err(format!("`{s}` is not a positive number of operations")),
+    }
+}
+
+/// An input scale: a finite number greater than 0.
+pub fn parse_scale(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(_) => Err(format!(
+            "the scale must be a finite number above 0, not {s}"
+        )),
+        Err(_) => Err(format!("`{s}` is not a number")),
+    }
+}
+
+/// A byte count: digits with an optional K, M or G suffix (powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a byte count (digits with an optional K, M or G)"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn parse_table(s: &str) -> Result<DtypeTable, String> {
@@ -121,6 +182,7 @@ pub fn load(args: &InputArgs) -> Result<MirageFile, Failure> {
         &args.file,
         &ImportOptions {
             dtype_table: args.dtype_table,
+            max_input_bytes: args.max_input_bytes,
         },
     )
     .map_err(|e| Failure::User(e.to_string()))

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
+use mucc::cuda::RunError;
 use mucc::cuda::data::{self, Comparison};
 
 use super::gpu::{Drawn, GpuArgs, InputCache, InputChoice, read_outputs, upload_inputs};
@@ -28,10 +29,38 @@ pub struct RunArgs {
     /// Half-width of the input distribution (uniform in [−scale, scale)). With `--check`,
     /// halved per graph while a tensor the GPU stores would leave its dtype's finite range on
     /// these inputs.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
     scale: f64,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    budget: super::BudgetArgs,
+    /// Test hook: moves the first kernel argument of every plan 2⁴⁰ bytes out of its buffer,
+    /// so that the kernel faults (to check how a fault is reported).
+    #[arg(long, hide = true)]
+    inject_fault: bool,
+}
+
+/// Moves the first kernel argument of `plan` far out of its buffer.
+fn inject_fault(plan: &mut mucc::emit::launch::LaunchPlan) {
+    use mucc::emit::launch::{Binding, Step};
+    if let Some(Step::Kernel(k)) = plan.steps.iter_mut().find(|s| matches!(s, Step::Kernel(_))) {
+        let far = 1usize << 40;
+        if let Some(b) = k.args.first_mut() {
+            *b = match *b {
+                Binding::Workspace {
+                    byte_offset,
+                    elem_offset,
+                    elem_bytes,
+                } => Binding::Workspace {
+                    byte_offset: byte_offset + far,
+                    elem_offset,
+                    elem_bytes,
+                },
+                other => other.offset_by(far),
+            };
+        }
+    }
 }
 
 /// What one graph's run reports: per output (index, comparison, description), and a line of
@@ -62,6 +91,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
             seed: a.seed,
             scale: a.scale,
             check: a.check,
+            budget: a.budget.budget(),
         },
     );
     if indices.len() > 1 {
@@ -77,8 +107,10 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
         let gpu = &mut session.gpu;
-        let result = (|| -> Result<GraphReport, String> {
-            let prep = prep.map_err(|e| e.to_string())?;
+        let result = (|| -> Result<GraphReport, (String, bool)> {
+            let plain = |e: String| (e, false);
+            let run = |e: RunError| (e.to_string(), e.is_fatal());
+            let prep = prep.map_err(|e| plain(e.to_string()))?;
             let (emitted, cubin) = (&prep.emitted, &prep.cubin);
             if cubin.cached {
                 cached += 1;
@@ -86,10 +118,12 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                 compiled += 1;
             }
             let mut info = prep.describe();
-            let prog = gpu
-                .load(&cubin.bytes, &emitted.launch)
-                .map_err(|e| e.to_string())?;
-            let mut bufs = gpu.alloc(&prog).map_err(|e| e.to_string())?;
+            let mut launch = emitted.launch.clone();
+            if a.inject_fault {
+                inject_fault(&mut launch);
+            }
+            let prog = gpu.load(&cubin.bytes, &launch).map_err(run)?;
+            let mut bufs = gpu.alloc(&prog).map_err(run)?;
             let shared;
             let (inputs, reference): (&[_], _) = match &prep.drawn {
                 Some(Drawn {
@@ -108,13 +142,11 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                     (&shared, None)
                 }
             };
-            upload_inputs(gpu, &mut bufs, &emitted.launch, inputs)?;
-            gpu.poison_outputs(&mut bufs, 0xff)
-                .map_err(|e| e.to_string())?;
-            gpu.execute(&prog, &bufs).map_err(|e| e.to_string())?;
-            gpu.synchronize().map_err(|e| e.to_string())?;
+            upload_inputs(gpu, &mut bufs, &emitted.launch, inputs).map_err(plain)?;
+            gpu.poison_outputs(&mut bufs, 0xff).map_err(run)?;
+            gpu.execute_checked(&prog, &bufs).map_err(run)?;
             let mut rows = Vec::new();
-            let outputs = read_outputs(gpu, &bufs, &emitted.launch)?;
+            let outputs = read_outputs(gpu, &bufs, &emitted.launch).map_err(plain)?;
             for (j, ((dt, got), d)) in outputs.iter().zip(&emitted.launch.outputs).enumerate() {
                 let desc = format!("{} {:?}", d.dtype, d.shape);
                 match reference {
@@ -155,9 +187,15 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                     failed += 1;
                 }
             }
-            Err(msg) => {
+            Err((msg, fatal)) => {
                 writeln!(out, "graph {i}: FAIL: {msg}")?;
                 failed += 1;
+                if fatal {
+                    let left =
+                        indices.len() - 1 - indices.iter().position(|&x| x == i).unwrap_or(0);
+                    writeln!(out, "stopping: {left} graph(s) not run")?;
+                    break;
+                }
             }
         }
     }

@@ -1,13 +1,13 @@
 //! `mucc transpile`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 
-use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
+use super::{Failure, GraphSelection, InputArgs, load, out, print_warnings, stdout};
 
 /// Arguments of `mucc transpile`.
 #[derive(Args, Debug)]
@@ -34,17 +34,6 @@ pub struct TranspileArgs {
     force: bool,
 }
 
-fn write_new(path: &Path, text: &str, force: bool) -> Result<(), Failure> {
-    if path.exists() && !force {
-        return Err(Failure::User(format!(
-            "{} exists; pass --force to overwrite it",
-            path.display()
-        )));
-    }
-    std::fs::write(path, text)
-        .map_err(|e| Failure::User(format!("cannot write {}: {e}", path.display())))
-}
-
 /// Runs `mucc transpile`.
 pub fn run(a: TranspileArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
@@ -69,6 +58,21 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
     }
+    // Every file this call writes, checked before the first is written.
+    let base = |i: usize| format!("{stem}.g{i}.{}", a.arch);
+    let paths: Vec<PathBuf> = match &a.out_dir {
+        Some(dir) => indices
+            .iter()
+            .flat_map(|&i| {
+                [
+                    dir.join(format!("{}.cu", base(i))),
+                    dir.join(format!("{}.plan.json", base(i))),
+                ]
+            })
+            .collect(),
+        None => a.output.iter().chain(&a.plan).cloned().collect(),
+    };
+    out::check(&paths, &[a.input.file.as_path()], a.force)?;
     let mut failed = 0;
     for &i in &indices {
         let lg = &file.graphs[i];
@@ -91,20 +95,18 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
         let plan_json = serde_json::to_string_pretty(&emitted.launch)
             .map_err(|e| Failure::User(e.to_string()))?;
         if let Some(dir) = &a.out_dir {
-            let base = format!("{stem}.g{i}.{}", a.arch);
-            write_new(&dir.join(format!("{base}.cu")), &emitted.source, a.force)?;
-            write_new(
-                &dir.join(format!("{base}.plan.json")),
-                &(plan_json + "\n"),
-                a.force,
+            out::write(&dir.join(format!("{}.cu", base(i))), &emitted.source)?;
+            out::write(
+                &dir.join(format!("{}.plan.json", base(i))),
+                plan_json + "\n",
             )?;
         } else {
             match &a.output {
-                Some(p) => write_new(p, &emitted.source, a.force)?,
+                Some(p) => out::write(p, &emitted.source)?,
                 None => write!(stdout(), "{}", emitted.source)?,
             }
             if let Some(p) = &a.plan {
-                write_new(p, &(plan_json + "\n"), a.force)?;
+                out::write(p, plan_json + "\n")?;
             }
         }
     }

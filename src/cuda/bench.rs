@@ -168,14 +168,8 @@ fn gemm_types(
     cudarc::cublas::sys::cudaDataType,
     cudarc::cublas::sys::cublasComputeType_t,
 )> {
-    use cudarc::cublas::sys::{cublasComputeType_t as C, cudaDataType as D};
-    Some(match dt {
-        DType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
-        DType::BF16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
-        DType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
-        DType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
-        _ => return None,
-    })
+    let (d, c) = crate::sched::gemm::cublas_types(dt).ok()?;
+    Some((super::run::cuda_data_type(d), super::run::compute_type(c)))
 }
 
 /// `n` random values in [−1, 1) encoded in `dt` (xorshift; fast, not statistical quality).
@@ -187,7 +181,7 @@ fn random_bytes(dt: DType, n: usize, seed: u64) -> Vec<u8> {
         x ^= x << 17;
         (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
     };
-    let mut out = Vec::with_capacity(n * super::data::elem_bytes(dt));
+    let mut out = Vec::with_capacity(n * dt.bytes());
     for _ in 0..n {
         let v = next();
         match dt {
@@ -346,7 +340,7 @@ impl Gpu {
         let b = upload(0xd1b5_4a32_d192_ed03)?;
         let c: CudaSlice<u8> = self
             .stream
-            .alloc_zeros(n * n * super::data::elem_bytes(dt))
+            .alloc_zeros(n * n * dt.bytes())
             .map_err(driver("allocating the product"))?;
         let ptr = |s: &CudaSlice<u8>| {
             let (p, _sync) = s.device_ptr(&self.stream);

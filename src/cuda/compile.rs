@@ -8,9 +8,12 @@
 //! toolkit: the first of `MUCC_CUDA_INCLUDE`, `$MUCC_CUDA_HOME/include`, `$CUDA_HOME/include`,
 //! `$CUDA_PATH/include` and `/usr/local/cuda/include` that holds `cuda_fp16.h`.
 //!
-//! A compiled cubin is stored as `<cache>/nvrtc/<key>.cubin` (with the compiler log beside it),
-//! where the key is the SHA-256 of the NVRTC version, the target, the options, the runtime
-//! headers and the source; a second compile of the same source is a file read.
+//! A compiled cubin is stored as `<cache>/nvrtc/<key>.entry`, where the key is the SHA-256 of
+//! the NVRTC version, the target, the options, the runtime headers and the source; a second
+//! compile of the same source is a file read. An entry carries the SHA-256 of its contents
+//! (the compiler log and the cubin): a truncated or corrupted entry is detected, never loaded,
+//! and compiled afresh. Entries are written to a temporary file and renamed into place, so
+//! processes sharing the cache never see half an entry.
 
 use std::ffi::{CString, c_char, c_int};
 use std::path::{Path, PathBuf};
@@ -273,8 +276,17 @@ fn hash_headers_dir(dir: &Path) -> Result<String, CompileError> {
 /// Writes the embedded headers under `<cache>/runtime-headers/<hash>` once; returns the folder.
 fn materialise_headers(cache: &Path, hash: &str) -> Result<PathBuf, CompileError> {
     let dir = cache.join("runtime-headers").join(&hash[..16]);
-    if dir.join("mucc/runtime.h").is_file() {
+    let intact = || {
+        RUNTIME_HEADERS
+            .iter()
+            .all(|(rel, text)| std::fs::read(dir.join(rel)).is_ok_and(|b| b == text.as_bytes()))
+    };
+    if intact() {
         return Ok(dir);
+    }
+    // Missing, or damaged since it was written: install afresh.
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
     }
     let tmp =
         cache
@@ -288,7 +300,7 @@ fn materialise_headers(cache: &Path, hash: &str) -> Result<PathBuf, CompileError
     // Another process may have won the race; its copy is identical.
     if std::fs::rename(&tmp, &dir).is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
-        if !dir.join("mucc/runtime.h").is_file() {
+        if !intact() {
             return Err(CompileError::Io {
                 path: dir,
                 source: std::io::Error::other("could not install the runtime headers"),
@@ -311,6 +323,37 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
     ));
     std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// The first line of a cache entry.
+const ENTRY_MAGIC: &[u8] = b"mucc-nvrtc-entry-v2\n";
+
+/// A cache entry: magic, SHA-256 of the rest (32 bytes), the log's length (8 bytes, little
+/// endian), the log, the cubin.
+fn encode_entry(log: &str, cubin: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(8 + log.len() + cubin.len());
+    body.extend((log.len() as u64).to_le_bytes());
+    body.extend(log.as_bytes());
+    body.extend(cubin);
+    let digest = Sha256::digest(&body);
+    let mut e = Vec::with_capacity(ENTRY_MAGIC.len() + 32 + body.len());
+    e.extend(ENTRY_MAGIC);
+    e.extend(digest);
+    e.extend(body);
+    e
+}
+
+/// The log and cubin of an intact entry; `None` for anything else.
+fn decode_entry(e: &[u8]) -> Option<(String, Vec<u8>)> {
+    let rest = e.strip_prefix(ENTRY_MAGIC)?;
+    let (digest, body) = (rest.get(..32)?, rest.get(32..)?);
+    if Sha256::digest(body).as_slice() != digest {
+        return None;
+    }
+    let n = u64::from_le_bytes(body.get(..8)?.try_into().ok()?) as usize;
+    let log = String::from_utf8(body.get(8..8usize.checked_add(n)?)?.to_vec()).ok()?;
+    let cubin = body.get(8 + n..)?.to_vec();
+    (!cubin.is_empty()).then_some((log, cubin))
 }
 
 /// SHA-256 of the embedded runtime headers (paths and contents).
@@ -406,7 +449,7 @@ impl Compiler {
         // The include folders are paths on this machine; what they hold is what matters.
         let opts = self.extra_options.join("\u{1f}");
         sha256_hex(&[
-            b"mucc-nvrtc-cubin-v1",
+            b"mucc-nvrtc-cubin-v2",
             version.as_bytes(),
             src.arch.name().as_bytes(),
             opts.as_bytes(),
@@ -420,10 +463,9 @@ impl Compiler {
         let t0 = Instant::now();
         let key = self.key(src);
         if let Some(dir) = &self.cache {
-            let path = dir.join(format!("{key}.cubin"));
-            if let Ok(bytes) = std::fs::read(&path) {
-                let log =
-                    std::fs::read_to_string(dir.join(format!("{key}.log"))).unwrap_or_default();
+            let path = dir.join(format!("{key}.entry"));
+            // A damaged entry (wrong checksum, truncated) counts as absent and is rewritten.
+            if let Some((log, bytes)) = std::fs::read(&path).ok().and_then(|e| decode_entry(&e)) {
                 return Ok(Cubin {
                     bytes,
                     log,
@@ -435,8 +477,10 @@ impl Compiler {
         }
         let (bytes, log) = self.nvrtc(src)?;
         if let Some(dir) = &self.cache {
-            write_atomic(&dir.join(format!("{key}.log")), log.as_bytes())?;
-            write_atomic(&dir.join(format!("{key}.cubin")), &bytes)?;
+            write_atomic(
+                &dir.join(format!("{key}.entry")),
+                &encode_entry(&log, &bytes),
+            )?;
         }
         Ok(Cubin {
             bytes,
@@ -533,6 +577,24 @@ mod tests {
     use super::*;
 
     /// Every file of `runtime-headers/mucc` is embedded, and the embedded copies are current.
+    #[test]
+    fn damaged_cache_entries_are_refused() {
+        let e = encode_entry("ptxas info", b"\x7fELF cubin bytes");
+        assert_eq!(
+            decode_entry(&e),
+            Some(("ptxas info".to_string(), b"\x7fELF cubin bytes".to_vec()))
+        );
+        // Truncated anywhere, or one byte flipped anywhere: refused.
+        for cut in 0..e.len() {
+            assert_eq!(decode_entry(&e[..cut]), None, "cut at {cut}");
+        }
+        for i in 0..e.len() {
+            let mut d = e.clone();
+            d[i] ^= 0x40;
+            assert_eq!(decode_entry(&d), None, "flip at {i}");
+        }
+    }
+
     #[test]
     fn embedded_headers_match_the_folder() {
         fn walk(d: &Path, out: &mut Vec<PathBuf>) {

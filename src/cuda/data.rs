@@ -5,15 +5,10 @@ use crate::graph::DType;
 use crate::graph::interp::Array;
 pub use crate::graph::interp::gather;
 
-/// Bytes per element of `dt`.
-pub fn elem_bytes(dt: DType) -> usize {
-    (dt.bits() as usize).div_ceil(8)
-}
-
 /// `values` in `dt`'s little-endian representation (rounded to nearest even for floats,
 /// rounded and saturated for integers, NaN to 0 for integers).
 pub fn encode(dt: DType, values: &[f64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * elem_bytes(dt));
+    let mut out = Vec::with_capacity(values.len() * dt.bytes());
     for &x in values {
         let r = dt.round(x);
         match dt {
@@ -37,7 +32,7 @@ pub fn encode(dt: DType, values: &[f64]) -> Vec<u8> {
 
 /// The values of a buffer of `dt` elements.
 pub fn decode(dt: DType, bytes: &[u8]) -> Vec<f64> {
-    let n = elem_bytes(dt);
+    let n = dt.bytes();
     bytes
         .chunks_exact(n)
         .map(|c| match dt {
@@ -134,7 +129,7 @@ mod tests {
                 .map(|&x| if dt.is_unsigned() { x.abs() } else { x })
                 .collect();
             let bytes = encode(dt, &vals);
-            assert_eq!(bytes.len(), vals.len() * elem_bytes(dt), "{dt:?}");
+            assert_eq!(bytes.len(), vals.len() * dt.bytes(), "{dt:?}");
             let back = decode(dt, &bytes);
             let want: Vec<f64> = vals.iter().map(|&x| dt.round(x)).collect();
             assert_eq!(back, want, "{dt:?}");

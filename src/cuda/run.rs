@@ -61,6 +61,36 @@ pub enum RunError {
     /// The plan or the data given does not fit.
     #[error("{0}")]
     Plan(String),
+    /// A step failed while it ran (a kernel fault: an illegal address, a trap). CUDA keeps the
+    /// error in the context: nothing else can run in this process.
+    #[error(
+        "{step} failed on the GPU: {source}; the GPU context is lost (CUDA keeps the error), so nothing further can run in this process"
+    )]
+    Fault {
+        /// The step: the kernel's name or the cuBLAS call, and its position in the plan.
+        step: String,
+        /// The driver's error.
+        source: DriverError,
+    },
+    /// The plan's buffers do not fit the device memory this process may use.
+    #[error(
+        "the plan needs {needed} bytes of device memory (inputs, outputs and workspace) but {available} are available ({why})"
+    )]
+    OutOfMemory {
+        /// Bytes of all buffers.
+        needed: usize,
+        /// Bytes free (or allowed).
+        available: usize,
+        /// Where the limit comes from.
+        why: String,
+    },
+}
+
+impl RunError {
+    /// Whether the GPU context is unusable after this error.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, RunError::Fault { .. })
+    }
 }
 
 /// Wraps a driver error with what was being done.
@@ -80,6 +110,9 @@ pub struct Gpu {
     /// Bytes of L2 cache.
     pub l2_bytes: usize,
     pub(crate) blas: Option<Blas>,
+    /// The most device memory this process allocates for one plan's buffers (`None`: what the
+    /// device has free).
+    pub max_memory: Option<usize>,
 }
 
 /// A cuBLAS handle on the GPU's stream with a workspace of its own, so that its calls need no
@@ -139,6 +172,26 @@ impl Program {
     }
 }
 
+/// cuBLAS's `cudaDataType` for a plan's element type.
+pub(crate) fn cuda_data_type(t: CudaDataType) -> cudarc::cublas::sys::cudaDataType {
+    use cudarc::cublas::sys::cudaDataType as D;
+    match t {
+        CudaDataType::R16F => D::CUDA_R_16F,
+        CudaDataType::R16BF => D::CUDA_R_16BF,
+        CudaDataType::R32F => D::CUDA_R_32F,
+        CudaDataType::R64F => D::CUDA_R_64F,
+    }
+}
+
+/// cuBLAS's `cublasComputeType_t` for a plan's compute type.
+pub(crate) fn compute_type(t: CublasCompute) -> cudarc::cublas::sys::cublasComputeType_t {
+    use cudarc::cublas::sys::cublasComputeType_t as C;
+    match t {
+        CublasCompute::F32 => C::CUBLAS_COMPUTE_32F,
+        CublasCompute::F64 => C::CUBLAS_COMPUTE_64F,
+    }
+}
+
 impl Gpu {
     /// Opens device `ordinal` and a stream on it.
     pub fn open(ordinal: usize) -> Result<Gpu, RunError> {
@@ -172,6 +225,7 @@ impl Gpu {
             arch,
             l2_bytes,
             blas: None,
+            max_memory: None,
         })
     }
 
@@ -269,11 +323,44 @@ impl Gpu {
         prog: &Program,
         share: Option<&Buffers>,
     ) -> Result<Buffers, RunError> {
+        let plan = &prog.plan;
+        let workspace = if share.is_some() {
+            0
+        } else {
+            plan.workspace_bytes
+        };
+        let needed = plan
+            .inputs
+            .iter()
+            .chain(&plan.outputs)
+            .map(TensorDirective::alloc_bytes)
+            .fold(workspace, usize::saturating_add);
+        let (free, _) = cudarc::driver::result::mem_get_info()
+            .map_err(driver("reading the free device memory"))?;
+        let (available, why) = match self.max_memory {
+            Some(m) if m < free => (m, "the limit given with --max-device-memory".to_string()),
+            _ => (free, format!("free on {}", self.name)),
+        };
+        if needed > available {
+            return Err(RunError::OutOfMemory {
+                needed,
+                available,
+                why,
+            });
+        }
         let alloc = |d: &TensorDirective| -> Result<CudaSlice<u8>, RunError> {
             let n = d.alloc_bytes();
-            self.stream
-                .alloc_zeros::<u8>(n)
-                .map_err(driver(format!("allocating {n} bytes")))
+            self.stream.alloc_zeros::<u8>(n).map_err(|e| match e.0 {
+                cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => RunError::OutOfMemory {
+                    needed,
+                    available: free,
+                    why: format!("cudaMalloc of {n} bytes failed"),
+                },
+                _ => RunError::Driver {
+                    what: format!("allocating {n} bytes"),
+                    source: e,
+                },
+            })
         };
         let inputs = prog
             .plan
@@ -379,9 +466,38 @@ impl Gpu {
         Ok(base(slice) + offset as u64)
     }
 
+    /// Runs every step of `prog` and waits for each: a failure names the step that failed
+    /// ([`RunError::Fault`]). For checks; [`Gpu::execute`] queues without waiting.
+    pub fn execute_checked(&self, prog: &Program, bufs: &Buffers) -> Result<(), RunError> {
+        let n = prog.plan.steps.len();
+        for (i, step) in prog.plan.steps.iter().enumerate() {
+            let what = match step {
+                Step::Kernel(k) => format!("kernel {} (step {} of {n})", k.name, i + 1),
+                Step::Gemm(_) => format!("a cuBLAS call (step {} of {n})", i + 1),
+            };
+            self.execute_steps(prog, bufs, i..i + 1)?;
+            self.stream
+                .synchronize()
+                .map_err(|source| RunError::Fault { step: what, source })?;
+        }
+        Ok(())
+    }
+
     /// Queues every step of `prog` on the stream (call [`Gpu::synchronize`] to wait).
     pub fn execute(&self, prog: &Program, bufs: &Buffers) -> Result<(), RunError> {
-        for (step, f) in prog.plan.steps.iter().zip(&prog.functions) {
+        self.execute_steps(prog, bufs, 0..prog.plan.steps.len())
+    }
+
+    fn execute_steps(
+        &self,
+        prog: &Program,
+        bufs: &Buffers,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), RunError> {
+        for (step, f) in prog.plan.steps[range.clone()]
+            .iter()
+            .zip(&prog.functions[range])
+        {
             match (step, f) {
                 (Step::Kernel(k), Some(f)) => {
                     let args: Vec<u64> = k
@@ -417,28 +533,8 @@ impl Gpu {
             .as_ref()
             .expect("created in load for plans with gemms")
             .handle;
-        let dt = match g.data_type {
-            CudaDataType::R16F => sys::cudaDataType::CUDA_R_16F,
-            CudaDataType::R16BF => sys::cudaDataType::CUDA_R_16BF,
-            CudaDataType::R32F => sys::cudaDataType::CUDA_R_32F,
-            CudaDataType::R64F => sys::cudaDataType::CUDA_R_64F,
-        };
-        let (ct, one64, zero64, one32, zero32) = match g.compute_type {
-            CublasCompute::F32 => (
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                0.0,
-                0.0,
-                1.0f32,
-                0.0f32,
-            ),
-            CublasCompute::F64 => (
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
-                1.0f64,
-                0.0f64,
-                0.0,
-                0.0,
-            ),
-        };
+        let (dt, ct) = (cuda_data_type(g.data_type), compute_type(g.compute_type));
+        let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
         let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
             if ct == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {
                 (

@@ -29,6 +29,8 @@ pub struct SessionOptions {
     pub runtime_headers: Option<PathBuf>,
     /// Compile without reading or writing the NVRTC cache.
     pub no_cache: bool,
+    /// The most device memory one graph's buffers may take (`None`: what is free).
+    pub max_device_memory: Option<usize>,
 }
 
 /// Why a session could not open.
@@ -72,7 +74,8 @@ pub struct Session {
 impl Session {
     /// Opens the GPU first (without one nothing else is worth doing), then the compiler.
     pub fn open(a: &SessionOptions) -> Result<Session, SessionError> {
-        let gpu = Gpu::open(a.device)?;
+        let mut gpu = Gpu::open(a.device)?;
+        gpu.max_memory = a.max_device_memory;
         let compiler = Compiler::new(CompilerOptions {
             runtime_headers: a.runtime_headers.clone(),
             no_cache: a.no_cache,
@@ -116,9 +119,20 @@ impl Session {
                 lg.validate().map_err(PrepareError::Invalid)?;
                 // Without a check, inputs depend only on the input signature: drawn later, once
                 // for all candidates that share it (InputCache).
+                if !inputs.check {
+                    // Inputs are drawn on the host as f64 even without a reference.
+                    let e = interp::estimate(&lg.graph);
+                    if e.input_bytes > inputs.budget.max_bytes as f64 {
+                        return Err(PrepareError::Reference(format!(
+                            "drawing the inputs needs about {:.1} GB of host memory, more than the limit of {:.1} GB (--max-memory raises it)",
+                            e.input_bytes / 1e9,
+                            inputs.budget.max_bytes as f64 / 1e9
+                        )));
+                    }
+                }
                 let drawn = if inputs.check {
                     Some(
-                        inputs_and_reference(&lg.graph, inputs.seed, inputs.scale)
+                        inputs_and_reference(&lg.graph, inputs.seed, inputs.scale, &inputs.budget)
                             .map_err(PrepareError::Reference)?,
                     )
                 } else {
@@ -199,6 +213,8 @@ pub struct InputChoice {
     /// Compute the interpreter's reference (and lower the scale while a stored tensor would
     /// overflow).
     pub check: bool,
+    /// Limits of the reference evaluation.
+    pub budget: interp::Budget,
 }
 
 impl Prepared {
@@ -230,7 +246,13 @@ pub struct Drawn {
 }
 
 /// Inputs drawn at `scale`, halved while the reference overflows a stored tensor's dtype.
-pub fn inputs_and_reference(g: &KernelGraph, seed: u64, scale: f64) -> Result<Drawn, String> {
+pub fn inputs_and_reference(
+    g: &KernelGraph,
+    seed: u64,
+    scale: f64,
+    budget: &interp::Budget,
+) -> Result<Drawn, String> {
+    interp::estimate(g).check(g, budget)?;
     let mut scale = scale;
     let mut note = None;
     for _ in 0..12 {

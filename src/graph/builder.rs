@@ -444,6 +444,21 @@ impl TbGraphBuilder {
         }
     }
 
+    /// The threadblock graph built so far.
+    pub fn graph(&self) -> &TbGraph {
+        &self.tb
+    }
+
+    /// The grid.
+    pub fn grid(&self) -> [usize; 3] {
+        self.tb.grid
+    }
+
+    /// The shape of tile `t`, if it belongs to this graph.
+    pub fn tile_shape(&self, t: Handle<STensor>) -> Option<Shape> {
+        self.tb.tensors.try_get(t).map(|s| s.shape)
+    }
+
     /// Sets the target extent of to-dimx reductions and redtox accumulators.
     pub fn with_reduction_dimx(mut self, dimx: usize) -> Self {
         self.tb.reduction_dimx = dimx;

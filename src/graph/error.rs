@@ -62,6 +62,16 @@ impl fmt::Display for Location {
     }
 }
 
+/// `s` shortened for an error message: at most 64 characters, with the total length noted when
+/// cut (a 50 MB string from a file must not come back as 100 MB of stderr).
+pub fn clip(s: &str) -> String {
+    const KEEP: usize = 64;
+    match s.char_indices().nth(KEEP) {
+        None => s.to_string(),
+        Some((cut, _)) => format!("{}… ({} bytes in all)", &s[..cut], s.len()),
+    }
+}
+
 /// What went wrong.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]

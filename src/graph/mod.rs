@@ -18,6 +18,7 @@ pub mod interp;
 pub mod kernel;
 pub mod mirage_json;
 pub mod ops;
+pub mod random;
 pub mod shape;
 pub mod source;
 pub mod threadblock;

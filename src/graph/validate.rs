@@ -67,7 +67,7 @@ fn check_tensor(shape: &Shape, dtype: DType) -> Option<ErrorKind> {
             "dim {d} of shape {shape} is 0 (empty tensors are not allowed)"
         )));
     }
-    let bytes = shape.numel().saturating_mul(dtype.bits() as usize / 8);
+    let bytes = shape.numel().saturating_mul(dtype.bytes());
     if bytes > MAX_TENSOR_BYTES {
         return Some(ErrorKind::BadValue(format!(
             "shape {shape} is too large ({bytes} bytes; the limit is 2^40)"
@@ -92,7 +92,7 @@ pub fn check_strides(strides: &Strides, shape: &Shape, dtype: DType) -> Option<E
         ));
     }
     match strides.span(shape) {
-        Some(n) if n.saturating_mul(dtype.bits() as usize / 8) <= MAX_TENSOR_BYTES => {}
+        Some(n) if n.saturating_mul(dtype.bytes()) <= MAX_TENSOR_BYTES => {}
         _ => return bad("the buffer they describe is larger than 2^40 bytes".into()),
     }
     if !strides.is_non_overlapping(shape) {

@@ -148,7 +148,8 @@ fn major(s: &Shape, st: &Strides, what: &str) -> Result<Major, GemmError> {
     })
 }
 
-fn dtype_names(d: DType) -> Result<(CudaDataType, CublasCompute), GemmError> {
+/// cuBLAS's element and compute types for products of `d` (f16, bf16, f32, f64).
+pub fn cublas_types(d: DType) -> Result<(CudaDataType, CublasCompute), GemmError> {
     Ok(match d {
         DType::F16 => (CudaDataType::R16F, CublasCompute::F32),
         DType::BF16 => (CudaDataType::R16BF, CublasCompute::F32),
@@ -174,7 +175,7 @@ pub fn gemm_calls(
     c: &Operand,
     dtype: DType,
 ) -> Result<(Vec<GemmCall>, bool), GemmError> {
-    let (data_type, compute_type) = dtype_names(dtype)?;
+    let (data_type, compute_type) = cublas_types(dtype)?;
     let r = c.shape.rank();
     let (m, k, n) = (a.shape.dim(r - 2), a.shape.dim(r - 1), b.shape.dim(r - 1));
     let (ma, mb, mc) = (

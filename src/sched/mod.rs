@@ -55,6 +55,28 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         dt[t].placement = plan::Placement::Workspace(workspace_packing.offsets[b]);
     }
     let (inputs, outputs) = dtensors::io_plans(g, &dt);
+    let bytes = |io: &[plan::IoPlan]| -> usize {
+        io.iter()
+            .map(|b| {
+                b.alloc_elems
+                    .saturating_mul(g.tensors[b.tensor].dtype.bytes())
+            })
+            .fold(0usize, usize::saturating_add)
+    };
+    let (in_bytes, out_bytes) = (bytes(&inputs), bytes(&outputs));
+    let needed = in_bytes
+        .saturating_add(out_bytes)
+        .saturating_add(workspace_packing.peak);
+    if needed > target.device_memory {
+        return Err(PlanError::DeviceMemory {
+            needed,
+            inputs: in_bytes,
+            outputs: out_bytes,
+            workspace: workspace_packing.peak,
+            limit: target.device_memory,
+            arch: target.arch.to_string(),
+        });
+    }
     let kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
     let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {

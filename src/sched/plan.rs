@@ -71,6 +71,24 @@ pub enum PlanError {
         /// The target.
         arch: String,
     },
+    /// The graph's buffers do not fit any GPU of the target.
+    #[error(
+        "the graph needs {needed} bytes of device memory (inputs {inputs}, outputs {outputs}, workspace {workspace}), more than the largest {arch} part has ({limit})"
+    )]
+    DeviceMemory {
+        /// Bytes of all buffers.
+        needed: usize,
+        /// Bytes of the inputs.
+        inputs: usize,
+        /// Bytes of the outputs.
+        outputs: usize,
+        /// Bytes of the workspace.
+        workspace: usize,
+        /// The target's limit.
+        limit: usize,
+        /// The target.
+        arch: String,
+    },
     /// A kernel-level operator has no implementation for these operands.
     #[error("kernel op {op} ({name}): {reason}")]
     Unsupported {

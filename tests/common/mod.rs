@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod plan_check;
+
 use std::path::PathBuf;
 
 /// `../shared/corpus/mirage-benchmarks` relative to the crate.

@@ -4,10 +4,12 @@
 //! It is the oracle every later stage is checked against.
 
 pub mod array;
+pub mod budget;
 mod inputs;
 mod threadblock;
 
 pub use array::Array;
+pub use budget::{Budget, Estimate, estimate};
 pub use inputs::{InputSpec, random_inputs};
 
 use std::rc::Rc;
@@ -64,8 +66,9 @@ pub fn gather(shape: Shape, strides: &Strides, buffer: &[f64]) -> Array {
     Array::from_vec(shape, out)
 }
 
-/// A tensor of the graph whose reference values do not fit its element type: the f64 reference
-/// stays finite, but a compiled graph that stores the tensor in that type overflows.
+/// A tensor of the graph whose finite reference values do not fit its element type: the f64
+/// reference stays finite there, but a compiled graph that stores the tensor in that type
+/// overflows. (Values that are infinite in the reference itself are not counted.)
 #[derive(Clone, Debug, PartialEq)]
 pub struct RangeExcess {
     /// The kernel-level tensor, or the customized operator producing the tile.
@@ -245,7 +248,12 @@ pub fn evaluate_ranged(
         for (&t, a) in op.outputs.iter().zip(result) {
             let dtype = g.tensors[t].dtype;
             if let Some(limit) = dtype.max_finite() {
-                let max_abs = a.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                // Infinite reference values are infinite in the compiled code too.
+                let max_abs = a
+                    .data
+                    .iter()
+                    .filter(|x| x.is_finite())
+                    .fold(0.0f64, |m, x| m.max(x.abs()));
                 if max_abs > limit {
                     excess.push(RangeExcess {
                         place: RangePlace::Tensor(t),

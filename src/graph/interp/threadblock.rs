@@ -148,7 +148,12 @@ impl<'a> Block<'a> {
     fn set(&mut self, t: Handle<STensor>, a: Array) {
         if self.tb.tensors[t].dtype.max_finite().is_some() {
             let m = &mut self.tile_max[t.index()];
-            *m = a.data.iter().fold(*m, |m, x| m.max(x.abs()));
+            // Infinite reference values are infinite in the compiled code too: no overflow.
+            *m = a
+                .data
+                .iter()
+                .filter(|x| x.is_finite())
+                .fold(*m, |m, x| m.max(x.abs()));
         }
         self.values[t.index()] = Some(a);
     }

@@ -126,6 +126,11 @@ impl<'a> J<'a> {
         // 64.5, which it would silently truncate.
         match self.v.as_f64() {
             Some(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Ok(x as i64),
+            // Integers beyond 64 bits arrive as floating-point numbers.
+            Some(x) if x.fract() == 0.0 => Err(self.err(ErrorKind::BadValue(format!(
+                "integer {x:.4e} is out of range (at most {})",
+                i64::MAX
+            )))),
             _ => Err(self.wrong("an integer")),
         }
     }

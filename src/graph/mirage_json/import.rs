@@ -15,7 +15,7 @@ use super::names::{self, KnName, NameError, TbName, UnaryName};
 use super::{FileForm, ImportOptions, LoadedGraph, MirageFile};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::{DType, DtypeTable};
-use crate::graph::error::{ErrorKind, GraphError, Location};
+use crate::graph::error::{ErrorKind, GraphError, Location, clip};
 use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::ops::{AccumKind, DimMap, TbReduction, UnaryOp};
 use crate::graph::shape::{MAX_DIMS, Shape, Strides};
@@ -31,12 +31,14 @@ pub fn parse_str(
     file: Option<&Path>,
     opts: &ImportOptions,
 ) -> Result<MirageFile, GraphError> {
+    // A UTF-8 byte-order mark is not JSON, but editors write one; RFC 8259 lets readers skip it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let file_buf = file.map(Path::to_path_buf);
     let with_file = |mut e: GraphError| {
         e.location.file = file_buf.clone();
         e
     };
-    let doc: Value = serde_json::from_str(text).map_err(|e| {
+    let doc: Value = super::strict::from_str(text).map_err(|e| {
         with_file(GraphError::new(ErrorKind::Json {
             line: e.line(),
             column: e.column(),
@@ -141,8 +143,30 @@ pub fn parse_str(
 
 /// Reads and parses a file.
 pub fn read_file(path: &Path, opts: &ImportOptions) -> Result<MirageFile, GraphError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| GraphError::new(ErrorKind::Io(e.to_string())).in_file(path))?;
+    let io = |msg: String| GraphError::new(ErrorKind::Io(msg)).in_file(path);
+    let meta = std::fs::metadata(path).map_err(|e| io(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(io(
+            "not a regular file (a directory, device, pipe or socket); mucc reads µGraph JSON files"
+                .into(),
+        ));
+    }
+    let max = opts.max_input_bytes;
+    let too_large = |len: u64| {
+        io(format!(
+            "the file has {len} bytes, more than the limit of {max} (--max-input-bytes raises it)"
+        ))
+    };
+    if meta.len() > max {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, max + 1), &mut bytes))
+        .map_err(|e| io(e.to_string()))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64));
+    }
     let text = String::from_utf8(bytes).map_err(|e| {
         let bad = e.utf8_error().valid_up_to();
         let before = &e.as_bytes()[..bad];
@@ -199,6 +223,25 @@ fn detect_table(
             }),
         )
     })? {
+        // One file has one table: a candidate naming another is an error, not a silent misread.
+        for (i, g) in graphs.iter().enumerate().skip(1) {
+            let other = g.v.get(0).and_then(|op| op.get(super::export::TABLE_KEY));
+            if let Some(Value::String(s)) = other
+                && s.parse::<DtypeTable>().ok() != Some(t)
+            {
+                return Err((
+                    Some(i),
+                    Box::new(PathErr {
+                        path: format!("{}[0].{}", g.path, super::export::TABLE_KEY),
+                        kind: ErrorKind::BadValue(format!(
+                            "this graph names dtype table `{}` but graph 0 names `{t}`; one file is read with one table (split the file, or give --dtype-table)",
+                            clip(s)
+                        )),
+                        op: None,
+                    }),
+                ));
+            }
+        }
         return Ok((
             t,
             format!("named by `{}` (written by mucc)", super::export::TABLE_KEY),
@@ -442,7 +485,33 @@ struct TensorFields {
     guid: i64,
 }
 
+/// Mirage's `DmemLayout` names (the field is not the memory layout; strides are elsewhere).
+const DMEM_LAYOUTS: &[&str] = &["DmemRowMajor", "DmemColumnMajor", "DmemUnknownLayout"];
+/// Mirage's `SmemLayout` names.
+const SMEM_LAYOUTS: &[&str] = &[
+    "SmemRowMajor",
+    "SmemColumnMajor",
+    "SmemRowMajorTensorOpMultiplicand_Crosswise16",
+    "SmemRowMajorTensorOpMultiplicand_Crosswise32",
+    "SmemRowMajorTensorOpMultiplicand_Crosswise64",
+    "SmemColumnMajorTensorOpMultiplicand_Crosswise16",
+    "SmemColumnMajorTensorOpMultiplicand_Crosswise32",
+    "SmemColumnMajorTensorOpMultiplicand_Crosswise64",
+    "SmemUnknownLayout",
+];
+
 fn parse_tensor_fields(j: &J, table: DtypeTable) -> JResult<TensorFields> {
+    // A `layout`, when present, is one of Mirage's names (of either level: the same reader
+    // serves DTensors and STensors, and mucc ignores the value, as Mirage's transpiler does).
+    if let Some(lj) = j.opt_key("layout")? {
+        let l = lj.str()?;
+        if !DMEM_LAYOUTS.contains(&l) && !SMEM_LAYOUTS.contains(&l) {
+            return Err(lj.err(ErrorKind::BadValue(format!(
+                "unknown layout `{}` (Mirage writes DmemRowMajor, DmemColumnMajor, DmemUnknownLayout or an SmemLayout name)",
+                clip(l)
+            ))));
+        }
+    }
     let code_j = j.key("data_type")?;
     let code = code_j.int()?;
     let dtype = table.decode(code).ok_or_else(|| {
@@ -455,6 +524,12 @@ fn parse_tensor_fields(j: &J, table: DtypeTable) -> JResult<TensorFields> {
     let nd = nd_j.int_in(1, MAX_DIMS as i64, "num_dims")? as usize;
     let dim_j = j.key("dim")?;
     let dims = dim_j.items()?;
+    if dims.len() > MAX_DIMS {
+        return Err(dim_j.err(ErrorKind::BadValue(format!(
+            "dim has {} entries; Mirage writes {MAX_DIMS} (MAX_TENSOR_DIMS)",
+            dims.len()
+        ))));
+    }
     if dims.len() < nd {
         return Err(dim_j.err(ErrorKind::BadValue(format!(
             "dim has {} entries but num_dims is {nd}",
@@ -501,7 +576,7 @@ impl GraphImporter {
                 )
             })?;
             let ctx = Ctx {
-                op: Some(format!("{op_type}, kernel op {i}")),
+                op: Some(format!("{}, kernel op {i}", clip(op_type))),
             };
             let name = names::parse_kn(op_type).map_err(|ne| {
                 let t = oj.key("op_type").expect("checked above");
@@ -509,7 +584,7 @@ impl GraphImporter {
                     *t.err(match ne {
                         NameError::Unknown => ErrorKind::UnknownOp {
                             level: "kernel",
-                            name: op_type.into(),
+                            name: clip(op_type),
                         },
                         NameError::Unsupported(why) => ErrorKind::Unsupported(why.into()),
                     }),
@@ -746,12 +821,12 @@ impl GraphImporter {
             let mut one = || -> JResult<()> {
                 let tj = oj.key("op_type")?;
                 let op_type = tj.str()?;
-                op_name = format!("{op_type}, operator {i} of kernel op {kn_index}");
+                op_name = format!("{}, operator {i} of kernel op {kn_index}", clip(op_type));
                 let name = names::parse_tb(op_type).map_err(|ne| {
                     tj.err(match ne {
                         NameError::Unknown => ErrorKind::UnknownOp {
                             level: "threadblock",
-                            name: op_type.into(),
+                            name: clip(op_type),
                         },
                         NameError::Unsupported(why) => ErrorKind::Unsupported(why.into()),
                     })

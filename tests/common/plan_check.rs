@@ -1,0 +1,471 @@
+//! Reading back from emitted code what each kernel passes to the runtime, and comparing it
+//! with the plan (used by `tests/plan_code.rs` and `tests/generated.rs`).
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+
+use mucc::emit::Emitted;
+use mucc::emit::cxx::{MAX_LINE, ctype};
+use mucc::emit::launch::{KernelLaunch, Step};
+use mucc::graph::arena::Handle;
+use mucc::graph::kernel::{KernelGraph, KnOpKind};
+use mucc::graph::threadblock::TbOpKind;
+use mucc::layout::swizzle::Swizzle;
+use mucc::sched::kernel_level::{ElementwiseOp, KnOpPlan};
+use mucc::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan};
+use mucc::sched::plan::{GraphPlan, KernelPlan};
+use mucc::sched::{Options, plan};
+use mucc::target::Target;
+
+/// The text of kernel `name`: from its signature to the closing brace at column 0, with every
+/// run of whitespace collapsed to one space (statements broken over lines read as one).
+pub fn kernel_text(source: &str, name: &str) -> String {
+    let start = source
+        .find(&format!(" {name}("))
+        .unwrap_or_else(|| panic!("kernel {name} is missing"));
+    let end = source[start..]
+        .find("\n}\n")
+        .map_or(source.len(), |e| start + e);
+    source[start..end]
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The template argument lists of every `prefix<…>` in `text` (top-level commas split them).
+pub fn template_args(text: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        let after = &rest[i + prefix.len()..];
+        let mut depth = 1;
+        let mut args = Vec::new();
+        let mut cur = String::new();
+        let mut end = after.len();
+        for (j, ch) in after.char_indices() {
+            match ch {
+                '<' | '(' => {
+                    depth += 1;
+                    cur.push(ch);
+                }
+                '>' | ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        args.push(cur.trim().to_string());
+                        end = j;
+                        break;
+                    }
+                    cur.push(ch);
+                }
+                ',' if depth == 1 => {
+                    args.push(cur.trim().to_string());
+                    cur.clear();
+                }
+                _ => cur.push(ch),
+            }
+        }
+        out.push(args);
+        rest = &after[end..];
+    }
+    out
+}
+
+fn nums(args: &[String], range: std::ops::Range<usize>) -> Vec<usize> {
+    args[range]
+        .iter()
+        .map(|a| {
+            a.parse()
+                .unwrap_or_else(|_| panic!("not a number: {a} in {args:?}"))
+        })
+        .collect()
+}
+
+fn launch_of<'a>(e: &'a Emitted, name: &str) -> &'a KernelLaunch {
+    e.launch
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Kernel(k) if k.name == name => Some(k),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no launch of {name}"))
+}
+
+/// Checks one customized kernel against its plan.
+pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> Result<(), String> {
+    let KnOpKind::Customized(tb) = &g.ops[Handle::from_index(k)].kind else {
+        return Err("not customized".into());
+    };
+    let name = format!("k{k}_customized");
+    let text = kernel_text(&e.source, &name);
+    let nt = kp.cta.threads;
+    let mut errs = Vec::new();
+    let mut want = |ok: bool, what: String| {
+        if !ok {
+            errs.push(what);
+        }
+    };
+    // CTA and launch.
+    let head = format!("__launch_bounds__({nt}, {})", kp.cta.min_blocks_per_sm);
+    want(
+        e.source.contains(&format!("{head} {name}(")),
+        format!("launch bounds {head}"),
+    );
+    let l = launch_of(e, &name);
+    want(
+        l.grid == kp.cta.grid.map(|x| x as u32)
+            && l.block == kp.cta.block.map(|x| x as u32)
+            && l.dynamic_smem as usize == kp.smem.total,
+        format!(
+            "launch {:?} {:?} {} vs plan",
+            l.grid, l.block, l.dynamic_smem
+        ),
+    );
+    // Tiles at the plan's offsets, in the plan's types; the zero page.
+    for (b, kind) in kp.smem.kinds.iter().enumerate() {
+        let t = kind.tile();
+        let ty = ctype(kp.tiles[t].as_ref().unwrap().dtype);
+        let decl = format!(
+            "{ty}* s{t} = reinterpret_cast<{ty}*>(smem + {});",
+            kp.smem.offset(b)
+        );
+        want(text.contains(&decl), format!("tile declaration `{decl}`"));
+    }
+    want(
+        text.contains("// zero page") == (kp.smem.base > 0),
+        "zero page".into(),
+    );
+    // Row splits: every rms_rows / for_each_row call, against the plan's.
+    let mut planned: Vec<(usize, usize, usize)> = Vec::new();
+    for p in &kp.ops {
+        match p {
+            OpPlan::RowReduce(r) | OpPlan::Accum { rows: Some(r), .. } => {
+                planned.push((r.threads_per_row, r.rows, r.len))
+            }
+            _ => {}
+        }
+    }
+    let mut emitted: Vec<(usize, usize, usize)> = Vec::new();
+    for prefix in ["mucc::tb::rms_rows<", "mucc::tb::for_each_row<"] {
+        for a in template_args(&text, prefix) {
+            let v = nums(&a, 0..4);
+            want(v[0] == nt, format!("{prefix} with {} threads", v[0]));
+            emitted.push((v[1], v[2], v[3]));
+        }
+    }
+    planned.sort();
+    emitted.sort();
+    want(
+        planned == emitted,
+        format!("row splits (tpr, rows, len): plan {planned:?}, code {emitted:?}"),
+    );
+    // Matmuls: warp grids and operand loads of tensor-core products; FMA products.
+    let mut mma_plan = BTreeSet::new();
+    let mut fma_plan = BTreeSet::new();
+    for (h, op) in tb.ops.iter() {
+        if let OpPlan::Matmul {
+            warps,
+            instr,
+            loads,
+            ..
+        } = &kp.ops[h.index()]
+        {
+            let (a, b) = (
+                &tb.tensors[op.inputs[0]].shape,
+                &tb.tensors[op.inputs[1]].shape,
+            );
+            let r = a.rank();
+            let mnk = (a.dim(r - 2), b.dim(r - 1), a.dim(r - 1));
+            match instr {
+                MatmulInstr::MmaSyncM16N8K16 { dtype } => {
+                    mma_plan.insert((
+                        ctype(*dtype).to_string(),
+                        mnk,
+                        *warps,
+                        loads.0.cxx().to_string(),
+                        loads.1.cxx().to_string(),
+                    ));
+                }
+                MatmulInstr::Fma => {
+                    fma_plan.insert(mnk);
+                }
+            }
+        }
+    }
+    let mma_code: BTreeSet<_> = template_args(&text, "mucc::tb::Mma<")
+        .into_iter()
+        .map(|a| {
+            let v = nums(&a, 3..8);
+            (
+                a[0].clone(),
+                (v[0], v[1], v[2]),
+                (v[3], v[4]),
+                a[8].clone(),
+                a[9].clone(),
+            )
+        })
+        .collect();
+    want(
+        mma_plan == mma_code,
+        format!("mma: plan {mma_plan:?}, code {mma_code:?}"),
+    );
+    let fma_code: BTreeSet<_> = template_args(&text, "mucc::tb::FmaMatmul<")
+        .into_iter()
+        .map(|a| {
+            let v = nums(&a, 4..7);
+            (v[0], v[1], v[2])
+        })
+        .collect();
+    want(
+        fma_plan == fma_code,
+        format!("fma: plan {fma_plan:?}, code {fma_code:?}"),
+    );
+    // Copies: widths and engines.
+    let mut copies_plan = BTreeSet::new();
+    for (h, op) in tb.ops.iter() {
+        let (copy, engine, tile) = match (&op.kind, &kp.ops[h.index()]) {
+            (TbOpKind::Input { .. }, OpPlan::Input { copy, engine, .. }) => {
+                (copy, *engine, op.outputs[0])
+            }
+            (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) => {
+                (copy, CopyEngine::Threads, op.inputs[0])
+            }
+            _ => continue,
+        };
+        let n = tb.tensors[tile].shape.numel();
+        copies_plan.insert(match (copy, engine) {
+            (Copy::Chunked { chunk_elems, .. }, CopyEngine::CpAsync) => {
+                ("cp_async_chunks", n, *chunk_elems)
+            }
+            (Copy::Chunked { chunk_elems, .. }, CopyEngine::Threads) => {
+                ("copy_chunks", n, *chunk_elems)
+            }
+            (Copy::Elementwise { .. }, _) => ("copy_elems", n, 1),
+        });
+    }
+    let mut copies_code = BTreeSet::new();
+    for f in ["cp_async_chunks", "copy_chunks", "copy_elems"] {
+        for a in template_args(&text, &format!("mucc::tb::{f}<")) {
+            let v = nums(&a, 0..2);
+            want(v[0] == nt, format!("{f} with {} threads", v[0]));
+            let chunk = if f == "copy_elems" {
+                1
+            } else {
+                nums(&a, 2..3)[0]
+            };
+            copies_code.insert((f, v[1], chunk));
+        }
+    }
+    want(
+        copies_plan == copies_code,
+        format!("copies: plan {copies_plan:?}, code {copies_code:?}"),
+    );
+    // The cp.async ring.
+    let stages = kp.pipeline_stages();
+    if stages > 1 {
+        want(
+            text.contains(&format!("// software pipeline: {stages} stages"))
+                && text.contains(&format!("mucc::sm80::cp_async_wait<{}>();", stages - 2)),
+            format!("pipeline of {stages} stages"),
+        );
+        for (h, op) in tb.ops.iter() {
+            if let OpPlan::Input {
+                engine: CopyEngine::CpAsync,
+                ..
+            } = kp.ops[h.index()]
+            {
+                let t = op.outputs[0].index();
+                let slot = kp.tiles[t].as_ref().unwrap().phys_elems;
+                let decl = format!("s{t}_cur = s{t} + (it % {stages}) * {slot};");
+                want(text.contains(&decl), format!("slot `{decl}`"));
+            }
+        }
+    } else {
+        want(
+            !text.contains("cp_async"),
+            "no cp.async without a ring".into(),
+        );
+    }
+    // Swizzles of the tiles in shared memory.
+    let swz_plan: BTreeSet<String> = kp
+        .smem
+        .kinds
+        .iter()
+        .filter_map(
+            |kind| match kp.tiles[kind.tile()].as_ref().unwrap().swizzle {
+                Swizzle::Xor { b, m, s } => Some(format!("{b}, {m}, {s}")),
+                _ => None,
+            },
+        )
+        .collect();
+    let swz_code: BTreeSet<String> = template_args(&text, "mucc::Swizzle<")
+        .into_iter()
+        .map(|a| a.join(", "))
+        .collect();
+    want(
+        swz_plan == swz_code,
+        format!("swizzles: plan {swz_plan:?}, code {swz_code:?}"),
+    );
+    // Register accumulators.
+    for (h, p) in kp.ops.iter().enumerate() {
+        if let OpPlan::Accum {
+            storage:
+                AccumStorage::Registers {
+                    per_thread,
+                    fragment_of,
+                },
+            ..
+        } = p
+        {
+            let decl = match fragment_of {
+                Some(_) => format!("::Frag acc{h};"),
+                None => format!("acc{h}[{per_thread}];"),
+            };
+            want(
+                text.contains(&decl),
+                format!("register accumulator `{decl}`"),
+            );
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("kernel op {k}: {}", errs.join("; ")))
+    }
+}
+
+/// Checks the kernel-level operators against their plans.
+pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result<(), String> {
+    for (h, op) in g.ops.iter() {
+        let k = h.index();
+        let check = |name: String, prefix: &str, expect: Vec<String>, launch: (u32, u32)| {
+            let text = kernel_text(&e.source, &name);
+            let args = template_args(&text, prefix);
+            let l = launch_of(e, &name);
+            if args.len() != 1
+                || args[0][..expect.len()] != expect[..]
+                || (l.grid[0], l.block[0]) != launch
+            {
+                Err(format!(
+                    "kernel op {k} ({name}): {prefix} {args:?} launch {:?}x{:?}, plan {expect:?} {launch:?}",
+                    l.grid, l.block
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match &p.kernel_ops[k] {
+            KnOpPlan::Elementwise {
+                op: ew,
+                dtype,
+                vector,
+                launch,
+                ..
+            } => {
+                let (f, suffix) = match (ew, &op.kind) {
+                    (ElementwiseOp::Unary(u), _) => ("unary", u.name().to_string()),
+                    (ElementwiseOp::Binary(b), _) => ("binary", b.name().to_string()),
+                    (ElementwiseOp::Copy, KnOpKind::Output { .. }) => {
+                        ("copy", "output_copy".into())
+                    }
+                    (ElementwiseOp::Copy, _) => ("copy", "allreduce".into()),
+                };
+                check(
+                    format!("k{k}_{suffix}"),
+                    &format!("mucc::kn::{f}<"),
+                    vec![ctype(*dtype).into(), vector.to_string()],
+                    (launch.blocks, launch.threads),
+                )?;
+            }
+            KnOpPlan::Reduction {
+                dtype,
+                to,
+                k: len,
+                inner,
+                stride,
+                warp_per_output,
+                launch,
+                ..
+            } => {
+                let KnOpKind::Reduction { dim } = op.kind else {
+                    return Err(format!("kernel op {k}: reduction plan"));
+                };
+                check(
+                    format!("k{k}_reduction_{dim}"),
+                    "mucc::kn::reduce<",
+                    vec![
+                        ctype(*dtype).into(),
+                        "L0".into(),
+                        "L1".into(),
+                        to.to_string(),
+                        len.to_string(),
+                        inner.to_string(),
+                        stride.to_string(),
+                        warp_per_output.to_string(),
+                    ],
+                    (launch.blocks, launch.threads),
+                )?;
+            }
+            KnOpPlan::RmsNorm {
+                dtype,
+                rows,
+                group,
+                launch,
+                ..
+            } => check(
+                format!("k{k}_rms_norm"),
+                "mucc::kn::rms_norm<",
+                vec![
+                    ctype(*dtype).into(),
+                    "L0".into(),
+                    "L1".into(),
+                    rows.to_string(),
+                    group.to_string(),
+                ],
+                (launch.blocks, launch.threads),
+            )?,
+            KnOpPlan::Parts { parts, .. } => {
+                let text = kernel_text(&e.source, &format!("k{k}_{}", op.kind.name()));
+                let v: Vec<usize> = template_args(&text, "mucc::kn::copy<")
+                    .iter()
+                    .map(|a| nums(a, 1..2)[0])
+                    .collect();
+                let want: Vec<usize> = parts.iter().map(|c| c.vector).collect();
+                if v != want {
+                    return Err(format!("kernel op {k}: part vectors {v:?}, plan {want:?}"));
+                }
+            }
+            KnOpPlan::Gemm { calls, .. } => {
+                let emitted: Vec<_> = e
+                    .launch
+                    .steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        Step::Gemm(c) => Some(c),
+                        _ => None,
+                    })
+                    .collect();
+                if !calls.iter().all(|c| emitted.contains(&c)) {
+                    return Err(format!("kernel op {k}: cuBLAS calls differ from the plan"));
+                }
+            }
+            KnOpPlan::Nothing | KnOpPlan::Customized => {}
+        }
+    }
+    Ok(())
+}
+
+/// Plans and emits `g` for `target` and checks the code against the plan.
+pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitted, String> {
+    let opts = Options::for_target(target);
+    let p = plan(g, &opts).map_err(|e| format!("{what}: {e}"))?;
+    let e = mucc::emit::emit(g, &p, what).map_err(|e| format!("{what}: {e}"))?;
+    if let Some(l) = e.source.lines().find(|l| l.len() > MAX_LINE) {
+        return Err(format!("{what}: a line of {} characters: {l}", l.len()));
+    }
+    for (&k, kp) in &p.kernels {
+        check_kernel(g, &e, k, kp).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
+    }
+    check_kernel_level(g, &p, &e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
+    Ok(e)
+}
