@@ -18,21 +18,21 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
     const mucc::f16* __restrict__ in1,
     const mucc::f16* __restrict__ in2,
     const mucc::f16* __restrict__ in3) {
-  using L0 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>, mucc::Swizzle<3, 3, 5>>;
-  using L2 = mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<256, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L4 = mucc::Layout<mucc::Shape<256, 64>, mucc::Stride<4096, 1>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L6 = mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>;
-  using L7 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L8 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
-  using L9 = mucc::tb::Mma<mucc::f16, L1, L3, 16, 64, 256, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>, mucc::Swizzle<3, 3, 5>>;
+  using L1 = mucc::Layout<mucc::Shape<16, 256>, mucc::Stride<256, 1>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<256, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
+  using L3 = mucc::Layout<mucc::Shape<256, 64>, mucc::Stride<4096, 1>>;
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
+  using L5 = mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>;
+  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
+  using L7 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
+  using L8 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
+  using L9 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 64, 256, 1, 4, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L10 = mucc::tb::Mma<mucc::f16, L1, L5, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
+  using L10 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L12 = mucc::tb::Mma<mucc::f16, L11, L7, 16, 64, 16, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L12 = mucc::tb::Mma<mucc::f16, L11, L6, 16, 64, 16, 1, 4, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -41,8 +41,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8208);  // s1 (tb_input_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 32784);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 40976);  // s2 (tb_input_op)
   mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 49168);  // s3 (tb_input_op)
   mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 51216);  // s4 (tb_matmul_op)
@@ -54,16 +54,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   const mucc::f16* gi2 = in2 + 0;
   const mucc::f16* gi3 = in3 + static_cast<mucc::i64>(blockIdx.x) * 64;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
-  mucc::tb::fill<128, 1024, L0>(tid, s8, float(0.0));
-  __syncthreads();
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L1, L2>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 16384, 8, L3, L4>(tid, s1, gi1);
+  mucc::tb::copy_chunks<128, 16384, 8, L2, L3>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L5, L6>(tid, s2, gi2);
+  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s2, gi2);
   // op3 input
-  mucc::tb::copy_chunks<128, 1024, 8, L7, L8>(tid, s3, gi3);
+  mucc::tb::copy_chunks<128, 1024, 8, L6, L7>(tid, s3, gi3);
+  __syncthreads();
+  mucc::tb::fill<128, 1024, L8>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -71,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
     (void)lane;
     // op4 matmul
     L9::apply(s0, s1, smem, warp, lane, [&](int row, int col, float v) {
-      s4[L7::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+      s4[L6::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     // op5 matmul
     L10::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) {
@@ -80,20 +80,20 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
     __syncthreads();
     // op6 matmul
     L12::apply(s5, s3, smem, warp, lane, [&](int row, int col, float v) {
-      s6[L7::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+      s6[L6::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();
     // op7 add -> op8 accum_nored
     mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s6[L7::offset(e)]);
-      const float x1 = mucc::to_compute(s4[L7::offset(e)]);
+      const float x0 = mucc::to_compute(s6[L6::offset(e)]);
+      const float x1 = mucc::to_compute(s4[L6::offset(e)]);
       float v = mucc::op::add(x0, x1);
-      mucc::tb::acc_add(s8[L0::offset(e)], v);
+      mucc::tb::acc_add(s8[L8::offset(e)], v);
     });
   }
   __syncthreads();
   // op9 output
-  mucc::tb::copy_chunks<128, 1024, 8, L8, L0>(tid, go9, s8);
+  mucc::tb::copy_chunks<128, 1024, 8, L7, L8>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__

@@ -16,9 +16,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
     const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 296>, mucc::Stride<296, 1>>;
   using L1 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<24, 1>>;
-  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 1, 24, 296, 1, 3, mucc::tb::Load::Ldmatrix,
+  using L2 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<96, 1>>;
+  using L3 = mucc::tb::Mma<mucc::f16, L0, L1, 1, 24, 296, 1, 3, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L3 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<96, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 24>, mucc::Stride<24, 1>>;
   using L5 = mucc::Layout<mucc::Shape<1, 24>, mucc::Stride<96, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -28,29 +28,29 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 608);  // s1 (tb_input_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 14224);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op)
   mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 24;
-  L2::Frag acc3;
-  L2::fill(acc3, float(0.0));
-  __syncthreads();
   // op0 input
   mucc::tb::copy_chunks<128, 296, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 7104, 8, L1, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<128, 7104, 8, L1, L2>(tid, s1, gi1);
+  __syncthreads();
+  L3::Frag acc3;
+  L3::fill(acc3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op2 matmul -> op3 accum_nored
-    L2::run(acc3, s0, s1, smem, warp, lane);
+    L3::run(acc3, s0, s1, smem, warp, lane);
   }
   __syncthreads();  // the loop body's reads finish before write-backs
-  L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
+  L3::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
     s3[L4::offset(row * 24 + col)] = mucc::from_compute<mucc::f16>(v);
   });
   __syncthreads();

@@ -28,8 +28,8 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s0 (tb_input_op)
-  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 352);  // s1 (tb_input_op)
+  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 1616);  // s0 (tb_input_op)
+  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s1 (tb_input_op)
   float* s3 = reinterpret_cast<float*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
   const mucc::bf16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 300;
   const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 13;

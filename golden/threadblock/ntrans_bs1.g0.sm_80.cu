@@ -35,14 +35,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
-  mucc::tb::fill<128, 4096, L0>(tid, s8, float(0.0));
-  __syncthreads();
   // op0 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s0, gi0);
   // op1 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s1, gi1);
   // op2 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s2, gi2);
+  __syncthreads();
+  mucc::tb::fill<128, 4096, L0>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;

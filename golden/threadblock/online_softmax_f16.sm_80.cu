@@ -18,16 +18,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
     const mucc::f16* __restrict__ in2) {
-  using L0 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 16, 16>, mucc::Stride<256, 1, 16>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
+  using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L2 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 16, 16>, mucc::Stride<256, 1, 16>>;
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 256, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 64, 1>>;
-  using L7 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L7 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
   using L9 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
@@ -56,13 +56,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 16384;
   mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024;
   mucc::f16* go15 = out1 + static_cast<mucc::i64>(blockIdx.x) * 256;
-  mucc::tb::fill<128, 16, L0>(tid, s4, mucc::neg_inf<float>());
-  mucc::tb::fill<128, 16, L0>(tid, s9, float(0.0));
-  mucc::tb::fill<128, 1024, L1>(tid, s11, float(0.0));
-  mucc::tb::fill<128, 256, L2>(tid, s14, float(0.0));
-  __syncthreads();
   // op0 input
-  mucc::tb::copy_chunks<128, 1024, 8, L3, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 1024, 8, L0, L1>(tid, s0, gi0);
+  __syncthreads();
+  mucc::tb::fill<128, 16, L2>(tid, s4, mucc::neg_inf<float>());
+  mucc::tb::fill<128, 16, L2>(tid, s9, float(0.0));
+  mucc::tb::fill<128, 1024, L1>(tid, s11, float(0.0));
+  mucc::tb::fill<128, 256, L3>(tid, s14, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
   mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 0, gi1);
@@ -98,19 +98,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     }
     // op3 matmul
     L7::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
-      s3[L3::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+      s3[L0::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();
     // op4 reduction_2_max
-    mucc::tb::running_max<128, 16, 64, 1, L3, L0, L0>(tid, s3, s4, s5);
+    mucc::tb::running_max<128, 16, 64, 1, L0, L2, L2>(tid, s3, s4, s5);
     __syncthreads();
     // op5 sub -> op6 exp
     mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s3[L3::offset(e)]);
+      const float x0 = mucc::to_compute(s3[L0::offset(e)]);
       const float x1 = mucc::to_compute(s4[L8::offset(e)]);
       float v = mucc::op::sub(x0, x1);
       v = mucc::op::exp(v);
-      s7[L3::offset(e)] = mucc::from_compute<mucc::f16>(v);
+      s7[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
     });
     // op7 exp
     mucc::tb::for_each<128, 16>(tid, [&](int e, int) {
@@ -122,34 +122,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     // op8 accum_red_ld_sum_rescale
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s7[L3::offset(row * 64 + j)]);
+        float v = mucc::to_compute(s7[L0::offset(row * 64 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
-        const float scale = mucc::to_compute(s8[L0::offset(row)]);
-        mucc::tb::acc_rescale(s9[L0::offset(row)], scale, s);
+        const float scale = mucc::to_compute(s8[L2::offset(row)]);
+        mucc::tb::acc_rescale(s9[L2::offset(row)], scale, s);
       };
       mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, elem, sink);
     }
     // op9 matmul
     L7::apply(s7, s2_cur, smem, warp, lane, [&](int row, int col, float v) {
-      s10[L3::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
+      s10[L0::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     // op13 reduction_2_to_dimx -> op14 accum_nored
     {
       auto elem = [&](int row, int j) {
-        return mucc::to_compute(s7[L3::offset((row / 16) * 64 + (j * 16 + (row / 1) % 16) * 1 + row % 1)]);
+        return mucc::to_compute(s7[L0::offset((row / 16) * 64 + (j * 16 + (row / 1) % 16) * 1 + row % 1)]);
       };
       auto sink = [&](int row, float s) {
         float v = s;
-        mucc::tb::acc_add(s14[L2::offset(row)], v);
+        mucc::tb::acc_add(s14[L3::offset(row)], v);
       };
       mucc::tb::for_each_row<128, 1, 256, 4, float>(tid, elem, sink);
     }
     __syncthreads();
     // op10 accum_nored_rescale
     mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s10[L3::offset(e)]);
+      float v = mucc::to_compute(s10[L0::offset(e)]);
       const float scale = mucc::to_compute(s8[L8::offset(e)]);
       mucc::tb::acc_rescale(s11[L1::offset(e)], scale, v);
     });

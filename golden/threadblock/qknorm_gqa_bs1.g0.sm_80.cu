@@ -17,16 +17,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
     const mucc::f16* __restrict__ in2) {
-  using L0 = mucc::Layout<mucc::Shape<1, 1, 4096>, mucc::Stride<4096, 4096, 1>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<256, 64, 1>>, mucc::Swizzle<3, 3,
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<256, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<16384, 64, 1>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 1, 4096>, mucc::Stride<262144, 4096, 1>>;
-  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
+  using L1 = mucc::Layout<mucc::Shape<1, 4, 64>, mucc::Stride<16384, 64, 1>>;
+  using L2 = mucc::Layout<mucc::Shape<1, 1, 4096>, mucc::Stride<4096, 4096, 1>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 1, 4096>, mucc::Stride<262144, 4096, 1>>;
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
+  using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
+  using L6 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
   using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4096, 0, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
   using L10 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
@@ -37,9 +37,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 512);  // s1 (tb_input_op)
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 8704);  // s2 (tb_input_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 0);  // s1 (tb_input_op)
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s2 (tb_input_op)
   mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 16896);  // s4 (tb_forloop_accum_nored_op)
   float* s6 = reinterpret_cast<float*>(smem + 33280);  // s6 (tb_forloop_accum_red_ld_sum_op)
   mucc::f16* s8 = reinterpret_cast<mucc::f16*>(smem + 25088);  // s8 (tb_forloop_accum_nored_op)
@@ -48,16 +48,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go10 = out1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
-  mucc::tb::fill<128, 4096, L0>(tid, s4, float(0.0));
-  mucc::tb::fill<128, 4, L1>(tid, s6, float(0.0));
-  mucc::tb::fill<128, 4096, L2>(tid, s8, float(0.0));
-  __syncthreads();
   // op0 input
-  mucc::tb::copy_chunks<128, 256, 8, L3, L4>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 256, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L5>(tid, s1, gi1);
+  mucc::tb::copy_chunks<128, 4096, 8, L2, L3>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L6, L7>(tid, s2, gi2);
+  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s2, gi2);
+  __syncthreads();
+  mucc::tb::fill<128, 4096, L2>(tid, s4, float(0.0));
+  mucc::tb::fill<128, 4, L6>(tid, s6, float(0.0));
+  mucc::tb::fill<128, 4096, L7>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -66,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     // op3 rms_norm -> op6 accum_red_ld_sum
     {
       auto x = [&](int row, int j) {
-        return mucc::to_compute(s0[L3::offset(row * 64 + j)]);
+        return mucc::to_compute(s0[L0::offset(row * 64 + j)]);
       };
       auto out = [&](int row, int j, float v) {
         (void)row;
@@ -76,24 +76,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       auto done = [&](int row, float s) {
         (void)row;
         (void)s;
-        mucc::tb::acc_add(s6[L1::offset(row)], s);
+        mucc::tb::acc_add(s6[L6::offset(row)], s);
       };
       mucc::tb::rms_rows<128, 32, 4, 64, true, float>(tid, x, out, done);
     }
     // op4 accum_nored
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s1[L0::offset(e)]);
-      mucc::tb::acc_add(s4[L0::offset(e)], v);
+      float v = mucc::to_compute(s1[L2::offset(e)]);
+      mucc::tb::acc_add(s4[L2::offset(e)], v);
     });
     // op5 rms_norm -> op8 accum_nored
     {
       auto x = [&](int row, int j) {
-        return mucc::to_compute(s2[L6::offset(row * 64 + j)]);
+        return mucc::to_compute(s2[L4::offset(row * 64 + j)]);
       };
       auto out = [&](int row, int j, float v) {
         (void)row;
         (void)j;
-        mucc::tb::acc_add(s8[L2::offset(row * 64 + j)], v);
+        mucc::tb::acc_add(s8[L7::offset(row * 64 + j)], v);
         return float(0.0);
       };
       auto done = [&](int row, float s) {
@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     go9[L10::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op10 output
-  mucc::tb::copy_chunks<128, 4096, 8, L7, L11>(tid, go10, s8);
+  mucc::tb::copy_chunks<128, 4096, 8, L5, L11>(tid, go10, s8);
 }
 
 // kernel op 4: kn_exp_op(%3) -> %5 [2, 4, 262144] f16
@@ -139,14 +139,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
-  using L0 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>, mucc::Swizzle<3,
+  using L0 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
+  using L1 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>, mucc::Swizzle<3,
       3, 9>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
+  using L4 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
+  using L5 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>;
+  using L6 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
   using L7 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
   using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 4096, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 4096, 1>>;
@@ -156,8 +156,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s1 (tb_input_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 0);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 73728);  // s2 (tb_forloop_accum_nored_op)
   mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 40960);  // s3 (tb_forloop_accum_nored_op)
   float* s4 = reinterpret_cast<float*>(smem + 81920);  // s4 (tb_forloop_accum_red_ld_sum_op)
@@ -165,14 +165,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 64;
   mucc::f16* go7 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 16384;
-  mucc::tb::fill<128, 4096, L0>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 16384, L1>(tid, s3, float(0.0));
-  mucc::tb::fill<128, 4, L2>(tid, s4, float(0.0));
-  __syncthreads();
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L3, L4>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 16384, 8, L5, L6>(tid, s1, gi1);
+  mucc::tb::copy_chunks<128, 16384, 8, L2, L3>(tid, s1, gi1);
+  __syncthreads();
+  mucc::tb::fill<128, 4096, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<128, 16384, L5>(tid, s3, float(0.0));
+  mucc::tb::fill<128, 4, L6>(tid, s4, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -180,22 +180,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
     (void)lane;
     // op2 accum_nored
     mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s0[L3::offset(e)]);
-      mucc::tb::acc_add(s2[L3::offset(e)], v);
+      float v = mucc::to_compute(s0[L0::offset(e)]);
+      mucc::tb::acc_add(s2[L0::offset(e)], v);
     });
     // op3 accum_nored
     mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s1[L5::offset(e)]);
-      mucc::tb::acc_add(s3[L1::offset(e)], v);
+      float v = mucc::to_compute(s1[L2::offset(e)]);
+      mucc::tb::acc_add(s3[L5::offset(e)], v);
     });
     // op4 accum_red_ld_sum
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s1[L5::offset(row * 4096 + j)]);
+        float v = mucc::to_compute(s1[L2::offset(row * 4096 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s4[L2::offset(row)], s);
+        mucc::tb::acc_add(s4[L6::offset(row)], s);
       };
       mucc::tb::for_each_row<128, 32, 4, 4096, float>(tid, elem, sink);
     }
@@ -203,13 +203,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
   __syncthreads();
   // op5 div -> op7 output
   mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s3[L1::offset(e)]);
+    const float x0 = mucc::to_compute(s3[L5::offset(e)]);
     const float x1 = mucc::to_compute(s4[L7::offset(e)]);
     float v = mucc::op::div(x0, x1);
     go7[L8::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op6 output
-  mucc::tb::copy_chunks<128, 4096, 8, L9, L3>(tid, go6, s2);
+  mucc::tb::copy_chunks<128, 4096, 8, L9, L0>(tid, go6, s2);
 }
 
 #ifndef __CUDACC_RTC__

@@ -17,19 +17,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
     const mucc::f16* __restrict__ in2) {
-  using L0 = mucc::Layout<mucc::Shape<1, 64, 1>, mucc::Stride<64, 1, 64>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
+  using L1 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<65536, 64, 1>>;
+  using L2 = mucc::Layout<mucc::Shape<1, 64, 1>, mucc::Stride<64, 1, 64>>;
+  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
       3, 4>>;
-  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 64, 64, 128, 2, 2, mucc::tb::Load::Ldmatrix,
+  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 64, 64, 128, 2, 2, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 3,
-      3>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<65536, 64, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L4, L1, 64, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L8 = mucc::tb::Mma<mucc::f16, L0, L3, 64, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2,
       4>>;
@@ -56,22 +56,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.y) * 32768;
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024 + static_cast<mucc::i64>(blockIdx.z) * 64;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 64;
-  mucc::tb::fill<128, 64, L0>(tid, s5, float(0.0));
-  L3::Frag acc7;
-  L3::fill(acc7, float(0.0));
-  __syncthreads();
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
+  __syncthreads();
+  mucc::tb::fill<128, 64, L2>(tid, s5, float(0.0));
+  L5::Frag acc7;
+  L5::fill(acc7, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + 0, gi2);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -88,9 +88,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     {
       const int pf = it + 3;
       if (pf < 4) {
-        mucc::tb::cp_async_chunks<128, 8192, 8, L1, L6>(tid, s1 + (pf % 4) * 8192,
+        mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + (pf % 4) * 8192,
             gi1 + static_cast<mucc::i64>(pf) * 128);
-        mucc::tb::cp_async_chunks<128, 8192, 8, L2, L7>(tid, s2 + (pf % 4) * 8192,
+        mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + (pf % 4) * 8192,
             gi2 + static_cast<mucc::i64>(pf) * 8192);
       }
       mucc::sm80::cp_async_commit();
@@ -98,25 +98,25 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     // op3 matmul -> op4 exp
     L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
       v = mucc::op::exp(v);
-      s4[L1::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(v);
+      s4[L3::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();
     // op5 accum_red_ld_sum
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s4[L1::offset(row * 128 + j)]);
+        float v = mucc::to_compute(s4[L3::offset(row * 128 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s5[L0::offset(row)], s);
+        mucc::tb::acc_add(s5[L2::offset(row)], s);
       };
       mucc::tb::for_each_row<128, 2, 64, 128, float>(tid, elem, sink);
     }
     // op6 matmul -> op7 accum_nored
-    L3::run(acc7, s4, s2_cur, smem, warp, lane);
+    L5::run(acc7, s4, s2_cur, smem, warp, lane);
     __syncthreads();
   }
-  L3::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
+  L5::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
     s7[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
   __syncthreads();
@@ -132,13 +132,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
-  using L0 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0,
+  using L0 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<128, 16, 1>>;
+  using L1 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<8192, 1024, 1>>;
+  using L2 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<8192, 16, 1>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<524288, 1024, 1>>;
+  using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0,
       6>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<128, 16, 1>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<8192, 1024, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<8192, 16, 1>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<524288, 1024, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 16, 8>, mucc::Stride<128, 1, 16>>;
   using L7 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 1, 16>>;
   using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
@@ -149,20 +149,20 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 256);  // s1 (tb_input_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 0);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 20736);  // s2 (tb_forloop_accum_red_ld_sum_op)
   float* s3 = reinterpret_cast<float*>(smem + 16640);  // s3 (tb_forloop_accum_redtox_ld_sum_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.y) * 16;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024;
-  mucc::tb::fill<128, 16, L0>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 1024, L1>(tid, s3, float(0.0));
-  __syncthreads();
   // op0 input
-  mucc::tb::copy_chunks<128, 128, 8, L2, L3>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 128, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 8192, 8, L4, L5>(tid, s1, gi1);
+  mucc::tb::copy_chunks<128, 8192, 8, L2, L3>(tid, s1, gi1);
+  __syncthreads();
+  mucc::tb::fill<128, 16, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<128, 1024, L5>(tid, s3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -175,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
         return v;
       };
       auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s2[L0::offset(row)], s);
+        mucc::tb::acc_add(s2[L4::offset(row)], s);
       };
       mucc::tb::for_each_row<128, 8, 16, 8, float>(tid, elem, sink);
     }
@@ -186,13 +186,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
         float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
         s += v;
       }
-      mucc::tb::acc_add(s3[L1::offset(o)], s);
+      mucc::tb::acc_add(s3[L5::offset(o)], s);
     });
   }
   __syncthreads();
   // op4 div -> op5 output
   mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s3[L1::offset(e)]);
+    const float x0 = mucc::to_compute(s3[L5::offset(e)]);
     const float x1 = mucc::to_compute(s2[L8::offset(e)]);
     float v = mucc::op::div(x0, x1);
     go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);

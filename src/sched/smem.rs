@@ -1,11 +1,13 @@
 //! Shared-memory buffers of a customized operator and their lifetimes, in schedule steps
 //! (barriers included): what the DSA packing of [`super::memory`] places.
 //!
-//! A tile lives from the step that writes it to the barrier after its last reader (a buffer is
-//! free only once every thread is past the reads). Pipelined input tiles and shared-memory
-//! accumulators live through the whole loop; register accumulators get a write-back buffer
-//! after the loop, only if something reads them; tiles written before the loop and read in it
-//! live through the loop.
+//! A tile lives from the start of the barrier interval that writes it (chains between two
+//! barriers run concurrently) to the barrier after its last reader (a buffer is free only once
+//! every thread is past the reads). Pipelined input tiles, shared-memory accumulators and the
+//! state of a running max live through the whole loop (their initial values are written just
+//! before it, after the pre-loop phase); register accumulators get a write-back buffer after the
+//! loop, only if something reads them; tiles written before the loop and read in it live
+//! through the loop.
 
 use super::memory::{self, Buffer};
 use super::ops::{AccumStorage, OpPlan};
@@ -13,6 +15,7 @@ use super::order::{Phase, Schedule, Step};
 use super::plan::{SmemKind, SmemPlan};
 use crate::graph::fusion::FusionPlan;
 use crate::graph::mirage_json::names;
+use crate::graph::ops::TbReduction;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 use crate::layout::swizzle::TileGeometry;
 
@@ -68,6 +71,16 @@ pub fn smem_plan(
             }
         }
         total_steps
+    };
+    // The first step of the barrier interval holding step i: chains between two barriers run
+    // concurrently, so a tile written in an interval is live from the interval's start (two
+    // tiles written in one interval must not share memory, even if one is never read).
+    let acquire = |i: usize| -> usize {
+        let ph = steps[i].0;
+        (0..i)
+            .rev()
+            .find(|&j| steps[j].0 != ph || matches!(steps[j].1, Step::Barrier(_)))
+            .map_or(0, |j| j + 1)
     };
     // Readers of each tile: leaders of the chains that take it as input.
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); tb.tensors.len()];
@@ -128,11 +141,26 @@ pub fn smem_plan(
                         stages: 1,
                     },
                 ),
+                // The running max's state carries over from one iteration to the next.
+                (
+                    TbOpKind::Reduction {
+                        kind: TbReduction::Max,
+                        ..
+                    },
+                    _,
+                ) if t == op.outputs[0] => (
+                    loop_start,
+                    end_of(loop_start).max(loop_end),
+                    SmemKind::Tile {
+                        tile: t.index(),
+                        stages: 1,
+                    },
+                ),
                 _ => {
                     let def = run_at[c];
                     let (s, e) = match ph {
                         Phase::PreLoop => (
-                            def,
+                            acquire(def),
                             end_of(def).max(
                                 if readers[t.index()]
                                     .iter()
@@ -145,7 +173,7 @@ pub fn smem_plan(
                             ),
                         ),
                         Phase::Loop if !end_barrier => (loop_start, loop_end),
-                        _ => (def, end_of(def)),
+                        _ => (acquire(def), end_of(def)),
                     };
                     (
                         s,

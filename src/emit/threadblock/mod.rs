@@ -234,13 +234,14 @@ pub(super) fn emit(
     }
     let (params, args) = signature(&ctx);
     prologue(&mut ctx)?;
-    accumulator_state(&mut ctx)?;
     for st in kp.schedule.pre_loop.clone() {
         match st {
             Step::Barrier(_) => ctx.w.line("__syncthreads();"),
             Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
         }
     }
+    // After the pre-loop phase: the memory of tiles that died there may hold loop state.
+    accumulator_state(&mut ctx)?;
     let body_ends_with_barrier = ctx.for_loop()?;
     after_loop(&mut ctx, body_ends_with_barrier)?;
     for st in kp.schedule.post_loop.clone() {
