@@ -225,3 +225,68 @@ fn errors_name_the_source_and_carry_the_log() {
     assert!(matches!(err, CompileError::NoCudaHeaders(_)), "{err:?}");
     assert!(err.to_string().contains("MUCC_CUDA_INCLUDE"), "{err}");
 }
+
+/// The Hopper header compiles under NVRTC for sm_90a, every wrapper instantiated (the GPU checks
+/// what they do: `scripts/gpu/sm90_selftest.cu`).
+#[test]
+fn the_hopper_header_compiles_under_nvrtc_for_sm90a() {
+    if skip() {
+        return;
+    }
+    let compiler = Compiler::new(CompilerOptions::default()).unwrap();
+    let text = r#"
+#include "mucc/arch/sm90.h"
+using namespace mucc;
+extern "C" __global__ void __launch_bounds__(256, 1) __cluster_dims__(2, 1, 1)
+hopper(const __grid_constant__ sm90::TensorMap map, float* out) {
+  __shared__ alignas(1024) float tile[16][32];
+  __shared__ alignas(8) u64 bar[2];
+  sm90::grid_dependency_wait();
+  if (threadIdx.x == 0) {
+    sm90::prefetch_tensormap(&map);
+    sm90::mbar_init(&bar[0], 1);
+    sm90::mbar_init(&bar[1], 1);
+    sm90::fence_mbarrier_init();
+  }
+  sm90::cluster_sync();
+  sm90::RingState<2> ring;
+  if (threadIdx.x == 0) {
+    sm90::mbar_arrive_expect_tx(&bar[0], sizeof tile);
+    sm90::tma_load(tile, &map, &bar[0], 0);
+    sm90::tma_load(tile, &map, &bar[0], 0, 1);
+    sm90::tma_load(tile, &map, &bar[0], 0, 1, 2);
+    sm90::tma_load(tile, &map, &bar[0], 0, 1, 2, 3);
+    sm90::tma_load(tile, &map, &bar[0], 0, 1, 2, 3, 4);
+    sm90::tma_load_multicast(tile, &map, &bar[0], 3, 0, 0);
+    sm90::mbar_expect_tx(&bar[1], 4);
+    sm90::mbar_arrive(&bar[1]);
+  }
+  sm90::mbar_wait(&bar[ring.stage], ring.parity);
+  ring.advance();
+  if (threadIdx.x < 128) sm90::regs_shrink<40>(); else sm90::regs_grow<232>();
+  unsigned peer = sm90::map_rank(&tile[0][0], sm90::cluster_rank() ^ 1u);
+  float v = sm90::ld_cluster_f32(peer) + (float)sm90::ld_cluster_u32(peer) + (float)sm90::cluster_size();
+  sm90::st_cluster_f32(peer, v);
+  sm90::cluster_arrive();
+  sm90::cluster_wait();
+  sm90::fence_proxy_async();
+  if (threadIdx.x == 0) {
+    sm90::tma_store(&map, tile, 0, 0);
+    sm90::bulk_commit();
+    sm90::bulk_wait_read<0>();
+    sm90::bulk_wait<0>();
+  }
+  sm90::launch_dependents();
+  out[threadIdx.x] = v;
+}
+"#;
+    let cubin = compiler
+        .compile(&Source {
+            path: "hopper.cu",
+            text,
+            arch: Arch::Sm90a,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(cubin.bytes.starts_with(b"\x7fELF"), "not a cubin");
+    assert!(cubin.log.trim().is_empty(), "NVRTC warned: {}", cubin.log);
+}

@@ -59,6 +59,10 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         include_str!("../../runtime-headers/mucc/arch/sm80.h"),
     ),
     (
+        "mucc/arch/sm90.h",
+        include_str!("../../runtime-headers/mucc/arch/sm90.h"),
+    ),
+    (
         "mucc/threadblock/loops.h",
         include_str!("../../runtime-headers/mucc/threadblock/loops.h"),
     ),
