@@ -109,6 +109,45 @@ fn eval_all_reports_agreement() {
 }
 
 #[test]
+fn eval_rounding_stored_rounds_like_the_gpu_stores() {
+    let exact = mucc(&["eval", &corpus("lora.json"), "--graph", "0", "--seed", "3"]);
+    let stored = mucc(&[
+        "eval",
+        &corpus("lora.json"),
+        "--graph",
+        "0",
+        "--seed",
+        "3",
+        "--rounding",
+        "stored",
+    ]);
+    let ((eo, ee), (so, se)) = (text(&exact), text(&stored));
+    assert_eq!(exact.status.code(), Some(0), "{ee}");
+    assert_eq!(stored.status.code(), Some(0), "{se}");
+    assert!(
+        so.contains("every stored tensor, tile and accumulator rounded"),
+        "{so}"
+    );
+    assert!(!eo.contains("every stored tensor"), "{eo}");
+    let checksum = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("graph 0: output 0"))
+            .and_then(|l| l.split("checksum ").nth(1))
+            .and_then(|r| r.split(' ').next())
+            .and_then(|c| c.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no checksum in {s}"))
+    };
+    let (ce, cs) = (checksum(&eo), checksum(&so));
+    // An f16 output: storage rounding moves the sum a little, never a lot.
+    assert_ne!(ce, cs);
+    assert!((ce - cs).abs() < 1e-2 * ce.abs(), "{ce} vs {cs}");
+    let bad = mucc(&["eval", &corpus("lora.json"), "--rounding", "f8"]);
+    let (_, be) = text(&bad);
+    assert_eq!(bad.status.code(), Some(1), "{be}");
+    assert!(be.contains("possible values: exact, stored"), "{be}");
+}
+
+#[test]
 fn eval_of_qknorm_candidates_reports_disagreement() {
     let o = mucc(&["eval", &corpus("qknorm_gqa_bs1.json"), "--graph", "0"]);
     assert_eq!(o.status.code(), Some(0));

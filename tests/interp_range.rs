@@ -1,9 +1,11 @@
-//! The interpreter's range report: tensors whose f64 reference values do not fit their dtype.
+//! The interpreter's range report (tensors whose f64 reference values do not fit their dtype)
+//! and its storage-rounding mode.
 
 mod common;
 
-use mucc::graph::interp::{self, HostTensor};
-use mucc::graph::{DType, GraphBuilder, Shape};
+use mucc::graph::interp::{self, HostTensor, Rounding};
+use mucc::graph::ops::AccumKind;
+use mucc::graph::{DType, GraphBuilder, Shape, TbGraphBuilder};
 
 fn input(dims: &[usize], values: Vec<f64>) -> HostTensor {
     let shape = Shape::new(dims).unwrap();
@@ -62,4 +64,48 @@ fn f16_tiles_inside_a_customized_kernel_are_checked_too() {
         at1[0].place
     );
     assert!(run(0.5).is_empty());
+}
+
+/// `Rounding::Stored` rounds every kernel-level tensor, every tile and every accumulator update
+/// to its dtype; `Rounding::Exact` rounds nowhere. 2⁻⁹ is a quarter of bf16's unit at 1, so
+/// 1 + 2⁻⁹ rounds back to 1 (and 1 + 3·2⁻⁹ accumulated step by step stays 1).
+#[test]
+fn stored_rounding_rounds_tensors_tiles_and_accumulators() {
+    let q = 2f64.powi(-9);
+    for (dtype, rounds) in [(DType::BF16, true), (DType::F32, false)] {
+        // Kernel level: x + y.
+        let mut b = GraphBuilder::new();
+        let x = b.new_input(&[1], dtype).unwrap();
+        let y = b.new_input(&[1], dtype).unwrap();
+        let s = b.add(x, y).unwrap();
+        b.mark_output(s).unwrap();
+        let g = b.build().unwrap();
+        let ins = || vec![input(&[1], vec![1.0]), input(&[1], vec![q])];
+        let eval = |r| interp::evaluate_rounded(&g, ins(), r).unwrap().0[0].data[0];
+        assert_eq!(eval(Rounding::Exact), 1.0 + q, "{dtype:?}");
+        assert_eq!(
+            eval(Rounding::Stored),
+            if rounds { 1.0 } else { 1.0 + q },
+            "{dtype:?}"
+        );
+
+        // Threadblock level: a no-reduction accumulator over a for-loop of 4 one-element tiles.
+        let mut b = GraphBuilder::new();
+        let x = b.new_input(&[1, 4], dtype).unwrap();
+        let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 4);
+        let t = tb.new_input(&b, x, [-1, -1, -1], 1).unwrap();
+        let a = tb.forloop_accum(t, AccumKind::Nored).unwrap();
+        tb.new_output(a, [-1, -1, -1]).unwrap();
+        let outs = b.customized(tb).unwrap();
+        b.mark_output(outs[0]).unwrap();
+        let g = b.build().unwrap();
+        let ins = || vec![input(&[1, 4], vec![1.0, q, q, q])];
+        let eval = |r| interp::evaluate_rounded(&g, ins(), r).unwrap().0[0].data[0];
+        assert_eq!(eval(Rounding::Exact), 1.0 + 3.0 * q, "{dtype:?}");
+        assert_eq!(
+            eval(Rounding::Stored),
+            if rounds { 1.0 } else { 1.0 + 3.0 * q },
+            "{dtype:?}"
+        );
+    }
 }

@@ -11,12 +11,14 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use mucc::cuda::bench::{Ceilings, Launch, Timing, TimingOptions, rotation_sets};
-use mucc::cuda::data::{self, Comparison};
+use mucc::cuda::data::Comparison;
 use mucc::graph::DType;
 use mucc::graph::cost::{self, Work};
 use serde_json::{Value, json};
 
-use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared, read_outputs, upload_inputs};
+use super::gpu::{
+    GpuArgs, InputCache, InputChoice, Prepared, check_outputs, read_outputs, upload_inputs,
+};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 use mucc::cuda::session::Session;
 
@@ -130,16 +132,12 @@ fn measure(
     upload_inputs(gpu, &mut first, launch, inputs)?;
     gpu.poison_outputs(&mut first, 0xff)
         .map_err(|e| e.to_string())?;
-    let check = match prep.drawn.as_ref().map(|d| &d.reference) {
-        Some(refs) => {
+    let check = match &prep.drawn {
+        Some(drawn) => {
             gpu.execute_checked(&prog, &first)
                 .map_err(|e| e.to_string())?;
             let outs = read_outputs(gpu, &first, launch)?;
-            let cmp = outs
-                .iter()
-                .zip(refs)
-                .map(|((dt, got), r)| data::compare(*dt, got, r))
-                .collect();
+            let cmp = check_outputs(graph, drawn, &outs)?;
             gpu.poison_outputs(&mut first, 0xff)
                 .map_err(|e| e.to_string())?;
             Some(cmp)

@@ -32,8 +32,29 @@ pub struct EvalArgs {
     /// Overwrite files of an earlier `--dump` in DIR.
     #[arg(long, requires = "dump")]
     force: bool,
+    /// Where the reference rounds: `exact` (nowhere: f64 from the rounded inputs, the oracle
+    /// `mucc run --check` compares with) or `stored` (every stored tensor, tile and accumulator
+    /// rounded to its dtype, as generated code rounds at most).
+    #[arg(long, value_enum, default_value_t = RoundingArg::Exact)]
+    rounding: RoundingArg,
     #[command(flatten)]
     budget: super::BudgetArgs,
+}
+
+/// `--rounding`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum RoundingArg {
+    Exact,
+    Stored,
+}
+
+impl From<RoundingArg> for interp::Rounding {
+    fn from(r: RoundingArg) -> Self {
+        match r {
+            RoundingArg::Exact => interp::Rounding::Exact,
+            RoundingArg::Stored => interp::Rounding::Stored,
+        }
+    }
 }
 
 fn write_f64(path: &std::path::Path, data: &[f64]) -> Result<(), Failure> {
@@ -186,8 +207,13 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
     let mut out = stdout();
     writeln!(
         out,
-        "inputs: uniform in [-{s}, {s}), seed {}, rounded to each input's dtype",
+        "inputs: uniform in [-{s}, {s}), seed {}, rounded to each input's dtype{}",
         a.seed,
+        if a.rounding == RoundingArg::Stored {
+            "; every stored tensor, tile and accumulator rounded to its dtype"
+        } else {
+            ""
+        },
         s = a.scale
     )?;
     let bar = if indices.len() > 1 {
@@ -210,7 +236,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         let t0 = Instant::now();
         let (outs, excess) = if let Some(dir) = &a.dump {
             let inputs = interp::random_inputs(g, spec);
-            let (outs, excess) = interp::evaluate_ranged(g, inputs.clone())
+            let (outs, excess) = interp::evaluate_rounded(g, inputs.clone(), a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
             dump(dir, g, &inputs, &outs, spec)?;
             (outs, excess)
@@ -223,7 +249,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
                     .or_insert_with(|| interp::random_inputs(g, spec))
                     .clone()
             };
-            interp::evaluate_ranged(g, inputs)
+            interp::evaluate_rounded(g, inputs, a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?
         };
         let secs = t0.elapsed().as_secs_f64();

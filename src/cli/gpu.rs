@@ -8,7 +8,7 @@ use mucc::cuda::session::{Session, SessionOptions};
 use super::Failure;
 
 pub use mucc::cuda::session::{
-    Drawn, InputCache, InputChoice, Prepared, read_outputs, upload_inputs,
+    Drawn, InputCache, InputChoice, Prepared, check_outputs, read_outputs, upload_inputs,
 };
 
 /// Options of the commands that run on a GPU.

@@ -6,9 +6,11 @@ use std::time::Instant;
 
 use clap::Args;
 use mucc::cuda::RunError;
-use mucc::cuda::data::{self, Comparison};
+use mucc::cuda::data::Comparison;
 
-use super::gpu::{Drawn, GpuArgs, InputCache, InputChoice, read_outputs, upload_inputs};
+use super::gpu::{
+    Drawn, GpuArgs, InputCache, InputChoice, check_outputs, read_outputs, upload_inputs,
+};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
 /// Arguments of `mucc run`.
@@ -66,6 +68,23 @@ fn inject_fault(plan: &mut mucc::emit::launch::LaunchPlan) {
 /// What one graph's run reports: per output (index, comparison, description), and a line of
 /// timings and notes.
 type GraphReport = (Vec<(usize, Comparison, String)>, String);
+
+/// "ok" or "FAIL (bound …)", saying when and why the bound was widened.
+fn verdict(c: &Comparison) -> String {
+    let widened = c.sensitivity.map(|s| {
+        format!(
+            "storage rounding alone moves this output by {s:.2e}, bound widened to {:.2e} \
+             (see `mucc eval --rounding stored`)",
+            c.bound
+        )
+    });
+    match (c.passed(), widened) {
+        (true, None) => "ok".to_string(),
+        (true, Some(w)) => format!("ok ({w})"),
+        (false, None) => format!("FAIL (bound {:e})", c.bound),
+        (false, Some(w)) => format!("FAIL (bound {:e}; {w})", c.bound),
+    }
+}
 
 /// Runs `mucc run`.
 pub fn run(a: RunArgs) -> Result<(), Failure> {
@@ -125,17 +144,19 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
             let prog = gpu.load(&cubin.bytes, &launch).map_err(run)?;
             let mut bufs = gpu.alloc(&prog).map_err(run)?;
             let shared;
-            let (inputs, reference): (&[_], _) = match &prep.drawn {
-                Some(Drawn {
-                    inputs,
-                    reference,
-                    scale,
-                    note,
-                }) => {
+            let (inputs, drawn): (&[_], _) = match &prep.drawn {
+                Some(
+                    d @ Drawn {
+                        inputs,
+                        scale,
+                        note,
+                        ..
+                    },
+                ) => {
                     if let Some(n) = note {
                         info.push_str(&format!("; input scale lowered to {scale} ({n})"));
                     }
-                    (inputs, Some(reference))
+                    (inputs, Some(d))
                 }
                 None => {
                     shared = cache.get(&file.graphs[i].graph, a.seed, a.scale);
@@ -147,10 +168,14 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
             gpu.execute_checked(&prog, &bufs).map_err(run)?;
             let mut rows = Vec::new();
             let outputs = read_outputs(gpu, &bufs, &emitted.launch).map_err(plain)?;
-            for (j, ((dt, got), d)) in outputs.iter().zip(&emitted.launch.outputs).enumerate() {
+            let checked = match drawn {
+                Some(d) => Some(check_outputs(&file.graphs[i].graph, d, &outputs).map_err(plain)?),
+                None => None,
+            };
+            for (j, ((_, got), d)) in outputs.iter().zip(&emitted.launch.outputs).enumerate() {
                 let desc = format!("{} {:?}", d.dtype, d.shape);
-                match reference {
-                    Some(refs) => rows.push((j, data::compare(*dt, got, &refs[j]), desc)),
+                match &checked {
+                    Some(c) => rows.push((j, c[j].clone(), desc)),
                     None => {
                         let finite = got.data.iter().filter(|x| x.is_finite()).count();
                         let sum: f64 = got.data.iter().filter(|x| x.is_finite()).sum();
@@ -174,11 +199,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                         c.rel_l2,
                         c.max_abs,
                         c.non_finite,
-                        if c.passed() {
-                            "ok".to_string()
-                        } else {
-                            format!("FAIL (bound {:e})", c.bound)
-                        }
+                        verdict(c)
                     )?;
                 }
                 if ok {

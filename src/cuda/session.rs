@@ -284,6 +284,34 @@ pub fn inputs_and_reference(
     ))
 }
 
+/// Compares the GPU's `outputs` with `drawn`'s exact reference. Floating-point outputs that
+/// fail by their error alone are judged again with their storage-rounding sensitivity
+/// ([`data::SENSITIVITY_FACTOR`]): the reference is evaluated a second time, rounding every
+/// stored value ([`interp::Rounding::Stored`]), only when some output needs it.
+pub fn check_outputs(
+    g: &KernelGraph,
+    drawn: &Drawn,
+    outputs: &[(DType, Array)],
+) -> Result<Vec<data::Comparison>, String> {
+    let mut cmp: Vec<data::Comparison> = outputs
+        .iter()
+        .zip(&drawn.reference)
+        .map(|((dt, got), r)| data::compare(*dt, got, r))
+        .collect();
+    let widen: Vec<usize> = (0..cmp.len())
+        .filter(|&j| cmp[j].worth_widening(outputs[j].0))
+        .collect();
+    if !widen.is_empty() {
+        let (stored, _) =
+            interp::evaluate_rounded(g, drawn.inputs.clone(), interp::Rounding::Stored)
+                .map_err(|e| format!("the storage-rounding reference: {e}"))?;
+        for j in widen {
+            cmp[j].widen(data::sensitivity(&stored[j], &drawn.reference[j]));
+        }
+    }
+    Ok(cmp)
+}
+
 /// Copies `inputs` into the input buffers of `bufs` (padded to each buffer's size).
 pub fn upload_inputs(
     gpu: &Gpu,

@@ -106,6 +106,20 @@ impl std::fmt::Display for RangePlace {
     }
 }
 
+/// Where the reference rounds to the graph's element types.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rounding {
+    /// Nowhere: every value is computed in f64 from the (already rounded) inputs. The oracle.
+    #[default]
+    Exact,
+    /// Wherever a value is stored: every kernel-level tensor and every threadblock tile when it
+    /// is written, and every accumulator after each update, is rounded to its dtype. Generated
+    /// code rounds at a subset of these places (fused chains and register accumulators stay in
+    /// fp32), so how far this reference moves from the exact one measures how sensitive an
+    /// output is to storage rounding (used to judge cancellation in `mucc run --check`).
+    Stored,
+}
+
 /// Evaluates `g` (which must have passed [`crate::graph::validate()`]) on `inputs`, one per graph
 /// input in order. Returns the graph outputs in order, as logical arrays.
 pub fn evaluate(g: &KernelGraph, inputs: &[HostTensor]) -> Result<Vec<Array>, GraphError> {
@@ -123,6 +137,15 @@ pub fn evaluate_owned(g: &KernelGraph, inputs: Vec<HostTensor>) -> Result<Vec<Ar
 pub fn evaluate_ranged(
     g: &KernelGraph,
     inputs: Vec<HostTensor>,
+) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
+    evaluate_rounded(g, inputs, Rounding::Exact)
+}
+
+/// Like [`evaluate_ranged`], rounding as `rounding` says.
+pub fn evaluate_rounded(
+    g: &KernelGraph,
+    inputs: Vec<HostTensor>,
+    rounding: Rounding,
 ) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
     let mut excess = Vec::new();
     let graph_inputs = g.inputs();
@@ -228,7 +251,7 @@ pub fn evaluate_ranged(
                 let ins: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(&values, t)).collect();
                 let refs: Vec<&Array> = ins.iter().map(|p| p.as_ref()).collect();
                 let shapes: Vec<Shape> = (0..op.outputs.len()).map(shape).collect();
-                let (outs, tile_max) = threadblock::run(tb, &refs, &shapes);
+                let (outs, tile_max) = threadblock::run(tb, &refs, &shapes, rounding);
                 for (t, &max_abs) in tile_max.iter().enumerate() {
                     let dtype = tb.tensors.iter().nth(t).map(|(_, s)| s.dtype);
                     if let Some((dtype, limit)) = dtype.and_then(|d| d.max_finite().map(|l| (d, l)))
@@ -245,8 +268,11 @@ pub fn evaluate_ranged(
                 outs
             }
         };
-        for (&t, a) in op.outputs.iter().zip(result) {
+        for (&t, mut a) in op.outputs.iter().zip(result) {
             let dtype = g.tensors[t].dtype;
+            if rounding == Rounding::Stored {
+                a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
+            }
             if let Some(limit) = dtype.max_finite() {
                 // Infinite reference values are infinite in the compiled code too.
                 let max_abs = a

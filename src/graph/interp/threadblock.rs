@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 
+use super::Rounding;
 use super::array::Array;
 use crate::graph::arena::Handle;
 use crate::graph::ops::{AccumKind, TbReduction};
@@ -78,7 +79,14 @@ type Stores = Vec<(usize, Vec<usize>, Array)>;
 /// Runs a customized operator; `inputs` are its input DTensors as logical arrays, `out_shapes`
 /// the shapes of its outputs. Also returns, per STensor, the largest magnitude it took in any
 /// block and iteration (NaN ignored), for range checks against its dtype.
-pub fn run(tb: &TbGraph, inputs: &[&Array], out_shapes: &[Shape]) -> (Vec<Array>, Vec<f64>) {
+/// With [`Rounding::Stored`], every tile written and every accumulator update is rounded to
+/// the tile's dtype.
+pub fn run(
+    tb: &TbGraph,
+    inputs: &[&Array],
+    out_shapes: &[Shape],
+    rounding: Rounding,
+) -> (Vec<Array>, Vec<f64>) {
     let plan = plan(tb);
     let [gx, gy, gz] = tb.grid;
     let blocks: Vec<[usize; 3]> = (0..gz)
@@ -86,7 +94,7 @@ pub fn run(tb: &TbGraph, inputs: &[&Array], out_shapes: &[Shape]) -> (Vec<Array>
         .collect();
     let per_block: Vec<(Stores, Vec<f64>)> = blocks
         .par_iter()
-        .map(|&b| Block::new(tb, &plan, inputs, b).run())
+        .map(|&b| Block::new(tb, &plan, inputs, b, rounding).run())
         .collect();
     let mut outs: Vec<Array> = out_shapes
         .iter()
@@ -117,6 +125,7 @@ struct Block<'a> {
     plan: &'a Plan,
     inputs: &'a [&'a Array],
     b: [usize; 3],
+    rounding: Rounding,
     values: Vec<Option<Array>>,
     /// Largest magnitude each tile took so far.
     tile_max: Vec<f64>,
@@ -126,12 +135,19 @@ struct Block<'a> {
 }
 
 impl<'a> Block<'a> {
-    fn new(tb: &'a TbGraph, plan: &'a Plan, inputs: &'a [&'a Array], b: [usize; 3]) -> Self {
+    fn new(
+        tb: &'a TbGraph,
+        plan: &'a Plan,
+        inputs: &'a [&'a Array],
+        b: [usize; 3],
+        rounding: Rounding,
+    ) -> Self {
         Block {
             tb,
             plan,
             inputs,
             b,
+            rounding,
             values: vec![None; tb.tensors.len()],
             tile_max: vec![0.0; tb.tensors.len()],
             accs: (0..tb.ops.len()).map(|_| None).collect(),
@@ -145,8 +161,12 @@ impl<'a> Block<'a> {
             .expect("validated graphs define tiles before use")
     }
 
-    fn set(&mut self, t: Handle<STensor>, a: Array) {
-        if self.tb.tensors[t].dtype.max_finite().is_some() {
+    fn set(&mut self, t: Handle<STensor>, mut a: Array) {
+        let dtype = self.tb.tensors[t].dtype;
+        if self.rounding == Rounding::Stored {
+            a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
+        }
+        if dtype.max_finite().is_some() {
             let m = &mut self.tile_max[t.index()];
             // Infinite reference values are infinite in the compiled code too: no overflow.
             *m = a
@@ -314,6 +334,12 @@ impl<'a> Block<'a> {
                     (Some(Acc::Sum(a)), _) => a.add_assign(&contribution),
                     (slot @ None, AccumKind::Max) => *slot = Some(Acc::Max(contribution)),
                     (slot @ None, _) => *slot = Some(Acc::Sum(contribution)),
+                }
+                if self.rounding == Rounding::Stored {
+                    let dtype = tb.tensors[op.outputs[0]].dtype;
+                    if let Some(Acc::Sum(a) | Acc::Max(a)) = &mut self.accs[h.index()] {
+                        a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
+                    }
                 }
             }
         }
