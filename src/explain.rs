@@ -13,7 +13,7 @@ use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan};
 use crate::sched::memory;
 use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
 use crate::sched::order::Step;
-use crate::sched::plan::{GraphPlan, KernelPlan, Placement, Sink};
+use crate::sched::plan::{Combine, GraphPlan, KernelPlan, Placement, Sink, Split};
 
 /// The plan as stable text (what `mucc explain` prints).
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
@@ -82,6 +82,41 @@ fn op_name(tb: &TbGraph, o: Handle<crate::graph::threadblock::TbOp>) -> String {
     format!("op{} {}", o.index(), tb.ops[o].kind.name())
 }
 
+/// The cluster split of a kernel's for-loop (sm_90a), or why there is none.
+fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    match &kp.split {
+        Split::Off(why) => {
+            let _ = writeln!(s, "  cluster split: none ({why})");
+        }
+        Split::Cluster(c) => {
+            let g = kp.launch_grid();
+            let _ = writeln!(
+                s,
+                "  cluster split: {} CTAs per block along x (launch grid ({}, {}, {}), \
+                 __cluster_dims__({}, 1, 1)), {} of {} iterations each; {} CTA(s) per SM fit",
+                c.ctas, g[0], g[1], g[2], c.ctas, c.iters, tb.forloop_range, c.resident_per_sm
+            );
+            let parts: Vec<String> = c
+                .partials
+                .iter()
+                .map(|p| {
+                    let how = match p.combine {
+                        Combine::Sum => "sum",
+                        Combine::Max => "max",
+                    };
+                    format!("{} s{} ({how})", op_name(tb, p.accum), p.tile)
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "    after the loop CTA 0 combines the partials through distributed shared memory \
+                 and alone runs the post-loop operators: {}",
+                parts.join(", ")
+            );
+        }
+    }
+}
+
 /// One customized operator's plan.
 fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan) {
     let cta = &kp.cta;
@@ -95,6 +130,9 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         "  code path: {}; launch bounds ({}, {}); {} resident block(s) per SM budgeted",
         kp.path, cta.threads, cta.min_blocks_per_sm, cta.resident_blocks
     );
+    if p.target.has_tma_wgmma {
+        split(s, tb, kp);
+    }
     for line in kp.fusion.dump(tb).lines() {
         let _ = writeln!(s, "  {line}");
     }

@@ -3,6 +3,9 @@
 // {{ l }}
 {% endfor %}
 #include "mucc/runtime.h"
+{% for i in includes -%}
+#include "{{ i }}"
+{% endfor -%}
 {% for k in kernels %}
 {% for c in k.comment -%}
 {{ c }}

@@ -99,6 +99,7 @@ fn transpile_corpus() -> Vec<Unit> {
             let opts = Options {
                 target: Target::new(arch),
                 solve: Default::default(),
+                path: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

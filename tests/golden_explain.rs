@@ -14,6 +14,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
     let opts = Options {
         target: Target::new(arch),
         solve: Default::default(),
+        path: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

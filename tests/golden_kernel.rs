@@ -224,6 +224,7 @@ fn kernel_level_goldens() {
         let opts = Options {
             target: Target::new(Arch::Sm80),
             solve: Default::default(),
+            path: Default::default(),
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

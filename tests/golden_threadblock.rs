@@ -211,27 +211,55 @@ pub const CORPUS: &[(&str, usize, &str)] = &[
     ),
 ];
 
-fn opts() -> Options {
+/// Hopper goldens (`NAME.sm_90a.*`): kernels whose for-loop splits over a cluster — (file or
+/// builder graph, graph, CTAs per cluster, what it covers).
+pub const HOPPER: &[(&str, usize, usize, &str)] = &[
+    (
+        "rmsnorm_bs1.json",
+        2,
+        2,
+        "cluster split: RMS and matmul partials summed before the root",
+    ),
+    (
+        "gated_mlp.json",
+        0,
+        2,
+        "cluster split: two register accumulators written back, then folded",
+    ),
+    (
+        "forloop_64_bf16",
+        0,
+        8,
+        "cluster split of 8 CTAs: nored and mean partials, the mean divided after the fold",
+    ),
+];
+
+fn opts(arch: Arch) -> Options {
     Options {
-        target: Target::new(Arch::Sm80),
+        target: Target::new(arch),
         solve: Default::default(),
+        path: Default::default(),
     }
 }
 
 fn emit_golden(name: &str, g: &KernelGraph, what: &str) {
+    emit_golden_for(name, g, what, Arch::Sm80);
+}
+
+fn emit_golden_for(name: &str, g: &KernelGraph, what: &str, arch: Arch) {
     let (p, e) =
-        mucc::transpile::transpile(g, &opts(), what).unwrap_or_else(|e| panic!("{name}: {e}"));
+        mucc::transpile::transpile(g, &opts(arch), what).unwrap_or_else(|e| panic!("{name}: {e}"));
     golden(
-        &format!("threadblock/{name}.sm_80.explain.txt"),
+        &format!("threadblock/{name}.{arch}.explain.txt"),
         &mucc::explain::explain(g, &p),
     );
-    golden(&format!("threadblock/{name}.sm_80.cu"), &e.source);
+    golden(&format!("threadblock/{name}.{arch}.cu"), &e.source);
     golden(
-        &format!("threadblock/{name}.sm_80.plan.json"),
+        &format!("threadblock/{name}.{arch}.plan.json"),
         &(serde_json::to_string_pretty(&e.launch).unwrap() + "\n"),
     );
     // Emission is deterministic.
-    let (_, again) = mucc::transpile::transpile(g, &opts(), what).unwrap();
+    let (_, again) = mucc::transpile::transpile(g, &opts(arch), what).unwrap();
     assert_eq!(
         again.source, e.source,
         "{name}: emission is not deterministic"
@@ -268,6 +296,31 @@ fn corpus_threadblock_goldens() {
             &f.graphs[graph].graph,
             &format!("{file}, graph {graph}"),
         );
+    }
+}
+
+#[test]
+fn hopper_threadblock_goldens() {
+    for &(source, graph, ctas, what) in HOPPER {
+        let g = match GRAPHS.iter().find(|(n, _)| *n == source) {
+            Some((_, build)) => build(),
+            None => mucc::read_file(
+                &common::corpus_dir().join(source),
+                &ImportOptions::default(),
+            )
+            .unwrap()
+            .graphs[graph]
+                .graph
+                .clone(),
+        };
+        let name = format!("{}.g{graph}", source.trim_end_matches(".json"));
+        let (p, _) = mucc::transpile::transpile(&g, &opts(Arch::Sm90a), what).unwrap();
+        let split: Vec<usize> = p.kernels.values().map(|k| k.split.ctas()).collect();
+        assert!(
+            split.contains(&ctas),
+            "{name}: splits {split:?}, expected {ctas} CTAs ({what})"
+        );
+        emit_golden_for(&name, &g, what, Arch::Sm90a);
     }
 }
 

@@ -101,6 +101,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                     let opts = Options {
                         target,
                         solve: Default::default(),
+                        path: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -166,6 +167,7 @@ fn plans_are_deterministic() {
             let opts = Options {
                 target,
                 solve: Default::default(),
+                path: Default::default(),
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -178,6 +178,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
     let opts = Options {
         target: Target::new(Arch::Sm80),
         solve: SolveOptions::default(),
+        path: Default::default(),
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -250,6 +251,7 @@ fn shared_memory_overflow_is_an_error() {
         &Options {
             target: Target::new(Arch::Sm90a),
             solve: SolveOptions::default(),
+            path: Default::default(),
         },
     )
     .unwrap_err();
@@ -286,6 +288,7 @@ fn workspace_reuses_dead_intermediates() {
         &Options {
             target: Target::new(Arch::Sm80),
             solve: SolveOptions::default(),
+            path: Default::default(),
         },
     )
     .unwrap();
@@ -357,5 +360,119 @@ fn concurrent_tiles_and_loop_state_never_share_memory() {
             buf.start,
             buf.end
         );
+    }
+}
+
+/// x [rows, 64·f] · w [64·f, 64·grid] with the for-loop over K, on `grid` blocks; accumulators of
+/// `kind` (a second input r [rows, 64·grid] rescales for the rescaling kinds).
+fn decode_like(grid: usize, f: usize, kind: AccumKind) -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[16, 64 * f], DType::F16).unwrap();
+    let w = g.new_input(&[64 * f, 64 * grid], DType::F16).unwrap();
+    let mut tb = TbGraphBuilder::new([grid, 1, 1], [128, 1, 1], f);
+    let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+    let tw = tb.new_input(&g, w, [1, -1, -1], 0).unwrap();
+    let y = tb.matmul(tx, tw).unwrap();
+    let a = match kind {
+        AccumKind::NoredRescale => {
+            let r = g.new_input(&[16, 64 * grid], DType::F16).unwrap();
+            let tr = tb.new_input(&g, r, [1, -1, -1], -1).unwrap();
+            tb.forloop_accum_rescale(y, tr, kind).unwrap()
+        }
+        _ => tb.forloop_accum(y, kind).unwrap(),
+    };
+    tb.new_output(a, [1, -1, -1]).unwrap();
+    let outs = g.customized(tb).unwrap();
+    g.mark_output(outs[0]).unwrap();
+    g.build().unwrap()
+}
+
+fn plan_for(
+    g: &KernelGraph,
+    arch: Arch,
+    path: mucc::sched::PathChoice,
+) -> Result<mucc::sched::GraphPlan, PlanError> {
+    let opts = Options {
+        target: Target::new(arch),
+        solve: SolveOptions::default(),
+        path,
+    };
+    mucc::sched::plan(g, &opts)
+}
+
+/// The cluster split: taken on sm_90a when the grid leaves SMs idle, with the largest cluster
+/// that divides the loop and keeps every CTA resident; off (with the reason) on the Ampere path,
+/// for grids that fill the GPU and for accumulators that cannot combine after the fact.
+#[test]
+fn cluster_split_follows_grid_path_and_accumulators() {
+    use mucc::sched::PathChoice;
+    use mucc::sched::plan::{Combine, Split};
+    let one = |g: &KernelGraph, arch, path| -> Split {
+        let p = plan_for(g, arch, path).unwrap();
+        assert_eq!(p.kernels.len(), 1);
+        p.kernels.values().next().unwrap().split.clone()
+    };
+    let small = decode_like(4, 64, AccumKind::Nored);
+    let Split::Cluster(c) = one(&small, Arch::Sm90a, PathChoice::Auto) else {
+        panic!("4 blocks of a 64-iteration loop should split")
+    };
+    assert_eq!((c.ctas, c.iters), (8, 8));
+    assert_eq!(c.partials.len(), 1);
+    assert_eq!(c.partials[0].combine, Combine::Sum);
+    let p = plan_for(&small, Arch::Sm90a, PathChoice::Auto).unwrap();
+    let kp = p.kernels.values().next().unwrap();
+    assert_eq!(kp.launch_grid(), [32, 1, 1]);
+    assert!(kp.pipeline_stages() <= c.iters);
+    // The same graph on the Ampere path, and on sm_80: no split.
+    assert_eq!(
+        one(&small, Arch::Sm90a, PathChoice::Ampere),
+        Split::Off("Ampere path".into())
+    );
+    assert_eq!(
+        one(&small, Arch::Sm80, PathChoice::Auto),
+        Split::Off("Ampere path".into())
+    );
+    // The Hopper path on sm_80 is an error, not a silent fallback.
+    let e = plan_for(&small, Arch::Sm80, PathChoice::Hopper).unwrap_err();
+    assert!(matches!(e, PlanError::PathUnavailable { .. }), "{e}");
+    // A max accumulator combines by max.
+    let Split::Cluster(m) = one(
+        &decode_like(4, 64, AccumKind::Max),
+        Arch::Sm90a,
+        PathChoice::Auto,
+    ) else {
+        panic!("a max accumulator should split")
+    };
+    assert_eq!(m.partials[0].combine, Combine::Max);
+    // A rescaling accumulator cannot be split; a grid that fills the GPU need not be.
+    match one(
+        &decode_like(4, 64, AccumKind::NoredRescale),
+        Arch::Sm90a,
+        PathChoice::Auto,
+    ) {
+        Split::Off(why) => assert!(why.contains("rescales"), "{why}"),
+        s => panic!("rescale split: {s:?}"),
+    }
+    match one(
+        &decode_like(256, 4, AccumKind::Nored),
+        Arch::Sm90a,
+        PathChoice::Auto,
+    ) {
+        Split::Off(why) => assert!(why.contains("fill"), "{why}"),
+        s => panic!("a full grid split: {s:?}"),
+    }
+    // Every CTA resident at once: blocks × CTAs ≤ SMs × CTAs per SM.
+    for grid in [1, 2, 3, 5, 16, 33, 64, 100, 131] {
+        if let Split::Cluster(c) = one(
+            &decode_like(grid, 64, AccumKind::Nored),
+            Arch::Sm90a,
+            PathChoice::Auto,
+        ) {
+            assert!(
+                grid * c.ctas <= 132 * c.resident_per_sm,
+                "grid {grid}: {c:?}"
+            );
+            assert_eq!(c.iters * c.ctas, 64);
+        }
     }
 }

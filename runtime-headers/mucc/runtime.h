@@ -10,6 +10,8 @@
 //   arch/sm90.h           Hopper: mbarriers, TMA loads/stores/multicast, clusters, setmaxnreg,
 //                         programmatic dependent launch (sm_90a only: not included here;
 //                         Hopper code includes it itself)
+//   threadblock/cluster.h sm_90a: partial accumulators of a cluster folded into CTA 0 (not
+//                         included here either)
 //   threadblock/loops.h   tb::for_each, for_each_unrolled, group_sum, for_each_row, rms_rows
 //   threadblock/copy.h    tb::copy_chunks, cp_async_chunks, copy_elems (tile <-> device tensor)
 //   threadblock/accum.h   tb::acc_add, acc_max, acc_rescale, max_of, fill, running_max

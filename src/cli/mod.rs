@@ -104,6 +104,19 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A code path (`--path`): `auto` (every feature of the target), `ampere` or `hopper`.
+pub fn parse_path(s: &str) -> Result<mucc::sched::PathChoice, String> {
+    use mucc::sched::PathChoice;
+    match s {
+        "auto" => Ok(PathChoice::Auto),
+        "ampere" => Ok(PathChoice::Ampere),
+        "hopper" => Ok(PathChoice::Hopper),
+        _ => Err(format!(
+            "unknown path `{s}` (expected auto, ampere or hopper)"
+        )),
+    }
+}
+
 /// A byte count: digits with an optional K, M or G suffix (powers of 1024).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();

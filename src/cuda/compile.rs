@@ -71,6 +71,10 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         include_str!("../../runtime-headers/mucc/threadblock/copy.h"),
     ),
     (
+        "mucc/threadblock/cluster.h",
+        include_str!("../../runtime-headers/mucc/threadblock/cluster.h"),
+    ),
+    (
         "mucc/threadblock/accum.h",
         include_str!("../../runtime-headers/mucc/threadblock/accum.h"),
     ),

@@ -31,6 +31,8 @@ pub struct SessionOptions {
     pub no_cache: bool,
     /// The most device memory one graph's buffers may take (`None`: what is free).
     pub max_device_memory: Option<usize>,
+    /// Code path of threadblock kernels.
+    pub path: crate::sched::PathChoice,
 }
 
 /// Why a session could not open.
@@ -84,6 +86,7 @@ impl Session {
         let opts = Options {
             target: Target::new(gpu.arch),
             solve: Default::default(),
+            path: a.path,
         };
         Ok(Session {
             gpu,

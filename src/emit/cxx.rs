@@ -173,6 +173,24 @@ pub fn comment(text: &str, indent: usize) -> Vec<String> {
 /// per line.
 pub fn kernel_signature(launch_bounds: &str, name: &str, params: &[String]) -> String {
     let head = format!("extern \"C\" __global__ void __launch_bounds__({launch_bounds}) {name}(");
+    signature(head, params)
+}
+
+/// [`kernel_signature`] of a kernel launched as clusters of `ctas` CTAs along x
+/// (`__cluster_dims__`: the launch needs no cluster attribute).
+pub fn cluster_kernel_signature(
+    ctas: usize,
+    launch_bounds: &str,
+    name: &str,
+    params: &[String],
+) -> String {
+    let head = format!(
+        "extern \"C\" __global__ void __cluster_dims__({ctas}, 1, 1) __launch_bounds__({launch_bounds}) {name}("
+    );
+    signature(head, params)
+}
+
+fn signature(head: String, params: &[String]) -> String {
     let one = format!("{head}{}) {{", params.join(", "));
     if one.len() <= MAX_LINE {
         return one;

@@ -91,6 +91,8 @@ impl KernelView {
 struct FileView {
     version: &'static str,
     header: Vec<String>,
+    /// Runtime headers beyond `mucc/runtime.h` (Hopper features).
+    includes: Vec<&'static str>,
     kernels: Vec<KernelView>,
     steps: Vec<HostStep>,
     workspace: usize,
@@ -179,6 +181,11 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         header,
+        includes: if plan.kernels.values().any(|k| k.split.cluster().is_some()) {
+            vec!["mucc/threadblock/cluster.h"]
+        } else {
+            Vec::new()
+        },
         kernels,
         steps: host::steps(&launch),
         workspace: plan.workspace_bytes(),

@@ -4,13 +4,17 @@
 
 use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtype, tile_is_wide};
 use super::order::schedule;
+use super::order::{Phase, Schedule};
 use super::plan::{
-    ChainPlan, CodePath, Cta, DTensorGeometry, KernelPlan, PlanError, Sink, SmemPlan, ZERO_PAGE,
+    ChainPlan, ClusterSplit, CodePath, Combine, Cta, DTensorGeometry, KernelPlan, Options, Partial,
+    PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use crate::graph::arena::Handle;
+use crate::graph::dtype::DType;
 use crate::graph::fusion::{FusionPlan, NotFused};
 use crate::graph::kernel::{DTensor, KernelGraph};
+use crate::graph::ops::{AccumKind, TbReduction};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 use crate::layout::solve::{KernelLayout, TileLayout};
@@ -48,7 +52,7 @@ fn side(g: &KernelGraph, dt: &[DTensorGeometry], hs: &[Handle<DTensor>]) -> Side
         .collect()
 }
 
-/// Plans customized operator `k` (threadblock graph `tb`).
+/// Plans customized operator `k` (threadblock graph `tb`) for `opts`' target and path.
 pub(super) fn plan_kernel(
     g: &KernelGraph,
     k: usize,
@@ -56,8 +60,10 @@ pub(super) fn plan_kernel(
     fusion: FusionPlan,
     kl: &KernelLayout,
     dt: &[DTensorGeometry],
-    target: &Target,
+    opts: &Options,
 ) -> Result<KernelPlan, PlanError> {
+    let target = &opts.target;
+    let hopper = opts.path.hopper(target);
     let op = &g.ops[Handle::from_index(k)];
     let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
     let sched = schedule(tb, &fusion);
@@ -89,7 +95,21 @@ pub(super) fn plan_kernel(
         .into_iter()
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
+    let split = if hopper {
+        plan_split(tb, &fusion, &sched, &ops, &tiles, &smem, target)
+    } else {
+        Split::Off("Ampere path".into())
+    };
+    if let Split::Cluster(c) = &split {
+        // A CTA's share of the loop bounds its ring (the slots stay allocated).
+        for p in &mut ops {
+            if let OpPlan::Input { stages, .. } = p {
+                *stages = (*stages).min(c.iters);
+            }
+        }
+    }
     Ok(KernelPlan {
+        split,
         path: CodePath::Sm80,
         cta: Cta {
             grid: tb.grid,
@@ -108,6 +128,124 @@ pub(super) fn plan_kernel(
         smem,
         unfused,
     })
+}
+
+/// CTAs per cluster tried by [`plan_split`], largest first (8 is the portable maximum).
+const CLUSTER_SIZES: [usize; 3] = [8, 4, 2];
+
+/// Registers a thread may use at most (the CTAs one SM holds are bounded by this when the
+/// kernel promises only one resident block).
+const MAX_REGS_PER_THREAD: usize = 255;
+
+/// Whether to split the for-loop of `tb` over a cluster, and how. A split pays when the grid
+/// leaves SMs idle: each µGraph block becomes a cluster of C CTAs that share its iterations, so
+/// C times as many SMs stream its inputs. It needs a loop whose iterations only feed
+/// accumulators that combine after the fact (sums, mean and RMS before their division, max),
+/// with every read accumulator in shared memory in the compute type; C divides the loop, leaves
+/// each CTA two iterations or more (its pipeline gets at most as many stages as iterations),
+/// and all CTAs fit on the GPU at once (one wave).
+fn plan_split(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    sched: &Schedule,
+    ops: &[OpPlan],
+    tiles: &[Option<TileGeometry>],
+    smem: &SmemPlan,
+    target: &Target,
+) -> Split {
+    let off = |why: String| Split::Off(why);
+    let blocks = tb.num_blocks();
+    let f = tb.forloop_range;
+    if f < 2 {
+        return off("the for-loop has one iteration".into());
+    }
+    if blocks >= target.typical_sms {
+        return off(format!(
+            "the grid's {blocks} blocks fill the {} SMs",
+            target.typical_sms
+        ));
+    }
+    let mut partials = Vec::new();
+    for (h, op) in tb.ops.iter() {
+        let name = op.kind.name();
+        match (&op.kind, &ops[h.index()]) {
+            (
+                TbOpKind::Reduction {
+                    kind: TbReduction::Max,
+                    ..
+                },
+                OpPlan::RunningMax,
+            ) => {
+                return off(format!(
+                    "op {} ({name}) keeps a running max across iterations",
+                    h.index()
+                ));
+            }
+            (TbOpKind::Output { .. }, _)
+                if sched.phase[fusion.chain_of[h.index()]] == Phase::Loop =>
+            {
+                return off(format!("op {} ({name}) stores inside the loop", h.index()));
+            }
+            (TbOpKind::Accum(kind), _) => {
+                let combine = match kind {
+                    AccumKind::Nored
+                    | AccumKind::RedLdSum
+                    | AccumKind::RedLdMean
+                    | AccumKind::RedLdRms
+                    | AccumKind::RedtoxLdSum => Combine::Sum,
+                    AccumKind::Max => Combine::Max,
+                    AccumKind::NoredRescale | AccumKind::RedLdSumRescale => {
+                        return off(format!(
+                            "op {} ({name}) rescales its state every iteration",
+                            h.index()
+                        ));
+                    }
+                };
+                let tile = op.outputs[0].index();
+                if smem.buffer_of(tile).is_none() {
+                    // Nothing reads it: nothing to combine.
+                    continue;
+                }
+                let dtype = tiles[tile].as_ref().map(|g| g.dtype);
+                if !matches!(dtype, Some(DType::F32 | DType::F64)) {
+                    return off(format!(
+                        "op {} ({name}) keeps its tile in {} (partials combine in f32 or f64)",
+                        h.index(),
+                        dtype.map_or("registers".to_string(), |d| d.to_string())
+                    ));
+                }
+                partials.push(Partial {
+                    accum: h,
+                    tile,
+                    combine,
+                });
+            }
+            _ => {}
+        }
+    }
+    if partials.is_empty() {
+        return off("no accumulator to combine".into());
+    }
+    let threads = tb.num_threads();
+    let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
+    let by_threads = 2048 / threads.max(1);
+    let by_regs = (64 * 1024) / (threads.max(1) * MAX_REGS_PER_THREAD);
+    let resident_per_sm = by_smem.min(by_threads).min(by_regs).max(1);
+    let slots = target.typical_sms * resident_per_sm;
+    for ctas in CLUSTER_SIZES {
+        if f.is_multiple_of(ctas) && f / ctas >= 2 && blocks * ctas <= slots {
+            return Split::Cluster(ClusterSplit {
+                ctas,
+                iters: f / ctas,
+                partials,
+                resident_per_sm,
+            });
+        }
+    }
+    off(format!(
+        "no cluster of 2, 4 or 8 CTAs divides the {f} iterations into shares of 2 or more \
+         with {blocks} × CTAs ≤ {slots} resident CTAs"
+    ))
 }
 
 /// Geometry of every tile that lives in shared memory, with the chunk sizes its accesses need:

@@ -30,12 +30,18 @@ use crate::graph::fusion::{FusionPlan, fuse};
 use crate::graph::kernel::KernelGraph;
 use crate::layout::solve::resolve;
 
-pub use plan::{GraphPlan, KernelPlan, Options, PlanError};
+pub use plan::{GraphPlan, KernelPlan, Options, PathChoice, PlanError};
 
 /// Plans a validated graph.
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let target = &opts.target;
+    if opts.path == plan::PathChoice::Hopper && !target.has_tma_wgmma {
+        return Err(PlanError::PathUnavailable {
+            path: opts.path.to_string(),
+            arch: target.arch.to_string(),
+        });
+    }
     let fusion: BTreeMap<usize, FusionPlan> = g
         .customized_ops()
         .map(|(h, tb)| (h.index(), fuse(tb)))
@@ -46,7 +52,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     for (h, tb) in g.customized_ops() {
         let k = h.index();
         let fusion = fusion[&k].clone();
-        let kp = kernel::plan_kernel(g, k, tb, fusion, &layout.kernels[&k], &dt, target)?;
+        let kp = kernel::plan_kernel(g, k, tb, fusion, &layout.kernels[&k], &dt, opts)?;
         kernels.insert(k, kp);
     }
     let (workspace, workspace_tensors) = dtensors::workspace_buffers(g, &dt);

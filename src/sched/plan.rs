@@ -37,15 +37,52 @@ pub struct Options {
     pub target: Target,
     /// Layout solver options.
     pub solve: SolveOptions,
+    /// Which architecture's features threadblock kernels may use.
+    pub path: PathChoice,
 }
 
 impl Options {
-    /// Default solver options for `target`.
+    /// Default solver options and path for `target`.
     pub fn for_target(target: Target) -> Options {
         Options {
             target,
             solve: SolveOptions::default(),
+            path: PathChoice::Auto,
         }
+    }
+}
+
+/// Which features threadblock kernels may use (`--path`): for testing and comparing paths on the
+/// same GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PathChoice {
+    /// Everything the target has (Hopper features on sm_90a).
+    #[default]
+    Auto,
+    /// Ampere features only, even on sm_90a.
+    Ampere,
+    /// Hopper features; planning for sm_80 with it is an error.
+    Hopper,
+}
+
+impl PathChoice {
+    /// Whether kernels for `target` may use Hopper features (clusters, distributed shared
+    /// memory).
+    pub fn hopper(self, target: &Target) -> bool {
+        match self {
+            PathChoice::Auto | PathChoice::Hopper => target.has_tma_wgmma,
+            PathChoice::Ampere => false,
+        }
+    }
+}
+
+impl fmt::Display for PathChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PathChoice::Auto => "auto",
+            PathChoice::Ampere => "ampere",
+            PathChoice::Hopper => "hopper",
+        })
     }
 }
 
@@ -86,6 +123,14 @@ pub enum PlanError {
         workspace: usize,
         /// The target's limit.
         limit: usize,
+        /// The target.
+        arch: String,
+    },
+    /// The requested code path needs features the target lacks.
+    #[error("the {path} path needs sm_90a, but the target is {arch}")]
+    PathUnavailable {
+        /// The path asked for.
+        path: String,
         /// The target.
         arch: String,
     },
@@ -289,6 +334,67 @@ impl fmt::Display for CodePath {
     }
 }
 
+/// How partial accumulators of the CTAs of a cluster combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    /// Added (sums; mean and RMS add their partial sums before the division and the root).
+    Sum,
+    /// The larger one.
+    Max,
+}
+
+/// One accumulator tile that the CTAs of a cluster combine after the loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partial {
+    /// The accumulator.
+    pub accum: Handle<TbOp>,
+    /// Its tile (in shared memory in every CTA, at the same offset).
+    pub tile: usize,
+    /// How partials combine.
+    pub combine: Combine,
+}
+
+/// A for-loop split over the CTAs of a cluster (sm_90a): each µGraph block runs as a cluster of
+/// `ctas` CTAs along x; CTA r runs iterations [r·iters, (r+1)·iters) into its own accumulators;
+/// after the loop CTA 0 combines every CTA's partial accumulators through distributed shared
+/// memory and alone runs the post-loop operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSplit {
+    /// CTAs per cluster (2, 4 or 8).
+    pub ctas: usize,
+    /// Iterations per CTA.
+    pub iters: usize,
+    /// The accumulators combined after the loop.
+    pub partials: Vec<Partial>,
+    /// CTAs of the kernel one SM can hold (shared memory, threads and registers), which
+    /// bounded `ctas`.
+    pub resident_per_sm: usize,
+}
+
+/// Whether and how a kernel's for-loop is split over a cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Not split, and why.
+    Off(String),
+    /// Split.
+    Cluster(ClusterSplit),
+}
+
+impl Split {
+    /// The cluster split, if any.
+    pub fn cluster(&self) -> Option<&ClusterSplit> {
+        match self {
+            Split::Cluster(c) => Some(c),
+            Split::Off(_) => None,
+        }
+    }
+
+    /// CTAs per µGraph block (1 without a split).
+    pub fn ctas(&self) -> usize {
+        self.cluster().map_or(1, |c| c.ctas)
+    }
+}
+
 /// The CTA of a threadblock kernel and how it is launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cta {
@@ -351,9 +457,17 @@ pub struct KernelPlan {
     pub smem: SmemPlan,
     /// Computed tiles that stay in shared memory although a single operator reads them.
     pub unfused: Vec<Unfused>,
+    /// The for-loop split over a cluster, or why there is none.
+    pub split: Split,
 }
 
 impl KernelPlan {
+    /// The launch grid: the µGraph grid with x multiplied by the CTAs of a cluster split.
+    pub fn launch_grid(&self) -> [usize; 3] {
+        let [x, y, z] = self.cta.grid;
+        [x * self.split.ctas(), y, z]
+    }
+
     /// Pipeline stages of the loop's `cp.async` ring (1: no ring).
     pub fn pipeline_stages(&self) -> usize {
         self.ops

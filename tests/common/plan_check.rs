@@ -106,14 +106,20 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     };
     // CTA and launch.
-    let head = format!("__launch_bounds__({nt}, {})", kp.cta.min_blocks_per_sm);
+    let head = match kp.split.cluster() {
+        Some(c) => format!(
+            "__cluster_dims__({}, 1, 1) __launch_bounds__({nt}, {})",
+            c.ctas, kp.cta.min_blocks_per_sm
+        ),
+        None => format!("__launch_bounds__({nt}, {})", kp.cta.min_blocks_per_sm),
+    };
     want(
         e.source.contains(&format!("{head} {name}(")),
         format!("launch bounds {head}"),
     );
     let l = launch_of(e, &name);
     want(
-        l.grid == kp.cta.grid.map(|x| x as u32)
+        l.grid == kp.launch_grid().map(|x| x as u32)
             && l.block == kp.cta.block.map(|x| x as u32)
             && l.dynamic_smem as usize == kp.smem.total,
         format!(
@@ -121,6 +127,36 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             l.grid, l.block, l.dynamic_smem
         ),
     );
+    // The cluster split: this CTA's share of the loop, and a fold per partial accumulator.
+    match kp.split.cluster() {
+        Some(c) => {
+            let share = format!(
+                "const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * {};",
+                c.iters
+            );
+            want(
+                text.contains(&share)
+                    && text.contains(&format!("for (int it = it0; it < it0 + {}; ++it)", c.iters)),
+                format!("loop share `{share}`"),
+            );
+            for p in &c.partials {
+                let fold = format!("mucc::tb::cluster_fold<{nt}, ");
+                let tail = format!(">(tid, s{});", p.tile);
+                want(
+                    text.lines().any(|l| l.contains(&fold) && l.contains(&tail)),
+                    format!("a fold of s{}", p.tile),
+                );
+            }
+            want(
+                text.matches("mucc::sm90::cluster_sync();").count() == 2,
+                "two cluster barriers".into(),
+            );
+        }
+        None => want(
+            !text.contains("cluster_") && !text.contains("blockIdx.x /"),
+            "no cluster code without a split".into(),
+        ),
+    }
     // Tiles at the plan's offsets, in the plan's types; the zero page.
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
         let t = kind.tile();
@@ -276,7 +312,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             {
                 let t = op.outputs[0].index();
                 let slot = kp.tiles[t].as_ref().unwrap().phys_elems;
-                let decl = format!("s{t}_cur = s{t} + (it % {stages}) * {slot};");
+                let decl = match kp.split.cluster() {
+                    Some(_) => format!("s{t}_cur = s{t} + ((it - it0) % {stages}) * {slot};"),
+                    None => format!("s{t}_cur = s{t} + (it % {stages}) * {slot};"),
+                };
                 want(text.contains(&decl), format!("slot `{decl}`"));
             }
         }

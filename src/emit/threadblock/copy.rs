@@ -23,9 +23,13 @@ impl Ctx<'_> {
         let mut terms = Vec::new();
         for a in 0..3 {
             if let (true, Some(d)) = (self.tb.grid[a] > 1, map.axis(a)) {
+                // Under a cluster split, the CTAs of a cluster are consecutive along x.
+                let index = match self.kp.split.cluster() {
+                    Some(c) if a == 0 => format!("blockIdx.x / {}", c.ctas),
+                    _ => format!("blockIdx.{}", AXIS_NAMES[a]),
+                };
                 terms.push(format!(
-                    "static_cast<mucc::i64>(blockIdx.{}) * {}",
-                    AXIS_NAMES[a],
+                    "static_cast<mucc::i64>({index}) * {}",
                     per_block(d) * strides[d]
                 ));
             }
@@ -182,10 +186,16 @@ impl Ctx<'_> {
         }
         self.w
             .line(format!("// software pipeline: {stages} stages"));
+        let split = self.kp.split.cluster().is_some();
         for s in 0..stages - 1 {
+            // The first iterations of this CTA's share.
+            let iter = match (split, s) {
+                (false, _) => s.to_string(),
+                (true, 0) => "it0".to_string(),
+                (true, _) => format!("it0 + {s}"),
+            };
             for (h, t, slot) in self.pipelined() {
-                let line =
-                    self.input_copy_line(h, &format!("s{t} + {}", s * slot), &s.to_string(), true)?;
+                let line = self.input_copy_line(h, &format!("s{t} + {}", s * slot), &iter, true)?;
                 self.w.line(line);
             }
             self.w.line("mucc::sm80::cp_async_commit();");
@@ -196,19 +206,24 @@ impl Ctx<'_> {
     /// Inside the loop, after its first barrier: the copies of iteration it + stages − 1 into
     /// the slot read one iteration ago, then a commit (an empty group past the end).
     pub(super) fn prefetch(&mut self, stages: usize) -> Result<(), EmitError> {
-        let f = self.tb.forloop_range;
+        let (lo, hi) = self.loop_bounds();
+        let slot_of = if lo == "0" {
+            format!("(pf % {stages})")
+        } else {
+            format!("((pf - {lo}) % {stages})")
+        };
         let mut copies = Vec::new();
         for (h, t, slot) in self.pipelined() {
             copies.push(self.input_copy_line(
                 h,
-                &format!("s{t} + (pf % {stages}) * {slot}"),
+                &format!("s{t} + {slot_of} * {slot}"),
                 "pf",
                 true,
             )?);
         }
         self.w.block("", "", |w| {
             w.line(format!("const int pf = it + {};", stages - 1));
-            w.block(format!("if (pf < {f})"), "", |w| {
+            w.block(format!("if (pf < {hi})"), "", |w| {
                 super::chain::lines(w, &copies)
             });
             w.line("mucc::sm80::cp_async_commit();");

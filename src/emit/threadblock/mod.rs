@@ -270,13 +270,16 @@ pub(super) fn emit(
     );
     let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
     let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, body);
+    if let Some(c) = kp.split.cluster() {
+        view.signature = cxx::cluster_kernel_signature(c.ctas, &bounds, &name, &params);
+    }
     view.comment.extend(cxx::comment(
         &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
         0,
     ));
     let launch = KernelLaunch {
         name,
-        grid: kp.cta.grid.map(|x| x as u32),
+        grid: kp.launch_grid().map(|x| x as u32),
         block: kp.cta.block.map(|x| x as u32),
         dynamic_smem: kp.smem.total as u32,
         args,
@@ -426,6 +429,7 @@ fn after_loop(ctx: &mut Ctx, body_ends_with_barrier: bool) -> Result<(), EmitErr
             _ => {}
         }
     }
+    combine_partials(ctx)?;
     if finalize.is_empty() {
         return Ok(());
     }
@@ -453,14 +457,73 @@ fn after_loop(ctx: &mut Ctx, body_ends_with_barrier: bool) -> Result<(), EmitErr
     Ok(())
 }
 
+/// Under a cluster split: CTA 0 folds the other CTAs' partial accumulators into its own
+/// (between two cluster barriers: the partials are complete before, read after), then the
+/// other CTAs leave and CTA 0 alone runs the post-loop operators.
+fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
+    let Some(c) = ctx.kp.split.cluster() else {
+        return Ok(());
+    };
+    let (tb, nt, ctas) = (ctx.tb, ctx.nt, c.ctas);
+    ctx.w.line(format!(
+        "// cluster split: CTA 0 combines the partial accumulators of the {ctas} CTAs"
+    ));
+    ctx.w
+        .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
+    let mut folds = Vec::new();
+    for p in &c.partials {
+        let t = Handle::from_index(p.tile);
+        let s = tb.tensors[t].shape;
+        let natural: Vec<usize> = (0..s.rank()).collect();
+        let l = ctx.tile_layout(t, &natural)?;
+        let ty = ctx.tile_ctype(t);
+        let f = match p.combine {
+            crate::sched::plan::Combine::Sum => "FoldSum",
+            crate::sched::plan::Combine::Max => "FoldMax",
+        };
+        folds.push(format!(
+            "mucc::tb::cluster_fold<{nt}, {}, {ctas}, mucc::tb::{f}, {l}, {ty}>(tid, s{});",
+            s.numel(),
+            p.tile
+        ));
+    }
+    ctx.w
+        .block("if (mucc::sm90::cluster_rank() == 0)", "", |w| {
+            chain::lines(w, &folds)
+        });
+    ctx.w
+        .line("mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave");
+    ctx.w.line("if (mucc::sm90::cluster_rank() != 0) return;");
+    Ok(())
+}
+
 impl Ctx<'_> {
+    /// The first iteration of this CTA and the end of its share (C++ expressions): the whole
+    /// loop, or under a cluster split `it0` (declared before the pipeline prologue) onwards.
+    pub(super) fn loop_bounds(&self) -> (String, String) {
+        match self.kp.split.cluster() {
+            Some(c) => ("it0".into(), format!("it0 + {}", c.iters)),
+            None => ("0".into(), self.tb.forloop_range.to_string()),
+        }
+    }
+
     /// The for-loop: the pipeline prologue, then per iteration the current slots, the wait for
     /// the oldest pending stage, the body with its barriers, and the prefetch of a later
     /// iteration after the first barrier. Returns whether the body ends with a barrier.
     fn for_loop(&mut self) -> Result<bool, EmitError> {
-        let f = self.tb.forloop_range;
+        if let Some(c) = self.kp.split.cluster() {
+            self.w.line(format!(
+                "// cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
+                c.iters
+            ));
+            self.w.line(format!(
+                "const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * {};",
+                c.iters
+            ));
+        }
+        let (lo, hi) = self.loop_bounds();
         let stages = self.pipeline_prologue()?;
-        self.w.open(format!("for (int it = 0; it < {f}; ++it)"));
+        self.w.open(format!("for (int it = {lo}; it < {hi}; ++it)"));
         // Thread indices re-derived in every iteration, opaque to the optimiser: address
         // arithmetic is then recomputed where it is used instead of being hoisted out of the
         // loop and held in registers across iterations (which made large bodies spill).
@@ -469,9 +532,14 @@ impl Ctx<'_> {
         self.w.line("(void)warp;");
         self.w.line("(void)lane;");
         if stages > 1 {
+            let slot_of = if lo == "0" {
+                format!("(it % {stages})")
+            } else {
+                format!("((it - {lo}) % {stages})")
+            };
             for (t, ty, slot) in self.pipelined_slots() {
                 self.w
-                    .line(format!("{ty}* s{t}_cur = s{t} + (it % {stages}) * {slot};"));
+                    .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
             }
             self.w
                 .line(format!("mucc::sm80::cp_async_wait<{}>();", stages - 2));
