@@ -98,14 +98,15 @@ def rotation_sets(set_bytes, l2_bytes, budget_bytes):
     return max(1, min(wanted, affordable, 1024))
 
 
-def time_graph(fn, shapes, iters, warmup, min_execs=10):
+def time_graph(fn, shapes, iters, warmup, min_execs=10, dtype=torch.float16):
     """Median µs per execution of fn over rotated input sets, replayed as one CUDA graph."""
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    first = [torch.empty(s, device=dev, dtype=torch.float16).uniform_(-1, 1) for s in shapes]
+    first = [torch.empty(s, device=dev, dtype=dtype).uniform_(-1, 1) for s in shapes]
     with torch.no_grad():
-        out_bytes = fn(*first).numel() * 2
-    set_bytes = sum(t.numel() * 2 for t in first) + out_bytes
+        out = fn(*first)
+        out_bytes = out.numel() * out.element_size()
+    set_bytes = sum(t.numel() * t.element_size() for t in first) + out_bytes
     free, _ = torch.cuda.mem_get_info()
     n = rotation_sets(set_bytes, props.L2_cache_size, min(free // 4, 8 << 30))
     sets = [first] + [[t.clone() for t in first] for _ in range(n - 1)]

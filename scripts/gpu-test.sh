@@ -6,6 +6,8 @@
 #   generated `mucc run --all --check` on CARRY/generated/*.json, random valid graphs written by
 #             `cargo run --release --example gen_graphs -- CARRY/generated COUNT` (not a
 #             default step);
+#   decode    `mucc run --check` on CARRY/decode/*.json, the builder-made decode-time linear layers
+#             (`cargo run --release --example decode_graphs -- CARRY/decode`; not a default step);
 #   faults    a kernel fault (`mucc run --inject-fault`, a test hook) and a device-memory limit
 #             (`--max-device-memory`) each give one clear error and exit 1 (not a default step).
 #
@@ -79,6 +81,14 @@ if [[ "$steps" == *" generated "* ]]; then
         printf '%-26s %s\n' "$name" "$line"
     done
     printf 'generated graphs: %d passed, %d failed (%d s)\n' "$total_pass" "$total_fail" "$(( $(date +%s) - t0 ))"
+fi
+if [[ "$steps" == *" decode "* ]]; then
+    for f in "$carry"/decode/*.json; do
+        name="$(basename "$f" .json)"
+        # shellcheck disable=SC2086
+        "$carry/mucc" run "$f" --all $extra --check > "$out/$name.run.log" 2>&1 || status=1
+        printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
+    done
 fi
 if [[ "$steps" == *" faults "* ]]; then
     f="$carry/corpus/lora.json"

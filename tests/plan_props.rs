@@ -476,3 +476,20 @@ fn cluster_split_follows_grid_path_and_accumulators() {
         }
     }
 }
+
+/// The builder-made decode graphs (M ∈ {1, 8}, bf16/fp16, Qwen2.5 sizes, grids of 32–86 blocks)
+/// plan for both targets, and every one splits its for-loop over a cluster on sm_90a.
+#[test]
+fn decode_graphs_plan_and_split_on_sm90a() {
+    use mucc::sched::PathChoice;
+    let graphs = mucc::graph::workloads::decode_graphs().unwrap();
+    assert_eq!(graphs.len(), 16);
+    for (name, g) in &graphs {
+        plan_for(g, Arch::Sm80, PathChoice::Auto).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let p =
+            plan_for(g, Arch::Sm90a, PathChoice::Auto).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for kp in p.kernels.values() {
+            assert!(kp.split.cluster().is_some(), "{name}: {:?}", kp.split);
+        }
+    }
+}

@@ -23,6 +23,7 @@ pub mod shape;
 pub mod source;
 pub mod threadblock;
 pub mod validate;
+pub mod workloads;
 
 pub use arena::{Arena, Handle};
 pub use builder::{GraphBuilder, TbGraphBuilder};
