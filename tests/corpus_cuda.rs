@@ -273,6 +273,11 @@ fn batch_source(dir: &Path, tag: &str, units: &[&Unit]) -> PathBuf {
     let mut tu = String::from(
         "// A batch of generated files (tests/corpus_cuda.rs).\n#include \"mucc/runtime.h\"\n",
     );
+    // Every runtime header a unit may include, included here first, outside the namespaces
+    // (`#pragma once` skips the units' own includes).
+    if units[0].arch == Arch::Sm90a {
+        tu.push_str("#include \"mucc/threadblock/cluster.h\"\n");
+    }
     for (i, u) in units.iter().enumerate() {
         let path = dir.join(format!("{}.cu", u.name));
         std::fs::write(&path, &u.source).unwrap();

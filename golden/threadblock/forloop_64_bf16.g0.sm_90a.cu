@@ -11,7 +11,7 @@
 
 // kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41040 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
-extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 1) k2_customized(
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
     const mucc::bf16* __restrict__ in1) {

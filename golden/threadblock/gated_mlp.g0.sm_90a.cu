@@ -12,7 +12,7 @@
 
 // kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 36880 bytes of shared memory
 // schedule - | 0,1,2 3,4 | 7,8
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,

@@ -100,7 +100,10 @@ pub(super) fn plan_kernel(
     } else {
         Split::Off("Ampere path".into())
     };
+    let mut min_blocks_per_sm = 1;
     if let Split::Cluster(c) = &split {
+        // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
+        min_blocks_per_sm = c.resident_per_sm;
         // A CTA's share of the loop bounds its ring (the slots stay allocated).
         for p in &mut ops {
             if let OpPlan::Input { stages, .. } = p {
@@ -116,8 +119,9 @@ pub(super) fn plan_kernel(
             block: tb.block,
             threads: tb.num_threads(),
             // At least one block per SM: ptxas may use the registers it needs (without the
-            // minimum it sometimes capped a kernel at 32 registers and spilled).
-            min_blocks_per_sm: 1,
+            // minimum it sometimes capped a kernel at 32 registers and spilled); a split kernel
+            // promises the CTAs per SM its cluster size was chosen for.
+            min_blocks_per_sm,
             resident_blocks,
         },
         fusion,
@@ -133,9 +137,18 @@ pub(super) fn plan_kernel(
 /// CTAs per cluster tried by [`plan_split`], largest first (8 is the portable maximum).
 const CLUSTER_SIZES: [usize; 3] = [8, 4, 2];
 
-/// Registers a thread may use at most (the CTAs one SM holds are bounded by this when the
-/// kernel promises only one resident block).
-const MAX_REGS_PER_THREAD: usize = 255;
+/// Registers per thread a split kernel keeps at least when its launch bounds promise several
+/// resident CTAs per SM (ptxas then caps it at 65536 / (threads × CTAs)); kernels of the corpus
+/// use 40–130 without spilling at this cap (the corpus compile check verifies no spills).
+const SPLIT_MIN_REGS_PER_THREAD: usize = 128;
+
+/// Resident CTAs per SM a split kernel promises at most.
+const SPLIT_MAX_RESIDENT: usize = 4;
+
+/// Share of the GPU's CTA slots clusters of 4 or 8 CTAs can fill at once: a cluster must fit in
+/// one GPC, so a GPC's leftover slots stay empty (H200, 2 CTAs per SM: 30 clusters of 8 at most,
+/// ncu "Max Active Clusters", i.e. 240 of 264 slots).
+const CLUSTER_PACKING: f64 = 0.9;
 
 /// Whether to split the for-loop of `tb` over a cluster, and how. A split pays when the grid
 /// leaves SMs idle: each µGraph block becomes a cluster of C CTAs that share its iterations, so
@@ -229,11 +242,19 @@ fn plan_split(
     let threads = tb.num_threads();
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
     let by_threads = 2048 / threads.max(1);
-    let by_regs = (64 * 1024) / (threads.max(1) * MAX_REGS_PER_THREAD);
-    let resident_per_sm = by_smem.min(by_threads).min(by_regs).max(1);
+    let by_regs = (64 * 1024) / (threads.max(1) * SPLIT_MIN_REGS_PER_THREAD);
+    let resident_per_sm = by_smem
+        .min(by_threads)
+        .min(by_regs)
+        .clamp(1, SPLIT_MAX_RESIDENT);
     let slots = target.typical_sms * resident_per_sm;
     for ctas in CLUSTER_SIZES {
-        if f.is_multiple_of(ctas) && f / ctas >= 2 && blocks * ctas <= slots {
+        let usable = if ctas > 2 {
+            (slots as f64 * CLUSTER_PACKING) as usize
+        } else {
+            slots
+        };
+        if f.is_multiple_of(ctas) && f / ctas >= 2 && blocks * ctas <= usable {
             return Split::Cluster(ClusterSplit {
                 ctas,
                 iters: f / ctas,

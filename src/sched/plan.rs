@@ -366,8 +366,9 @@ pub struct ClusterSplit {
     pub iters: usize,
     /// The accumulators combined after the loop.
     pub partials: Vec<Partial>,
-    /// CTAs of the kernel one SM can hold (shared memory, threads and registers), which
-    /// bounded `ctas`.
+    /// CTAs of the kernel one SM can hold (shared memory, threads, and registers at 128 per
+    /// thread; at most 4), which bounded `ctas` (clusters of 4 or 8 count on 90% of the
+    /// GPU's slots: a cluster fits in one GPC); the launch bounds promise them.
     pub resident_per_sm: usize,
 }
 
