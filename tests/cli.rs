@@ -287,13 +287,41 @@ fn explain_prints_the_plan_and_draws_it() {
         "schedule: - | 0,1,2 3,4 | 7,8",
         "barrier (the next iteration overwrites tiles read at the last level)",
         "op5 accum_nored: registers (4 per thread, the mma fragment of op3)",
-        "code path: sm80 (cp.async, ldmatrix, mma.sync); launch bounds (128, 1)",
+        "code path: sm80 (cp.async, ldmatrix, mma.sync); launch bounds (128, 4)",
+        "cluster split: 2 CTAs per block along x (launch grid (256, 1, 1), __cluster_dims__(2, 1, 1)), 32 of 64 iterations each; 4 CTA(s) per SM fit",
         "A by ldmatrix, B by ldmatrix.trans",
         "shared memory:",
         "workspace:",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in\n{out}");
     }
+    // The Ampere path on the same target: no split; the Hopper path on sm_80: a clear error.
+    let ampere = mucc(&[
+        "explain",
+        &corpus("single_gated_mlp.json"),
+        "--arch",
+        "sm_90a",
+        "--path",
+        "ampere",
+    ]);
+    let (aout, aerr) = text(&ampere);
+    assert_eq!(ampere.status.code(), Some(0), "{aerr}");
+    assert!(aout.contains("cluster split: none (Ampere path)"), "{aout}");
+    assert!(aout.contains("launch bounds (128, 1)"), "{aout}");
+    let wrong = mucc(&[
+        "explain",
+        &corpus("single_gated_mlp.json"),
+        "--arch",
+        "sm_80",
+        "--path",
+        "hopper",
+    ]);
+    let (_, werr) = text(&wrong);
+    assert_eq!(wrong.status.code(), Some(1), "{werr}");
+    assert!(
+        werr.contains("the hopper path needs sm_90a, but the target is sm_80"),
+        "{werr}"
+    );
     let drawing = std::fs::read_to_string(&svg).unwrap();
     assert!(drawing.starts_with("<svg") && drawing.contains("s1 (tb_input_op)"));
     let again = mucc(&["explain", &corpus("single_gated_mlp.json"), "--svg", s]);
