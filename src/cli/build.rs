@@ -20,10 +20,8 @@ pub struct BuildArgs {
     /// Target architecture of the library's kernels.
     #[arg(long, default_value = "sm_90a", value_parser = |s: &str| s.parse::<Arch>())]
     arch: Arch,
-    /// Code path of threadblock kernels: auto (every feature of the target: on sm_90a, for-loops
-    /// split over clusters), ampere (sm_80 features only) or hopper (sm_90a only).
-    #[arg(long, default_value = "auto", value_parser = super::parse_path)]
-    path: mucc::sched::PathChoice,
+    #[command(flatten)]
+    path: super::PathArg,
     /// The shared library to write (`libNAME.so`); the header goes beside it (`libNAME.h`).
     #[arg(long, short = 'o', value_name = "libNAME.so")]
     output: PathBuf,
@@ -75,7 +73,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
     let opts = Options {
         target: Target::new(a.arch),
         solve: Default::default(),
-        path: a.path,
+        path: a.path.choice,
     };
     let (_, emitted) = mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
         .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;

@@ -22,10 +22,8 @@ pub struct ExplainArgs {
     /// Target architecture.
     #[arg(long, default_value = "sm_80", value_parser = |s: &str| s.parse::<Arch>())]
     arch: Arch,
-    /// Code path of threadblock kernels: auto (every feature of the target: on sm_90a, for-loops
-    /// split over clusters), ampere (sm_80 features only) or hopper (sm_90a only).
-    #[arg(long, default_value = "auto", value_parser = super::parse_path)]
-    path: mucc::sched::PathChoice,
+    #[command(flatten)]
+    path: super::PathArg,
     /// Also draw each kernel's shared-memory plan (x = schedule step, y = address) into this
     /// SVG file (one file; kernels after the first get `.kN` before the extension).
     #[arg(long, value_name = "FILE")]
@@ -52,7 +50,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     let opts = Options {
         target: Target::new(a.arch),
         solve: Default::default(),
-        path: a.path,
+        path: a.path.choice,
     };
     let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
         Failure::User(format!(

@@ -27,10 +27,8 @@ pub struct GpuArgs {
     /// what the GPU has free).
     #[arg(long, value_name = "BYTES", value_parser = super::parse_bytes)]
     pub max_device_memory: Option<u64>,
-    /// Code path of threadblock kernels: auto (every feature of the GPU: on sm_90a, for-loops
-    /// split over clusters), ampere (sm_80 features only) or hopper (sm_90a only).
-    #[arg(long, default_value = "auto", value_parser = super::parse_path)]
-    pub path: mucc::sched::PathChoice,
+    #[command(flatten)]
+    pub path: super::PathArg,
 }
 
 /// Opens the GPU and the compiler `a` names.
@@ -40,7 +38,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         runtime_headers: a.runtime_headers.clone(),
         no_cache: a.no_cache,
         max_device_memory: a.max_device_memory.map(|b| b as usize),
-        path: a.path,
+        path: a.path.choice,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -104,17 +104,13 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A code path (`--path`): `auto` (every feature of the target), `ampere` or `hopper`.
-pub fn parse_path(s: &str) -> Result<mucc::sched::PathChoice, String> {
-    use mucc::sched::PathChoice;
-    match s {
-        "auto" => Ok(PathChoice::Auto),
-        "ampere" => Ok(PathChoice::Ampere),
-        "hopper" => Ok(PathChoice::Hopper),
-        _ => Err(format!(
-            "unknown path `{s}` (expected auto, ampere or hopper)"
-        )),
-    }
+/// `--path`: which features threadblock kernels may use.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PathArg {
+    /// Code path of threadblock kernels: auto (every feature of the target: on sm_90a, for-loops
+    /// split over clusters), ampere (sm_80 features only) or hopper (sm_90a only).
+    #[arg(long = "path", value_name = "auto|ampere|hopper", default_value = "auto", value_parser = |s: &str| s.parse::<mucc::sched::PathChoice>())]
+    pub choice: mucc::sched::PathChoice,
 }
 
 /// A byte count: digits with an optional K, M or G suffix (powers of 1024).

@@ -19,10 +19,8 @@ pub struct TranspileArgs {
     /// Target architecture.
     #[arg(long, default_value = "sm_80", value_parser = |s: &str| s.parse::<Arch>())]
     arch: Arch,
-    /// Code path of threadblock kernels: auto (every feature of the target: on sm_90a, for-loops
-    /// split over clusters), ampere (sm_80 features only) or hopper (sm_90a only).
-    #[arg(long, default_value = "auto", value_parser = super::parse_path)]
-    path: mucc::sched::PathChoice,
+    #[command(flatten)]
+    path: super::PathArg,
     /// Write the `.cu` file here (default: standard output).
     #[arg(long, short = 'o', value_name = "OUT", conflicts_with = "out_dir")]
     output: Option<PathBuf>,
@@ -51,7 +49,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
     let opts = Options {
         target: Target::new(a.arch),
         solve: Default::default(),
-        path: a.path,
+        path: a.path.choice,
     };
     let name = a
         .input

@@ -166,14 +166,13 @@ fn plan_split(
     smem: &SmemPlan,
     target: &Target,
 ) -> Split {
-    let off = |why: String| Split::Off(why);
     let blocks = tb.num_blocks();
     let f = tb.forloop_range;
     if f < 2 {
-        return off("the for-loop has one iteration".into());
+        return Split::Off("the for-loop has one iteration".into());
     }
     if blocks >= target.typical_sms {
-        return off(format!(
+        return Split::Off(format!(
             "the grid's {blocks} blocks fill the {} SMs",
             target.typical_sms
         ));
@@ -189,7 +188,7 @@ fn plan_split(
                 },
                 OpPlan::RunningMax,
             ) => {
-                return off(format!(
+                return Split::Off(format!(
                     "op {} ({name}) keeps a running max across iterations",
                     h.index()
                 ));
@@ -197,7 +196,7 @@ fn plan_split(
             (TbOpKind::Output { .. }, _)
                 if sched.phase[fusion.chain_of[h.index()]] == Phase::Loop =>
             {
-                return off(format!("op {} ({name}) stores inside the loop", h.index()));
+                return Split::Off(format!("op {} ({name}) stores inside the loop", h.index()));
             }
             (TbOpKind::Accum(kind), _) => {
                 let combine = match kind {
@@ -208,7 +207,7 @@ fn plan_split(
                     | AccumKind::RedtoxLdSum => Combine::Sum,
                     AccumKind::Max => Combine::Max,
                     AccumKind::NoredRescale | AccumKind::RedLdSumRescale => {
-                        return off(format!(
+                        return Split::Off(format!(
                             "op {} ({name}) rescales its state every iteration",
                             h.index()
                         ));
@@ -221,7 +220,7 @@ fn plan_split(
                 }
                 let dtype = tiles[tile].as_ref().map(|g| g.dtype);
                 if !matches!(dtype, Some(DType::F32 | DType::F64)) {
-                    return off(format!(
+                    return Split::Off(format!(
                         "op {} ({name}) keeps its tile in {} (partials combine in f32 or f64)",
                         h.index(),
                         dtype.map_or("registers".to_string(), |d| d.to_string())
@@ -237,7 +236,7 @@ fn plan_split(
         }
     }
     if partials.is_empty() {
-        return off("no accumulator to combine".into());
+        return Split::Off("no accumulator to combine".into());
     }
     let threads = tb.num_threads();
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
@@ -263,7 +262,7 @@ fn plan_split(
             });
         }
     }
-    off(format!(
+    Split::Off(format!(
         "no cluster of 2, 4 or 8 CTAs divides the {f} iterations into shares of 2 or more \
          with {blocks} × CTAs ≤ {slots} resident CTAs"
     ))

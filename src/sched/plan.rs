@@ -76,6 +76,20 @@ impl PathChoice {
     }
 }
 
+impl std::str::FromStr for PathChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(PathChoice::Auto),
+            "ampere" => Ok(PathChoice::Ampere),
+            "hopper" => Ok(PathChoice::Hopper),
+            _ => Err(format!(
+                "unknown path `{s}` (expected auto, ampere or hopper)"
+            )),
+        }
+    }
+}
+
 impl fmt::Display for PathChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -206,12 +206,8 @@ impl Ctx<'_> {
     /// Inside the loop, after its first barrier: the copies of iteration it + stages − 1 into
     /// the slot read one iteration ago, then a commit (an empty group past the end).
     pub(super) fn prefetch(&mut self, stages: usize) -> Result<(), EmitError> {
-        let (lo, hi) = self.loop_bounds();
-        let slot_of = if lo == "0" {
-            format!("(pf % {stages})")
-        } else {
-            format!("((pf - {lo}) % {stages})")
-        };
+        let hi = self.loop_bounds().1;
+        let slot_of = self.ring_slot("pf", stages);
         let mut copies = Vec::new();
         for (h, t, slot) in self.pipelined() {
             copies.push(self.input_copy_line(

@@ -507,6 +507,15 @@ impl Ctx<'_> {
         }
     }
 
+    /// The ring slot of iteration `var` (a C++ variable): counted from this CTA's first
+    /// iteration, which is 0 without a cluster split.
+    pub(super) fn ring_slot(&self, var: &str, stages: usize) -> String {
+        match self.loop_bounds().0.as_str() {
+            "0" => format!("({var} % {stages})"),
+            lo => format!("(({var} - {lo}) % {stages})"),
+        }
+    }
+
     /// The for-loop: the pipeline prologue, then per iteration the current slots, the wait for
     /// the oldest pending stage, the body with its barriers, and the prefetch of a later
     /// iteration after the first barrier. Returns whether the body ends with a barrier.
@@ -532,11 +541,7 @@ impl Ctx<'_> {
         self.w.line("(void)warp;");
         self.w.line("(void)lane;");
         if stages > 1 {
-            let slot_of = if lo == "0" {
-                format!("(it % {stages})")
-            } else {
-                format!("((it - {lo}) % {stages})")
-            };
+            let slot_of = self.ring_slot("it", stages);
             for (t, ty, slot) in self.pipelined_slots() {
                 self.w
                     .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
