@@ -117,6 +117,74 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     }
 }
 
+fn list<T: ToString>(v: &[T]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The bulk tensor loads of a kernel's pipelined inputs (sm_90a), and why other inputs have
+/// none.
+fn tma(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    let t = &kp.tma;
+    if t.loads.is_empty() && t.off.is_empty() {
+        let _ = writeln!(s, "  TMA loads: none (no pipelined input)");
+        return;
+    }
+    if !t.loads.is_empty() {
+        let _ = writeln!(
+            s,
+            "  TMA loads: {} B per stage, issued by thread 0, completing on the stages' mbarriers at \
+             byte {} of shared memory",
+            t.bytes_per_stage(),
+            t.barriers
+        );
+    }
+    for l in &t.loads {
+        let coords: Vec<String> = l
+            .coords
+            .iter()
+            .map(|c| {
+                let mut terms: Vec<String> = c
+                    .per_block
+                    .iter()
+                    .map(|(a, n)| format!("{}·{n}", crate::graph::ops::AXIS_NAMES[*a]))
+                    .collect();
+                if c.per_iter > 0 {
+                    terms.push(format!("it·{}", c.per_iter));
+                }
+                if terms.is_empty() {
+                    "0".into()
+                } else {
+                    terms.join(" + ")
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "    {} -> s{} by tensor map tm{}: {} [{}] (byte strides [{}]), box [{}], swizzle {}, \
+             coordinates ({})",
+            op_name(tb, Handle::from_index(l.op)),
+            l.tile,
+            l.map,
+            l.dtype,
+            list(&l.dims),
+            list(&l.strides),
+            list(&l.boxes),
+            l.swizzle,
+            coords.join(", ")
+        );
+    }
+    for (op, why) in &t.off {
+        let _ = writeln!(
+            s,
+            "    {} keeps cp.async: {why}",
+            op_name(tb, Handle::from_index(*op))
+        );
+    }
+}
+
 /// One customized operator's plan.
 fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan) {
     let cta = &kp.cta;
@@ -132,6 +200,7 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     );
     if p.target.has_tma_wgmma {
         split(s, tb, kp);
+        tma(s, tb, kp);
     }
     for line in kp.fusion.dump(tb).lines() {
         let _ = writeln!(s, "  {line}");
@@ -220,6 +289,7 @@ fn op_plan(
             let engine = match engine {
                 CopyEngine::Threads => "by the threads".to_string(),
                 CopyEngine::CpAsync => format!("cp.async, pipelined x{stages}"),
+                CopyEngine::Tma => format!("TMA, pipelined x{stages}"),
             };
             format!("{}, {engine}", copy_text(copy))
         }

@@ -7,37 +7,44 @@
 // workspace: 0 bytes
 
 #include "mucc/runtime.h"
+#include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41040 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41984 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
-    const mucc::bf16* __restrict__ in1) {
+    const mucc::bf16* __restrict__ in1,
+    const __grid_constant__ mucc::sm90::TensorMap tm0,
+    const __grid_constant__ mucc::sm90::TensorMap tm1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<16, 1>, mucc::Stride<1, 16>>;
-  using L4 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
-  using L5 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<128, 1>>;
-  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
-  using L7 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<1, 0>>;
-  using L8 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<128, 1>>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
+  using L5 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<1, 0>>;
+  using L6 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<128, 1>>;
+  extern __shared__ __align__(1024) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 32784);  // s0 (tb_input_op) x4 stages
-  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s1 (tb_input_op) x4 stages
-  float* s3 = reinterpret_cast<float*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
-  float* s4 = reinterpret_cast<float*>(smem + 40976);  // s4 (tb_forloop_accum_red_ld_mean_op)
-  const mucc::bf16* gi0 = in0 + 0;
-  const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 8) * 64;
+  mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + 16);  // TMA stage barriers
+  if (tid == 0) {
+    if (mucc::sm90::smem_u32(smem) % 1024 != 0) __trap();
+    for (int s = 0; s < 4; ++s) mucc::sm90::mbar_init(full + s, 1);
+    mucc::sm90::fence_mbarrier_init();
+    mucc::sm90::prefetch_tensormap(&tm0);
+    mucc::sm90::prefetch_tensormap(&tm1);
+  }
+  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 33792);  // s0 (tb_input_op) x4 stages
+  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 1024);  // s1 (tb_input_op) x4 stages
+  float* s3 = reinterpret_cast<float*>(smem + 112);  // s3 (tb_forloop_accum_nored_op)
+  float* s4 = reinterpret_cast<float*>(smem + 48);  // s4 (tb_forloop_accum_red_ld_mean_op)
   mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 8) * 64;
   L2::Frag acc3;
   L2::fill(acc3, float(0.0));
@@ -46,22 +53,28 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
   // cluster split: CTA r of the cluster runs iterations [r·8, (r + 1)·8)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 8;
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 8192);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(it0 + 1) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(it0 + 1) * 8192);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 2048, gi0 + static_cast<mucc::i64>(it0 + 2) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(it0 + 2) * 8192);
-  mucc::sm80::cp_async_commit();
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 0, 10240);
+    mucc::sm90::tma_load(s0 + 0 * 1024, &tm0, full + 0, (it0) * 64, 0);
+    mucc::sm90::tma_load(s1 + 0 * 4096, &tm1, full + 0, static_cast<int>((blockIdx.x / 8)) * 64, (it0) * 64);
+  }
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 1, 10240);
+    mucc::sm90::tma_load(s0 + 1 * 1024, &tm0, full + 1, (it0 + 1) * 64, 0);
+    mucc::sm90::tma_load(s1 + 1 * 4096, &tm1, full + 1, static_cast<int>((blockIdx.x / 8)) * 64, (it0 + 1) * 64);
+  }
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 2, 10240);
+    mucc::sm90::tma_load(s0 + 2 * 1024, &tm0, full + 2, (it0 + 2) * 64, 0);
+    mucc::sm90::tma_load(s1 + 2 * 4096, &tm1, full + 2, static_cast<int>((blockIdx.x / 8)) * 64, (it0 + 2) * 64);
+  }
   for (int it = it0; it < it0 + 8; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::bf16* s0_cur = s0 + ((it - it0) % 4) * 1024;
     mucc::bf16* s1_cur = s1 + ((it - it0) % 4) * 4096;
-    mucc::sm80::cp_async_wait<2>();
+    mucc::sm90::mbar_wait(full + ((it - it0) % 4), static_cast<unsigned>((it - it0) / 4) & 1u);
     // op0 input
     // issued ahead by the pipeline
     // op1 input
@@ -70,12 +83,13 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
     {
       const int pf = it + 3;
       if (pf < it0 + 8) {
-        mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + ((pf - it0) % 4) * 1024,
-            gi0 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + ((pf - it0) % 4) * 4096,
-            gi1 + static_cast<mucc::i64>(pf) * 8192);
+        if (tid == 0) {
+          mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 4), 10240);
+          mucc::sm90::tma_load(s0 + ((pf - it0) % 4) * 1024, &tm0, full + ((pf - it0) % 4), (pf) * 64, 0);
+          mucc::sm90::tma_load(s1 + ((pf - it0) % 4) * 4096, &tm1, full + ((pf - it0) % 4),
+              static_cast<int>((blockIdx.x / 8)) * 64, (pf) * 64);
+        }
       }
-      mucc::sm80::cp_async_commit();
     }
     // op2 matmul -> op3 accum_nored
     L2::run(acc3, s0_cur, s1_cur, smem, warp, lane);
@@ -93,12 +107,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
     __syncthreads();
   }
   L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s3[L6::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+    s3[L4::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
   // cluster split: CTA 0 combines the partial accumulators of the 8 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<128, 1024, 8, mucc::tb::FoldSum, L6, float>(tid, s3);
+    mucc::tb::cluster_fold<128, 1024, 8, mucc::tb::FoldSum, L4, float>(tid, s3);
     mucc::tb::cluster_fold<128, 16, 8, mucc::tb::FoldSum, L3, float>(tid, s4);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
@@ -111,10 +125,10 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
   __syncthreads();
   // op5 sub -> op6 output
   mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s3[L6::offset(e)]);
-    const float x1 = mucc::to_compute(s4[L7::offset(e)]);
+    const float x0 = mucc::to_compute(s3[L4::offset(e)]);
+    const float x1 = mucc::to_compute(s4[L5::offset(e)]);
     float v = mucc::op::sub(x0, x1);
-    go6[L8::offset(e)] = mucc::from_compute<mucc::bf16>(v);
+    go6[L6::offset(e)] = mucc::from_compute<mucc::bf16>(v);
   });
 }
 
@@ -131,7 +145,24 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(128, 1, 1), 41040, stream, args));
+    static thread_local mucc::host::CachedTensorMap tm0;
+    {
+      const cuuint64_t dims[] = {4096ull, 16ull};
+      const cuuint64_t strides[] = {8192ull};
+      const cuuint32_t box[] = {64u, 16u};
+      MUCC_CHECK(mucc::host::tensor_map(tm0, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, buf.in(0, 0), dims, strides, box,
+          CU_TENSOR_MAP_SWIZZLE_128B));
+    }
+    static thread_local mucc::host::CachedTensorMap tm1;
+    {
+      const cuuint64_t dims[] = {128ull, 4096ull};
+      const cuuint64_t strides[] = {256ull};
+      const cuuint32_t box[] = {64u, 64u};
+      MUCC_CHECK(mucc::host::tensor_map(tm1, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, buf.in(1, 0), dims, strides, box,
+          CU_TENSOR_MAP_SWIZZLE_128B));
+    }
+    const CUtensorMap* const maps[] = {&tm0.map, &tm1.map};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(128, 1, 1), 41984, stream, args, maps));
   }
 
   return 0;

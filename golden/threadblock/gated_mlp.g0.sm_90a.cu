@@ -8,38 +8,46 @@
 // workspace: 131072 bytes
 
 #include "mucc/runtime.h"
+#include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 36880 bytes of shared memory
+// kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 37888 bytes of shared memory
 // schedule - | 0,1,2 3,4 | 7,8
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
-    const mucc::f16* __restrict__ in2) {
+    const mucc::f16* __restrict__ in2,
+    const __grid_constant__ mucc::sm90::TensorMap tm0,
+    const __grid_constant__ mucc::sm90::TensorMap tm1,
+    const __grid_constant__ mucc::sm90::TensorMap tm2) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
   using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 8, 32, 64, 1, 4, mucc::tb::Load::Ldmatrix, mucc::tb::Load::LdmatrixTrans>;
-  using L3 = mucc::Layout<mucc::Shape<8, 64>, mucc::Stride<4096, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<64, 32>, mucc::Stride<4096, 1>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<3, 2, 3>>;
-  using L6 = mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<4096, 1>>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<3, 2, 3>>;
+  using L4 = mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<4096, 1>>;
+  extern __shared__ __align__(1024) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 32784);  // s0 (tb_input_op) x4 stages
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op) x4 stages
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 16400);  // s2 (tb_input_op) x4 stages
-  float* s5 = reinterpret_cast<float*>(smem + 16);  // s5 (tb_forloop_accum_nored_op)
-  float* s6 = reinterpret_cast<float*>(smem + 1040);  // s6 (tb_forloop_accum_nored_op)
-  const mucc::f16* gi0 = in0 + 0;
-  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 2) * 32;
-  const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x / 2) * 32;
+  mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + 16);  // TMA stage barriers
+  if (tid == 0) {
+    if (mucc::sm90::smem_u32(smem) % 1024 != 0) __trap();
+    for (int s = 0; s < 4; ++s) mucc::sm90::mbar_init(full + s, 1);
+    mucc::sm90::fence_mbarrier_init();
+    mucc::sm90::prefetch_tensormap(&tm0);
+    mucc::sm90::prefetch_tensormap(&tm1);
+    mucc::sm90::prefetch_tensormap(&tm2);
+  }
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 33792);  // s0 (tb_input_op) x4 stages
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 1024);  // s1 (tb_input_op) x4 stages
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 17408);  // s2 (tb_input_op) x4 stages
+  float* s5 = reinterpret_cast<float*>(smem + 48);  // s5 (tb_forloop_accum_nored_op)
+  float* s6 = reinterpret_cast<float*>(smem + 1072);  // s6 (tb_forloop_accum_nored_op)
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 32;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 32;
   L2::Frag acc5;
@@ -50,18 +58,24 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
   // cluster split: CTA r of the cluster runs iterations [r·32, (r + 1)·32)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 32;
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 64);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 262144);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 0, gi2 + static_cast<mucc::i64>(it0) * 262144);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(it0 + 1) * 64);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 2048, gi1 + static_cast<mucc::i64>(it0 + 1) * 262144);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 2048, gi2 + static_cast<mucc::i64>(it0 + 1) * 262144);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(it0 + 2) * 64);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(it0 + 2) * 262144);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(it0 + 2) * 262144);
-  mucc::sm80::cp_async_commit();
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 0, 9216);
+    mucc::sm90::tma_load(s0 + 0 * 512, &tm0, full + 0, (it0) * 64, 0);
+    mucc::sm90::tma_load(s1 + 0 * 2048, &tm1, full + 0, static_cast<int>((blockIdx.x / 2)) * 32, (it0) * 64);
+    mucc::sm90::tma_load(s2 + 0 * 2048, &tm2, full + 0, static_cast<int>((blockIdx.x / 2)) * 32, (it0) * 64);
+  }
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 1, 9216);
+    mucc::sm90::tma_load(s0 + 1 * 512, &tm0, full + 1, (it0 + 1) * 64, 0);
+    mucc::sm90::tma_load(s1 + 1 * 2048, &tm1, full + 1, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 1) * 64);
+    mucc::sm90::tma_load(s2 + 1 * 2048, &tm2, full + 1, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 1) * 64);
+  }
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 2, 9216);
+    mucc::sm90::tma_load(s0 + 2 * 512, &tm0, full + 2, (it0 + 2) * 64, 0);
+    mucc::sm90::tma_load(s1 + 2 * 2048, &tm1, full + 2, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 2) * 64);
+    mucc::sm90::tma_load(s2 + 2 * 2048, &tm2, full + 2, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 2) * 64);
+  }
   for (int it = it0; it < it0 + 32; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
@@ -69,7 +83,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
     mucc::f16* s0_cur = s0 + ((it - it0) % 4) * 512;
     mucc::f16* s1_cur = s1 + ((it - it0) % 4) * 2048;
     mucc::f16* s2_cur = s2 + ((it - it0) % 4) * 2048;
-    mucc::sm80::cp_async_wait<2>();
+    mucc::sm90::mbar_wait(full + ((it - it0) % 4), static_cast<unsigned>((it - it0) / 4) & 1u);
     // op0 input
     // issued ahead by the pipeline
     // op1 input
@@ -80,14 +94,15 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
     {
       const int pf = it + 3;
       if (pf < it0 + 32) {
-        mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + ((pf - it0) % 4) * 512,
-            gi0 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + ((pf - it0) % 4) * 2048,
-            gi1 + static_cast<mucc::i64>(pf) * 262144);
-        mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + ((pf - it0) % 4) * 2048,
-            gi2 + static_cast<mucc::i64>(pf) * 262144);
+        if (tid == 0) {
+          mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 4), 9216);
+          mucc::sm90::tma_load(s0 + ((pf - it0) % 4) * 512, &tm0, full + ((pf - it0) % 4), (pf) * 64, 0);
+          mucc::sm90::tma_load(s1 + ((pf - it0) % 4) * 2048, &tm1, full + ((pf - it0) % 4),
+              static_cast<int>((blockIdx.x / 2)) * 32, (pf) * 64);
+          mucc::sm90::tma_load(s2 + ((pf - it0) % 4) * 2048, &tm2, full + ((pf - it0) % 4),
+              static_cast<int>((blockIdx.x / 2)) * 32, (pf) * 64);
+        }
       }
-      mucc::sm80::cp_async_commit();
     }
     // op3 matmul -> op5 accum_nored
     L2::run(acc5, s0_cur, s1_cur, smem, warp, lane);
@@ -96,28 +111,28 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
     __syncthreads();
   }
   L2::each(acc5, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s5[L5::offset(row * 32 + col)] = mucc::from_compute<float>(v);
+    s5[L3::offset(row * 32 + col)] = mucc::from_compute<float>(v);
   });
   L2::each(acc6, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s6[L5::offset(row * 32 + col)] = mucc::from_compute<float>(v);
+    s6[L3::offset(row * 32 + col)] = mucc::from_compute<float>(v);
   });
   // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<128, 256, 2, mucc::tb::FoldSum, L5, float>(tid, s5);
-    mucc::tb::cluster_fold<128, 256, 2, mucc::tb::FoldSum, L5, float>(tid, s6);
+    mucc::tb::cluster_fold<128, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s5);
+    mucc::tb::cluster_fold<128, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s6);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
   // op7 silu -> op9 output
   mucc::tb::for_each<128, 256>(tid, [&](int e, int) {
-    float v = mucc::to_compute(s5[L5::offset(e)]);
+    float v = mucc::to_compute(s5[L3::offset(e)]);
     v = mucc::op::silu(v);
-    go9[L6::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    go9[L4::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op8 output
-  mucc::tb::copy_elems<128, 256, L6, L5>(tid, go8, s6);
+  mucc::tb::copy_elems<128, 256, L4, L3>(tid, go8, s6);
 }
 
 // kernel op 4: kn_mul_op(%3, %4) -> %5 [8, 4096] f16
@@ -155,7 +170,32 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     void* const args[] = {buf.ws(0), buf.ws(65536), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(128, 1, 1), 36880, stream, args));
+    static thread_local mucc::host::CachedTensorMap tm0;
+    {
+      const cuuint64_t dims[] = {4096ull, 8ull};
+      const cuuint64_t strides[] = {8192ull};
+      const cuuint32_t box[] = {64u, 8u};
+      MUCC_CHECK(mucc::host::tensor_map(tm0, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.in(0, 0), dims, strides, box,
+          CU_TENSOR_MAP_SWIZZLE_128B));
+    }
+    static thread_local mucc::host::CachedTensorMap tm1;
+    {
+      const cuuint64_t dims[] = {4096ull, 4096ull};
+      const cuuint64_t strides[] = {8192ull};
+      const cuuint32_t box[] = {32u, 64u};
+      MUCC_CHECK(mucc::host::tensor_map(tm1, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.in(1, 0), dims, strides, box,
+          CU_TENSOR_MAP_SWIZZLE_64B));
+    }
+    static thread_local mucc::host::CachedTensorMap tm2;
+    {
+      const cuuint64_t dims[] = {4096ull, 4096ull};
+      const cuuint64_t strides[] = {8192ull};
+      const cuuint32_t box[] = {32u, 64u};
+      MUCC_CHECK(mucc::host::tensor_map(tm2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.in(2, 0), dims, strides, box,
+          CU_TENSOR_MAP_SWIZZLE_64B));
+    }
+    const CUtensorMap* const maps[] = {&tm0.map, &tm1.map, &tm2.map};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(128, 1, 1), 37888, stream, args, maps));
   }
 
   // launch k4_mul

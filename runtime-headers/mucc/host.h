@@ -1,8 +1,9 @@
-// mucc runtime, host side: error checking and cuBLAS. Not compiled under NVRTC (it has no host
-// code); the Rust runner performs the same steps from the launch plan.
+// mucc runtime, host side: error checking, launches, tensor maps and cuBLAS. Not compiled under
+// NVRTC (it has no host code); the Rust runner performs the same steps from the launch plan.
 #pragma once
 
 #ifndef __CUDACC_RTC__
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
@@ -43,6 +44,63 @@ inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned sm
   void* args[N];
   for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
   return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+}
+
+// Launches `kernel` whose parameters are N pointers, then M tensor maps passed by value.
+template <int N, int M>
+inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                          void* const (&ptrs)[N], const CUtensorMap* const (&maps)[M]) {
+  void* args[N + M];
+  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
+  for (int i = 0; i < M; ++i) args[N + i] = const_cast<CUtensorMap*>(maps[i]);
+  return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+}
+
+// A tensor map of one call site, encoded again only when the buffer address changes.
+struct CachedTensorMap {
+  const void* addr = nullptr;
+  CUtensorMap map;
+};
+
+// The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiled>(nullptr);
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// Encodes `c` as a tiled map of the tensor at `addr` (RANK dims, innermost first; strides in
+// bytes of dims 1..RANK-1; box in elements; zero-filled out-of-bounds elements), unless it
+// already maps `addr`.
+template <int RANK>
+inline cudaError_t tensor_map(CachedTensorMap& c, CUtensorMapDataType dtype, const void* addr,
+                              const cuuint64_t (&dims)[RANK], const cuuint64_t* strides,
+                              const cuuint32_t (&box)[RANK], CUtensorMapSwizzle swizzle) {
+  if (c.addr == addr) return cudaSuccess;
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  cuuint32_t ones[RANK];
+  for (int i = 0; i < RANK; ++i) ones[i] = 1;
+  const CUresult r = encode(&c.map, dtype, RANK, const_cast<void*>(addr), dims, strides, box, ones,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    c.addr = nullptr;
+    return cudaErrorInvalidValue;
+  }
+  c.addr = addr;
+  return cudaSuccess;
 }
 
 // One cuBLAS handle per host thread, created on first use.

@@ -13,8 +13,16 @@ use cudarc::driver::{DriverError, LaunchConfig, PushKernelArg};
 
 use crate::emit::launch::{
     Binding, BufferRef, CublasCompute, CudaDataType, GemmCall, LaunchPlan, Step, TensorDirective,
+    TensorMapSpec,
 };
 use crate::target::Arch;
+
+/// A `CUtensorMap` passed by value as a kernel parameter (`__grid_constant__`).
+#[repr(transparent)]
+struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: a CUtensorMap is 128 plain bytes (64-byte aligned), passed to a kernel by value.
+unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
 
 /// Why a plan could not run.
 #[derive(Debug, thiserror::Error)]
@@ -448,6 +456,77 @@ impl Gpu {
     }
 
     /// The device address a binding denotes.
+    /// Encodes the tensor map `m` of kernel `kernel` over the buffer its binding denotes.
+    fn tensor_map(
+        &self,
+        prog: &Program,
+        bufs: &Buffers,
+        m: &TensorMapSpec,
+        kernel: &str,
+    ) -> Result<TensorMapArg, RunError> {
+        use cudarc::driver::sys;
+        let addr = self.address(prog, bufs, m.binding)?;
+        let bad = |why: String| RunError::Plan(format!("tensor map of {kernel}: {why}"));
+        let rank = m.dims.len();
+        if rank == 0
+            || rank > crate::sched::tma::TMA_MAX_RANK
+            || m.strides.len() + 1 != rank
+            || m.boxes.len() != rank
+        {
+            return Err(bad(format!("malformed ({rank} dims)")));
+        }
+        if !addr.is_multiple_of(16) {
+            return Err(bad(format!(
+                "the tensor's address {addr:#x} is not 16-byte aligned"
+            )));
+        }
+        use sys::CUtensorMapDataType as D;
+        let dtype = match crate::sched::tma::driver_dtype(m.dtype) {
+            Some(0) => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            Some(1) => D::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            Some(2) => D::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            Some(3) => D::CU_TENSOR_MAP_DATA_TYPE_INT32,
+            Some(4) => D::CU_TENSOR_MAP_DATA_TYPE_UINT64,
+            Some(5) => D::CU_TENSOR_MAP_DATA_TYPE_INT64,
+            Some(6) => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            Some(7) => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            Some(8) => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
+            Some(9) => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            _ => return Err(bad(format!("no TMA type for {}", m.dtype))),
+        };
+        use sys::CUtensorMapSwizzle as S;
+        let swizzle = match m.swizzle {
+            crate::sched::tma::TmaSwizzle::None => S::CU_TENSOR_MAP_SWIZZLE_NONE,
+            crate::sched::tma::TmaSwizzle::B32 => S::CU_TENSOR_MAP_SWIZZLE_32B,
+            crate::sched::tma::TmaSwizzle::B64 => S::CU_TENSOR_MAP_SWIZZLE_64B,
+            crate::sched::tma::TmaSwizzle::B128 => S::CU_TENSOR_MAP_SWIZZLE_128B,
+        };
+        let ones = [1u32; 5];
+        let mut map = TensorMapArg(sys::CUtensorMap { opaque: [0; 16] });
+        // SAFETY: every array holds `rank` entries (strides rank − 1), as the driver reads them;
+        // `map` is a 64-byte aligned CUtensorMap the call writes; the enums are the driver's
+        // values.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map.0,
+                dtype,
+                rank as u32,
+                addr as *mut std::ffi::c_void,
+                m.dims.as_ptr(),
+                m.strides.as_ptr(),
+                m.boxes.as_ptr(),
+                ones.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result()
+            .map_err(driver(format!("encoding a tensor map of {kernel}")))?;
+        Ok(map)
+    }
+
     fn address(&self, prog: &Program, bufs: &Buffers, b: Binding) -> Result<u64, RunError> {
         let base = |s: &CudaSlice<u8>| -> u64 {
             let (p, _sync) = s.device_ptr(&self.stream);
@@ -505,17 +584,26 @@ impl Gpu {
                         .iter()
                         .map(|&b| self.address(prog, bufs, b))
                         .collect::<Result<_, _>>()?;
+                    let maps: Vec<TensorMapArg> = k
+                        .tensor_maps
+                        .iter()
+                        .map(|m| self.tensor_map(prog, bufs, m, &k.name))
+                        .collect::<Result<_, _>>()?;
                     let mut launch = self.stream.launch_builder(f);
                     for a in &args {
                         launch.arg(a);
+                    }
+                    for m in &maps {
+                        launch.arg(m);
                     }
                     let cfg = LaunchConfig {
                         grid_dim: (k.grid[0], k.grid[1], k.grid[2]),
                         block_dim: (k.block[0], k.block[1], k.block[2]),
                         shared_mem_bytes: k.dynamic_smem,
                     };
-                    // SAFETY: the arguments are the kernel's pointer parameters in order, as
-                    // the emitter declared them, pointing into live buffers of the plan's sizes.
+                    // SAFETY: the arguments are the kernel's pointer parameters in order, then its
+                    // tensor maps, as the emitter declared them, pointing into live buffers of
+                    // the plan's sizes.
                     unsafe { launch.launch(cfg) }
                         .map_err(driver(format!("launching {}", k.name)))?;
                 }

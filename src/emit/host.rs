@@ -4,7 +4,9 @@
 //! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
 
 use super::cxx::Writer;
-use super::launch::{Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step};
+use super::launch::{
+    Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec, TmaSwizzle,
+};
 use crate::sched::gemm::CublasCompute;
 
 /// Value `mucc_execute` adds to a `cublasStatus_t` it returns (the runtime's
@@ -62,11 +64,75 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
         }
         w.close(";");
     }
-    w.line(format!(
-        "MUCC_CHECK(mucc::host::launch(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args));",
-        k.dynamic_smem
-    ));
+    if k.tensor_maps.is_empty() {
+        w.line(format!(
+            "MUCC_CHECK(mucc::host::launch(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args));",
+            k.dynamic_smem
+        ));
+    } else {
+        let mut maps = Vec::new();
+        for (i, m) in k.tensor_maps.iter().enumerate() {
+            tensor_map(&mut w, plan, m, i);
+            maps.push(format!("&tm{i}.map"));
+        }
+        w.line(format!(
+            "const CUtensorMap* const maps[] = {{{}}};",
+            maps.join(", ")
+        ));
+        w.line(format!(
+            "MUCC_CHECK(mucc::host::launch(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args, maps));",
+            k.dynamic_smem
+        ));
+    }
     w.finish().lines().map(str::to_string).collect()
+}
+
+/// Lines encoding tensor map `i` of a launch (cached per call site and host thread, encoded
+/// again when the buffer's address changes).
+fn tensor_map(w: &mut Writer, plan: &LaunchPlan, m: &TensorMapSpec, i: usize) {
+    let list = |v: &[String]| v.join(", ");
+    let dims: Vec<String> = m.dims.iter().map(|d| format!("{d}ull")).collect();
+    let boxes: Vec<String> = m.boxes.iter().map(|b| format!("{b}u")).collect();
+    let strides: Vec<String> = m.strides.iter().map(|s| format!("{s}ull")).collect();
+    let dtype = match crate::sched::tma::driver_dtype(m.dtype) {
+        Some(0) => "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+        Some(1) => "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+        Some(2) => "CU_TENSOR_MAP_DATA_TYPE_UINT32",
+        Some(3) => "CU_TENSOR_MAP_DATA_TYPE_INT32",
+        Some(4) => "CU_TENSOR_MAP_DATA_TYPE_UINT64",
+        Some(5) => "CU_TENSOR_MAP_DATA_TYPE_INT64",
+        Some(6) => "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+        Some(7) => "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+        Some(8) => "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
+        // The planner gives TMA loads only to types the driver has.
+        _ => "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+    };
+    let swizzle = match m.swizzle {
+        TmaSwizzle::None => "CU_TENSOR_MAP_SWIZZLE_NONE",
+        TmaSwizzle::B32 => "CU_TENSOR_MAP_SWIZZLE_32B",
+        TmaSwizzle::B64 => "CU_TENSOR_MAP_SWIZZLE_64B",
+        TmaSwizzle::B128 => "CU_TENSOR_MAP_SWIZZLE_128B",
+    };
+    w.line(format!(
+        "static thread_local mucc::host::CachedTensorMap tm{i};"
+    ));
+    w.block("", "", |w| {
+        w.line(format!("const cuuint64_t dims[] = {{{}}};", list(&dims)));
+        if strides.is_empty() {
+            w.line("const cuuint64_t* const strides = nullptr;");
+        } else {
+            w.line(format!(
+                "const cuuint64_t strides[] = {{{}}};",
+                list(&strides)
+            ));
+        }
+        w.line(format!("const cuuint32_t box[] = {{{}}};", list(&boxes)));
+        w.line(format!(
+            "MUCC_CHECK(mucc::host::tensor_map(tm{i}, {dtype}, {}, dims, strides, box,",
+            address(plan, m.binding)
+        ));
+        w.line(format!("    {swizzle}));"));
+    });
 }
 
 fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<String> {

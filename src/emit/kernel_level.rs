@@ -60,6 +60,7 @@ fn launch(name: &str, l: GridStride, args: Vec<crate::sched::plan::Binding>) -> 
         block: [l.threads, 1, 1],
         dynamic_smem: 0,
         args,
+        tensor_maps: Vec::new(),
     })
 }
 

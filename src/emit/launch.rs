@@ -10,6 +10,7 @@ pub use crate::sched::gemm::{CublasCompute, CudaDataType, GemmCall};
 pub use crate::sched::plan::Binding;
 
 use crate::graph::dtype::DType;
+pub use crate::sched::tma::TmaSwizzle;
 use crate::target::Arch;
 
 /// One kernel launch.
@@ -25,6 +26,27 @@ pub struct KernelLaunch {
     pub dynamic_smem: u32,
     /// Pointer arguments in order.
     pub args: Vec<Binding>,
+    /// Tensor-map arguments, after the pointers, in order (sm_90a bulk tensor loads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_maps: Vec<TensorMapSpec>,
+}
+
+/// A tensor map the host encodes (`cuTensorMapEncodeTiled`) and passes by value: a tiled view
+/// of a device tensor, whose boxes the kernel loads with the bulk tensor copy engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMapSpec {
+    /// The device tensor's first element.
+    pub binding: Binding,
+    /// Element type.
+    pub dtype: DType,
+    /// Extents, innermost first.
+    pub dims: Vec<u64>,
+    /// Byte strides of `dims[1..]`.
+    pub strides: Vec<u64>,
+    /// Box extents, innermost first.
+    pub boxes: Vec<u32>,
+    /// Shared-memory swizzle.
+    pub swizzle: TmaSwizzle,
 }
 
 /// A step of the plan, in execution order on one stream.

@@ -181,10 +181,15 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         header,
-        includes: if plan.kernels.values().any(|k| k.split.cluster().is_some()) {
-            vec!["mucc/threadblock/cluster.h"]
-        } else {
-            Vec::new()
+        includes: {
+            let mut v = Vec::new();
+            if plan.kernels.values().any(|k| !k.tma.loads.is_empty()) {
+                v.push("mucc/arch/sm90.h");
+            }
+            if plan.kernels.values().any(|k| k.split.cluster().is_some()) {
+                v.push("mucc/threadblock/cluster.h");
+            }
+            v
         },
         kernels,
         steps: host::steps(&launch),

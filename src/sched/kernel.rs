@@ -10,6 +10,7 @@ use super::plan::{
     PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
+use super::tma::{TmaPlan, pad_slots, plan_tma};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::fusion::{FusionPlan, NotFused};
@@ -68,9 +69,15 @@ pub(super) fn plan_kernel(
     let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
     let sched = schedule(tb, &fusion);
     let mut ops = plan_ops(tb, &fusion, kl, &ins, &outs, target);
-    let tiles = plan_tiles(tb, &fusion, kl, &ops, target);
+    let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     demote_copies(tb, &tiles, &mut ops, target);
     plan_operand_loads(tb, &tiles, &mut ops, target);
+    let mut tma = if hopper {
+        plan_tma(tb, &ops, &tiles, &ins)
+    } else {
+        TmaPlan::default()
+    };
+    pad_slots(&tma, &mut tiles);
     let resident_blocks = resident_blocks_wanted(tb, target);
     let smem = plan_pipeline(
         tb,
@@ -78,6 +85,7 @@ pub(super) fn plan_kernel(
         &sched,
         &mut ops,
         &tiles,
+        &mut tma,
         resident_blocks,
         target,
     )
@@ -113,6 +121,7 @@ pub(super) fn plan_kernel(
     }
     Ok(KernelPlan {
         split,
+        tma,
         path: CodePath::Sm80,
         cta: Cta {
             grid: tb.grid,
@@ -399,14 +408,17 @@ fn plan_operand_loads(
 /// Chooses the pipeline depth of the in-loop chunked inputs (with a next iteration to
 /// prefetch, on targets with `cp.async`) together with the shared-memory plan: the deepest
 /// pipeline that keeps `resident` blocks per SM and still has two stages, else the deepest
-/// that fits at all. Sets the inputs' stages and engines. `Err`: the smallest plan, which does
-/// not fit.
+/// that fits at all. Sets the inputs' stages and engines (TMA for the loads of `tma`, whose
+/// mbarriers it places after the zero page; a load left without a ring moves to `tma.off`).
+/// `Err`: the smallest plan, which does not fit.
+#[allow(clippy::too_many_arguments)]
 fn plan_pipeline(
     tb: &TbGraph,
     fusion: &FusionPlan,
     sched: &super::order::Schedule,
     ops: &mut [OpPlan],
     tiles: &[Option<TileGeometry>],
+    tma: &mut TmaPlan,
     resident: usize,
     target: &Target,
 ) -> Result<SmemPlan, SmemPlan> {
@@ -435,11 +447,19 @@ fn plan_pipeline(
         .ops
         .iter()
         .any(|(_, op)| matches!(op.kind, TbOpKind::Matmul));
-    let base = if has_matmul { ZERO_PAGE } else { 0 };
     let max_stages = if pipelined.is_empty() {
         1
     } else {
         tb.forloop_range.min(target.max_pipeline_stages).max(1)
+    };
+    // The zero page, then (with TMA loads) one `full` mbarrier per stage.
+    let base = if !tma.loads.is_empty() {
+        tma.barriers = ZERO_PAGE;
+        ZERO_PAGE + (8 * max_stages).next_multiple_of(16)
+    } else if has_matmul {
+        ZERO_PAGE
+    } else {
+        0
     };
     let set_stages = |ops: &mut [OpPlan], stages: usize| {
         for &p in &pipelined {
@@ -448,10 +468,10 @@ fn plan_pipeline(
             } = &mut ops[p]
             {
                 *s = stages;
-                *engine = if stages > 1 {
-                    CopyEngine::CpAsync
-                } else {
-                    CopyEngine::Threads
+                *engine = match (stages > 1, tma.load_of(p).is_some()) {
+                    (false, _) => CopyEngine::Threads,
+                    (true, false) => CopyEngine::CpAsync,
+                    (true, true) => CopyEngine::Tma,
                 };
             }
         }
@@ -477,6 +497,12 @@ fn plan_pipeline(
         Some(i) => {
             let (stages, plan) = attempts.swap_remove(i);
             set_stages(ops, stages);
+            if stages < 2 {
+                for l in tma.loads.drain(..) {
+                    tma.off
+                        .push((l.op, "one pipeline stage fits: no ring to load into".into()));
+                }
+            }
             Ok(plan)
         }
         None => Err(attempts.pop().expect("at least one attempt").1),

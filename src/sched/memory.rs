@@ -66,7 +66,12 @@ pub fn lower_bound(buffers: &[Buffer]) -> usize {
 
 /// Places `buffers` in `order`, each at the lowest fitting offset (`best_fit = false`) or in the
 /// gap that leaves the least slack (`best_fit = true`).
-fn place(buffers: &[Buffer], order: &[usize], best_fit: bool) -> (Vec<usize>, usize) {
+fn place(
+    buffers: &[Buffer],
+    order: &[usize],
+    best_fit: bool,
+    origin: usize,
+) -> (Vec<usize>, usize) {
     let mut offsets = vec![usize::MAX; buffers.len()];
     let mut peak = 0;
     for &i in order {
@@ -82,7 +87,7 @@ fn place(buffers: &[Buffer], order: &[usize], best_fit: bool) -> (Vec<usize>, us
         let mut best: Option<(usize, usize)> = None; // (slack, offset)
         let mut cursor = 0usize;
         let mut consider = |start: usize, limit: Option<usize>| {
-            let at = align_up(start, b.align);
+            let at = align_up(origin + start, b.align) - origin;
             let fits = limit.is_none_or(|l| at + b.bytes <= l);
             if fits {
                 let slack = limit.map_or(usize::MAX, |l| l - at - b.bytes);
@@ -117,6 +122,12 @@ fn place(buffers: &[Buffer], order: &[usize], best_fit: bool) -> (Vec<usize>, us
 
 /// Packs `buffers` with every heuristic and keeps the lowest peak.
 pub fn pack(buffers: &[Buffer]) -> Packing {
+    pack_from(buffers, 0)
+}
+
+/// As [`pack`], for a range that starts at address `origin`: each buffer's alignment holds for
+/// `origin` + its offset.
+pub fn pack_from(buffers: &[Buffer], origin: usize) -> Packing {
     let n = buffers.len();
     let idx: Vec<usize> = (0..n).collect();
     let by = |key: &dyn Fn(&Buffer) -> (usize, usize, usize)| {
@@ -145,7 +156,7 @@ pub fn pack(buffers: &[Buffer]) -> Packing {
     let mut best: Option<Packing> = None;
     for (name, order) in &orders {
         for (fit, best_fit) in [("first fit", false), ("best fit", true)] {
-            let (offsets, peak) = place(buffers, order, best_fit);
+            let (offsets, peak) = place(buffers, order, best_fit, origin);
             if best.as_ref().is_none_or(|b| peak < b.peak) {
                 let heuristic: &'static str = match (*name, fit) {
                     ("by start", "first fit") => "first fit by start",
@@ -291,9 +302,22 @@ mod tests {
         );
     }
 
+    #[test]
+    fn alignment_holds_from_the_origin() {
+        let mut bufs = vec![buf(100, 0, 2), buf(2048, 0, 2), buf(64, 1, 3)];
+        bufs[1].align = 1024;
+        let p = pack_from(&bufs, 48);
+        assert_eq!((48 + p.offsets[1]) % 1024, 0, "{:?}", p.offsets);
+        valid_from(&bufs, &p, 48).unwrap();
+    }
+
     fn valid(bufs: &[Buffer], p: &Packing) -> Result<(), String> {
+        valid_from(bufs, p, 0)
+    }
+
+    fn valid_from(bufs: &[Buffer], p: &Packing, origin: usize) -> Result<(), String> {
         for i in 0..bufs.len() {
-            if !p.offsets[i].is_multiple_of(bufs[i].align) {
+            if !(origin + p.offsets[i]).is_multiple_of(bufs[i].align) {
                 return Err(format!("buffer {i} misaligned"));
             }
             for j in i + 1..bufs.len() {

@@ -22,6 +22,7 @@ pub mod ops;
 pub mod order;
 pub mod plan;
 pub mod smem;
+pub mod tma;
 
 use std::collections::BTreeMap;
 use std::time::Instant;

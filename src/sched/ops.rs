@@ -61,6 +61,16 @@ pub enum CopyEngine {
     Threads,
     /// `cp.async` into a ring of pipeline stages, issued ahead of the iteration that reads it.
     CpAsync,
+    /// The bulk tensor copy engine (TMA, sm_90a) into a ring of pipeline stages, one thread
+    /// issuing each iteration's load ahead of it (see [`super::tma`]).
+    Tma,
+}
+
+impl CopyEngine {
+    /// Whether the copies are issued ahead into a ring of stages.
+    pub fn pipelined(self) -> bool {
+        matches!(self, CopyEngine::CpAsync | CopyEngine::Tma)
+    }
 }
 
 /// Where an accumulator lives.
@@ -236,7 +246,8 @@ pub enum OpPlan {
         copy: Copy,
         /// Who copies.
         engine: CopyEngine,
-        /// Pipeline stages (1 = not pipelined; more only with [`CopyEngine::CpAsync`]).
+        /// Pipeline stages (1 = not pipelined; more only with [`CopyEngine::CpAsync`] or
+        /// [`CopyEngine::Tma`]).
         stages: usize,
     },
     /// A threadblock output.

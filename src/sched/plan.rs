@@ -474,6 +474,9 @@ pub struct KernelPlan {
     pub unfused: Vec<Unfused>,
     /// The for-loop split over a cluster, or why there is none.
     pub split: Split,
+    /// Pipelined inputs loaded by the bulk tensor copy engine (TMA), and why the others are
+    /// not.
+    pub tma: super::tma::TmaPlan,
 }
 
 impl KernelPlan {

@@ -10,9 +10,10 @@
 //! through the loop.
 
 use super::memory::{self, Buffer};
-use super::ops::{AccumStorage, OpPlan};
+use super::ops::{AccumStorage, CopyEngine, OpPlan};
 use super::order::{Phase, Schedule, Step};
 use super::plan::{SmemKind, SmemPlan};
+use super::tma::TMA_SLOT_ALIGN;
 use crate::graph::fusion::FusionPlan;
 use crate::graph::mirage_json::names;
 use crate::graph::ops::TbReduction;
@@ -105,9 +106,18 @@ pub fn smem_plan(
             let end_of = |from: usize| last_read.map_or(from + 1, |r| release(r).max(from + 1));
             let name = format!("s{} ({})", t.index(), names::tb_name(&op.kind, false));
             let mut stages = 1;
+            let mut align = 16;
             let (start, end, kind) = match (&op.kind, &ops[h.index()]) {
-                (TbOpKind::Input { .. }, OpPlan::Input { stages: s, .. }) if *s > 1 => {
+                (
+                    TbOpKind::Input { .. },
+                    OpPlan::Input {
+                        stages: s, engine, ..
+                    },
+                ) if *s > 1 => {
                     stages = *s;
+                    if *engine == CopyEngine::Tma {
+                        align = TMA_SLOT_ALIGN;
+                    }
                     (
                         loop_start,
                         loop_end.max(end_of(loop_start)),
@@ -195,12 +205,12 @@ pub fn smem_plan(
                 bytes: geo.bytes * stages,
                 start,
                 end: end.max(start + 1),
-                align: 16,
+                align,
             });
             kinds.push(kind);
         }
     }
-    let packing = memory::pack(&buffers);
+    let packing = memory::pack_from(&buffers, base);
     let total = base + packing.peak;
     SmemPlan {
         buffers,

@@ -269,7 +269,11 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             _ => continue,
         };
         let n = tb.tensors[tile].shape.numel();
+        if engine == CopyEngine::Tma {
+            continue; // checked with the ring below
+        }
         copies_plan.insert(match (copy, engine) {
+            (Copy::Chunked { .. }, CopyEngine::Tma) => unreachable!(),
             (Copy::Chunked { chunk_elems, .. }, CopyEngine::CpAsync) => {
                 ("cp_async_chunks", n, *chunk_elems)
             }
@@ -298,17 +302,60 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     );
     // The cp.async ring.
     let stages = kp.pipeline_stages();
+    let engines: Vec<CopyEngine> = kp
+        .ops
+        .iter()
+        .filter_map(|p| match p {
+            OpPlan::Input { engine, .. } => Some(*engine),
+            _ => None,
+        })
+        .collect();
+    let (any_cp_async, any_tma) = (
+        engines.contains(&CopyEngine::CpAsync),
+        engines.contains(&CopyEngine::Tma),
+    );
+    want(
+        any_tma != kp.tma.loads.is_empty(),
+        "TMA engines are the plan's TMA loads".into(),
+    );
+    // TMA loads: their tensor-map parameters, the stage barriers, the bytes each stage announces
+    // and one load per iteration and input.
+    for l in &kp.tma.loads {
+        want(
+            text.contains(&format!("mucc::sm90::TensorMap tm{}", l.map))
+                && text.contains(&format!("&tm{}, full + ", l.map)),
+            format!("tensor map tm{} of op{}", l.map, l.op),
+        );
+    }
+    if any_tma {
+        want(
+            text.contains(&format!(
+                "mucc::sm90::mbar_arrive_expect_tx(full + 0, {});",
+                kp.tma.bytes_per_stage()
+            )) && text.contains("mucc::sm90::mbar_wait(full + ")
+                && text.contains(&format!(
+                    "reinterpret_cast<mucc::u64*>(smem + {})",
+                    kp.tma.barriers
+                ))
+                && text.contains("__align__(1024)"),
+            "TMA ring barriers".into(),
+        );
+    } else {
+        want(
+            !text.contains("mucc::sm90::tma_load"),
+            "no TMA load without a plan's".into(),
+        );
+    }
     if stages > 1 {
         want(
             text.contains(&format!("// software pipeline: {stages} stages"))
-                && text.contains(&format!("mucc::sm80::cp_async_wait<{}>();", stages - 2)),
+                && text.contains(&format!("mucc::sm80::cp_async_wait<{}>();", stages - 2))
+                    == any_cp_async,
             format!("pipeline of {stages} stages"),
         );
         for (h, op) in tb.ops.iter() {
-            if let OpPlan::Input {
-                engine: CopyEngine::CpAsync,
-                ..
-            } = kp.ops[h.index()]
+            if let OpPlan::Input { engine, .. } = kp.ops[h.index()]
+                && engine.pipelined()
             {
                 let t = op.outputs[0].index();
                 let slot = kp.tiles[t].as_ref().unwrap().phys_elems;

@@ -1,7 +1,8 @@
 //! Copies between device tensors and tiles: each input's and output's block pointer, the
 //! copies themselves (`mucc::tb::copy_chunks`, `cp_async_chunks`, `copy_elems` with the plan's
-//! chunk width and walk order), and the `cp.async` ring of pipelined inputs (prologue, current
-//! slots, prefetch).
+//! chunk width and walk order), and the ring of pipelined inputs (prologue, current slots,
+//! prefetch) filled by `cp.async` or, for the plan's TMA loads, by thread 0's bulk tensor loads
+//! completing on each slot's `full` mbarrier.
 
 use super::Ctx;
 use crate::emit::EmitError;
@@ -46,6 +47,8 @@ impl Ctx<'_> {
         let (g, plan, op, tb, t) = (self.g, self.plan, self.op, self.tb, self.t());
         for (h, top) in tb.ops.iter() {
             match &top.kind {
+                // A TMA load addresses the tensor through its map and coordinates.
+                TbOpKind::Input { .. } if self.is_tma(h) => {}
                 TbOpKind::Input { input, imap, .. } => {
                     let dt = op.inputs[*input];
                     let d = g.tensors[dt].shape;
@@ -152,8 +155,57 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Whether input `op` is loaded by TMA.
+    pub(super) fn is_tma(&self, op: Handle<TbOp>) -> bool {
+        self.kp.tma.load_of(op.index()).is_some()
+    }
+
+    /// Thread 0's TMA loads of iteration `iter` (a C++ expression) into ring slot `slot` (an
+    /// expression), announced on the slot's `full` mbarrier: one block of lines.
+    fn tma_issue(&self, slot: &str, iter: &str) -> Vec<String> {
+        let mut w = crate::emit::cxx::Writer::new();
+        let kp = self.kp;
+        w.block("if (tid == 0)", "", |w| {
+            w.line(format!(
+                "mucc::sm90::mbar_arrive_expect_tx(full + {slot}, {});",
+                kp.tma.bytes_per_stage()
+            ));
+            for l in &kp.tma.loads {
+                let elems = kp.tiles[l.tile].as_ref().map_or(0, |g| g.phys_elems);
+                let mut args = vec![
+                    format!("s{} + {slot} * {elems}", l.tile),
+                    format!("&tm{}", l.map),
+                    format!("full + {slot}"),
+                ];
+                for c in &l.coords {
+                    let mut terms: Vec<String> = c
+                        .per_block
+                        .iter()
+                        .map(|&(a, n)| {
+                            let index = match kp.split.cluster() {
+                                Some(cl) if a == 0 => format!("(blockIdx.x / {})", cl.ctas),
+                                _ => format!("blockIdx.{}", AXIS_NAMES[a]),
+                            };
+                            format!("static_cast<int>({index}) * {n}")
+                        })
+                        .collect();
+                    if c.per_iter > 0 {
+                        terms.push(format!("({iter}) * {}", c.per_iter));
+                    }
+                    args.push(if terms.is_empty() {
+                        "0".into()
+                    } else {
+                        terms.join(" + ")
+                    });
+                }
+                w.line(format!("mucc::sm90::tma_load({});", args.join(", ")));
+            }
+        });
+        w.finish().lines().map(|l| l.to_string()).collect()
+    }
+
     /// Pipelined inputs in operator order: (op, tile, elements per slot).
-    fn pipelined(&self) -> Vec<(Handle<TbOp>, usize, usize)> {
+    pub(super) fn pipelined(&self) -> Vec<(Handle<TbOp>, usize, usize)> {
         self.tb
             .ops
             .iter()
@@ -194,11 +246,22 @@ impl Ctx<'_> {
                 (true, 0) => "it0".to_string(),
                 (true, _) => format!("it0 + {s}"),
             };
+            let mut any_cp_async = false;
             for (h, t, slot) in self.pipelined() {
+                if self.is_tma(h) {
+                    continue;
+                }
+                any_cp_async = true;
                 let line = self.input_copy_line(h, &format!("s{t} + {}", s * slot), &iter, true)?;
                 self.w.line(line);
             }
-            self.w.line("mucc::sm80::cp_async_commit();");
+            if !self.kp.tma.loads.is_empty() {
+                let lines = self.tma_issue(&s.to_string(), &iter);
+                super::chain::lines(&mut self.w, &lines);
+            }
+            if any_cp_async {
+                self.w.line("mucc::sm80::cp_async_commit();");
+            }
         }
         Ok(stages)
     }
@@ -209,7 +272,12 @@ impl Ctx<'_> {
         let hi = self.loop_bounds().1;
         let slot_of = self.ring_slot("pf", stages);
         let mut copies = Vec::new();
+        let mut any_cp_async = false;
         for (h, t, slot) in self.pipelined() {
+            if self.is_tma(h) {
+                continue;
+            }
+            any_cp_async = true;
             copies.push(self.input_copy_line(
                 h,
                 &format!("s{t} + {slot_of} * {slot}"),
@@ -217,12 +285,17 @@ impl Ctx<'_> {
                 true,
             )?);
         }
+        if !self.kp.tma.loads.is_empty() {
+            copies.extend(self.tma_issue(&slot_of, "pf"));
+        }
         self.w.block("", "", |w| {
             w.line(format!("const int pf = it + {};", stages - 1));
             w.block(format!("if (pf < {hi})"), "", |w| {
                 super::chain::lines(w, &copies)
             });
-            w.line("mucc::sm80::cp_async_commit();");
+            if any_cp_async {
+                w.line("mucc::sm80::cp_async_commit();");
+            }
         });
         Ok(())
     }

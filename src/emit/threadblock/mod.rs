@@ -19,7 +19,7 @@ mod matmul;
 use std::collections::BTreeMap;
 
 use super::cxx::{self, Writer, ctype};
-use super::launch::KernelLaunch;
+use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
 use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
@@ -27,7 +27,7 @@ use crate::graph::ops::{AccumKind, TbReduction};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
-use crate::sched::ops::{AccumStorage, CopyEngine, OpPlan};
+use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{Phase, Step};
 use crate::sched::plan::{GraphPlan, KernelPlan};
 
@@ -227,7 +227,7 @@ pub(super) fn emit(
     for (h, top) in tb.ops.iter() {
         if let (TbOpKind::Input { .. }, OpPlan::Input { stages, engine, .. }) =
             (&top.kind, &kp.ops[h.index()])
-            && *engine == CopyEngine::CpAsync
+            && engine.pipelined()
         {
             ctx.stages.insert(top.outputs[0].index(), *stages);
         }
@@ -277,12 +277,26 @@ pub(super) fn emit(
         &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
         0,
     ));
+    let tensor_maps = kp
+        .tma
+        .loads
+        .iter()
+        .map(|l| TensorMapSpec {
+            binding: plan.binding(op.inputs[l.input], l.dtype.bytes()),
+            dtype: l.dtype,
+            dims: l.dims.clone(),
+            strides: l.strides.clone(),
+            boxes: l.boxes.clone(),
+            swizzle: l.swizzle,
+        })
+        .collect();
     let launch = KernelLaunch {
         name,
         grid: kp.launch_grid().map(|x| x as u32),
         block: kp.cta.block.map(|x| x as u32),
         dynamic_smem: kp.smem.total as u32,
         args,
+        tensor_maps,
     };
     Ok((view, launch))
 }
@@ -300,6 +314,12 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
         params.push(format!("const {t}* __restrict__ in{i}"));
         args.push(plan.binding(x, g.tensors[x].dtype.bytes()));
     }
+    for l in &ctx.kp.tma.loads {
+        params.push(format!(
+            "const __grid_constant__ mucc::sm90::TensorMap tm{}",
+            l.map
+        ));
+    }
     (params, args)
 }
 
@@ -308,7 +328,14 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
 fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     let kp = ctx.kp;
     let w = &mut ctx.w;
-    w.line("extern __shared__ __align__(128) unsigned char smem[];");
+    let align = if kp.tma.loads.is_empty() {
+        128
+    } else {
+        crate::sched::tma::TMA_SLOT_ALIGN
+    };
+    w.line(format!(
+        "extern __shared__ __align__({align}) unsigned char smem[];"
+    ));
     w.line("const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));");
     w.line("const int tid = tid_k;");
     w.line("const int warp = tid / 32, lane = tid % 32;");
@@ -316,6 +343,9 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     w.line("(void)lane;");
     if kp.smem.base > 0 {
         w.line("if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page");
+    }
+    if !kp.tma.loads.is_empty() {
+        tma_barriers(&mut ctx.w, kp);
     }
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
         let tile = kind.tile();
@@ -327,6 +357,31 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
         ));
     }
     ctx.block_pointers()
+}
+
+/// The `full` mbarriers of the TMA ring (one arrival each: thread 0's, with the stage's bytes),
+/// initialised by thread 0 and fenced for the copy engine; the barrier after the accumulators'
+/// initial state publishes them. A stage slot must start on a 1024-byte boundary (the swizzle
+/// follows the address): a misaligned dynamic shared memory traps instead of loading wrongly.
+fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
+    let stages = kp.pipeline_stages();
+    w.line(format!(
+        "mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + {});  // TMA stage barriers",
+        kp.tma.barriers
+    ));
+    w.block("if (tid == 0)", "", |w| {
+        w.line(format!(
+            "if (mucc::sm90::smem_u32(smem) % {} != 0) __trap();",
+            crate::sched::tma::TMA_SLOT_ALIGN
+        ));
+        w.line(format!(
+            "for (int s = 0; s < {stages}; ++s) mucc::sm90::mbar_init(full + s, 1);"
+        ));
+        w.line("mucc::sm90::fence_mbarrier_init();");
+        for l in &kp.tma.loads {
+            w.line(format!("mucc::sm90::prefetch_tensormap(&tm{});", l.map));
+        }
+    });
 }
 
 /// Initial accumulator state (registers, fragments or tiles) and running-max states; a barrier
@@ -546,8 +601,21 @@ impl Ctx<'_> {
                 self.w
                     .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
             }
-            self.w
-                .line(format!("mucc::sm80::cp_async_wait<{}>();", stages - 2));
+            if self.pipelined().iter().any(|(h, _, _)| !self.is_tma(*h)) {
+                self.w
+                    .line(format!("mucc::sm80::cp_async_wait<{}>();", stages - 2));
+            }
+            if !self.kp.tma.loads.is_empty() {
+                let lo = self.loop_bounds().0;
+                let rel = if lo == "0" {
+                    "it".to_string()
+                } else {
+                    format!("(it - {lo})")
+                };
+                self.w.line(format!(
+                    "mucc::sm90::mbar_wait(full + {slot_of}, static_cast<unsigned>({rel} / {stages}) & 1u);"
+                ));
+            }
         }
         let mut prefetched = stages <= 1;
         let mut ends_with_barrier = false;

@@ -1,0 +1,434 @@
+//! Bulk tensor copies (TMA) of pipelined input tiles on the Hopper path.
+//!
+//! A pipelined input (an in-loop tile with 16-byte chunked rows, see [`super::ops`]) is loaded
+//! by the copy engine instead of `cp.async` when its shared-memory tile is exactly the dense box
+//! the engine writes: the tile's dims in the device tensor's stride order (innermost first),
+//! packed without padding, unswizzled or swizzled with one of the engine's three patterns
+//! (32, 64 or 128 bytes, the XOR of the 16-byte chunk index with the 128-byte line index,
+//! which the tile planner's XOR swizzle produces for rows of that many bytes). The device
+//! tensor must have 16-byte multiple strides, no broadcast dims, at most five dims of extent
+//! above one and extents below 2³²; every box dim is at most 256 elements. What fails keeps the
+//! `cp.async` ring, with the reason shown by `explain`.
+//!
+//! One thread issues every load of an iteration and announces the bytes on the stage's
+//! mbarrier (`full`); every thread waits on it before the iteration reads the stage. The
+//! mbarriers live at [`TmaPlan::barriers`] in the zero-page region of shared memory, and each
+//! TMA stage slot starts on a 1024-byte boundary (the swizzle patterns repeat every 1024 bytes
+//! and follow the address), so its tile's bytes are padded to a multiple of 1024.
+
+use serde::{Deserialize, Serialize};
+
+use super::ops::{Copy, OpPlan};
+use crate::graph::dtype::DType;
+use crate::graph::shape::{Shape, Strides};
+use crate::graph::threadblock::{TbGraph, TbOpKind};
+use crate::layout::swizzle::{Swizzle, TileGeometry};
+
+/// Alignment (bytes) of a TMA stage slot and of the dynamic shared memory of a kernel with one.
+pub const TMA_SLOT_ALIGN: usize = 1024;
+/// The largest extent of a box dim.
+pub const TMA_MAX_BOX: usize = 256;
+/// The most dims a tensor map has.
+pub const TMA_MAX_RANK: usize = 5;
+
+/// The shared-memory swizzle the copy engine applies (`CUtensorMapSwizzle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TmaSwizzle {
+    /// Dense rows as they are.
+    None,
+    /// 16-byte chunks permuted within 32-byte rows.
+    B32,
+    /// Within 64-byte rows.
+    B64,
+    /// Within 128-byte rows.
+    B128,
+}
+
+impl TmaSwizzle {
+    /// Bytes of a swizzled row (the box's innermost dim must be exactly this), `None` for none.
+    pub fn span(self) -> Option<usize> {
+        match self {
+            TmaSwizzle::None => None,
+            TmaSwizzle::B32 => Some(32),
+            TmaSwizzle::B64 => Some(64),
+            TmaSwizzle::B128 => Some(128),
+        }
+    }
+
+    /// The driver's `CUtensorMapSwizzle` value.
+    pub fn driver_value(self) -> u32 {
+        match self {
+            TmaSwizzle::None => 0,
+            TmaSwizzle::B32 => 1,
+            TmaSwizzle::B64 => 2,
+            TmaSwizzle::B128 => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for TmaSwizzle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.span() {
+            None => f.write_str("none"),
+            Some(b) => write!(f, "{b}B"),
+        }
+    }
+}
+
+/// The driver's `CUtensorMapDataType` of `dtype` (element size is all a load needs; floats
+/// keep their own types), `None` for types mucc does not run.
+pub fn driver_dtype(dtype: DType) -> Option<u32> {
+    Some(match dtype {
+        DType::U8 | DType::I8 => 0,
+        DType::U16 | DType::I16 => 1,
+        DType::U32 => 2,
+        DType::I32 => 3,
+        DType::U64 => 4,
+        DType::I64 => 5,
+        DType::F16 => 6,
+        DType::F32 => 7,
+        DType::F64 => 8,
+        DType::BF16 => 9,
+        DType::F8 | DType::F4 | DType::I4 | DType::U4 => return None,
+    })
+}
+
+/// One coordinate of a box: the block's offset plus the iteration's, in elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TmaCoord {
+    /// The graph dim of the device tensor this coordinate indexes.
+    pub dim: usize,
+    /// (grid axis, elements per block index) for each grid axis that partitions the dim.
+    pub per_block: Vec<(usize, usize)>,
+    /// Elements per for-loop iteration (0: the loop does not walk this dim).
+    pub per_iter: usize,
+}
+
+/// The bulk tensor load of one pipelined input tile per iteration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TmaLoad {
+    /// The threadblock input operator.
+    pub op: usize,
+    /// The tile it fills.
+    pub tile: usize,
+    /// The customized operator's input it reads.
+    pub input: usize,
+    /// Index of its tensor map among the kernel's (parameter `tm<map>`).
+    pub map: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Extents of the device tensor, innermost first (dims of extent 1 left out).
+    pub dims: Vec<u64>,
+    /// Byte strides of `dims[1..]`.
+    pub strides: Vec<u64>,
+    /// The box (the tile), innermost first.
+    pub boxes: Vec<u32>,
+    /// The swizzle the engine applies (the tile's).
+    pub swizzle: TmaSwizzle,
+    /// Each box coordinate, innermost first.
+    pub coords: Vec<TmaCoord>,
+    /// Bytes one load writes (the box).
+    pub bytes: usize,
+}
+
+/// The TMA loads of a kernel's pipelined inputs, and why the other pipelined inputs keep
+/// `cp.async`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TmaPlan {
+    /// Loads (in operator order); empty when the kernel has none.
+    pub loads: Vec<TmaLoad>,
+    /// (input operator, why not by TMA) for the other in-loop chunked inputs.
+    pub off: Vec<(usize, String)>,
+    /// Shared-memory byte offset of the stages' `full` mbarriers (8 bytes each).
+    pub barriers: usize,
+}
+
+impl TmaPlan {
+    /// The load of input operator `op`, if it is loaded by TMA.
+    pub fn load_of(&self, op: usize) -> Option<&TmaLoad> {
+        self.loads.iter().find(|l| l.op == op)
+    }
+
+    /// Bytes every iteration's loads announce on the stage's mbarrier.
+    pub fn bytes_per_stage(&self) -> usize {
+        self.loads.iter().map(|l| l.bytes).sum()
+    }
+}
+
+/// The TMA swizzle equal to a tile's swizzle for elements of `elem` bytes and rows of
+/// `row_bytes`, or why none is.
+fn engine_swizzle(sw: Swizzle, elem: usize, row_bytes: usize) -> Result<TmaSwizzle, String> {
+    match sw {
+        Swizzle::None => Ok(TmaSwizzle::None),
+        Swizzle::Xor { b, m, s } => {
+            let m_bytes = m + elem.trailing_zeros();
+            let mode = match b {
+                1 => TmaSwizzle::B32,
+                2 => TmaSwizzle::B64,
+                3 => TmaSwizzle::B128,
+                _ => return Err(format!("its swizzle xor<{b},{m},{s}> is no TMA pattern")),
+            };
+            if m_bytes != 4 || s != 3 {
+                return Err(format!(
+                    "its swizzle xor<{b},{m},{s}> permutes other bits than TMA's {mode} pattern"
+                ));
+            }
+            if Some(row_bytes) != mode.span() {
+                return Err(format!(
+                    "its rows of {row_bytes} B are not the {mode} swizzle's rows"
+                ));
+            }
+            Ok(mode)
+        }
+        Swizzle::Shift { .. } => Err("its rows are padded (shift swizzle)".into()),
+    }
+}
+
+/// The load of input `op`'s tile, or why there is none.
+#[allow(clippy::too_many_arguments)]
+fn plan_load(
+    tb: &TbGraph,
+    op: usize,
+    tile: usize,
+    input: usize,
+    imap: crate::graph::ops::DimMap,
+    forloop_dim: Option<usize>,
+    device: (&Shape, &Strides),
+    geo: &TileGeometry,
+) -> Result<TmaLoad, String> {
+    let (dshape, dstrides) = device;
+    let elem = geo.dtype.bytes();
+    let shape = tb.tensors[crate::graph::arena::Handle::from_index(tile)].shape;
+    if driver_dtype(geo.dtype).is_none() {
+        return Err(format!("TMA has no {} type", geo.dtype));
+    }
+    // Dims of the device tensor in stride order, innermost first; extent-1 dims left out.
+    let mut order: Vec<usize> = (0..dshape.rank()).filter(|&d| dshape.dim(d) > 1).collect();
+    order.sort_by_key(|&d| dstrides.0[d]);
+    if order.is_empty() {
+        return Err("the device tensor has one element".into());
+    }
+    if order.len() > TMA_MAX_RANK {
+        return Err(format!(
+            "the device tensor has {} dims of extent above 1 (TMA takes {TMA_MAX_RANK})",
+            order.len()
+        ));
+    }
+    if dstrides.0[order[0]] != 1 {
+        return Err("the device tensor's innermost dim is not contiguous".into());
+    }
+    let mut strides = Vec::new();
+    let mut span = dshape.dim(order[0]);
+    for &d in &order[1..] {
+        let st = dstrides.0[d];
+        if st < span {
+            return Err(format!(
+                "dim {d} of the device tensor overlaps the dims inside it"
+            ));
+        }
+        let bytes = st * elem;
+        if !bytes.is_multiple_of(16) || bytes >= 1 << 40 {
+            return Err(format!(
+                "dim {d}'s stride of {bytes} B is no multiple of 16 below 2^40"
+            ));
+        }
+        strides.push(bytes as u64);
+        span = st * dshape.dim(d);
+    }
+    if order.iter().any(|&d| dshape.dim(d) >= 1 << 32) {
+        return Err("an extent of the device tensor reaches 2^32".into());
+    }
+    // The tile's dims of extent 1 that the device tensor lacks cannot be boxed (never the case
+    // for a tile of a partition, kept as a guard).
+    if (0..shape.rank()).any(|d| shape.dim(d) > 1 && dshape.dim(d) == 1) {
+        return Err("the tile is larger than the device tensor along a dim".into());
+    }
+    let boxes: Vec<usize> = order.iter().map(|&d| shape.dim(d)).collect();
+    if let Some(b) = boxes.iter().find(|&&b| b > TMA_MAX_BOX) {
+        return Err(format!(
+            "a box dim of {b} elements exceeds TMA's {TMA_MAX_BOX}"
+        ));
+    }
+    // The tile must be the dense box: stride of each dim (of extent above 1) the product of
+    // the box dims inside it.
+    let mut dense = 1;
+    for (j, &d) in order.iter().enumerate() {
+        if boxes[j] > 1 && geo.strides.0[d] != dense {
+            return Err(format!(
+                "the tile is not the dense box (dim {d} has stride {} in shared memory, the box {dense})",
+                geo.strides.0[d]
+            ));
+        }
+        dense *= boxes[j];
+    }
+    let row_bytes = boxes[0] * elem;
+    if !row_bytes.is_multiple_of(16) {
+        return Err(format!(
+            "the box's rows of {row_bytes} B are no multiple of 16"
+        ));
+    }
+    let swizzle = engine_swizzle(geo.swizzle, elem, row_bytes)?;
+    let coords = order
+        .iter()
+        .map(|&d| TmaCoord {
+            dim: d,
+            per_block: (0..3)
+                .filter(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(d))
+                .map(|a| (a, dshape.dim(d) / tb.grid[a]))
+                .collect(),
+            per_iter: if forloop_dim == Some(d) {
+                shape.dim(d)
+            } else {
+                0
+            },
+        })
+        .collect();
+    Ok(TmaLoad {
+        op,
+        tile,
+        input,
+        map: 0,
+        dtype: geo.dtype,
+        dims: order.iter().map(|&d| dshape.dim(d) as u64).collect(),
+        strides,
+        boxes: boxes.iter().map(|&b| b as u32).collect(),
+        swizzle,
+        coords,
+        bytes: dense * elem,
+    })
+}
+
+/// The TMA loads of the in-loop chunked inputs of `tb` (candidates for the pipeline), given
+/// the device tensors of the operator's inputs. `barriers` is set by the caller.
+pub fn plan_tma(
+    tb: &TbGraph,
+    ops: &[OpPlan],
+    tiles: &[Option<TileGeometry>],
+    ins: &super::kernel::Side,
+) -> TmaPlan {
+    let mut plan = TmaPlan::default();
+    if tb.forloop_range < 2 {
+        return plan;
+    }
+    for (h, top) in tb.ops.iter() {
+        let TbOpKind::Input {
+            input,
+            imap,
+            forloop_dim: Some(f),
+        } = top.kind
+        else {
+            continue;
+        };
+        if !matches!(
+            ops[h.index()],
+            OpPlan::Input {
+                copy: Copy::Chunked { .. },
+                ..
+            }
+        ) {
+            continue;
+        }
+        let tile = top.outputs[0].index();
+        let Some(geo) = tiles[tile].as_ref() else {
+            continue;
+        };
+        let (dshape, dstrides, _) = &ins[input];
+        match plan_load(
+            tb,
+            h.index(),
+            tile,
+            input,
+            imap,
+            Some(f),
+            (dshape, dstrides),
+            geo,
+        ) {
+            Ok(mut l) => {
+                l.map = plan.loads.len();
+                plan.loads.push(l);
+            }
+            Err(why) => plan.off.push((h.index(), why)),
+        }
+    }
+    plan
+}
+
+/// Pads the tiles TMA loads to whole 1024-byte slots (the stage slots of a ring follow each
+/// other at the tile's size).
+pub fn pad_slots(plan: &TmaPlan, tiles: &mut [Option<TileGeometry>]) {
+    for l in &plan.loads {
+        if let Some(geo) = tiles[l.tile].as_mut() {
+            let elem = geo.dtype.bytes();
+            geo.bytes = geo.bytes.next_multiple_of(TMA_SLOT_ALIGN);
+            geo.phys_elems = geo.bytes / elem;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::workloads::decode_gated_linear;
+    use crate::sched::ops::CopyEngine;
+    use crate::sched::plan::{Options, PathChoice};
+    use crate::target::{Arch, Target};
+
+    #[test]
+    fn engine_swizzles_are_the_planners_xor_patterns() {
+        // bf16 rows of 128 B: xor<3,3,3> on element offsets is the 128-byte pattern.
+        assert_eq!(
+            engine_swizzle(Swizzle::Xor { b: 3, m: 3, s: 3 }, 2, 128),
+            Ok(TmaSwizzle::B128)
+        );
+        // f32 rows of 64 B: xor<2,2,3>.
+        assert_eq!(
+            engine_swizzle(Swizzle::Xor { b: 2, m: 2, s: 3 }, 4, 64),
+            Ok(TmaSwizzle::B64)
+        );
+        assert_eq!(engine_swizzle(Swizzle::None, 2, 48), Ok(TmaSwizzle::None));
+        // Rows longer than a line permute by the row's low bits: no engine pattern.
+        assert!(engine_swizzle(Swizzle::Xor { b: 3, m: 3, s: 4 }, 2, 256).is_err());
+        assert!(engine_swizzle(Swizzle::Shift { row_chunks: 9 }, 2, 144).is_err());
+    }
+
+    #[test]
+    fn decode_weights_stream_by_tma_on_sm90a_only() {
+        let g = decode_gated_linear(1, 11008, 2048, 32, 64, DType::BF16).unwrap();
+        let opts = Options::for_target(Target::new(Arch::Sm90a));
+        let p = crate::sched::plan(&g, &opts).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        assert_eq!(kp.tma.loads.len(), 1);
+        let l = &kp.tma.loads[0];
+        assert_eq!((l.input, l.dims.clone()), (2, vec![2048, 11008]));
+        assert_eq!((l.boxes.clone(), l.strides.clone()), (vec![64, 172], vec![4096]));
+        assert_eq!((l.swizzle, l.bytes), (TmaSwizzle::B128, 64 * 172 * 2));
+        assert_eq!(l.coords[0].per_block, vec![(0, 64)]);
+        assert_eq!((l.coords[0].per_iter, l.coords[1].per_iter), (0, 172));
+        assert!(matches!(
+            kp.ops[l.op],
+            OpPlan::Input {
+                engine: CopyEngine::Tma,
+                ..
+            }
+        ));
+        // Slots on 1024-byte boundaries, barriers after the zero page.
+        let b = kp.smem.buffer_of(l.tile).unwrap();
+        assert_eq!(kp.smem.offset(b) % TMA_SLOT_ALIGN, 0);
+        assert_eq!(kp.tiles[l.tile].as_ref().unwrap().bytes % TMA_SLOT_ALIGN, 0);
+        assert_eq!(kp.tma.barriers, crate::sched::plan::ZERO_PAGE);
+        assert!(kp.smem.base >= kp.tma.barriers + 8 * kp.pipeline_stages());
+        // The Ampere path and sm_80 keep cp.async.
+        for opts in [
+            Options {
+                path: PathChoice::Ampere,
+                ..opts
+            },
+            Options::for_target(Target::new(Arch::Sm80)),
+        ] {
+            let p = crate::sched::plan(&g, &opts).unwrap();
+            let kp = p.kernels.values().next().unwrap();
+            assert!(kp.tma.loads.is_empty() && kp.tma.off.is_empty());
+        }
+    }
+}
