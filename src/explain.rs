@@ -13,7 +13,7 @@ use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan};
 use crate::sched::memory;
 use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
 use crate::sched::order::Step;
-use crate::sched::plan::{Combine, GraphPlan, KernelPlan, Placement, Sink, Split};
+use crate::sched::plan::{Combine, DependentLaunch, GraphPlan, KernelPlan, Placement, Sink, Split};
 
 /// The plan as stable text (what `mucc explain` prints).
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
@@ -201,6 +201,18 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     if p.target.has_tma_wgmma {
         split(s, tb, kp);
         tma(s, tb, kp);
+        let launch = match &kp.dependent {
+            DependentLaunch::Off(why) => format!("plain ({why})"),
+            DependentLaunch::Programmatic => {
+                "programmatic (griddepcontrol.wait before anything else)".into()
+            }
+        };
+        let trigger = if kp.triggers_next {
+            "; triggers the next launch after its for-loop"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "  dependent launch: {launch}{trigger}");
     }
     for line in kp.fusion.dump(tb).lines() {
         let _ = writeln!(s, "  {line}");

@@ -100,6 +100,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 target: Target::new(arch),
                 solve: Default::default(),
                 path: Default::default(),
+                dependent_launch: false,
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

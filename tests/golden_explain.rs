@@ -15,6 +15,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         target: Target::new(arch),
         solve: Default::default(),
         path: Default::default(),
+        dependent_launch: false,
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -225,6 +225,7 @@ fn kernel_level_goldens() {
             target: Target::new(Arch::Sm80),
             solve: Default::default(),
             path: Default::default(),
+            dependent_launch: false,
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

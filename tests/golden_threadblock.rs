@@ -211,8 +211,10 @@ pub const CORPUS: &[(&str, usize, &str)] = &[
     ),
 ];
 
-/// Hopper goldens (`NAME.sm_90a.*`): kernels whose for-loop splits over a cluster — (file or
-/// builder graph, graph, CTAs per cluster, what it covers).
+/// Hopper goldens (`NAME.sm_90a.*`): kernels whose for-loop splits over a cluster (with TMA
+/// loads where the tiles allow), and a programmatic dependent launch — (file or builder graph,
+/// graph, CTAs per cluster of one kernel, what it covers). Planned with `--dependent-launch`
+/// (off by default; it changes only multi-kernel graphs).
 pub const HOPPER: &[(&str, usize, usize, &str)] = &[
     (
         "rmsnorm_bs1.json",
@@ -232,6 +234,13 @@ pub const HOPPER: &[(&str, usize, usize, &str)] = &[
         8,
         "cluster split of 8 CTAs: nored and mean partials, the mean divided after the fold",
     ),
+    (
+        "mha_bs1.json",
+        1,
+        2,
+        "two threadblock kernels: the first triggers, the second launches programmatically and \
+         waits; boxes of 512 keep cp.async",
+    ),
 ];
 
 fn opts(arch: Arch) -> Options {
@@ -239,6 +248,7 @@ fn opts(arch: Arch) -> Options {
         target: Target::new(arch),
         solve: Default::default(),
         path: Default::default(),
+        dependent_launch: true,
     }
 }
 

@@ -102,6 +102,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         target,
                         solve: Default::default(),
                         path: Default::default(),
+                        dependent_launch: false,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -168,6 +169,7 @@ fn plans_are_deterministic() {
                 target,
                 solve: Default::default(),
                 path: Default::default(),
+                dependent_launch: false,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -179,6 +179,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         target: Target::new(Arch::Sm80),
         solve: SolveOptions::default(),
         path: Default::default(),
+        dependent_launch: false,
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -252,6 +253,7 @@ fn shared_memory_overflow_is_an_error() {
             target: Target::new(Arch::Sm90a),
             solve: SolveOptions::default(),
             path: Default::default(),
+            dependent_launch: false,
         },
     )
     .unwrap_err();
@@ -289,6 +291,7 @@ fn workspace_reuses_dead_intermediates() {
             target: Target::new(Arch::Sm80),
             solve: SolveOptions::default(),
             path: Default::default(),
+            dependent_launch: false,
         },
     )
     .unwrap();
@@ -396,6 +399,7 @@ fn plan_for(
         target: Target::new(arch),
         solve: SolveOptions::default(),
         path,
+        dependent_launch: false,
     };
     mucc::sched::plan(g, &opts)
 }
@@ -491,5 +495,50 @@ fn decode_graphs_plan_and_split_on_sm90a() {
         for kp in p.kernels.values() {
             assert!(kp.split.cluster().is_some(), "{name}: {:?}", kp.split);
         }
+    }
+}
+
+/// Programmatic dependent launch: only with `dependent_launch` on the Hopper path, for a
+/// threadblock kernel that follows a generated kernel (mha_bs1 graph 1: cuBLAS, then two
+/// threadblock kernels; the first triggers the second).
+#[test]
+fn dependent_launch_follows_option_path_and_previous_step() {
+    use mucc::sched::plan::DependentLaunch;
+    let f = mucc::read_file(
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/corpus/mirage-benchmarks/mha_bs1.json"
+        )),
+        &Default::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[1].graph;
+    let with = |path: mucc::sched::PathChoice, on: bool, arch: Arch| {
+        let opts = Options {
+            target: Target::new(arch),
+            solve: SolveOptions::default(),
+            path,
+            dependent_launch: on,
+        };
+        mucc::sched::plan(g, &opts).unwrap()
+    };
+    let p = with(mucc::sched::PathChoice::Auto, true, Arch::Sm90a);
+    let k: Vec<_> = p.kernels.iter().collect();
+    assert_eq!(k.len(), 2);
+    let (first, second) = (k[0].1, k[1].1);
+    assert!(matches!(&first.dependent, DependentLaunch::Off(why) if why.contains("cuBLAS")));
+    assert!(first.triggers_next);
+    assert_eq!(second.dependent, DependentLaunch::Programmatic);
+    assert!(!second.triggers_next);
+    for p in [
+        with(mucc::sched::PathChoice::Auto, false, Arch::Sm90a),
+        with(mucc::sched::PathChoice::Ampere, true, Arch::Sm90a),
+        with(mucc::sched::PathChoice::Auto, true, Arch::Sm80),
+    ] {
+        assert!(
+            p.kernels
+                .values()
+                .all(|k| !k.dependent.is_programmatic() && !k.triggers_next)
+        );
     }
 }

@@ -46,14 +46,56 @@ inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned sm
   return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
 }
 
+// Launches `kernel` with the argument addresses `args`; `programmatic`: with programmatic stream
+// serialisation (sm_90a), so that it may start before the previous kernel on `stream` ends (it
+// waits for it with griddepcontrol.wait).
+inline cudaError_t launch_args(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                               void** args, bool programmatic) {
+  if (!programmatic) return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelExC(&cfg, kernel, args);
+}
+
+// As launch, programmatically.
+template <int N>
+inline cudaError_t launch_programmatic(const void* kernel, dim3 grid, dim3 block, unsigned smem,
+                                       cudaStream_t stream, void* const (&ptrs)[N]) {
+  void* args[N];
+  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
+  return launch_args(kernel, grid, block, smem, stream, args, true);
+}
+
+template <int N, int M>
+inline cudaError_t launch_maps(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                               void* const (&ptrs)[N], const CUtensorMap* const (&maps)[M], bool programmatic) {
+  void* args[N + M];
+  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
+  for (int i = 0; i < M; ++i) args[N + i] = const_cast<CUtensorMap*>(maps[i]);
+  return launch_args(kernel, grid, block, smem, stream, args, programmatic);
+}
+
 // Launches `kernel` whose parameters are N pointers, then M tensor maps passed by value.
 template <int N, int M>
 inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
                           void* const (&ptrs)[N], const CUtensorMap* const (&maps)[M]) {
-  void* args[N + M];
-  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
-  for (int i = 0; i < M; ++i) args[N + i] = const_cast<CUtensorMap*>(maps[i]);
-  return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+  return launch_maps(kernel, grid, block, smem, stream, ptrs, maps, false);
+}
+
+// As launch with tensor maps, programmatically.
+template <int N, int M>
+inline cudaError_t launch_programmatic(const void* kernel, dim3 grid, dim3 block, unsigned smem,
+                                       cudaStream_t stream, void* const (&ptrs)[N],
+                                       const CUtensorMap* const (&maps)[M]) {
+  return launch_maps(kernel, grid, block, smem, stream, ptrs, maps, true);
 }
 
 // A tensor map of one call site, encoded again only when the buffer address changes.

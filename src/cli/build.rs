@@ -74,6 +74,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         target: Target::new(a.arch),
         solve: Default::default(),
         path: a.path.choice,
+        dependent_launch: a.path.dependent_launch,
     };
     let (_, emitted) = mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
         .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;

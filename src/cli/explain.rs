@@ -51,6 +51,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
         target: Target::new(a.arch),
         solve: Default::default(),
         path: a.path.choice,
+        dependent_launch: a.path.dependent_launch,
     };
     let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
         Failure::User(format!(

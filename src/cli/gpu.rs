@@ -39,6 +39,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_cache: a.no_cache,
         max_device_memory: a.max_device_memory.map(|b| b as usize),
         path: a.path.choice,
+        dependent_launch: a.path.dependent_launch,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -108,9 +108,14 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct PathArg {
     /// Code path of threadblock kernels: auto (every feature of the target: on sm_90a, for-loops
-    /// split over clusters), ampere (sm_80 features only) or hopper (sm_90a only).
+    /// split over clusters, TMA loads, programmatic launches), ampere (sm_80 features only) or
+    /// hopper (sm_90a only).
     #[arg(long = "path", value_name = "auto|ampere|hopper", default_value = "auto", value_parser = |s: &str| s.parse::<mucc::sched::PathChoice>())]
     pub choice: mucc::sched::PathChoice,
+    /// Launch threadblock kernels that follow a generated kernel programmatically on sm_90a
+    /// (programmatic dependent launch). Off by default: measured slower on an H200.
+    #[arg(long = "dependent-launch")]
+    pub dependent_launch: bool,
 }
 
 /// A byte count: digits with an optional K, M or G suffix (powers of 1024).

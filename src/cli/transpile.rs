@@ -50,6 +50,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
         target: Target::new(a.arch),
         solve: Default::default(),
         path: a.path.choice,
+        dependent_launch: a.path.dependent_launch,
     };
     let name = a
         .input

@@ -456,6 +456,58 @@ impl Gpu {
     }
 
     /// The device address a binding denotes.
+    /// Launches `k` with programmatic stream serialisation (`cuLaunchKernelEx`): it may start
+    /// before the previous kernel on the stream ends and waits for it itself.
+    fn launch_programmatic(
+        &self,
+        f: &CudaFunction,
+        k: &crate::emit::launch::KernelLaunch,
+        args: &[u64],
+        maps: &[TensorMapArg],
+    ) -> Result<(), RunError> {
+        use cudarc::driver::sys;
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .iter()
+            .map(|a| a as *const u64 as *mut std::ffi::c_void)
+            .chain(
+                maps.iter()
+                    .map(|m| m as *const TensorMapArg as *mut std::ffi::c_void),
+            )
+            .collect();
+        // SAFETY: a zeroed attribute is a valid plain-data value; id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: k.grid[0],
+            gridDimY: k.grid[1],
+            gridDimZ: k.grid[2],
+            blockDimX: k.block[0],
+            blockDimY: k.block[1],
+            blockDimZ: k.block[2],
+            sharedMemBytes: k.dynamic_smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver(format!("launching {}", k.name)))?;
+        // SAFETY: `params` points at the kernel's arguments in order (pointers, then tensor
+        // maps), alive for the call, as the emitter declared them; `cfg` describes the launch.
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        r.result()
+            .map_err(driver(format!("launching {} (programmatic)", k.name)))
+    }
+
     /// Encodes the tensor map `m` of kernel `kernel` over the buffer its binding denotes.
     fn tensor_map(
         &self,
@@ -589,6 +641,10 @@ impl Gpu {
                         .iter()
                         .map(|m| self.tensor_map(prog, bufs, m, &k.name))
                         .collect::<Result<_, _>>()?;
+                    if k.programmatic {
+                        self.launch_programmatic(f, k, &args, &maps)?;
+                        continue;
+                    }
                     let mut launch = self.stream.launch_builder(f);
                     for a in &args {
                         launch.arg(a);

@@ -33,6 +33,8 @@ pub struct SessionOptions {
     pub max_device_memory: Option<usize>,
     /// Code path of threadblock kernels.
     pub path: crate::sched::PathChoice,
+    /// Whether kernels may launch programmatically (sm_90a).
+    pub dependent_launch: bool,
 }
 
 /// Why a session could not open.
@@ -87,6 +89,7 @@ impl Session {
             target: Target::new(gpu.arch),
             solve: Default::default(),
             path: a.path,
+            dependent_launch: a.dependent_launch,
         };
         Ok(Session {
             gpu,

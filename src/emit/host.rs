@@ -64,9 +64,14 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
         }
         w.close(";");
     }
+    let f = if k.programmatic {
+        "launch_programmatic"
+    } else {
+        "launch"
+    };
     if k.tensor_maps.is_empty() {
         w.line(format!(
-            "MUCC_CHECK(mucc::host::launch(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args));",
+            "MUCC_CHECK(mucc::host::{f}(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args));",
             k.dynamic_smem
         ));
     } else {
@@ -80,7 +85,7 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
             maps.join(", ")
         ));
         w.line(format!(
-            "MUCC_CHECK(mucc::host::launch(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args, maps));",
+            "MUCC_CHECK(mucc::host::{f}(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args, maps));",
             k.dynamic_smem
         ));
     }

@@ -61,6 +61,7 @@ fn launch(name: &str, l: GridStride, args: Vec<crate::sched::plan::Binding>) -> 
         dynamic_smem: 0,
         args,
         tensor_maps: Vec::new(),
+        programmatic: false,
     })
 }
 

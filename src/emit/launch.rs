@@ -29,6 +29,10 @@ pub struct KernelLaunch {
     /// Tensor-map arguments, after the pointers, in order (sm_90a bulk tensor loads).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_maps: Vec<TensorMapSpec>,
+    /// Launched with programmatic stream serialisation (sm_90a): the kernel may start while
+    /// the previous one finishes, and waits for it itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub programmatic: bool,
 }
 
 /// A tensor map the host encodes (`cuTensorMapEncodeTiled`) and passes by value: a tiled view

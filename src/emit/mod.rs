@@ -183,7 +183,9 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         header,
         includes: {
             let mut v = Vec::new();
-            if plan.kernels.values().any(|k| !k.tma.loads.is_empty()) {
+            if plan.kernels.values().any(|k| {
+                !k.tma.loads.is_empty() || k.dependent.is_programmatic() || k.triggers_next
+            }) {
                 v.push("mucc/arch/sm90.h");
             }
             if plan.kernels.values().any(|k| k.split.cluster().is_some()) {

@@ -6,8 +6,8 @@ use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtype, 
 use super::order::schedule;
 use super::order::{Phase, Schedule};
 use super::plan::{
-    ChainPlan, ClusterSplit, CodePath, Combine, Cta, DTensorGeometry, KernelPlan, Options, Partial,
-    PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
+    ChainPlan, ClusterSplit, CodePath, Combine, Cta, DTensorGeometry, DependentLaunch, KernelPlan,
+    Options, Partial, PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -122,6 +122,9 @@ pub(super) fn plan_kernel(
     Ok(KernelPlan {
         split,
         tma,
+        // Decided over the whole graph (`sched::plan_dependent_launches`).
+        dependent: DependentLaunch::Off("not planned".into()),
+        triggers_next: false,
         path: CodePath::Sm80,
         cta: Cta {
             grid: tb.grid,

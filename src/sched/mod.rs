@@ -33,6 +33,55 @@ use crate::layout::solve::resolve;
 
 pub use plan::{GraphPlan, KernelPlan, Options, PathChoice, PlanError};
 
+/// Which threadblock kernels launch programmatically (sm_90a, Hopper path): those whose
+/// previous step is a generated kernel (a cuBLAS call or the graph's start keeps a plain
+/// launch); a threadblock kernel followed by one triggers it at its start.
+fn plan_dependent_launches(
+    kernel_ops: &[kernel_level::KnOpPlan],
+    kernels: &mut BTreeMap<usize, KernelPlan>,
+    opts: &Options,
+) {
+    use kernel_level::KnOpPlan;
+    use plan::DependentLaunch;
+    #[derive(Clone, Copy)]
+    enum Prev {
+        Start,
+        Library,
+        Generated(Option<usize>),
+    }
+    let hopper = opts.path.hopper(&opts.target);
+    let mut prev = Prev::Start;
+    let off = |why: &str| DependentLaunch::Off(why.into());
+    for (i, op) in kernel_ops.iter().enumerate() {
+        match op {
+            KnOpPlan::Nothing => {}
+            KnOpPlan::Gemm { calls, .. } if calls.is_empty() => {}
+            KnOpPlan::Gemm { .. } => prev = Prev::Library,
+            KnOpPlan::Customized => {
+                let Some(kp) = kernels.get_mut(&i) else {
+                    continue;
+                };
+                kp.dependent = match (hopper, prev) {
+                    (false, _) => off("Ampere path"),
+                    _ if !opts.dependent_launch => {
+                        off("off by default; --dependent-launch turns it on")
+                    }
+                    (true, Prev::Start) => off("the graph's first launch"),
+                    (true, Prev::Library) => off("the previous step is a cuBLAS call"),
+                    (true, Prev::Generated(_)) => DependentLaunch::Programmatic,
+                };
+                if let (true, Prev::Generated(Some(j))) = (kp.dependent.is_programmatic(), prev)
+                    && let Some(before) = kernels.get_mut(&j)
+                {
+                    before.triggers_next = true;
+                }
+                prev = Prev::Generated(Some(i));
+            }
+            _ => prev = Prev::Generated(None),
+        }
+    }
+}
+
 /// Plans a validated graph.
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
@@ -85,6 +134,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         });
     }
     let kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
+    plan_dependent_launches(&kernel_ops, &mut kernels, opts);
     let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {
         target: *target,

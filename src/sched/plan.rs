@@ -39,6 +39,10 @@ pub struct Options {
     pub solve: SolveOptions,
     /// Which architecture's features threadblock kernels may use.
     pub path: PathChoice,
+    /// Whether kernels may launch programmatically after the previous kernel (Hopper path,
+    /// `--dependent-launch`). Off by default: on the H200 it made the multi-kernel attention
+    /// graphs 1–10% slower (docs/benchmarks.md).
+    pub dependent_launch: bool,
 }
 
 impl Options {
@@ -48,6 +52,7 @@ impl Options {
             target,
             solve: SolveOptions::default(),
             path: PathChoice::Auto,
+            dependent_launch: false,
         }
     }
 }
@@ -386,6 +391,24 @@ pub struct ClusterSplit {
     pub resident_per_sm: usize,
 }
 
+/// Programmatic dependent launch of a threadblock kernel (sm_90a): launched with programmatic
+/// stream serialisation, so that its CTAs may start while the previous kernel finishes; it waits
+/// (`griddepcontrol.wait`) for that kernel's completion and memory before anything else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DependentLaunch {
+    /// A plain launch, and why.
+    Off(String),
+    /// A programmatic launch after the previous generated kernel.
+    Programmatic,
+}
+
+impl DependentLaunch {
+    /// Whether the launch is programmatic.
+    pub fn is_programmatic(&self) -> bool {
+        matches!(self, DependentLaunch::Programmatic)
+    }
+}
+
 /// Whether and how a kernel's for-loop is split over a cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Split {
@@ -477,6 +500,11 @@ pub struct KernelPlan {
     /// Pipelined inputs loaded by the bulk tensor copy engine (TMA), and why the others are
     /// not.
     pub tma: super::tma::TmaPlan,
+    /// How the kernel is launched after the previous step.
+    pub dependent: DependentLaunch,
+    /// Whether the kernel lets the next launch start early (`griddepcontrol.launch_dependents`
+    /// after its for-loop): the next step is a programmatic launch.
+    pub triggers_next: bool,
 }
 
 impl KernelPlan {

@@ -401,7 +401,10 @@ mod tests {
         assert_eq!(kp.tma.loads.len(), 1);
         let l = &kp.tma.loads[0];
         assert_eq!((l.input, l.dims.clone()), (2, vec![2048, 11008]));
-        assert_eq!((l.boxes.clone(), l.strides.clone()), (vec![64, 172], vec![4096]));
+        assert_eq!(
+            (l.boxes.clone(), l.strides.clone()),
+            (vec![64, 172], vec![4096])
+        );
         assert_eq!((l.swizzle, l.bytes), (TmaSwizzle::B128, 64 * 172 * 2));
         assert_eq!(l.coords[0].per_block, vec![(0, 64)]);
         assert_eq!((l.coords[0].per_iter, l.coords[1].per_iter), (0, 172));

@@ -327,6 +327,15 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             format!("tensor map tm{} of op{}", l.map, l.op),
         );
     }
+    // Programmatic dependent launch: the wait and the trigger exactly as planned.
+    want(
+        text.contains("mucc::sm90::grid_dependency_wait();") == kp.dependent.is_programmatic(),
+        format!("dependent launch {:?}", kp.dependent),
+    );
+    want(
+        text.contains("mucc::sm90::launch_dependents();") == kp.triggers_next,
+        format!("trigger of the next launch: {}", kp.triggers_next),
+    );
     if any_tma {
         want(
             text.contains(&format!(

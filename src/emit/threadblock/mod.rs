@@ -243,6 +243,11 @@ pub(super) fn emit(
     // After the pre-loop phase: the memory of tiles that died there may hold loop state.
     accumulator_state(&mut ctx)?;
     let body_ends_with_barrier = ctx.for_loop()?;
+    if kp.triggers_next {
+        ctx.w.line(
+            "mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch",
+        );
+    }
     after_loop(&mut ctx, body_ends_with_barrier)?;
     for st in kp.schedule.post_loop.clone() {
         match st {
@@ -297,6 +302,7 @@ pub(super) fn emit(
         dynamic_smem: kp.smem.total as u32,
         args,
         tensor_maps,
+        programmatic: kp.dependent.is_programmatic(),
     };
     Ok((view, launch))
 }
@@ -341,6 +347,9 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     w.line("const int warp = tid / 32, lane = tid % 32;");
     w.line("(void)warp;");
     w.line("(void)lane;");
+    if kp.dependent.is_programmatic() {
+        w.line("mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible");
+    }
     if kp.smem.base > 0 {
         w.line("if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page");
     }
