@@ -26,7 +26,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
   using L5 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<1, 0>>;
   using L6 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<128, 1>>;
-  extern __shared__ __align__(1024) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_1024[];
+  unsigned char* const smem = smem_1024;
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;

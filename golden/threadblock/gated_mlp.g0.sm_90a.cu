@@ -27,7 +27,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
   using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 8, 32, 64, 1, 4, mucc::tb::Load::Ldmatrix, mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<3, 2, 3>>;
   using L4 = mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<4096, 1>>;
-  extern __shared__ __align__(1024) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_1024[];
+  unsigned char* const smem = smem_1024;
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;

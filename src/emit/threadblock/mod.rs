@@ -334,14 +334,17 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
 fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     let kp = ctx.kp;
     let w = &mut ctx.w;
-    let align = if kp.tma.loads.is_empty() {
-        128
+    if kp.tma.loads.is_empty() {
+        w.line("extern __shared__ __align__(128) unsigned char smem[];");
     } else {
-        crate::sched::tma::TMA_SLOT_ALIGN
-    };
-    w.line(format!(
-        "extern __shared__ __align__({align}) unsigned char smem[];"
-    ));
+        // Its own name: one translation unit may declare the dynamic shared memory with both
+        // alignments (kernels with and without TMA), which one name may not.
+        let a = crate::sched::tma::TMA_SLOT_ALIGN;
+        w.line(format!(
+            "extern __shared__ __align__({a}) unsigned char smem_{a}[];"
+        ));
+        w.line(format!("unsigned char* const smem = smem_{a};"));
+    }
     w.line("const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));");
     w.line("const int tid = tid_k;");
     w.line("const int warp = tid / 32, lane = tid % 32;");
