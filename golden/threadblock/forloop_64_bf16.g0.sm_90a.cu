@@ -57,17 +57,17 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 0, 10240);
     mucc::sm90::tma_load(s0 + 0 * 1024, &tm0, full + 0, (it0) * 64, 0);
-    mucc::sm90::tma_load(s1 + 0 * 4096, &tm1, full + 0, static_cast<int>((blockIdx.x / 8)) * 64, (it0) * 64);
+    mucc::sm90::tma_load(s1 + 0 * 4096, &tm1, full + 0, static_cast<int>(blockIdx.x / 8) * 64, (it0) * 64);
   }
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 1, 10240);
     mucc::sm90::tma_load(s0 + 1 * 1024, &tm0, full + 1, (it0 + 1) * 64, 0);
-    mucc::sm90::tma_load(s1 + 1 * 4096, &tm1, full + 1, static_cast<int>((blockIdx.x / 8)) * 64, (it0 + 1) * 64);
+    mucc::sm90::tma_load(s1 + 1 * 4096, &tm1, full + 1, static_cast<int>(blockIdx.x / 8) * 64, (it0 + 1) * 64);
   }
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 2, 10240);
     mucc::sm90::tma_load(s0 + 2 * 1024, &tm0, full + 2, (it0 + 2) * 64, 0);
-    mucc::sm90::tma_load(s1 + 2 * 4096, &tm1, full + 2, static_cast<int>((blockIdx.x / 8)) * 64, (it0 + 2) * 64);
+    mucc::sm90::tma_load(s1 + 2 * 4096, &tm1, full + 2, static_cast<int>(blockIdx.x / 8) * 64, (it0 + 2) * 64);
   }
   for (int it = it0; it < it0 + 8; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -88,7 +88,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
           mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 4), 10240);
           mucc::sm90::tma_load(s0 + ((pf - it0) % 4) * 1024, &tm0, full + ((pf - it0) % 4), (pf) * 64, 0);
           mucc::sm90::tma_load(s1 + ((pf - it0) % 4) * 4096, &tm1, full + ((pf - it0) % 4),
-              static_cast<int>((blockIdx.x / 8)) * 64, (pf) * 64);
+              static_cast<int>(blockIdx.x / 8) * 64, (pf) * 64);
         }
       }
     }

@@ -62,20 +62,20 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 0, 9216);
     mucc::sm90::tma_load(s0 + 0 * 512, &tm0, full + 0, (it0) * 64, 0);
-    mucc::sm90::tma_load(s1 + 0 * 2048, &tm1, full + 0, static_cast<int>((blockIdx.x / 2)) * 32, (it0) * 64);
-    mucc::sm90::tma_load(s2 + 0 * 2048, &tm2, full + 0, static_cast<int>((blockIdx.x / 2)) * 32, (it0) * 64);
+    mucc::sm90::tma_load(s1 + 0 * 2048, &tm1, full + 0, static_cast<int>(blockIdx.x / 2) * 32, (it0) * 64);
+    mucc::sm90::tma_load(s2 + 0 * 2048, &tm2, full + 0, static_cast<int>(blockIdx.x / 2) * 32, (it0) * 64);
   }
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 1, 9216);
     mucc::sm90::tma_load(s0 + 1 * 512, &tm0, full + 1, (it0 + 1) * 64, 0);
-    mucc::sm90::tma_load(s1 + 1 * 2048, &tm1, full + 1, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 1) * 64);
-    mucc::sm90::tma_load(s2 + 1 * 2048, &tm2, full + 1, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 1) * 64);
+    mucc::sm90::tma_load(s1 + 1 * 2048, &tm1, full + 1, static_cast<int>(blockIdx.x / 2) * 32, (it0 + 1) * 64);
+    mucc::sm90::tma_load(s2 + 1 * 2048, &tm2, full + 1, static_cast<int>(blockIdx.x / 2) * 32, (it0 + 1) * 64);
   }
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 2, 9216);
     mucc::sm90::tma_load(s0 + 2 * 512, &tm0, full + 2, (it0 + 2) * 64, 0);
-    mucc::sm90::tma_load(s1 + 2 * 2048, &tm1, full + 2, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 2) * 64);
-    mucc::sm90::tma_load(s2 + 2 * 2048, &tm2, full + 2, static_cast<int>((blockIdx.x / 2)) * 32, (it0 + 2) * 64);
+    mucc::sm90::tma_load(s1 + 2 * 2048, &tm1, full + 2, static_cast<int>(blockIdx.x / 2) * 32, (it0 + 2) * 64);
+    mucc::sm90::tma_load(s2 + 2 * 2048, &tm2, full + 2, static_cast<int>(blockIdx.x / 2) * 32, (it0 + 2) * 64);
   }
   for (int it = it0; it < it0 + 32; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -99,9 +99,9 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
           mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 4), 9216);
           mucc::sm90::tma_load(s0 + ((pf - it0) % 4) * 512, &tm0, full + ((pf - it0) % 4), (pf) * 64, 0);
           mucc::sm90::tma_load(s1 + ((pf - it0) % 4) * 2048, &tm1, full + ((pf - it0) % 4),
-              static_cast<int>((blockIdx.x / 2)) * 32, (pf) * 64);
+              static_cast<int>(blockIdx.x / 2) * 32, (pf) * 64);
           mucc::sm90::tma_load(s2 + ((pf - it0) % 4) * 2048, &tm2, full + ((pf - it0) % 4),
-              static_cast<int>((blockIdx.x / 2)) * 32, (pf) * 64);
+              static_cast<int>(blockIdx.x / 2) * 32, (pf) * 64);
         }
       }
     }

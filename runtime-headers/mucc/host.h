@@ -37,15 +37,6 @@ struct Buffers {
   void* ws(unsigned long long bytes) const { return static_cast<char*>(workspace) + bytes; }
 };
 
-// Launches `kernel` (whose parameters are N pointers) with the addresses `ptrs` on `stream`.
-template <int N>
-inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
-                          void* const (&ptrs)[N]) {
-  void* args[N];
-  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
-  return cudaLaunchKernel(kernel, grid, block, args, smem, stream);
-}
-
 // Launches `kernel` with the argument addresses `args`; `programmatic`: with programmatic stream
 // serialisation (sm_90a), so that it may start before the previous kernel on `stream` ends (it
 // waits for it with griddepcontrol.wait).
@@ -63,6 +54,15 @@ inline cudaError_t launch_args(const void* kernel, dim3 grid, dim3 block, unsign
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelExC(&cfg, kernel, args);
+}
+
+// Launches `kernel` (whose parameters are N pointers) with the addresses `ptrs` on `stream`.
+template <int N>
+inline cudaError_t launch(const void* kernel, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                          void* const (&ptrs)[N]) {
+  void* args[N];
+  for (int i = 0; i < N; ++i) args[i] = const_cast<void**>(&ptrs[i]);
+  return launch_args(kernel, grid, block, smem, stream, args, false);
 }
 
 // As launch, programmatically.

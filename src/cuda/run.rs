@@ -532,19 +532,19 @@ impl Gpu {
                 "the tensor's address {addr:#x} is not 16-byte aligned"
             )));
         }
+        use crate::sched::tma::TmaDataType as T;
         use sys::CUtensorMapDataType as D;
-        let dtype = match crate::sched::tma::driver_dtype(m.dtype) {
-            Some(0) => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            Some(1) => D::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            Some(2) => D::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-            Some(3) => D::CU_TENSOR_MAP_DATA_TYPE_INT32,
-            Some(4) => D::CU_TENSOR_MAP_DATA_TYPE_UINT64,
-            Some(5) => D::CU_TENSOR_MAP_DATA_TYPE_INT64,
-            Some(6) => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            Some(7) => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-            Some(8) => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
-            Some(9) => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            _ => return Err(bad(format!("no TMA type for {}", m.dtype))),
+        let dtype = match m.data_type {
+            T::U8 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            T::U16 => D::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            T::U32 => D::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            T::I32 => D::CU_TENSOR_MAP_DATA_TYPE_INT32,
+            T::U64 => D::CU_TENSOR_MAP_DATA_TYPE_UINT64,
+            T::I64 => D::CU_TENSOR_MAP_DATA_TYPE_INT64,
+            T::F16 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            T::F32 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+            T::F64 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
+            T::BF16 => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         };
         use sys::CUtensorMapSwizzle as S;
         let swizzle = match m.swizzle {

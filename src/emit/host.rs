@@ -4,9 +4,7 @@
 //! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
 
 use super::cxx::Writer;
-use super::launch::{
-    Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec, TmaSwizzle,
-};
+use super::launch::{Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec};
 use crate::sched::gemm::CublasCompute;
 
 /// Value `mucc_execute` adds to a `cublasStatus_t` it returns (the runtime's
@@ -99,25 +97,8 @@ fn tensor_map(w: &mut Writer, plan: &LaunchPlan, m: &TensorMapSpec, i: usize) {
     let dims: Vec<String> = m.dims.iter().map(|d| format!("{d}ull")).collect();
     let boxes: Vec<String> = m.boxes.iter().map(|b| format!("{b}u")).collect();
     let strides: Vec<String> = m.strides.iter().map(|s| format!("{s}ull")).collect();
-    let dtype = match crate::sched::tma::driver_dtype(m.dtype) {
-        Some(0) => "CU_TENSOR_MAP_DATA_TYPE_UINT8",
-        Some(1) => "CU_TENSOR_MAP_DATA_TYPE_UINT16",
-        Some(2) => "CU_TENSOR_MAP_DATA_TYPE_UINT32",
-        Some(3) => "CU_TENSOR_MAP_DATA_TYPE_INT32",
-        Some(4) => "CU_TENSOR_MAP_DATA_TYPE_UINT64",
-        Some(5) => "CU_TENSOR_MAP_DATA_TYPE_INT64",
-        Some(6) => "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-        Some(7) => "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
-        Some(8) => "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
-        // The planner gives TMA loads only to types the driver has.
-        _ => "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-    };
-    let swizzle = match m.swizzle {
-        TmaSwizzle::None => "CU_TENSOR_MAP_SWIZZLE_NONE",
-        TmaSwizzle::B32 => "CU_TENSOR_MAP_SWIZZLE_32B",
-        TmaSwizzle::B64 => "CU_TENSOR_MAP_SWIZZLE_64B",
-        TmaSwizzle::B128 => "CU_TENSOR_MAP_SWIZZLE_128B",
-    };
+    let dtype = m.data_type.c_name();
+    let swizzle = m.swizzle.c_name();
     w.line(format!(
         "static thread_local mucc::host::CachedTensorMap tm{i};"
     ));

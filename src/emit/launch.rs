@@ -10,7 +10,7 @@ pub use crate::sched::gemm::{CublasCompute, CudaDataType, GemmCall};
 pub use crate::sched::plan::Binding;
 
 use crate::graph::dtype::DType;
-pub use crate::sched::tma::TmaSwizzle;
+pub use crate::sched::tma::{TmaDataType, TmaSwizzle};
 use crate::target::Arch;
 
 /// One kernel launch.
@@ -42,7 +42,7 @@ pub struct TensorMapSpec {
     /// The device tensor's first element.
     pub binding: Binding,
     /// Element type.
-    pub dtype: DType,
+    pub data_type: TmaDataType,
     /// Extents, innermost first.
     pub dims: Vec<u64>,
     /// Byte strides of `dims[1..]`.

@@ -56,13 +56,13 @@ impl TmaSwizzle {
         }
     }
 
-    /// The driver's `CUtensorMapSwizzle` value.
-    pub fn driver_value(self) -> u32 {
+    /// The driver's `CUtensorMapSwizzle` enumerator.
+    pub fn c_name(self) -> &'static str {
         match self {
-            TmaSwizzle::None => 0,
-            TmaSwizzle::B32 => 1,
-            TmaSwizzle::B64 => 2,
-            TmaSwizzle::B128 => 3,
+            TmaSwizzle::None => "CU_TENSOR_MAP_SWIZZLE_NONE",
+            TmaSwizzle::B32 => "CU_TENSOR_MAP_SWIZZLE_32B",
+            TmaSwizzle::B64 => "CU_TENSOR_MAP_SWIZZLE_64B",
+            TmaSwizzle::B128 => "CU_TENSOR_MAP_SWIZZLE_128B",
         }
     }
 }
@@ -76,22 +76,69 @@ impl std::fmt::Display for TmaSwizzle {
     }
 }
 
-/// The driver's `CUtensorMapDataType` of `dtype` (element size is all a load needs; floats
-/// keep their own types), `None` for types mucc does not run.
-pub fn driver_dtype(dtype: DType) -> Option<u32> {
-    Some(match dtype {
-        DType::U8 | DType::I8 => 0,
-        DType::U16 | DType::I16 => 1,
-        DType::U32 => 2,
-        DType::I32 => 3,
-        DType::U64 => 4,
-        DType::I64 => 5,
-        DType::F16 => 6,
-        DType::F32 => 7,
-        DType::F64 => 8,
-        DType::BF16 => 9,
-        DType::F8 | DType::F4 | DType::I4 | DType::U4 => return None,
-    })
+/// The element types of a tensor map (the driver's `CUtensorMapDataType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TmaDataType {
+    /// 8-bit integers.
+    U8,
+    /// 16-bit integers.
+    U16,
+    /// 32-bit unsigned integers.
+    U32,
+    /// 32-bit signed integers.
+    I32,
+    /// 64-bit unsigned integers.
+    U64,
+    /// 64-bit signed integers.
+    I64,
+    /// IEEE binary16.
+    F16,
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary64.
+    F64,
+    /// bfloat16.
+    #[serde(rename = "bf16")]
+    BF16,
+}
+
+impl TmaDataType {
+    /// The tensor-map type of `dtype` (element size is all a load needs; floats keep their own
+    /// types), `None` for types mucc does not run.
+    pub fn of(dtype: DType) -> Option<TmaDataType> {
+        use TmaDataType as T;
+        Some(match dtype {
+            DType::U8 | DType::I8 => T::U8,
+            DType::U16 | DType::I16 => T::U16,
+            DType::U32 => T::U32,
+            DType::I32 => T::I32,
+            DType::U64 => T::U64,
+            DType::I64 => T::I64,
+            DType::F16 => T::F16,
+            DType::F32 => T::F32,
+            DType::F64 => T::F64,
+            DType::BF16 => T::BF16,
+            DType::F8 | DType::F4 | DType::I4 | DType::U4 => return None,
+        })
+    }
+
+    /// The driver's enumerator.
+    pub fn c_name(self) -> &'static str {
+        use TmaDataType as T;
+        match self {
+            T::U8 => "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+            T::U16 => "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+            T::U32 => "CU_TENSOR_MAP_DATA_TYPE_UINT32",
+            T::I32 => "CU_TENSOR_MAP_DATA_TYPE_INT32",
+            T::U64 => "CU_TENSOR_MAP_DATA_TYPE_UINT64",
+            T::I64 => "CU_TENSOR_MAP_DATA_TYPE_INT64",
+            T::F16 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+            T::F32 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+            T::F64 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
+            T::BF16 => "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+        }
+    }
 }
 
 /// One coordinate of a box: the block's offset plus the iteration's, in elements.
@@ -118,6 +165,8 @@ pub struct TmaLoad {
     pub map: usize,
     /// Element type.
     pub dtype: DType,
+    /// Its tensor-map type.
+    pub data_type: TmaDataType,
     /// Extents of the device tensor, innermost first (dims of extent 1 left out).
     pub dims: Vec<u64>,
     /// Byte strides of `dims[1..]`.
@@ -200,9 +249,9 @@ fn plan_load(
     let (dshape, dstrides) = device;
     let elem = geo.dtype.bytes();
     let shape = tb.tensors[crate::graph::arena::Handle::from_index(tile)].shape;
-    if driver_dtype(geo.dtype).is_none() {
+    let Some(data_type) = TmaDataType::of(geo.dtype) else {
         return Err(format!("TMA has no {} type", geo.dtype));
-    }
+    };
     // Dims of the device tensor in stride order, innermost first; extent-1 dims left out.
     let mut order: Vec<usize> = (0..dshape.rank()).filter(|&d| dshape.dim(d) > 1).collect();
     order.sort_by_key(|&d| dstrides.0[d]);
@@ -290,6 +339,7 @@ fn plan_load(
         input,
         map: 0,
         dtype: geo.dtype,
+        data_type,
         dims: order.iter().map(|&d| dshape.dim(d) as u64).collect(),
         strides,
         boxes: boxes.iter().map(|&b| b as u32).collect(),

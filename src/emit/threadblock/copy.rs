@@ -13,6 +13,15 @@ use crate::sched::ops::{Copy, OpPlan};
 use crate::sched::order::Phase;
 
 impl Ctx<'_> {
+    /// The µGraph block index along grid axis `a` (a C++ expression): under a cluster split the
+    /// CTAs of a cluster are consecutive along x.
+    fn block_index(&self, a: usize) -> String {
+        match self.kp.split.cluster() {
+            Some(c) if a == 0 => format!("blockIdx.x / {}", c.ctas),
+            _ => format!("blockIdx.{}", AXIS_NAMES[a]),
+        }
+    }
+
     /// Block offset (elements) of the region of a DTensor with `strides` that `map` selects,
     /// with per-block extents `per_block(dim)` along mapped dims.
     fn block_offset(
@@ -24,11 +33,7 @@ impl Ctx<'_> {
         let mut terms = Vec::new();
         for a in 0..3 {
             if let (true, Some(d)) = (self.tb.grid[a] > 1, map.axis(a)) {
-                // Under a cluster split, the CTAs of a cluster are consecutive along x.
-                let index = match self.kp.split.cluster() {
-                    Some(c) if a == 0 => format!("blockIdx.x / {}", c.ctas),
-                    _ => format!("blockIdx.{}", AXIS_NAMES[a]),
-                };
+                let index = self.block_index(a);
                 terms.push(format!(
                     "static_cast<mucc::i64>({index}) * {}",
                     per_block(d) * strides[d]
@@ -181,13 +186,7 @@ impl Ctx<'_> {
                     let mut terms: Vec<String> = c
                         .per_block
                         .iter()
-                        .map(|&(a, n)| {
-                            let index = match kp.split.cluster() {
-                                Some(cl) if a == 0 => format!("(blockIdx.x / {})", cl.ctas),
-                                _ => format!("blockIdx.{}", AXIS_NAMES[a]),
-                            };
-                            format!("static_cast<int>({index}) * {n}")
-                        })
+                        .map(|&(a, n)| format!("static_cast<int>({}) * {n}", self.block_index(a)))
                         .collect();
                     if c.per_iter > 0 {
                         terms.push(format!("({iter}) * {}", c.per_iter));

@@ -288,7 +288,7 @@ pub(super) fn emit(
         .iter()
         .map(|l| TensorMapSpec {
             binding: plan.binding(op.inputs[l.input], l.dtype.bytes()),
-            dtype: l.dtype,
+            data_type: l.data_type,
             dims: l.dims.clone(),
             strides: l.strides.clone(),
             boxes: l.boxes.clone(),
