@@ -19,6 +19,14 @@ use crate::sched::plan::{Combine, DependentLaunch, GraphPlan, KernelPlan, Placem
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "target {}", p.target.arch);
+    if !p.symbols.is_default() {
+        let _ = writeln!(
+            s,
+            "symbols: kernels {}k<op>_…, host entry {}",
+            p.symbols.kernel_prefix(),
+            p.symbols.entry()
+        );
+    }
     let method = match &p.layout.report.method {
         SolveMethod::Z3 => "z3 optimum".to_string(),
         SolveMethod::Fallback { reason } => format!("fallback search (z3: {reason})"),

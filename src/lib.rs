@@ -9,7 +9,9 @@
 //! - [`layout`], [`sched`]: planning — every decision, recorded in a typed plan;
 //! - [`explain`]: the plan as text; [`emit`]: CUDA C++ printed from the plan;
 //! - [`transpile`]: plan then emit; [`cuda`]: NVRTC/nvcc compilation with a disk cache,
-//!   execution of launch plans through cudarc, timing.
+//!   execution of launch plans through cudarc, timing;
+//! - `buildscript` (feature `buildscript`, on by default): µGraphs compiled into a Rust crate
+//!   from its build script, with typed bindings.
 //!
 //! `ARCHITECTURE.md` in the repository names each stage, its types and the command that shows
 //! its result.
@@ -19,6 +21,8 @@
 // index is the clearest way to write them.
 #![allow(clippy::needless_range_loop)]
 
+#[cfg(feature = "buildscript")]
+pub mod buildscript;
 pub mod cuda;
 pub mod emit;
 pub mod explain;

@@ -17,8 +17,7 @@
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds {{ workspace }} bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
-extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
-                            cudaStream_t stream) {
+{{ entry_signature }}
   const mucc::host::Buffers buf{inputs, outputs, workspace};
   (void)buf;
 {% for s in steps %}

@@ -101,6 +101,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 solve: Default::default(),
                 path: Default::default(),
                 dependent_launch: false,
+                symbols: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

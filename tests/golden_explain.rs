@@ -16,6 +16,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         solve: Default::default(),
         path: Default::default(),
         dependent_launch: false,
+        symbols: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -226,6 +226,7 @@ fn kernel_level_goldens() {
             solve: Default::default(),
             path: Default::default(),
             dependent_launch: false,
+            symbols: Default::default(),
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

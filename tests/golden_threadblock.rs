@@ -249,6 +249,7 @@ fn opts(arch: Arch) -> Options {
         solve: Default::default(),
         path: Default::default(),
         dependent_launch: true,
+        symbols: Default::default(),
     }
 }
 

@@ -103,6 +103,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         solve: Default::default(),
                         path: Default::default(),
                         dependent_launch: false,
+                        symbols: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -170,6 +171,7 @@ fn plans_are_deterministic() {
                 solve: Default::default(),
                 path: Default::default(),
                 dependent_launch: false,
+                symbols: Default::default(),
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -180,6 +180,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         solve: SolveOptions::default(),
         path: Default::default(),
         dependent_launch: false,
+        symbols: Default::default(),
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -254,6 +255,7 @@ fn shared_memory_overflow_is_an_error() {
             solve: SolveOptions::default(),
             path: Default::default(),
             dependent_launch: false,
+            symbols: Default::default(),
         },
     )
     .unwrap_err();
@@ -292,6 +294,7 @@ fn workspace_reuses_dead_intermediates() {
             solve: SolveOptions::default(),
             path: Default::default(),
             dependent_launch: false,
+            symbols: Default::default(),
         },
     )
     .unwrap();
@@ -400,6 +403,7 @@ fn plan_for(
         solve: SolveOptions::default(),
         path,
         dependent_launch: false,
+        symbols: Default::default(),
     };
     mucc::sched::plan(g, &opts)
 }
@@ -519,6 +523,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             solve: SolveOptions::default(),
             path,
             dependent_launch: on,
+            symbols: Default::default(),
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

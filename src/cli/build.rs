@@ -75,6 +75,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         solve: Default::default(),
         path: a.path.choice,
         dependent_launch: a.path.dependent_launch,
+        symbols: Default::default(),
     };
     let (_, emitted) = mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
         .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;

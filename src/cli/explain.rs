@@ -52,6 +52,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
         solve: Default::default(),
         path: a.path.choice,
         dependent_launch: a.path.dependent_launch,
+        symbols: Default::default(),
     };
     let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
         Failure::User(format!(

@@ -51,6 +51,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
         solve: Default::default(),
         path: a.path.choice,
         dependent_launch: a.path.dependent_launch,
+        symbols: Default::default(),
     };
     let name = a
         .input

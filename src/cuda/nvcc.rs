@@ -1,6 +1,7 @@
 //! nvcc builds: a generated file into a shared library exposing `mucc_execute`, and the C header
 //! that describes its buffers.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -80,6 +81,56 @@ impl Drop for TempDir {
     }
 }
 
+/// nvcc's flags for a generated file for `arch` (besides the optimisation level,
+/// [`OPT_LEVEL`]): C++17, the target's `-gencode`, the runtime headers `headers` on the include
+/// path. `mucc build` and the build-script API ([`crate::buildscript`]) compile with these.
+pub fn compile_flags(arch: Arch, headers: &Path) -> Vec<OsString> {
+    vec![
+        "-std=c++17".into(),
+        gencode(arch).into(),
+        "-I".into(),
+        headers.as_os_str().to_owned(),
+    ]
+}
+
+/// nvcc's optimisation level for generated files (host and device code).
+pub const OPT_LEVEL: u32 = 3;
+
+/// The library folders of the toolkit whose nvcc is `nvcc` (pip wheels keep their libraries in
+/// `lib/`, where nvcc does not look; toolkits in `lib64/`), those that exist.
+pub fn library_dirs(nvcc: &Path) -> Vec<PathBuf> {
+    // A bare `nvcc` is found on PATH.
+    let resolved = if nvcc.components().count() == 1 {
+        std::env::var_os("PATH")
+            .and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join(nvcc))
+                    .find(|c| c.is_file())
+            })
+            .unwrap_or_else(|| nvcc.to_path_buf())
+    } else {
+        nvcc.to_path_buf()
+    };
+    let Some(top) = resolved.parent().and_then(Path::parent) else {
+        return Vec::new();
+    };
+    ["lib", "lib64"]
+        .iter()
+        .map(|l| top.join(l))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// The runtime headers folder `opts` names, else the embedded copy installed in the cache.
+pub fn runtime_headers(opts: &NvccOptions) -> Result<PathBuf, NvccError> {
+    match &opts.runtime_headers {
+        Some(d) => Ok(d.clone()),
+        None => {
+            super::compile::install_runtime_headers(None).map_err(|e| NvccError::Io(e.to_string()))
+        }
+    }
+}
+
 /// Compiles `source` (a generated file for `arch`) into the shared library `out`, linking cuBLAS
 /// when `plan` calls it. The library is built in a temporary directory (removed afterwards,
 /// whatever happens) and renamed into place, so `out` is never half-written.
@@ -89,11 +140,7 @@ pub fn build_library(
     out: &Path,
     opts: &NvccOptions,
 ) -> Result<(), NvccError> {
-    let headers = match &opts.runtime_headers {
-        Some(d) => d.clone(),
-        None => super::compile::install_runtime_headers(None)
-            .map_err(|e| NvccError::Io(e.to_string()))?,
-    };
+    let headers = runtime_headers(opts)?;
     let work = super::compile::default_cache_dir()
         .join("build")
         .join(format!("{}-{}", std::process::id(), unique()));
@@ -106,20 +153,14 @@ pub fn build_library(
     let tmp_out = work.0.join("graph.so");
     let nvcc = find_nvcc(opts.nvcc.as_deref());
     let mut cmd = Command::new(&nvcc);
-    cmd.args(["-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC"])
-        .arg(gencode(plan.arch))
-        .arg("-I")
-        .arg(&headers)
+    cmd.arg(format!("-O{OPT_LEVEL}"))
+        .args(["-shared", "-Xcompiler", "-fPIC"])
+        .args(compile_flags(plan.arch, &headers))
         .arg(&src)
         .arg("-o")
         .arg(&tmp_out);
-    // Toolkits from pip wheels keep their libraries in lib/, where nvcc does not look.
-    if let Some(top) = nvcc.parent().and_then(Path::parent) {
-        for lib in ["lib", "lib64"] {
-            if top.join(lib).is_dir() {
-                cmd.arg("-L").arg(top.join(lib));
-            }
-        }
+    for dir in library_dirs(&nvcc) {
+        cmd.arg("-L").arg(dir);
     }
     if plan.uses_cublas() {
         cmd.arg("-lcublas");
@@ -177,8 +218,10 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
             plan.arch
         ),
         " *".to_string(),
-        " * int mucc_execute(inputs, outputs, workspace, stream) runs the graph on `stream` (a"
-            .to_string(),
+        format!(
+            " * int {}(inputs, outputs, workspace, stream) runs the graph on `stream` (a",
+            plan.entry
+        ),
         " * cudaStream_t); buffers are device pointers, 16-byte aligned, laid out as below; the"
             .to_string(),
         " * workspace is 128-byte aligned. Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE plus"
@@ -211,10 +254,10 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
     lines.push("extern \"C\" {".to_string());
     lines.push("#endif".to_string());
     lines.push("/* `stream` is a cudaStream_t (0: the legacy default stream). */".to_string());
-    lines.push(
-        "int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, void* stream);"
-            .to_string(),
-    );
+    lines.push(format!(
+        "int {}(const void* const* inputs, void* const* outputs, void* workspace, void* stream);",
+        plan.entry
+    ));
     lines.push("#ifdef __cplusplus".to_string());
     lines.push("}".to_string());
     lines.push("#endif".to_string());

@@ -90,6 +90,7 @@ impl Session {
             solve: Default::default(),
             path: a.path,
             dependent_launch: a.dependent_launch,
+            symbols: Default::default(),
         };
         Ok(Session {
             gpu,

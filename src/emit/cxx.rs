@@ -190,6 +190,20 @@ pub fn cluster_kernel_signature(
     signature(head, params)
 }
 
+/// The host entry's signature up to the opening brace (lines at level 0): the parameters
+/// continue under the parenthesis when the first line fits, else on the next line.
+pub fn host_entry_signature(entry: &str) -> String {
+    let head = format!("extern \"C\" int {entry}(");
+    let first = format!("{head}const void* const* inputs, void* const* outputs, void* workspace,");
+    if first.len() <= MAX_LINE {
+        format!("{first}\n{}cudaStream_t stream) {{", " ".repeat(head.len()))
+    } else {
+        format!(
+            "{head}\n    const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {{"
+        )
+    }
+}
+
 fn signature(head: String, params: &[String]) -> String {
     let one = format!("{head}{}) {{", params.join(", "));
     if one.len() <= MAX_LINE {

@@ -9,6 +9,7 @@ use crate::graph::dtype::DType;
 use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
 use crate::graph::mirage_json::names;
 use crate::sched::kernel_level::{ElementwiseOp, GridStride, KnOpPlan, PartCopy, View};
+use crate::sched::plan::Symbols;
 
 fn layout(v: &View) -> String {
     cxx::layout(&v.dims, &v.strides, None)
@@ -229,6 +230,7 @@ pub(super) fn emit(
     h: Handle<KnOp>,
     op: &KnOp,
     plan: &KnOpPlan,
+    symbols: &Symbols,
 ) -> (Option<KernelView>, Vec<Step>) {
     let comment = describe(g, h, op);
     let k = h.index();
@@ -244,7 +246,7 @@ pub(super) fn emit(
                 (ElementwiseOp::Copy, KnOpKind::Output { .. }) => "output_copy",
                 (ElementwiseOp::Copy, _) => "allreduce",
             };
-            elementwise(&format!("k{k}_{suffix}"), comment, plan)
+            elementwise(&symbols.kernel(&format!("k{k}_{suffix}")), comment, plan)
         }
         KnOpPlan::Reduction {
             out,
@@ -261,7 +263,7 @@ pub(super) fn emit(
                 KnOpKind::Reduction { dim } => dim,
                 _ => 0,
             };
-            let name = format!("k{k}_reduction_{dim}");
+            let name = symbols.kernel(&format!("k{k}_reduction_{dim}"));
             let t = ctype(*dtype);
             let call = format!(
                 "mucc::kn::reduce<{t}, L0, L1, {to}, {len}, {inner}, {stride}, {warp_per_output}>(v0, v1);"
@@ -276,7 +278,7 @@ pub(super) fn emit(
             group,
             launch: l,
         } => {
-            let name = format!("k{k}_rms_norm");
+            let name = symbols.kernel(&format!("k{k}_rms_norm"));
             let t = ctype(*dtype);
             let call = format!("mucc::kn::rms_norm<{t}, L0, L1, {rows}, {group}>(v0, v1);");
             unary_view_kernel(&name, comment, (out, x), *dtype, *l, call)
@@ -288,7 +290,7 @@ pub(super) fn emit(
             dtype,
             launch: l,
         } => {
-            let name = format!("k{k}_{}", op.kind.name());
+            let name = symbols.kernel(&format!("k{k}_{}", op.kind.name()));
             parts(&name, comment, *concat, whole, ps, *dtype, *l)
         }
     };

@@ -107,6 +107,18 @@ pub struct LaunchPlan {
     pub workspace_bytes: usize,
     /// Steps in order.
     pub steps: Vec<Step>,
+    /// The host entry's name in the generated file (`mucc_execute` unless the plan's symbols
+    /// say otherwise).
+    #[serde(default = "default_entry", skip_serializing_if = "is_default_entry")]
+    pub entry: String,
+}
+
+fn default_entry() -> String {
+    crate::sched::plan::DEFAULT_ENTRY.to_string()
+}
+
+fn is_default_entry(e: &str) -> bool {
+    e == crate::sched::plan::DEFAULT_ENTRY
 }
 
 impl LaunchPlan {

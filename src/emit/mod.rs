@@ -96,6 +96,8 @@ struct FileView {
     kernels: Vec<KernelView>,
     steps: Vec<HostStep>,
     workspace: usize,
+    /// The host entry's signature up to the opening brace.
+    entry_signature: String,
 }
 
 /// The caller's buffers and the workspace, as the header comment lists them, and as launch
@@ -160,7 +162,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             }
             other => {
                 let (view, launch) =
-                    kernel_level::emit(g, Handle::from_index(h.index()), op, other);
+                    kernel_level::emit(g, Handle::from_index(h.index()), op, other, &plan.symbols);
                 kernels.extend(view);
                 steps.extend(launch);
             }
@@ -172,6 +174,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         outputs,
         workspace_bytes: plan.workspace_bytes(),
         steps,
+        entry: plan.symbols.entry().to_string(),
     };
     let mut header = vec![
         format!("source: {}", cxx::comment_safe(source)),
@@ -196,6 +199,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         kernels,
         steps: host::steps(&launch),
         workspace: plan.workspace_bytes(),
+        entry_signature: cxx::host_entry_signature(&launch.entry),
     };
     let mut source = view
         .render()

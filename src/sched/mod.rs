@@ -148,6 +148,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         workspace_tensors,
         workspace_packing,
         unfused,
+        symbols: opts.symbols.clone(),
         elapsed: start.elapsed(),
     })
 }

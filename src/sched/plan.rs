@@ -31,7 +31,7 @@ pub const ZERO_PAGE: usize = 16;
 pub const WORKSPACE_ALIGN: usize = 128;
 
 /// Options of the planner.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// The target.
     pub target: Target,
@@ -43,6 +43,9 @@ pub struct Options {
     /// `--dependent-launch`). Off by default: on the H200 it made the multi-kernel attention
     /// graphs 1–10% slower (docs/benchmarks.md).
     pub dependent_launch: bool,
+    /// Names of the generated file's symbols (default: kernels `k<op>_…`, host entry
+    /// `mucc_execute`); prefixed so that several generated files link into one program.
+    pub symbols: Symbols,
 }
 
 impl Options {
@@ -53,7 +56,101 @@ impl Options {
             solve: SolveOptions::default(),
             path: PathChoice::Auto,
             dependent_launch: false,
+            symbols: Symbols::default(),
         }
+    }
+}
+
+/// The names of a generated file's external symbols: its kernels (`{kernel_prefix}k<op>_…`) and
+/// its host entry. Two generated files whose symbols differ link into one program (the
+/// build-script API gives each graph its own); the defaults are `k<op>_…` and `mucc_execute`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Symbols {
+    kernel_prefix: String,
+    entry: String,
+}
+
+/// The host entry's name by default.
+pub const DEFAULT_ENTRY: &str = "mucc_execute";
+
+impl Default for Symbols {
+    fn default() -> Symbols {
+        Symbols {
+            kernel_prefix: String::new(),
+            entry: DEFAULT_ENTRY.to_string(),
+        }
+    }
+}
+
+/// Whether `s` is a C identifier (ASCII letters, digits and `_`, not starting with a digit)
+/// that does not start with `__` or `_` and a capital (names C++ reserves).
+pub fn is_c_identifier(s: &str) -> bool {
+    let b = s.as_bytes();
+    let Some(&first) = b.first() else {
+        return false;
+    };
+    let reserved =
+        s.starts_with("__") || (first == b'_' && b.get(1).is_some_and(u8::is_ascii_uppercase));
+    !first.is_ascii_digit()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+        && !reserved
+}
+
+impl Symbols {
+    /// The longest kernel prefix.
+    pub const MAX_KERNEL_PREFIX: usize = 24;
+    /// The longest host entry name.
+    pub const MAX_ENTRY: usize = 64;
+
+    /// Kernels named `{kernel_prefix}k<op>_…` and the host entry `entry`; both must make C
+    /// identifiers (the prefix may be empty), the prefix of at most
+    /// [`Symbols::MAX_KERNEL_PREFIX`] characters and the entry of at most
+    /// [`Symbols::MAX_ENTRY`] (generated lines stay within 120 characters).
+    pub fn new(kernel_prefix: &str, entry: &str) -> Result<Symbols, String> {
+        if !kernel_prefix.is_empty() && !is_c_identifier(&format!("{kernel_prefix}k0")) {
+            return Err(format!(
+                "kernel symbol prefix `{kernel_prefix}` does not make C identifiers"
+            ));
+        }
+        if kernel_prefix.len() > Self::MAX_KERNEL_PREFIX {
+            return Err(format!(
+                "kernel symbol prefix `{kernel_prefix}` is longer than {} characters",
+                Self::MAX_KERNEL_PREFIX
+            ));
+        }
+        if !is_c_identifier(entry) {
+            return Err(format!("host entry `{entry}` is not a C identifier"));
+        }
+        if entry.len() > Self::MAX_ENTRY {
+            return Err(format!(
+                "host entry `{entry}` is longer than {} characters",
+                Self::MAX_ENTRY
+            ));
+        }
+        Ok(Symbols {
+            kernel_prefix: kernel_prefix.to_string(),
+            entry: entry.to_string(),
+        })
+    }
+
+    /// The symbol of a kernel whose unprefixed name is `base` (`k3_customized`).
+    pub fn kernel(&self, base: &str) -> String {
+        format!("{}{base}", self.kernel_prefix)
+    }
+
+    /// The kernels' prefix (empty by default).
+    pub fn kernel_prefix(&self) -> &str {
+        &self.kernel_prefix
+    }
+
+    /// The host entry's name.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// Whether these are the default names.
+    pub fn is_default(&self) -> bool {
+        *self == Symbols::default()
     }
 }
 
@@ -564,6 +661,8 @@ pub struct GraphPlan {
     pub workspace_packing: Packing,
     /// Intermediates that make a round trip through the workspace to their only reader.
     pub unfused: Vec<KnUnfused>,
+    /// Names of the generated file's symbols.
+    pub symbols: Symbols,
     /// Time spent planning.
     pub elapsed: Duration,
 }

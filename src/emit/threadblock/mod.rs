@@ -255,7 +255,7 @@ pub(super) fn emit(
             Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
         }
     }
-    let name = format!("k{}_customized", kn.index());
+    let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
     let mut body = Writer::at(1);
     for d in &ctx.alias_defs {
         body.line(d);
