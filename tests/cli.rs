@@ -572,3 +572,79 @@ fn hostile_file_names_do_not_reach_the_code() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `transpile` and `explain` plan with the tuned variant the cache holds for the graph and
+/// architecture (and say so); `--no-tune`, or an explicit `--path`, ignores it.
+#[test]
+fn tuned_variant_from_the_cache_is_used_and_said() {
+    use mucc::cuda::tune::{TuneCache, TuneEntry, Variant, VariantPath, VariantResult, graph_hash};
+    let cache_dir = tmp("tune-cache");
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    let file = corpus("single_gated_mlp.json");
+    let g = mucc::read_file(std::path::Path::new(&file), &Default::default()).unwrap();
+    let hash = graph_hash(&g.graphs[0].graph).unwrap();
+    let ampere = Variant {
+        path: VariantPath::Ampere,
+        cluster_split: false,
+        dependent_launch: false,
+    };
+    TuneCache::at(cache_dir.join("tune"))
+        .store(&TuneEntry {
+            mucc_version: env!("CARGO_PKG_VERSION").into(),
+            gpu: "NVIDIA H200".into(),
+            arch: mucc::target::Arch::Sm90a,
+            graph_hash: hash,
+            best: ampere,
+            results: vec![VariantResult {
+                variant: ampere,
+                us: Some(1.0),
+                note: None,
+            }],
+            source: "test".into(),
+        })
+        .unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "transpile",
+            file.as_str(),
+            "--graph",
+            "0",
+            "--arch",
+            "sm_90a",
+        ];
+        args.extend_from_slice(extra);
+        let o = Command::new(env!("CARGO_BIN_EXE_mucc"))
+            .args(&args)
+            .env("MUCC_CACHE_DIR", &cache_dir)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+        text(&o)
+    };
+    let (tuned, note) = run(&[]);
+    assert!(
+        note.contains(
+            "graph 0: tuned variant path=ampere (mucc tune on NVIDIA H200; --no-tune ignores it)"
+        ),
+        "{note}"
+    );
+    // The Ampere path: no TMA, no cluster.
+    assert!(!tuned.contains("mucc/arch/sm90.h"), "{tuned}");
+    let (default, note) = run(&["--no-tune"]);
+    assert!(!note.contains("tuned variant"), "{note}");
+    assert!(default.contains("mucc/arch/sm90.h"));
+    assert_ne!(tuned, default);
+    // An explicit path wins over the cache.
+    let (_, note) = run(&["--path", "ampere"]);
+    assert!(!note.contains("tuned variant"), "{note}");
+    // explain says which variant planned it.
+    let o = Command::new(env!("CARGO_BIN_EXE_mucc"))
+        .args(["explain", &file, "--graph", "0", "--arch", "sm_90a"])
+        .env("MUCC_CACHE_DIR", &cache_dir)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(err.contains("tuned variant path=ampere"), "{err}");
+    assert!(out.contains("cluster split: none (Ampere path)"), "{out}");
+    let _ = std::fs::remove_dir_all(&cache_dir);
+}

@@ -102,6 +102,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 path: Default::default(),
                 dependent_launch: false,
                 symbols: Default::default(),
+                cluster_split: true,
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

@@ -17,6 +17,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         path: Default::default(),
         dependent_launch: false,
         symbols: Default::default(),
+        cluster_split: true,
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -227,6 +227,7 @@ fn kernel_level_goldens() {
             path: Default::default(),
             dependent_launch: false,
             symbols: Default::default(),
+            cluster_split: true,
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

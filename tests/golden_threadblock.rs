@@ -250,6 +250,7 @@ fn opts(arch: Arch) -> Options {
         path: Default::default(),
         dependent_launch: true,
         symbols: Default::default(),
+        cluster_split: true,
     }
 }
 

@@ -104,6 +104,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         path: Default::default(),
                         dependent_launch: false,
                         symbols: Default::default(),
+                        cluster_split: true,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -172,6 +173,7 @@ fn plans_are_deterministic() {
                 path: Default::default(),
                 dependent_launch: false,
                 symbols: Default::default(),
+                cluster_split: true,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -181,6 +181,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         path: Default::default(),
         dependent_launch: false,
         symbols: Default::default(),
+        cluster_split: true,
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -256,6 +257,7 @@ fn shared_memory_overflow_is_an_error() {
             path: Default::default(),
             dependent_launch: false,
             symbols: Default::default(),
+            cluster_split: true,
         },
     )
     .unwrap_err();
@@ -295,6 +297,7 @@ fn workspace_reuses_dead_intermediates() {
             path: Default::default(),
             dependent_launch: false,
             symbols: Default::default(),
+            cluster_split: true,
         },
     )
     .unwrap();
@@ -404,6 +407,7 @@ fn plan_for(
         path,
         dependent_launch: false,
         symbols: Default::default(),
+        cluster_split: true,
     };
     mucc::sched::plan(g, &opts)
 }
@@ -524,6 +528,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             path,
             dependent_launch: on,
             symbols: Default::default(),
+            cluster_split: true,
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+pub use crate::cuda::nvcc::Stage;
 use crate::cuda::nvcc::{self, NvccOptions};
 use crate::emit::LaunchPlan;
 use crate::graph::mirage_json::{ImportOptions, MirageFile};
@@ -71,33 +72,6 @@ pub struct Kernels {
 impl Default for Kernels {
     fn default() -> Kernels {
         Kernels::new()
-    }
-}
-
-/// The step of [`Kernels::compile`] that failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    /// Reading and importing the graph file.
-    Read,
-    /// Validating the graph.
-    Validate,
-    /// Planning and emitting it.
-    Transpile,
-    /// Writing the generated file.
-    Write,
-    /// Compiling it with nvcc.
-    Compile,
-}
-
-impl std::fmt::Display for Stage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Stage::Read => "reading",
-            Stage::Validate => "validating",
-            Stage::Transpile => "transpiling",
-            Stage::Write => "writing the generated file",
-            Stage::Compile => "compiling with nvcc",
-        })
     }
 }
 
@@ -499,8 +473,6 @@ impl Kernels {
                 format!("the file has {} graph(s)", file.graphs.len()),
             )
         })?;
-        lg.validate()
-            .map_err(|e| err(Stage::Validate, None, e.to_string()))?;
         let tag = arch_tag(arch);
         let entry = format!("{lib}_{}_{tag}", g.name);
         // Kernel names (profilers show them) keep as much of the entry as fits; a digest of the
@@ -523,8 +495,9 @@ impl Kernels {
             ..Options::for_target(Target::new(arch))
         };
         let source = format!("{}, graph {}", g.file.display(), g.index);
-        let (_, emitted) = crate::transpile::transpile(&lg.graph, &opts, &source)
-            .map_err(|e| err(Stage::Transpile, Some(arch), e.to_string()))?;
+        let emitted = nvcc::prepare(lg, &source, &opts).map_err(|(stage, message)| {
+            err(stage, (stage != Stage::Validate).then_some(arch), message)
+        })?;
         let path = lib_dir.join(format!("{}_{tag}.cu", g.name));
         write_if_changed(&path, &emitted.source).map_err(|e| err(Stage::Write, Some(arch), e))?;
         Ok(CompiledFile {
@@ -543,60 +516,22 @@ impl Kernels {
         headers: &Path,
         lib_dir: &Path,
     ) -> Result<Vec<String>, BuildError> {
-        let mut build = cc::Build::new();
-        build
-            .cuda(true)
-            .cudart("none")
-            .debug(false)
-            .opt_level(nvcc::OPT_LEVEL)
-            .cargo_metadata(false)
-            .warnings(false)
-            .out_dir(lib_dir)
-            .file(&f.source);
-        for flag in nvcc::compile_flags(f.arch, headers) {
-            build.flag(flag);
-        }
-        if std::env::var_os("NVCC").is_none() {
-            // cc runs `nvcc` from PATH: put the chosen one first.
-            if let Some(dir) = nvcc.parent().filter(|d| !d.as_os_str().is_empty()) {
-                let mut path = vec![dir.to_path_buf()];
-                if let Some(p) = std::env::var_os("PATH") {
-                    path.extend(std::env::split_paths(&p));
-                }
-                if let Ok(joined) = std::env::join_paths(path) {
-                    build.env("PATH", joined);
-                }
-            }
-        }
-        // Outside build scripts cc needs the target, host and optimisation settings.
-        if std::env::var_os("TARGET").is_none() {
-            build.target(HOST_TARGET).host(HOST_TARGET);
-        }
-        build
-            .try_compile(&f.library)
-            .map_err(|e| BuildError::Graph {
+        nvcc::compile_static(&f.source, f.arch, &f.library, lib_dir, nvcc, headers).map_err(
+            |message| BuildError::Graph {
                 file: g.file.clone(),
                 index: g.index,
                 name: g.name.clone(),
                 arch: format!(", {}", f.arch),
                 stage: Stage::Compile,
-                message: e.to_string(),
-            })?;
+                message,
+            },
+        )?;
         Ok(vec![
             format!("cargo:rustc-link-search=native={}", lib_dir.display()),
             format!("cargo:rustc-link-lib=static={}", f.library),
         ])
     }
 }
-
-/// The target triple of this build of mucc, for cc outside build scripts.
-const HOST_TARGET: &str = if cfg!(all(target_arch = "x86_64", target_os = "linux")) {
-    "x86_64-unknown-linux-gnu"
-} else if cfg!(all(target_arch = "aarch64", target_os = "linux")) {
-    "aarch64-unknown-linux-gnu"
-} else {
-    "unknown"
-};
 
 /// Errors when a graph's buffers differ between its architectures' plans.
 fn check_same_buffers(g: &GraphSpec, fs: &[CompiledFile]) -> Result<(), BuildError> {

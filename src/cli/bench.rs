@@ -10,15 +10,13 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use mucc::cuda::bench::{Ceilings, Launch, Timing, TimingOptions, rotation_sets};
+use mucc::cuda::bench::{Ceilings, Launch, Timing, TimingOptions};
 use mucc::cuda::data::Comparison;
 use mucc::graph::DType;
 use mucc::graph::cost::{self, Work};
 use serde_json::{Value, json};
 
-use super::gpu::{
-    GpuArgs, InputCache, InputChoice, Prepared, check_outputs, read_outputs, upload_inputs,
-};
+use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 use mucc::cuda::session::Session;
 
@@ -115,12 +113,6 @@ fn measure(
     graph: &mucc::graph::KernelGraph,
     cache: &mut InputCache,
 ) -> Result<Measured, String> {
-    let gpu = &mut session.gpu;
-    let launch = &prep.emitted.launch;
-    let prog = gpu
-        .load(&prep.cubin.bytes, launch)
-        .map_err(|e| e.to_string())?;
-    let mut first = gpu.alloc(&prog).map_err(|e| e.to_string())?;
     let shared;
     let inputs: &[_] = match &prep.drawn {
         Some(d) => &d.inputs,
@@ -129,64 +121,30 @@ fn measure(
             &shared
         }
     };
-    upload_inputs(gpu, &mut first, launch, inputs)?;
-    gpu.poison_outputs(&mut first, 0xff)
-        .map_err(|e| e.to_string())?;
-    let check = match &prep.drawn {
-        Some(drawn) => {
-            gpu.execute_checked(&prog, &first)
-                .map_err(|e| e.to_string())?;
-            let outs = read_outputs(gpu, &first, launch)?;
-            let cmp = check_outputs(graph, drawn, &outs)?;
-            gpu.poison_outputs(&mut first, 0xff)
-                .map_err(|e| e.to_string())?;
-            Some(cmp)
-        }
-        None => None,
-    };
-    let (free, _) = gpu.memory_info().map_err(|e| e.to_string())?;
-    let n = rotation_sets(first.io_bytes(), gpu.l2_bytes, (free / 4).min(8 << 30));
-    let mut sets = vec![first];
-    for _ in 1..n {
-        let mut s = gpu
-            .alloc_sharing_workspace(&prog, Some(&sets[0]))
-            .map_err(|e| e.to_string())?;
-        gpu.copy_inputs(&sets[0], &mut s)
-            .map_err(|e| e.to_string())?;
-        gpu.poison_outputs(&mut s, 0xff)
-            .map_err(|e| e.to_string())?;
-        sets.push(s);
-    }
-    let timing = gpu
-        .time(
-            &prog,
-            &sets,
-            &TimingOptions {
-                samples: a.iters.max(1),
-                warmup: a.warmup,
-                launch: match a.launch {
-                    LaunchArg::Graph => Launch::Graph,
-                    LaunchArg::Stream => Launch::Stream,
-                },
-                ..Default::default()
+    let m = session.measure(
+        &prep.emitted,
+        &prep.cubin,
+        graph,
+        inputs,
+        prep.drawn.as_ref(),
+        &TimingOptions {
+            samples: a.iters.max(1),
+            warmup: a.warmup,
+            launch: match a.launch {
+                LaunchArg::Graph => Launch::Graph,
+                LaunchArg::Stream => Launch::Stream,
             },
-        )
-        .map_err(|e| e.to_string())?;
-    // Every set was executed: its outputs must all be written and finite.
-    let mut finite = true;
-    for s in &sets {
-        for (_, got) in read_outputs(gpu, s, launch)? {
-            finite &= got.data.iter().all(|x| x.is_finite());
-        }
-    }
+            ..Default::default()
+        },
+    )?;
     Ok(Measured {
-        timing,
+        timing: m.timing,
         work: cost::work(graph),
-        steps: launch.steps.len(),
+        steps: prep.emitted.launch.steps.len(),
         compile: prep.describe(),
         cached: prep.cubin.cached,
-        check,
-        finite,
+        check: m.check,
+        finite: m.finite,
     })
 }
 

@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use mucc::cuda::nvcc::{NvccOptions, build_library, header};
-use mucc::sched::Options;
-use mucc::target::{Arch, Target};
+use mucc::cuda::nvcc::{NvccOptions, Stage, build_library, header, prepare};
+use mucc::target::Arch;
 
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings};
 
@@ -67,18 +66,14 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         a.force,
     )?;
     let lg = &file.graphs[i];
-    lg.validate()
-        .map_err(|e| Failure::User(format!("graph {i} is invalid:\n{e}")))?;
     let name = a.input.file.display().to_string();
-    let opts = Options {
-        target: Target::new(a.arch),
-        solve: Default::default(),
-        path: a.path.choice,
-        dependent_launch: a.path.dependent_launch,
-        symbols: Default::default(),
-    };
-    let (_, emitted) = mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
-        .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;
+    let opts = a.path.options(&lg.graph, a.arch, &format!("graph {i}"));
+    let emitted = prepare(lg, &format!("{name}, graph {i}"), &opts).map_err(|(stage, e)| {
+        Failure::User(match stage {
+            Stage::Validate => format!("graph {i} is invalid:\n{e}"),
+            _ => format!("{name}: graph {i}: {e}"),
+        })
+    })?;
 
     let nvcc = NvccOptions {
         nvcc: a.nvcc.clone(),

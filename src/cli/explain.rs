@@ -5,9 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use mucc::graph::Handle;
-use mucc::sched::Options;
 use mucc::sched::memory;
-use mucc::target::{Arch, Target};
+use mucc::target::Arch;
 
 use super::{Failure, InputArgs, load, print_warnings, stdout};
 
@@ -47,13 +46,9 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     })?;
     lg.validate()
         .map_err(|e| Failure::User(format!("graph {} is invalid:\n{e}", a.graph)))?;
-    let opts = Options {
-        target: Target::new(a.arch),
-        solve: Default::default(),
-        path: a.path.choice,
-        dependent_launch: a.path.dependent_launch,
-        symbols: Default::default(),
-    };
+    let opts = a
+        .path
+        .options(&lg.graph, a.arch, &format!("graph {}", a.graph));
     let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
         Failure::User(format!(
             "{}: graph {}: {e}",

@@ -10,6 +10,7 @@ mod inspect;
 mod out;
 mod run;
 mod transpile;
+mod tune;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -48,6 +49,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Build one graph into a shared library exposing `mucc_execute`, with a C header.
     Build(build::BuildArgs),
+    /// Try every implementation variant of graphs on the GPU (checked, then timed) and keep the
+    /// fastest in the tuning cache, which `run`, `bench`, `transpile` and `build` then use.
+    Tune(tune::TuneArgs),
 }
 
 /// Options shared by commands that read a µGraph file.
@@ -116,6 +120,44 @@ pub struct PathArg {
     /// (programmatic dependent launch). Off by default: measured slower on an H200.
     #[arg(long = "dependent-launch")]
     pub dependent_launch: bool,
+    /// Ignore the tuning cache (`mucc tune`). It is also ignored when `--path` names another
+    /// path than auto or `--dependent-launch` is given: options given win.
+    #[arg(long)]
+    pub no_tune: bool,
+}
+
+impl PathArg {
+    /// Whether a tuned variant may replace these options: no `--no-tune`, and the defaults.
+    pub fn tunable(&self) -> bool {
+        !self.no_tune && self.choice == mucc::sched::PathChoice::Auto && !self.dependent_launch
+    }
+
+    /// The options for `arch` (symbols default), with the cached tuned variant of `g` for
+    /// `arch` applied when [`PathArg::tunable`] and the cache has one; says so on stderr.
+    pub fn options(
+        &self,
+        g: &mucc::KernelGraph,
+        arch: mucc::target::Arch,
+        what: &str,
+    ) -> mucc::sched::Options {
+        let base = mucc::sched::Options {
+            path: self.choice,
+            dependent_launch: self.dependent_launch,
+            ..mucc::sched::Options::for_target(mucc::target::Target::new(arch))
+        };
+        if !self.tunable() {
+            return base;
+        }
+        let cache = mucc::cuda::tune::TuneCache::default_location();
+        let (opts, entry) = mucc::cuda::tune::tuned_options(Some(&cache), g, None, &base);
+        if let Some(e) = entry {
+            eprintln!(
+                "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",
+                e.best, e.gpu
+            );
+        }
+        opts
+    }
 }
 
 /// A byte count: digits with an optional K, M or G suffix (powers of 1024).
@@ -230,6 +272,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Run(a) => run::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Build(a) => build::run(a),
+        Command::Tune(a) => tune::run(a),
     };
     let _ = io::stdout().flush();
     r

@@ -4,8 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use mucc::sched::Options;
-use mucc::target::{Arch, Target};
+use mucc::target::Arch;
 
 use super::{Failure, GraphSelection, InputArgs, load, out, print_warnings, stdout};
 
@@ -46,13 +45,6 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
             "--all writes one file per graph: give --out-dir DIR".into(),
         ));
     }
-    let opts = Options {
-        target: Target::new(a.arch),
-        solve: Default::default(),
-        path: a.path.choice,
-        dependent_launch: a.path.dependent_launch,
-        symbols: Default::default(),
-    };
     let name = a
         .input
         .file
@@ -85,6 +77,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
             .validate()
             .map_err(|e| format!("graph {i} is invalid:\n{e}"))
             .and_then(|()| {
+                let opts = a.path.options(&lg.graph, a.arch, &format!("graph {i}"));
                 mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
                     .map_err(|e| format!("{}: graph {i}: {e}", a.input.file.display()))
             });

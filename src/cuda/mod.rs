@@ -1,7 +1,7 @@
 //! GPU side: NVRTC compilation with a disk cache ([`compile`]), execution of launch plans
 //! through cudarc ([`run`]), timing and ceilings ([`bench`]), host data conversion and
-//! comparison ([`data`]), a GPU session that prepares graphs for it ([`session`]), and nvcc
-//! builds of shared libraries ([`nvcc`]).
+//! comparison ([`data`]), a GPU session that prepares graphs for it ([`session`]), verified autotuning with a
+//! persistent cache ([`tune`]), and nvcc builds of libraries ([`nvcc`]).
 
 pub mod bench;
 pub mod compile;
@@ -9,6 +9,7 @@ pub mod data;
 pub mod nvcc;
 pub mod run;
 pub mod session;
+pub mod tune;
 
 pub use compile::{CompileError, Compiler, CompilerOptions, Cubin, Source};
 pub use run::{Buffers, Gpu, Program, RunError};

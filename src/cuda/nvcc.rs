@@ -5,9 +5,12 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::emit::Emitted;
 use crate::emit::cxx::comment_safe;
 use crate::emit::host::CUBLAS_ERROR_BASE;
 use crate::emit::launch::{LaunchPlan, TensorDirective};
+use crate::graph::mirage_json::LoadedGraph;
+use crate::sched::Options;
 use crate::target::Arch;
 
 /// Where nvcc and the runtime headers come from.
@@ -71,6 +74,98 @@ pub fn gencode(arch: Arch) -> String {
     };
     format!("-gencode=arch={virt},code={real}")
 }
+
+/// A step of an nvcc build of a graph (`mucc build`, [`crate::buildscript`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Reading and importing the graph file.
+    Read,
+    /// Validating the graph.
+    Validate,
+    /// Planning and emitting it.
+    Transpile,
+    /// Writing the generated file.
+    Write,
+    /// Compiling it with nvcc.
+    Compile,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stage::Read => "reading",
+            Stage::Validate => "validating",
+            Stage::Transpile => "transpiling",
+            Stage::Write => "writing the generated file",
+            Stage::Compile => "compiling with nvcc",
+        })
+    }
+}
+
+/// The first part of every nvcc build of a graph: validates `lg` (errors name JSON paths) and
+/// transpiles it with `opts`; `source` (file and graph) goes into the generated file's header.
+/// The error says which step failed and why.
+pub fn prepare(lg: &LoadedGraph, source: &str, opts: &Options) -> Result<Emitted, (Stage, String)> {
+    lg.validate()
+        .map_err(|e| (Stage::Validate, e.to_string()))?;
+    let (_, emitted) = crate::transpile::transpile(&lg.graph, opts, source)
+        .map_err(|e| (Stage::Transpile, e.to_string()))?;
+    Ok(emitted)
+}
+
+/// Compiles the generated file `source` for `arch` into the static library `lib<library>.a` in
+/// `out_dir` through the `cc` crate (`cc::Build::cuda`, the flags of [`compile_flags`] and
+/// [`OPT_LEVEL`], device debug off, no cargo lines: the caller prints its own), with the nvcc
+/// `nvcc`; the error holds nvcc's log. cc runs `$NVCC` when it is set, else `nvcc` from PATH,
+/// where `nvcc`'s folder is put first.
+#[cfg(feature = "buildscript")]
+pub fn compile_static(
+    source: &Path,
+    arch: Arch,
+    library: &str,
+    out_dir: &Path,
+    nvcc: &Path,
+    headers: &Path,
+) -> Result<(), String> {
+    let mut build = cc::Build::new();
+    build
+        .cuda(true)
+        .cudart("none")
+        .debug(false)
+        .opt_level(OPT_LEVEL)
+        .cargo_metadata(false)
+        .warnings(false)
+        .out_dir(out_dir)
+        .file(source);
+    for flag in compile_flags(arch, headers) {
+        build.flag(flag);
+    }
+    let dir = nvcc.parent().filter(|d| !d.as_os_str().is_empty());
+    if let (None, Some(dir)) = (std::env::var_os("NVCC"), dir) {
+        let mut path = vec![dir.to_path_buf()];
+        if let Some(p) = std::env::var_os("PATH") {
+            path.extend(std::env::split_paths(&p));
+        }
+        if let Ok(joined) = std::env::join_paths(path) {
+            build.env("PATH", joined);
+        }
+    }
+    // Outside build scripts cc needs the target and host.
+    if std::env::var_os("TARGET").is_none() {
+        build.target(HOST_TARGET).host(HOST_TARGET);
+    }
+    build.try_compile(library).map_err(|e| e.to_string())
+}
+
+/// The target triple of this build of mucc, for cc outside build scripts.
+#[cfg(feature = "buildscript")]
+const HOST_TARGET: &str = if cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+    "x86_64-unknown-linux-gnu"
+} else if cfg!(all(target_arch = "aarch64", target_os = "linux")) {
+    "aarch64-unknown-linux-gnu"
+} else {
+    "unknown"
+};
 
 /// A temporary directory removed when dropped.
 struct TempDir(PathBuf);

@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::bench::{Timing, TimingOptions, rotation_sets};
 use super::data;
+use super::tune::{TuneCache, TuneEntry, tuned_options};
 use super::{Buffers, CompileError, Compiler, CompilerOptions, Cubin, Gpu, RunError, Source};
 use crate::MirageFile;
 use crate::emit::Emitted;
@@ -35,6 +37,8 @@ pub struct SessionOptions {
     pub path: crate::sched::PathChoice,
     /// Whether kernels may launch programmatically (sm_90a).
     pub dependent_launch: bool,
+    /// Ignore the tuning cache ([`super::tune`]): plan every graph with the options above.
+    pub no_tune: bool,
 }
 
 /// Why a session could not open.
@@ -73,6 +77,8 @@ pub struct Session {
     pub compiler: Compiler,
     /// Planning options for the GPU's target.
     pub opts: Options,
+    /// The tuning cache whose results [`Session::prepare`] applies (`None`: `--no-tune`).
+    pub tune: Option<TuneCache>,
 }
 
 impl Session {
@@ -91,11 +97,13 @@ impl Session {
             path: a.path,
             dependent_launch: a.dependent_launch,
             symbols: Default::default(),
+            cluster_split: true,
         };
         Ok(Session {
             gpu,
             compiler,
             opts,
+            tune: (!a.no_tune).then(TuneCache::default_location),
         })
     }
 
@@ -118,7 +126,6 @@ impl Session {
         indices: &[usize],
         inputs: InputChoice,
     ) -> Vec<Result<Prepared, PrepareError>> {
-        let arch = self.gpu.arch;
         indices
             .par_iter()
             .map(|&i| {
@@ -145,27 +152,127 @@ impl Session {
                 } else {
                     None
                 };
-                let t0 = Instant::now();
-                let (_, emitted) = crate::transpile::transpile(
+                let (opts, tuned) = tuned_options(
+                    self.tune.as_ref(),
                     &lg.graph,
+                    Some(&self.gpu.name),
                     &self.opts,
-                    &format!("{name}, graph {i}"),
-                )?;
-                let transpile_seconds = t0.elapsed().as_secs_f64();
-                let path = crate::emit::cxx::comment_safe(&format!("{name}#graph{i}.{arch}.cu"));
-                let cubin = self.compiler.compile(&Source {
-                    path: &path,
-                    text: &emitted.source,
-                    arch,
-                })?;
+                );
+                let (emitted, cubin, transpile_seconds) =
+                    self.compile_with(&lg.graph, name, i, &opts)?;
                 Ok(Prepared {
                     emitted,
                     cubin,
                     transpile_seconds,
                     drawn,
+                    tuned,
                 })
             })
             .collect()
+    }
+}
+
+impl Session {
+    /// Transpiles graph `i` of `name` with `opts` and compiles it for the session's GPU; also
+    /// returns the seconds spent planning and emitting.
+    pub fn compile_with(
+        &self,
+        g: &KernelGraph,
+        name: &str,
+        i: usize,
+        opts: &Options,
+    ) -> Result<(Emitted, Cubin, f64), PrepareError> {
+        let arch = self.gpu.arch;
+        let t0 = Instant::now();
+        let (_, emitted) = crate::transpile::transpile(g, opts, &format!("{name}, graph {i}"))?;
+        let transpile_seconds = t0.elapsed().as_secs_f64();
+        let path = crate::emit::cxx::comment_safe(&format!("{name}#graph{i}.{arch}.cu"));
+        let cubin = self.compiler.compile(&Source {
+            path: &path,
+            text: &emitted.source,
+            arch,
+        })?;
+        Ok((emitted, cubin, transpile_seconds))
+    }
+
+    /// Runs a compiled graph on `inputs`: with `drawn`, once checked against its reference;
+    /// then timed over enough buffer sets to exceed twice the L2 cache ([`rotation_sets`]),
+    /// and every set's outputs read back to see that they are all finite.
+    pub fn measure(
+        &mut self,
+        emitted: &Emitted,
+        cubin: &Cubin,
+        g: &KernelGraph,
+        inputs: &[HostTensor],
+        drawn: Option<&Drawn>,
+        timing: &TimingOptions,
+    ) -> Result<Measurement, String> {
+        let gpu = &mut self.gpu;
+        let launch = &emitted.launch;
+        let prog = gpu.load(&cubin.bytes, launch).map_err(|e| e.to_string())?;
+        let mut first = gpu.alloc(&prog).map_err(|e| e.to_string())?;
+        upload_inputs(gpu, &mut first, launch, inputs)?;
+        gpu.poison_outputs(&mut first, 0xff)
+            .map_err(|e| e.to_string())?;
+        let check = match drawn {
+            Some(drawn) => {
+                gpu.execute_checked(&prog, &first)
+                    .map_err(|e| e.to_string())?;
+                let outs = read_outputs(gpu, &first, launch)?;
+                let cmp = check_outputs(g, drawn, &outs)?;
+                gpu.poison_outputs(&mut first, 0xff)
+                    .map_err(|e| e.to_string())?;
+                Some(cmp)
+            }
+            None => None,
+        };
+        let (free, _) = gpu.memory_info().map_err(|e| e.to_string())?;
+        let n = rotation_sets(first.io_bytes(), gpu.l2_bytes, (free / 4).min(8 << 30));
+        let mut sets = vec![first];
+        for _ in 1..n {
+            let mut s = gpu
+                .alloc_sharing_workspace(&prog, Some(&sets[0]))
+                .map_err(|e| e.to_string())?;
+            gpu.copy_inputs(&sets[0], &mut s)
+                .map_err(|e| e.to_string())?;
+            gpu.poison_outputs(&mut s, 0xff)
+                .map_err(|e| e.to_string())?;
+            sets.push(s);
+        }
+        let timing = gpu.time(&prog, &sets, timing).map_err(|e| e.to_string())?;
+        // Every set was executed: its outputs must all be written and finite.
+        let mut finite = true;
+        for s in &sets {
+            for (_, got) in read_outputs(gpu, s, launch)? {
+                finite &= got.data.iter().all(|x| x.is_finite());
+            }
+        }
+        Ok(Measurement {
+            timing,
+            check,
+            finite,
+        })
+    }
+}
+
+/// What [`Session::measure`] found.
+pub struct Measurement {
+    /// The timing.
+    pub timing: Timing,
+    /// Per output, the comparison with the reference (`None` without one).
+    pub check: Option<Vec<data::Comparison>>,
+    /// Every output element of every buffer set finite after the timed runs.
+    pub finite: bool,
+}
+
+impl Measurement {
+    /// Finite, and passed the check when there was one.
+    pub fn passed(&self) -> bool {
+        self.finite
+            && self
+                .check
+                .as_ref()
+                .is_none_or(|c| c.iter().all(data::Comparison::passed))
     }
 }
 
@@ -179,6 +286,8 @@ pub struct Prepared {
     pub transpile_seconds: f64,
     /// Its inputs and reference outputs, when checking.
     pub drawn: Option<Drawn>,
+    /// The tuning entry whose best variant planned it, if the cache had one.
+    pub tuned: Option<TuneEntry>,
 }
 
 /// Inputs drawn once for consecutive graphs with the same input signature (shapes, dtypes,
@@ -225,10 +334,14 @@ pub struct InputChoice {
 }
 
 impl Prepared {
-    /// "transpiled in … ms, compiled in … s" (or "cache hit").
+    /// "transpiled in … ms, compiled in … s" (or "cache hit"), and the tuned variant if any.
     pub fn describe(&self) -> String {
+        let tuned = match &self.tuned {
+            Some(e) => format!(", tuned: {} (on {})", e.best, e.gpu),
+            None => String::new(),
+        };
         format!(
-            "transpiled in {:.0} ms, {} in {:.2} s",
+            "transpiled in {:.0} ms, {} in {:.2} s{tuned}",
             self.transpile_seconds * 1e3,
             if self.cubin.cached {
                 "cache hit"

@@ -103,8 +103,10 @@ pub(super) fn plan_kernel(
         .into_iter()
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
-    let split = if hopper {
+    let split = if hopper && opts.cluster_split {
         plan_split(tb, &fusion, &sched, &ops, &tiles, &smem, target)
+    } else if hopper {
+        Split::Off("cluster split turned off (tuning variant)".into())
     } else {
         Split::Off("Ampere path".into())
     };

@@ -46,6 +46,9 @@ pub struct Options {
     /// Names of the generated file's symbols (default: kernels `k<op>_…`, host entry
     /// `mucc_execute`); prefixed so that several generated files link into one program.
     pub symbols: Symbols,
+    /// Whether the Hopper path may split a kernel's for-loop over a cluster (on by default; a
+    /// tuning variant turns it off).
+    pub cluster_split: bool,
 }
 
 impl Options {
@@ -57,6 +60,7 @@ impl Options {
             path: PathChoice::Auto,
             dependent_launch: false,
             symbols: Symbols::default(),
+            cluster_split: true,
         }
     }
 }

@@ -1,0 +1,379 @@
+//! Verified autotuning (`mucc tune`): implementation variants of a graph (code path, cluster
+//! split, programmatic dependent launch), each transpiled, compiled, checked against the
+//! interpreter and timed; the fastest verified variant is kept in a persistent cache keyed by
+//! (graph content, GPU name, mucc version), which `mucc run`, `bench`, `transpile` and `build`
+//! read ([`TuneCache::lookup`], [`TuneCache::lookup_arch`]).
+//!
+//! A variant changes how the graph is implemented, never what it computes; every variant is
+//! planned, emitted and checked like the default one.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::graph::KernelGraph;
+use crate::graph::mirage_json::{ExportOptions, graph_to_json};
+use crate::sched::{Options, PathChoice};
+use crate::target::Arch;
+
+/// How a graph is implemented: the knobs of [`Options`] that a tuner may turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Variant {
+    /// Code path of threadblock kernels (`auto`: every feature of the target; `ampere`).
+    pub path: VariantPath,
+    /// Whether the Hopper path may split for-loops over clusters.
+    pub cluster_split: bool,
+    /// Whether kernels launch programmatically after the previous one (Hopper path).
+    pub dependent_launch: bool,
+}
+
+/// The code path of a [`Variant`] (serialised as `auto` / `ampere`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VariantPath {
+    /// Every feature of the target.
+    Auto,
+    /// Ampere features only.
+    Ampere,
+}
+
+impl Variant {
+    /// The planner's defaults.
+    pub const DEFAULT: Variant = Variant {
+        path: VariantPath::Auto,
+        cluster_split: true,
+        dependent_launch: false,
+    };
+
+    /// `base` with this variant's knobs.
+    pub fn apply(&self, base: &Options) -> Options {
+        Options {
+            path: match self.path {
+                VariantPath::Auto => PathChoice::Auto,
+                VariantPath::Ampere => PathChoice::Ampere,
+            },
+            cluster_split: self.cluster_split,
+            dependent_launch: self.dependent_launch,
+            ..base.clone()
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.path {
+            VariantPath::Ampere => f.write_str("path=ampere"),
+            VariantPath::Auto => write!(
+                f,
+                "path=auto split={} pdl={}",
+                if self.cluster_split { "on" } else { "off" },
+                if self.dependent_launch { "on" } else { "off" }
+            ),
+        }
+    }
+}
+
+/// The variants worth trying for `arch`, the default first. sm_80 has one (its code path has no
+/// knob yet); sm_90a has the Hopper path with and without the cluster split and programmatic
+/// launches, and the Ampere path.
+pub fn variants(arch: Arch) -> Vec<Variant> {
+    match arch {
+        Arch::Sm80 => vec![Variant::DEFAULT],
+        Arch::Sm90a => {
+            let mut v = vec![Variant::DEFAULT];
+            for (cluster_split, dependent_launch) in [(true, true), (false, false), (false, true)] {
+                v.push(Variant {
+                    path: VariantPath::Auto,
+                    cluster_split,
+                    dependent_launch,
+                });
+            }
+            v.push(Variant {
+                path: VariantPath::Ampere,
+                cluster_split: false,
+                dependent_launch: false,
+            });
+            v
+        }
+    }
+}
+
+/// The content hash of a graph: SHA-256 of its canonical Mirage JSON (current spelling), so
+/// that the same graph read from any file, or built with the builder, has the same key.
+pub fn graph_hash(g: &KernelGraph) -> Result<String, String> {
+    let json = graph_to_json(g, &ExportOptions::default()).map_err(|e| e.to_string())?;
+    let text = serde_json::to_string(&json).map_err(|e| e.to_string())?;
+    Ok(hex(&Sha256::digest(text.as_bytes())))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One variant's outcome.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VariantResult {
+    /// The variant.
+    pub variant: Variant,
+    /// Median µs per execution, when it ran and passed the check.
+    pub us: Option<f64>,
+    /// Why it has no time (failed check, compile error, same code as another variant…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A tuning result as the cache keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuneEntry {
+    /// The mucc that tuned (a different one ignores the entry).
+    pub mucc_version: String,
+    /// The GPU's name.
+    pub gpu: String,
+    /// Its architecture.
+    pub arch: Arch,
+    /// [`graph_hash`] of the graph.
+    pub graph_hash: String,
+    /// The fastest verified variant.
+    pub best: Variant,
+    /// Every variant tried, in order.
+    pub results: Vec<VariantResult>,
+    /// Where the graph came from when it was tuned (for people reading the cache).
+    pub source: String,
+}
+
+impl TuneEntry {
+    /// µs of `v`, if it has a time.
+    pub fn time_of(&self, v: Variant) -> Option<f64> {
+        self.results
+            .iter()
+            .find(|r| r.variant == v)
+            .and_then(|r| r.us)
+    }
+
+    /// The default variant's time over the best one's (≥ 1 when the best is faster).
+    pub fn speedup(&self) -> Option<f64> {
+        Some(self.time_of(Variant::DEFAULT)? / self.time_of(self.best)?)
+    }
+}
+
+/// The fastest variant of `results` with a time, if any.
+pub fn best_of(results: &[VariantResult]) -> Option<Variant> {
+    results
+        .iter()
+        .filter_map(|r| r.us.map(|t| (r.variant, t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(v, _)| v)
+}
+
+/// The tuning cache: `<dir>/<mucc version>/<graph hash>/<GPU name>.json`, one entry per graph
+/// and GPU. A new mucc version starts an empty folder (so its results are never mixed with an
+/// older planner's); entries survive restarts.
+#[derive(Clone, Debug)]
+pub struct TuneCache {
+    dir: PathBuf,
+}
+
+/// A GPU name as a file name.
+fn slug(gpu: &str) -> String {
+    gpu.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+impl TuneCache {
+    /// The cache under `root` (`tune/` of mucc's cache directory by default, see
+    /// [`TuneCache::default_location`]).
+    pub fn at(root: impl Into<PathBuf>) -> TuneCache {
+        TuneCache { dir: root.into() }
+    }
+
+    /// `tune/` under mucc's cache directory (`$MUCC_CACHE_DIR`, default `~/.cache/mucc`).
+    pub fn default_location() -> TuneCache {
+        TuneCache::at(super::compile::default_cache_dir().join("tune"))
+    }
+
+    /// The folder of this mucc version.
+    fn version_dir(&self) -> PathBuf {
+        self.dir.join(env!("CARGO_PKG_VERSION"))
+    }
+
+    /// Where the entry of (`hash`, `gpu`) lives.
+    pub fn path(&self, hash: &str, gpu: &str) -> PathBuf {
+        self.version_dir()
+            .join(hash)
+            .join(format!("{}.json", slug(gpu)))
+    }
+
+    /// Stores `e` (replacing an older entry of the same graph and GPU).
+    pub fn store(&self, e: &TuneEntry) -> Result<PathBuf, String> {
+        let p = self.path(&e.graph_hash, &e.gpu);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d).map_err(|err| format!("{}: {err}", d.display()))?;
+        }
+        let text = serde_json::to_string_pretty(e).map_err(|err| err.to_string())?;
+        crate::outputs::write_atomic(&p, format!("{text}\n").as_bytes())?;
+        Ok(p)
+    }
+
+    /// The entry of (`hash`, `gpu`) made by this mucc version, if any (an unreadable or foreign
+    /// entry counts as none).
+    pub fn lookup(&self, hash: &str, gpu: &str) -> Option<TuneEntry> {
+        read_entry(&self.path(hash, gpu))
+            .filter(|e| e.mucc_version == env!("CARGO_PKG_VERSION") && e.graph_hash == hash)
+    }
+
+    /// An entry of `hash` for `arch` from any GPU (for `transpile` and `build`, which run
+    /// without one): the first by GPU name, so that the choice is deterministic.
+    pub fn lookup_arch(&self, hash: &str, arch: Arch) -> Option<TuneEntry> {
+        let dir = self.version_dir().join(hash);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        files.iter().find_map(|p| {
+            read_entry(p).filter(|e| {
+                e.arch == arch
+                    && e.mucc_version == env!("CARGO_PKG_VERSION")
+                    && e.graph_hash == hash
+            })
+        })
+    }
+}
+
+fn read_entry(p: &Path) -> Option<TuneEntry> {
+    let text = std::fs::read_to_string(p).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The options to plan `g` with for `arch` (and the GPU `gpu` when there is one): `base` with
+/// the cached best variant when `cache` has one (and the entry), else `base`.
+pub fn tuned_options(
+    cache: Option<&TuneCache>,
+    g: &KernelGraph,
+    gpu: Option<&str>,
+    base: &Options,
+) -> (Options, Option<TuneEntry>) {
+    let Some(cache) = cache else {
+        return (base.clone(), None);
+    };
+    let Ok(hash) = graph_hash(g) else {
+        return (base.clone(), None);
+    };
+    let entry = match gpu {
+        Some(name) => cache.lookup(&hash, name),
+        None => cache.lookup_arch(&hash, base.target.arch),
+    };
+    match entry {
+        Some(e) if e.arch == base.target.arch => (e.best.apply(base), Some(e)),
+        _ => (base.clone(), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Target;
+
+    fn entry(hash: &str, gpu: &str, arch: Arch, best: Variant) -> TuneEntry {
+        TuneEntry {
+            mucc_version: env!("CARGO_PKG_VERSION").into(),
+            gpu: gpu.into(),
+            arch,
+            graph_hash: hash.into(),
+            best,
+            results: vec![
+                VariantResult {
+                    variant: Variant::DEFAULT,
+                    us: Some(10.0),
+                    note: None,
+                },
+                VariantResult {
+                    variant: best,
+                    us: Some(8.0),
+                    note: None,
+                },
+            ],
+            source: "test".into(),
+        }
+    }
+
+    #[test]
+    fn variants_start_with_the_default_and_are_distinct() {
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let v = variants(arch);
+            assert_eq!(v[0], Variant::DEFAULT);
+            let mut d = v.clone();
+            d.sort_by_key(|x| x.to_string());
+            d.dedup();
+            assert_eq!(d.len(), v.len(), "{arch}");
+        }
+        assert_eq!(variants(Arch::Sm80).len(), 1);
+        assert_eq!(variants(Arch::Sm90a).len(), 5);
+        // The default variant plans exactly as the default options.
+        let base = Options::for_target(Target::new(Arch::Sm90a));
+        let o = Variant::DEFAULT.apply(&base);
+        assert_eq!(
+            (o.path, o.cluster_split, o.dependent_launch),
+            (base.path, base.cluster_split, base.dependent_launch)
+        );
+        assert_eq!(Variant::DEFAULT.to_string(), "path=auto split=on pdl=off");
+    }
+
+    #[test]
+    fn cache_round_trip_keys_and_version_invalidation() {
+        let dir = std::env::temp_dir().join(format!("mucc-tune-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = TuneCache::at(&dir);
+        let fast = Variant {
+            path: VariantPath::Ampere,
+            cluster_split: false,
+            dependent_launch: false,
+        };
+        let e = entry("abc", "NVIDIA H200", Arch::Sm90a, fast);
+        let p = cache.store(&e).unwrap();
+        assert!(p.starts_with(dir.join(env!("CARGO_PKG_VERSION")).join("abc")));
+        assert_eq!(p.file_name().unwrap(), "NVIDIA_H200.json");
+        // Keyed by graph and GPU.
+        assert_eq!(cache.lookup("abc", "NVIDIA H200"), Some(e.clone()));
+        assert_eq!(cache.lookup("abc", "NVIDIA H100 80GB HBM3"), None);
+        assert_eq!(cache.lookup("abd", "NVIDIA H200"), None);
+        // Without a GPU: any entry of the graph for the architecture.
+        assert_eq!(cache.lookup_arch("abc", Arch::Sm90a), Some(e.clone()));
+        assert_eq!(cache.lookup_arch("abc", Arch::Sm80), None);
+        assert_eq!(e.speedup(), Some(10.0 / 8.0));
+        // An entry written by another mucc version is ignored, even in this version's folder.
+        let mut old = e.clone();
+        old.mucc_version = "0.0.0-old".into();
+        cache.store(&old).unwrap();
+        assert_eq!(cache.lookup("abc", "NVIDIA H200"), None);
+        assert_eq!(cache.lookup_arch("abc", Arch::Sm90a), None);
+        // A damaged entry counts as none.
+        std::fs::write(&p, "{ not json").unwrap();
+        assert_eq!(cache.lookup("abc", "NVIDIA H200"), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn best_of_takes_the_fastest_timed_variant() {
+        let a = Variant::DEFAULT;
+        let b = variants(Arch::Sm90a)[4];
+        let rs = vec![
+            VariantResult {
+                variant: a,
+                us: Some(5.0),
+                note: None,
+            },
+            VariantResult {
+                variant: b,
+                us: None,
+                note: Some("failed the check".into()),
+            },
+        ];
+        assert_eq!(best_of(&rs), Some(a));
+        assert_eq!(best_of(&rs[1..]), None);
+    }
+}
