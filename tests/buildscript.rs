@@ -285,20 +285,27 @@ fn errors_name_the_file_the_graph_and_the_step() {
     }
 }
 
-/// `cargo build -v` of the example copy in `dir`; returns whether its build script ran.
-fn build_example(dir: &Path, target: &Path) -> bool {
-    let out = Command::new(env!("CARGO"))
-        .args(["build", "-v"])
+/// `cargo build -v` of the example copy in `dir` (with `env` set); its status and stderr.
+fn cargo_build(dir: &Path, target: &Path, env: &[(&str, &Path)]) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-v"])
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", target)
-        .env_remove("MUCC_EMBED_ARCHS")
-        .output()
-        .expect("cargo runs");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(
+        .env_remove("MUCC_EMBED_ARCHS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("cargo runs");
+    (
         out.status.success(),
-        "cargo build of the example failed:\n{log}"
-    );
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `cargo build -v` of the example copy in `dir`; returns whether its build script ran.
+fn build_example(dir: &Path, target: &Path) -> bool {
+    let (ok, log) = cargo_build(dir, target, &[]);
+    assert!(ok, "cargo build of the example failed:\n{log}");
     log.lines().any(|l| {
         l.contains("Running `")
             && l.contains("mucc-rust-embed-")
@@ -367,5 +374,26 @@ fn example_crate_builds_links_and_reruns_only_when_a_graph_changes() {
     assert!(
         !build_example(&dir, &target),
         "nothing changed since: no rerun"
+    );
+
+    // nvcc fails (cc runs `$NVCC`): the build fails, naming the graph, the architecture and the
+    // step, with nvcc's own output.
+    let fake = dir.join("fake-bin/nvcc");
+    std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
+    std::fs::write(&fake, "#!/bin/sh\necho 'fake nvcc: boom' >&2\nexit 1\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (ok, log) = cargo_build(&dir, &target, &[("NVCC", &fake)]);
+    assert!(!ok, "a failing nvcc must fail the build:\n{log}");
+    assert!(
+        log.contains("(`gated_mlp`), sm_90a: compiling with nvcc failed")
+            || log.contains("(`rmsnorm`), sm_90a: compiling with nvcc failed"),
+        "{log}"
+    );
+    assert!(
+        log.contains("fake nvcc: boom"),
+        "nvcc's log is attached: {log}"
     );
 }

@@ -154,7 +154,28 @@ pub fn compile_static(
     if std::env::var_os("TARGET").is_none() {
         build.target(HOST_TARGET).host(HOST_TARGET);
     }
-    build.try_compile(library).map_err(|e| e.to_string())
+    build.try_compile(library).map_err(|e| {
+        // cc's error holds the command line, not nvcc's output: compile once more, directly, to
+        // attach it.
+        let nvcc = std::env::var_os("NVCC").map_or_else(|| nvcc.to_path_buf(), PathBuf::from);
+        let log = Command::new(&nvcc)
+            .arg(format!("-O{OPT_LEVEL}"))
+            .args(compile_flags(arch, headers))
+            .arg("-c")
+            .arg(source)
+            .arg("-o")
+            .arg(out_dir.join(format!("{library}.check.o")))
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })
+            .unwrap_or_else(|err| format!("(cannot run {}: {err})", nvcc.display()));
+        format!("{e}\nnvcc's output:\n{}", log.trim_end())
+    })
 }
 
 /// The target triple of this build of mucc, for cc outside build scripts.
