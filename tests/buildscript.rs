@@ -69,6 +69,7 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
         .arch(Arch::Sm90a)
         .out_dir(&out)
         .cargo_metadata(false)
+        .crate_id("mucc-tests")
         .compile("mucc_kernels")
         .unwrap_or_else(|e| panic!("{e}"));
 
@@ -85,12 +86,33 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
         "input0: &impl ::cudarc::driver::DevicePtr<::half::f16>,",
         "output0: &mut impl ::cudarc::driver::DevicePtrMut<::half::f16>,",
         "workspace: &mut impl ::cudarc::driver::DevicePtrMut<u8>,",
-        "fn mucc_kernels_gated_mlp_sm90a(",
-        "fn mucc_kernels_gated_mlp_sm80(",
         "(9, 0) => unsafe {",
-        "(8, _) => unsafe {",
+        "(8, 0) => unsafe {",
     ] {
         assert!(text.contains(needle), "bindings lack `{needle}`");
+    }
+    // One entry per graph and architecture, named after the library, graph and architecture
+    // and ended by a digest that sets this crate apart.
+    for g in &compiled.graphs {
+        for f in &g.files {
+            let tag = f.arch.to_string().replace('_', "");
+            let entry = &f.launch.entry;
+            assert!(
+                entry.starts_with(&format!("mucc_kernels_{}_{tag}_", g.name)),
+                "{entry}"
+            );
+            assert_eq!(&f.library, entry);
+            assert!(
+                text.contains(&format!("fn {entry}(")),
+                "bindings lack {entry}"
+            );
+            let line = format!("cargo:rustc-link-lib=static={entry}");
+            assert!(
+                compiled.cargo_lines.iter().any(|l| *l == line),
+                "no `{line}` in {:#?}",
+                compiled.cargo_lines
+            );
+        }
     }
     // rmsnorm needs no workspace: its launch takes none.
     let rms = &text[text.find("pub mod rmsnorm").unwrap()..];
@@ -100,10 +122,6 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
     for line in [
         "cargo:rerun-if-changed=../shared/corpus/mirage-benchmarks/single_gated_mlp.json",
         "cargo:rerun-if-changed=../shared/corpus/mirage-benchmarks/rmsnorm_bs1.json",
-        "cargo:rustc-link-lib=static=mucc_kernels_gated_mlp_sm80",
-        "cargo:rustc-link-lib=static=mucc_kernels_gated_mlp_sm90a",
-        "cargo:rustc-link-lib=static=mucc_kernels_rmsnorm_sm80",
-        "cargo:rustc-link-lib=static=mucc_kernels_rmsnorm_sm90a",
         "cargo:rustc-link-lib=cudart_static",
     ] {
         assert!(
@@ -137,11 +155,10 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
             );
             for step in &f.launch.steps {
                 if let mucc::emit::launch::Step::Kernel(k) = step {
-                    // The library's name, or the graph's and a digest when that is too long.
+                    // The graph's name, the architecture and the digest.
                     let tag = f.arch.to_string().replace('_', "");
                     assert!(
-                        k.name.starts_with(&format!("{}_k", f.library))
-                            || k.name.starts_with(&format!("{}_{tag}_", g.name)),
+                        k.name.starts_with(&format!("{}_{tag}_", g.name)),
                         "{}",
                         k.name
                     );
@@ -174,6 +191,7 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
         .arch(Arch::Sm90a)
         .out_dir(&out)
         .cargo_metadata(false)
+        .crate_id("mucc-tests")
         .compile("mucc_kernels")
         .unwrap();
     let after: Vec<_> = again

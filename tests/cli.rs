@@ -9,9 +9,15 @@ use std::process::{Command, Output, Stdio};
 
 use common::corpus_dir;
 
+/// Runs mucc with a cache of its own (not the developer's: a tuned variant there would change
+/// what transpile prints).
 fn mucc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_mucc"))
         .args(args)
+        .env(
+            "MUCC_CACHE_DIR",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
         .output()
         .expect("run mucc")
 }
@@ -647,4 +653,18 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
     assert!(err.contains("tuned variant path=ampere"), "{err}");
     assert!(out.contains("cluster split: none (Ampere path)"), "{out}");
     let _ = std::fs::remove_dir_all(&cache_dir);
+
+    // tune tries every variant itself: the options that pick one are refused, not ignored.
+    for extra in [
+        &["--path", "ampere"][..],
+        &["--dependent-launch"],
+        &["--no-tune"],
+    ] {
+        let mut args = vec!["tune", file.as_str()];
+        args.extend_from_slice(extra);
+        let o = mucc(&args);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains("do not apply to it"), "{err}");
+    }
 }

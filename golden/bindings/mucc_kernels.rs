@@ -121,7 +121,7 @@ fn check_buffer<T, B: ::cudarc::driver::DeviceSlice<T> + ?Sized>(
     needed: usize,
     b: &B,
     stream: &::cudarc::driver::CudaStream,
-) -> Result<(), Error> {
+) -> ::core::result::Result<(), Error> {
     if b.len() < needed {
         return Err(Error::TooSmall { graph, buffer, needed, len: b.len() });
     }
@@ -138,7 +138,7 @@ fn check_align(
     buffer: &'static str,
     ptr: ::cudarc::driver::sys::CUdeviceptr,
     align: usize,
-) -> Result<(), Error> {
+) -> ::core::result::Result<(), Error> {
     // `align` is a power of two.
     if (ptr as usize) & (align - 1) != 0 {
         return Err(Error::Misaligned { graph, buffer, align });
@@ -148,7 +148,7 @@ fn check_align(
 
 /// The result of a host entry's return value.
 #[allow(dead_code)]
-fn status(graph: &'static str, code: i32) -> Result<(), Error> {
+fn status(graph: &'static str, code: i32) -> ::core::result::Result<(), Error> {
     match code {
         0 => Ok(()),
         c if c >= CUBLAS_ERROR_BASE => Err(Error::Cublas { graph, status: c - CUBLAS_ERROR_BASE }),
@@ -182,13 +182,13 @@ pub mod gated_mlp {
     ];
 
     unsafe extern "C" {
-        fn mucc_kernels_gated_mlp_sm80(
+        fn mucc_kernels_gated_mlp_sm80_9d7edeef(
             inputs: *const *const ::core::ffi::c_void,
             outputs: *const *mut ::core::ffi::c_void,
             workspace: *mut ::core::ffi::c_void,
             stream: *mut ::core::ffi::c_void,
         ) -> i32;
-        fn mucc_kernels_gated_mlp_sm90a(
+        fn mucc_kernels_gated_mlp_sm90a_b90e2c21(
             inputs: *const *const ::core::ffi::c_void,
             outputs: *const *mut ::core::ffi::c_void,
             workspace: *mut ::core::ffi::c_void,
@@ -237,14 +237,14 @@ pub mod gated_mlp {
             // SAFETY: the buffers were checked above (element type, length, alignment,
             // context) and stay borrowed until the launch is enqueued; the entry reads the
             // pointer arrays before it returns.
-            (8, _) => unsafe {
-                mucc_kernels_gated_mlp_sm80(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
+            (8, 0) => unsafe {
+                mucc_kernels_gated_mlp_sm80_9d7edeef(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
             },
             // SAFETY: the buffers were checked above (element type, length, alignment,
             // context) and stay borrowed until the launch is enqueued; the entry reads the
             // pointer arrays before it returns.
             (9, 0) => unsafe {
-                mucc_kernels_gated_mlp_sm90a(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
+                mucc_kernels_gated_mlp_sm90a_b90e2c21(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
             },
             _ => {
                 return Err(super::Error::Unsupported { graph: NAME, major, minor, compiled: &ARCHS });
@@ -279,13 +279,13 @@ pub mod rmsnorm {
     ];
 
     unsafe extern "C" {
-        fn mucc_kernels_rmsnorm_sm80(
+        fn mucc_kernels_rmsnorm_sm80_91d93664(
             inputs: *const *const ::core::ffi::c_void,
             outputs: *const *mut ::core::ffi::c_void,
             workspace: *mut ::core::ffi::c_void,
             stream: *mut ::core::ffi::c_void,
         ) -> i32;
-        fn mucc_kernels_rmsnorm_sm90a(
+        fn mucc_kernels_rmsnorm_sm90a_5c70b0f1(
             inputs: *const *const ::core::ffi::c_void,
             outputs: *const *mut ::core::ffi::c_void,
             workspace: *mut ::core::ffi::c_void,
@@ -326,14 +326,14 @@ pub mod rmsnorm {
             // SAFETY: the buffers were checked above (element type, length, alignment,
             // context) and stay borrowed until the launch is enqueued; the entry reads the
             // pointer arrays before it returns.
-            (8, _) => unsafe {
-                mucc_kernels_rmsnorm_sm80(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
+            (8, 0) => unsafe {
+                mucc_kernels_rmsnorm_sm80_91d93664(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
             },
             // SAFETY: the buffers were checked above (element type, length, alignment,
             // context) and stay borrowed until the launch is enqueued; the entry reads the
             // pointer arrays before it returns.
             (9, 0) => unsafe {
-                mucc_kernels_rmsnorm_sm90a(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
+                mucc_kernels_rmsnorm_sm90a_5c70b0f1(inputs.as_ptr(), outputs.as_ptr(), ws, raw_stream)
             },
             _ => {
                 return Err(super::Error::Unsupported { graph: NAME, major, minor, compiled: &ARCHS });

@@ -209,11 +209,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k3_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 71696));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 71696, smem_set));
     void* const args[] = {buf.ws(0), buf.ws(1048576), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 8, 16), dim3(128, 1, 1), 71696, stream, args));
   }
@@ -221,11 +218,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k4_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k4_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 53312));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 53312, smem_set));
     void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(1048576)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 16, 1), dim3(128, 1, 1), 53312, stream, args));
   }

@@ -108,11 +108,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k4_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k4_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 57872));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 57872, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0), buf.in(3, 0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(128, 1, 1), 57872, stream, args));
   }

@@ -94,11 +94,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k2_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65552));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65552, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(128, 1, 1), 65552, stream, args));
   }

@@ -138,11 +138,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k6_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k6_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 67616));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 67616, smem_set));
     void* const args[] = {buf.out(0, 0), buf.ws(4194304), buf.ws(0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(32, 2, 1), dim3(128, 1, 1), 67616, stream, args));
   }

@@ -206,11 +206,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k3_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 139280));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 139280, smem_set));
     void* const args[] = {buf.ws(0), buf.ws(2097152), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 8, 16), dim3(128, 1, 1), 139280, stream, args));
   }

@@ -238,11 +238,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k5_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k5_customized);
-    static bool smem_set = false;
-    if (!smem_set) {
-      MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 81936));
-      smem_set = true;
-    }
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 81936, smem_set));
     void* const args[] = {buf.ws(9437184), buf.ws(0), buf.ws(4194304), buf.ws(5242880)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(128, 1, 1), 81936, stream, args));
   }

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
+#include <atomic>
+
 // mucc_execute returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
 #define MUCC_CUBLAS_ERROR_BASE 100000
 
@@ -145,9 +147,30 @@ inline cudaError_t tensor_map(CachedTensorMap& c, CUtensorMapDataType dtype, con
   return cudaSuccess;
 }
 
-// One cuBLAS handle per host thread, created on first use.
+// Devices the per-device caches below track (ordinals 0..MAX_DEVICES-1).
+constexpr int MAX_DEVICES = 64;
+
+// Raises `kernel`'s dynamic shared memory limit to `bytes` on the current device once per
+// device: `done` (one per call site) holds a bit per device already set. Safe to call from
+// several host threads at once (a race sets the attribute twice, which is harmless).
+inline cudaError_t max_dynamic_smem(const void* kernel, int bytes, std::atomic<unsigned long long>& done) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const unsigned long long bit = dev >= 0 && dev < MAX_DEVICES ? 1ull << dev : 0ull;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess && bit != 0) done.fetch_or(bit, std::memory_order_release);
+  return e;
+}
+
+// One cuBLAS handle per host thread and device (a handle belongs to the device current when it
+// was created), created on first use and kept for the thread's life.
 inline cublasStatus_t cublas_handle(cublasHandle_t* out) {
-  thread_local cublasHandle_t handle = nullptr;
+  thread_local cublasHandle_t handles[MAX_DEVICES] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) return CUBLAS_STATUS_NOT_INITIALIZED;
+  cublasHandle_t& handle = handles[dev];
   if (handle == nullptr) {
     cublasStatus_t st = cublasCreate(&handle);
     if (st != CUBLAS_STATUS_SUCCESS) {

@@ -36,8 +36,9 @@ fn capability_pattern(arch: Arch) -> &'static str {
     match arch {
         // sm_90a code runs on compute capability 9.0 only.
         Arch::Sm90a => "(9, 0)",
-        // sm_80 machine code runs on every 8.x part.
-        Arch::Sm80 => "(8, _)",
+        // sm_80 plans assume the A100's shared memory (164 KiB per SM); 8.6 and 8.9 parts
+        // have less, so they are refused (Error::Unsupported) rather than failing to launch.
+        Arch::Sm80 => "(8, 0)",
     }
 }
 
@@ -158,7 +159,7 @@ fn check_buffer<T, B: ::cudarc::driver::DeviceSlice<T> + ?Sized>(
     needed: usize,
     b: &B,
     stream: &::cudarc::driver::CudaStream,
-) -> Result<(), Error> {
+) -> ::core::result::Result<(), Error> {
     if b.len() < needed {
         return Err(Error::TooSmall { graph, buffer, needed, len: b.len() });
     }
@@ -175,7 +176,7 @@ fn check_align(
     buffer: &'static str,
     ptr: ::cudarc::driver::sys::CUdeviceptr,
     align: usize,
-) -> Result<(), Error> {
+) -> ::core::result::Result<(), Error> {
     // `align` is a power of two.
     if (ptr as usize) & (align - 1) != 0 {
         return Err(Error::Misaligned { graph, buffer, align });
@@ -185,7 +186,7 @@ fn check_align(
 
 /// The result of a host entry's return value.
 #[allow(dead_code)]
-fn status(graph: &'static str, code: i32) -> Result<(), Error> {
+fn status(graph: &'static str, code: i32) -> ::core::result::Result<(), Error> {
     match code {
         0 => Ok(()),
         c if c >= CUBLAS_ERROR_BASE => Err(Error::Cublas { graph, status: c - CUBLAS_ERROR_BASE }),

@@ -67,6 +67,7 @@ pub struct Kernels {
     out_dir: Option<PathBuf>,
     cargo_metadata: bool,
     import: ImportOptions,
+    crate_id: Option<String>,
 }
 
 impl Default for Kernels {
@@ -146,7 +147,8 @@ pub struct Compiled {
     pub cargo_lines: Vec<String>,
 }
 
-/// Whether `s` makes a Rust module name and C identifier part: `[a-z_][a-z0-9_]*`, not a Rust
+/// Whether `s` makes a Rust module name and a part of C identifiers joined with `_`:
+/// `[a-z][a-z0-9_]*` without `__` (C++ reserves such names) nor a trailing `_`, not a Rust
 /// keyword.
 fn is_module_name(s: &str) -> bool {
     const KEYWORDS: &[&str] = &[
@@ -158,10 +160,31 @@ fn is_module_name(s: &str) -> bool {
     ];
     let b = s.as_bytes();
     !b.is_empty()
-        && (b[0].is_ascii_lowercase() || (b[0] == b'_' && b.len() > 1))
+        && b[0].is_ascii_lowercase()
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+        && !s.contains("__")
+        && !s.ends_with('_')
         && !KEYWORDS.contains(&s)
+}
+
+/// The host entry (also the static library's name) and kernel prefix of graph `name` of
+/// library `lib` for architecture `tag` in crate `crate_id`. A digest of all four ends the
+/// entry and is part of the prefix, so that two crates (or two versions of one) that embed
+/// graphs under the same names link into one program; kernel names (profilers show them) keep
+/// the graph name and architecture where they fit.
+fn symbol_names(crate_id: &str, lib: &str, name: &str, tag: &str) -> (String, String) {
+    let digest = Sha256::digest(format!("{crate_id}\0{lib}\0{name}\0{tag}").as_bytes());
+    let hex: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
+    let entry = format!("{lib}_{name}_{tag}_{}", &hex[..8]);
+    let prefix = [
+        format!("{name}_{tag}_{}_", &hex[..6]),
+        format!("mucc_{hex}_"),
+    ]
+    .into_iter()
+    .find(|p| p.len() <= Symbols::MAX_KERNEL_PREFIX)
+    .unwrap_or_default();
+    (entry, prefix)
 }
 
 /// The short architecture name used in symbols (`sm90a`).
@@ -181,7 +204,25 @@ impl Kernels {
             out_dir: None,
             cargo_metadata: true,
             import: ImportOptions::default(),
+            crate_id: None,
         }
+    }
+
+    /// What sets this crate's symbols apart from another crate's in the same program that
+    /// embeds graphs under the same library and graph names (default:
+    /// `$CARGO_PKG_NAME $CARGO_PKG_VERSION`, which cargo sets for build scripts). A digest of
+    /// it, the library, graph name and architecture ends every host entry and static library
+    /// name and is part of every kernel name.
+    pub fn crate_id(mut self, id: &str) -> Kernels {
+        self.crate_id = Some(id.to_string());
+        self
+    }
+
+    fn resolved_crate_id(&self) -> String {
+        self.crate_id.clone().unwrap_or_else(|| {
+            let var = |k: &str| std::env::var(k).unwrap_or_default();
+            format!("{} {}", var("CARGO_PKG_NAME"), var("CARGO_PKG_VERSION"))
+        })
     }
 
     /// Adds graph `index` of the Mirage JSON file `file` (relative paths are relative to the
@@ -197,7 +238,8 @@ impl Kernels {
     }
 
     /// Adds a target architecture (default: sm_90a alone). With several, `launch` picks the one
-    /// of the stream's device (sm_90a on compute capability 9.0, sm_80 on 8.x).
+    /// of the stream's device (sm_90a on compute capability 9.0, sm_80 on 8.0; other devices
+    /// get `Error::Unsupported`).
     pub fn arch(mut self, arch: Arch) -> Kernels {
         if !self.archs.contains(&arch) {
             self.archs.push(arch);
@@ -414,7 +456,7 @@ impl Kernels {
     fn check_config(&self, lib: &str) -> Result<(), BuildError> {
         if !is_module_name(lib) || lib.len() > MAX_LIB_NAME {
             return Err(BuildError::Config(format!(
-                "library name `{lib}` must be [a-z_][a-z0-9_]*, not a Rust keyword, at most {MAX_LIB_NAME} characters"
+                "library name `{lib}` must be [a-z][a-z0-9_]* without `__` or a trailing `_`, not a Rust keyword, at most {MAX_LIB_NAME} characters"
             )));
         }
         if self.graphs.is_empty() {
@@ -426,7 +468,7 @@ impl Kernels {
         for g in &self.graphs {
             if !is_module_name(&g.name) || g.name.len() > MAX_GRAPH_NAME {
                 return Err(BuildError::Config(format!(
-                    "{}, graph {}: name `{}` must be [a-z_][a-z0-9_]*, not a Rust keyword, at most {MAX_GRAPH_NAME} characters",
+                    "{}, graph {}: name `{}` must be [a-z][a-z0-9_]* without `__` or a trailing `_`, not a Rust keyword, at most {MAX_GRAPH_NAME} characters",
                     g.file.display(),
                     g.index,
                     g.name
@@ -474,19 +516,7 @@ impl Kernels {
             )
         })?;
         let tag = arch_tag(arch);
-        let entry = format!("{lib}_{}_{tag}", g.name);
-        // Kernel names (profilers show them) keep as much of the entry as fits; a digest of the
-        // entry keeps them unique otherwise.
-        let digest = Sha256::digest(entry.as_bytes());
-        let hex: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
-        let prefix = [
-            format!("{entry}_"),
-            format!("{}_{tag}_{}_", g.name, &hex[..6]),
-            format!("mucc_{hex}_"),
-        ]
-        .into_iter()
-        .find(|p| p.len() <= Symbols::MAX_KERNEL_PREFIX)
-        .unwrap_or_default();
+        let (entry, prefix) = symbol_names(&self.resolved_crate_id(), lib, &g.name, &tag);
         let symbols =
             Symbols::new(&prefix, &entry).map_err(|e| err(Stage::Transpile, Some(arch), e))?;
         let opts = Options {
@@ -576,12 +606,15 @@ mod tests {
 
     #[test]
     fn module_names() {
-        for ok in ["gated_mlp", "_x", "a1", "rms_norm_2"] {
+        for ok in ["gated_mlp", "x", "a1", "rms_norm_2"] {
             assert!(is_module_name(ok), "{ok}");
         }
         for bad in [
             "",
             "_",
+            "_x",
+            "a__b",
+            "a_",
             "1a",
             "Gated",
             "gated-mlp",
@@ -595,6 +628,29 @@ mod tests {
         assert!(crate::sched::plan::is_c_identifier(
             "mucc_kernels_gated_mlp_sm90a"
         ));
+        assert!(!crate::sched::plan::is_c_identifier("mucc__x"));
+    }
+
+    #[test]
+    fn symbols_differ_between_crates_and_fit() {
+        let (e1, p1) = symbol_names("app 0.1.0", "mucc_kernels", "gated_mlp", "sm90a");
+        let (e2, p2) = symbol_names("dep 2.0.0", "mucc_kernels", "gated_mlp", "sm90a");
+        let (e3, p3) = symbol_names("app 0.1.0", "mucc_kernels", "gated_mlp", "sm80");
+        assert!(e1.starts_with("mucc_kernels_gated_mlp_sm90a_"), "{e1}");
+        assert!(p1.starts_with("gated_mlp_sm90a_"), "{p1}");
+        assert_eq!(
+            symbol_names("app 0.1.0", "mucc_kernels", "gated_mlp", "sm90a"),
+            (e1.clone(), p1.clone())
+        );
+        for (a, b) in [(&e1, &e2), (&e1, &e3), (&p1, &p2), (&p1, &p3)] {
+            assert_ne!(a, b);
+        }
+        // The longest names still make symbols: the prefix falls back to the digest alone.
+        let lib = "l".repeat(MAX_LIB_NAME);
+        let name = "g".repeat(MAX_GRAPH_NAME);
+        let (e, p) = symbol_names("x", &lib, &name, "sm90a");
+        assert!(p.starts_with("mucc_"), "{p}");
+        assert!(Symbols::new(&p, &e).is_ok(), "{e} {p}");
     }
 
     #[test]

@@ -147,6 +147,12 @@ fn tune_graph(
 
 /// Runs `mucc tune`.
 pub fn run(a: TuneArgs) -> Result<(), Failure> {
+    let p = &a.gpu.path;
+    if p.choice != mucc::sched::PathChoice::Auto || p.dependent_launch || p.no_tune {
+        return Err(Failure::User(
+            "mucc tune tries every variant of the code path itself: --path, --dependent-launch and --no-tune do not apply to it".into(),
+        ));
+    }
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;

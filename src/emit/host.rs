@@ -41,14 +41,12 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
         k.name
     ));
     if k.dynamic_smem > 48 * 1024 {
-        w.line("static bool smem_set = false;");
-        w.block("if (!smem_set)", "", |w| {
-            w.line(format!(
-                "MUCC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, {}));",
-                k.dynamic_smem
-            ));
-            w.line("smem_set = true;");
-        });
+        // Once per device, safe from several host threads (mucc::host::max_dynamic_smem).
+        w.line("static std::atomic<unsigned long long> smem_set{0};");
+        w.line(format!(
+            "MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, {}, smem_set));",
+            k.dynamic_smem
+        ));
     }
     let args: Vec<String> = k.args.iter().map(|b| address(plan, *b)).collect();
     let one_line = format!("void* const args[] = {{{}}};", args.join(", "));

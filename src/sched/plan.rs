@@ -87,14 +87,14 @@ impl Default for Symbols {
 }
 
 /// Whether `s` is a C identifier (ASCII letters, digits and `_`, not starting with a digit)
-/// that does not start with `__` or `_` and a capital (names C++ reserves).
+/// that neither holds `__` nor starts with `_` and a capital (names C++ reserves).
 pub fn is_c_identifier(s: &str) -> bool {
     let b = s.as_bytes();
     let Some(&first) = b.first() else {
         return false;
     };
     let reserved =
-        s.starts_with("__") || (first == b'_' && b.get(1).is_some_and(u8::is_ascii_uppercase));
+        s.contains("__") || (first == b'_' && b.get(1).is_some_and(u8::is_ascii_uppercase));
     !first.is_ascii_digit()
         && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
         && !reserved
@@ -104,7 +104,7 @@ impl Symbols {
     /// The longest kernel prefix.
     pub const MAX_KERNEL_PREFIX: usize = 24;
     /// The longest host entry name.
-    pub const MAX_ENTRY: usize = 64;
+    pub const MAX_ENTRY: usize = 80;
 
     /// Kernels named `{kernel_prefix}k<op>_…` and the host entry `entry`; both must make C
     /// identifiers (the prefix may be empty), the prefix of at most
