@@ -108,7 +108,7 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
             );
             let line = format!("cargo:rustc-link-lib=static={entry}");
             assert!(
-                compiled.cargo_lines.iter().any(|l| *l == line),
+                compiled.cargo_lines.contains(&line),
                 "no `{line}` in {:#?}",
                 compiled.cargo_lines
             );
