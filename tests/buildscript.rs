@@ -114,6 +114,13 @@ fn bindings_and_libraries_of_two_graphs_for_two_architectures() {
             );
         }
     }
+    // The bundled runtime headers were written under the output folder, nowhere else.
+    let headers = std::fs::read_dir(out.join("mucc/runtime-headers"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("mucc/host.h"))
+        .filter(|p| p.is_file())
+        .count();
+    assert_eq!(headers, 1);
     // rmsnorm needs no workspace: its launch takes none.
     let rms = &text[text.find("pub mod rmsnorm").unwrap()..];
     assert!(!rms.contains("workspace: &mut"));

@@ -261,8 +261,8 @@ impl Kernels {
         self
     }
 
-    /// The runtime headers folder (default: the copy embedded in mucc, installed in mucc's
-    /// cache).
+    /// The runtime headers folder (default: the copy embedded in mucc, written under
+    /// `OUT_DIR/mucc`).
     pub fn runtime_headers(mut self, dir: impl Into<PathBuf>) -> Kernels {
         self.runtime_headers = Some(dir.into());
         self
@@ -274,7 +274,8 @@ impl Kernels {
         self
     }
 
-    /// Whether to print the `cargo:` lines (default: yes; off outside build scripts).
+    /// Whether to print the `cargo:` lines on stdout (default: yes; turn it off outside build
+    /// scripts, e.g. in tests: [`Compiled::cargo_lines`] holds them either way).
     pub fn cargo_metadata(mut self, on: bool) -> Kernels {
         self.cargo_metadata = on;
         self
@@ -365,10 +366,16 @@ impl Kernels {
         } else {
             self.archs.clone()
         };
-        let headers = nvcc::runtime_headers(&NvccOptions {
-            nvcc: Some(nvcc.clone()),
-            runtime_headers: self.runtime_headers.clone(),
-        })
+        // The bundled headers go under OUT_DIR: a build script writes nowhere else.
+        let headers = match &self.runtime_headers {
+            Some(_) => nvcc::runtime_headers(&NvccOptions {
+                nvcc: Some(nvcc.clone()),
+                runtime_headers: self.runtime_headers.clone(),
+            })
+            .map_err(|e| e.to_string()),
+            None => crate::cuda::compile::install_runtime_headers(Some(&out_dir.join("mucc")))
+                .map_err(|e| e.to_string()),
+        }
         .map_err(|e| BuildError::Config(format!("runtime headers: {e}")))?;
         let lib_dir = out_dir.join("mucc").join(lib);
         std::fs::create_dir_all(&lib_dir)
