@@ -503,8 +503,12 @@ fn reduction_text(p: &KnOpPlan) -> String {
 
 fn copy_text(c: &Copy) -> String {
     match c {
-        Copy::Chunked { dim, chunk_elems } => {
-            format!("chunked copy ({chunk_elems} elements per 16 B along dim {dim})")
+        Copy::Chunked {
+            dim,
+            chunk_elems,
+            bytes,
+        } => {
+            format!("chunked copy ({chunk_elems} elements per {bytes} B along dim {dim})")
         }
         Copy::Elementwise { reason } => format!("element copy ({reason})"),
     }

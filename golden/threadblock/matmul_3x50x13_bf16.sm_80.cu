@@ -8,7 +8,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 2, 1), block (64, 1, 1), forloop 2, 1952 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 2, 1), block (64, 1, 1), forloop 2, 2288 bytes of shared memory
 // schedule - | 0,1 2 | 4
 extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
     mucc::bf16* __restrict__ out0,
@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 1616);  // s0 (tb_input_op)
+  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 1616);  // s0 (tb_input_op) x2 stages
   mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s1 (tb_input_op)
   float* s3 = reinterpret_cast<float*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
   const mucc::bf16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 300;
@@ -37,17 +37,29 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
   L2::Frag acc3;
   L2::fill(acc3, float(0.0));
   __syncthreads();
+  // software pipeline: 2 stages
+  mucc::tb::cp_async_chunks<64, 150, 2, L0, L3>(tid, s0 + 0, gi0);
+  mucc::sm80::cp_async_commit();
   for (int it = 0; it < 2; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
+    mucc::bf16* s0_cur = s0 + (it % 2) * 168;
+    mucc::sm80::cp_async_wait<0>();
     // op0 input
-    mucc::tb::copy_elems<64, 150, L0, L3>(tid, s0, gi0 + static_cast<mucc::i64>(it) * 50);
+    // issued ahead by the pipeline
     // op1 input
     mucc::tb::copy_elems<64, 650, L1, L4>(tid, s1, gi1 + static_cast<mucc::i64>(it) * 1300);
     __syncthreads();
+    {
+      const int pf = it + 1;
+      if (pf < 2) {
+        mucc::tb::cp_async_chunks<64, 150, 2, L0, L3>(tid, s0 + (pf % 2) * 168, gi0 + static_cast<mucc::i64>(pf) * 50);
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op2 matmul -> op3 accum_nored
-    L2::run(acc3, s0, s1, smem, warp, lane);
+    L2::run(acc3, s0_cur, s1, smem, warp, lane);
     __syncthreads();
   }
   L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
@@ -71,7 +83,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(64, 1, 1), 1952, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(64, 1, 1), 2288, stream, args));
   }
 
   return 0;

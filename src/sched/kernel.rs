@@ -70,7 +70,7 @@ pub(super) fn plan_kernel(
     let sched = schedule(tb, &fusion);
     let mut ops = plan_ops(tb, &fusion, kl, &ins, &outs, target);
     let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
-    demote_copies(tb, &tiles, &mut ops, target);
+    demote_copies(tb, &tiles, &mut ops);
     plan_operand_loads(tb, &tiles, &mut ops, target);
     let mut tma = if hopper {
         plan_tma(tb, &ops, &tiles, &ins)
@@ -283,7 +283,7 @@ fn plan_split(
 }
 
 /// Geometry of every tile that lives in shared memory, with the chunk sizes its accesses need:
-/// 16 bytes at chunked-copy endpoints and matmul operands and results.
+/// the copy's chunk at chunked-copy endpoints, 16 bytes at matmul operands and results.
 fn plan_tiles(
     tb: &TbGraph,
     fusion: &FusionPlan,
@@ -298,16 +298,22 @@ fn plan_tiles(
             (
                 TbOpKind::Input { .. },
                 OpPlan::Input {
-                    copy: Copy::Chunked { .. },
+                    copy: Copy::Chunked { bytes, .. },
                     ..
                 },
-            ) => min_chunk[op.outputs[0].index()] = target.max_copy_bytes,
+            ) => {
+                let m = &mut min_chunk[op.outputs[0].index()];
+                *m = (*m).max(*bytes);
+            }
             (
                 TbOpKind::Output { .. },
                 OpPlan::Output {
-                    copy: Some(Copy::Chunked { .. }),
+                    copy: Some(Copy::Chunked { bytes, .. }),
                 },
-            ) => min_chunk[op.inputs[0].index()] = target.max_copy_bytes,
+            ) => {
+                let m = &mut min_chunk[op.inputs[0].index()];
+                *m = (*m).max(*bytes);
+            }
             (TbOpKind::Matmul, _) => {
                 for &t in &op.inputs {
                     min_chunk[t.index()] = target.max_copy_bytes;
@@ -343,14 +349,9 @@ fn plan_tiles(
 }
 
 /// Chunked copies the tiles cannot serve become element copies: an output of an fp32
-/// accumulator tile converts while it copies, and a 16-byte copy needs the tile's swizzle to
-/// keep 16-byte chunks whole.
-fn demote_copies(
-    tb: &TbGraph,
-    tiles: &[Option<TileGeometry>],
-    ops: &mut [OpPlan],
-    target: &Target,
-) {
+/// accumulator tile converts while it copies, and a chunked copy needs the tile's swizzle to
+/// keep its chunks whole.
+fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan]) {
     for (h, op) in tb.ops.iter() {
         if let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) =
             (&op.kind, &mut ops[h.index()])
@@ -372,7 +373,7 @@ fn demote_copies(
         let reason = format!("the tile's swizzle keeps only {chunk}-byte chunks whole");
         match &mut ops[h.index()] {
             OpPlan::Input { copy, .. } | OpPlan::Output { copy: Some(copy) }
-                if copy.is_chunked() && chunk < target.max_copy_bytes =>
+                if copy.is_chunked() && chunk < copy.chunk_bytes() =>
             {
                 *copy = Copy::Elementwise { reason };
             }

@@ -1,9 +1,10 @@
 //! Per-operator plans: how each threadblock operator will be carried out.
 //!
-//! - **Inputs and outputs**: a 16-byte chunked copy when the tile and the DTensor share their
-//!   innermost dim, the tile's rows are a whole number of 16-byte chunks, and every row start —
-//!   DTensor strides, block offsets, per-iteration offsets — is 16-byte aligned; an element copy
-//!   otherwise (never a chunk that crosses a row end, so no read or write past a tile). In-loop
+//! - **Inputs and outputs**: a chunked copy of the widest chunk (16 bytes, else 8 or 4, at least
+//!   two elements) such that the tile and the DTensor share their innermost dim, the tile's rows
+//!   are a whole number of chunks, and every row start — DTensor strides, block offsets,
+//!   per-iteration offsets — is chunk-aligned; an element copy otherwise (never a chunk that
+//!   crosses a row end, so no read or write past a tile). In-loop
 //!   chunked inputs on targets with `cp.async` are software-pipelined; the stage count is chosen
 //!   later from the shared-memory budget.
 //! - **Accumulators** accumulate in fp32 (fp64 for fp64 and integer graphs). Element-wise kinds
@@ -33,12 +34,14 @@ use crate::target::Target;
 /// How a tile moves between global and shared memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Copy {
-    /// 16-byte chunks along `dim`.
+    /// Chunks of `bytes` bytes (16, else 8 or 4) along `dim`.
     Chunked {
         /// The shared innermost dim.
         dim: usize,
         /// Elements per chunk.
         chunk_elems: usize,
+        /// Bytes per chunk: the width of each load, store or `cp.async`.
+        bytes: usize,
     },
     /// One element at a time.
     Elementwise {
@@ -51,6 +54,14 @@ impl Copy {
     /// Whether this is a chunked copy.
     pub fn is_chunked(&self) -> bool {
         matches!(self, Copy::Chunked { .. })
+    }
+
+    /// The bytes per chunk of a chunked copy (0 for an element copy).
+    pub fn chunk_bytes(&self) -> usize {
+        match self {
+            Copy::Chunked { bytes, .. } => *bytes,
+            Copy::Elementwise { .. } => 0,
+        }
     }
 }
 
@@ -344,26 +355,68 @@ pub fn copy_plan(
     elem: usize,
     target: &Target,
 ) -> Copy {
-    let chunk = target.max_copy_bytes / elem;
-    let no = |reason: String| Copy::Elementwise { reason };
-    if chunk <= 1 {
-        return no("elements are as wide as a chunk".into());
+    // The widest chunk every row start and row end allows: 16 bytes (cp.async.cg, vector
+    // loads), else 8 or 4 (rows of 172 bf16 elements, say), as long as a chunk holds two
+    // elements or more.
+    let mut reason = String::from("elements are as wide as a chunk");
+    for bytes in [target.max_copy_bytes, 8, 4] {
+        if bytes > target.max_copy_bytes || bytes / elem <= 1 {
+            continue;
+        }
+        match chunk_fits(
+            d,
+            d_strides,
+            d_inner,
+            tile,
+            tile_inner,
+            map,
+            grid,
+            forloop_dim,
+            bytes / elem,
+            bytes,
+        ) {
+            Ok(()) => {
+                return Copy::Chunked {
+                    dim: tile_inner,
+                    chunk_elems: bytes / elem,
+                    bytes,
+                };
+            }
+            Err(why) => reason = why,
+        }
     }
+    Copy::Elementwise { reason }
+}
+
+/// Whether chunks of `chunk` elements (`bytes` bytes) serve the copy of [`copy_plan`]: `Err`
+/// says why not.
+#[allow(clippy::too_many_arguments)]
+fn chunk_fits(
+    d: &Shape,
+    d_strides: &Strides,
+    d_inner: usize,
+    tile: &Shape,
+    tile_inner: usize,
+    map: DimMap,
+    grid: [usize; 3],
+    forloop_dim: Option<usize>,
+    chunk: usize,
+    bytes: usize,
+) -> Result<(), String> {
     if d_inner != tile_inner || d_strides.0[d_inner] != 1 {
-        return no(format!(
+        return Err(format!(
             "the tile's innermost dim {tile_inner} is not the tensor's contiguous dim"
         ));
     }
     if !tile.dim(tile_inner).is_multiple_of(chunk) {
-        return no(format!(
-            "rows of {} elements are not a whole number of {}-byte chunks",
+        return Err(format!(
+            "rows of {} elements are not a whole number of {bytes}-byte chunks",
             tile.dim(tile_inner),
-            target.max_copy_bytes
         ));
     }
     for dim in 0..d.rank() {
         if dim != d_inner && tile.dim(dim) > 1 && !d_strides.0[dim].is_multiple_of(chunk) {
-            return no(format!(
+            return Err(format!(
                 "stride {} of dim {dim} is not a multiple of {chunk} elements",
                 d_strides.0[dim]
             ));
@@ -373,8 +426,8 @@ pub fn copy_plan(
         if let (true, Some(dim)) = (grid[a] > 1, map.axis(a)) {
             let off = d.dim(dim) / grid[a] * d_strides.0[dim];
             if !off.is_multiple_of(chunk) {
-                return no(format!(
-                    "block offsets along dim {dim} ({off} elements) are not chunk-aligned"
+                return Err(format!(
+                    "block offsets along dim {dim} ({off} elements) are not {bytes}-byte aligned"
                 ));
             }
         }
@@ -382,15 +435,12 @@ pub fn copy_plan(
     if let Some(f) = forloop_dim {
         let off = tile.dim(f) * d_strides.0[f];
         if !off.is_multiple_of(chunk) {
-            return no(format!(
-                "iteration offsets along dim {f} ({off} elements) are not chunk-aligned"
+            return Err(format!(
+                "iteration offsets along dim {f} ({off} elements) are not {bytes}-byte aligned"
             ));
         }
     }
-    Copy::Chunked {
-        dim: tile_inner,
-        chunk_elems: chunk,
-    }
+    Ok(())
 }
 
 /// Chooses the warp grid of a matmul C[m, n] = A[m, k]·B[k, n].
@@ -648,7 +698,8 @@ mod tests {
             c,
             Copy::Chunked {
                 dim: 1,
-                chunk_elems: 8
+                chunk_elems: 8,
+                bytes: 16
             }
         );
         // A column-major tile of a row-major tensor cannot use 16-byte chunks.
@@ -665,38 +716,52 @@ mod tests {
             &t,
         );
         assert!(!c.is_chunked());
-        // Rows of 24 fp16 elements are three chunks; rows of 20 are not whole chunks.
+        // Rows of 20 fp16 elements are not whole 16-byte chunks: 8-byte ones; rows of 21 fit none.
         let d2 = Shape::new(&[8, 4800]).unwrap();
-        let c = copy_plan(
-            &d2,
-            &d2.row_major_strides(),
-            1,
-            &Shape::new(&[8, 20]).unwrap(),
-            1,
-            DimMap::from([1, -1, -1]),
-            [240, 1, 1],
-            None,
-            2,
-            &t,
+        let rows = |n: usize, grid: usize| {
+            copy_plan(
+                &d2,
+                &d2.row_major_strides(),
+                1,
+                &Shape::new(&[8, n]).unwrap(),
+                1,
+                DimMap::from([1, -1, -1]),
+                [grid, 1, 1],
+                None,
+                2,
+                &t,
+            )
+        };
+        assert_eq!(
+            rows(20, 240),
+            Copy::Chunked {
+                dim: 1,
+                chunk_elems: 4,
+                bytes: 8
+            }
         );
+        // 4800 / 160 = 30 elements per block: rows and offsets of 4-byte chunks.
+        assert_eq!(rows(30, 160).chunk_bytes(), 4);
         assert!(
-            matches!(c, Copy::Elementwise { reason } if reason.contains("rows of 20 elements"))
+            matches!(rows(25, 192), Copy::Elementwise { reason } if reason.contains("rows of 25 elements are not a whole number of 4-byte chunks"))
         );
-        // Odd row stride of the source.
-        let d3 = Shape::new(&[8, 50]).unwrap();
-        let c = copy_plan(
-            &d3,
-            &d3.row_major_strides(),
-            1,
-            &Shape::new(&[8, 16]).unwrap(),
-            1,
-            DimMap::NONE,
-            [1, 1, 1],
-            Some(1),
-            2,
-            &t,
-        );
-        assert!(!c.is_chunked());
+        // An odd row stride of the source (50 elements: 4-byte chunks at most); 49: none.
+        for (cols, want) in [(50, 4), (49, 0)] {
+            let d3 = Shape::new(&[8, cols]).unwrap();
+            let c = copy_plan(
+                &d3,
+                &d3.row_major_strides(),
+                1,
+                &Shape::new(&[8, 16]).unwrap(),
+                1,
+                DimMap::NONE,
+                [1, 1, 1],
+                Some(1),
+                2,
+                &t,
+            );
+            assert_eq!(c.chunk_bytes(), want, "{cols}: {c:?}");
+        }
     }
 
     #[test]

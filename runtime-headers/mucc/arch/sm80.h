@@ -15,6 +15,26 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
 }
+// 8- and 4-byte global → shared copies, asynchronous (cp.async.ca: .cg takes 16 bytes only), for
+// rows that are no whole number of 16-byte chunks. Preconditions: both addresses aligned to the
+// copy's size.
+__device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+// The BYTES-byte copy (16, 8 or 4).
+template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  static_assert(BYTES == 16 || BYTES == 8 || BYTES == 4, "cp.async copies 16, 8 or 4 bytes");
+  if constexpr (BYTES == 16) {
+    cp_async_16(smem, gmem);
+  } else if constexpr (BYTES == 8) {
+    cp_async_8(smem, gmem);
+  } else {
+    cp_async_4(smem, gmem);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N groups of this thread's copies are pending.
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

@@ -17,8 +17,8 @@ template <class A> struct Same<A, A> {
 };
 
 // dst[DL(i)] = src[SL(i)] in chunks of CHUNK elements, one vector load and store per chunk.
-// Preconditions: CHUNK·sizeof(T) is the vector width (16 bytes); N a multiple of CHUNK; both
-// layouts keep each chunk contiguous and aligned (the plan's chunked copies guarantee it).
+// Preconditions: CHUNK·sizeof(T) is 16, 8 or 4 bytes; N a multiple of CHUNK; both layouts keep
+// each chunk contiguous and aligned to its size (the plan's chunked copies guarantee it).
 template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
 __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
   for_each<NT, N / CHUNK>(tid, [&](int c, int) {
@@ -27,13 +27,14 @@ __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
   });
 }
 
-// As copy_chunks, global → shared with cp.async (16-byte chunks): the copies are queued in this
-// thread's current cp.async group. Preconditions: as copy_chunks; dst in shared memory.
+// As copy_chunks, global → shared with cp.async (chunks of 16, 8 or 4 bytes): the copies are
+// queued in this thread's current cp.async group. Preconditions: as copy_chunks; dst in shared
+// memory.
 template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
 __device__ __forceinline__ void cp_async_chunks(int tid, T* dst, const T* src) {
   for_each<NT, N / CHUNK>(tid, [&](int c, int) {
     const int i = c * CHUNK;
-    sm80::cp_async_16(dst + DL::offset(i), src + SL::offset(i));
+    sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(dst + DL::offset(i), src + SL::offset(i));
   });
 }
 
