@@ -187,6 +187,12 @@ fn symbol_names(crate_id: &str, lib: &str, name: &str, tag: &str) -> (String, St
     (entry, prefix)
 }
 
+/// Whether `p` may be written into cargo lines and the bindings' comments: UTF-8 without
+/// control characters (a newline would start a line of its own there).
+fn is_plain_path(p: &Path) -> bool {
+    p.to_str().is_some_and(|s| !s.chars().any(char::is_control))
+}
+
 /// The short architecture name used in symbols (`sm90a`).
 fn arch_tag(arch: Arch) -> String {
     arch.to_string().replace('_', "")
@@ -325,13 +331,14 @@ impl Kernels {
     pub fn compile(self, lib: &str) -> Result<Compiled, BuildError> {
         let mut cargo_lines = Vec::new();
         // Printed first, so that cargo reruns the script after a failure once a file changes.
-        for g in &self.graphs {
+        // (Paths that are not plain are refused below, and never printed.)
+        for g in self.graphs.iter().filter(|g| is_plain_path(&g.file)) {
             self.emit_line(
                 &mut cargo_lines,
                 format!("cargo:rerun-if-changed={}", g.file.display()),
             );
         }
-        if let Some(d) = &self.runtime_headers {
+        if let Some(d) = self.runtime_headers.as_ref().filter(|d| is_plain_path(d)) {
             self.emit_line(
                 &mut cargo_lines,
                 format!("cargo:rerun-if-changed={}", d.display()),
@@ -470,6 +477,18 @@ impl Kernels {
             return Err(BuildError::Config(
                 "no graphs: add some with Kernels::graph(file, index, name)".into(),
             ));
+        }
+        for p in self
+            .graphs
+            .iter()
+            .map(|g| g.file.as_path())
+            .chain(self.runtime_headers.as_deref())
+        {
+            if !is_plain_path(p) {
+                return Err(BuildError::Config(format!(
+                    "path {p:?} must be UTF-8 without control characters (it is written into cargo lines and the bindings)"
+                )));
+            }
         }
         let mut seen = BTreeMap::new();
         for g in &self.graphs {
@@ -691,5 +710,16 @@ mod tests {
             .compile("Mucc-Kernels")
             .unwrap_err();
         assert!(e.to_string().contains("library name `Mucc-Kernels`"), "{e}");
+        // A path that would start a cargo line of its own is refused (and never printed).
+        let compiled = Kernels::new()
+            .graph("a.json\ncargo:rustc-link-lib=evil", 0, "x")
+            .cargo_metadata(false)
+            .compile("k");
+        let e = compiled.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("must be UTF-8 without control characters"),
+            "{e}"
+        );
     }
 }
