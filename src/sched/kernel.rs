@@ -78,8 +78,10 @@ pub(super) fn plan_kernel(
         TmaPlan::default()
     };
     pad_slots(&tma, &mut tiles);
-    let resident_blocks = resident_blocks_wanted(tb, target);
-    let smem = plan_pipeline(
+    let mut resident_blocks = resident_blocks_wanted(tb, target);
+    // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
+    let (ops_before, tma_before) = (ops.clone(), tma.clone());
+    let mut smem = plan_pipeline(
         tb,
         &fusion,
         &sched,
@@ -103,13 +105,31 @@ pub(super) fn plan_kernel(
         .into_iter()
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
-    let split = if hopper && opts.cluster_split {
+    let mut split = if hopper && opts.cluster_split {
         plan_split(tb, &fusion, &sched, &ops, &tiles, &smem, target)
     } else if hopper {
         Split::Off("cluster split turned off (tuning variant)".into())
     } else {
         Split::Off("Ampere path".into())
     };
+    if hopper && opts.cluster_split {
+        // A ring deep enough to keep one CTA per SM can cap the cluster (its CTAs must all be
+        // resident at once): a shallower ring that fits more CTAs per SM may let more SMs
+        // stream the loop. Take it when the split then launches more CTAs.
+        let ctas = |s: &Split| s.cluster().map_or(1, |c| c.ctas);
+        for r in resident_blocks + 1..=SPLIT_MAX_RESIDENT {
+            let (mut ops_r, mut tma_r) = (ops_before.clone(), tma_before.clone());
+            let Ok(smem_r) = plan_pipeline(
+                tb, &fusion, &sched, &mut ops_r, &tiles, &mut tma_r, r, target,
+            ) else {
+                break;
+            };
+            let split_r = plan_split(tb, &fusion, &sched, &ops_r, &tiles, &smem_r, target);
+            if ctas(&split_r) > ctas(&split) {
+                (ops, tma, smem, split, resident_blocks) = (ops_r, tma_r, smem_r, split_r, r);
+            }
+        }
+    }
     let mut min_blocks_per_sm = 1;
     if let Split::Cluster(c) = &split {
         // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
@@ -645,5 +665,32 @@ mod tests {
         assert_eq!(resident_blocks_wanted(&tb([128, 1, 1], 128), &t), 1);
         // 8-warp blocks already bring enough warps.
         assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 256), &t), 1);
+    }
+
+    /// A ring deep enough for one CTA per SM capped the split of decode_m8 11008×2048 at
+    /// clusters of 2 (64 CTAs on 132 SMs); a shallower one fits 3 CTAs per SM and clusters of 8.
+    #[test]
+    fn a_shallower_ring_lets_the_cluster_grow() {
+        use crate::graph::dtype::DType;
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        let g = decode_gated_linear(8, 11008, 2048, 32, 64, DType::BF16).unwrap();
+        let opts = Options::for_target(Target::new(Arch::Sm90a));
+        let p = crate::sched::plan(&g, &opts).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        let c = kp.split.cluster().expect("split");
+        assert_eq!((c.ctas, c.iters, c.resident_per_sm), (8, 8, 3));
+        assert_eq!(kp.cta.resident_blocks, 3);
+        assert!(kp.smem.total + DRIVER_SMEM_PER_BLOCK <= Target::new(Arch::Sm90a).smem_per_sm / 3);
+        // Without the split the ring keeps its depth for one CTA per SM.
+        let off = Options {
+            cluster_split: false,
+            ..opts
+        };
+        let p = crate::sched::plan(&g, &off).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        assert_eq!(kp.cta.resident_blocks, 1);
+        assert_eq!(kp.pipeline_stages(), 4);
     }
 }
