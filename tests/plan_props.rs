@@ -232,6 +232,23 @@ fn fallback_search_finds_feasible_layouts() {
         .unwrap();
         assert_eq!(z3.report.method, SolveMethod::Z3);
         assert!(matches!(fb.report.method, SolveMethod::Fallback { .. }));
+        // Z3's resource budget, not the clock, sends a graph to the fallback: the same layout
+        // on every machine.
+        let starved = SolveOptions {
+            rlimit: 1000,
+            ..SolveOptions::default()
+        };
+        let a = resolve(g, &fusion, &starved).unwrap();
+        let b = resolve(g, &fusion, &starved).unwrap();
+        assert!(
+            matches!(&a.report.method, SolveMethod::Fallback { .. }),
+            "{:?}",
+            a.report.method
+        );
+        assert_eq!(
+            (a.cost, a.report.method.clone()),
+            (b.cost, b.report.method.clone())
+        );
         assert!(fb.cost >= z3.cost, "z3 {} fallback {}", z3.cost, fb.cost);
     }
 }

@@ -127,8 +127,12 @@ pub struct LayoutPlan {
 /// Options of the solver.
 #[derive(Clone, Copy, Debug)]
 pub struct SolveOptions {
-    /// Z3's time limit.
+    /// Z3's time limit: a safety net only ([`SolveOptions::rlimit`] decides, the same on every
+    /// machine, so that the generated code does not depend on the machine's speed).
     pub timeout: Duration,
+    /// Z3's resource budget (its deterministic `rlimit` count); past it the fallback search
+    /// plans the layout. Default 5,000,000: the corpus needs at most 74,360 (qknorm_gqa_bs8).
+    pub rlimit: u32,
     /// Skip Z3 and use the fallback search (for tests and comparisons).
     pub force_fallback: bool,
 }
@@ -136,7 +140,8 @@ pub struct SolveOptions {
 impl Default for SolveOptions {
     fn default() -> Self {
         SolveOptions {
-            timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(10),
+            rlimit: 5_000_000,
             force_fallback: false,
         }
     }
@@ -552,7 +557,7 @@ pub fn resolve(
             },
         )
     } else {
-        match solve_z3(&model, opts.timeout) {
+        match solve_z3(&model, opts.timeout, opts.rlimit) {
             Z3Outcome::Sat(a) => (a, SolveMethod::Z3),
             Z3Outcome::Unsat(core) => return Err(LayoutError { conflict: core }),
             Z3Outcome::Unknown(reason) => (fallback(&model)?, SolveMethod::Fallback { reason }),
@@ -678,10 +683,12 @@ fn unsat_core(model: &Model, vars: &[Bool], timeout: Duration) -> Vec<String> {
     names
 }
 
-fn solve_z3(model: &Model, timeout: Duration) -> Z3Outcome {
+fn solve_z3(model: &Model, timeout: Duration, rlimit: u32) -> Z3Outcome {
     let opt = Optimize::new();
     let mut params = Params::new();
     params.set_u32("timeout", timeout.as_millis().min(u32::MAX as u128) as u32);
+    // The deterministic budget decides in practice; the clock is a safety net.
+    params.set_u32("rlimit", rlimit);
     opt.set_params(&params);
     let vars: Vec<Bool> = model
         .names
