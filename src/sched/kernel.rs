@@ -112,10 +112,14 @@ pub(super) fn plan_kernel(
     } else {
         Split::Off("Ampere path".into())
     };
-    if hopper && opts.cluster_split {
+    if hopper && opts.cluster_split && tb.num_blocks() * 4 <= target.typical_sms * 3 {
         // A ring deep enough to keep one CTA per SM can cap the cluster (its CTAs must all be
         // resident at once): a shallower ring that fits more CTAs per SM may let more SMs
-        // stream the loop. Take it when the split then launches more CTAs.
+        // stream the loop. Take it when the split then launches more CTAs, for grids that
+        // leave a quarter of the SMs idle or more. Measured on an H200 (docs/benchmarks.md):
+        // decode graphs of 32 and 56 blocks 0.36–0.70× the time, rmsnorm_bs8 (96 blocks)
+        // 0.80×; grids of 128 blocks mostly slower (gated_mlp 1.23×, mqa_bs1 up to 1.45×;
+        // rmsnorm_bs8 g3 gained, 0.84×: a tuning variant could take such cases).
         let ctas = |s: &Split| s.cluster().map_or(1, |c| c.ctas);
         for r in resident_blocks + 1..=SPLIT_MAX_RESIDENT {
             let (mut ops_r, mut tma_r) = (ops_before.clone(), tma_before.clone());
