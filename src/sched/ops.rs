@@ -156,6 +156,9 @@ pub enum OperandLoad {
     Ldmatrix,
     /// `ldmatrix.trans` (rows of 16 bytes along M for A, along N for B).
     LdmatrixTrans,
+    /// Two K-consecutive elements per 32-bit load (K contiguous and even, the other stride
+    /// even, 2-element chunks kept whole), where `ldmatrix` cannot serve.
+    Pairs,
     /// Element by element (the tile keeps no whole 16-byte rows in a usable direction).
     Elements,
 }
@@ -166,6 +169,7 @@ impl OperandLoad {
         match self {
             OperandLoad::Ldmatrix => "mucc::tb::Load::Ldmatrix",
             OperandLoad::LdmatrixTrans => "mucc::tb::Load::LdmatrixTrans",
+            OperandLoad::Pairs => "mucc::tb::Load::Pairs",
             OperandLoad::Elements => "mucc::tb::Load::Elements",
         }
     }
@@ -176,6 +180,7 @@ impl fmt::Display for OperandLoad {
         f.write_str(match self {
             OperandLoad::Ldmatrix => "ldmatrix",
             OperandLoad::LdmatrixTrans => "ldmatrix.trans",
+            OperandLoad::Pairs => "pair loads",
             OperandLoad::Elements => "element loads",
         })
     }
@@ -184,7 +189,9 @@ impl fmt::Display for OperandLoad {
 /// How the operands of an `m×k · k×n` tensor-core matmul load, from the geometry of their
 /// tiles: `ldmatrix` needs 16-bit elements, whole 16-byte chunks (a swizzle that moves
 /// 8-element chunks or more) along the contiguous dim, that dim's extent a multiple of 8 and
-/// the other dim's stride a multiple of 8 (K contiguous first, then `.trans`).
+/// the other dim's stride a multiple of 8 (K contiguous first, then `.trans`); otherwise
+/// 32-bit loads of K-consecutive pairs where K is contiguous and even, the other stride even
+/// and the swizzle keeps 2-element chunks whole (a 16-bit type); element loads last.
 pub fn operand_loads(
     (m, k, n): (usize, usize, usize),
     a: &TileGeometry,
@@ -214,6 +221,13 @@ pub fn operand_loads(
             OperandLoad::Ldmatrix
         } else if chunks && os == 1 && od.is_multiple_of(8) && (kd == 1 || ks.is_multiple_of(8)) {
             OperandLoad::LdmatrixTrans
+        } else if g.dtype.bytes() == 2
+            && kept(g) >= 1
+            && ks == 1
+            && kd.is_multiple_of(2)
+            && (od == 1 || os.is_multiple_of(2))
+        {
+            OperandLoad::Pairs
         } else {
             OperandLoad::Elements
         }

@@ -18,7 +18,10 @@ namespace tb {
 // stride a multiple of 8, a swizzle that moves chunks only); A and B with K contiguous load
 // plainly, A with M contiguous and B with N contiguous with `.trans`. A lane whose 16-byte row
 // lies outside the matrix points at `zero`, 16 zero bytes of shared memory (the zero page), so
-// partial MMA tiles need no masking around `ldmatrix`. Other tiles load element by element.
+// partial MMA tiles need no masking around `ldmatrix`. Tiles with K contiguous and even (the other
+// stride even, 2-element chunks kept whole) load K-consecutive pairs with one 32-bit load
+// (`Pairs`); other tiles load element by element. With M ≤ 8 the A fragment's rows 8–15 are
+// zero without a load.
 // `ldmatrix` and `mma.sync` are `.aligned`: every lane of the warp must execute the same
 // instruction together. Element loads and the zero-page selects may leave the warp diverged
 // (independent thread scheduling does not promise reconvergence), so a `__syncwarp()` precedes
@@ -33,6 +36,7 @@ struct Load {
   static constexpr int Ldmatrix = 0;
   static constexpr int LdmatrixTrans = 1;
   static constexpr int Elements = 2;
+  static constexpr int Pairs = 3;
 };
 
 template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B>
@@ -65,6 +69,15 @@ struct Mma {
                 "B cannot load by ldmatrix with this layout");
   static_assert(!b_n || (b_chunks && b_sn == 1 && N % 8 == 0 && (K == 1 || b_sk % 8 == 0)),
                 "B cannot load by ldmatrix.trans with this layout");
+  // A or B by 32-bit loads of K-consecutive pairs.
+  static constexpr bool a_pairs = LOAD_A == Load::Pairs;
+  static constexpr bool b_pairs = LOAD_B == Load::Pairs;
+  static_assert(!a_pairs || (sizeof(T) == 2 && TA::kept_chunk_log2 >= 1 && a_sk == 1 && K % 2 == 0 &&
+                             (M == 1 || a_sm % 2 == 0)),
+                "A cannot load by pairs with this layout");
+  static_assert(!b_pairs || (sizeof(T) == 2 && TB::kept_chunk_log2 >= 1 && b_sk == 1 && K % 2 == 0 &&
+                             (N == 1 || b_sn % 2 == 0)),
+                "B cannot load by pairs with this layout");
 
   __device__ __forceinline__ static void fill(Frag& f, float x) {
 #pragma unroll
@@ -86,6 +99,20 @@ struct Mma {
     const bool in = k < K && n < N;
     const T v = b[LB::offset(in ? k * static_cast<int>(N) + n : 0)];
     return in ? v : T(0.0f);
+  }
+
+  // Elements (r, c) and (r, c + 1) of A (c even) as one 32-bit word, zero outside the tile (K is
+  // even: c < K means c + 1 < K); branch-free like a_at.
+  __device__ __forceinline__ static unsigned a_pair(const T* a, int r, int c) {
+    const bool in = r < M && c < K;
+    const unsigned v = *reinterpret_cast<const unsigned*>(a + LA::offset(in ? r * static_cast<int>(K) + c : 0));
+    return in ? v : 0u;
+  }
+  // Elements (k, n) and (k + 1, n) of B (k even) as one 32-bit word.
+  __device__ __forceinline__ static unsigned b_pair(const T* b, int k, int n) {
+    const bool in = k < K && n < N;
+    const unsigned v = *reinterpret_cast<const unsigned*>(b + LB::offset(in ? k * static_cast<int>(N) + n : 0));
+    return in ? v : 0u;
   }
 
   // The shared address of element (i, j) of a tile, or of the zero page when (i, j) is outside
@@ -110,12 +137,28 @@ struct Mma {
       const int r = mb + (q & 1) * 8, c = k0 + (q >> 1) * 8 + (lane & 7);
       __syncwarp();
       sm80::ldmatrix_x4<true>(af, chunk_addr<LA, M, K>(a, zero, r, c));
+    } else if constexpr (a_pairs) {
+      const int r = mb + (lane >> 2), c = k0 + (lane & 3) * 2;
+      af[0] = a_pair(a, r, c);
+      af[2] = a_pair(a, r, c + 8);
+      if constexpr (M <= 8) {
+        af[1] = 0u;
+        af[3] = 0u;
+      } else {
+        af[1] = a_pair(a, r + 8, c);
+        af[3] = a_pair(a, r + 8, c + 8);
+      }
     } else {
       const int r = mb + (lane >> 2), c = k0 + (lane & 3) * 2;
       af[0] = sm80::pack(a_at(a, r, c), a_at(a, r, c + 1));
-      af[1] = sm80::pack(a_at(a, r + 8, c), a_at(a, r + 8, c + 1));
       af[2] = sm80::pack(a_at(a, r, c + 8), a_at(a, r, c + 9));
-      af[3] = sm80::pack(a_at(a, r + 8, c + 8), a_at(a, r + 8, c + 9));
+      if constexpr (M <= 8) {
+        af[1] = 0u;
+        af[3] = 0u;
+      } else {
+        af[1] = sm80::pack(a_at(a, r + 8, c), a_at(a, r + 8, c + 1));
+        af[3] = sm80::pack(a_at(a, r + 8, c + 8), a_at(a, r + 8, c + 9));
+      }
     }
   }
 
@@ -128,6 +171,10 @@ struct Mma {
       const int k = k0 + (lane & 15);
       __syncwarp();
       sm80::ldmatrix_x2<true>(bf, chunk_addr<LB, K, N>(b, zero, k, nb));
+    } else if constexpr (b_pairs) {
+      const int n = nb + (lane >> 2), k = k0 + (lane & 3) * 2;
+      bf[0] = b_pair(b, k, n);
+      bf[1] = b_pair(b, k + 8, n);
     } else {
       const int n = nb + (lane >> 2), k = k0 + (lane & 3) * 2;
       bf[0] = sm80::pack(b_at(b, k, n), b_at(b, k + 1, n));
