@@ -4,7 +4,6 @@ use std::io::Write;
 
 use clap::Args;
 use mucc::graph::display;
-use mucc::graph::{KernelGraph, KnOpKind};
 
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
@@ -18,42 +17,6 @@ pub struct InspectArgs {
 }
 
 /// One line describing a graph: inputs, outputs, kernels.
-fn summary(g: &KernelGraph) -> String {
-    let shapes = |ts: Vec<mucc::graph::Handle<mucc::graph::DTensor>>| {
-        ts.iter()
-            .map(|&t| {
-                let d = &g.tensors[t];
-                format!("{} {}", d.shape, d.dtype)
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let ins = shapes(g.inputs().into_iter().map(|(_, t)| t).collect());
-    let outs = shapes(g.outputs().into_iter().map(|(_, t)| t).collect());
-    let kernels: Vec<String> = g
-        .ops
-        .iter()
-        .filter_map(|(_, op)| match &op.kind {
-            KnOpKind::Input { .. } | KnOpKind::Output { .. } => None,
-            KnOpKind::Customized(tb) => Some(format!(
-                "customized[grid ({}, {}, {}), forloop {}, {} ops]",
-                tb.grid[0],
-                tb.grid[1],
-                tb.grid[2],
-                tb.forloop_range,
-                tb.ops.len()
-            )),
-            k => Some(k.name()),
-        })
-        .collect();
-    format!(
-        "inputs {ins}; outputs {outs}; {} kernel{}: {}",
-        kernels.len(),
-        if kernels.len() == 1 { "" } else { "s" },
-        kernels.join(", ")
-    )
-}
-
 /// Runs `mucc inspect`.
 pub fn run(a: InspectArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
@@ -79,7 +42,7 @@ pub fn run(a: InspectArgs) -> Result<(), Failure> {
         let lg = &file.graphs[i];
         let verdict = lg.validate();
         if detailed {
-            writeln!(out, "graph {i}: {}", summary(&lg.graph))?;
+            writeln!(out, "graph {i}: {}", display::summary(&lg.graph))?;
             for line in display::dump(&lg.graph).lines() {
                 writeln!(out, "  {line}")?;
             }
@@ -102,7 +65,7 @@ pub fn run(a: InspectArgs) -> Result<(), Failure> {
                 Ok(()) => "valid".to_string(),
                 Err(errs) => format!("INVALID: {}", errs.first()),
             };
-            writeln!(out, "graph {i}: {}; {v}", summary(&lg.graph))?;
+            writeln!(out, "graph {i}: {}; {v}", display::summary(&lg.graph))?;
         }
         if verdict.is_err() {
             invalid += 1;

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::DriverError;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
-use cudarc::driver::{DriverError, LaunchConfig, PushKernelArg};
 
 use crate::emit::launch::{
     Binding, BufferRef, CublasCompute, CudaDataType, GemmCall, LaunchPlan, Step, TensorDirective,
@@ -20,9 +20,6 @@ use crate::target::Arch;
 /// A `CUtensorMap` passed by value as a kernel parameter (`__grid_constant__`).
 #[repr(transparent)]
 struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
-
-// SAFETY: a CUtensorMap is 128 plain bytes (64-byte aligned), passed to a kernel by value.
-unsafe impl cudarc::driver::DeviceRepr for TensorMapArg {}
 
 /// Why a plan could not run.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +125,74 @@ pub struct Gpu {
 pub(crate) struct Blas {
     pub(crate) handle: cudarc::cublas::CudaBlas,
     _workspace: CudaSlice<u8>,
+    /// The workspace's device address (set again whenever the handle changes stream:
+    /// `cublasSetStream` resets it to cuBLAS's own pool, which is not capturable).
+    workspace_ptr: u64,
+    /// The address of the stream the handle is bound to now; held while a call is queued, so
+    /// that threads queueing on different streams take turns.
+    bound: std::sync::Mutex<usize>,
+}
+
+impl Blas {
+    /// Binds the handle to `stream` (and sets its workspace again) unless it is bound to it;
+    /// the guard keeps it bound until the caller has queued its call.
+    fn bind(
+        &self,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<std::sync::MutexGuard<'_, usize>, RunError> {
+        use cudarc::cublas::sys;
+        let mut bound = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        if *bound == stream as usize {
+            return Ok(bound);
+        }
+        let check = |status: sys::cublasStatus_t, what: &str| {
+            if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                Ok(())
+            } else {
+                Err(RunError::Cublas {
+                    what: what.into(),
+                    status: format!("{status:?}"),
+                })
+            }
+        };
+        // SAFETY: the handle is live; the stream is the caller's (see `Gpu::execute_raw`); the
+        // workspace lives as long as the handle.
+        unsafe {
+            check(
+                sys::cublasSetStream_v2(*self.handle.handle(), stream as sys::cudaStream_t),
+                "binding the cuBLAS handle to the caller's stream",
+            )?;
+            check(
+                sys::cublasSetWorkspace_v2(
+                    *self.handle.handle(),
+                    self.workspace_ptr as *mut std::ffi::c_void,
+                    CUBLAS_WORKSPACE_BYTES,
+                ),
+                "setting the cuBLAS workspace",
+            )?;
+        }
+        *bound = stream as usize;
+        Ok(bound)
+    }
+}
+
+/// Device addresses of buffers the caller owns (a PyTorch tensor's `data_ptr()`, say), for
+/// one execution of a plan with [`Gpu::execute_raw`].
+#[derive(Clone, Copy, Debug)]
+pub struct RawBuffers<'a> {
+    /// Input i's address, in the plan's order.
+    pub inputs: &'a [u64],
+    /// Output j's address, in the plan's order.
+    pub outputs: &'a [u64],
+    /// The workspace's address (ignored when the plan needs none).
+    pub workspace: u64,
+}
+
+/// The buffers of one execution: allocated by [`Gpu::alloc`] or the caller's.
+#[derive(Clone, Copy)]
+enum Bufs<'a> {
+    Owned(&'a Buffers),
+    Raw(RawBuffers<'a>),
 }
 
 /// Bytes of the cuBLAS workspace (what PyTorch gives cuBLAS on Hopper).
@@ -276,6 +341,8 @@ impl Gpu {
         self.blas = Some(Blas {
             handle,
             _workspace: workspace,
+            workspace_ptr: ptr,
+            bound: std::sync::Mutex::new(self.stream.cu_stream() as usize),
         });
         Ok(())
     }
@@ -448,6 +515,14 @@ impl Gpu {
             .map_err(driver(format!("copying output {j} back")))
     }
 
+    /// Waits for everything queued on the device by this process (every stream, the callers'
+    /// too).
+    pub fn ctx_synchronize(&self) -> Result<(), RunError> {
+        self.ctx.synchronize().map_err(driver(
+            "waiting for the device (a kernel faulted or a launch failed)",
+        ))
+    }
+
     /// Waits for everything queued on the stream.
     pub fn synchronize(&self) -> Result<(), RunError> {
         self.stream.synchronize().map_err(driver(
@@ -455,15 +530,15 @@ impl Gpu {
         ))
     }
 
-    /// The device address a binding denotes.
-    /// Launches `k` with programmatic stream serialisation (`cuLaunchKernelEx`): it may start
-    /// before the previous kernel on the stream ends and waits for it itself.
-    fn launch_programmatic(
+    /// Launches `k` on `stream` (`cuLaunchKernelEx`); a programmatic kernel may start before
+    /// the previous kernel on the stream ends and waits for it itself.
+    fn launch(
         &self,
         f: &CudaFunction,
         k: &crate::emit::launch::KernelLaunch,
         args: &[u64],
         maps: &[TensorMapArg],
+        stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), RunError> {
         use cudarc::driver::sys;
         let mut params: Vec<*mut std::ffi::c_void> = args
@@ -486,12 +561,11 @@ impl Gpu {
             blockDimY: k.block[1],
             blockDimZ: k.block[2],
             sharedMemBytes: k.dynamic_smem,
-            hStream: self.stream.cu_stream(),
+            hStream: stream,
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(k.programmatic),
         };
-        self.stream
-            .context()
+        self.ctx
             .bind_to_thread()
             .map_err(driver(format!("launching {}", k.name)))?;
         // SAFETY: `params` points at the kernel's arguments in order (pointers, then tensor
@@ -504,15 +578,18 @@ impl Gpu {
                 std::ptr::null_mut(),
             )
         };
-        r.result()
-            .map_err(driver(format!("launching {} (programmatic)", k.name)))
+        r.result().map_err(driver(if k.programmatic {
+            format!("launching {} (programmatic)", k.name)
+        } else {
+            format!("launching {}", k.name)
+        }))
     }
 
     /// Encodes the tensor map `m` of kernel `kernel` over the buffer its binding denotes.
     fn tensor_map(
         &self,
         prog: &Program,
-        bufs: &Buffers,
+        bufs: Bufs<'_>,
         m: &TensorMapSpec,
         kernel: &str,
     ) -> Result<TensorMapArg, RunError> {
@@ -579,22 +656,32 @@ impl Gpu {
         Ok(map)
     }
 
-    fn address(&self, prog: &Program, bufs: &Buffers, b: Binding) -> Result<u64, RunError> {
-        let base = |s: &CudaSlice<u8>| -> u64 {
-            let (p, _sync) = s.device_ptr(&self.stream);
-            p
-        };
+    fn address(&self, prog: &Program, bufs: Bufs<'_>, b: Binding) -> Result<u64, RunError> {
         let (buffer, offset) = prog.plan.resolve(b).ok_or_else(|| {
             RunError::Plan(format!("the plan binds a buffer it does not have: {b:?}"))
         })?;
-        let slice = match buffer {
-            BufferRef::Input(i) => &bufs.inputs[i],
-            BufferRef::Output(j) => &bufs.outputs[j],
-            BufferRef::Workspace => bufs.workspace.as_ref().ok_or_else(|| {
-                RunError::Plan("the plan binds the workspace but has none".into())
-            })?,
+        let missing = || RunError::Plan(format!("no buffer given for {buffer:?}"));
+        let base = match bufs {
+            Bufs::Owned(bufs) => {
+                let base = |s: &CudaSlice<u8>| -> u64 {
+                    let (p, _sync) = s.device_ptr(&self.stream);
+                    p
+                };
+                match buffer {
+                    BufferRef::Input(i) => base(bufs.inputs.get(i).ok_or_else(missing)?),
+                    BufferRef::Output(j) => base(bufs.outputs.get(j).ok_or_else(missing)?),
+                    BufferRef::Workspace => base(bufs.workspace.as_ref().ok_or_else(|| {
+                        RunError::Plan("the plan binds the workspace but has none".into())
+                    })?),
+                }
+            }
+            Bufs::Raw(r) => match buffer {
+                BufferRef::Input(i) => *r.inputs.get(i).ok_or_else(missing)?,
+                BufferRef::Output(j) => *r.outputs.get(j).ok_or_else(missing)?,
+                BufferRef::Workspace => r.workspace,
+            },
         };
-        Ok(base(slice) + offset as u64)
+        Ok(base + offset as u64)
     }
 
     /// Runs every step of `prog` and waits for each: a failure names the step that failed
@@ -606,7 +693,7 @@ impl Gpu {
                 Step::Kernel(k) => format!("kernel {} (step {} of {n})", k.name, i + 1),
                 Step::Gemm(_) => format!("a cuBLAS call (step {} of {n})", i + 1),
             };
-            self.execute_steps(prog, bufs, i..i + 1)?;
+            self.execute_steps(prog, Bufs::Owned(bufs), i..i + 1, self.stream.cu_stream())?;
             self.stream
                 .synchronize()
                 .map_err(|source| RunError::Fault { step: what, source })?;
@@ -616,14 +703,58 @@ impl Gpu {
 
     /// Queues every step of `prog` on the stream (call [`Gpu::synchronize`] to wait).
     pub fn execute(&self, prog: &Program, bufs: &Buffers) -> Result<(), RunError> {
-        self.execute_steps(prog, bufs, 0..prog.plan.steps.len())
+        self.execute_steps(
+            prog,
+            Bufs::Owned(bufs),
+            0..prog.plan.steps.len(),
+            self.stream.cu_stream(),
+        )
+    }
+
+    /// Queues every step of `prog` on `stream`, a stream of this GPU's primary context that the
+    /// caller owns (PyTorch's current stream, say), over buffers the caller owns; returns
+    /// without waiting. The queued work can be captured into a CUDA graph.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this device's primary context (or null: the legacy
+    /// default stream). Every address in `bufs` must point to device memory of this device
+    /// holding at least the plan's `alloc_bytes()` of that input or output (the workspace at
+    /// least `workspace_bytes`), laid out with the plan's strides, and stay allocated until the
+    /// queued work has finished; outputs must not overlap inputs or each other.
+    pub unsafe fn execute_raw(
+        &self,
+        prog: &Program,
+        bufs: RawBuffers<'_>,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), RunError> {
+        let plan = &prog.plan;
+        if bufs.inputs.len() != plan.inputs.len() || bufs.outputs.len() != plan.outputs.len() {
+            return Err(RunError::Plan(format!(
+                "{} inputs and {} outputs given, the plan has {} and {}",
+                bufs.inputs.len(),
+                bufs.outputs.len(),
+                plan.inputs.len(),
+                plan.outputs.len()
+            )));
+        }
+        if plan.workspace_bytes > 0 && bufs.workspace == 0 {
+            return Err(RunError::Plan(format!(
+                "the plan needs {} bytes of workspace and none was given",
+                plan.workspace_bytes
+            )));
+        }
+        if let Some(i) = bufs.inputs.iter().chain(bufs.outputs).position(|&a| a == 0) {
+            return Err(RunError::Plan(format!("buffer {i} has a null address")));
+        }
+        self.execute_steps(prog, Bufs::Raw(bufs), 0..plan.steps.len(), stream)
     }
 
     fn execute_steps(
         &self,
         prog: &Program,
-        bufs: &Buffers,
+        bufs: Bufs<'_>,
         range: std::ops::Range<usize>,
+        stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), RunError> {
         for (step, f) in prog.plan.steps[range.clone()]
             .iter()
@@ -641,42 +772,29 @@ impl Gpu {
                         .iter()
                         .map(|m| self.tensor_map(prog, bufs, m, &k.name))
                         .collect::<Result<_, _>>()?;
-                    if k.programmatic {
-                        self.launch_programmatic(f, k, &args, &maps)?;
-                        continue;
-                    }
-                    let mut launch = self.stream.launch_builder(f);
-                    for a in &args {
-                        launch.arg(a);
-                    }
-                    for m in &maps {
-                        launch.arg(m);
-                    }
-                    let cfg = LaunchConfig {
-                        grid_dim: (k.grid[0], k.grid[1], k.grid[2]),
-                        block_dim: (k.block[0], k.block[1], k.block[2]),
-                        shared_mem_bytes: k.dynamic_smem,
-                    };
-                    // SAFETY: the arguments are the kernel's pointer parameters in order, then its
-                    // tensor maps, as the emitter declared them, pointing into live buffers of
-                    // the plan's sizes.
-                    unsafe { launch.launch(cfg) }
-                        .map_err(driver(format!("launching {}", k.name)))?;
+                    self.launch(f, k, &args, &maps, stream)?;
                 }
-                (Step::Gemm(g), None) => self.gemm(prog, bufs, g)?,
+                (Step::Gemm(g), None) => self.gemm(prog, bufs, g, stream)?,
                 _ => unreachable!("functions are resolved per step in load"),
             }
         }
         Ok(())
     }
 
-    fn gemm(&self, prog: &Program, bufs: &Buffers, g: &GemmCall) -> Result<(), RunError> {
+    fn gemm(
+        &self,
+        prog: &Program,
+        bufs: Bufs<'_>,
+        g: &GemmCall,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), RunError> {
         use cudarc::cublas::sys;
-        let blas = &self
+        let b = self
             .blas
             .as_ref()
-            .expect("created in load for plans with gemms")
-            .handle;
+            .expect("created in load for plans with gemms");
+        let _bound = b.bind(stream)?;
+        let blas = &b.handle;
         let (dt, ct) = (cuda_data_type(g.data_type), compute_type(g.compute_type));
         let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
         let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =

@@ -368,6 +368,11 @@ impl GraphBuilder {
         Ok(self.push(KnOpKind::Customized(Box::new(tb.tb)), inputs, tb.outputs))
     }
 
+    /// A copy of the graph built so far, not validated (outputs may still be unmarked).
+    pub fn snapshot(&self) -> KernelGraph {
+        self.g.clone()
+    }
+
     /// Validates and returns the graph.
     pub fn build(self) -> Result<KernelGraph, ValidationErrors> {
         validate::validate(&self.g, None)?;
@@ -447,6 +452,17 @@ impl TbGraphBuilder {
     /// The threadblock graph built so far.
     pub fn graph(&self) -> &TbGraph {
         &self.tb
+    }
+
+    /// The DTensors the threadblock graph's inputs read, in `new_input` order (the operands
+    /// of its customized operator).
+    pub fn input_tensors(&self) -> Vec<Handle<DTensor>> {
+        self.inputs.iter().map(|&(t, _, _)| t).collect()
+    }
+
+    /// The element type of tile `t`, if it belongs to this graph.
+    pub fn tile_dtype(&self, t: Handle<STensor>) -> Option<DType> {
+        self.tb.tensors.try_get(t).map(|s| s.dtype)
     }
 
     /// The grid.

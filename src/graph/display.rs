@@ -106,3 +106,41 @@ fn dump_tb(
         let _ = writeln!(s, "    {line}");
     }
 }
+
+/// One line: input and output shapes and types, then the kernels (customized operators with
+/// their grid, loop and operator count).
+pub fn summary(g: &KernelGraph) -> String {
+    let shapes = |ts: Vec<crate::graph::Handle<crate::graph::DTensor>>| {
+        ts.iter()
+            .map(|&t| {
+                let d = &g.tensors[t];
+                format!("{} {}", d.shape, d.dtype)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ins = shapes(g.inputs().into_iter().map(|(_, t)| t).collect());
+    let outs = shapes(g.outputs().into_iter().map(|(_, t)| t).collect());
+    let kernels: Vec<String> = g
+        .ops
+        .iter()
+        .filter_map(|(_, op)| match &op.kind {
+            KnOpKind::Input { .. } | KnOpKind::Output { .. } => None,
+            KnOpKind::Customized(tb) => Some(format!(
+                "customized[grid ({}, {}, {}), forloop {}, {} ops]",
+                tb.grid[0],
+                tb.grid[1],
+                tb.grid[2],
+                tb.forloop_range,
+                tb.ops.len()
+            )),
+            k => Some(k.name()),
+        })
+        .collect();
+    format!(
+        "inputs {ins}; outputs {outs}; {} kernel{}: {}",
+        kernels.len(),
+        if kernels.len() == 1 { "" } else { "s" },
+        kernels.join(", ")
+    )
+}

@@ -1,0 +1,1088 @@
+//! `mucc._mucc`: the Rust half of the `mucc` Python package. The Python half (`python/mucc/`)
+//! wraps these classes in the documented API (`mucc.load`, the Mirage-style builder,
+//! `mucc.compile`, …); nothing here is meant to be called directly.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use mucc::cuda::bench::TimingOptions;
+use mucc::cuda::run::{Gpu, Program, RawBuffers};
+use mucc::cuda::session::{Session, SessionOptions};
+use mucc::cuda::{Compiler, CompilerOptions, Source};
+use mucc::emit::launch::{LaunchPlan, TensorDirective};
+use mucc::graph::SourceMap;
+use mucc::graph::interp::{self, HostTensor};
+use mucc::graph::{
+    AccumKind, BinaryOp, DType, DtypeTable, GraphBuilder, Handle, KernelGraph, Shape,
+    TbGraphBuilder, UnaryOp,
+};
+use mucc::sched::{Options, PathChoice};
+use mucc::target::{Arch, Target};
+use mucc::{ImportOptions, LoadedGraph};
+
+create_exception!(
+    _mucc,
+    MuccError,
+    PyException,
+    "Base class of mucc's errors."
+);
+create_exception!(
+    _mucc,
+    GraphError,
+    MuccError,
+    "A graph that cannot be read, built or validated; the message names the file, graph, JSON path and operator."
+);
+create_exception!(
+    _mucc,
+    CompileError,
+    MuccError,
+    "Planning, emitting or compiling a graph failed."
+);
+create_exception!(
+    _mucc,
+    CudaError,
+    MuccError,
+    "The GPU, its driver or a launch failed, or buffers do not fit the plan."
+);
+
+fn graph_err(e: impl std::fmt::Display) -> PyErr {
+    GraphError::new_err(e.to_string())
+}
+
+fn compile_err(e: impl std::fmt::Display) -> PyErr {
+    CompileError::new_err(e.to_string())
+}
+
+fn cuda_err(e: impl std::fmt::Display) -> PyErr {
+    CudaError::new_err(e.to_string())
+}
+
+fn parse_arch(arch: &str) -> PyResult<Arch> {
+    arch.parse::<Arch>()
+        .map_err(|e| PyValueError::new_err(format!("arch: {e}")))
+}
+
+fn parse_path(path: &str) -> PyResult<PathChoice> {
+    match path {
+        "auto" => Ok(PathChoice::Auto),
+        "ampere" => Ok(PathChoice::Ampere),
+        "hopper" => Ok(PathChoice::Hopper),
+        _ => Err(PyValueError::new_err(format!(
+            "path: `{path}` is none of auto, ampere, hopper"
+        ))),
+    }
+}
+
+fn parse_dtype(name: &str) -> PyResult<DType> {
+    name.parse::<DType>()
+        .map_err(|e| PyValueError::new_err(format!("dtype: {e}")))
+}
+
+/// The planning options for `arch` and `path`, with the tuning cache's variant when `tune`.
+fn options(g: &KernelGraph, arch: Arch, path: PathChoice, tune: bool) -> (Options, Option<String>) {
+    let base = Options {
+        path,
+        ..Options::for_target(Target::new(arch))
+    };
+    if !tune || path != PathChoice::Auto {
+        return (base, None);
+    }
+    let cache = mucc::cuda::tune::TuneCache::default_location();
+    let (opts, entry) = mucc::cuda::tune::tuned_options(Some(&cache), g, None, &base);
+    (
+        opts,
+        entry.map(|e| format!("{} (mucc tune on {})", e.best, e.gpu)),
+    )
+}
+
+/// (shape, strides, dtype name) of a tensor directive.
+type Spec = (Vec<usize>, Vec<usize>, String, usize);
+
+fn spec(d: &TensorDirective) -> Spec {
+    (
+        d.shape.clone(),
+        d.strides.clone(),
+        d.dtype.name().to_string(),
+        d.alloc_elems,
+    )
+}
+
+/// A µGraph: read from a file, or a snapshot of one being built.
+#[pyclass(module = "mucc", name = "Graph", frozen)]
+struct PyGraph {
+    lg: Arc<LoadedGraph>,
+    /// "FILE, graph N" or "built in Python".
+    origin: String,
+    file: Option<String>,
+    index: Option<usize>,
+}
+
+impl PyGraph {
+    fn graph(&self) -> &KernelGraph {
+        &self.lg.graph
+    }
+
+    fn validated(&self) -> PyResult<&KernelGraph> {
+        self.lg.validate().map_err(|errs| {
+            let lines: Vec<String> = errs.0.iter().map(|e| format!("  {e}")).collect();
+            GraphError::new_err(format!(
+                "{}: invalid ({} error{}):\n{}",
+                self.origin,
+                errs.0.len(),
+                if errs.0.len() == 1 { "" } else { "s" },
+                lines.join("\n")
+            ))
+        })?;
+        Ok(self.graph())
+    }
+
+    fn specs(&self, outputs: bool) -> Vec<Spec> {
+        let g = self.graph();
+        let list = if outputs { g.outputs() } else { g.inputs() };
+        list.into_iter()
+            .map(|(h, t)| {
+                let d = &g.tensors[t];
+                let strides = if outputs {
+                    match &g.ops[h].kind {
+                        mucc::graph::KnOpKind::Output { strides: Some(s) } => s.clone(),
+                        _ => d.shape.row_major_strides(),
+                    }
+                } else {
+                    g.input_strides(t)
+                        .cloned()
+                        .unwrap_or_else(|| d.shape.row_major_strides())
+                };
+                (
+                    d.shape.dims().to_vec(),
+                    strides.as_slice().to_vec(),
+                    d.dtype.name().to_string(),
+                    0,
+                )
+            })
+            .collect()
+    }
+
+    fn transpiled(
+        &self,
+        arch: &str,
+        path: &str,
+        tune: bool,
+    ) -> PyResult<(mucc::sched::GraphPlan, mucc::emit::Emitted, Option<String>)> {
+        let g = self.validated()?;
+        let (opts, tuned) = options(g, parse_arch(arch)?, parse_path(path)?, tune);
+        let (p, e) = mucc::transpile::transpile(g, &opts, &self.origin)
+            .map_err(|e| compile_err(format!("{}: {e}", self.origin)))?;
+        Ok((p, e, tuned))
+    }
+}
+
+#[pymethods]
+impl PyGraph {
+    /// Where the graph came from: "FILE, graph N" or "built in Python".
+    #[getter]
+    fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The file it was read from, if any.
+    #[getter]
+    fn file(&self) -> Option<&str> {
+        self.file.as_deref()
+    }
+
+    /// Its index in that file, if any.
+    #[getter]
+    fn index(&self) -> Option<usize> {
+        self.index
+    }
+
+    /// Graph inputs in order: (shape, strides, dtype, 0).
+    fn _input_specs(&self) -> Vec<Spec> {
+        self.specs(false)
+    }
+
+    /// Graph outputs in order: (shape, strides the graph asks for or row-major, dtype, 0).
+    fn _output_specs(&self) -> Vec<Spec> {
+        self.specs(true)
+    }
+
+    /// One line: inputs, outputs and kernels.
+    fn summary(&self) -> String {
+        mucc::graph::display::summary(self.graph())
+    }
+
+    fn __str__(&self) -> String {
+        format!("{}: {}", self.origin, self.summary())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<mucc.Graph {}>", self.origin)
+    }
+
+    /// Every operator with its shapes, then the validation verdict.
+    fn inspect(&self) -> String {
+        let g = self.graph();
+        let mut s = format!("{}: {}\n", self.origin, mucc::graph::display::summary(g));
+        for line in mucc::graph::display::dump(g).lines() {
+            s.push_str("  ");
+            s.push_str(line);
+            s.push('\n');
+        }
+        match self.lg.validate() {
+            Ok(()) => s.push_str("validation: ok\n"),
+            Err(errs) => {
+                s.push_str(&format!("validation: {} error(s)\n", errs.0.len()));
+                for e in &errs.0 {
+                    s.push_str(&format!("  {e}\n"));
+                }
+            }
+        }
+        s
+    }
+
+    /// Raises `mucc.GraphError` listing every problem, each located.
+    fn validate(&self) -> PyResult<()> {
+        self.validated().map(|_| ())
+    }
+
+    /// Mirage's JSON of the graph (one graph: an array of operators).
+    #[pyo3(signature = (dtype_table = "current"))]
+    fn to_json(&self, dtype_table: &str) -> PyResult<String> {
+        let table: DtypeTable = dtype_table
+            .parse()
+            .map_err(|e: String| PyValueError::new_err(format!("dtype_table: {e}")))?;
+        let opts = mucc::ExportOptions {
+            dtype_table: table,
+            ..Default::default()
+        };
+        let v = mucc::graph::mirage_json::graph_to_json(self.graph(), &opts)
+            .map_err(|e| graph_err(format!("{}: {e}", self.origin)))?;
+        serde_json::to_string(&v).map_err(graph_err)
+    }
+
+    /// The generated CUDA C++ for `arch`.
+    #[pyo3(signature = (arch = "sm_90a", path = "auto", tune = true))]
+    fn transpile(&self, py: Python<'_>, arch: &str, path: &str, tune: bool) -> PyResult<String> {
+        py.detach(|| self.transpiled(arch, path, tune))
+            .map(|(_, e, _)| e.source)
+    }
+
+    /// The plan for `arch` as text (what `mucc explain` prints).
+    #[pyo3(signature = (arch = "sm_90a", path = "auto", tune = true))]
+    fn explain(&self, py: Python<'_>, arch: &str, path: &str, tune: bool) -> PyResult<String> {
+        py.detach(|| {
+            let (p, _, tuned) = self.transpiled(arch, path, tune)?;
+            let mut s = mucc::explain::explain(self.graph(), &p);
+            if let Some(t) = tuned {
+                s = format!("tuned variant: {t}\n{s}");
+            }
+            Ok(s)
+        })
+    }
+
+    /// The CPU interpreter (exact f64 semantics) on `inputs`, one array-like per graph input
+    /// in order (anything `numpy.asarray` takes, of the input's shape); returns one float64
+    /// numpy array per output.
+    fn eval<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let np = py.import("numpy")?;
+        let specs = self.specs(false);
+        let mut raw = Vec::new();
+        for (i, x) in inputs.iter().enumerate() {
+            let a = np.call_method1("ascontiguousarray", (x, "float64"))?;
+            let shape: Vec<usize> = a.getattr("shape")?.extract()?;
+            if let Some((want, _, _, _)) = specs.get(i)
+                && *want != shape
+            {
+                return Err(PyValueError::new_err(format!(
+                    "{}: input {i} has shape {shape:?}, the graph expects {want:?}",
+                    self.origin
+                )));
+            }
+            raw.push(a.call_method0("tobytes")?.extract::<Vec<u8>>()?);
+        }
+        self._eval(py, raw)?
+            .into_iter()
+            .map(|(shape, bytes)| {
+                np.call_method1("frombuffer", (bytes, "float64"))?
+                    .call_method1("reshape", (shape,))?
+                    .call_method0("copy")
+            })
+            .collect()
+    }
+
+    /// The CPU interpreter (f64) on logical row-major inputs given as little-endian f64 bytes;
+    /// returns (shape, f64 bytes) per output.
+    fn _eval<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<Vec<u8>>,
+    ) -> PyResult<Vec<(Vec<usize>, Bound<'py, PyBytes>)>> {
+        let g = self.validated()?;
+        let specs = self.specs(false);
+        if inputs.len() != specs.len() {
+            return Err(PyValueError::new_err(format!(
+                "{}: the graph has {} inputs, {} were given",
+                self.origin,
+                specs.len(),
+                inputs.len()
+            )));
+        }
+        interp::estimate(g)
+            .check(g, &interp::Budget::default())
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.origin)))?;
+        let mut hosts = Vec::new();
+        for (i, (bytes, (shape, _, _, _))) in inputs.iter().zip(&specs).enumerate() {
+            let shape = Shape::new(shape).ok_or_else(|| graph_err("bad input shape"))?;
+            let n: usize = shape.dims().iter().product();
+            if bytes.len() != n * 8 {
+                return Err(PyValueError::new_err(format!(
+                    "input {i}: {} values given, shape {shape} needs {n}",
+                    bytes.len() / 8
+                )));
+            }
+            let data = bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("chunks of 8")))
+                .collect();
+            hosts.push(HostTensor {
+                shape,
+                strides: shape.row_major_strides(),
+                data,
+            });
+        }
+        let outs = py
+            .detach(|| interp::evaluate_owned(g, hosts))
+            .map_err(|e| graph_err(format!("{}: {e}", self.origin)))?;
+        Ok(outs
+            .into_iter()
+            .map(|a| {
+                let bytes: Vec<u8> = a.data.iter().flat_map(|x| x.to_le_bytes()).collect();
+                (a.shape.dims().to_vec(), PyBytes::new(py, &bytes))
+            })
+            .collect())
+    }
+}
+
+/// Reads a Mirage JSON file: every candidate graph, in file order.
+#[pyfunction]
+#[pyo3(signature = (path, dtype_table = None))]
+fn load(path: PathBuf, dtype_table: Option<&str>) -> PyResult<Vec<PyGraph>> {
+    let table = match dtype_table {
+        Some(t) => Some(
+            t.parse::<DtypeTable>()
+                .map_err(|e| PyValueError::new_err(format!("dtype_table: {e}")))?,
+        ),
+        None => None,
+    };
+    let file = mucc::read_file(
+        &path,
+        &ImportOptions {
+            dtype_table: table,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| graph_err(format!("{}: {e}", path.display())))?;
+    let name = path.display().to_string();
+    Ok(file
+        .graphs
+        .into_iter()
+        .enumerate()
+        .map(|(i, lg)| PyGraph {
+            lg: Arc::new(lg),
+            origin: format!("{name}, graph {i}"),
+            file: Some(name.clone()),
+            index: Some(i),
+        })
+        .collect())
+}
+
+fn unary_op(name: &str) -> PyResult<UnaryOp> {
+    Ok(match name {
+        "exp" => UnaryOp::Exp,
+        "square" => UnaryOp::Square,
+        "sqrt" => UnaryOp::Sqrt,
+        "silu" => UnaryOp::Silu,
+        "sigmoid" => UnaryOp::Sigmoid,
+        "gelu" => UnaryOp::Gelu,
+        "relu" => UnaryOp::Relu,
+        "log" => UnaryOp::Log,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown unary operator `{name}`"
+            )));
+        }
+    })
+}
+
+fn binary_op(name: &str) -> PyResult<BinaryOp> {
+    Ok(match name {
+        "add" => BinaryOp::Add,
+        "sub" => BinaryOp::Sub,
+        "mul" => BinaryOp::Mul,
+        "div" => BinaryOp::Div,
+        "pow" => BinaryOp::Pow,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown binary operator `{name}`"
+            )));
+        }
+    })
+}
+
+/// The kernel-graph builder behind `mucc.KNGraph`; tensors are integer handles.
+#[pyclass(module = "mucc", name = "_KernelBuilder")]
+struct KernelBuilder {
+    b: GraphBuilder,
+}
+
+type H = usize;
+
+#[pymethods]
+impl KernelBuilder {
+    #[new]
+    fn new() -> Self {
+        KernelBuilder {
+            b: GraphBuilder::new(),
+        }
+    }
+
+    #[pyo3(signature = (dims, strides, dtype))]
+    fn new_input(
+        &mut self,
+        dims: Vec<usize>,
+        strides: Option<Vec<usize>>,
+        dtype: &str,
+    ) -> PyResult<H> {
+        let dt = parse_dtype(dtype)?;
+        let h = match strides {
+            Some(s) => self.b.new_input_strided(&dims, &s, dt),
+            None => self.b.new_input(&dims, dt),
+        };
+        h.map(Handle::index).map_err(graph_err)
+    }
+
+    #[pyo3(signature = (t, strides))]
+    fn mark_output(&mut self, t: H, strides: Option<Vec<usize>>) -> PyResult<()> {
+        let t = Handle::from_index(t);
+        match strides {
+            Some(s) => self.b.mark_output_strided(t, &s),
+            None => self.b.mark_output(t),
+        }
+        .map_err(graph_err)
+    }
+
+    fn matmul(&mut self, a: H, b: H) -> PyResult<H> {
+        self.b
+            .matmul(Handle::from_index(a), Handle::from_index(b))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn unary(&mut self, op: &str, x: H) -> PyResult<H> {
+        self.b
+            .unary(unary_op(op)?, Handle::from_index(x))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn clamp(&mut self, x: H, min: f64, max: f64) -> PyResult<H> {
+        self.b
+            .clamp(Handle::from_index(x), min, max)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn mul_scalar(&mut self, x: H, s: f64) -> PyResult<H> {
+        self.b
+            .mul_scalar(Handle::from_index(x), s)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn binary(&mut self, op: &str, a: H, b: H) -> PyResult<H> {
+        self.b
+            .binary(binary_op(op)?, Handle::from_index(a), Handle::from_index(b))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn reduction(&mut self, x: H, dim: usize) -> PyResult<H> {
+        self.b
+            .reduction(Handle::from_index(x), dim)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn rms_norm(&mut self, x: H, normalized_dims: usize) -> PyResult<H> {
+        self.b
+            .rms_norm(Handle::from_index(x), normalized_dims)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn concat(&mut self, parts: Vec<H>, dim: usize) -> PyResult<H> {
+        let parts: Vec<_> = parts.into_iter().map(Handle::from_index).collect();
+        self.b
+            .concat(&parts, dim)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn shape(&self, t: H) -> PyResult<Vec<usize>> {
+        self.b
+            .shape(Handle::from_index(t))
+            .map(|s| s.dims().to_vec())
+            .ok_or_else(|| graph_err(format!("tensor {t} does not belong to this graph")))
+    }
+
+    fn dtype(&self, t: H) -> PyResult<String> {
+        self.b
+            .dtype(Handle::from_index(t))
+            .map(|d| d.name().to_string())
+            .ok_or_else(|| graph_err(format!("tensor {t} does not belong to this graph")))
+    }
+
+    /// Adds the customized operator of `tb` (which is used up) and returns its outputs.
+    fn customized(&mut self, tb: &mut TbBuilder) -> PyResult<Vec<H>> {
+        let t = tb.take()?;
+        self.b
+            .customized(t)
+            .map(|v| v.into_iter().map(Handle::index).collect())
+            .map_err(graph_err)
+    }
+
+    /// The DTensor handles the threadblock graph's inputs read, in its `new_input` order.
+    fn _tb_inputs(&self, tb: &TbBuilder) -> PyResult<Vec<H>> {
+        Ok(tb
+            .get()?
+            .input_tensors()
+            .into_iter()
+            .map(Handle::index)
+            .collect())
+    }
+
+    /// A snapshot of the graph built so far.
+    fn graph(&self) -> PyGraph {
+        PyGraph {
+            lg: Arc::new(LoadedGraph {
+                graph: self.b.snapshot(),
+                source: SourceMap::default(),
+            }),
+            origin: "graph built in Python".into(),
+            file: None,
+            index: None,
+        }
+    }
+}
+
+/// The threadblock-graph builder behind `mucc.TBGraph`; tiles are integer handles.
+#[pyclass(module = "mucc", name = "_TbBuilder")]
+struct TbBuilder {
+    tb: Option<TbGraphBuilder>,
+}
+
+impl TbBuilder {
+    fn take(&mut self) -> PyResult<TbGraphBuilder> {
+        self.tb.take().ok_or_else(used)
+    }
+
+    fn get(&self) -> PyResult<&TbGraphBuilder> {
+        self.tb.as_ref().ok_or_else(used)
+    }
+
+    fn get_mut(&mut self) -> PyResult<&mut TbGraphBuilder> {
+        self.tb.as_mut().ok_or_else(used)
+    }
+}
+
+fn used() -> PyErr {
+    graph_err("this threadblock graph was already used by customized(); build a new one")
+}
+
+fn tile(t: H) -> Handle<mucc::graph::STensor> {
+    Handle::from_index(t)
+}
+
+#[pymethods]
+impl TbBuilder {
+    #[new]
+    fn new(
+        grid: [usize; 3],
+        block: [usize; 3],
+        forloop_range: usize,
+        reduction_dimx: usize,
+    ) -> PyResult<Self> {
+        if forloop_range == 0 || reduction_dimx == 0 {
+            return Err(graph_err(format!(
+                "new_threadblock_graph: forloop_range ({forloop_range}) and reduction_dimx ({reduction_dimx}) must be positive"
+            )));
+        }
+        Ok(TbBuilder {
+            tb: Some(
+                TbGraphBuilder::new(grid, block, forloop_range).with_reduction_dimx(reduction_dimx),
+            ),
+        })
+    }
+
+    fn new_input(
+        &mut self,
+        kb: &KernelBuilder,
+        t: H,
+        imap: [i32; 3],
+        forloop_dim: i32,
+    ) -> PyResult<H> {
+        self.get_mut()?
+            .new_input(&kb.b, Handle::from_index(t), imap, forloop_dim)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn new_output(&mut self, s: H, omap: [i32; 3], forloop_dim: i32) -> PyResult<()> {
+        if forloop_dim >= 0 {
+            return Err(graph_err(format!(
+                "tb_output_op: forloop_dim {forloop_dim}: outputs written every iteration are not supported by mucc (only -1: written once after the loop)"
+            )));
+        }
+        self.get_mut()?.new_output(tile(s), omap).map_err(graph_err)
+    }
+
+    fn matmul(&mut self, a: H, b: H) -> PyResult<H> {
+        self.get_mut()?
+            .matmul(tile(a), tile(b))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn unary(&mut self, op: &str, x: H) -> PyResult<H> {
+        let op = unary_op(op)?;
+        self.get_mut()?
+            .unary(op, tile(x))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn clamp(&mut self, x: H, min: f64, max: f64) -> PyResult<H> {
+        self.get_mut()?
+            .clamp(tile(x), min, max)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn mul_scalar(&mut self, x: H, s: f64) -> PyResult<H> {
+        self.get_mut()?
+            .mul_scalar(tile(x), s)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn binary(&mut self, op: &str, a: H, b: H) -> PyResult<H> {
+        let op = binary_op(op)?;
+        self.get_mut()?
+            .binary(op, tile(a), tile(b))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn reduction(&mut self, x: H, dim: usize) -> PyResult<H> {
+        self.get_mut()?
+            .reduction(tile(x), dim)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn reduction_to_dimx(&mut self, x: H, dim: usize) -> PyResult<H> {
+        self.get_mut()?
+            .reduction_to_dimx(tile(x), dim)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn reduction_max(&mut self, x: H, dim: usize) -> PyResult<(H, H)> {
+        self.get_mut()?
+            .reduction_max(tile(x), dim)
+            .map(|(a, b)| (a.index(), b.index()))
+            .map_err(graph_err)
+    }
+
+    fn rms_norm(&mut self, x: H) -> PyResult<H> {
+        self.get_mut()?
+            .rms_norm(tile(x))
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn concat(&mut self, a: H, b: H, dim: usize) -> PyResult<H> {
+        self.get_mut()?
+            .concat(tile(a), tile(b), dim)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    #[pyo3(signature = (x, acc = None))]
+    fn forloop_accum(&mut self, x: H, acc: Option<&str>) -> PyResult<H> {
+        let kind = match acc {
+            None => AccumKind::Nored,
+            Some("sum") => AccumKind::RedLdSum,
+            Some("mean") => AccumKind::RedLdMean,
+            Some("rms") => AccumKind::RedLdRms,
+            Some("sum_todimx") => AccumKind::RedtoxLdSum,
+            Some(o) => {
+                return Err(PyValueError::new_err(format!(
+                    "forloop_accum: acc `{o}` is none of None, 'sum', 'mean', 'rms', 'sum_todimx'"
+                )));
+            }
+        };
+        self.get_mut()?
+            .forloop_accum(tile(x), kind)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    #[pyo3(signature = (x, rescale, acc = None))]
+    fn forloop_accum_rescale(&mut self, x: H, rescale: H, acc: Option<&str>) -> PyResult<H> {
+        let kind = match acc {
+            None => AccumKind::NoredRescale,
+            Some("sum") => AccumKind::RedLdSumRescale,
+            Some(o) => {
+                return Err(PyValueError::new_err(format!(
+                    "forloop_accum_rescale: acc `{o}` is none of None, 'sum'"
+                )));
+            }
+        };
+        self.get_mut()?
+            .forloop_accum_rescale(tile(x), tile(rescale), kind)
+            .map(Handle::index)
+            .map_err(graph_err)
+    }
+
+    fn tile_shape(&self, s: H) -> PyResult<Vec<usize>> {
+        self.get()?
+            .tile_shape(tile(s))
+            .map(|s| s.dims().to_vec())
+            .ok_or_else(|| {
+                graph_err(format!(
+                    "tile {s} does not belong to this threadblock graph"
+                ))
+            })
+    }
+
+    fn tile_dtype(&self, s: H) -> PyResult<String> {
+        self.get()?
+            .tile_dtype(tile(s))
+            .map(|d| d.name().to_string())
+            .ok_or_else(|| {
+                graph_err(format!(
+                    "tile {s} does not belong to this threadblock graph"
+                ))
+            })
+    }
+}
+
+/// A graph compiled for one GPU: launches on caller-owned buffers and streams.
+#[pyclass(module = "mucc", name = "_Kernel", unsendable)]
+struct Kernel {
+    gpu: Gpu,
+    prog: Program,
+    source: String,
+    explain: String,
+    origin: String,
+    device: usize,
+    tuned: Option<String>,
+}
+
+#[pymethods]
+impl Kernel {
+    /// Inputs in order: (shape, strides, dtype, elements to allocate).
+    #[getter]
+    fn input_specs(&self) -> Vec<Spec> {
+        self.plan().inputs.iter().map(spec).collect()
+    }
+
+    /// Outputs in order: (shape, strides, dtype, elements to allocate).
+    #[getter]
+    fn output_specs(&self) -> Vec<Spec> {
+        self.plan().outputs.iter().map(spec).collect()
+    }
+
+    /// Bytes of device workspace one execution needs.
+    #[getter]
+    fn workspace_bytes(&self) -> usize {
+        self.plan().workspace_bytes
+    }
+
+    /// The CUDA device ordinal.
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The target (`sm_80`, `sm_90a`).
+    #[getter]
+    fn arch(&self) -> &'static str {
+        self.gpu.arch.name()
+    }
+
+    /// The GPU's name.
+    #[getter]
+    fn gpu_name(&self) -> &str {
+        &self.gpu.name
+    }
+
+    /// The generated CUDA C++.
+    #[getter]
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The plan as text.
+    #[getter]
+    fn explain(&self) -> &str {
+        &self.explain
+    }
+
+    /// Where the graph came from.
+    #[getter]
+    fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The tuned variant applied, if any.
+    #[getter]
+    fn tuned(&self) -> Option<&str> {
+        self.tuned.as_deref()
+    }
+
+    /// Kernels and cuBLAS calls per execution.
+    #[getter]
+    fn steps(&self) -> usize {
+        self.plan().steps.len()
+    }
+
+    /// Queues one execution on `stream` (a `CUstream` address; 0: the legacy default stream)
+    /// over device addresses the caller owns (checked by the Python wrapper against the specs).
+    fn _launch(
+        &self,
+        inputs: Vec<u64>,
+        outputs: Vec<u64>,
+        workspace: u64,
+        stream: usize,
+    ) -> PyResult<()> {
+        let bufs = RawBuffers {
+            inputs: &inputs,
+            outputs: &outputs,
+            workspace,
+        };
+        // SAFETY: the Python wrapper passes the addresses of live CUDA tensors of this device,
+        // of the plan's shapes, strides and sizes (outputs distinct, freshly allocated or
+        // checked `out=` tensors), kept alive by the caller's stream-ordered allocator, and the
+        // address of a stream of the device's primary context (PyTorch's current stream).
+        unsafe {
+            self.gpu
+                .execute_raw(&self.prog, bufs, stream as cudarc::driver::sys::CUstream)
+        }
+        .map_err(cuda_err)
+    }
+
+    /// Waits for the GPU's work (for errors that surface only when the work ends).
+    fn _synchronize(&self) -> PyResult<()> {
+        self.gpu.ctx_synchronize().map_err(cuda_err)
+    }
+}
+
+impl Kernel {
+    fn plan(&self) -> &LaunchPlan {
+        self.prog.plan()
+    }
+}
+
+fn open_gpu(device: usize) -> PyResult<Gpu> {
+    Gpu::open(device).map_err(cuda_err)
+}
+
+/// Validates, plans, emits and compiles `graph` (NVRTC, disk cache) for GPU `device`.
+#[pyfunction]
+#[pyo3(signature = (graph, device = 0, tune = true, path = "auto"))]
+fn compile(
+    py: Python<'_>,
+    graph: &PyGraph,
+    device: usize,
+    tune: bool,
+    path: &str,
+) -> PyResult<Kernel> {
+    let path = parse_path(path)?;
+    py.detach(|| {
+        let g = graph.validated()?;
+        let mut gpu = open_gpu(device)?;
+        let (opts, tuned) = options(g, gpu.arch, path, tune);
+        let (p, e) = mucc::transpile::transpile(g, &opts, &graph.origin)
+            .map_err(|e| compile_err(format!("{}: {e}", graph.origin)))?;
+        let compiler = Compiler::new(CompilerOptions::default()).map_err(compile_err)?;
+        let name = mucc::emit::cxx::comment_safe(&format!("{}.{}.cu", graph.origin, gpu.arch));
+        let cubin = compiler
+            .compile(&Source {
+                path: &name,
+                text: &e.source,
+                arch: gpu.arch,
+            })
+            .map_err(|e| compile_err(format!("{}: {e}", graph.origin)))?;
+        let prog = gpu.load(&cubin.bytes, &e.launch).map_err(cuda_err)?;
+        Ok(Kernel {
+            explain: mucc::explain::explain(g, &p),
+            source: e.source,
+            gpu,
+            prog,
+            origin: graph.origin.clone(),
+            device,
+            tuned,
+        })
+    })
+}
+
+/// Checks every graph of `graphs` on the GPU and times those that pass; returns (index, µs or
+/// None, note) per graph, fastest verified first. Without `reference` each graph is checked
+/// against the interpreter's evaluation of itself; with it, against the evaluation of
+/// `reference` on the same inputs (so a candidate passes only if it computes that graph).
+#[pyfunction]
+#[pyo3(signature = (graphs, reference = None, device = 0, tune = true, seed = 1, scale = 1.0))]
+fn _bench(
+    py: Python<'_>,
+    graphs: Vec<PyRef<'_, PyGraph>>,
+    reference: Option<PyRef<'_, PyGraph>>,
+    device: usize,
+    tune: bool,
+    seed: u64,
+    scale: f64,
+) -> PyResult<Vec<(usize, Option<f64>, String)>> {
+    use rayon::prelude::*;
+    let lgs: Vec<(String, Arc<LoadedGraph>)> = graphs
+        .iter()
+        .map(|g| (g.origin.clone(), g.lg.clone()))
+        .collect();
+    let reference = match &reference {
+        Some(r) => Some((r.origin.clone(), r.validated()?.clone())),
+        None => None,
+    };
+    py.detach(move || {
+        let mut s = Session::open(&SessionOptions {
+            device,
+            no_tune: !tune,
+            ..Default::default()
+        })
+        .map_err(cuda_err)?;
+        let budget = interp::Budget::default();
+        let shared = match &reference {
+            Some((origin, g)) => Some(
+                mucc::cuda::session::inputs_and_reference(g, seed, scale, &budget)
+                    .map_err(|e| graph_err(format!("{origin}: {e}")))?,
+            ),
+            None => None,
+        };
+        // Validate, transpile and compile on all cores; draw each graph's own reference when
+        // there is no shared one.
+        let prepared: Vec<_> = lgs
+            .par_iter()
+            .enumerate()
+            .map(|(i, (origin, lg))| {
+                lg.validate()
+                    .map_err(|e| format!("{origin}: invalid: {}", e.first()))?;
+                let own = match shared {
+                    Some(_) => None,
+                    None => Some(
+                        mucc::cuda::session::inputs_and_reference(&lg.graph, seed, scale, &budget)
+                            .map_err(|e| format!("{origin}: {e}"))?,
+                    ),
+                };
+                let (opts, _) = mucc::cuda::tune::tuned_options(
+                    s.tune.as_ref(),
+                    &lg.graph,
+                    Some(&s.gpu.name),
+                    &s.opts,
+                );
+                let (emitted, cubin, _) = s
+                    .compile_with(&lg.graph, origin, i, &opts)
+                    .map_err(|e| format!("{origin}: {e}"))?;
+                Ok::<_, String>((emitted, cubin, own))
+            })
+            .collect();
+        let mut rows = Vec::new();
+        for (i, p) in prepared.into_iter().enumerate() {
+            let row = match p {
+                Err(e) => (i, None, e),
+                Ok((emitted, cubin, own)) => {
+                    let drawn = own.as_ref().or(shared.as_ref()).expect("one reference");
+                    match s.measure(
+                        &emitted,
+                        &cubin,
+                        &lgs[i].1.graph,
+                        &drawn.inputs,
+                        Some(drawn),
+                        &TimingOptions::default(),
+                    ) {
+                        Ok(m) if m.passed() => (i, Some(m.timing.median_us), "verified".into()),
+                        Ok(_) => (
+                            i,
+                            None,
+                            if reference.is_some() {
+                                "its outputs differ from the reference graph's".into()
+                            } else {
+                                "failed the check against the interpreter".into()
+                            },
+                        ),
+                        Err(e) => (i, None, e),
+                    }
+                }
+            };
+            rows.push(row);
+        }
+        rows.sort_by(|a, b| match (a.1, b.1) {
+            (Some(x), Some(y)) => x.total_cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => a.0.cmp(&b.0),
+        });
+        Ok(rows)
+    })
+}
+
+/// Whether a CUDA driver library can be loaded on this machine.
+#[pyfunction]
+fn driver_available() -> bool {
+    mucc::cuda::run::driver_available()
+}
+
+/// The NVRTC version mucc compiles with, if NVRTC can be loaded.
+#[pyfunction]
+fn nvrtc_version() -> Option<(i32, i32)> {
+    Compiler::new(CompilerOptions::default())
+        .ok()
+        .map(|c| c.nvrtc_version())
+}
+
+#[pymodule]
+fn _mucc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("MuccError", py.get_type::<MuccError>())?;
+    m.add("GraphError", py.get_type::<GraphError>())?;
+    m.add("CompileError", py.get_type::<CompileError>())?;
+    m.add("CudaError", py.get_type::<CudaError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyGraph>()?;
+    m.add_class::<KernelBuilder>()?;
+    m.add_class::<TbBuilder>()?;
+    m.add_class::<Kernel>()?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(_bench, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_available, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_version, m)?)?;
+    Ok(())
+}
