@@ -29,8 +29,8 @@ nvcc --version | tail -1
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings (mucc and its Python extension)"
+cargo clippy --workspace --all-targets -- -D warnings
 
 step "corpus compile check: 604 graphs x {sm_80, sm_90a} through nvcc and NVRTC (cached)"
 # Its own step so that its figures (transpile and compile times, registers, spills) are printed;
@@ -48,3 +48,13 @@ step "cargo test --release"
 start=$(date +%s)
 cargo test --release
 echo "tests took $(( $(date +%s) - start )) s"
+
+step "Python package: pip install ./python into a virtual environment, then pytest"
+# maturin builds the extension in this workspace's target/ (reusing what cargo test built).
+start=$(date +%s)
+venv="target/pyvenv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ./python
+"$venv/bin/python" -c "import mucc; print(mucc.load('../shared/corpus/mirage-benchmarks/lora.json')[0])"
+"$venv/bin/pytest" -q python/tests
+echo "Python package took $(( $(date +%s) - start )) s"

@@ -12,3 +12,8 @@ def corpus() -> pathlib.Path:
     if not (CORPUS / "lora.json").exists():
         pytest.fail(f"the benchmark corpus is not at {CORPUS} (set MUCC_CORPUS)")
     return CORPUS
+
+# mirage_scripts.py sits beside the tests.
+import sys  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
