@@ -16,6 +16,15 @@ from ._dtypes import as_dtype, dtype, float16, from_mucc_name
 __all__ = ["KNGraph", "TBGraph", "DTensor", "STensor", "new_kernel_graph", "new_threadblock_graph"]
 
 
+def row_major(shape: Sequence[int]) -> list[int]:
+    """Row-major element strides of ``shape``."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
 def _triple(x: Sequence[int], what: str) -> list[int]:
     v = [int(i) for i in x]
     if len(v) != 3:
@@ -226,11 +235,7 @@ class KNGraph:
         ``strides`` (default: row-major, recorded explicitly as Mirage does)."""
         h = self._t(A)
         if strides is None:
-            st, acc = [], 1
-            for n in reversed(A.shape):
-                st.append(acc)
-                acc *= n
-            strides = st[::-1]
+            strides = row_major(A.shape)
         self._b.mark_output(h, [int(s) for s in strides])
 
     def matmul(self, A: DTensor, B: DTensor) -> DTensor:

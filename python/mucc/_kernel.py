@@ -7,6 +7,7 @@ import sys
 from typing import Any, Sequence
 
 from . import _mucc
+from ._builder import row_major
 from ._dtypes import convert_dtype_to_torch_type
 
 __all__ = ["Kernel", "compile", "best", "Optimized"]
@@ -128,7 +129,7 @@ class Kernel:
             raise ValueError(f"{what} is on device {dev}, the kernel was compiled for "
                              f"cuda:{self.device}")
         if not _strides_match(shape, strides, want_strides):
-            hint = " (pass .contiguous())" if list(want_strides) == _row_major(want_shape) else ""
+            hint = " (pass .contiguous())" if list(want_strides) == row_major(want_shape) else ""
             raise ValueError(f"{what} has strides {_shape_str(strides)}, the graph expects "
                              f"{_shape_str(want_strides)}{hint}")
         if ptr % _ALIGN:
@@ -240,19 +241,11 @@ def _cai_facts(cai: dict, want: str) -> tuple[int, tuple, tuple, bool, str]:
     dt = np.dtype(typestr)
     shape = tuple(cai["shape"])
     if cai.get("strides") is None:
-        strides = tuple(_row_major(shape))
+        strides = tuple(row_major(shape))
     else:
         strides = tuple(s // dt.itemsize for s in cai["strides"])
     ok = want in _NUMPY and dt == np.dtype(_NUMPY[want])
     return int(cai["data"][0]), shape, strides, ok, str(dt)
-
-
-def _row_major(shape: Sequence[int]) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= n
-    return out[::-1]
 
 
 def compile(graph: Any, device: int | None = None, tune: bool = True,
