@@ -54,7 +54,11 @@ step "Python package: pip install ./python into a virtual environment, then pyte
 start=$(date +%s)
 venv="target/pyvenv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ./python
+"$venv/bin/pip" install -q --disable-pip-version-check pytest numpy mypy ./python
 "$venv/bin/python" -c "import mucc; print(mucc.load('../shared/corpus/mirage-benchmarks/lora.json')[0])"
 "$venv/bin/pytest" -q python/tests
+# The package is typed (py.typed): its sources type-check, and the extension's stub
+# (mucc/_mucc.pyi) matches what the extension exports.
+"$venv/bin/python" -m mypy --ignore-missing-imports python/mucc
+"$venv/bin/python" -m mypy.stubtest mucc._mucc
 echo "Python package took $(( $(date +%s) - start )) s"

@@ -20,8 +20,8 @@ class dtype:  # noqa: N801 - Mirage's name
     def __init__(self, name: str) -> None:
         if name not in _MIRAGE_TO_MUCC:
             raise ValueError(f"unknown dtype {name!r} (known: {', '.join(_MIRAGE_TO_MUCC)})")
-        self.name = name
-        self.mucc_name = _MIRAGE_TO_MUCC[name]
+        self.name: str = name
+        self.mucc_name: str = _MIRAGE_TO_MUCC[name]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, dtype) and other.name == self.name

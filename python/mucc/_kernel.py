@@ -12,6 +12,9 @@ from ._dtypes import convert_dtype_to_torch_type
 
 __all__ = ["Kernel", "compile", "best", "Optimized"]
 
+# (shape, strides in elements, mucc dtype name, elements to allocate) of an input or output.
+_Spec = tuple[list[int], list[int], str, int]
+
 _ALIGN = 16  # bytes: the generated kernels copy 16-byte chunks and TMA needs aligned bases
 
 
@@ -53,11 +56,12 @@ class Kernel:
 
     def __init__(self, raw: "_mucc._Kernel") -> None:
         self._raw = raw
-        self._in = [tuple(s) for s in raw.input_specs]
-        self._out = [tuple(s) for s in raw.output_specs]
+        self._in: list[_Spec] = list(raw.input_specs)
+        self._out: list[_Spec] = list(raw.output_specs)
         self._ws_bytes = raw.workspace_bytes
         self._ws: dict[int, Any] = {}
         self._torch_dtypes: list[Any] | None = None
+        self._facts: _TorchFacts | None = None
 
     # Facts about the compiled graph.
     @property
@@ -110,9 +114,10 @@ class Kernel:
         if len(inputs) != len(self._in):
             raise ValueError(f"{self._raw.origin}: the graph has {len(self._in)} inputs, "
                              f"{len(inputs)} were given")
+        torch = sys.modules.get("torch")
         first = inputs[0] if inputs else None
-        if first is not None and hasattr(first, "__cuda_array_interface__") and \
-                type(first).__module__.split(".")[0] != "torch":
+        if (torch is None or not isinstance(first, torch.Tensor)) and first is not None and \
+                hasattr(first, "__cuda_array_interface__"):
             return self._call_cai(inputs, out, stream)
         return self._call_torch(inputs, out, stream)
 
@@ -136,63 +141,97 @@ class Kernel:
             raise ValueError(f"{what}: its address {ptr:#x} is not {_ALIGN}-byte aligned (a view "
                              f"into another tensor?); pass .clone()")
 
+    def _torch_facts(self, torch: Any) -> "_TorchFacts":
+        if self._facts is None:
+            self._facts = _TorchFacts(torch, self)
+        return self._facts
+
+    def _checked_tensor(self, torch: Any, i: int, kind: str, t: Any) -> Any:
+        """The slow path of one argument: conversion from ``__dlpack__`` and every check with
+        its message. Returns the tensor when it passes (say, a size-1 dim's stride differs)."""
+        spec = (self._in + self._out)[i if kind == "input" else len(self._in) + i]
+        if not isinstance(t, torch.Tensor):
+            if kind == "input" and hasattr(t, "__dlpack__"):
+                t = torch.from_dlpack(t)
+            else:
+                raise TypeError(f"{self._raw.origin}: {kind} {i} is a {type(t).__name__}, "
+                                "not a tensor (torch, __dlpack__ or __cuda_array_interface__)")
+        if not t.is_cuda:
+            raise ValueError(f"{self._raw.origin}: {kind} {i} is on {t.device}, not a CUDA "
+                             "device")
+        want = self._tdt()[i if kind == "input" else len(self._in) + i]
+        self._check(i, kind, spec, tuple(t.shape), t.stride(), t.dtype == want, str(t.dtype),
+                    t.data_ptr(), t.device.index)
+        return t
+
     def _call_torch(self, inputs: Sequence[Any], out: Sequence[Any] | None,
                     stream: Any) -> list[Any]:
-        import torch
-
-        tdt = self._tdt()
+        torch: Any = sys.modules.get("torch")
+        if torch is None:
+            import torch as imported
+            torch = imported
+        f = self._torch_facts(torch)
+        tensor, dev = torch.Tensor, self._raw.device
+        # The fast path compares each argument with its precomputed facts in one expression;
+        # anything off (or not a torch tensor) takes the slow path, which converts or raises
+        # the located error.
         ptrs = []
-        for i, (t, spec) in enumerate(zip(inputs, self._in)):
-            if not isinstance(t, torch.Tensor):
-                if hasattr(t, "__dlpack__"):
-                    t = torch.from_dlpack(t)
-                else:
-                    raise TypeError(f"{self._raw.origin}: input {i} is a {type(t).__name__}, "
-                                    "not a tensor (torch, __dlpack__ or __cuda_array_interface__)")
-            if not t.is_cuda:
-                raise ValueError(f"{self._raw.origin}: input {i} is on {t.device}, not a CUDA "
-                                 "device")
-            self._check(i, "input", spec, tuple(t.shape), t.stride(), t.dtype == tdt[i],
-                        str(t.dtype), t.data_ptr(), t.device.index)
-            ptrs.append(t.data_ptr())
-        dev = torch.device("cuda", self.device)
+        for i, t in enumerate(inputs):
+            shape, strides, dt, _ = f.facts[i]
+            if not (isinstance(t, tensor) and t.dtype is dt and t.shape == shape
+                    and t.get_device() == dev and t.stride() == strides):
+                t = self._checked_tensor(torch, i, "input", t)
+            p = t.data_ptr()
+            if p % _ALIGN:
+                self._checked_tensor(torch, i, "input", t)
+            ptrs.append(p)
+        n_in = len(ptrs)
         if out is None:
-            outs = []
-            for j, (shape, strides, _, alloc) in enumerate(self._out):
-                flat = torch.empty(max(alloc, 1), dtype=tdt[len(self._in) + j], device=dev)
-                outs.append(flat.as_strided(shape, strides))
+            outs = [f.alloc(j) for j in range(len(self._out))]
         else:
             outs = list(out)
             if len(outs) != len(self._out):
                 raise ValueError(f"{self._raw.origin}: out= has {len(outs)} tensors, the graph "
                                  f"has {len(self._out)} outputs")
-            for j, (t, spec) in enumerate(zip(outs, self._out)):
-                self._check(j, "output", spec, tuple(t.shape), t.stride(),
-                            t.dtype == tdt[len(self._in) + j], str(t.dtype), t.data_ptr(),
-                            t.device.index)
-                room = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
-                if room < spec[3] * t.element_size():
-                    raise ValueError(f"{self._raw.origin}: output {j} has room for "
-                                     f"{room // t.element_size()} elements, the plan writes "
-                                     f"{spec[3]}")
+            for j, t in enumerate(outs):
+                shape, strides, dt, roomy = f.facts[n_in + j]
+                if not (isinstance(t, tensor) and t.dtype is dt and t.shape == shape
+                        and t.get_device() == dev and t.stride() == strides):
+                    self._checked_tensor(torch, j, "output", t)
+                if t.data_ptr() % _ALIGN:
+                    self._checked_tensor(torch, j, "output", t)
+                if not roomy:
+                    # The plan writes past the span of the output's shape and strides: the
+                    # storage must have that room.
+                    alloc = self._out[j][3]
+                    room = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+                    if room < alloc * t.element_size():
+                        raise ValueError(f"{self._raw.origin}: output {j} has room for "
+                                         f"{room // t.element_size()} elements, the plan writes "
+                                         f"{alloc}")
         if stream is None:
-            s = torch.cuda.current_stream(dev).cuda_stream
+            s = f.current_stream(dev)
         else:
-            s = getattr(stream, "cuda_stream", stream)
+            s = int(getattr(stream, "cuda_stream", stream))
         ws = 0
         if self._ws_bytes:
             buf = self._ws.get(s)
             if buf is None:
-                buf = torch.empty(self._ws_bytes, dtype=torch.uint8, device=dev)
+                buf = torch.empty(self._ws_bytes, dtype=torch.uint8,
+                                  device=torch.device("cuda", dev))
                 self._ws[s] = buf
             ws = buf.data_ptr()
-        self._raw._launch(ptrs, [o.data_ptr() for o in outs], ws, int(s))
+        self._raw._launch(ptrs, [o.data_ptr() for o in outs], ws, s)
         return outs
 
     def _call_cai(self, inputs: Sequence[Any], out: Sequence[Any] | None,
                   stream: Any) -> list[Any]:
         import numpy as np
 
+        if self._ws_bytes:
+            raise TypeError(f"{self._raw.origin}: this graph needs a {self._ws_bytes}-byte "
+                            "workspace, which mucc allocates through torch; call it with torch "
+                            "tensors")
         ptrs = []
         for i, (t, spec) in enumerate(zip(inputs, self._in)):
             cai = getattr(t, "__cuda_array_interface__", None)
@@ -207,11 +246,11 @@ class Kernel:
                 raise TypeError(f"{self._raw.origin}: pass out= to receive the outputs (mucc "
                                 f"allocates outputs with torch or cupy only)")
             outs = []
-            for shape, strides, dt, alloc in self._out:
+            for oshape, ostrides, dt, alloc in self._out:
                 npdt = np.dtype(_NUMPY[dt])
                 flat = lib.empty(max(alloc, 1), dtype=npdt)
                 outs.append(lib.lib.stride_tricks.as_strided(
-                    flat, shape=shape, strides=[s * npdt.itemsize for s in strides]))
+                    flat, shape=oshape, strides=[s * npdt.itemsize for s in ostrides]))
         else:
             outs = list(out)
         optrs = []
@@ -219,14 +258,53 @@ class Kernel:
             ptr, shape, strides, ok, name = _cai_facts(t.__cuda_array_interface__, spec[2])
             self._check(j, "output", spec, shape, strides, ok, name, ptr, self.device)
             optrs.append(ptr)
-        s = 0 if stream is None else int(getattr(stream, "ptr", stream))
-        ws = 0
-        if self._ws_bytes:
-            raise TypeError(f"{self._raw.origin}: this graph needs a {self._ws_bytes}-byte "
-                            "workspace, which mucc allocates through torch; call it with torch "
-                            "tensors")
-        self._raw._launch(ptrs, optrs, ws, s)
+        if stream is None:
+            # CuPy's current stream when CuPy is loaded, else the legacy default stream.
+            cp = sys.modules.get("cupy")
+            s = int(cp.cuda.get_current_stream().ptr) if cp is not None else 0
+        else:
+            s = int(getattr(stream, "ptr", stream))
+        self._raw._launch(ptrs, optrs, 0, s)
         return outs
+
+
+class _TorchFacts:
+    """What one call compares torch arguments with, computed once per kernel: per input and
+    output (torch.Size, strides, torch dtype, whether the plan writes only within the span of
+    that shape and those strides), the output allocators and the current-stream query."""
+
+    def __init__(self, torch: Any, k: Kernel) -> None:
+        tdt = k._tdt()
+        self.facts: list[tuple[Any, tuple[int, ...], Any, bool]] = []
+        for (shape, strides, _, alloc), dt in zip(k._in + k._out, tdt):
+            span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+            self.facts.append((torch.Size(shape), tuple(strides), dt, alloc <= span))
+        self._dev = torch.device("cuda", k.device)
+        self._outs = k._out
+        self._odt = tdt[len(k._in):]
+        self._torch = torch
+        # torch's own raw-stream query (what its compiled code calls) when present: one C call
+        # instead of building a torch.cuda.Stream object per call.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            self.current_stream = raw
+        else:
+            self.current_stream = lambda d: torch.cuda.current_stream(d).cuda_stream
+
+    def alloc(self, j: int) -> Any:
+        shape, strides, _, alloc = self._outs[j]
+        dt = self._odt[j]
+        if list(strides) == row_major(shape) and alloc == _numel(shape):
+            return self._torch.empty(shape, dtype=dt, device=self._dev)
+        flat = self._torch.empty(max(alloc, 1), dtype=dt, device=self._dev)
+        return flat.as_strided(shape, strides)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
 
 
 _NUMPY = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "u8": "uint8",
@@ -308,6 +386,10 @@ class Optimized:
         return f"<mucc.Optimized {self.graph.origin}>"
 
 
+def _index_or(index: int | None, default: int) -> int:
+    return default if index is None else index
+
+
 _SUPEROPTIMIZED: dict[tuple[str, str, int], Optimized] = {}
 
 
@@ -343,7 +425,7 @@ def superoptimize(kn: Any, previous_checkpoint: str | None, backend: str, verbos
         raise _mucc.MuccError(f"superoptimize: no candidate of {previous_checkpoint} computes "
                               f"this graph on the GPU ({notes})")
     winner = same[rows[0][0]]
-    rows = [(same[i].index if same[i].index is not None else i, us, n) for i, us, n in rows]
+    rows = [(_index_or(same[i].index, i), us, n) for i, us, n in rows]
     if verbose:
         print(f"mucc: fastest: {winner.origin} ({rows[0][1]:.2f} us)", file=sys.stderr)
     opt = Optimized(compile(winner, dev), winner, rows)

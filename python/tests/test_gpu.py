@@ -47,12 +47,12 @@ def rel_err(got, want):
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-def small_gated(mi=mucc, dtype=None):
-    """(silu(X) * Y) @ W with X, Y (8, 256), W (256, 128): one customized operator."""
+def small_gated(mi=mucc, dtype=None, m=8):
+    """(silu(X) * Y) @ W with X, Y (m, 256), W (256, 128): one customized operator."""
     dtype = dtype or mi.bfloat16
     g = mi.new_kernel_graph()
-    X = g.new_input(dims=(8, 256), dtype=dtype)
-    Y = g.new_input(dims=(8, 256), dtype=dtype)
+    X = g.new_input(dims=(m, 256), dtype=dtype)
+    Y = g.new_input(dims=(m, 256), dtype=dtype)
     W = g.new_input(dims=(256, 128), dtype=dtype)
     tb = mi.new_threadblock_graph((4, 1, 1), (128, 1, 1), 4, 64)
     tX = tb.new_input(X, (-1, -1, -1), 1)
@@ -107,6 +107,47 @@ def test_shape_dtype_stride_device_alignment_errors():
         k(x, y)
     with raises(ValueError, match="CUDA"):
         k(x.cpu(), y, w)
+
+
+def test_arguments_off_the_fast_path():
+    # Each call compares its arguments with precomputed facts; whatever differs goes through
+    # the full check, which accepts what is equivalent and rejects the rest by name.
+    k = mucc.compile(small_gated())
+    x, y, w = inputs()
+    want = torch_gated(x, y, w)
+    # A size-1 dim's stride is never stepped over: an expanded row is accepted.
+    row = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    one = mucc.compile(small_gated(m=1))
+    narrow = torch.empty_strided((1, 256), (1, 1), device="cuda", dtype=torch.bfloat16)
+    narrow.copy_(row)
+    (o1,) = one(narrow, row, w)
+    (o2,) = one(row, row, w)
+    assert torch.equal(o1, o2)
+    # Parameters (a tensor subclass) and objects exporting __dlpack__ are inputs too.
+    (o,) = k(torch.nn.Parameter(x, requires_grad=False), y, w)
+    assert rel_err(o, want) < 1e-2
+
+    class Exported:
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, **kw):
+            return self.t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    (o,) = k(Exported(x), y, w)
+    assert rel_err(o, want) < 1e-2
+    # out= tensors are checked like inputs.
+    with raises(ValueError, match="output 0 has shape"):
+        k(x, y, w, out=[torch.empty(8, 64, device="cuda", dtype=torch.bfloat16)])
+    with raises(TypeError, match="output 0 has dtype"):
+        k(x, y, w, out=[torch.empty(8, 128, device="cuda", dtype=torch.float32)])
+    with raises(TypeError, match="output 0 is a list"):
+        k(x, y, w, out=[[0.0]])
+    with raises(ValueError, match="out= has 2"):
+        k(x, y, w, out=[want, want])
 
 
 def test_side_stream_and_cuda_graph_capture():
