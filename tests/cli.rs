@@ -104,6 +104,8 @@ fn eval_all_reports_agreement() {
         "{out}"
     );
     assert!(out.contains("candidates agree: yes"), "{out}");
+    // stderr is a pipe here: no progress bar.
+    assert!(err.is_empty(), "{err:?}");
     // Same seed, same numbers.
     let again = mucc(&["eval", &corpus("lora.json"), "--graph", "2", "--seed", "3"]);
     let line = |s: &str| {
@@ -462,6 +464,136 @@ fn bench_refuses_to_overwrite_its_json_report() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("exists; pass --force"), "{err}");
     assert_eq!(std::fs::read_to_string(&report).unwrap(), "keep me");
+}
+
+#[test]
+fn bench_checks_its_svg_chart_path_before_touching_the_gpu() {
+    // Every refusal comes before the GPU is opened, so these hold with or without one.
+    let lora = corpus("lora.json");
+    let chart = tmp("bench_chart.svg");
+    std::fs::write(&chart, "keep me").unwrap();
+    let c = chart.to_string_lossy().into_owned();
+    let o = mucc(&["bench", &lora, "--all", "--svg", &c]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        format!("error: {c} exists; pass --force to overwrite it\n")
+    );
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(std::fs::read_to_string(&chart).unwrap(), "keep me");
+
+    let missing = tmp("no-such-dir").join("chart.svg");
+    let _ = std::fs::remove_dir_all(missing.parent().unwrap());
+    let m = missing.to_string_lossy().into_owned();
+    let o = mucc(&["bench", &lora, "--svg", &m, "--force"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot write {m}: the directory {} does not exist",
+            missing.parent().unwrap().display()
+        )),
+        "{err}"
+    );
+
+    let o = mucc(&["bench", &lora, "--svg", &lora, "--force"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("mucc never writes over its input"), "{err}");
+
+    let both = tmp("bench_both.out").to_string_lossy().into_owned();
+    let o = mucc(&["bench", &lora, "--json-out", &both, "--svg", &both]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("are the same file"), "{err}");
+}
+
+/// Runs mucc with stderr on a new pseudo-terminal (stdout stays a pipe); returns the exit code,
+/// stdout, and what reached the terminal.
+#[cfg(target_os = "linux")]
+fn mucc_on_a_terminal(args: &[&str]) -> (Option<i32>, String, String) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    let size = libc::winsize {
+        ws_row: 40,
+        ws_col: 160,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty stores two new descriptors in `master` and `slave`, owned below.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are open and owned by nothing else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let child = {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mucc"));
+        cmd.args(args)
+            .env(
+                "MUCC_CACHE_DIR",
+                std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(slave));
+        cmd.spawn().expect("run mucc")
+        // `cmd`, and with it this process's copy of the terminal's slave side, is dropped here,
+        // so reading the master side ends when mucc exits.
+    };
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::from(master);
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Linux answers EIO once the slave side is closed.
+        while let Ok(n) = f.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    let o = child.wait_with_output().expect("wait for mucc");
+    let terminal = reader.join().expect("read the terminal");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        terminal,
+    )
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn eval_all_draws_a_progress_bar_only_on_a_terminal_and_keeps_stdout_clean() {
+    let args = ["eval", &corpus("lora.json"), "--all", "--seed", "3"];
+    let (code, out, terminal) = mucc_on_a_terminal(&args);
+    assert_eq!(code, Some(0), "{terminal}");
+    // The bar (4 graphs, the current one named) was drawn on the terminal and cleared.
+    assert!(terminal.contains("/4 graphs"), "{terminal:?}");
+    assert!(terminal.contains("graph "), "{terminal:?}");
+    // stdout has exactly the lines of a run without a terminal.
+    let piped = mucc(&args);
+    let (plain, err) = text(&piped);
+    assert!(err.is_empty(), "{err:?}");
+    let strip = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| l.split(" (").next().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(strip(&out), strip(&plain));
+    assert_eq!(
+        out.matches("output 0: shape [16, 4096]").count(),
+        4,
+        "{out}"
+    );
 }
 
 #[test]

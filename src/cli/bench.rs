@@ -4,7 +4,10 @@
 //! rotated so that the working set exceeds twice the L2 cache), achieved GB/s (input bytes
 //! read once plus output bytes written once, over the time) and TFLOP/s (matrix products), and
 //! the ratio to the floor from the bandwidth and matrix rate measured once per run. The fastest
-//! graph that ran cleanly (and passed `--check`, when given) is marked.
+//! graph that ran cleanly (and passed `--check`, when given) is marked. `--svg FILE` also draws
+//! every candidate (µs against ×floor) into an SVG chart ([`chart`]).
+
+mod chart;
 
 use std::io::Write;
 use std::time::Instant;
@@ -63,7 +66,12 @@ pub struct BenchArgs {
     /// Also write the JSON document to this file (the table still goes to stdout).
     #[arg(long, value_name = "FILE")]
     json_out: Option<std::path::PathBuf>,
-    /// Overwrite the `--json-out` file if it exists.
+    /// Also draw every candidate into this SVG chart: x = median µs, y = time over the floor,
+    /// one marker per candidate labelled with its graph index, the fastest in red, unverified
+    /// ones hollow; failed and unverified ones are listed below the plot with their reasons.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<std::path::PathBuf>,
+    /// Overwrite the `--json-out` or `--svg` file if it exists.
     #[arg(long)]
     force: bool,
     #[command(flatten)]
@@ -153,11 +161,16 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
-    if let Some(p) = &a.json_out {
-        super::out::check(std::slice::from_ref(p), &[a.input.file.as_path()], a.force)?;
-    }
+    // The files written at the end are checked now, before any GPU work.
+    let outputs: Vec<std::path::PathBuf> = a.json_out.iter().chain(&a.svg).cloned().collect();
+    super::out::check(&outputs, &[a.input.file.as_path()], a.force)?;
     let mut session = super::gpu::open(&a.gpu)?;
     let name = a.input.file.display().to_string();
+    let bar = super::progress::bar(
+        indices.len() as u64,
+        "graphs",
+        format!("compiling {} graphs", indices.len()),
+    );
     let t0 = Instant::now();
     let prepared = session.prepare(
         &file,
@@ -179,6 +192,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
         .collect();
     dtypes.sort();
     dtypes.dedup();
+    bar.set_message("measuring the GPU's ceilings");
     let ceilings = session
         .gpu
         .measure_ceilings(&dtypes)
@@ -186,11 +200,14 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let mut rows = Vec::new();
     let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
+        bar.set_message(format!("graph {i}"));
         let result = prep
             .map_err(|e| e.to_string())
             .and_then(|p| measure(&mut session, &p, &a, &file.graphs[i].graph, &mut cache));
         rows.push(Row { graph: i, result });
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     let fastest = rows
         .iter()
         .filter_map(|r| r.result.as_ref().ok().map(|m| (r.graph, m)))
@@ -207,6 +224,11 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     if let Some(p) = &a.json_out {
         super::out::write(p, format!("{text}\n"))?;
     }
+    if let Some(p) = &a.svg {
+        let svg = svg_chart(&a, &session, &ceilings, &rows, fastest)
+            .map_err(|e| Failure::User(format!("{}: {e}", p.display())))?;
+        super::out::write(p, svg)?;
+    }
     if a.json {
         writeln!(out, "{text}")?;
     } else {
@@ -220,10 +242,82 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
             prepare_seconds,
         )?;
     }
+    if let (Some(p), false) = (&a.svg, a.json) {
+        writeln!(out, "chart: {}", p.display())?;
+    }
     if failed > 0 {
         return Err(Failure::Quiet);
     }
     Ok(())
+}
+
+/// Why a graph that ran may not be the fastest (empty when it may).
+fn problems(m: &Measured) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(c) = &m.check
+        && !c.iter().all(Comparison::passed)
+    {
+        let worst = c.iter().map(|c| c.rel_l2).fold(0.0, f64::max);
+        v.push(format!("CHECK FAILED (rel err {worst:.1e})"));
+    }
+    if !m.finite {
+        v.push("NON-FINITE OUTPUT".into());
+    }
+    v
+}
+
+/// The `--svg` chart of the rows.
+fn svg_chart(
+    a: &BenchArgs,
+    session: &Session,
+    ceilings: &Ceilings,
+    rows: &[Row],
+    fastest: Option<usize>,
+) -> Result<String, String> {
+    let points: Vec<chart::Point> = rows
+        .iter()
+        .map(|r| chart::Point {
+            graph: r.graph,
+            outcome: match &r.result {
+                Ok(m) => {
+                    let (f, _) = floor(ceilings, &m.work);
+                    let ratio = m.timing.median_us / f;
+                    let problems = problems(m);
+                    chart::Outcome::Timed {
+                        us: m.timing.median_us,
+                        ratio: (ratio.is_finite() && ratio > 0.0).then_some(ratio),
+                        problem: (!problems.is_empty()).then(|| problems.join(", ")),
+                    }
+                }
+                Err(e) => chart::Outcome::Failed(format!("FAILED: {e}")),
+            },
+        })
+        .collect();
+    let mut notes = vec![format!(
+        "mucc bench: {}, median of {} samples, inputs seed {} scale {}{}",
+        launch_name(a.launch),
+        a.iters.max(1),
+        a.seed,
+        a.scale,
+        if a.check { ", checked" } else { "" }
+    )];
+    let ceilings_note = format!("ceilings (measured): {}", describe_ceilings(ceilings));
+    notes.push(match rows.iter().find_map(|r| r.result.as_ref().ok()) {
+        Some(m) => {
+            let (f, bound) = floor(ceilings, &m.work);
+            format!("floor {f:.2} µs ({bound}); {ceilings_note}")
+        }
+        None => ceilings_note,
+    });
+    let file = a.input.file.display().to_string();
+    let gpu = format!("{} ({})", session.gpu.name, session.gpu.arch);
+    chart::render(&chart::Chart {
+        file: &file,
+        gpu: &gpu,
+        notes: &notes,
+        points: &points,
+        fastest,
+    })
 }
 
 fn launch_name(l: LaunchArg) -> &'static str {

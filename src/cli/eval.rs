@@ -5,7 +5,6 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use mucc::graph::interp::{self, Array, HostTensor, InputSpec};
 use mucc::graph::{DType, KernelGraph, Shape, Strides};
 
@@ -216,22 +215,12 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         },
         s = a.scale
     )?;
-    let bar = if indices.len() > 1 {
-        let b = ProgressBar::new(indices.len() as u64);
-        b.set_style(
-            ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} graphs, {elapsed} elapsed, ~{eta} left",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = super::progress::bar(indices.len() as u64, "graphs", "");
     // Candidates of one file share their inputs: draw them once per signature.
     let mut cache: HashMap<Signature, Vec<HostTensor>> = HashMap::new();
     let mut results: Vec<(usize, Vec<Array>)> = Vec::new();
     for &i in &indices {
+        bar.set_message(format!("graph {i}"));
         let g = &file.graphs[i].graph;
         let t0 = Instant::now();
         let (outs, excess) = if let Some(dir) = &a.dump {

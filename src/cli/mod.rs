@@ -8,6 +8,7 @@ mod export;
 mod gpu;
 mod inspect;
 mod out;
+mod progress;
 mod run;
 mod transpile;
 mod tune;
@@ -32,7 +33,8 @@ enum Command {
     /// Show the candidates, kernels, operators, shapes, grids, loops and dtypes of a µGraph
     /// file, and whether each graph is valid.
     Inspect(inspect::InspectArgs),
-    /// Evaluate graphs on the CPU reference interpreter (f64) with seeded random inputs.
+    /// Evaluate graphs on the CPU reference interpreter (f64) with seeded random inputs. With
+    /// several graphs, a progress bar on stderr when it is a terminal.
     Eval(eval::EvalArgs),
     /// Write graphs back as Mirage JSON (e.g. convert legacy files to current Mirage).
     Export(export::ExportArgs),
@@ -42,15 +44,19 @@ enum Command {
     /// layouts, strides and swizzles, operator plans, shared-memory and workspace maps.
     Explain(explain::ExplainArgs),
     /// Transpile, compile (NVRTC, cached) and execute graphs on the GPU; with `--check`,
-    /// compare every output with the CPU interpreter.
+    /// compare every output with the CPU interpreter. With several graphs (`--all`), a progress
+    /// bar on stderr when it is a terminal.
     Run(run::RunArgs),
     /// Time graphs on the GPU (CUDA events, CUDA-graph replay, inputs rotated past the L2
-    /// cache) against the floor from the GPU's measured bandwidth and matrix rate.
+    /// cache) against the floor from the GPU's measured bandwidth and matrix rate; `--svg` draws
+    /// every candidate (µs against ×floor). With several graphs (`--all`), a progress bar on
+    /// stderr when it is a terminal.
     Bench(bench::BenchArgs),
     /// Build one graph into a shared library exposing `mucc_execute`, with a C header.
     Build(build::BuildArgs),
     /// Try every implementation variant of graphs on the GPU (checked, then timed) and keep the
     /// fastest in the tuning cache, which `run`, `bench`, `transpile` and `build` then use.
+    /// A progress bar (one tick per variant) on stderr when it is a terminal.
     Tune(tune::TuneArgs),
 }
 

@@ -101,6 +101,12 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         a.seed,
         a.scale
     )?;
+    // Lines are printed through `bar.suspend` while the bar exists (see `super::progress`).
+    let bar = super::progress::bar(
+        indices.len() as u64,
+        "graphs",
+        format!("compiling {} graphs", indices.len()),
+    );
     let t0 = Instant::now();
     let prepared = session.prepare(
         &file,
@@ -114,17 +120,20 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         },
     );
     if indices.len() > 1 {
-        writeln!(
-            out,
-            "{} graphs transpiled and compiled{} in {:.1} s (in parallel)",
-            indices.len(),
-            if a.check { ", references computed" } else { "" },
-            t0.elapsed().as_secs_f64()
-        )?;
+        bar.suspend(|| {
+            writeln!(
+                out,
+                "{} graphs transpiled and compiled{} in {:.1} s (in parallel)",
+                indices.len(),
+                if a.check { ", references computed" } else { "" },
+                t0.elapsed().as_secs_f64()
+            )
+        })?;
     }
     let (mut passed, mut failed, mut compiled, mut cached) = (0usize, 0usize, 0usize, 0usize);
     let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
+        bar.set_message(format!("graph {i}"));
         let gpu = &mut session.gpu;
         let result = (|| -> Result<GraphReport, (String, bool)> {
             let plain = |e: String| (e, false);
@@ -188,19 +197,20 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
             }
             Ok((rows, info))
         })();
+        let mut lines = Vec::new();
+        let mut stop = false;
         match result {
             Ok((rows, info)) => {
                 let ok = rows.iter().all(|(_, c, _)| c.passed());
-                writeln!(out, "graph {i}: {info}")?;
+                lines.push(format!("graph {i}: {info}"));
                 for (j, c, desc) in &rows {
-                    writeln!(
-                        out,
+                    lines.push(format!(
                         "graph {i}: out{j} {desc}: rel err {:.2e}, max abs {:.2e}, {} non-finite/unwritten: {}",
                         c.rel_l2,
                         c.max_abs,
                         c.non_finite,
                         verdict(c)
-                    )?;
+                    ));
                 }
                 if ok {
                     passed += 1;
@@ -209,17 +219,23 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                 }
             }
             Err((msg, fatal)) => {
-                writeln!(out, "graph {i}: FAIL: {msg}")?;
+                lines.push(format!("graph {i}: FAIL: {msg}"));
                 failed += 1;
                 if fatal {
                     let left =
                         indices.len() - 1 - indices.iter().position(|&x| x == i).unwrap_or(0);
-                    writeln!(out, "stopping: {left} graph(s) not run")?;
-                    break;
+                    lines.push(format!("stopping: {left} graph(s) not run"));
+                    stop = true;
                 }
             }
         }
+        bar.suspend(|| lines.iter().try_for_each(|l| writeln!(out, "{l}")))?;
+        bar.inc(1);
+        if stop {
+            break;
+        }
     }
+    bar.finish_and_clear();
     writeln!(
         out,
         "{compiled} compiled, {cached} from the NVRTC cache; {passed} passed, {failed} failed"

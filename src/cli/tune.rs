@@ -8,7 +8,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use mucc::cuda::bench::{Ceilings, Launch, TimingOptions};
 use mucc::cuda::session::{Session, inputs_and_reference};
 use mucc::cuda::tune::{self, TuneCache, TuneEntry, Variant, VariantResult, best_of, graph_hash};
@@ -172,11 +172,7 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
         .measure_ceilings(&dtypes)
         .map_err(|e| Failure::User(format!("measuring the GPU's ceilings: {e}")))?;
     let per_graph = tune::variants(session.gpu.arch).len() as u64;
-    let bar = ProgressBar::new(indices.len() as u64 * per_graph);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} variants {elapsed} {msg}")
-            .expect("the template is valid"),
-    );
+    let bar = super::progress::bar(indices.len() as u64 * per_graph, "variants", "");
     let mut rows = Vec::new();
     for &i in &indices {
         let lg = &file.graphs[i];
