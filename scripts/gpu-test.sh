@@ -2,7 +2,7 @@
 # GPU test on a GPU machine (no Rust needed):
 #   check     `mucc run --check --all` on every corpus file (numerical check of every graph);
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on graph 0 of each file;
-#   bench     `mucc bench --all` on every file (table in NAME.bench.txt, JSON in NAME.bench.json);
+#   bench     `mucc bench --all` on every file (table in NAME.bench.txt, JSON in NAME.bench.json, chart in NAME.bench.svg);
 #   generated `mucc run --all --check` on CARRY/generated/*.json, random valid graphs written by
 #             `cargo run --release --example gen_graphs -- CARRY/generated COUNT` (not a
 #             default step);
@@ -64,7 +64,7 @@ for f in "${files[@]}"; do
     if [[ "$steps" == *" bench "* ]]; then
         t0=$(date +%s)
         # shellcheck disable=SC2086
-        "$carry/mucc" bench "$f" $sel $extra --scale "$scale" --json-out "$out/$name.bench.json" --force \
+        "$carry/mucc" bench "$f" $sel $extra --scale "$scale" --json-out "$out/$name.bench.json" --svg "$out/$name.bench.svg" --force \
             > "$out/$name.bench.txt" 2>&1 || status=1
         printf '%-26s bench: %s (%d s)\n' "$name" "$(grep '^fastest' "$out/$name.bench.txt" | tail -1)" "$(( $(date +%s) - t0 ))"
     fi

@@ -22,7 +22,7 @@ use mucc::graph::{
     TbGraphBuilder, UnaryOp,
 };
 use mucc::sched::{Options, PathChoice};
-use mucc::target::{Arch, Target};
+use mucc::target::Arch;
 use mucc::{ImportOptions, LoadedGraph};
 
 create_exception!(
@@ -85,15 +85,7 @@ fn parse_dtype(name: &str) -> PyResult<DType> {
 
 /// The planning options for `arch` and `path`, with the tuning cache's variant when `tune`.
 fn options(g: &KernelGraph, arch: Arch, path: PathChoice, tune: bool) -> (Options, Option<String>) {
-    let base = Options {
-        path,
-        ..Options::for_target(Target::new(arch))
-    };
-    if !tune || path != PathChoice::Auto {
-        return (base, None);
-    }
-    let cache = mucc::cuda::tune::TuneCache::default_location();
-    let (opts, entry) = mucc::cuda::tune::tuned_options(Some(&cache), g, None, &base);
+    let (opts, entry) = mucc::cuda::tune::options_for(g, arch, path, false, tune);
     (
         opts,
         entry.map(|e| format!("{} (mucc tune on {})", e.best, e.gpu)),

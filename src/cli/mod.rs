@@ -146,16 +146,13 @@ impl PathArg {
         arch: mucc::target::Arch,
         what: &str,
     ) -> mucc::sched::Options {
-        let base = mucc::sched::Options {
-            path: self.choice,
-            dependent_launch: self.dependent_launch,
-            ..mucc::sched::Options::for_target(mucc::target::Target::new(arch))
-        };
-        if !self.tunable() {
-            return base;
-        }
-        let cache = mucc::cuda::tune::TuneCache::default_location();
-        let (opts, entry) = mucc::cuda::tune::tuned_options(Some(&cache), g, None, &base);
+        let (opts, entry) = mucc::cuda::tune::options_for(
+            g,
+            arch,
+            self.choice,
+            self.dependent_launch,
+            !self.no_tune,
+        );
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -273,6 +273,28 @@ pub fn tuned_options(
     }
 }
 
+/// The planning options for `arch` with code path `path` and `dependent_launch`, and the tuned
+/// variant of `g` for `arch` from the default tuning cache applied when `tune` is set and the
+/// options are the defaults a variant may replace (path auto, no dependent launch). Returns the
+/// entry applied, if any. The CLI and the Python package both plan through this.
+pub fn options_for(
+    g: &KernelGraph,
+    arch: Arch,
+    path: PathChoice,
+    dependent_launch: bool,
+    tune: bool,
+) -> (Options, Option<TuneEntry>) {
+    let base = Options {
+        path,
+        dependent_launch,
+        ..Options::for_target(crate::target::Target::new(arch))
+    };
+    if !tune || path != PathChoice::Auto || dependent_launch {
+        return (base, None);
+    }
+    tuned_options(Some(&TuneCache::default_location()), g, None, &base)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +321,26 @@ mod tests {
             ],
             source: "test".into(),
         }
+    }
+
+    #[test]
+    fn options_for_applies_no_variant_to_explicit_choices() {
+        let mut b = crate::graph::GraphBuilder::new();
+        let x = b.new_input(&[16, 16], crate::graph::DType::F16).unwrap();
+        let y = b.matmul(x, x).unwrap();
+        b.mark_output(y).unwrap();
+        let g = b.build().unwrap();
+        let (o, e) = options_for(&g, Arch::Sm90a, PathChoice::Ampere, false, true);
+        assert_eq!(
+            (o.path, o.target.arch, o.dependent_launch),
+            (PathChoice::Ampere, Arch::Sm90a, false)
+        );
+        assert!(e.is_none());
+        let (o, e) = options_for(&g, Arch::Sm90a, PathChoice::Auto, true, true);
+        assert!(o.dependent_launch && e.is_none());
+        let (o, e) = options_for(&g, Arch::Sm80, PathChoice::Auto, false, false);
+        assert_eq!((o.path, o.target.arch), (PathChoice::Auto, Arch::Sm80));
+        assert!(e.is_none());
     }
 
     #[test]
