@@ -85,15 +85,19 @@ template <i64 S0, i64... Ss, int I> struct StrideAt<Stride<S0, Ss...>, I> {
 };
 }  // namespace detail
 
-// Facts about a (possibly swizzled) layout used to pick instructions: the stride of dim I, and
-// the log2 of the element chunks a swizzle keeps whole (62: no swizzle).
+// Facts about a (possibly swizzled) layout used to pick instructions: the stride of dim I, the
+// log2 of the element chunks a swizzle keeps whole (62: no swizzle), and the log2 of the
+// swizzle's period: moving an offset by a multiple of 2^period_log2 elements moves the swizzled
+// offset by the same amount (the XOR reads only bits below it), so such steps stay additions.
 template <class L> struct LayoutTraits {
   template <int I> static constexpr i64 stride = detail::StrideAt<typename L::stride, I>::value;
   static constexpr int kept_chunk_log2 = 62;
+  static constexpr int period_log2 = 0;
 };
 template <class L, int B, int M, int S> struct LayoutTraits<SwizzledLayout<L, Swizzle<B, M, S>>> {
   template <int I> static constexpr i64 stride = detail::StrideAt<typename L::stride, I>::value;
   static constexpr int kept_chunk_log2 = M;
+  static constexpr int period_log2 = B + M + S;
 };
 
 // Compile-time checks of the algebra (evaluated by every compiler that includes this file).
@@ -102,5 +106,7 @@ static_assert(Layout<Shape<3, 4>, Stride<1, 3>>::offset(5) == 4, "column-major")
 static_assert(Layout<Shape<2, 3, 4>, Stride<0, 4, 1>>::offset(13) == 1, "broadcast dim");
 static_assert(Swizzle<3, 3, 3>::apply(64) == 72, "xor swizzle moves row 1 by one chunk");
 static_assert(LayoutTraits<Layout<Shape<2, 3, 4>, Stride<12, 1, 3>>>::stride<2> == 3, "stride of dim 2");
+static_assert(Swizzle<3, 3, 3>::apply(77 + 512) == Swizzle<3, 3, 3>::apply(77) + 512,
+              "a step of the swizzle's period is an addition");
 
 }  // namespace mucc

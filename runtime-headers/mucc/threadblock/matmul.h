@@ -182,24 +182,97 @@ struct Mma {
     }
   }
 
+  // Whole k-steps of 16 (the K % 16 tail, if any, takes the bounds-checked step), and whether an
+  // operand loaded by ldmatrix may walk them by address increments: its K stride times 16 is a
+  // multiple of its swizzle's period, so every lane's ldmatrix address moves by the same number
+  // of bytes per step (none for a lane that reads the zero page).
+  static constexpr int KF = static_cast<int>(K / 16) * 16;
+  static constexpr bool a_walk = (a_k || a_m) && (16 * a_sk) % (1LL << TA::period_log2) == 0;
+  static constexpr bool b_walk = (b_k || b_n) && (16 * b_sk) % (1LL << TB::period_log2) == 0;
+
+  // This lane's ldmatrix address of A's m-tile at row mb in k-step 0, and its bytes per step.
+  __device__ __forceinline__ static void a_lane(const T* a, const T* zero, int mb, int lane, unsigned& addr,
+                                                unsigned& step) {
+    int r, c;
+    if constexpr (a_k) {
+      r = mb + (lane & 15);
+      c = (lane >> 4) * 8;
+    } else {
+      const int q = lane >> 3;
+      r = mb + (q & 1) * 8;
+      c = (q >> 1) * 8 + (lane & 7);
+    }
+    addr = chunk_addr<LA, M, K>(a, zero, r, c);
+    step = r < M ? static_cast<unsigned>(16 * a_sk * static_cast<i64>(sizeof(T))) : 0u;
+  }
+  // This lane's ldmatrix address of B's n-tile at column nb in k-step 0, and its bytes per step.
+  __device__ __forceinline__ static void b_lane(const T* b, const T* zero, int nb, int lane, unsigned& addr,
+                                                unsigned& step) {
+    int k, n;
+    if constexpr (b_k) {
+      n = nb + (lane & 7);
+      k = ((lane >> 3) & 1) * 8;
+    } else {
+      n = nb;
+      k = lane & 15;
+    }
+    addr = chunk_addr<LB, K, N>(b, zero, k, n);
+    step = n < N ? static_cast<unsigned>(16 * b_sk * static_cast<i64>(sizeof(T))) : 0u;
+  }
+
+  // One k-step at k0 with every operand loaded by its bounds-checked path.
+  __device__ __forceinline__ static void step(Frag& f, const T* a, const T* b, const T* z, int wm, int wn, int k0,
+                                              int lane) {
+    unsigned af[PM][4];
+    unsigned bf[PN][2];
+#pragma unroll
+    for (int i = 0; i < PM; ++i) load_a(af[i], a, z, (wm + i * WM) * 16, k0, lane);
+#pragma unroll
+    for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, (wn + j * WN) * 8, k0, lane);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < PM; ++i)
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+        if ((wm + i * WM) < MT && (wn + j * WN) < NT8) sm80::mma(f.v[i][j], af[i], bf[j], T());
+  }
+
   // f += A·B for this warp's tiles; `zero` is the zero page.
   __device__ __forceinline__ static void run(Frag& f, const T* a, const T* b, const void* zero, int warp, int lane) {
     if (warp >= WM * WN) return;
     const T* z = static_cast<const T*>(zero);
     const int wm = warp / WN, wn = warp % WN;
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      unsigned af[PM][4];
-      unsigned bf[PN][2];
+    if constexpr (a_walk && b_walk && KF > 0) {
+      // The whole k-steps: each lane's addresses are computed once, then advanced.
+      unsigned aa[PM], as[PM], ba[PN], bs[PN];
 #pragma unroll
-      for (int i = 0; i < PM; ++i) load_a(af[i], a, z, (wm + i * WM) * 16, k0, lane);
+      for (int i = 0; i < PM; ++i) a_lane(a, z, (wm + i * WM) * 16, lane, aa[i], as[i]);
 #pragma unroll
-      for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, (wn + j * WN) * 8, k0, lane);
-      __syncwarp();
+      for (int j = 0; j < PN; ++j) b_lane(b, z, (wn + j * WN) * 8, lane, ba[j], bs[j]);
+      for (int k0 = 0; k0 < KF; k0 += 16) {
+        unsigned af[PM][4];
+        unsigned bf[PN][2];
+        __syncwarp();
 #pragma unroll
-      for (int i = 0; i < PM; ++i)
+        for (int i = 0; i < PM; ++i) {
+          sm80::ldmatrix_x4<a_m>(af[i], aa[i]);
+          aa[i] += as[i];
+        }
 #pragma unroll
-        for (int j = 0; j < PN; ++j)
-          if ((wm + i * WM) < MT && (wn + j * WN) < NT8) sm80::mma(f.v[i][j], af[i], bf[j], T());
+        for (int j = 0; j < PN; ++j) {
+          sm80::ldmatrix_x2<b_n>(bf[j], ba[j]);
+          ba[j] += bs[j];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < PM; ++i)
+#pragma unroll
+          for (int j = 0; j < PN; ++j)
+            if ((wm + i * WM) < MT && (wn + j * WN) < NT8) sm80::mma(f.v[i][j], af[i], bf[j], T());
+      }
+      if constexpr (KF < K) step(f, a, b, z, wm, wn, KF, lane);
+    } else {
+      for (int k0 = 0; k0 < K; k0 += 16) step(f, a, b, z, wm, wn, k0, lane);
     }
   }
 
