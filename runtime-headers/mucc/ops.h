@@ -13,8 +13,15 @@ __device__ __forceinline__ double log(double x) { return ::log(x); }
 __device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double sqrt(double x) { return ::sqrt(x); }
 template <class C> __device__ __forceinline__ C square(C x) { return x * x; }
-template <class C> __device__ __forceinline__ C silu(C x) { return x / (C(1) + exp(-x)); }
-template <class C> __device__ __forceinline__ C sigmoid(C x) { return C(1) / (C(1) + exp(-x)); }
+// silu and sigmoid in fp32 divide by 1 + e^-x with the approximate division (within 2 ulps: a
+// reciprocal and a multiply instead of the IEEE division's checked sequence with its slow
+// path). The denominator is at least 1; when it is infinite (x < -88.7) the quotient is ±0 as
+// the exact one is, and below 2^126 ≤ denominator (x < -87.3) it is 0 where the exact value
+// is under 1e-36. fp64 divides exactly.
+__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + expf(-x)); }
+__device__ __forceinline__ double silu(double x) { return x / (1.0 + ::exp(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
+__device__ __forceinline__ double sigmoid(double x) { return 1.0 / (1.0 + ::exp(-x)); }
 // Exact GELU: 0.5·x·(1 + erf(x/√2)).
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ double gelu(double x) { return 0.5 * x * (1.0 + ::erf(x * 0.70710678118654752)); }
