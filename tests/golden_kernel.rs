@@ -244,3 +244,25 @@ fn kernel_level_goldens() {
         assert_eq!(again.source, e.source);
     }
 }
+
+#[test]
+fn a_long_source_name_keeps_the_line_limit() {
+    // The header comment names the source; a long path wraps instead of passing the limit.
+    let source = format!(
+        "/{}/graphs.json, graph 12",
+        "very_long_directory_name/".repeat(12)
+    );
+    let opts = Options::for_target(Target::new(Arch::Sm90a));
+    let (_, e) = mucc::transpile::transpile(&unary_chain_f16(), &opts, &source).unwrap();
+    let limit = mucc::emit::cxx::MAX_LINE;
+    assert!(e.source.lines().all(|l| l.len() <= limit), "{}", e.source);
+    let header: String = e
+        .source
+        .lines()
+        .take_while(|l| !l.starts_with("// target:"))
+        .skip(1)
+        .map(|l| l.trim_start_matches("// source:").trim_start_matches("//"))
+        .collect();
+    // Nothing of the name is lost (breaks at spaces drop the space).
+    assert_eq!(header.replace(' ', ""), source.replace(' ', ""));
+}

@@ -1,7 +1,8 @@
 //! The stages import one way (`ARCHITECTURE.md`): graph ← layout ← sched ← explain, emit ←
 //! transpile ← cuda ← buildscript; `target` and `outputs` import nothing of mucc; `explain` and
-//! `emit` do not import each other. Every `crate::<module>` path in `src/` (outside comments)
-//! is checked against this order.
+//! `emit` do not import each other. Every `crate::<module>` path in `src/` (outside comments),
+//! grouped ones (`crate::{a, b::c}`) included, is checked against this order; and the two
+//! emitters (`emit::kernel_level`, `emit::threadblock`) do not name each other.
 
 use std::path::{Path, PathBuf};
 
@@ -53,12 +54,7 @@ fn stages_import_one_way() {
         let text = std::fs::read_to_string(f).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap();
-            for (i, _) in code.match_indices("crate::") {
-                let rest = &code[i + "crate::".len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
+            for name in crate_paths(code) {
                 let Some(r) = rank(&name) else { continue };
                 checked += 1;
                 if name != top && r >= own {
@@ -75,6 +71,104 @@ fn stages_import_one_way() {
     assert!(
         bad.is_empty(),
         "imports against the stage order:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The top-level module of every `crate::` path on a line of code: `crate::name`, and each
+/// first segment of a group `crate::{a, b::c, d::{e}}`.
+fn crate_paths(code: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Split the group at its top-level commas.
+            let mut depth = 0;
+            let mut start = 0;
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        names.push(ident(&group[start..j]));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        names.push(ident(&group[start..j]));
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            names.push(ident(rest));
+        }
+    }
+    names.retain(|n| !n.is_empty());
+    names
+}
+
+#[test]
+fn grouped_paths_are_seen() {
+    assert_eq!(crate_paths("use crate::graph::Shape;"), ["graph"]);
+    assert_eq!(
+        crate_paths("use crate::{graph::{Shape, DType}, sched::plan, cuda};"),
+        ["graph", "sched", "cuda"]
+    );
+}
+
+/// The names by which a file of one emitter could reach the other: its module path from
+/// `crate::`, and the relative `super::` paths from inside `emit/`.
+fn emitter_names(other: &str) -> Vec<String> {
+    vec![
+        format!("emit::{other}"),
+        format!("super::{other}"),
+        format!("super::super::{other}"),
+        format!("{other}::"),
+    ]
+}
+
+#[test]
+fn emitters_do_not_name_each_other() {
+    let emit = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src/emit"));
+    let mut files = Vec::new();
+    rust_files(&emit, &mut files);
+    let mut bad = Vec::new();
+    let mut seen = [0, 0];
+    for f in &files {
+        let rel = f.strip_prefix(&emit).unwrap().to_string_lossy().to_string();
+        let (side, other) = if rel.starts_with("kernel_level") {
+            (0, "threadblock")
+        } else if rel.starts_with("threadblock") {
+            (1, "kernel_level")
+        } else {
+            continue;
+        };
+        seen[side] += 1;
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap();
+            if emitter_names(other)
+                .iter()
+                .any(|p| code.contains(p.as_str()))
+            {
+                bad.push(format!("emit/{rel}:{}: names {other}", n + 1));
+            }
+        }
+    }
+    assert!(
+        seen[0] >= 1 && seen[1] >= 2,
+        "emitter files not found: {seen:?}"
+    );
+    assert!(
+        bad.is_empty(),
+        "the emitters name each other:\n{}",
         bad.join("\n")
     );
 }

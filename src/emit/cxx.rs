@@ -151,20 +151,34 @@ pub fn comment_safe(text: &str) -> String {
 /// (a word longer than a line stays whole).
 pub fn comment(text: &str, indent: usize) -> Vec<String> {
     let width = MAX_LINE.saturating_sub(indent + 3).max(20);
+    wrap(text, width)
+        .into_iter()
+        .map(|l| format!("// {l}"))
+        .collect()
+}
+
+/// `text` in lines of at most `width` bytes (at least one line): broken at spaces, and a word
+/// longer than `width` (a long path) broken at character boundaries.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(8);
     let mut lines = Vec::new();
     let mut cur = String::new();
     for word in text.split(' ') {
         if !cur.is_empty() && cur.len() + 1 + word.len() > width {
-            lines.push(format!("// {cur}"));
-            cur.clear();
+            lines.push(std::mem::take(&mut cur));
         }
         if !cur.is_empty() {
             cur.push(' ');
         }
-        cur.push_str(word);
+        for c in word.chars() {
+            if cur.len() + c.len_utf8() > width {
+                lines.push(std::mem::take(&mut cur));
+            }
+            cur.push(c);
+        }
     }
     if !cur.is_empty() || lines.is_empty() {
-        lines.push(format!("// {cur}"));
+        lines.push(cur);
     }
     lines
 }
@@ -340,6 +354,22 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrap_breaks_at_spaces_and_inside_long_words() {
+        assert_eq!(wrap("", 20), [""]);
+        assert_eq!(wrap("a bc defg", 8), ["a bc", "defg"]);
+        let path = format!("source: /{}/x.json, graph 3", "d".repeat(30));
+        let lines = wrap(&path, 12);
+        assert!(lines.iter().all(|l| l.len() <= 12), "{lines:?}");
+        assert_eq!(lines.concat().replace(' ', ""), path.replace(' ', ""));
+        assert!(wrap("µµµµµµµµµµ", 9).iter().all(|l| l.len() <= 9));
+        assert!(
+            comment(&"w ".repeat(200), 4)
+                .iter()
+                .all(|l| l.len() + 4 <= MAX_LINE)
+        );
+    }
 
     #[test]
     fn numbers_read_back_exactly_and_infinities_are_c_plus_plus() {

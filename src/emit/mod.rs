@@ -176,11 +176,20 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         steps,
         entry: plan.symbols.entry().to_string(),
     };
-    let mut header = vec![
+    // Header comment lines (the template prints "// " before each): wrapped to the line limit,
+    // continuation lines indented.
+    let mut header = Vec::new();
+    for text in [
         format!("source: {}", cxx::comment_safe(source)),
         format!("target: {}", plan.target.arch),
-    ];
-    header.extend(io_lines);
+    ]
+    .into_iter()
+    .chain(io_lines)
+    {
+        for (i, l) in cxx::wrap(&text, cxx::MAX_LINE - 5).into_iter().enumerate() {
+            header.push(if i == 0 { l } else { format!("  {l}") });
+        }
+    }
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         header,

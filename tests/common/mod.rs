@@ -28,6 +28,20 @@ pub fn corpus_files() -> Vec<PathBuf> {
 /// when `MUCC_BLESS=1`.
 pub fn golden(name: &str, actual: &str) {
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/golden")).join(name);
+    // Generated C++ keeps to the emitter's line limit (comments and the header included).
+    if name.ends_with(".cu")
+        && let Some((n, l)) = actual
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.len() > mucc::emit::cxx::MAX_LINE)
+    {
+        panic!(
+            "{name}: line {} has {} characters (limit {}): {l}",
+            n + 1,
+            l.len(),
+            mucc::emit::cxx::MAX_LINE
+        );
+    }
     if std::env::var_os("MUCC_BLESS").is_some_and(|v| v == "1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
