@@ -341,10 +341,17 @@ fn op_plan(
             instr: instr @ MatmulInstr::MmaSyncM16N8K16 { .. },
             loads,
             mma_per_warp,
-            loads_per_warp,
+            load_instrs,
         } => format!(
-            "{} x {} warps, {instr}, A by {}, B by {}, {mma_per_warp} mma + {loads_per_warp} ldmatrix per warp",
-            warps.0, warps.1, loads.0, loads.1
+            "{} x {} warps, {instr}, A by {}, B by {}, per warp {mma_per_warp} mma, {} {} (A), {} {} (B)",
+            warps.0,
+            warps.1,
+            loads.0,
+            loads.1,
+            load_instrs.0,
+            loads.0.instr_name(true),
+            load_instrs.1,
+            loads.1.instr_name(false)
         ),
         OpPlan::Matmul {
             instr: MatmulInstr::Fma,

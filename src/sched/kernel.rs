@@ -414,7 +414,14 @@ fn plan_operand_loads(
     target: &Target,
 ) {
     for (h, op) in tb.ops.iter() {
-        let OpPlan::Matmul { instr, loads, .. } = &mut ops[h.index()] else {
+        let OpPlan::Matmul {
+            instr,
+            loads,
+            warps,
+            load_instrs,
+            ..
+        } = &mut ops[h.index()]
+        else {
             continue;
         };
         let (a, b) = (op.inputs[0], op.inputs[1]);
@@ -425,12 +432,9 @@ fn plan_operand_loads(
         ) {
             let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
             let r = sa.rank();
-            *loads = operand_loads(
-                (sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1)),
-                ga,
-                gb,
-                target,
-            );
+            let mnk = (sa.dim(r - 2), sb.dim(r - 1), sa.dim(r - 1));
+            *loads = operand_loads((mnk.0, mnk.2, mnk.1), ga, gb, target);
+            *load_instrs = super::ops::operand_load_count(mnk, *warps, *loads);
         }
     }
 }

@@ -300,8 +300,9 @@ pub enum OpPlan {
         loads: (OperandLoad, OperandLoad),
         /// MMA calls per warp per execution.
         mma_per_warp: usize,
-        /// `ldmatrix.x4` loads per warp per execution.
-        loads_per_warp: usize,
+        /// Load instructions per warp per execution for A and for B, as the operand loads
+        /// issue them (see [`operand_load_count`]).
+        load_instrs: (usize, usize),
     },
     /// A reduction over rows (tb reductions and rms_norm); rms_norm then scales its row in a
     /// second pass.
@@ -488,6 +489,49 @@ pub fn warp_grid(m: usize, n: usize, k: usize, warps: usize) -> ((usize, usize),
     (w, mma, loads)
 }
 
+/// Load instructions per warp per execution of an `m16n8k16` matmul of M×K by K×N on a
+/// `warps` grid, for A and for B, with the runtime's operand loads (`mucc::tb::Mma`): per
+/// k-step and warp tile, A takes one `ldmatrix.x4`, four 32-bit pair loads (two when M ≤ 8:
+/// rows 8–15 are zero) or eight element loads (four); B one `ldmatrix.x2`, two pair loads or
+/// four element loads.
+pub fn operand_load_count(
+    (m, n, k): (usize, usize, usize),
+    warps: (usize, usize),
+    loads: (OperandLoad, OperandLoad),
+) -> (usize, usize) {
+    let kt = k.div_ceil(16);
+    let pm = m.div_ceil(16).div_ceil(warps.0.max(1));
+    let pn = n.div_ceil(8).div_ceil(warps.1.max(1));
+    let short = m <= 8;
+    let a = match loads.0 {
+        OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans => 1,
+        OperandLoad::Pairs if short => 2,
+        OperandLoad::Pairs => 4,
+        OperandLoad::Elements if short => 4,
+        OperandLoad::Elements => 8,
+    };
+    let b = match loads.1 {
+        OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans => 1,
+        OperandLoad::Pairs => 2,
+        OperandLoad::Elements => 4,
+    };
+    (pm * kt * a, pn * kt * b)
+}
+
+impl OperandLoad {
+    /// What one load of this kind is called in `explain`, for operand A (`true`) or B.
+    pub fn instr_name(self, a: bool) -> &'static str {
+        match (self, a) {
+            (OperandLoad::Ldmatrix, true) => "ldmatrix.x4",
+            (OperandLoad::LdmatrixTrans, true) => "ldmatrix.x4.trans",
+            (OperandLoad::Ldmatrix, false) => "ldmatrix.x2",
+            (OperandLoad::LdmatrixTrans, false) => "ldmatrix.x2.trans",
+            (OperandLoad::Pairs, _) => "32-bit loads",
+            (OperandLoad::Elements, _) => "element loads",
+        }
+    }
+}
+
 /// Per-thread registers of a matmul's fp32 accumulator fragment.
 pub fn fragment_registers(m: usize, n: usize, warps: (usize, usize)) -> usize {
     m.div_ceil(16 * warps.0) * n.div_ceil(8 * warps.1) * 4
@@ -566,7 +610,7 @@ pub fn plan_ops(
                 );
                 let r = a.rank();
                 let (m, k, n) = (a.dim(r - 2), a.dim(r - 1), b.dim(r - 1));
-                let (w, mma, loads) = warp_grid(m, n, k, warps);
+                let (w, mma, _) = warp_grid(m, n, k, warps);
                 // An operand kept wide (an accumulator's fp32 result) goes through FMAs.
                 let wide = op.inputs.iter().any(|&t| tile_is_wide(tb, t));
                 let instr = match tb.tensors[op.inputs[0]].dtype {
@@ -579,7 +623,11 @@ pub fn plan_ops(
                     instr,
                     loads: (OperandLoad::Elements, OperandLoad::Elements),
                     mma_per_warp: mma,
-                    loads_per_warp: loads,
+                    load_instrs: operand_load_count(
+                        (m, n, k),
+                        w,
+                        (OperandLoad::Elements, OperandLoad::Elements),
+                    ),
                 }
             }
             TbOpKind::Accum(kind) => {
@@ -776,6 +824,26 @@ mod tests {
             );
             assert_eq!(c.chunk_bytes(), want, "{cols}: {c:?}");
         }
+    }
+
+    #[test]
+    fn operand_load_counts_follow_the_runtime() {
+        let (ld, tr) = (OperandLoad::Ldmatrix, OperandLoad::LdmatrixTrans);
+        // The decode tile: 8×64 by a 296-deep product on 1×4 warps: 19 k-steps, 1 m-tile and
+        // 2 n-tiles per warp.
+        assert_eq!(operand_load_count((8, 64, 296), (1, 4), (ld, tr)), (19, 38));
+        // Pairs and elements: M ≤ 8 halves A's loads (rows 8–15 are zero).
+        let (p, e) = (OperandLoad::Pairs, OperandLoad::Elements);
+        assert_eq!(
+            operand_load_count((3, 13, 50), (1, 2), (p, e)),
+            (4 * 2, 4 * 4)
+        );
+        assert_eq!(
+            operand_load_count((32, 16, 32), (2, 2), (e, p)),
+            (2 * 8, 2 * 2)
+        );
+        assert_eq!(OperandLoad::Pairs.instr_name(true), "32-bit loads");
+        assert_eq!(tr.instr_name(false), "ldmatrix.x2.trans");
     }
 
     #[test]
