@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any, Sequence
@@ -280,8 +281,11 @@ class _TorchFacts:
             span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
             self.facts.append((torch.Size(shape), tuple(strides), dt, alloc <= span))
         self._dev = torch.device("cuda", k.device)
-        self._outs = k._out
-        self._odt = tdt[len(k._in):]
+        # Per output: (shape, strides, elements, torch dtype, dense): a dense output (row-major,
+        # allocation = its elements) is one torch.empty; others a strided view of a flat one.
+        self._outs = [(shape, strides, alloc, dt,
+                       list(strides) == row_major(shape) and alloc == math.prod(shape))
+                      for (shape, strides, _, alloc), dt in zip(k._out, tdt[len(k._in):])]
         self._torch = torch
         # torch's own raw-stream query (what its compiled code calls) when present: one C call
         # instead of building a torch.cuda.Stream object per call.
@@ -292,19 +296,11 @@ class _TorchFacts:
             self.current_stream = lambda d: torch.cuda.current_stream(d).cuda_stream
 
     def alloc(self, j: int) -> Any:
-        shape, strides, _, alloc = self._outs[j]
-        dt = self._odt[j]
-        if list(strides) == row_major(shape) and alloc == _numel(shape):
+        shape, strides, alloc, dt, dense = self._outs[j]
+        if dense:
             return self._torch.empty(shape, dtype=dt, device=self._dev)
         flat = self._torch.empty(max(alloc, 1), dtype=dt, device=self._dev)
         return flat.as_strided(shape, strides)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for x in shape:
-        n *= x
-    return n
 
 
 _NUMPY = {"f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8", "u8": "uint8",
