@@ -4,7 +4,8 @@
 For every benchmark program of the corpus (gated MLP, RMSNorm + linear, the attention files,
 LoRA, nTrans; qknorm for reference), this script times
 
-  * PyTorch eager and torch.compile on the same shapes and dtype (fp16), each captured in a
+  * PyTorch eager and torch.compile on the same shapes and dtype (fp16), and for the attention
+    programs F.scaled_dot_product_attention (K stored as SDPA wants it), each captured in a
     CUDA graph and replayed, with input sets rotated so that the working set exceeds twice the
     L2 cache — the method `mucc bench` uses (samples of >= 10 executions, median of 50);
   * `mucc bench FILE --all --json` (every candidate; the fastest candidate whose outputs are
@@ -57,6 +58,29 @@ def qknorm_attention(q, k, v):
     # The program the qknorm files were searched from: attention with rms(Q) and rms(V) over
     # the head dim. mucc's candidates compute something else (format reference, §5.3).
     return torch.softmax(rms(q) @ k, dim=-1) @ rms(v)
+
+
+def sdpa(q, kt, v):
+    # The same attention through PyTorch's fused kernels (FlashAttention / memory-efficient),
+    # 4-D (batch 1, heads, seq, head dim), no scaling. K comes in (heads, kv, 64), the layout
+    # a user of SDPA would store; the timing does not include a transpose.
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(0), kt.unsqueeze(0), v.unsqueeze(0), scale=1.0)
+    return o.squeeze(0)
+
+
+def qknorm_sdpa(q, kt, v):
+    return sdpa(rms(q), kt, rms(v))
+
+
+def sdpa_shapes(shapes):
+    """attn_shapes with K stored as (heads, kv, head dim) for SDPA."""
+    q, k, v = shapes
+    return [q, (k[0], k[2], k[1]), v]
+
+
+# Workload program -> its SDPA form (the attention programs only).
+SDPA_FORMS = {"attention": sdpa, "qknorm_attention": qknorm_sdpa}
 
 
 def ntrans(h, x, alpha):
@@ -170,6 +194,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--only", nargs="*", help="workload names to run")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--no-sdpa", action="store_true",
+                    help="skip scaled_dot_product_attention for the attention workloads")
     ap.add_argument("--save-torch", help="write PyTorch's timings to this JSON file")
     ap.add_argument("--torch-json", help="read PyTorch's timings from this JSON file")
     ap.add_argument("--no-mucc", action="store_true", help="time PyTorch only")
@@ -190,6 +216,7 @@ def main():
         if name in saved:
             eager, comp = saved[name]["eager_us"], saved[name]["compile_us"]
             sets = saved[name]["sets"]
+            sdpa_us = saved[name].get("sdpa_us")
         else:
             eager, sets, eager_ok = time_graph(fn, shapes, args.iters, args.warmup)
             comp, comp_ok = None, True
@@ -197,18 +224,22 @@ def main():
                 torch._dynamo.reset()
                 cfn = torch.compile(fn, dynamic=False)
                 comp, _, comp_ok = time_graph(cfn, shapes, args.iters, args.warmup)
-            if not (eager_ok and comp_ok):
+            sdpa_us, sdpa_ok = None, True
+            form = SDPA_FORMS.get(fn.__name__)
+            if form is not None and not args.no_sdpa:
+                sdpa_us, _, sdpa_ok = time_graph(form, sdpa_shapes(shapes), args.iters, args.warmup)
+            if not (eager_ok and comp_ok and sdpa_ok):
                 print(f"{name}: PyTorch produced non-finite outputs (eager finite: {eager_ok}, "
-                      f"compile finite: {comp_ok})", file=sys.stderr)
-            saved[name] = {"eager_us": eager, "compile_us": comp, "sets": sets,
-                           "gpu": gpu, "torch": torch.__version__}
+                      f"compile finite: {comp_ok}, sdpa finite: {sdpa_ok})", file=sys.stderr)
+            saved[name] = {"eager_us": eager, "compile_us": comp, "sdpa_us": sdpa_us,
+                           "sets": sets, "gpu": gpu, "torch": torch.__version__}
         doc = None if args.no_mucc else mucc_bench(args, name, file, scale)
         best = None
         if doc:
             ok = [g for g in doc["graphs"] if g.get("ok")]
             if ok:
                 best = min(ok, key=lambda g: g["median_us"])
-        rows.append((name, eager, comp, best, doc))
+        rows.append((name, eager, comp, sdpa_us, best, doc))
         print(f"{name}: eager {eager:.2f} µs, compile {comp if comp is None else round(comp, 2)} µs, "
               f"mucc {best['median_us'] if best else None} µs ({time.time() - t0:.0f} s)",
               file=sys.stderr, flush=True)
@@ -217,13 +248,16 @@ def main():
         f"GPU: {gpu}; torch {torch.__version__}; CUDA-graph replays, inputs rotated past 2x L2, "
         f"median of {args.iters} samples of >= 10 executions; µs per execution.",
         "",
-        "| workload | torch eager | torch.compile | mucc best (graph) | candidates ok | floor | "
+        "Best torch = the fastest of eager, torch.compile and (attention workloads) "
+        "scaled_dot_product_attention.",
+        "",
+        "| workload | torch eager | torch.compile | SDPA | mucc best (graph) | candidates ok | floor | "
         "mucc / best torch | mucc / floor |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
-    for name, eager, comp, best, doc in rows:
-        torch_best = min(x for x in (eager, comp) if x is not None)
+    for name, eager, comp, sdpa_us, best, doc in rows:
+        torch_best = min(x for x in (eager, comp, sdpa_us) if x is not None)
         if best:
             r = best["median_us"] / torch_best
             ratios.append(r)
@@ -233,7 +267,8 @@ def main():
         else:
             cells = ["failed", "0", "—", "—", "—"]
         comp_s = f"{comp:.2f}" if comp is not None else "—"
-        lines.append(f"| {name} | {eager:.2f} | {comp_s} | " + " | ".join(cells) + " |")
+        sdpa_s = f"{sdpa_us:.2f}" if sdpa_us is not None else "—"
+        lines.append(f"| {name} | {eager:.2f} | {comp_s} | {sdpa_s} | " + " | ".join(cells) + " |")
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         lines.append("")

@@ -203,6 +203,13 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     );
     let _ = writeln!(
         s,
+        "  CTA: {} warps ({}; the µGraph's block has {} threads)",
+        cta.threads.div_ceil(32),
+        cta.source,
+        tb.num_threads()
+    );
+    let _ = writeln!(
+        s,
         "  code path: {}; launch bounds ({}, {}); {} resident block(s) per SM budgeted",
         kp.path, cta.threads, cta.min_blocks_per_sm, cta.resident_blocks
     );

@@ -278,11 +278,14 @@ fn explain_prints_the_plan_and_draws_it() {
     let svg = tmp("plan.svg");
     let _ = std::fs::remove_file(&svg);
     let s = svg.to_str().unwrap();
+    // The µGraph's CTA (4 warps): the cost model's choice is tested below.
     let o = mucc(&[
         "explain",
         &corpus("single_gated_mlp.json"),
         "--arch",
         "sm_90a",
+        "--warps",
+        "graph",
         "--svg",
         s,
     ]);
@@ -315,7 +318,7 @@ fn explain_prints_the_plan_and_draws_it() {
     let (aout, aerr) = text(&ampere);
     assert_eq!(ampere.status.code(), Some(0), "{aerr}");
     assert!(aout.contains("cluster split: none (Ampere path)"), "{aout}");
-    assert!(aout.contains("launch bounds (128, 1)"), "{aout}");
+    assert!(aout.contains("launch bounds (256, 1)"), "{aout}");
     let wrong = mucc(&[
         "explain",
         &corpus("single_gated_mlp.json"),
@@ -330,6 +333,37 @@ fn explain_prints_the_plan_and_draws_it() {
         werr.contains("the hopper path needs sm_90a, but the target is sm_80"),
         "{werr}"
     );
+    // The CTA shape: the cost model's choice and why; `--warps N` and `--warps graph` win; a
+    // bad count is a clear error.
+    let cta = |extra: &[&str]| {
+        let mut args = vec!["explain", "--arch", "sm_80"];
+        let file = corpus("ntrans_bs1.json");
+        args.push(&file);
+        args.extend_from_slice(extra);
+        let o = mucc(&args);
+        let (out, err) = text(&o);
+        (o.status.code(), out, err)
+    };
+    let (code, out, err) = cta(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("grid (8, 1, 1), 512 threads, forloop 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("CTA: 16 warps (cost model: the grid leaves SMs short of warps"),
+        "{out}"
+    );
+    let (_, out, _) = cta(&["--warps", "2"]);
+    assert!(out.contains("CTA: 2 warps (asked for"), "{out}");
+    let (_, out, _) = cta(&["--warps", "graph"]);
+    assert!(
+        out.contains("CTA: 4 warps (the µGraph's block_dim;"),
+        "{out}"
+    );
+    let (code, _, err) = cta(&["--warps", "33"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("unknown warp count `33`"), "{err}");
     let drawing = std::fs::read_to_string(&svg).unwrap();
     assert!(drawing.starts_with("<svg") && drawing.contains("s1 (tb_input_op)"));
     let again = mucc(&["explain", &corpus("single_gated_mlp.json"), "--svg", s]);
@@ -391,9 +425,10 @@ fn transpile_writes_source_and_plan() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
     let src = std::fs::read_to_string(&tb_cu).unwrap();
-    assert!(src.contains("extern \"C\" __global__ void __launch_bounds__(128, 1) k3_customized("));
+    // 8 warps per CTA (the cost model: 128 blocks leave the SMs short of warps).
+    assert!(src.contains("extern \"C\" __global__ void __launch_bounds__(256, 1) k3_customized("));
     // 36880 bytes of dynamic shared memory: under the 48 KB default, no attribute needed.
-    assert!(src.contains("dim3(128, 1, 1), 36880, stream, args)"));
+    assert!(src.contains("dim3(128, 1, 1), dim3(256, 1, 1), 36880, stream, args)"));
     assert!(!src.contains("cudaFuncAttributeMaxDynamicSharedMemorySize"));
     // --all writes one file per graph into a directory.
     let dir = tmp("all");
@@ -724,11 +759,12 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
     let ampere = Variant {
         path: VariantPath::Ampere,
         cluster_split: false,
+        warps: None,
         dependent_launch: false,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {
-            mucc_version: env!("CARGO_PKG_VERSION").into(),
+            mucc_version: mucc::cuda::tune::PLANNER.into(),
             gpu: "NVIDIA H200".into(),
             arch: mucc::target::Arch::Sm90a,
             graph_hash: hash,
@@ -799,4 +835,37 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.contains("do not apply to it"), "{err}");
     }
+}
+
+/// A tensor-parallel graph (2 GPUs, recorded as `mucc_gpu_dim`): `eval` interprets every rank on
+/// its shard and prints the gathered outputs (`--gpus` replaces the recorded count);
+/// `transpile` refuses it with a clear error instead of generating one GPU's code.
+#[test]
+fn multi_gpu_graphs_are_interpreted_and_refused_by_the_code_generator() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/multi_gpu/tp_mlp_2gpu.json"
+    );
+    let o = mucc(&["eval", file]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("graph 0: 2 GPUs (mesh (2, 1, 1)): every rank interpreted on its shard"),
+        "{out}"
+    );
+    // The JSON holds per-GPU shapes: the second output is partitioned (2 × 32 columns).
+    assert!(out.contains("graph 0: output 1: shape [4, 64]"), "{out}");
+    let o = mucc(&["eval", file, "--gpus", "1"]);
+    let (out, _) = text(&o);
+    assert!(out.contains("graph 0: output 1: shape [4, 32]") && !out.contains("GPUs (mesh"));
+    let o = mucc(&["eval", file, "--gpus", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("`0` is not a GPU count"));
+    let o = mucc(&["transpile", file]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the graph runs on 2 GPUs (its mesh); mucc generates code for one GPU only"),
+        "{err}"
+    );
 }

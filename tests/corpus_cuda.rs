@@ -103,6 +103,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 dependent_launch: false,
                 symbols: Default::default(),
                 cluster_split: true,
+                cta: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

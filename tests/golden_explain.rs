@@ -18,6 +18,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         dependent_launch: false,
         symbols: Default::default(),
         cluster_split: true,
+        cta: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

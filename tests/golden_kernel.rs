@@ -228,6 +228,7 @@ fn kernel_level_goldens() {
             dependent_launch: false,
             symbols: Default::default(),
             cluster_split: true,
+            cta: Default::default(),
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

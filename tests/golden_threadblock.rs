@@ -251,6 +251,7 @@ fn opts(arch: Arch) -> Options {
         dependent_launch: true,
         symbols: Default::default(),
         cluster_split: true,
+        cta: Default::default(),
     }
 }
 

@@ -1167,30 +1167,33 @@ fn concat_dim_that_disagrees_with_the_operator_name() {
     assert_msg(&e, "concat_dim 1 disagrees with the operator name (dim 0)");
 }
 
+/// A partitioned input imports (the map is kept), but without a GPU count it does not validate:
+/// Mirage's JSON does not record gpu_dim. More multi-GPU cases are in `tests/multi_gpu.rs`.
 #[test]
-fn multi_gpu_input_map() {
+fn multi_gpu_input_map_without_a_gpu_count() {
     let mut doc = gated();
     set(
         &mut doc,
         "[0][0].input_map",
         json!({"x": 0, "y": -1, "z": -1}),
     );
-    let e = import_err(&doc);
+    let e = invalid(&doc);
     assert_at(&e, Some(0), "[0][0].input_map");
-    assert!(matches!(e.kind, ErrorKind::Unsupported(_)), "{e}");
+    assert!(matches!(e.kind, ErrorKind::GpuCountUnknown(_)), "{e}");
     assert_msg(
         &e,
-        "input_map (0, -1, -1) partitions the tensor across GPUs",
+        "input_map (0, -1, -1) partitions the tensor across GPUs, but the graph's GPU count is unknown",
     );
 }
 
 #[test]
-fn multi_gpu_output_map() {
+fn multi_gpu_output_map_without_a_gpu_count() {
     let mut doc = gated();
     set(&mut doc, "[0][5].output_map.y", json!(1));
-    let e = import_err(&doc);
+    let e = invalid(&doc);
     assert_at(&e, Some(0), "[0][5].output_map");
-    assert!(matches!(e.kind, ErrorKind::Unsupported(_)), "{e}");
+    assert!(matches!(e.kind, ErrorKind::GpuCountUnknown(_)), "{e}");
+    assert_msg(&e, "(kn_output_op, kernel op 5");
 }
 
 // ---------------------------------------------------------------------------------------------

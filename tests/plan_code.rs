@@ -69,7 +69,12 @@ fn a_disagreement_fails_the_check() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock/tiles_7x13_f32.json");
     let file = read_file(&path, &ImportOptions::default()).unwrap();
     let g = &file.graphs[0].graph;
-    let p = plan(g, &Options::for_target(Target::all()[0])).unwrap();
+    // The µGraph's 96-thread CTA (the cost model would plan 16 warps for this one-block grid).
+    let opts = Options {
+        cta: mucc::sched::CtaChoice::Graph,
+        ..Options::for_target(Target::all()[0])
+    };
+    let p = plan(g, &opts).unwrap();
     let mut e = mucc::emit::emit(g, &p, "test").unwrap();
     let (&k, kp) = p.kernels.iter().next().unwrap();
     check_kernel(g, &e, k, kp).unwrap();

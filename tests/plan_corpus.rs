@@ -105,6 +105,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         dependent_launch: false,
                         symbols: Default::default(),
                         cluster_split: true,
+                        cta: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -174,6 +175,7 @@ fn plans_are_deterministic() {
                 dependent_launch: false,
                 symbols: Default::default(),
                 cluster_split: true,
+                cta: Default::default(),
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -10,9 +10,9 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41984 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 41984 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
-extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k2_customized(
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
     const mucc::bf16* __restrict__ in1,
@@ -20,7 +20,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
     const __grid_constant__ mucc::sm90::TensorMap tm1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<16, 1>, mucc::Stride<1, 16>>;
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
@@ -49,7 +49,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
   mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 8) * 64;
   L2::Frag acc3;
   L2::fill(acc3, float(0.0));
-  mucc::tb::fill<128, 16, L3>(tid, s4, float(0.0));
+  mucc::tb::fill<256, 16, L3>(tid, s4, float(0.0));
   __syncthreads();
   // cluster split: CTA r of the cluster runs iterations [r·8, (r + 1)·8)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 8;
@@ -103,7 +103,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s4[L3::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 16, 16, 64, float>(tid, elem, sink);
     }
     __syncthreads();
   }
@@ -113,19 +113,19 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(128, 4) k
   // cluster split: CTA 0 combines the partial accumulators of the 8 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<128, 1024, 8, mucc::tb::FoldSum, L4, float>(tid, s3);
-    mucc::tb::cluster_fold<128, 16, 8, mucc::tb::FoldSum, L3, float>(tid, s4);
+    mucc::tb::cluster_fold<256, 1024, 8, mucc::tb::FoldSum, L4, float>(tid, s3);
+    mucc::tb::cluster_fold<256, 16, 8, mucc::tb::FoldSum, L3, float>(tid, s4);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 16>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s4[L3::offset(e)]);
     s4[L3::offset(e)] = mucc::from_compute<float>(v / float(4096.0));
   });
   __syncthreads();
   // op5 sub -> op6 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 1024>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L4::offset(e)]);
     const float x1 = mucc::to_compute(s4[L5::offset(e)]);
     float v = mucc::op::sub(x0, x1);
@@ -163,7 +163,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_128B));
     }
     const CUtensorMap* const maps[] = {&tm0.map, &tm1.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(128, 1, 1), 41984, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 41984, stream, args, maps));
   }
 
   return 0;

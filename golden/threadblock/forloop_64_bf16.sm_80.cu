@@ -8,15 +8,15 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 64, 41040 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 41040 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
     const mucc::bf16* __restrict__ in1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<16, 1>, mucc::Stride<1, 16>>;
   using L4 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
@@ -40,17 +40,17 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
   L2::Frag acc3;
   L2::fill(acc3, float(0.0));
-  mucc::tb::fill<128, 16, L3>(tid, s4, float(0.0));
+  mucc::tb::fill<256, 16, L3>(tid, s4, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 0, gi0);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 0, gi1);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(1) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 8192);
+  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 8192);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + 2048, gi0 + static_cast<mucc::i64>(2) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 8192);
+  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 2048, gi0 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 64; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -67,9 +67,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
     {
       const int pf = it + 3;
       if (pf < 64) {
-        mucc::tb::cp_async_chunks<128, 1024, 8, L0, L4>(tid, s0 + (pf % 4) * 1024,
+        mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + (pf % 4) * 1024,
             gi0 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<128, 4096, 8, L1, L5>(tid, s1 + (pf % 4) * 4096,
+        mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + (pf % 4) * 4096,
             gi1 + static_cast<mucc::i64>(pf) * 8192);
       }
       mucc::sm80::cp_async_commit();
@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s4[L3::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 16, 16, 64, float>(tid, elem, sink);
     }
     __syncthreads();
   }
@@ -93,13 +93,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
     s3[L6::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
   __syncthreads();
-  mucc::tb::for_each<128, 16>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 16>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s4[L3::offset(e)]);
     s4[L3::offset(e)] = mucc::from_compute<float>(v / float(4096.0));
   });
   __syncthreads();
   // op5 sub -> op6 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 1024>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L6::offset(e)]);
     const float x1 = mucc::to_compute(s4[L7::offset(e)]);
     float v = mucc::op::sub(x0, x1);
@@ -120,7 +120,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(128, 1, 1), 41040, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(256, 1, 1), 41040, stream, args));
   }
 
   return 0;

@@ -11,9 +11,9 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 37888 bytes of shared memory
+// kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 37888 bytes of shared memory
 // schedule - | 0,1,2 3,4 | 7,8
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k3_customized(
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -120,20 +120,20 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 4) k
   // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<128, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s5);
-    mucc::tb::cluster_fold<128, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s6);
+    mucc::tb::cluster_fold<256, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s5);
+    mucc::tb::cluster_fold<256, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s6);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
   // op7 silu -> op9 output
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 256>(tid, [&](int e, int) {
     float v = mucc::to_compute(s5[L3::offset(e)]);
     v = mucc::op::silu(v);
     go9[L4::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op8 output
-  mucc::tb::copy_elems<128, 256, L4, L3>(tid, go8, s6);
+  mucc::tb::copy_elems<256, 256, L4, L3>(tid, go8, s6);
 }
 
 // kernel op 4: kn_mul_op(%3, %4) -> %5 [8, 4096] f16
@@ -196,7 +196,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_64B));
     }
     const CUtensorMap* const maps[] = {&tm0.map, &tm1.map, &tm2.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(128, 1, 1), 37888, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 37888, stream, args, maps));
   }
 
   // launch k4_mul

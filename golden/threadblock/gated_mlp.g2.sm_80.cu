@@ -9,9 +9,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 64, 36880 bytes of shared memory
+// kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 36880 bytes of shared memory
 // schedule - | 0,1,2 3,4 | 7 8
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
@@ -47,17 +47,17 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   L2::fill(acc6, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 0, gi0);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 0, gi2);
+  mucc::tb::cp_async_chunks<256, 512, 8, L0, L3>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(1) * 64);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 2048, gi1 + static_cast<mucc::i64>(1) * 262144);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 2048, gi2 + static_cast<mucc::i64>(1) * 262144);
+  mucc::tb::cp_async_chunks<256, 512, 8, L0, L3>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s1 + 2048, gi1 + static_cast<mucc::i64>(1) * 262144);
+  mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s2 + 2048, gi2 + static_cast<mucc::i64>(1) * 262144);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(2) * 64);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(2) * 262144);
-  mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(2) * 262144);
+  mucc::tb::cp_async_chunks<256, 512, 8, L0, L3>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(2) * 262144);
+  mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(2) * 262144);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 64; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -77,10 +77,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     {
       const int pf = it + 3;
       if (pf < 64) {
-        mucc::tb::cp_async_chunks<128, 512, 8, L0, L3>(tid, s0 + (pf % 4) * 512, gi0 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s1 + (pf % 4) * 2048,
+        mucc::tb::cp_async_chunks<256, 512, 8, L0, L3>(tid, s0 + (pf % 4) * 512, gi0 + static_cast<mucc::i64>(pf) * 64);
+        mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s1 + (pf % 4) * 2048,
             gi1 + static_cast<mucc::i64>(pf) * 262144);
-        mucc::tb::cp_async_chunks<128, 2048, 8, L1, L4>(tid, s2 + (pf % 4) * 2048,
+        mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s2 + (pf % 4) * 2048,
             gi2 + static_cast<mucc::i64>(pf) * 262144);
       }
       mucc::sm80::cp_async_commit();
@@ -99,14 +99,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   });
   __syncthreads();
   // op7 silu
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 256>(tid, [&](int e, int) {
     float v = mucc::to_compute(s5[L5::offset(e)]);
     v = mucc::op::silu(v);
     s7[L6::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   __syncthreads();
   // op8 mul -> op9 output
-  mucc::tb::for_each<128, 256>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 256>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s6[L5::offset(e)]);
     const float x1 = mucc::to_compute(s7[L6::offset(e)]);
     float v = mucc::op::mul(x0, x1);
@@ -127,7 +127,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(128, 1, 1), 36880, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 36880, stream, args));
   }
 
   return 0;

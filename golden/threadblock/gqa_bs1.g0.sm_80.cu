@@ -9,9 +9,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 71696 bytes of shared memory
+// kernel op 3: kn_customized_op grid (2, 8, 16), block (512, 1, 1), forloop 4, 137232 bytes of shared memory
 // schedule 0 | 1,2 3 5,6 | 8,9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -24,13 +24,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       3, 4>>;
   using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L4 = mucc::tb::Mma<mucc::f16, L2, L3, 16, 64, 128, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L4 = mucc::tb::Mma<mucc::f16, L2, L3, 16, 64, 128, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
       3, 4>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L0, L5, 16, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L8 = mucc::tb::Mma<mucc::f16, L0, L5, 16, 128, 64, 1, 16, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 16>, mucc::Stride<2048, 1, 128>>, mucc::Swizzle<3,
       3, 4>>;
@@ -49,9 +49,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2064);  // s1 (tb_input_op) x2 stages
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 34832);  // s2 (tb_input_op) x2 stages
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 67600);  // s4 (tb_exp_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2064);  // s1 (tb_input_op) x4 stages
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 67600);  // s2 (tb_input_op) x4 stages
+  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 133136);  // s4 (tb_exp_op)
   float* s5 = reinterpret_cast<float*>(smem + 16);  // s5 (tb_forloop_accum_nored_op)
   float* s7 = reinterpret_cast<float*>(smem + 8208);  // s7 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.z) * 1024;
@@ -62,36 +62,42 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 16384
       + static_cast<mucc::i64>(blockIdx.z) * 16;
   // op0 input
-  mucc::tb::copy_chunks<128, 1024, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 1024, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
-  float acc5[16];
+  float acc5[4];
   #pragma unroll
-  for (int r = 0; r < 16; ++r) acc5[r] = float(0.0);
+  for (int r = 0; r < 4; ++r) acc5[r] = float(0.0);
   L4::Frag acc7;
   L4::fill(acc7, float(0.0));
   __syncthreads();
-  // software pipeline: 2 stages
-  mucc::tb::cp_async_chunks<128, 8192, 8, L5, L6>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L7>(tid, s2 + 0, gi2);
+  // software pipeline: 4 stages
+  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + 0, gi2);
+  mucc::sm80::cp_async_commit();
+  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
+  mucc::sm80::cp_async_commit();
+  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    mucc::f16* s1_cur = s1 + (it % 2) * 8192;
-    mucc::f16* s2_cur = s2 + (it % 2) * 8192;
-    mucc::sm80::cp_async_wait<0>();
+    mucc::f16* s1_cur = s1 + (it % 4) * 8192;
+    mucc::f16* s2_cur = s2 + (it % 4) * 8192;
+    mucc::sm80::cp_async_wait<2>();
     // op1 input
     // issued ahead by the pipeline
     // op2 input
     // issued ahead by the pipeline
     __syncthreads();
     {
-      const int pf = it + 1;
+      const int pf = it + 3;
       if (pf < 4) {
-        mucc::tb::cp_async_chunks<128, 8192, 8, L5, L6>(tid, s1 + (pf % 2) * 8192,
+        mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + (pf % 4) * 8192,
             gi1 + static_cast<mucc::i64>(pf) * 128);
-        mucc::tb::cp_async_chunks<128, 8192, 8, L3, L7>(tid, s2 + (pf % 2) * 8192,
+        mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + (pf % 4) * 8192,
             gi2 + static_cast<mucc::i64>(pf) * 8192);
       }
       mucc::sm80::cp_async_commit();
@@ -103,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op5 accum_nored
-    mucc::tb::for_each_unrolled<128, 2048>(tid, [&](int e, int r) {
+    mucc::tb::for_each_unrolled<512, 2048>(tid, [&](int e, int r) {
       float v = mucc::to_compute(s4[L9::offset(e)]);
       acc5[r] += v;
     });
@@ -111,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     L4::run(acc7, s4, s2_cur, smem, warp, lane);
     __syncthreads();
   }
-  mucc::tb::for_each_unrolled<128, 2048>(tid, [&](int e, int r) {
+  mucc::tb::for_each_unrolled<512, 2048>(tid, [&](int e, int r) {
     s5[L10::offset(e)] = mucc::from_compute<float>(acc5[r]);
   });
   L4::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
@@ -119,14 +125,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   });
   __syncthreads();
   // op8 output
-  mucc::tb::copy_elems<128, 2048, L12, L10>(tid, go8, s5);
+  mucc::tb::copy_elems<512, 2048, L12, L10>(tid, go8, s5);
   // op9 output
-  mucc::tb::copy_elems<128, 1024, L14, L13>(tid, go9, s7);
+  mucc::tb::copy_elems<512, 1024, L14, L13>(tid, go9, s7);
 }
 
-// kernel op 4: kn_customized_op grid (2, 16, 1), block (128, 1, 1), forloop 1, 53312 bytes of shared memory
+// kernel op 4: kn_customized_op grid (2, 16, 1), block (512, 1, 1), forloop 1, 53312 bytes of shared memory
 // schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
@@ -155,12 +161,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.y) * 1024;
   // op0 input
-  mucc::tb::copy_chunks<128, 16384, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 16384, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 8192, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 8192, 8, L2, L3>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<128, 16, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 1024, L5>(tid, s3, float(0.0));
+  mucc::tb::fill<512, 16, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<512, 1024, L5>(tid, s3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -175,10 +181,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L4::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 8, 16, 1024, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 16, 1024, float>(tid, elem, sink);
     }
     // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<128, 1024>(tid, [&](int o, int) {
+    mucc::tb::for_each<512, 1024>(tid, [&](int o, int) {
       float s = float(0.0);
       for (int kk = 0; kk < 8; ++kk) {
         float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
@@ -189,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   }
   __syncthreads();
   // op4 div -> op5 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L5::offset(e)]);
     const float x1 = mucc::to_compute(s2[L8::offset(e)]);
     float v = mucc::op::div(x0, x1);
@@ -210,9 +216,9 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 71696, smem_set));
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 137232, smem_set));
     void* const args[] = {buf.ws(0), buf.ws(1048576), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 8, 16), dim3(128, 1, 1), 71696, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 8, 16), dim3(512, 1, 1), 137232, stream, args));
   }
 
   // launch k4_customized
@@ -221,7 +227,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 53312, smem_set));
     void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(1048576)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 16, 1), dim3(128, 1, 1), 53312, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 16, 1), dim3(512, 1, 1), 53312, stream, args));
   }
 
   return 0;

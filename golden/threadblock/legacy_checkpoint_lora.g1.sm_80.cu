@@ -10,9 +10,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 4: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 1, 60688 bytes of shared memory
+// kernel op 4: kn_customized_op grid (128, 1, 1), block (512, 1, 1), forloop 1, 60688 bytes of shared memory
 // schedule 0,1,2,3 | 4,6 5 7 | 9
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
@@ -55,13 +55,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   const mucc::f16* gi3 = in3 + static_cast<mucc::i64>(blockIdx.x) * 32;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 32;
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 8192, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 8192, 8, L2, L3>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s2, gi2);
+  mucc::tb::copy_chunks<512, 4096, 8, L4, L5>(tid, s2, gi2);
   // op3 input
-  mucc::tb::copy_chunks<128, 512, 8, L6, L7>(tid, s3, gi3);
+  mucc::tb::copy_chunks<512, 512, 8, L6, L7>(tid, s3, gi3);
   __syncthreads();
   L10::Frag acc8;
   L10::fill(acc8, float(0.0));
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
       s4[L12::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     // op6 concat_0
-    mucc::tb::for_each<128, 8704>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 8704>(tid, [&](int e, int) {
       const int outer_ = (e) / 8704, mid_ = ((e) / 32) % 272, in_ = (e) % 32;
       float v;
       if (mid_ < 256) v = mucc::to_compute(s1[L2::offset((outer_ * 256 + mid_) * 32 + in_)]);
@@ -84,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
     });
     __syncthreads();
     // op5 concat_1
-    mucc::tb::for_each<128, 4352>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4352>(tid, [&](int e, int) {
       const int outer_ = (e) / 272, mid_ = ((e) / 1) % 272, in_ = (e) % 1;
       float v;
       if (mid_ < 256) v = mucc::to_compute(s0[L0::offset((outer_ * 256 + mid_) * 1 + in_)]);
@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   });
   __syncthreads();
   // op9 output
-  mucc::tb::copy_chunks<128, 512, 8, L7, L13>(tid, go9, s8);
+  mucc::tb::copy_chunks<512, 512, 8, L7, L13>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__
@@ -119,7 +119,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 60688, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0), buf.in(3, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(128, 1, 1), 60688, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(512, 1, 1), 60688, stream, args));
   }
 
   return 0;

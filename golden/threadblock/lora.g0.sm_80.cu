@@ -10,9 +10,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 4: kn_customized_op grid (64, 1, 1), block (128, 1, 1), forloop 1, 57872 bytes of shared memory
+// kernel op 4: kn_customized_op grid (64, 1, 1), block (512, 1, 1), forloop 1, 57872 bytes of shared memory
 // schedule 0,1,2,3 | 4,5 6 7 | 9
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
@@ -27,12 +27,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L7 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
   using L8 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
-  using L9 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 64, 256, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L9 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 64, 256, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L10 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L12 = mucc::tb::Mma<mucc::f16, L11, L6, 16, 64, 16, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L12 = mucc::tb::Mma<mucc::f16, L11, L6, 16, 64, 16, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -55,15 +55,15 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   const mucc::f16* gi3 = in3 + static_cast<mucc::i64>(blockIdx.x) * 64;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 16384, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 16384, 8, L2, L3>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s2, gi2);
+  mucc::tb::copy_chunks<512, 4096, 8, L4, L5>(tid, s2, gi2);
   // op3 input
-  mucc::tb::copy_chunks<128, 1024, 8, L6, L7>(tid, s3, gi3);
+  mucc::tb::copy_chunks<512, 1024, 8, L6, L7>(tid, s3, gi3);
   __syncthreads();
-  mucc::tb::fill<128, 1024, L8>(tid, s8, float(0.0));
+  mucc::tb::fill<512, 1024, L8>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -84,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
     });
     __syncthreads();
     // op7 add -> op8 accum_nored
-    mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s6[L6::offset(e)]);
       const float x1 = mucc::to_compute(s4[L6::offset(e)]);
       float v = mucc::op::add(x0, x1);
@@ -93,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   }
   __syncthreads();
   // op9 output
-  mucc::tb::copy_chunks<128, 1024, 8, L7, L8>(tid, go9, s8);
+  mucc::tb::copy_chunks<512, 1024, 8, L7, L8>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__
@@ -111,7 +111,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 57872, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0), buf.in(3, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(128, 1, 1), 57872, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(512, 1, 1), 57872, stream, args));
   }
 
   return 0;

@@ -8,9 +8,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (4, 1, 1), block (128, 1, 1), forloop 1, 14816 bytes of shared memory
+// kernel op 2: kn_customized_op grid (4, 1, 1), block (512, 1, 1), forloop 1, 14816 bytes of shared memory
 // schedule 0,1 | 2 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
@@ -35,9 +35,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 24;
   // op0 input
-  mucc::tb::copy_chunks<128, 296, 8, L0, L0>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 296, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 7104, 8, L1, L2>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 7104, 8, L1, L2>(tid, s1, gi1);
   __syncthreads();
   L3::Frag acc3;
   L3::fill(acc3, float(0.0));
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   });
   __syncthreads();
   // op4 silu -> op5 output
-  mucc::tb::for_each<128, 24>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 24>(tid, [&](int e, int) {
     float v = mucc::to_compute(s3[L4::offset(e)]);
     v = mucc::op::silu(v);
     go5[L5::offset(e)] = mucc::from_compute<mucc::f16>(v);
@@ -75,7 +75,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(4, 1, 1), dim3(128, 1, 1), 14816, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(4, 1, 1), dim3(512, 1, 1), 14816, stream, args));
   }
 
   return 0;

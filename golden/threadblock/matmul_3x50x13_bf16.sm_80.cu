@@ -8,9 +8,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 2, 1), block (64, 1, 1), forloop 2, 2288 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 2, 1), block (512, 1, 1), forloop 2, 2288 bytes of shared memory
 // schedule - | 0,1 2 | 4
-extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
     const mucc::bf16* __restrict__ in1) {
@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
   L2::fill(acc3, float(0.0));
   __syncthreads();
   // software pipeline: 2 stages
-  mucc::tb::cp_async_chunks<64, 150, 2, L0, L3>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<512, 150, 2, L0, L3>(tid, s0 + 0, gi0);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 2; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -49,12 +49,12 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
     // op0 input
     // issued ahead by the pipeline
     // op1 input
-    mucc::tb::copy_elems<64, 650, L1, L4>(tid, s1, gi1 + static_cast<mucc::i64>(it) * 1300);
+    mucc::tb::copy_elems<512, 650, L1, L4>(tid, s1, gi1 + static_cast<mucc::i64>(it) * 1300);
     __syncthreads();
     {
       const int pf = it + 1;
       if (pf < 2) {
-        mucc::tb::cp_async_chunks<64, 150, 2, L0, L3>(tid, s0 + (pf % 2) * 168, gi0 + static_cast<mucc::i64>(pf) * 50);
+        mucc::tb::cp_async_chunks<512, 150, 2, L0, L3>(tid, s0 + (pf % 2) * 168, gi0 + static_cast<mucc::i64>(pf) * 50);
       }
       mucc::sm80::cp_async_commit();
     }
@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) k2_customized(
   });
   __syncthreads();
   // op4 output
-  mucc::tb::copy_elems<64, 39, L6, L5>(tid, go4, s3);
+  mucc::tb::copy_elems<512, 39, L6, L5>(tid, go4, s3);
 }
 
 #ifndef __CUDACC_RTC__
@@ -83,7 +83,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(64, 1, 1), 2288, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(512, 1, 1), 2288, stream, args));
   }
 
   return 0;

@@ -8,14 +8,14 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 65552 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (512, 1, 1), forloop 4, 65552 bytes of shared memory
 // schedule - | 0,1 2 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<1, 64>>, mucc::Swizzle<3, 3, 3>>;
-  using L1 = mucc::tb::Mma<mucc::f16, L0, L0, 64, 64, 64, 2, 2, mucc::tb::Load::LdmatrixTrans,
+  using L1 = mucc::tb::Mma<mucc::f16, L0, L0, 64, 64, 64, 4, 4, mucc::tb::Load::LdmatrixTrans,
       mucc::tb::Load::Ldmatrix>;
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L3 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>;
@@ -39,14 +39,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   L1::fill(acc3, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + 0, gi0);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L2, L3>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L2, L4>(tid, s1 + 0, gi1);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + 4096, gi0 + static_cast<mucc::i64>(1) * 4096);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L2, L3>(tid, s0 + 4096, gi0 + static_cast<mucc::i64>(1) * 4096);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L2, L4>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 64);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + 8192, gi0 + static_cast<mucc::i64>(2) * 4096);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L2, L3>(tid, s0 + 8192, gi0 + static_cast<mucc::i64>(2) * 4096);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L2, L4>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -63,9 +63,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
     {
       const int pf = it + 3;
       if (pf < 4) {
-        mucc::tb::cp_async_chunks<128, 4096, 8, L2, L3>(tid, s0 + (pf % 4) * 4096,
+        mucc::tb::cp_async_chunks<512, 4096, 8, L2, L3>(tid, s0 + (pf % 4) * 4096,
             gi0 + static_cast<mucc::i64>(pf) * 4096);
-        mucc::tb::cp_async_chunks<128, 4096, 8, L2, L4>(tid, s1 + (pf % 4) * 4096,
+        mucc::tb::cp_async_chunks<512, 4096, 8, L2, L4>(tid, s1 + (pf % 4) * 4096,
             gi1 + static_cast<mucc::i64>(pf) * 64);
       }
       mucc::sm80::cp_async_commit();
@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   });
   __syncthreads();
   // op4 output
-  mucc::tb::copy_elems<128, 4096, L3, L6>(tid, go4, s3);
+  mucc::tb::copy_elems<512, 4096, L3, L6>(tid, go4, s3);
 }
 
 #ifndef __CUDACC_RTC__
@@ -97,7 +97,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65552, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(128, 1, 1), 65552, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(512, 1, 1), 65552, stream, args));
   }
 
   return 0;

@@ -26,9 +26,9 @@ extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__
   mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
 }
 
-// kernel op 6: kn_customized_op grid (32, 2, 1), block (128, 1, 1), forloop 1, 67616 bytes of shared memory
+// kernel op 6: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 1, 67616 bytes of shared memory
 // schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
@@ -53,12 +53,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   // op0 input
-  mucc::tb::copy_chunks<128, 32768, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 32768, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 512, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 512, 8, L2, L3>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<128, 8, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 512, L2>(tid, s3, float(0.0));
+  mucc::tb::fill<512, 8, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<512, 512, L2>(tid, s3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -73,17 +73,17 @@ extern "C" __global__ void __launch_bounds__(128, 1) k6_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L4::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 16, 8, 4096, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 64, 8, 4096, float>(tid, elem, sink);
     }
     // op3 accum_nored
-    mucc::tb::for_each<128, 512>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 512>(tid, [&](int e, int) {
       float v = mucc::to_compute(s1[L2::offset(e)]);
       mucc::tb::acc_add(s3[L2::offset(e)], v);
     });
   }
   __syncthreads();
   // op4 div -> op5 output
-  mucc::tb::for_each<128, 512>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 512>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L2::offset(e)]);
     const float x1 = mucc::to_compute(s2[L6::offset(e)]);
     float v = mucc::op::div(x0, x1);
@@ -141,7 +141,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 67616, smem_set));
     void* const args[] = {buf.out(0, 0), buf.ws(4194304), buf.ws(0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(32, 2, 1), dim3(128, 1, 1), 67616, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(32, 2, 1), dim3(512, 1, 1), 67616, stream, args));
   }
 
   return 0;

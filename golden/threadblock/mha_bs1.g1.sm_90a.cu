@@ -12,9 +12,9 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 4: kn_customized_op grid (32, 2, 1), block (128, 1, 1), forloop 4, 180304 bytes of shared memory
+// kernel op 4: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 4, 180304 bytes of shared memory
 // schedule - | 0,1 2 3,4 | 6,7
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k4_customized(
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -24,7 +24,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k
       3, 6>>;
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 512, 64>, mucc::Stride<32768, 64, 1>>, mucc::Swizzle<3,
       3, 3>>;
-  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 16, 64, 512, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 16, 64, 512, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L4 = mucc::Layout<mucc::Shape<1, 512, 64>, mucc::Stride<262144, 64, 1>>;
   using L5 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 512, 1>>;
@@ -54,15 +54,15 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k
       + static_cast<mucc::i64>(blockIdx.y) * 2048;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 32 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go7 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 1024;
-  mucc::tb::fill<128, 16, L0>(tid, s3, float(0.0));
+  mucc::tb::fill<512, 16, L0>(tid, s3, float(0.0));
   L3::Frag acc5;
   L3::fill(acc5, float(0.0));
   __syncthreads();
   // cluster split: CTA r of the cluster runs iterations [r·2, (r + 1)·2)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 2;
   // software pipeline: 2 stages
-  mucc::tb::cp_async_chunks<128, 32768, 8, L2, L4>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 32768);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L5, L6>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 512);
+  mucc::tb::cp_async_chunks<512, 32768, 8, L2, L4>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 32768);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 512);
   mucc::sm80::cp_async_commit();
   for (int it = it0; it < it0 + 2; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -79,15 +79,15 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k
     {
       const int pf = it + 1;
       if (pf < it0 + 2) {
-        mucc::tb::cp_async_chunks<128, 32768, 8, L2, L4>(tid, s0 + ((pf - it0) % 2) * 32768,
+        mucc::tb::cp_async_chunks<512, 32768, 8, L2, L4>(tid, s0 + ((pf - it0) % 2) * 32768,
             gi0 + static_cast<mucc::i64>(pf) * 32768);
-        mucc::tb::cp_async_chunks<128, 8192, 8, L5, L6>(tid, s1 + ((pf - it0) % 2) * 8192,
+        mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + ((pf - it0) % 2) * 8192,
             gi1 + static_cast<mucc::i64>(pf) * 512);
       }
       mucc::sm80::cp_async_commit();
     }
     // op2 exp
-    mucc::tb::for_each<128, 8192>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 8192>(tid, [&](int e, int) {
       float v = mucc::to_compute(s1_cur[L5::offset(e)]);
       v = mucc::op::exp(v);
       s2[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
@@ -102,7 +102,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s3[L0::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 8, 16, 512, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 16, 512, float>(tid, elem, sink);
     }
     // op4 matmul -> op5 accum_nored
     L3::run(acc5, s2, s0_cur, smem, warp, lane);
@@ -115,21 +115,21 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1) k
   // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<128, 16, 2, mucc::tb::FoldSum, L0, float>(tid, s3);
-    mucc::tb::cluster_fold<128, 1024, 2, mucc::tb::FoldSum, L7, float>(tid, s5);
+    mucc::tb::cluster_fold<512, 16, 2, mucc::tb::FoldSum, L0, float>(tid, s3);
+    mucc::tb::cluster_fold<512, 1024, 2, mucc::tb::FoldSum, L7, float>(tid, s5);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
   // op6 output
-  mucc::tb::copy_elems<128, 16, L9, L8>(tid, go6, s3);
+  mucc::tb::copy_elems<512, 16, L9, L8>(tid, go6, s3);
   // op7 output
-  mucc::tb::copy_elems<128, 1024, L11, L10>(tid, go7, s5);
+  mucc::tb::copy_elems<512, 1024, L11, L10>(tid, go7, s5);
 }
 
-// kernel op 5: kn_customized_op grid (32, 2, 1), block (128, 1, 1), forloop 1, 4160 bytes of shared memory
+// kernel op 5: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 1, 4160 bytes of shared memory
 // schedule 0,1 | 2,3 | 4,5
-extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -162,12 +162,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
   mucc::f16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 16 + static_cast<mucc::i64>(blockIdx.y) * 8;
   mucc::f16* go5 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   // op0 input
-  mucc::tb::copy_chunks<128, 16, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 16, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 1024, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 1024, 8, L2, L3>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<128, 8, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 512, L5>(tid, s3, float(0.0));
+  mucc::tb::fill<512, 8, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<512, 512, L5>(tid, s3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -182,10 +182,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L4::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 16, 8, 2, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 8, 2, float>(tid, elem, sink);
     }
     // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<128, 512>(tid, [&](int o, int) {
+    mucc::tb::for_each<512, 512>(tid, [&](int o, int) {
       float s = float(0.0);
       for (int kk = 0; kk < 2; ++kk) {
         float v = mucc::to_compute(s1[L7::offset((o / 64) * 128 + kk * 64 + o % 64)]);
@@ -196,9 +196,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
   }
   __syncthreads();
   // op4 output
-  mucc::tb::copy_elems<128, 8, L9, L8>(tid, go4, s2);
+  mucc::tb::copy_elems<512, 8, L9, L8>(tid, go4, s2);
   // op5 output
-  mucc::tb::copy_elems<128, 512, L10, L5>(tid, go5, s3);
+  mucc::tb::copy_elems<512, 512, L10, L5>(tid, go5, s3);
 }
 
 // kernel op 6: kn_div_op(%7, %6) -> %8 [32, 16, 64] f16
@@ -252,14 +252,14 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 180304, smem_set));
     void* const args[] = {buf.ws(4325376), buf.ws(4194304), buf.in(2, 0), buf.ws(0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 2, 1), dim3(128, 1, 1), 180304, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 2, 1), dim3(512, 1, 1), 180304, stream, args));
   }
 
   // launch k5_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k5_customized);
     void* const args[] = {buf.ws(65536), buf.ws(0), buf.ws(4325376), buf.ws(4194304)};
-    MUCC_CHECK(mucc::host::launch_programmatic(kernel, dim3(32, 2, 1), dim3(128, 1, 1), 4160, stream, args));
+    MUCC_CHECK(mucc::host::launch_programmatic(kernel, dim3(32, 2, 1), dim3(512, 1, 1), 4160, stream, args));
   }
 
   // launch k6_div

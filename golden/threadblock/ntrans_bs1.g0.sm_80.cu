@@ -9,9 +9,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (8, 1, 1), block (128, 1, 1), forloop 1, 65536 bytes of shared memory
+// kernel op 3: kn_customized_op grid (8, 1, 1), block (512, 1, 1), forloop 1, 65536 bytes of shared memory
 // schedule 0,1,2 | 3 4 5 6 7 | 9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
@@ -36,13 +36,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s2, gi2);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s2, gi2);
   __syncthreads();
-  mucc::tb::fill<128, 4096, L0>(tid, s8, float(0.0));
+  mucc::tb::fill<512, 4096, L0>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -63,11 +63,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         (void)row;
         (void)s;
       };
-      mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, x, out, done);
+      mucc::tb::rms_rows<512, 512, 1, 4096, false, float>(tid, x, out, done);
     }
     __syncthreads();
     // op4 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s1[L0::offset(e)]);
       const float x1 = mucc::to_compute(s3[L0::offset(e)]);
       float v = mucc::op::add(x0, x1);
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op5 mul
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s4[L0::offset(e)]);
       const float x1 = mucc::to_compute(s2[L0::offset(e)]);
       float v = mucc::op::mul(x0, x1);
@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op6 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s5[L0::offset(e)]);
       const float x1 = mucc::to_compute(s1[L0::offset(e)]);
       float v = mucc::op::add(x0, x1);
@@ -105,12 +105,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         (void)row;
         (void)s;
       };
-      mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, x, out, done);
+      mucc::tb::rms_rows<512, 512, 1, 4096, false, float>(tid, x, out, done);
     }
   }
   __syncthreads();
   // op9 output
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, go9, s8);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__
@@ -128,7 +128,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65536, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 1, 1), dim3(128, 1, 1), 65536, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 1, 1), dim3(512, 1, 1), 65536, stream, args));
   }
 
   return 0;

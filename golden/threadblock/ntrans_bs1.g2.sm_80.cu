@@ -9,9 +9,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (8, 1, 1), block (128, 1, 1), forloop 1, 65552 bytes of shared memory
+// kernel op 3: kn_customized_op grid (8, 1, 1), block (512, 1, 1), forloop 1, 65552 bytes of shared memory
 // schedule 0,1,2 | 3 4 5 6 7,8 | 9,10
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -41,14 +41,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   mucc::f16* go10 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1;
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, s2, gi2);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s2, gi2);
   __syncthreads();
-  mucc::tb::fill<128, 4096, L0>(tid, s7, float(0.0));
-  mucc::tb::fill<128, 1, L1>(tid, s8, float(0.0));
+  mucc::tb::fill<512, 4096, L0>(tid, s7, float(0.0));
+  mucc::tb::fill<512, 1, L1>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -69,11 +69,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         (void)row;
         (void)s;
       };
-      mucc::tb::rms_rows<128, 128, 1, 4096, false, float>(tid, x, out, done);
+      mucc::tb::rms_rows<512, 512, 1, 4096, false, float>(tid, x, out, done);
     }
     __syncthreads();
     // op4 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s1[L0::offset(e)]);
       const float x1 = mucc::to_compute(s3[L0::offset(e)]);
       float v = mucc::op::add(x0, x1);
@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op5 mul
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s4[L0::offset(e)]);
       const float x1 = mucc::to_compute(s2[L0::offset(e)]);
       float v = mucc::op::mul(x0, x1);
@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op6 add
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s5[L0::offset(e)]);
       const float x1 = mucc::to_compute(s1[L0::offset(e)]);
       float v = mucc::op::add(x0, x1);
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op7 accum_nored
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       float v = mucc::to_compute(s6[L0::offset(e)]);
       mucc::tb::acc_add(s7[L0::offset(e)], v);
     });
@@ -110,19 +110,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s8[L1::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 128, 1, 4096, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 512, 1, 4096, float>(tid, elem, sink);
     }
   }
   __syncthreads();
-  mucc::tb::for_each<128, 1>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 1>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s8[L1::offset(e)]);
     s8[L1::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0)));
   });
   __syncthreads();
   // op9 output
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L0>(tid, go9, s7);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, go9, s7);
   // op10 output
-  mucc::tb::copy_elems<128, 1, L2, L1>(tid, go10, s8);
+  mucc::tb::copy_elems<512, 1, L2, L1>(tid, go10, s8);
 }
 
 // kernel op 4: kn_div_op(%3, %4) -> %5 [8, 4096] f16
@@ -162,7 +162,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65552, smem_set));
     void* const args[] = {buf.ws(0), buf.ws(65536), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 1, 1), dim3(128, 1, 1), 65552, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 1, 1), dim3(512, 1, 1), 65552, stream, args));
   }
 
   // launch k4_div

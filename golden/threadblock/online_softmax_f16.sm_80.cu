@@ -10,9 +10,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 1, 1), block (128, 1, 1), forloop 4, 79024 bytes of shared memory
+// kernel op 3: kn_customized_op grid (2, 1, 1), block (512, 1, 1), forloop 4, 79024 bytes of shared memory
 // schedule 0 | 1,2 3 4 5,7 8,9,13 10 | 11,15
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -27,7 +27,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       3>>;
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 256, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 64, 1>>;
-  using L7 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 64, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L7 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 64, 64, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
   using L9 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
@@ -57,22 +57,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024;
   mucc::f16* go15 = out1 + static_cast<mucc::i64>(blockIdx.x) * 256;
   // op0 input
-  mucc::tb::copy_chunks<128, 1024, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 1024, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
-  mucc::tb::fill<128, 16, L2>(tid, s4, mucc::neg_inf<float>());
-  mucc::tb::fill<128, 16, L2>(tid, s9, float(0.0));
-  mucc::tb::fill<128, 1024, L1>(tid, s11, float(0.0));
-  mucc::tb::fill<128, 256, L3>(tid, s14, float(0.0));
+  mucc::tb::fill<512, 16, L2>(tid, s4, mucc::neg_inf<float>());
+  mucc::tb::fill<512, 16, L2>(tid, s9, float(0.0));
+  mucc::tb::fill<512, 1024, L1>(tid, s11, float(0.0));
+  mucc::tb::fill<512, 256, L3>(tid, s14, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + 0, gi2);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L4, L5>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L4, L6>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(1) * 4096);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L4, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 64);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L4, L6>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(1) * 4096);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
-  mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(2) * 4096);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L4, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
+  mucc::tb::cp_async_chunks<512, 4096, 8, L4, L6>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(2) * 4096);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -89,9 +89,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     {
       const int pf = it + 3;
       if (pf < 4) {
-        mucc::tb::cp_async_chunks<128, 4096, 8, L4, L5>(tid, s1 + (pf % 4) * 4096,
+        mucc::tb::cp_async_chunks<512, 4096, 8, L4, L5>(tid, s1 + (pf % 4) * 4096,
             gi1 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<128, 4096, 8, L4, L6>(tid, s2 + (pf % 4) * 4096,
+        mucc::tb::cp_async_chunks<512, 4096, 8, L4, L6>(tid, s2 + (pf % 4) * 4096,
             gi2 + static_cast<mucc::i64>(pf) * 4096);
       }
       mucc::sm80::cp_async_commit();
@@ -102,10 +102,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     });
     __syncthreads();
     // op4 reduction_2_max
-    mucc::tb::running_max<128, 16, 64, 1, L0, L2, L2>(tid, s3, s4, s5);
+    mucc::tb::running_max<512, 16, 64, 1, L0, L2, L2>(tid, s3, s4, s5);
     __syncthreads();
     // op5 sub -> op6 exp
-    mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s3[L0::offset(e)]);
       const float x1 = mucc::to_compute(s4[L8::offset(e)]);
       float v = mucc::op::sub(x0, x1);
@@ -113,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       s7[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
     });
     // op7 exp
-    mucc::tb::for_each<128, 16>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 16>(tid, [&](int e, int) {
       float v = mucc::to_compute(s5[L9::offset(e)]);
       v = mucc::op::exp(v);
       s8[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         const float scale = mucc::to_compute(s8[L2::offset(row)]);
         mucc::tb::acc_rescale(s9[L2::offset(row)], scale, s);
       };
-      mucc::tb::for_each_row<128, 8, 16, 64, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 16, 64, float>(tid, elem, sink);
     }
     // op9 matmul
     L7::apply(s7, s2_cur, smem, warp, lane, [&](int row, int col, float v) {
@@ -144,11 +144,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         float v = s;
         mucc::tb::acc_add(s14[L3::offset(row)], v);
       };
-      mucc::tb::for_each_row<128, 1, 256, 4, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 2, 256, 4, float>(tid, elem, sink);
     }
     __syncthreads();
     // op10 accum_nored_rescale
-    mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
       float v = mucc::to_compute(s10[L0::offset(e)]);
       const float scale = mucc::to_compute(s8[L8::offset(e)]);
       mucc::tb::acc_rescale(s11[L1::offset(e)], scale, v);
@@ -156,14 +156,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   }
   __syncthreads();
   // op11 div -> op12 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s11[L1::offset(e)]);
     const float x1 = mucc::to_compute(s9[L8::offset(e)]);
     float v = mucc::op::div(x0, x1);
     go12[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op15 output
-  mucc::tb::copy_elems<128, 256, L10, L10>(tid, go15, s14);
+  mucc::tb::copy_elems<512, 256, L10, L10>(tid, go15, s14);
 }
 
 #ifndef __CUDACC_RTC__
@@ -181,7 +181,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 79024, smem_set));
     void* const args[] = {buf.out(0, 0), buf.out(1, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(128, 1, 1), 79024, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(512, 1, 1), 79024, stream, args));
   }
 
   return 0;

@@ -9,9 +9,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 33296 bytes of shared memory
+// kernel op 3: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 33296 bytes of shared memory
 // schedule 0,1,2 | 3,4,5 | 7,10
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -49,15 +49,15 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go10 = out1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   // op0 input
-  mucc::tb::copy_chunks<128, 256, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 256, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 4096, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 4096, 8, L2, L3>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_chunks<128, 4096, 8, L4, L5>(tid, s2, gi2);
+  mucc::tb::copy_chunks<512, 4096, 8, L4, L5>(tid, s2, gi2);
   __syncthreads();
-  mucc::tb::fill<128, 4096, L2>(tid, s4, float(0.0));
-  mucc::tb::fill<128, 4, L6>(tid, s6, float(0.0));
-  mucc::tb::fill<128, 4096, L7>(tid, s8, float(0.0));
+  mucc::tb::fill<512, 4096, L2>(tid, s4, float(0.0));
+  mucc::tb::fill<512, 4, L6>(tid, s6, float(0.0));
+  mucc::tb::fill<512, 4096, L7>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -78,10 +78,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         (void)s;
         mucc::tb::acc_add(s6[L6::offset(row)], s);
       };
-      mucc::tb::rms_rows<128, 32, 4, 64, true, float>(tid, x, out, done);
+      mucc::tb::rms_rows<512, 32, 4, 64, true, float>(tid, x, out, done);
     }
     // op4 accum_nored
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       float v = mucc::to_compute(s1[L2::offset(e)]);
       mucc::tb::acc_add(s4[L2::offset(e)], v);
     });
@@ -100,19 +100,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         (void)row;
         (void)s;
       };
-      mucc::tb::rms_rows<128, 2, 64, 64, false, float>(tid, x, out, done);
+      mucc::tb::rms_rows<512, 8, 64, 64, false, float>(tid, x, out, done);
     }
   }
   __syncthreads();
   // op7 mul -> op9 output
-  mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 16384>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s4[L8::offset(e)]);
     const float x1 = mucc::to_compute(s6[L9::offset(e)]);
     float v = mucc::op::mul(x0, x1);
     go9[L10::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op10 output
-  mucc::tb::copy_chunks<128, 4096, 8, L5, L11>(tid, go10, s8);
+  mucc::tb::copy_chunks<512, 4096, 8, L5, L11>(tid, go10, s8);
 }
 
 // kernel op 4: kn_exp_op(%3) -> %5 [2, 4, 262144] f16
@@ -132,9 +132,9 @@ extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__
   mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
 }
 
-// kernel op 5: kn_customized_op grid (2, 64, 1), block (128, 1, 1), forloop 1, 81936 bytes of shared memory
+// kernel op 5: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 81936 bytes of shared memory
 // schedule 0,1 | 2,3,4 | 5,6
-extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -166,25 +166,25 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 64;
   mucc::f16* go7 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 16384;
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 16384, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 16384, 8, L2, L3>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<128, 4096, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 16384, L5>(tid, s3, float(0.0));
-  mucc::tb::fill<128, 4, L6>(tid, s4, float(0.0));
+  mucc::tb::fill<512, 4096, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<512, 16384, L5>(tid, s3, float(0.0));
+  mucc::tb::fill<512, 4, L6>(tid, s4, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op2 accum_nored
-    mucc::tb::for_each<128, 4096>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
       float v = mucc::to_compute(s0[L0::offset(e)]);
       mucc::tb::acc_add(s2[L0::offset(e)], v);
     });
     // op3 accum_nored
-    mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 16384>(tid, [&](int e, int) {
       float v = mucc::to_compute(s1[L2::offset(e)]);
       mucc::tb::acc_add(s3[L5::offset(e)], v);
     });
@@ -197,19 +197,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k5_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s4[L6::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 32, 4, 4096, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 128, 4, 4096, float>(tid, elem, sink);
     }
   }
   __syncthreads();
   // op5 div -> op7 output
-  mucc::tb::for_each<128, 16384>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 16384>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L5::offset(e)]);
     const float x1 = mucc::to_compute(s4[L7::offset(e)]);
     float v = mucc::op::div(x0, x1);
     go7[L8::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op6 output
-  mucc::tb::copy_chunks<128, 4096, 8, L9, L0>(tid, go6, s2);
+  mucc::tb::copy_chunks<512, 4096, 8, L9, L0>(tid, go6, s2);
 }
 
 #ifndef __CUDACC_RTC__
@@ -225,7 +225,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     void* const args[] = {buf.ws(0), buf.ws(4194304), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(128, 1, 1), 33296, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 33296, stream, args));
   }
 
   // launch k4_exp
@@ -241,7 +241,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 81936, smem_set));
     void* const args[] = {buf.ws(9437184), buf.ws(0), buf.ws(4194304), buf.ws(5242880)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(128, 1, 1), 81936, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 81936, stream, args));
   }
 
   // cuBLAS: 2 product(s) of 64x4096 by 4096x256

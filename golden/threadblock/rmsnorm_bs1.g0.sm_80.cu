@@ -8,9 +8,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (256, 1, 1), block (128, 1, 1), forloop 32, 26656 bytes of shared memory
+// kernel op 2: kn_customized_op grid (256, 1, 1), block (256, 1, 1), forloop 32, 26656 bytes of shared memory
 // schedule - | 0,1 2,3 | 5
-extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
+extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
@@ -38,19 +38,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 24;
-  mucc::tb::fill<128, 2, L0>(tid, s2, float(0.0));
+  mucc::tb::fill<256, 2, L0>(tid, s2, float(0.0));
   L3::Frag acc4;
   L3::fill(acc4, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 0, gi0);
-  mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + 0, gi0);
+  mucc::tb::cp_async_chunks<256, 3072, 8, L2, L5>(tid, s1 + 0, gi1);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 256, gi0 + static_cast<mucc::i64>(1) * 128);
-  mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + 3072, gi1 + static_cast<mucc::i64>(1) * 786432);
+  mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + 256, gi0 + static_cast<mucc::i64>(1) * 128);
+  mucc::tb::cp_async_chunks<256, 3072, 8, L2, L5>(tid, s1 + 3072, gi1 + static_cast<mucc::i64>(1) * 786432);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(2) * 128);
-  mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + 6144, gi1 + static_cast<mucc::i64>(2) * 786432);
+  mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(2) * 128);
+  mucc::tb::cp_async_chunks<256, 3072, 8, L2, L5>(tid, s1 + 6144, gi1 + static_cast<mucc::i64>(2) * 786432);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 32; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -67,9 +67,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
     {
       const int pf = it + 3;
       if (pf < 32) {
-        mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + (pf % 4) * 256,
+        mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + (pf % 4) * 256,
             gi0 + static_cast<mucc::i64>(pf) * 128);
-        mucc::tb::cp_async_chunks<128, 3072, 8, L2, L5>(tid, s1 + (pf % 4) * 3072,
+        mucc::tb::cp_async_chunks<256, 3072, 8, L2, L5>(tid, s1 + (pf % 4) * 3072,
             gi1 + static_cast<mucc::i64>(pf) * 786432);
       }
       mucc::sm80::cp_async_commit();
@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L0::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 32, 2, 128, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 32, 2, 128, float>(tid, elem, sink);
     }
     // op3 matmul -> op4 accum_nored
     L3::run(acc4, s0_cur, s1_cur, smem, warp, lane);
@@ -93,13 +93,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k2_customized(
     s4[L6::offset(row * 24 + col)] = mucc::from_compute<float>(v);
   });
   __syncthreads();
-  mucc::tb::for_each<128, 2>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 2>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s2[L0::offset(e)]);
     s2[L0::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0)));
   });
   __syncthreads();
   // op5 div -> op6 output
-  mucc::tb::for_each<128, 48>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 48>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s4[L6::offset(e)]);
     const float x1 = mucc::to_compute(s2[L7::offset(e)]);
     float v = mucc::op::div(x0, x1);
@@ -120,7 +120,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(128, 1, 1), 26656, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 26656, stream, args));
   }
 
   return 0;

@@ -9,16 +9,16 @@
 #include "mucc/runtime.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 2: kn_customized_op grid (128, 1, 1), block (128, 1, 1), forloop 32, 59424 bytes of shared memory
+// kernel op 2: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 32, 59424 bytes of shared memory
 // schedule - | 0,1 2,3 | 5
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 3) k2_customized(
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k2_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<2, 1>, mucc::Stride<1, 4>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<128, 1>>, mucc::Swizzle<3, 3, 4>>;
   using L2 = mucc::Layout<mucc::Shape<128, 48>, mucc::Stride<56, 1>>;
-  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 2, 48, 128, 1, 3, mucc::tb::Load::Ldmatrix,
+  using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 2, 48, 128, 1, 6, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L4 = mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<4096, 1>>;
   using L5 = mucc::Layout<mucc::Shape<128, 48>, mucc::Stride<6144, 1>>;
@@ -39,21 +39,21 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 3) k
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 2) * 48;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 48;
-  mucc::tb::fill<128, 2, L0>(tid, s2, float(0.0));
+  mucc::tb::fill<256, 2, L0>(tid, s2, float(0.0));
   L3::Frag acc4;
   L3::fill(acc4, float(0.0));
   __syncthreads();
   // cluster split: CTA r of the cluster runs iterations [r·16, (r + 1)·16)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 16;
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 128);
-  mucc::tb::cp_async_chunks<128, 6144, 8, L2, L5>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 786432);
+  mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 128);
+  mucc::tb::cp_async_chunks<256, 6144, 8, L2, L5>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 786432);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 256, gi0 + static_cast<mucc::i64>(it0 + 1) * 128);
-  mucc::tb::cp_async_chunks<128, 6144, 8, L2, L5>(tid, s1 + 7168, gi1 + static_cast<mucc::i64>(it0 + 1) * 786432);
+  mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + 256, gi0 + static_cast<mucc::i64>(it0 + 1) * 128);
+  mucc::tb::cp_async_chunks<256, 6144, 8, L2, L5>(tid, s1 + 7168, gi1 + static_cast<mucc::i64>(it0 + 1) * 786432);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(it0 + 2) * 128);
-  mucc::tb::cp_async_chunks<128, 6144, 8, L2, L5>(tid, s1 + 14336, gi1 + static_cast<mucc::i64>(it0 + 2) * 786432);
+  mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + 512, gi0 + static_cast<mucc::i64>(it0 + 2) * 128);
+  mucc::tb::cp_async_chunks<256, 6144, 8, L2, L5>(tid, s1 + 14336, gi1 + static_cast<mucc::i64>(it0 + 2) * 786432);
   mucc::sm80::cp_async_commit();
   for (int it = it0; it < it0 + 16; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -70,9 +70,9 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 3) k
     {
       const int pf = it + 3;
       if (pf < it0 + 16) {
-        mucc::tb::cp_async_chunks<128, 256, 8, L1, L4>(tid, s0 + ((pf - it0) % 4) * 256,
+        mucc::tb::cp_async_chunks<256, 256, 8, L1, L4>(tid, s0 + ((pf - it0) % 4) * 256,
             gi0 + static_cast<mucc::i64>(pf) * 128);
-        mucc::tb::cp_async_chunks<128, 6144, 8, L2, L5>(tid, s1 + ((pf - it0) % 4) * 7168,
+        mucc::tb::cp_async_chunks<256, 6144, 8, L2, L5>(tid, s1 + ((pf - it0) % 4) * 7168,
             gi1 + static_cast<mucc::i64>(pf) * 786432);
       }
       mucc::sm80::cp_async_commit();
@@ -86,7 +86,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 3) k
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L0::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 32, 2, 128, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 32, 2, 128, float>(tid, elem, sink);
     }
     // op3 matmul -> op4 accum_nored
     L3::run(acc4, s0_cur, s1_cur, smem, warp, lane);
@@ -98,19 +98,19 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 3) k
   // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<128, 2, 2, mucc::tb::FoldSum, L0, float>(tid, s2);
-    mucc::tb::cluster_fold<128, 96, 2, mucc::tb::FoldSum, L6, float>(tid, s4);
+    mucc::tb::cluster_fold<256, 2, 2, mucc::tb::FoldSum, L0, float>(tid, s2);
+    mucc::tb::cluster_fold<256, 96, 2, mucc::tb::FoldSum, L6, float>(tid, s4);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
-  mucc::tb::for_each<128, 2>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 2>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s2[L0::offset(e)]);
     s2[L0::offset(e)] = mucc::from_compute<float>(mucc::op::sqrt(v / float(4096.0)));
   });
   __syncthreads();
   // op5 div -> op6 output
-  mucc::tb::for_each<128, 96>(tid, [&](int e, int) {
+  mucc::tb::for_each<256, 96>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s4[L6::offset(e)]);
     const float x1 = mucc::to_compute(s2[L7::offset(e)]);
     float v = mucc::op::div(x0, x1);
@@ -133,7 +133,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 59424, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(128, 1, 1), 59424, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 59424, stream, args));
   }
 
   return 0;

@@ -9,9 +9,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (1, 8, 16), block (128, 1, 1), forloop 4, 155920 bytes of shared memory
+// kernel op 3: kn_customized_op grid (1, 8, 16), block (512, 1, 1), forloop 4, 155920 bytes of shared memory
 // schedule 0 | 1,2 3 5,6 | 8,9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -25,11 +25,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       3, 4>>;
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 64, 64, 128, 2, 2, mucc::tb::Load::Ldmatrix,
+  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 64, 64, 128, 4, 4, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L0, L3, 64, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+  using L8 = mucc::tb::Mma<mucc::f16, L0, L3, 64, 128, 64, 2, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
   using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2,
       4>>;
@@ -57,21 +57,21 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024 + static_cast<mucc::i64>(blockIdx.z) * 64;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 64;
   // op0 input
-  mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 4096, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
-  mucc::tb::fill<128, 64, L2>(tid, s5, float(0.0));
+  mucc::tb::fill<512, 64, L2>(tid, s5, float(0.0));
   L5::Frag acc7;
   L5::fill(acc7, float(0.0));
   __syncthreads();
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + 0, gi2);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L6>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L4, L7>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L4, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
-  mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
+  mucc::tb::cp_async_chunks<512, 8192, 8, L4, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -88,9 +88,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     {
       const int pf = it + 3;
       if (pf < 4) {
-        mucc::tb::cp_async_chunks<128, 8192, 8, L3, L6>(tid, s1 + (pf % 4) * 8192,
+        mucc::tb::cp_async_chunks<512, 8192, 8, L3, L6>(tid, s1 + (pf % 4) * 8192,
             gi1 + static_cast<mucc::i64>(pf) * 128);
-        mucc::tb::cp_async_chunks<128, 8192, 8, L4, L7>(tid, s2 + (pf % 4) * 8192,
+        mucc::tb::cp_async_chunks<512, 8192, 8, L4, L7>(tid, s2 + (pf % 4) * 8192,
             gi2 + static_cast<mucc::i64>(pf) * 8192);
       }
       mucc::sm80::cp_async_commit();
@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s5[L2::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 2, 64, 128, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 8, 64, 128, float>(tid, elem, sink);
     }
     // op6 matmul -> op7 accum_nored
     L5::run(acc7, s4, s2_cur, smem, warp, lane);
@@ -121,14 +121,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   });
   __syncthreads();
   // op8 output
-  mucc::tb::copy_elems<128, 64, L11, L10>(tid, go8, s5);
+  mucc::tb::copy_elems<512, 64, L11, L10>(tid, go8, s5);
   // op9 output
-  mucc::tb::copy_elems<128, 4096, L13, L12>(tid, go9, s7);
+  mucc::tb::copy_elems<512, 4096, L13, L12>(tid, go9, s7);
 }
 
-// kernel op 4: kn_customized_op grid (1, 64, 1), block (128, 1, 1), forloop 1, 20800 bytes of shared memory
+// kernel op 4: kn_customized_op grid (1, 64, 1), block (512, 1, 1), forloop 1, 20800 bytes of shared memory
 // schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
@@ -157,12 +157,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024;
   // op0 input
-  mucc::tb::copy_chunks<128, 128, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<512, 128, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<128, 8192, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::copy_chunks<512, 8192, 8, L2, L3>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<128, 16, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<128, 1024, L5>(tid, s3, float(0.0));
+  mucc::tb::fill<512, 16, L4>(tid, s2, float(0.0));
+  mucc::tb::fill<512, 1024, L5>(tid, s3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -177,10 +177,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L4::offset(row)], s);
       };
-      mucc::tb::for_each_row<128, 8, 16, 8, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 16, 8, float>(tid, elem, sink);
     }
     // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<128, 1024>(tid, [&](int o, int) {
+    mucc::tb::for_each<512, 1024>(tid, [&](int o, int) {
       float s = float(0.0);
       for (int kk = 0; kk < 8; ++kk) {
         float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
@@ -191,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
   }
   __syncthreads();
   // op4 div -> op5 output
-  mucc::tb::for_each<128, 1024>(tid, [&](int e, int) {
+  mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L5::offset(e)]);
     const float x1 = mucc::to_compute(s2[L8::offset(e)]);
     float v = mucc::op::div(x0, x1);
@@ -214,14 +214,14 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 155920, smem_set));
     void* const args[] = {buf.ws(1048576), buf.ws(0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 8, 16), dim3(128, 1, 1), 155920, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 8, 16), dim3(512, 1, 1), 155920, stream, args));
   }
 
   // launch k4_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k4_customized);
     void* const args[] = {buf.out(0, 0), buf.ws(1048576), buf.ws(0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 64, 1), dim3(128, 1, 1), 20800, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 64, 1), dim3(512, 1, 1), 20800, stream, args));
   }
 
   return 0;

@@ -11,9 +11,9 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 2, 1), block (100, 1, 1), forloop 1, 2608 bytes of shared memory
+// kernel op 3: kn_customized_op grid (2, 2, 1), block (512, 1, 1), forloop 1, 2608 bytes of shared memory
 // schedule 0,1,2 | 3,9 5 6,8 | 11,12,13
-extern "C" __global__ void __launch_bounds__(100, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     float* __restrict__ out0,
     float* __restrict__ out1,
     float* __restrict__ out2,
@@ -59,14 +59,14 @@ extern "C" __global__ void __launch_bounds__(100, 1) k3_customized(
   float* go12 = out1 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 16;
   float* go13 = out2 + static_cast<mucc::i64>(blockIdx.x) * 7 + static_cast<mucc::i64>(blockIdx.y) * 80;
   // op0 input
-  mucc::tb::copy_elems<100, 91, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_elems<512, 91, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_elems<100, 91, L2, L1>(tid, s1, gi1);
+  mucc::tb::copy_elems<512, 91, L2, L1>(tid, s1, gi1);
   // op2 input
-  mucc::tb::copy_elems<100, 65, L3, L4>(tid, s2, gi2);
+  mucc::tb::copy_elems<512, 65, L3, L4>(tid, s2, gi2);
   __syncthreads();
-  mucc::tb::fill<100, 91, L5>(tid, s7, float(0.0));
-  mucc::tb::fill<100, 7, L6>(tid, s8, float(0.0));
+  mucc::tb::fill<512, 91, L5>(tid, s7, float(0.0));
+  mucc::tb::fill<512, 7, L6>(tid, s8, float(0.0));
   float acc10[1];
   #pragma unroll
   for (int r = 0; r < 1; ++r) acc10[r] = float(0.0);
@@ -76,21 +76,21 @@ extern "C" __global__ void __launch_bounds__(100, 1) k3_customized(
     (void)warp;
     (void)lane;
     // op3 exp -> op4 clamp
-    mucc::tb::for_each<100, 91>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 91>(tid, [&](int e, int) {
       float v = mucc::to_compute(s0[L7::offset(e)]);
       v = mucc::op::exp(v);
       v = mucc::op::clamp(v, mucc::neg_inf<float>(), float(4.0));
       s4[L8::offset(e)] = mucc::from_compute<float>(v);
     });
     // op9 matmul -> op10 accum_nored
-    mucc::tb::for_each_unrolled<100, 35>(tid, [&](int e, int r) {
+    mucc::tb::for_each_unrolled<512, 35>(tid, [&](int e, int r) {
       const int row = e / 5, col = e % 5;
       float v = L9::at(s0, s2, row, col);
       acc10[r] += v;
     });
     __syncthreads();
     // op5 mul
-    mucc::tb::for_each<100, 91>(tid, [&](int e, int) {
+    mucc::tb::for_each<512, 91>(tid, [&](int e, int) {
       const float x0 = mucc::to_compute(s4[L8::offset(e)]);
       const float x1 = mucc::to_compute(s1[L10::offset(e)]);
       float v = mucc::op::mul(x0, x1);
@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(100, 1) k3_customized(
         (void)row;
         (void)s;
       };
-      mucc::tb::rms_rows<100, 1, 7, 13, false, float>(tid, x, out, done);
+      mucc::tb::rms_rows<512, 32, 7, 13, false, float>(tid, x, out, done);
     }
     // op8 accum_red_ld_sum
     {
@@ -123,20 +123,20 @@ extern "C" __global__ void __launch_bounds__(100, 1) k3_customized(
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s8[L6::offset(row)], s);
       };
-      mucc::tb::for_each_row<100, 1, 7, 13, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 7, 13, float>(tid, elem, sink);
     }
   }
   __syncthreads();  // the loop body's reads finish before write-backs
-  mucc::tb::for_each_unrolled<100, 35>(tid, [&](int e, int r) {
+  mucc::tb::for_each_unrolled<512, 35>(tid, [&](int e, int r) {
     s10[L11::offset(e)] = mucc::from_compute<float>(acc10[r]);
   });
   __syncthreads();
   // op11 output
-  mucc::tb::copy_elems<100, 91, L12, L8>(tid, go11, s7);
+  mucc::tb::copy_elems<512, 91, L12, L8>(tid, go11, s7);
   // op12 output
-  mucc::tb::copy_elems<100, 7, L14, L13>(tid, go12, s8);
+  mucc::tb::copy_elems<512, 7, L14, L13>(tid, go12, s8);
   // op13 output
-  mucc::tb::copy_elems<100, 35, L16, L15>(tid, go13, s10);
+  mucc::tb::copy_elems<512, 35, L16, L15>(tid, go13, s10);
 }
 
 #ifndef __CUDACC_RTC__
@@ -152,7 +152,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     void* const args[] = {buf.out(0, 0), buf.out(1, 0), buf.out(2, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(100, 1, 1), 2608, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(512, 1, 1), 2608, stream, args));
   }
 
   return 0;

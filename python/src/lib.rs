@@ -85,7 +85,8 @@ fn parse_dtype(name: &str) -> PyResult<DType> {
 
 /// The planning options for `arch` and `path`, with the tuning cache's variant when `tune`.
 fn options(g: &KernelGraph, arch: Arch, path: PathChoice, tune: bool) -> (Options, Option<String>) {
-    let (opts, entry) = mucc::cuda::tune::options_for(g, arch, path, false, tune);
+    let (opts, entry) =
+        mucc::cuda::tune::options_for(g, arch, path, false, mucc::sched::CtaChoice::Auto, tune);
     (
         opts,
         entry.map(|e| format!("{} (mucc tune on {})", e.best, e.gpu)),

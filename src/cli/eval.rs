@@ -36,6 +36,12 @@ pub struct EvalArgs {
     /// rounded to its dtype, as generated code rounds at most).
     #[arg(long, value_enum, default_value_t = RoundingArg::Exact)]
     rounding: RoundingArg,
+    /// GPUs the graph runs on (Mirage's JSON does not record it; mucc's export writes it as
+    /// `mucc_gpu_dim`, which this replaces). On more than one, every rank is interpreted with its
+    /// shard of the partitioned inputs, allreduces sum over the ranks, and the outputs printed
+    /// are gathered (docs/multi-gpu.md).
+    #[arg(long, value_name = "N", value_parser = parse_gpus)]
+    gpus: Option<usize>,
     #[command(flatten)]
     budget: super::BudgetArgs,
 }
@@ -176,9 +182,20 @@ fn signature(g: &KernelGraph) -> Signature {
         .collect()
 }
 
+/// A GPU count: 1 to the most a mesh may have.
+fn parse_gpus(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 && mucc::graph::GpuMesh::line(n).check().is_ok() => Ok(n),
+        _ => Err(format!("`{s}` is not a GPU count (1 to 1024)")),
+    }
+}
+
 /// Runs `mucc eval`.
 pub fn run(a: EvalArgs) -> Result<(), Failure> {
-    let file = load(&a.input)?;
+    let mut file = load(&a.input)?;
+    if let Some(n) = a.gpus {
+        file.set_gpu_mesh(mucc::graph::GpuMesh::line(n));
+    }
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
     // Validate first: the interpreter assumes valid graphs. Then the cost: a small file may
@@ -194,6 +211,14 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
     }
     if let Some(dir) = &a.dump {
+        let g = &file.graphs[indices[0]].graph;
+        if g.sharding.num_gpus() > 1 {
+            return Err(Failure::User(format!(
+                "graph {}: --dump writes one GPU's buffers; the graph runs on {} GPUs",
+                indices[0],
+                g.sharding.num_gpus()
+            )));
+        }
         std::fs::create_dir_all(dir)
             .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
         let g = &file.graphs[indices[0]].graph;
@@ -223,7 +248,21 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         bar.set_message(format!("graph {i}"));
         let g = &file.graphs[i].graph;
         let t0 = Instant::now();
-        let (outs, excess) = if let Some(dir) = &a.dump {
+        let (outs, excess) = if g.sharding.num_gpus() > 1 {
+            // Whole inputs, sharded per rank; the outputs gathered.
+            let global = interp::random_global_inputs(g, spec);
+            let r = interp::evaluate_sharded(g, &global, a.rounding.into())
+                .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
+            bar.suspend(|| {
+                writeln!(
+                    out,
+                    "graph {i}: {} GPUs (mesh {}): every rank interpreted on its shard, outputs gathered",
+                    r.mesh.num_gpus(),
+                    r.mesh
+                )
+            })?;
+            (r.gathered, r.excess)
+        } else if let Some(dir) = &a.dump {
             let inputs = interp::random_inputs(g, spec);
             let (outs, excess) = interp::evaluate_rounded(g, inputs.clone(), a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;

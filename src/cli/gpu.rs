@@ -40,6 +40,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         max_device_memory: a.max_device_memory.map(|b| b as usize),
         path: a.path.choice,
         dependent_launch: a.path.dependent_launch,
+        cta: a.path.warps,
         no_tune: !a.path.tunable(),
     })
     .map_err(|e| Failure::User(e.to_string()))

@@ -126,8 +126,13 @@ pub struct PathArg {
     /// (programmatic dependent launch). Off by default: measured slower on an H200.
     #[arg(long = "dependent-launch")]
     pub dependent_launch: bool,
+    /// Warps per CTA of threadblock kernels: auto (the planner's cost model), graph (the
+    /// µGraph's block_dim) or a number from 1 to 32. Any choice computes the same function.
+    #[arg(long = "warps", value_name = "auto|graph|N", default_value = "auto", value_parser = |s: &str| s.parse::<mucc::sched::CtaChoice>())]
+    pub warps: mucc::sched::CtaChoice,
     /// Ignore the tuning cache (`mucc tune`). It is also ignored when `--path` names another
-    /// path than auto or `--dependent-launch` is given: options given win.
+    /// path than auto, `--warps` is not auto or `--dependent-launch` is given: options given
+    /// win.
     #[arg(long)]
     pub no_tune: bool,
 }
@@ -135,7 +140,10 @@ pub struct PathArg {
 impl PathArg {
     /// Whether a tuned variant may replace these options: no `--no-tune`, and the defaults.
     pub fn tunable(&self) -> bool {
-        !self.no_tune && self.choice == mucc::sched::PathChoice::Auto && !self.dependent_launch
+        !self.no_tune
+            && self.choice == mucc::sched::PathChoice::Auto
+            && self.warps == mucc::sched::CtaChoice::Auto
+            && !self.dependent_launch
     }
 
     /// The options for `arch` (symbols default), with the cached tuned variant of `g` for
@@ -151,6 +159,7 @@ impl PathArg {
             arch,
             self.choice,
             self.dependent_launch,
+            self.warps,
             !self.no_tune,
         );
         if let Some(e) = entry {

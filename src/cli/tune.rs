@@ -135,7 +135,7 @@ fn tune_graph(
         .collect();
     let best = best_of(&distinct).ok_or("no variant passed the check")?;
     Ok(TuneEntry {
-        mucc_version: env!("CARGO_PKG_VERSION").into(),
+        mucc_version: tune::PLANNER.into(),
         gpu: session.gpu.name.clone(),
         arch: session.gpu.arch,
         graph_hash: hash.to_string(),

@@ -37,6 +37,8 @@ pub struct SessionOptions {
     pub path: crate::sched::PathChoice,
     /// Whether kernels may launch programmatically (sm_90a).
     pub dependent_launch: bool,
+    /// Threads per CTA of threadblock kernels.
+    pub cta: crate::sched::CtaChoice,
     /// Ignore the tuning cache ([`super::tune`]): plan every graph with the options above.
     pub no_tune: bool,
 }
@@ -98,6 +100,7 @@ impl Session {
             dependent_launch: a.dependent_launch,
             symbols: Default::default(),
             cluster_split: true,
+            cta: a.cta,
         };
         Ok(Session {
             gpu,

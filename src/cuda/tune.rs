@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::graph::KernelGraph;
 use crate::graph::mirage_json::{ExportOptions, graph_to_json};
-use crate::sched::{Options, PathChoice};
+use crate::sched::{CtaChoice, Options, PathChoice};
 use crate::target::Arch;
 
 /// How a graph is implemented: the knobs of [`Options`] that a tuner may turn.
@@ -27,6 +27,9 @@ pub struct Variant {
     pub cluster_split: bool,
     /// Whether kernels launch programmatically after the previous one (Hopper path).
     pub dependent_launch: bool,
+    /// Warps per CTA of threadblock kernels (`None`: the planner's cost model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warps: Option<usize>,
 }
 
 /// The code path of a [`Variant`] (serialised as `auto` / `ampere`).
@@ -45,6 +48,7 @@ impl Variant {
         path: VariantPath::Auto,
         cluster_split: true,
         dependent_launch: false,
+        warps: None,
     };
 
     /// `base` with this variant's knobs.
@@ -56,6 +60,10 @@ impl Variant {
             },
             cluster_split: self.cluster_split,
             dependent_launch: self.dependent_launch,
+            cta: match self.warps {
+                Some(w) => CtaChoice::Warps(w),
+                None => CtaChoice::Auto,
+            },
             ..base.clone()
         }
     }
@@ -64,40 +72,53 @@ impl Variant {
 impl fmt::Display for Variant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.path {
-            VariantPath::Ampere => f.write_str("path=ampere"),
+            VariantPath::Ampere => f.write_str("path=ampere")?,
             VariantPath::Auto => write!(
                 f,
                 "path=auto split={} pdl={}",
                 if self.cluster_split { "on" } else { "off" },
                 if self.dependent_launch { "on" } else { "off" }
-            ),
+            )?,
+        }
+        match self.warps {
+            Some(w) => write!(f, " warps={w}"),
+            None => Ok(()),
         }
     }
 }
 
-/// The variants worth trying for `arch`, the default first. sm_80 has one (its code path has no
-/// knob yet); sm_90a has the Hopper path with and without the cluster split and programmatic
-/// launches, and the Ampere path.
+/// Warps per CTA tried besides the cost model's choice.
+pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
+
+/// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
+/// per CTA; on sm_90a also the Hopper path with and without the cluster split and programmatic
+/// launches, and the Ampere path. Variants that plan to the same code as an earlier one are
+/// measured once (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
-    match arch {
-        Arch::Sm80 => vec![Variant::DEFAULT],
-        Arch::Sm90a => {
-            let mut v = vec![Variant::DEFAULT];
-            for (cluster_split, dependent_launch) in [(true, true), (false, false), (false, true)] {
-                v.push(Variant {
-                    path: VariantPath::Auto,
-                    cluster_split,
-                    dependent_launch,
-                });
-            }
-            v.push(Variant {
-                path: VariantPath::Ampere,
-                cluster_split: false,
-                dependent_launch: false,
-            });
-            v
-        }
+    let mut v = vec![Variant::DEFAULT];
+    for w in TUNED_WARPS {
+        v.push(Variant {
+            warps: Some(w),
+            ..Variant::DEFAULT
+        });
     }
+    if arch == Arch::Sm90a {
+        for (cluster_split, dependent_launch) in [(true, true), (false, false), (false, true)] {
+            v.push(Variant {
+                path: VariantPath::Auto,
+                cluster_split,
+                dependent_launch,
+                warps: None,
+            });
+        }
+        v.push(Variant {
+            path: VariantPath::Ampere,
+            cluster_split: false,
+            dependent_launch: false,
+            warps: None,
+        });
+    }
+    v
 }
 
 /// The content hash of a graph: SHA-256 of its canonical Mirage JSON (current spelling), so
@@ -127,7 +148,8 @@ pub struct VariantResult {
 /// A tuning result as the cache keeps it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuneEntry {
-    /// The mucc that tuned (a different one ignores the entry).
+    /// The mucc that tuned, as [`PLANNER`] (version and planner fingerprint): a different one
+    /// ignores the entry.
     pub mucc_version: String,
     /// The GPU's name.
     pub gpu: String,
@@ -167,9 +189,18 @@ pub fn best_of(results: &[VariantResult]) -> Option<Variant> {
         .map(|(v, _)| v)
 }
 
-/// The tuning cache: `<dir>/<mucc version>/<graph hash>/<GPU name>.json`, one entry per graph
-/// and GPU. A new mucc version starts an empty folder (so its results are never mixed with an
-/// older planner's); entries survive restarts.
+/// The mucc version and a fingerprint of its planner, emitter and runtime sources (computed by
+/// the build script): tuning results are kept per planner, as a variant measured with other code
+/// says nothing about this one.
+pub const PLANNER: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "-",
+    env!("MUCC_SOURCE_FINGERPRINT")
+);
+
+/// The tuning cache: `<dir>/<mucc version>-<planner fingerprint>/<graph hash>/<GPU name>.json`,
+/// one entry per graph and GPU. A new mucc version or planner starts an empty folder (so its
+/// results are never mixed with an older planner's); entries survive restarts.
 #[derive(Clone, Debug)]
 pub struct TuneCache {
     dir: PathBuf,
@@ -194,9 +225,9 @@ impl TuneCache {
         TuneCache::at(super::compile::default_cache_dir().join("tune"))
     }
 
-    /// The folder of this mucc version.
+    /// The folder of this mucc version and planner ([`PLANNER`]).
     fn version_dir(&self) -> PathBuf {
-        self.dir.join(env!("CARGO_PKG_VERSION"))
+        self.dir.join(PLANNER)
     }
 
     /// Where the entry of (`hash`, `gpu`) lives.
@@ -221,7 +252,7 @@ impl TuneCache {
     /// entry counts as none).
     pub fn lookup(&self, hash: &str, gpu: &str) -> Option<TuneEntry> {
         read_entry(&self.path(hash, gpu))
-            .filter(|e| e.mucc_version == env!("CARGO_PKG_VERSION") && e.graph_hash == hash)
+            .filter(|e| e.mucc_version == PLANNER && e.graph_hash == hash)
     }
 
     /// An entry of `hash` for `arch` from any GPU (for `transpile` and `build`, which run
@@ -235,11 +266,8 @@ impl TuneCache {
             .collect();
         files.sort();
         files.iter().find_map(|p| {
-            read_entry(p).filter(|e| {
-                e.arch == arch
-                    && e.mucc_version == env!("CARGO_PKG_VERSION")
-                    && e.graph_hash == hash
-            })
+            read_entry(p)
+                .filter(|e| e.arch == arch && e.mucc_version == PLANNER && e.graph_hash == hash)
         })
     }
 }
@@ -273,23 +301,26 @@ pub fn tuned_options(
     }
 }
 
-/// The planning options for `arch` with code path `path` and `dependent_launch`, and the tuned
-/// variant of `g` for `arch` from the default tuning cache applied when `tune` is set and the
-/// options are the defaults a variant may replace (path auto, no dependent launch). Returns the
+/// The planning options for `arch` with code path `path`, `dependent_launch` and CTA shape
+/// `cta`, and the tuned variant of `g` for `arch` from the default tuning cache applied when
+/// `tune` is set and the options are the defaults a variant may replace (path auto, no
+/// dependent launch, warps auto). Returns the
 /// entry applied, if any. The CLI and the Python package both plan through this.
 pub fn options_for(
     g: &KernelGraph,
     arch: Arch,
     path: PathChoice,
     dependent_launch: bool,
+    cta: CtaChoice,
     tune: bool,
 ) -> (Options, Option<TuneEntry>) {
     let base = Options {
         path,
         dependent_launch,
+        cta,
         ..Options::for_target(crate::target::Target::new(arch))
     };
-    if !tune || path != PathChoice::Auto || dependent_launch {
+    if !tune || path != PathChoice::Auto || dependent_launch || cta != CtaChoice::Auto {
         return (base, None);
     }
     tuned_options(Some(&TuneCache::default_location()), g, None, &base)
@@ -302,7 +333,7 @@ mod tests {
 
     fn entry(hash: &str, gpu: &str, arch: Arch, best: Variant) -> TuneEntry {
         TuneEntry {
-            mucc_version: env!("CARGO_PKG_VERSION").into(),
+            mucc_version: PLANNER.into(),
             gpu: gpu.into(),
             arch,
             graph_hash: hash.into(),
@@ -330,15 +361,36 @@ mod tests {
         let y = b.matmul(x, x).unwrap();
         b.mark_output(y).unwrap();
         let g = b.build().unwrap();
-        let (o, e) = options_for(&g, Arch::Sm90a, PathChoice::Ampere, false, true);
+        let (o, e) = options_for(
+            &g,
+            Arch::Sm90a,
+            PathChoice::Ampere,
+            false,
+            CtaChoice::Auto,
+            true,
+        );
         assert_eq!(
             (o.path, o.target.arch, o.dependent_launch),
             (PathChoice::Ampere, Arch::Sm90a, false)
         );
         assert!(e.is_none());
-        let (o, e) = options_for(&g, Arch::Sm90a, PathChoice::Auto, true, true);
+        let (o, e) = options_for(
+            &g,
+            Arch::Sm90a,
+            PathChoice::Auto,
+            true,
+            CtaChoice::Auto,
+            true,
+        );
         assert!(o.dependent_launch && e.is_none());
-        let (o, e) = options_for(&g, Arch::Sm80, PathChoice::Auto, false, false);
+        let (o, e) = options_for(
+            &g,
+            Arch::Sm80,
+            PathChoice::Auto,
+            false,
+            CtaChoice::Auto,
+            false,
+        );
         assert_eq!((o.path, o.target.arch), (PathChoice::Auto, Arch::Sm80));
         assert!(e.is_none());
     }
@@ -353,8 +405,15 @@ mod tests {
             d.dedup();
             assert_eq!(d.len(), v.len(), "{arch}");
         }
-        assert_eq!(variants(Arch::Sm80).len(), 1);
-        assert_eq!(variants(Arch::Sm90a).len(), 5);
+        assert_eq!(variants(Arch::Sm80).len(), 1 + TUNED_WARPS.len());
+        assert_eq!(variants(Arch::Sm90a).len(), 5 + TUNED_WARPS.len());
+        // A warps variant plans with that CTA shape; the default leaves it to the cost model.
+        let w8 = variants(Arch::Sm80)[2];
+        assert_eq!(w8.warps, Some(8));
+        assert_eq!(w8.to_string(), "path=auto split=on pdl=off warps=8");
+        let base80 = Options::for_target(Target::new(Arch::Sm80));
+        assert_eq!(w8.apply(&base80).cta, CtaChoice::Warps(8));
+        assert_eq!(Variant::DEFAULT.apply(&base80).cta, CtaChoice::Auto);
         // The default variant plans exactly as the default options.
         let base = Options::for_target(Target::new(Arch::Sm90a));
         let o = Variant::DEFAULT.apply(&base);
@@ -374,10 +433,14 @@ mod tests {
             path: VariantPath::Ampere,
             cluster_split: false,
             dependent_launch: false,
+            warps: None,
         };
         let e = entry("abc", "NVIDIA H200", Arch::Sm90a, fast);
         let p = cache.store(&e).unwrap();
-        assert!(p.starts_with(dir.join(env!("CARGO_PKG_VERSION")).join("abc")));
+        // Under the version and planner fingerprint.
+        assert!(PLANNER.starts_with(concat!(env!("CARGO_PKG_VERSION"), "-")));
+        assert!(PLANNER.len() > env!("CARGO_PKG_VERSION").len() + 8);
+        assert!(p.starts_with(dir.join(PLANNER).join("abc")));
         assert_eq!(p.file_name().unwrap(), "NVIDIA_H200.json");
         // Keyed by graph and GPU.
         assert_eq!(cache.lookup("abc", "NVIDIA H200"), Some(e.clone()));
@@ -387,9 +450,10 @@ mod tests {
         assert_eq!(cache.lookup_arch("abc", Arch::Sm90a), Some(e.clone()));
         assert_eq!(cache.lookup_arch("abc", Arch::Sm80), None);
         assert_eq!(e.speedup(), Some(10.0 / 8.0));
-        // An entry written by another mucc version is ignored, even in this version's folder.
+        // An entry written by another mucc version or planner is ignored, even in this
+        // planner's folder.
         let mut old = e.clone();
-        old.mucc_version = "0.0.0-old".into();
+        old.mucc_version = concat!(env!("CARGO_PKG_VERSION"), "-0000000000000000").into();
         cache.store(&old).unwrap();
         assert_eq!(cache.lookup("abc", "NVIDIA H200"), None);
         assert_eq!(cache.lookup_arch("abc", Arch::Sm90a), None);
@@ -402,7 +466,7 @@ mod tests {
     #[test]
     fn best_of_takes_the_fastest_timed_variant() {
         let a = Variant::DEFAULT;
-        let b = variants(Arch::Sm90a)[4];
+        let b = *variants(Arch::Sm90a).last().unwrap();
         let rs = vec![
             VariantResult {
                 variant: a,

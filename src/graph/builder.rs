@@ -35,6 +35,7 @@ use super::infer;
 use super::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use super::ops::{AccumKind, BinaryOp, DimMap, TbReduction, UnaryOp};
 use super::shape::{Shape, Strides};
+use super::sharding::{self, GpuMap, GpuMesh};
 use super::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use super::validate::{self, check_strides};
 
@@ -157,6 +158,83 @@ impl GraphBuilder {
             return Err(err(self.here("input"), e));
         }
         Ok(self.push(KnOpKind::Input { strides }, vec![], vec![(shape, dtype)])[0])
+    }
+
+    /// Sets the GPU mesh the graph runs on (Mirage's `gpu_dim`; `GpuMesh::line(n)` for `n`
+    /// GPUs). Needed before [`GraphBuilder::new_input_sharded`]; it cannot change once a
+    /// partitioned input has been declared, since the per-GPU shapes depend on it.
+    pub fn set_gpu_mesh(&mut self, mesh: GpuMesh) -> R<()> {
+        let here = format!("GPU mesh, before kernel op {} (builder)", self.g.ops.len());
+        mesh.check().map_err(|e| err(here.clone(), e))?;
+        if self.g.sharding.is_partitioned() && self.g.sharding.mesh != Some(mesh) {
+            return Err(err(
+                here,
+                ErrorKind::Invalid(format!(
+                    "the graph already partitions tensors over the GPU mesh {}; the mesh cannot change",
+                    self.g.sharding.mesh_or_single()
+                )),
+            ));
+        }
+        self.g.sharding.mesh = Some(mesh);
+        Ok(())
+    }
+
+    /// A graph input partitioned across the GPU mesh (Mirage's `input_map`): `global_dims` is
+    /// the shape of the whole tensor; mesh axis a with `map[a] = d` (−1: replicated) cuts dim `d`
+    /// into equal consecutive pieces, one per GPU along that axis. The graph's tensor is the
+    /// per-GPU shard (row-major). Fails if the mesh is unset, a map entry is not a dim, two
+    /// axes name one dim, or an axis's GPU count does not divide its dim.
+    pub fn new_input_sharded(
+        &mut self,
+        global_dims: &[usize],
+        dtype: DType,
+        map: impl Into<GpuMap>,
+    ) -> R<Handle<DTensor>> {
+        let map = map.into();
+        let here = self.here("input");
+        let global = Shape::new(global_dims).ok_or_else(|| {
+            err(
+                here.clone(),
+                ErrorKind::BadValue(format!(
+                    "a tensor needs 1 to 4 dims, got {}",
+                    global_dims.len()
+                )),
+            )
+        })?;
+        let Some(mesh) = self.g.sharding.mesh else {
+            return Err(err(
+                here,
+                ErrorKind::GpuCountUnknown(format!(
+                    "input_map {map} partitions the tensor across GPUs, but the GPU mesh is not set (call set_gpu_mesh first)"
+                )),
+            ));
+        };
+        let local = sharding::local_shape(&global, map, mesh).map_err(|e| err(here, e))?;
+        let t = self.new_input(local.dims(), dtype)?;
+        let op = Handle::from_index(self.g.ops.len() - 1);
+        self.g.sharding.set_map(op, map);
+        Ok(t)
+    }
+
+    /// Marks `t` as the next graph output, assembled across the GPU mesh by `map` (Mirage's
+    /// `output_map`): the per-GPU tensors side by side along the dims `map` names, and along an
+    /// unmapped axis (−1) the first GPU's copy.
+    pub fn mark_output_sharded(&mut self, t: Handle<DTensor>, map: impl Into<GpuMap>) -> R<()> {
+        let map = map.into();
+        let d = self.tensor(t, "output")?;
+        sharding::check_map(map, &d.shape).map_err(|e| err(self.here("output"), e))?;
+        if map != DimMap::NONE && self.g.sharding.mesh.is_none() {
+            return Err(err(
+                self.here("output"),
+                ErrorKind::GpuCountUnknown(format!(
+                    "output_map {map} gathers the tensor across GPUs, but the GPU mesh is not set (call set_gpu_mesh first)"
+                )),
+            ));
+        }
+        self.mark_output(t)?;
+        let op = Handle::from_index(self.g.ops.len() - 1);
+        self.g.sharding.set_map(op, map);
+        Ok(())
     }
 
     /// Marks `t` as the next graph output (layout chosen by mucc).
@@ -328,7 +406,8 @@ impl GraphBuilder {
         ))
     }
 
-    /// All-reduce across GPUs (the identity on one GPU).
+    /// All-reduce across the GPU mesh: on every GPU, the element-wise sum of `x` over all GPUs
+    /// (Mirage's `kn_allreduce_op`; the identity on one GPU).
     pub fn all_reduce(&mut self, x: Handle<DTensor>) -> R<Handle<DTensor>> {
         let d = self.tensor(x, "allreduce")?.clone();
         Ok(self.push(

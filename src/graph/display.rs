@@ -22,7 +22,19 @@ pub fn dump(g: &KernelGraph) -> String {
         g.outputs().len(),
         g.num_kernels()
     );
-    for (_, op) in g.ops.iter() {
+    if let Some(mesh) = g.sharding.mesh {
+        let _ = writeln!(s, "gpu mesh {mesh}");
+    }
+    for (h, op) in g.ops.iter() {
+        // Multi-GPU partition of an input or output, printed only when there is one.
+        let map = g.sharding.maps.get(&h).map_or(String::new(), |m| {
+            let key = if matches!(op.kind, KnOpKind::Input { .. }) {
+                "input_map"
+            } else {
+                "output_map"
+            };
+            format!(" {key} {m}")
+        });
         let ins = join(&op.inputs, |t| format!("%{}", t.index()));
         let outs = join(&op.outputs, |t| format!("%{}", t.index()));
         let shapes = join(&op.outputs, |t| {
@@ -31,13 +43,13 @@ pub fn dump(g: &KernelGraph) -> String {
         });
         match &op.kind {
             KnOpKind::Input { strides } => {
-                let _ = writeln!(s, "{outs} = input -> {shapes} strides {strides}");
+                let _ = writeln!(s, "{outs} = input -> {shapes} strides {strides}{map}");
             }
             KnOpKind::Output { strides } => {
                 let st = strides
                     .as_ref()
                     .map_or("chosen by mucc".to_string(), |s| s.to_string());
-                let _ = writeln!(s, "output {ins} strides {st}");
+                let _ = writeln!(s, "output {ins} strides {st}{map}");
             }
             KnOpKind::Customized(tb) => {
                 let _ = writeln!(

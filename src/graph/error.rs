@@ -218,6 +218,19 @@ pub enum ErrorKind {
         /// The dim.
         dim: usize,
     },
+    /// Two GPU mesh axes partition the same dim of a graph input or output.
+    #[error("GPU mesh axes {a} and {b} both partition dim {dim}")]
+    MeshAxesShareDim {
+        /// First axis.
+        a: &'static str,
+        /// Second axis.
+        b: &'static str,
+        /// The dim.
+        dim: usize,
+    },
+    /// A graph partitions tensors across GPUs, but nobody said how many GPUs it runs on.
+    #[error("{0}")]
+    GpuCountUnknown(String),
     /// An operator mixing in-loop and after-loop inputs.
     #[error("inputs mix in-loop and after-loop (after_accum) tiles")]
     MixedAfterAccum,

@@ -4,6 +4,7 @@ use super::arena::{Arena, Handle};
 use super::dtype::DType;
 use super::ops::{BinaryOp, UnaryOp};
 use super::shape::{Shape, Strides};
+use super::sharding::Sharding;
 use super::threadblock::TbGraph;
 
 /// A device-memory tensor of the kernel graph. Its memory layout is given by the op that binds it
@@ -65,9 +66,11 @@ pub enum KnOpKind {
         /// Mirage's recorded `chunk_size` (kept for export; the outputs' shapes are authoritative).
         chunk_size: usize,
     },
-    /// All-reduce across GPUs; the identity on one GPU.
+    /// All-reduce across the GPUs of the graph's mesh: every rank's tensor is replaced by the
+    /// element-wise sum over all ranks (Mirage's `kn_allreduce_op`); the identity on one GPU.
     AllReduce {
-        /// Mirage's `inplace` flag.
+        /// Mirage's `inplace` flag (whether the output reuses the input's buffer; no effect on
+        /// the values).
         inplace: bool,
     },
     /// A fused operator whose body is a threadblock graph.
@@ -109,12 +112,17 @@ pub struct KnOp {
 ///
 /// `ops` is in construction order, which is a topological order. Graph inputs are the
 /// [`KnOpKind::Input`] ops in order; graph outputs are the [`KnOpKind::Output`] ops in order.
+///
+/// Shapes are per GPU: on a multi-GPU mesh ([`Sharding`]) the graph is what each rank runs.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct KernelGraph {
     /// All device tensors.
     pub tensors: Arena<DTensor>,
     /// All operators, in a topological order.
     pub ops: Arena<KnOp>,
+    /// The GPU mesh and the partition maps of inputs and outputs (default: one GPU, nothing
+    /// partitioned).
+    pub sharding: Sharding,
 }
 
 impl KernelGraph {

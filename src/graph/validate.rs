@@ -11,7 +11,10 @@
 //!   extents, no two grid axes split one dim, every grid axis with more than one block is mapped
 //!   by every output map, each customized input/output is bound by exactly one input/output
 //!   operator of matching type, `after_accum` flags are consistent and never mixed;
-//! - there is at least one graph output.
+//! - there is at least one graph output;
+//! - multi-GPU: the GPU mesh has 1 to [`sharding::MAX_GPUS`] GPUs; only graph inputs and
+//!   outputs carry GPU maps; each map names dims of its tensor, no two mesh axes name one dim,
+//!   and a graph that partitions a tensor has a known mesh.
 
 use petgraph::algo::toposort;
 use petgraph::graphmap::DiGraphMap;
@@ -21,8 +24,9 @@ use super::dtype::DType;
 use super::error::{ErrorKind, GraphError, Location, ValidationErrors};
 use super::infer;
 use super::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
-use super::ops::{TbReduction, UnaryOp};
+use super::ops::{DimMap, TbReduction, UnaryOp};
 use super::shape::{Shape, Strides};
+use super::sharding::{self, GpuMesh};
 use super::source::{Slot, SourceMap, bgraph_location, err_at, kn_location, tb_location};
 use super::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 
@@ -167,13 +171,82 @@ impl<'a> Validator<'a> {
         }
         if g.outputs().is_empty() {
             self.push(
-                Location {
-                    file: self.src.and_then(|s| s.file.clone()),
-                    graph: self.src.and_then(|s| s.graph),
-                    json_path: self.src.and_then(|s| s.graph_path.clone()),
-                    ..Location::default()
-                },
+                self.graph_loc(),
                 ErrorKind::Invalid("the graph has no outputs".into()),
+            );
+        }
+        self.sharding();
+    }
+
+    /// The location of the graph as a whole.
+    fn graph_loc(&self) -> Location {
+        Location {
+            file: self.src.and_then(|s| s.file.clone()),
+            graph: self.src.and_then(|s| s.graph),
+            json_path: self.src.and_then(|s| s.graph_path.clone()),
+            ..Location::default()
+        }
+    }
+
+    /// The GPU mesh, and GPU maps only on graph inputs and outputs (the maps themselves are
+    /// checked with their operators).
+    fn sharding(&mut self) {
+        let g = self.g;
+        if let Some(Err(e)) = g.sharding.mesh.map(GpuMesh::check) {
+            self.push(self.graph_loc(), e);
+        }
+        for (&h, map) in &g.sharding.maps {
+            match g.ops.try_get(h) {
+                None => self.push(
+                    self.graph_loc(),
+                    ErrorKind::Invalid(format!(
+                        "GPU map {map} for kernel operator {}, which does not exist",
+                        h.index()
+                    )),
+                ),
+                Some(op) if !matches!(op.kind, KnOpKind::Input { .. } | KnOpKind::Output { .. }) => {
+                    self.push(
+                        self.kn_loc(h, Slot::Op),
+                        ErrorKind::Invalid(format!(
+                            "GPU map {map} on a {} operator; only graph inputs and outputs are partitioned across GPUs",
+                            op.kind.name()
+                        )),
+                    )
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Checks the GPU map of input/output operator `h` (stored under `key` in Mirage's JSON)
+    /// over the per-rank shape `shape`.
+    fn gpu_map(&mut self, h: Handle<KnOp>, key: &'static str, shape: &Shape, dtype: DType) {
+        let map = self.g.sharding.map(h);
+        if map == DimMap::NONE {
+            return;
+        }
+        let loc = self.kn_loc(h, Slot::Key(key));
+        if let Err(e) = sharding::check_map(map, shape) {
+            self.push(loc, e);
+            return;
+        }
+        let Some(mesh) = self.g.sharding.mesh else {
+            self.push(
+                loc,
+                ErrorKind::GpuCountUnknown(format!(
+                    "{key} {map} partitions the tensor across GPUs, but the graph's GPU count is unknown (Mirage's JSON does not record gpu_dim); give the GPU mesh (MirageFile::set_gpu_mesh, GraphBuilder::set_gpu_mesh, or the mucc_gpu_dim key)"
+                )),
+            );
+            return;
+        };
+        let global = sharding::global_shape(shape, map, mesh);
+        let bytes = global.map_or(usize::MAX, |s| s.numel().saturating_mul(dtype.bytes()));
+        if bytes > MAX_TENSOR_BYTES {
+            self.push(
+                loc,
+                ErrorKind::BadValue(format!(
+                    "the global tensor ({shape} per GPU, {key} {map} over the GPU mesh {mesh}) is larger than 2^40 bytes"
+                )),
             );
         }
     }
@@ -276,16 +349,18 @@ impl<'a> Validator<'a> {
                     if let Some(e) = check_strides(strides, &d.shape, d.dtype) {
                         self.push(self.kn_loc(h, Slot::Key("input_strides")), e);
                     }
+                    self.gpu_map(h, "input_map", &d.shape, d.dtype);
                 }
             }
             KnOpKind::Output { strides } => {
-                if self.arity(h, op, (1, 1), (0, 0))
-                    && let Some(st) = strides
-                {
+                if self.arity(h, op, (1, 1), (0, 0)) {
                     let d = t(op.inputs[0]);
-                    if let Some(e) = check_strides(st, &d.shape, d.dtype) {
+                    if let Some(st) = strides
+                        && let Some(e) = check_strides(st, &d.shape, d.dtype)
+                    {
                         self.push(self.kn_loc(h, Slot::Key("output_strides")), e);
                     }
+                    self.gpu_map(h, "output_map", &d.shape, d.dtype);
                 }
             }
             KnOpKind::Matmul => {

@@ -6,8 +6,8 @@ use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtype, 
 use super::order::schedule;
 use super::order::{Phase, Schedule};
 use super::plan::{
-    ChainPlan, ClusterSplit, CodePath, Combine, Cta, DTensorGeometry, DependentLaunch, KernelPlan,
-    Options, Partial, PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
+    ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice, CtaSource, DTensorGeometry,
+    DependentLaunch, KernelPlan, Options, Partial, PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -29,8 +29,8 @@ const DRIVER_SMEM_PER_BLOCK: usize = 1024;
 /// grid has at least two per SM of a typical part of the target, so that one block's
 /// barriers and memory waits overlap the other's work; else one. Pipeline depth gives way
 /// to this (down to two stages), as a deep pipeline in a lone 4-warp block hides less.
-fn resident_blocks_wanted(tb: &TbGraph, target: &Target) -> usize {
-    let warps = tb.num_threads().div_ceil(32);
+fn resident_blocks_wanted(tb: &TbGraph, threads: usize, target: &Target) -> usize {
+    let warps = threads.div_ceil(32);
     if warps <= 4 && tb.num_blocks() >= 2 * target.typical_sms {
         2
     } else {
@@ -53,7 +53,10 @@ fn side(g: &KernelGraph, dt: &[DTensorGeometry], hs: &[Handle<DTensor>]) -> Side
         .collect()
 }
 
-/// Plans customized operator `k` (threadblock graph `tb`) for `opts`' target and path.
+/// Plans customized operator `k` (threadblock graph `tb`) for `opts`' target and path, with
+/// the CTA `opts.cta` asks for; with [`CtaChoice::Auto`], the µGraph's CTA is planned first and
+/// the kernel planned again with the warps [`more_warps`] asks for, if any (the first plan is
+/// kept when the second fails, e.g. on shared memory).
 pub(super) fn plan_kernel(
     g: &KernelGraph,
     k: usize,
@@ -63,12 +66,109 @@ pub(super) fn plan_kernel(
     dt: &[DTensorGeometry],
     opts: &Options,
 ) -> Result<KernelPlan, PlanError> {
+    let graph = tb.num_threads().max(1);
+    let (threads, source) = match opts.cta {
+        CtaChoice::Warps(w) => (w * 32, CtaSource::Asked),
+        CtaChoice::Graph => (graph, CtaSource::Graph),
+        CtaChoice::Auto => (graph, CtaSource::Model("")),
+    };
+    if opts.cta != CtaChoice::Auto {
+        return plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source);
+    }
+    let mut first = plan_kernel_with(g, k, tb, fusion.clone(), kl, dt, opts, threads, source)?;
+    match more_warps(tb, &opts.target) {
+        Err(kept) => {
+            first.cta.source = CtaSource::Model(kept);
+            Ok(first)
+        }
+        Ok((warps, _)) if warps * 32 <= graph => {
+            first.cta.source =
+                CtaSource::Model("block_dim kept: it has as many warps as the grid needs");
+            Ok(first)
+        }
+        Ok((warps, why)) => {
+            let more = plan_kernel_with(
+                g,
+                k,
+                tb,
+                fusion,
+                kl,
+                dt,
+                opts,
+                warps * 32,
+                CtaSource::Model(why),
+            );
+            match more {
+                // A loop longer than a pipeline's worth pays for its split: more warps must not
+                // shrink the cluster (measured 1.06–3.19× slower where they did).
+                Ok(p) if tb.forloop_range > SHORT_LOOP && p.split.ctas() < first.split.ctas() => {
+                    first.cta.source = CtaSource::Model(
+                        "block_dim kept: more warps per CTA would shrink the cluster split",
+                    );
+                    Ok(first)
+                }
+                Ok(p) => Ok(p),
+                Err(_) => {
+                    first.cta.source = CtaSource::Model(
+                        "block_dim kept: the kernel does not plan with more warps",
+                    );
+                    Ok(first)
+                }
+            }
+        }
+    }
+}
+
+/// Iterations of a loop too short to pipeline its loads (the cost model gives such kernels 16
+/// warps, and lets them drop a cluster split).
+const SHORT_LOOP: usize = 4;
+
+/// Warps per CTA the cost model wants for a kernel, and why; `Err(why)` keeps that CTA ([`plan_kernel`] also keeps it where the plan with more
+/// warps shrinks the cluster split of a loop longer than [`SHORT_LOOP`]). The µGraph's
+/// `block_dim` (128 threads in every corpus graph) leaves an SM with 4–8 warps when the grid is
+/// small, too few to hide the latency of loads and barriers. Measured on an H200 (`mucc tune`,
+/// docs/benchmarks.md), grids under 4 blocks per SM: 16 warps made kernels with loops of at most
+/// 4 iterations 0.59–0.97× the time (attention, nTrans, LoRA; a cluster split of 2 given up);
+/// 8 warps made longer loops 0.78–1.02× where the cluster split kept its size (decode
+/// 18944×3584, gated MLP, RMSNorm + linear; 16 warps there were up to 1.18× slower) and
+/// 1.06–3.19× where it shrank; grids of 4 blocks per SM or more gained nothing (1.01–1.15×).
+fn more_warps(tb: &TbGraph, target: &Target) -> Result<(usize, &'static str), &'static str> {
+    if tb.num_blocks() >= 4 * target.typical_sms {
+        return Err("block_dim kept: the grid has 4 or more blocks per SM");
+    }
+    if tb.forloop_range <= SHORT_LOOP {
+        Ok((
+            16,
+            "the grid leaves SMs short of warps, and a loop of 4 iterations or fewer is too \
+             short to pipeline",
+        ))
+    } else {
+        Ok((
+            8,
+            "the grid leaves SMs short of warps (8, not 16: a longer loop pipelines its loads)",
+        ))
+    }
+}
+
+/// [`plan_kernel`] for CTAs of `threads` threads.
+#[allow(clippy::too_many_arguments)]
+fn plan_kernel_with(
+    g: &KernelGraph,
+    k: usize,
+    tb: &TbGraph,
+    fusion: FusionPlan,
+    kl: &KernelLayout,
+    dt: &[DTensorGeometry],
+    opts: &Options,
+    threads: usize,
+    source: CtaSource,
+) -> Result<KernelPlan, PlanError> {
     let target = &opts.target;
     let hopper = opts.path.hopper(target);
     let op = &g.ops[Handle::from_index(k)];
     let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
     let sched = schedule(tb, &fusion);
-    let mut ops = plan_ops(tb, &fusion, kl, &ins, &outs, target);
+    let mut ops = plan_ops(tb, threads, &fusion, kl, &ins, &outs, target);
     let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     demote_copies(tb, &tiles, &mut ops);
     plan_operand_loads(tb, &tiles, &mut ops, target);
@@ -78,7 +178,7 @@ pub(super) fn plan_kernel(
         TmaPlan::default()
     };
     pad_slots(&tma, &mut tiles);
-    let mut resident_blocks = resident_blocks_wanted(tb, target);
+    let mut resident_blocks = resident_blocks_wanted(tb, threads, target);
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
     let mut smem = plan_pipeline(
@@ -106,7 +206,7 @@ pub(super) fn plan_kernel(
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
     let mut split = if hopper && opts.cluster_split {
-        plan_split(tb, &fusion, &sched, &ops, &tiles, &smem, target)
+        plan_split(tb, threads, &fusion, &sched, &ops, &tiles, &smem, target)
     } else if hopper {
         Split::Off("cluster split turned off (tuning variant)".into())
     } else {
@@ -128,7 +228,9 @@ pub(super) fn plan_kernel(
             ) else {
                 break;
             };
-            let split_r = plan_split(tb, &fusion, &sched, &ops_r, &tiles, &smem_r, target);
+            let split_r = plan_split(
+                tb, threads, &fusion, &sched, &ops_r, &tiles, &smem_r, target,
+            );
             if ctas(&split_r) > ctas(&split) {
                 (ops, tma, smem, split, resident_blocks) = (ops_r, tma_r, smem_r, split_r, r);
             }
@@ -154,8 +256,9 @@ pub(super) fn plan_kernel(
         path: CodePath::Sm80,
         cta: Cta {
             grid: tb.grid,
-            block: tb.block,
-            threads: tb.num_threads(),
+            block: [threads, 1, 1],
+            threads,
+            source,
             // At least one block per SM: ptxas may use the registers it needs (without the
             // minimum it sometimes capped a kernel at 32 registers and spilled); a split kernel
             // promises the CTAs per SM its cluster size was chosen for.
@@ -195,8 +298,10 @@ const CLUSTER_PACKING: f64 = 0.9;
 /// with every read accumulator in shared memory in the compute type; C divides the loop, leaves
 /// each CTA two iterations or more (its pipeline gets at most as many stages as iterations),
 /// and all CTAs fit on the GPU at once (one wave).
+#[allow(clippy::too_many_arguments)]
 fn plan_split(
     tb: &TbGraph,
+    threads: usize,
     fusion: &FusionPlan,
     sched: &Schedule,
     ops: &[OpPlan],
@@ -276,7 +381,6 @@ fn plan_split(
     if partials.is_empty() {
         return Split::Off("no accumulator to combine".into());
     }
-    let threads = tb.num_threads();
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
     let by_threads = 2048 / threads.max(1);
     let by_regs = (64 * 1024) / (threads.max(1) * SPLIT_MIN_REGS_PER_THREAD);
@@ -668,11 +772,59 @@ mod tests {
         let t = Target::new(Arch::Sm90a);
         let tb = |grid: [usize; 3], threads: usize| TbGraph::new(grid, [threads, 1, 1], 4, 64);
         // 1024 blocks of 4 warps (mqa_bs8): two per SM.
-        assert_eq!(resident_blocks_wanted(&tb([8, 8, 16], 128), &t), 2);
+        assert_eq!(resident_blocks_wanted(&tb([8, 8, 16], 128), 128, &t), 2);
         // 128 blocks: fewer than two per SM of 132.
-        assert_eq!(resident_blocks_wanted(&tb([128, 1, 1], 128), &t), 1);
+        assert_eq!(resident_blocks_wanted(&tb([128, 1, 1], 128), 128, &t), 1);
         // 8-warp blocks already bring enough warps.
-        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 256), &t), 1);
+        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 256), 256, &t), 1);
+        // The CTA's threads count, not the µGraph's block.
+        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 128), 256, &t), 1);
+    }
+
+    /// The CTA shape of the cost model: more warps for small grids without a cluster split of 4
+    /// or more (16 for short loops, 8 for longer ones), the µGraph's block otherwise; `--warps`
+    /// and `--warps graph` win; every choice says why.
+    #[test]
+    fn the_cta_shape_follows_the_grid_the_loop_and_the_split() {
+        use crate::graph::dtype::DType;
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::{CtaChoice, Options};
+        let plan = |g: &KernelGraph, arch: Arch, cta: CtaChoice| {
+            let opts = Options {
+                cta,
+                ..Options::for_target(Target::new(arch))
+            };
+            let p = crate::sched::plan(g, &opts).unwrap();
+            let kp = p.kernels.values().next().unwrap().clone();
+            (kp.cta.threads, kp.cta.source, kp.cta.block, kp.split.ctas())
+        };
+        // Decode (32 blocks, loop 64): 8 warps would shrink its clusters of 8 on sm_90a, so it
+        // keeps 4; 56 blocks keep clusters of 4 with 8 warps, and take them; without the split
+        // (sm_80) the small grid and long loop get 8.
+        let g = decode_gated_linear(8, 11008, 2048, 32, 64, DType::BF16).unwrap();
+        let (threads, source, _, ctas) = plan(&g, Arch::Sm90a, CtaChoice::Auto);
+        assert_eq!((threads, ctas), (128, 8));
+        assert!(matches!(source, CtaSource::Model(w) if w.contains("shrink the cluster split")));
+        let g56 = decode_gated_linear(8, 18944, 3584, 56, 64, DType::BF16).unwrap();
+        assert_eq!(plan(&g56, Arch::Sm90a, CtaChoice::Auto).0, 256);
+        assert_eq!(plan(&g56, Arch::Sm90a, CtaChoice::Auto).3, 4);
+        let (threads, source, block, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
+        assert_eq!((threads, block), (256, [256, 1, 1]));
+        assert!(matches!(source, CtaSource::Model(w) if w.contains("8, not 16")));
+        // A short loop (4 iterations) on a small grid: 16 warps.
+        let g = decode_gated_linear(8, 256, 2048, 32, 4, DType::F16).unwrap();
+        let (threads, _, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
+        assert_eq!(threads, 512);
+        // Explicit choices win.
+        let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Warps(2));
+        assert_eq!((threads, source), (64, CtaSource::Asked));
+        let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Graph);
+        assert_eq!((threads, source), (128, CtaSource::Graph));
+        // A grid of 4 blocks per SM or more keeps the µGraph's block.
+        let g = decode_gated_linear(8, 256, 16384, 1024, 4, DType::F16).unwrap();
+        let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
+        assert_eq!(threads, 128);
+        assert!(matches!(source, CtaSource::Model(w) if w.contains("4 or more blocks per SM")));
     }
 
     /// A ring deep enough for one CTA per SM capped the split of decode_m8 11008×2048 at

@@ -31,7 +31,7 @@ use crate::graph::fusion::{FusionPlan, fuse};
 use crate::graph::kernel::KernelGraph;
 use crate::layout::solve::resolve;
 
-pub use plan::{GraphPlan, KernelPlan, Options, PathChoice, PlanError};
+pub use plan::{CtaChoice, GraphPlan, KernelPlan, Options, PathChoice, PlanError};
 
 /// Which threadblock kernels launch programmatically (sm_90a, Hopper path): those whose
 /// previous step is a generated kernel (a cuBLAS call or the graph's start keeps a plain
@@ -86,6 +86,10 @@ fn plan_dependent_launches(
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let target = &opts.target;
+    let gpus = g.sharding.num_gpus();
+    if gpus > 1 {
+        return Err(PlanError::MultiGpu { gpus });
+    }
     if opts.path == plan::PathChoice::Hopper && !target.has_tma_wgmma {
         return Err(PlanError::PathUnavailable {
             path: opts.path.to_string(),

@@ -537,16 +537,18 @@ pub fn fragment_registers(m: usize, n: usize, warps: (usize, usize)) -> usize {
     m.div_ceil(16 * warps.0) * n.div_ceil(8 * warps.1) * 4
 }
 
-/// Plans every operator of a threadblock graph except the pipeline stage counts (1 here).
+/// Plans every operator of a threadblock graph for a CTA of `threads` threads, except the
+/// pipeline stage counts (1 here).
 pub fn plan_ops(
     tb: &TbGraph,
+    threads: usize,
     fusion: &FusionPlan,
     layout: &KernelLayout,
     kn_ins: &[(Shape, Strides, usize)],
     kn_outs: &[(Shape, Strides, usize)],
     target: &Target,
 ) -> Vec<OpPlan> {
-    let threads = tb.num_threads().max(1);
+    let threads = threads.max(1);
     let warps = (threads / 32).max(1);
     let mut regs_left = target.accum_register_budget;
     let mut plans = Vec::with_capacity(tb.ops.len());

@@ -49,6 +49,9 @@ pub struct Options {
     /// Whether the Hopper path may split a kernel's for-loop over a cluster (on by default; a
     /// tuning variant turns it off).
     pub cluster_split: bool,
+    /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
+    /// guess, not semantics, so the planner may choose its own.
+    pub cta: CtaChoice,
 }
 
 impl Options {
@@ -61,6 +64,7 @@ impl Options {
             dependent_launch: false,
             symbols: Symbols::default(),
             cluster_split: true,
+            cta: CtaChoice::Auto,
         }
     }
 }
@@ -158,6 +162,49 @@ impl Symbols {
     }
 }
 
+/// Threads per CTA of threadblock kernels (`--warps`). Any choice computes the same function:
+/// every operator plan spreads its work over the CTA's threads, whatever their number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CtaChoice {
+    /// The planner's cost model (`sched::kernel::cta_threads`).
+    #[default]
+    Auto,
+    /// The µGraph's `block_dim`, as Mirage wrote it.
+    Graph,
+    /// This many warps (1 to 32).
+    Warps(usize),
+}
+
+/// Most warps a CTA may have (1024 threads).
+pub const MAX_WARPS: usize = 32;
+
+impl std::str::FromStr for CtaChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(CtaChoice::Auto),
+            "graph" => Ok(CtaChoice::Graph),
+            _ => match s.parse::<usize>() {
+                Ok(w) if (1..=MAX_WARPS).contains(&w) => Ok(CtaChoice::Warps(w)),
+                _ => Err(format!(
+                    "unknown warp count `{s}` (expected auto, graph or a number of warps from 1 to \
+                     {MAX_WARPS})"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for CtaChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CtaChoice::Auto => f.write_str("auto"),
+            CtaChoice::Graph => f.write_str("graph"),
+            CtaChoice::Warps(w) => write!(f, "{w}"),
+        }
+    }
+}
+
 /// Which features threadblock kernels may use (`--path`): for testing and comparing paths on the
 /// same GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -245,6 +292,16 @@ pub enum PlanError {
         limit: usize,
         /// The target.
         arch: String,
+    },
+    /// The graph runs on several GPUs; code generation covers one GPU so far (issue 16: the
+    /// allreduce through NCCL is not generated yet), so planning it would be silently wrong.
+    #[error(
+        "the graph runs on {gpus} GPUs (its mesh); mucc generates code for one GPU only so far \
+         (kn_allreduce_op across GPUs is not implemented yet)"
+    )]
+    MultiGpu {
+        /// GPUs of the graph's mesh.
+        gpus: usize,
     },
     /// The requested code path needs features the target lacks.
     #[error("the {path} path needs sm_90a, but the target is {arch}")]
@@ -543,10 +600,33 @@ pub struct Cta {
     pub block: [usize; 3],
     /// Threads per block.
     pub threads: usize,
+    /// Why this many threads.
+    pub source: CtaSource,
     /// The minimum of resident blocks per SM promised to the compiler (`__launch_bounds__`).
     pub min_blocks_per_sm: usize,
     /// Blocks of this kernel an SM should hold at once (shared memory is budgeted for them).
     pub resident_blocks: usize,
+}
+
+/// Why a CTA has its number of threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtaSource {
+    /// The µGraph's `block_dim` (`--warps graph`).
+    Graph,
+    /// `--warps N` (or a tuned variant).
+    Asked,
+    /// The planner's cost model, for this reason.
+    Model(&'static str),
+}
+
+impl fmt::Display for CtaSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CtaSource::Graph => f.write_str("the µGraph's block_dim"),
+            CtaSource::Asked => f.write_str("asked for (--warps or a tuned variant)"),
+            CtaSource::Model(why) => write!(f, "cost model: {why}"),
+        }
+    }
 }
 
 /// Where a chain's values go.

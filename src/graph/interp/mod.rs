@@ -6,11 +6,16 @@
 pub mod array;
 pub mod budget;
 mod inputs;
+mod sharded;
 mod threadblock;
 
 pub use array::Array;
 pub use budget::{Budget, Estimate, estimate};
 pub use inputs::{InputSpec, random_inputs};
+pub use sharded::{
+    ShardedRun, evaluate_ranks, evaluate_sharded, gather_outputs, global_input_shapes,
+    global_output_shapes, random_global_inputs, shard_inputs,
+};
 
 use std::rc::Rc;
 
@@ -142,12 +147,33 @@ pub fn evaluate_ranged(
 }
 
 /// Like [`evaluate_ranged`], rounding as `rounding` says.
+///
+/// One GPU only: a graph whose mesh has more GPUs is evaluated with [`evaluate_sharded`] (or
+/// [`evaluate_ranks`]), since its all-reduces combine the ranks.
 pub fn evaluate_rounded(
     g: &KernelGraph,
     inputs: Vec<HostTensor>,
     rounding: Rounding,
 ) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
+    let n = g.sharding.num_gpus();
+    if n > 1 {
+        return Err(GraphError::new(ErrorKind::Invalid(format!(
+            "the graph runs on {n} GPUs (mesh {}); evaluate it per rank with interp::evaluate_sharded",
+            g.sharding.mesh_or_single()
+        ))));
+    }
+    check_inputs(g, &inputs)?;
+    let walk = Walk::new(g, rounding);
+    let mut rank = RankState::new(g, inputs);
     let mut excess = Vec::new();
+    for (h, op) in g.ops.iter() {
+        walk.step(h, op, &mut rank, &mut excess);
+    }
+    Ok((rank.outputs, excess))
+}
+
+/// Checks the caller's buffers for one rank against the graph's inputs.
+fn check_inputs(g: &KernelGraph, inputs: &[HostTensor]) -> Result<(), GraphError> {
     let graph_inputs = g.inputs();
     if inputs.len() != graph_inputs.len() {
         return Err(GraphError::new(ErrorKind::Invalid(format!(
@@ -175,26 +201,74 @@ pub fn evaluate_rounded(
             }
         }
     }
-    let mut pending = inputs.into_iter();
-    let mut values: Vec<Option<Rc<Array>>> = vec![None; g.tensors.len()];
-    let mut outputs = Vec::new();
-    let val = |values: &Vec<Option<Rc<Array>>>, t: Handle<DTensor>| -> Rc<Array> {
-        values[t.index()]
-            .clone()
-            .expect("validated graphs define tensors before use")
-    };
-    // Free each tensor after its last reader.
-    let mut last_use = vec![usize::MAX; g.tensors.len()];
-    for (h, op) in g.ops.iter() {
-        for &t in &op.inputs {
-            last_use[t.index()] = h.index();
+    Ok(())
+}
+
+/// What one rank (GPU) holds while the interpreter walks the graph.
+struct RankState {
+    /// The rank's input buffers not yet bound, in input order.
+    pending: std::vec::IntoIter<HostTensor>,
+    /// The value of every live tensor.
+    values: Vec<Option<Rc<Array>>>,
+    /// The graph outputs produced so far.
+    outputs: Vec<Array>,
+}
+
+impl RankState {
+    fn new(g: &KernelGraph, inputs: Vec<HostTensor>) -> Self {
+        RankState {
+            pending: inputs.into_iter(),
+            values: vec![None; g.tensors.len()],
+            outputs: Vec::new(),
         }
     }
-    for (h, op) in g.ops.iter() {
+
+    fn val(&self, t: Handle<DTensor>) -> Rc<Array> {
+        self.values[t.index()]
+            .clone()
+            .expect("validated graphs define tensors before use")
+    }
+}
+
+/// The walk over a graph's operators, shared by all ranks.
+struct Walk<'g> {
+    g: &'g KernelGraph,
+    rounding: Rounding,
+    /// Index of the last operator reading each tensor (each tensor is freed after it).
+    last_use: Vec<usize>,
+}
+
+impl<'g> Walk<'g> {
+    fn new(g: &'g KernelGraph, rounding: Rounding) -> Self {
+        let mut last_use = vec![usize::MAX; g.tensors.len()];
+        for (h, op) in g.ops.iter() {
+            for &t in &op.inputs {
+                last_use[t.index()] = h.index();
+            }
+        }
+        Walk {
+            g,
+            rounding,
+            last_use,
+        }
+    }
+
+    /// Runs operator `h` on one rank. An all-reduce is the identity here (one GPU); several
+    /// ranks combine theirs in [`evaluate_ranks`].
+    fn step(
+        &self,
+        h: Handle<KnOp>,
+        op: &KnOp,
+        rank: &mut RankState,
+        excess: &mut Vec<RangeExcess>,
+    ) {
+        let g = self.g;
+        let rounding = self.rounding;
         let shape = |k: usize| g.tensors[op.outputs[k]].shape;
+        let val = |t: Handle<DTensor>| rank.val(t);
         let result: Vec<Array> = match &op.kind {
             KnOpKind::Input { .. } => {
-                let given = pending.next().expect("counted above");
+                let given = rank.pending.next().expect("counted by check_inputs");
                 let dense = given.shape.row_major_strides() == given.strides
                     && given.data.len() == given.shape.numel();
                 if dense {
@@ -204,33 +278,31 @@ pub fn evaluate_rounded(
                 }
             }
             KnOpKind::Output { .. } => {
-                outputs.push(Rc::unwrap_or_clone(val(&values, op.inputs[0])));
+                let v = val(op.inputs[0]);
+                rank.outputs.push(Rc::unwrap_or_clone(v));
                 vec![]
             }
-            KnOpKind::Matmul => vec![Array::matmul(
-                &val(&values, op.inputs[0]),
-                &val(&values, op.inputs[1]),
-            )],
-            KnOpKind::Unary(u) => vec![val(&values, op.inputs[0]).map(|x| u.apply(x))],
+            KnOpKind::Matmul => vec![Array::matmul(&val(op.inputs[0]), &val(op.inputs[1]))],
+            KnOpKind::Unary(u) => vec![val(op.inputs[0]).map(|x| u.apply(x))],
             KnOpKind::Binary(b) => vec![Array::binary(
-                &val(&values, op.inputs[0]),
-                &val(&values, op.inputs[1]),
+                &val(op.inputs[0]),
+                &val(op.inputs[1]),
                 *b,
                 shape(0),
             )],
             KnOpKind::Reduction { dim } => {
-                vec![val(&values, op.inputs[0]).sum_to(*dim, shape(0).dim(*dim))]
+                vec![val(op.inputs[0]).sum_to(*dim, shape(0).dim(*dim))]
             }
             KnOpKind::RmsNorm { normalized_dims } => {
-                vec![val(&values, op.inputs[0]).rms_norm(*normalized_dims)]
+                vec![val(op.inputs[0]).rms_norm(*normalized_dims)]
             }
             KnOpKind::Concat { dim } => {
-                let parts: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(&values, t)).collect();
+                let parts: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
                 let refs: Vec<&Array> = parts.iter().map(|p| p.as_ref()).collect();
                 vec![Array::concat(&refs, *dim, shape(0))]
             }
             KnOpKind::Split { dim } | KnOpKind::Chunk { dim, .. } => {
-                let x = val(&values, op.inputs[0]);
+                let x = val(op.inputs[0]);
                 let mut offset = 0;
                 (0..op.outputs.len())
                     .map(|k| {
@@ -244,11 +316,11 @@ pub fn evaluate_rounded(
             }
             KnOpKind::AllReduce { .. } => {
                 // The identity on one GPU: share the input's array.
-                values[op.outputs[0].index()] = Some(val(&values, op.inputs[0]));
+                rank.values[op.outputs[0].index()] = Some(val(op.inputs[0]));
                 vec![]
             }
             KnOpKind::Customized(tb) => {
-                let ins: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(&values, t)).collect();
+                let ins: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
                 let refs: Vec<&Array> = ins.iter().map(|p| p.as_ref()).collect();
                 let shapes: Vec<Shape> = (0..op.outputs.len()).map(shape).collect();
                 let (outs, tile_max) = threadblock::run(tb, &refs, &shapes, rounding);
@@ -268,34 +340,44 @@ pub fn evaluate_rounded(
                 outs
             }
         };
-        for (&t, mut a) in op.outputs.iter().zip(result) {
-            let dtype = g.tensors[t].dtype;
-            if rounding == Rounding::Stored {
-                a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
-            }
-            if let Some(limit) = dtype.max_finite() {
-                // Infinite reference values are infinite in the compiled code too.
-                let max_abs = a
-                    .data
-                    .iter()
-                    .filter(|x| x.is_finite())
-                    .fold(0.0f64, |m, x| m.max(x.abs()));
-                if max_abs > limit {
-                    excess.push(RangeExcess {
-                        place: RangePlace::Tensor(t),
-                        dtype,
-                        max_abs,
-                        limit,
-                    });
-                }
-            }
-            values[t.index()] = Some(Rc::new(a));
+        for (&t, a) in op.outputs.iter().zip(result) {
+            rank.values[t.index()] = Some(self.store(t, a, excess));
         }
+        self.free(h, op, rank);
+    }
+
+    /// Rounds a computed value of tensor `t` as the walk's rounding says and notes whether it
+    /// exceeds the range of `t`'s element type.
+    fn store(&self, t: Handle<DTensor>, mut a: Array, excess: &mut Vec<RangeExcess>) -> Rc<Array> {
+        let dtype = self.g.tensors[t].dtype;
+        if self.rounding == Rounding::Stored {
+            a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
+        }
+        if let Some(limit) = dtype.max_finite() {
+            // Infinite reference values are infinite in the compiled code too.
+            let max_abs = a
+                .data
+                .iter()
+                .filter(|x| x.is_finite())
+                .fold(0.0f64, |m, x| m.max(x.abs()));
+            if max_abs > limit {
+                excess.push(RangeExcess {
+                    place: RangePlace::Tensor(t),
+                    dtype,
+                    max_abs,
+                    limit,
+                });
+            }
+        }
+        Rc::new(a)
+    }
+
+    /// Frees the inputs of operator `h` that nobody reads later.
+    fn free(&self, h: Handle<KnOp>, op: &KnOp, rank: &mut RankState) {
         for &t in &op.inputs {
-            if last_use[t.index()] == h.index() {
-                values[t.index()] = None;
+            if self.last_use[t.index()] == h.index() {
+                rank.values[t.index()] = None;
             }
         }
     }
-    Ok((outputs, excess))
 }

@@ -6,7 +6,9 @@
 //! largest in use. Parameters Mirage does not serialise are written under extra keys that
 //! Mirage ignores and mucc reads back: `scalar` (mul_scalar), `min_val`/`max_val` (clamp),
 //! `normalized_dims` (kernel rms_norm); and the first operator of every graph names the dtype
-//! table under `mucc_dtype_table`, since the codes alone are ambiguous.
+//! table under `mucc_dtype_table`, since the codes alone are ambiguous, and the GPU mesh under
+//! `mucc_gpu_dim` when it is known. Input and output maps (`input_map` / `output_map`) are
+//! written as the graph's [`crate::graph::Sharding`] records them.
 
 use serde_json::{Map, Value, json};
 
@@ -21,6 +23,10 @@ use crate::graph::threadblock::{STensor, TbGraph, TbOpKind};
 
 /// The key, written on each graph's first operator, that names the dtype table of the file.
 pub const TABLE_KEY: &str = "mucc_dtype_table";
+
+/// The key, written on a graph's first operator when the graph's GPU mesh is known, that records
+/// it as an int3 (Mirage keeps `gpu_dim` on the C++ graph object and never serialises it).
+pub const GPU_DIM_KEY: &str = "mucc_gpu_dim";
 
 /// How to write a graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +209,9 @@ impl Exporter<'_> {
                 // Codes 940/941 mean different types in the mid and current tables; name the
                 // table so that the file is never ambiguous (Mirage ignores unknown keys).
                 m.insert(TABLE_KEY.into(), json!(self.opts.dtype_table.name()));
+                if let Some(mesh) = self.g.sharding.mesh {
+                    m.insert(GPU_DIM_KEY.into(), launch3(mesh.0));
+                }
             }
             m.insert("op_type".into(), json!(names::kn_name(&op.kind)));
             let ins: Result<Vec<Value>, _> = op.inputs.iter().map(|&t| self.dtensor(t)).collect();
@@ -211,11 +220,13 @@ impl Exporter<'_> {
             m.insert("output_tensors".into(), Value::Array(outs?));
             match &op.kind {
                 KnOpKind::Input { strides } => {
-                    m.insert("input_map".into(), int3([-1, -1, -1]));
+                    let map = self.g.sharding.map(h).to_mirage();
+                    m.insert("input_map".into(), int3(map));
                     m.insert("input_strides".into(), json!(strides.0));
                 }
                 KnOpKind::Output { strides } => {
-                    m.insert("output_map".into(), int3([-1, -1, -1]));
+                    let map = self.g.sharding.map(h).to_mirage();
+                    m.insert("output_map".into(), int3(map));
                     let s: Vec<usize> = strides.as_ref().map(|s| s.0.clone()).unwrap_or_default();
                     m.insert("output_strides".into(), json!(s));
                 }

@@ -19,6 +19,7 @@ use crate::graph::error::{ErrorKind, GraphError, Location, clip};
 use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::ops::{AccumKind, DimMap, TbReduction, UnaryOp};
 use crate::graph::shape::{MAX_DIMS, Shape, Strides};
+use crate::graph::sharding::{GpuMesh, MAX_GPUS};
 use crate::graph::source::{OpOrigin, SourceMap};
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 
@@ -566,6 +567,12 @@ impl GraphImporter {
     fn graph(&mut self, gj: &J, warnings: &mut Vec<String>) -> Result<(), GraphError> {
         let root_ctx = Ctx::default();
         let ops = gj.items().map_err(|e| self.error(*e, &root_ctx))?;
+        if let Some(first) = ops.first() {
+            let ctx = Ctx {
+                op: Some("kernel op 0".into()),
+            };
+            self.g.sharding.mesh = gpu_dim_marker(first).map_err(|e| self.error(*e, &ctx))?;
+        }
         for (i, oj) in ops.iter().enumerate() {
             let op_type = oj.key("op_type").and_then(|t| t.str()).map_err(|e| {
                 self.error(
@@ -599,6 +606,17 @@ impl GraphImporter {
         }
         if self.legacy_schema && self.g.outputs().is_empty() {
             self.implicit_outputs(warnings);
+        }
+        let all_reduce = self
+            .g
+            .ops
+            .iter()
+            .any(|(_, op)| matches!(op.kind, KnOpKind::AllReduce { .. }));
+        if all_reduce && self.g.sharding.mesh.is_none() {
+            warnings.push(format!(
+                "graph {}: kn_allreduce_op, but Mirage's JSON does not record the GPU count (gpu_dim); the graph is read as running on one GPU, where the all-reduce is the identity, unless the GPU mesh is given",
+                self.src.graph.unwrap_or(0)
+            ));
         }
         Ok(())
     }
@@ -707,9 +725,11 @@ impl GraphImporter {
         for tj in &outs_j {
             outputs.push(self.define_dtensor(tj)?);
         }
+        // The GPU partition of an input or output (Mirage's `input_map` / `output_map`).
+        let mut gpu_map = DimMap::NONE;
         let kind = match name {
             KnName::Input => {
-                check_single_gpu(oj, "input_map")?;
+                gpu_map = opt_map(oj, "input_map")?;
                 let strides = match oj.opt_key("input_strides")? {
                     Some(sj) => parse_strides(&sj)?,
                     // May-2024 schema: no strides, row-major.
@@ -721,7 +741,7 @@ impl GraphImporter {
                 KnOpKind::Input { strides }
             }
             KnName::Output => {
-                check_single_gpu(oj, "output_map")?;
+                gpu_map = opt_map(oj, "output_map")?;
                 let strides = match oj.opt_key("output_strides")? {
                     Some(sj) => {
                         let s = parse_strides(&sj)?;
@@ -772,11 +792,12 @@ impl GraphImporter {
                 KnOpKind::Customized(Box::new(tb))
             }
         };
-        self.g.ops.append(KnOp {
+        let h = self.g.ops.append(KnOp {
             kind,
             inputs,
             outputs,
         });
+        self.g.sharding.set_map(h, gpu_map);
         Ok(())
     }
 
@@ -1046,17 +1067,27 @@ fn bind_guid(dj: &J, kn_t: &J, what: &str, pos: usize) -> JResult<()> {
     Ok(())
 }
 
-fn check_single_gpu(oj: &J, key: &str) -> JResult<()> {
-    if let Some(mj) = oj.opt_key(key)? {
-        let m = mj.int3()?;
-        if m != [-1, -1, -1] {
-            return Err(mj.err(ErrorKind::Unsupported(format!(
-                "{key} ({}, {}, {}) partitions the tensor across GPUs; mucc targets one GPU",
-                m[0], m[1], m[2]
-            ))));
-        }
+/// A kernel input's or output's GPU map; absent (the May-2024 schema) means replicated.
+fn opt_map(oj: &J, key: &str) -> JResult<DimMap> {
+    match oj.opt_key(key)? {
+        Some(mj) => parse_map(&mj),
+        None => Ok(DimMap::NONE),
     }
-    Ok(())
+}
+
+/// The GPU mesh named by mucc's `mucc_gpu_dim` key on a graph's first operator, if any.
+fn gpu_dim_marker(first_op: &J) -> JResult<Option<GpuMesh>> {
+    let Some(mj) = first_op.opt_key(super::export::GPU_DIM_KEY)? else {
+        return Ok(None);
+    };
+    let mut mesh = [1usize; 3];
+    for (m, axis) in mesh.iter_mut().zip(["x", "y", "z"]) {
+        let what = format!("GPU count along {axis}");
+        *m = mj.key(axis)?.int_in(1, MAX_GPUS as i64, &what)? as usize;
+    }
+    let mesh = GpuMesh(mesh);
+    mesh.check().map_err(|e| mj.err(e))?;
+    Ok(Some(mesh))
 }
 
 fn check_named_dim(oj: &J, key: &str, dim: usize) -> JResult<()> {

@@ -15,6 +15,7 @@ pub use import::{parse_str, read_file};
 use super::dtype::DtypeTable;
 use super::error::ValidationErrors;
 use super::kernel::KernelGraph;
+use super::sharding::GpuMesh;
 use super::source::SourceMap;
 
 /// The top-level shape of a file.
@@ -75,6 +76,12 @@ impl LoadedGraph {
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         super::validate::validate(&self.graph, Some(&self.source))
     }
+
+    /// Sets the GPU mesh the graph runs on (Mirage's JSON does not record it; see
+    /// [`crate::graph::sharding`]). Call before validating.
+    pub fn set_gpu_mesh(&mut self, mesh: GpuMesh) {
+        self.graph.sharding.mesh = Some(mesh);
+    }
 }
 
 /// An imported file.
@@ -92,4 +99,15 @@ pub struct MirageFile {
     pub warnings: Vec<String>,
     /// The candidate graphs, in file order.
     pub graphs: Vec<LoadedGraph>,
+}
+
+impl MirageFile {
+    /// Sets the GPU mesh of every graph (the caller's GPU count, e.g. a `--gpus N` option:
+    /// `GpuMesh::line(N)`). It replaces a mesh read from mucc's `mucc_gpu_dim` key. Call before
+    /// validating.
+    pub fn set_gpu_mesh(&mut self, mesh: GpuMesh) {
+        for g in &mut self.graphs {
+            g.set_gpu_mesh(mesh);
+        }
+    }
 }

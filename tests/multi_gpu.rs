@@ -1,0 +1,680 @@
+//! Multi-GPU (tensor-parallel) graphs on the CPU: the interpreter against hand-written
+//! references, Mirage-JSON import/export of GPU maps and meshes, and malformed multi-GPU files
+//! (each error checked for its JSON path and operator). See `docs/multi-gpu.md`.
+
+use mucc::graph::builder::{GraphBuilder, TbGraphBuilder};
+use mucc::graph::interp::{self, Array, InputSpec, Rounding};
+use mucc::graph::mirage_json::graphs_to_json;
+use mucc::graph::{AccumKind, DType, DimMap, ErrorKind, GpuMesh, KernelGraph, Shape};
+use mucc::{ExportOptions, GraphError, ImportOptions, MirageFile, parse_str};
+use serde_json::{Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-parallel MLP
+
+/// Rows of X.
+const M: usize = 4;
+/// Model width (X's columns, W1's rows).
+const K: usize = 32;
+/// Hidden width (W1's columns, W2's rows), split across the GPUs.
+const H: usize = 64;
+/// Output width.
+const N: usize = 16;
+
+/// Y = silu(X·W1)·W2 with Megatron-style tensor parallelism on `gpus` GPUs: X replicated, W1
+/// split by columns (column-parallel: each GPU computes its slice of the hidden layer in one
+/// customized kernel), W2 split by rows (row-parallel: each GPU a partial product), one
+/// all-reduce. Outputs: Y (replicated) and the hidden layer (gathered along its columns).
+fn tp_mlp(gpus: usize, dtype: DType) -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(gpus)).unwrap();
+    let x = g.new_input_sharded(&[M, K], dtype, [-1, -1, -1]).unwrap();
+    let w1 = g.new_input_sharded(&[K, H], dtype, [1, -1, -1]).unwrap();
+    let w2 = g.new_input_sharded(&[H, N], dtype, [0, -1, -1]).unwrap();
+    // Per GPU: 2 blocks over its H/gpus columns, K walked in 4 steps.
+    let mut tb = TbGraphBuilder::new([2, 1, 1], [128, 1, 1], 4);
+    let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+    let tw = tb.new_input(&g, w1, [1, -1, -1], 0).unwrap();
+    let mm = tb.matmul(tx, tw).unwrap();
+    let acc = tb.forloop_accum(mm, AccumKind::Nored).unwrap();
+    let act = tb.silu(acc).unwrap();
+    tb.new_output(act, [1, -1, -1]).unwrap();
+    let hidden = g.customized(tb).unwrap()[0];
+    let partial = g.matmul(hidden, w2).unwrap();
+    let y = g.all_reduce(partial).unwrap();
+    g.mark_output_sharded(y, [-1, -1, -1]).unwrap();
+    g.mark_output_sharded(hidden, [1, -1, -1]).unwrap();
+    g.build().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The unsharded reference: (Y, silu(X·W1)) with plain loops.
+fn tp_mlp_reference(x: &Array, w1: &Array, w2: &Array) -> (Vec<f64>, Vec<f64>) {
+    let mut hidden = vec![0.0; M * H];
+    for i in 0..M {
+        for j in 0..H {
+            let mut s = 0.0;
+            for k in 0..K {
+                s += x.data[i * K + k] * w1.data[k * H + j];
+            }
+            hidden[i * H + j] = s / (1.0 + (-s).exp());
+        }
+    }
+    let mut y = vec![0.0; M * N];
+    for i in 0..M {
+        for j in 0..N {
+            let mut s = 0.0;
+            for k in 0..H {
+                s += hidden[i * H + k] * w2.data[k * N + j];
+            }
+            y[i * N + j] = s;
+        }
+    }
+    (y, hidden)
+}
+
+/// ‖got − want‖ / ‖want‖, NaN (an unwritten element) counting as infinitely wrong.
+#[track_caller]
+fn assert_close(got: &Array, want: &[f64], what: &str) {
+    assert_eq!(got.data.len(), want.len(), "{what}: element count");
+    assert!(got.data.iter().all(|x| x.is_finite()), "{what}: NaN or inf");
+    let num: f64 = got
+        .data
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let rel = (num / den).sqrt();
+    assert!(rel < 1e-12, "{what}: relative error {rel:e}");
+}
+
+fn shape(d: &[usize]) -> Shape {
+    Shape::new(d).unwrap()
+}
+
+#[test]
+fn tensor_parallel_mlp_matches_the_unsharded_reference_on_1_2_and_4_gpus() {
+    for gpus in [1, 2, 4] {
+        let g = tp_mlp(gpus, DType::F16);
+        assert_eq!(g.sharding.num_gpus(), gpus);
+        assert_eq!(
+            interp::global_input_shapes(&g),
+            vec![shape(&[M, K]), shape(&[K, H]), shape(&[H, N])]
+        );
+        assert_eq!(
+            interp::global_output_shapes(&g),
+            vec![shape(&[M, N]), shape(&[M, H])]
+        );
+        let global = interp::random_global_inputs(&g, InputSpec::default());
+        let run = interp::evaluate_sharded(&g, &global, Rounding::Exact).unwrap();
+        let (y, hidden) = tp_mlp_reference(&global[0], &global[1], &global[2]);
+        assert_close(&run.gathered[0], &y, &format!("Y on {gpus} GPUs"));
+        assert_close(
+            &run.gathered[1],
+            &hidden,
+            &format!("silu(X·W1) on {gpus} GPUs"),
+        );
+        assert!(run.excess.is_empty());
+        // Every rank holds the same all-reduced Y and its own slice of the hidden layer.
+        assert_eq!(run.per_rank.len(), gpus);
+        for (r, outs) in run.per_rank.iter().enumerate() {
+            assert_eq!(outs[0], run.gathered[0], "rank {r}'s Y");
+            assert_eq!(outs[1].shape, shape(&[M, H / gpus]));
+            let cols = run.gathered[1].slice(&[0, r * H / gpus], outs[1].shape);
+            assert_eq!(outs[1], cols, "rank {r}'s hidden slice");
+        }
+    }
+}
+
+#[test]
+fn one_gpu_sharded_run_is_the_single_gpu_interpreter() {
+    let g = tp_mlp(1, DType::BF16);
+    let spec = InputSpec {
+        seed: 7,
+        scale: 0.5,
+    };
+    let single = interp::evaluate(&g, &interp::random_inputs(&g, spec)).unwrap();
+    let global = interp::random_global_inputs(&g, spec);
+    let run = interp::evaluate_sharded(&g, &global, Rounding::Exact).unwrap();
+    assert_eq!(run.gathered, single);
+    assert_eq!(run.per_rank, vec![single]);
+}
+
+#[test]
+fn the_single_gpu_entry_points_refuse_a_multi_gpu_graph() {
+    let g = tp_mlp(2, DType::F32);
+    let inputs = interp::shard_inputs(&g, &interp::random_global_inputs(&g, InputSpec::default()))
+        .unwrap()
+        .swap_remove(0);
+    let e = interp::evaluate(&g, &inputs).unwrap_err();
+    assert!(e.to_string().contains("runs on 2 GPUs"), "{e}");
+}
+
+#[test]
+fn without_the_all_reduce_each_gpu_holds_a_partial_sum() {
+    // The same graph without the all-reduce: rank r's Y is silu(X·W1[:, cols r])·W2[rows r, :].
+    let gpus = 2;
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(gpus)).unwrap();
+    let x = g
+        .new_input_sharded(&[M, K], DType::F32, [-1, -1, -1])
+        .unwrap();
+    let w1 = g
+        .new_input_sharded(&[K, H], DType::F32, [1, -1, -1])
+        .unwrap();
+    let w2 = g
+        .new_input_sharded(&[H, N], DType::F32, [0, -1, -1])
+        .unwrap();
+    let h = g.matmul(x, w1).unwrap();
+    let h = g.silu(h).unwrap();
+    let p = g.matmul(h, w2).unwrap();
+    g.mark_output(p).unwrap();
+    let g = g.build().unwrap();
+    let global = interp::random_global_inputs(&g, InputSpec::default());
+    let run = interp::evaluate_sharded(&g, &global, Rounding::Exact).unwrap();
+    let (y, _) = tp_mlp_reference(&global[0], &global[1], &global[2]);
+    let mut sum = run.per_rank[0][0].clone();
+    sum.add_assign(&run.per_rank[1][0]);
+    assert_close(&sum, &y, "sum of the partial products");
+    // A replicated output is rank 0's copy.
+    assert_eq!(run.gathered[0], run.per_rank[0][0]);
+}
+
+#[test]
+fn two_dimensional_mesh_partitions_gathers_and_all_reduces() {
+    // Mesh 2×2: X [4, 6] split by x along its columns, replicated along y.
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh([2, 2, 1])).unwrap();
+    let x = g
+        .new_input_sharded(&[4, 6], DType::F32, [1, -1, -1])
+        .unwrap();
+    assert_eq!(g.shape(x), Some(shape(&[4, 3])));
+    let e = g.exp(x).unwrap();
+    let s = g.all_reduce(x).unwrap();
+    g.mark_output_sharded(e, [1, -1, -1]).unwrap();
+    g.mark_output(s).unwrap();
+    let g = g.build().unwrap();
+    let global = interp::random_global_inputs(&g, InputSpec::default());
+    let run = interp::evaluate_sharded(&g, &global, Rounding::Exact).unwrap();
+    let want_exp: Vec<f64> = global[0].data.iter().map(|v| v.exp()).collect();
+    assert_close(&run.gathered[0], &want_exp, "exp gathered over x");
+    // The sum over 4 ranks: each half of X's columns is held by 2 ranks.
+    let (left, right) = (
+        global[0].slice(&[0, 0], shape(&[4, 3])),
+        global[0].slice(&[0, 3], shape(&[4, 3])),
+    );
+    let want_sum: Vec<f64> = left
+        .data
+        .iter()
+        .zip(&right.data)
+        .map(|(a, b)| 2.0 * (a + b))
+        .collect();
+    assert_close(&run.gathered[1], &want_sum, "all-reduce over a 2×2 mesh");
+    // Ranks are numbered with x fastest.
+    assert_eq!(run.per_rank[1][0], run.per_rank[3][0]);
+    assert_eq!(run.per_rank[1][0].data[0], global[0].data[3].exp());
+}
+
+#[test]
+fn builder_rejects_bad_partitions() {
+    let mut g = GraphBuilder::new();
+    let e = g
+        .new_input_sharded(&[8, 8], DType::F16, [0, -1, -1])
+        .unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::GpuCountUnknown(_)), "{e}");
+    g.set_gpu_mesh(GpuMesh::line(4)).unwrap();
+    let e = g
+        .new_input_sharded(&[8, 6], DType::F16, [1, -1, -1])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::NotDivisible {
+                dim: 1,
+                extent: 6,
+                by: 4,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("GPU mesh axis x (4 GPUs) partitions"),
+        "{e}"
+    );
+    let e = g
+        .new_input_sharded(&[8, 8], DType::F16, [2, -1, -1])
+        .unwrap_err();
+    assert!(e.to_string().contains("names dim 2, but the tensor"), "{e}");
+    let e = g
+        .new_input_sharded(&[8, 8], DType::F16, [1, 1, -1])
+        .unwrap_err();
+    assert!(
+        matches!(e.kind, ErrorKind::MeshAxesShareDim { dim: 1, .. }),
+        "{e}"
+    );
+    g.new_input_sharded(&[8, 8], DType::F16, [0, -1, -1])
+        .unwrap();
+    let e = g.set_gpu_mesh(GpuMesh::line(2)).unwrap_err();
+    assert!(e.to_string().contains("the mesh cannot change"), "{e}");
+    assert!(g.set_gpu_mesh(GpuMesh([0, 1, 1])).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON: export, import, identity, the data file
+
+fn export(g: &KernelGraph) -> Value {
+    graphs_to_json([g], &ExportOptions::default()).unwrap()
+}
+
+fn import(doc: &Value) -> Result<MirageFile, GraphError> {
+    parse_str(&doc.to_string(), None, &ImportOptions::default())
+}
+
+#[test]
+fn export_writes_the_maps_and_the_mesh() {
+    let doc = export(&tp_mlp(2, DType::F16));
+    let ops = &doc[0];
+    assert_eq!(ops[0]["mucc_gpu_dim"], json!({"x": 2, "y": 1, "z": 1}));
+    assert_eq!(ops[0]["input_map"], json!({"x": -1, "y": -1, "z": -1}));
+    assert_eq!(ops[1]["input_map"], json!({"x": 1, "y": -1, "z": -1}));
+    assert_eq!(ops[2]["input_map"], json!({"x": 0, "y": -1, "z": -1}));
+    assert_eq!(ops[5]["op_type"], json!("kn_allreduce_op"));
+    assert_eq!(ops[6]["output_map"], json!({"x": -1, "y": -1, "z": -1}));
+    assert_eq!(ops[7]["output_map"], json!({"x": 1, "y": -1, "z": -1}));
+    // The text dump shows them too.
+    let dump = mucc::graph::display::dump(&tp_mlp(2, DType::F16));
+    assert!(dump.contains("\ngpu mesh (2, 1, 1)\n"), "{dump}");
+    assert!(
+        dump.contains("strides [32, 1] input_map (1, -1, -1)\n"),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("output %3 strides chosen by mucc output_map (1, -1, -1)"),
+        "{dump}"
+    );
+    // A graph with an unknown mesh writes no mesh key.
+    let mut one = GraphBuilder::new();
+    let x = one.new_input(&[2, 2], DType::F16).unwrap();
+    one.mark_output(x).unwrap();
+    assert!(
+        export(&one.build().unwrap())[0][0]
+            .get("mucc_gpu_dim")
+            .is_none()
+    );
+}
+
+#[test]
+fn import_export_import_is_the_identity_on_partitioned_graphs() {
+    for gpus in [2, 4] {
+        let g = tp_mlp(gpus, DType::F16);
+        let v1 = export(&g);
+        let g1 = import(&v1).unwrap().graphs.remove(0);
+        g1.validate().unwrap();
+        let v2 = export(&g1.graph);
+        assert_eq!(v1, v2, "export of the re-imported graph");
+        let g2 = import(&v2).unwrap().graphs.remove(0).graph;
+        assert_eq!(g1.graph, g2);
+        let mut stripped = g2.clone();
+        stripped.clear_guids();
+        assert_eq!(stripped, g, "the imported graph is the built one");
+    }
+}
+
+/// `tests/data/multi_gpu/tp_mlp_2gpu.json`: the 2-GPU MLP for later GPU work. Re-bless with
+/// `MUCC_BLESS=1`.
+#[test]
+fn data_file_tp_mlp_2gpu() {
+    let path = format!(
+        "{}/tests/data/multi_gpu/tp_mlp_2gpu.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let g = tp_mlp(2, DType::F16);
+    let text = serde_json::to_string_pretty(&export(&g)).unwrap() + "\n";
+    if std::env::var_os("MUCC_BLESS").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(on_disk, text, "{path} is stale (MUCC_BLESS=1 rewrites it)");
+    let file = mucc::read_file(std::path::Path::new(&path), &ImportOptions::default()).unwrap();
+    let lg = &file.graphs[0];
+    lg.validate().unwrap();
+    assert_eq!(lg.graph.sharding.mesh, Some(GpuMesh::line(2)));
+    let global = interp::random_global_inputs(&lg.graph, InputSpec::default());
+    let run = interp::evaluate_sharded(&lg.graph, &global, Rounding::Exact).unwrap();
+    let (y, _) = tp_mlp_reference(&global[0], &global[1], &global[2]);
+    assert_close(&run.gathered[0], &y, "Y from the data file");
+}
+
+#[test]
+fn the_caller_supplies_the_gpu_count_when_the_file_has_none() {
+    let mut doc = export(&tp_mlp(2, DType::F16));
+    doc[0][0].as_object_mut().unwrap().remove("mucc_gpu_dim");
+    let mut file = import(&doc).unwrap();
+    assert_eq!(file.graphs[0].graph.sharding.mesh, None);
+    assert!(file.graphs[0].validate().is_err());
+    file.set_gpu_mesh(GpuMesh::line(2));
+    file.graphs[0].validate().unwrap();
+    let mut g = file.graphs.remove(0).graph;
+    g.clear_guids();
+    assert_eq!(g, tp_mlp(2, DType::F16));
+}
+
+#[test]
+fn an_all_reduce_without_a_gpu_count_is_read_as_one_gpu_with_a_warning() {
+    let mut b = GraphBuilder::new();
+    let x = b.new_input(&[2, 3], DType::F32).unwrap();
+    let y = b.all_reduce(x).unwrap();
+    b.mark_output(y).unwrap();
+    let g = b.build().unwrap();
+    let file = import(&export(&g)).unwrap();
+    assert!(
+        file.warnings
+            .iter()
+            .any(|w| w.contains("kn_allreduce_op") && w.contains("one GPU")),
+        "{:?}",
+        file.warnings
+    );
+    let lg = &file.graphs[0];
+    lg.validate().unwrap();
+    let inputs = interp::random_inputs(&lg.graph, InputSpec::default());
+    let outs = interp::evaluate(&lg.graph, &inputs).unwrap();
+    assert_eq!(outs[0], inputs[0].to_array());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed multi-GPU files. Operators of the exported 2-GPU MLP: [0][0] X, [0][1] W1, [0][2]
+// W2 (inputs), [0][3] customized, [0][4] matmul, [0][5] allreduce, [0][6] Y and [0][7] the
+// hidden layer (outputs).
+
+fn tp_doc() -> Value {
+    export(&tp_mlp(2, DType::F16))
+}
+
+#[track_caller]
+fn import_err(doc: &Value) -> GraphError {
+    match import(doc) {
+        Ok(_) => panic!("the document imported"),
+        Err(e) => e,
+    }
+}
+
+/// All validation errors of a document that imports.
+#[track_caller]
+fn invalid(doc: &Value) -> Vec<GraphError> {
+    let file = import(doc).unwrap_or_else(|e| panic!("import failed: {e}"));
+    match file.graphs[0].validate() {
+        Ok(()) => panic!("the document validated"),
+        Err(e) => e.0,
+    }
+}
+
+/// Checks the JSON path and the operator, in the error and in its text.
+#[track_caller]
+fn assert_at(e: &GraphError, path: &str, op: &str) {
+    assert_eq!(e.location.graph, Some(0), "graph index of: {e}");
+    assert_eq!(
+        e.location.json_path.as_deref(),
+        Some(path),
+        "JSON path of: {e}"
+    );
+    assert_eq!(e.location.op.as_deref(), Some(op), "operator of: {e}");
+    let shown = e.to_string();
+    assert!(
+        shown.contains(&format!("graph 0, at {path} ({op}")),
+        "{shown}"
+    );
+}
+
+#[track_caller]
+fn assert_msg(e: &GraphError, needle: &str) {
+    assert!(e.to_string().contains(needle), "`{needle}` not in: {e}");
+}
+
+#[test]
+fn partition_dim_out_of_range() {
+    let mut doc = tp_doc();
+    doc[0][1]["input_map"]["x"] = json!(2);
+    let e = &invalid(&doc)[0];
+    assert_at(e, "[0][1].input_map", "kn_input_op, kernel op 1");
+    assert!(matches!(e.kind, ErrorKind::BadValue(_)), "{e}");
+    assert_msg(
+        e,
+        "map entry x = 2 names dim 2, but the tensor [32, 32] has 2 dims",
+    );
+
+    let mut doc = tp_doc();
+    doc[0][6]["output_map"]["y"] = json!(3);
+    let e = &invalid(&doc)[0];
+    assert_at(e, "[0][6].output_map", "kn_output_op, kernel op 6");
+    assert_msg(e, "map entry y = 3 names dim 3");
+}
+
+#[test]
+fn map_entry_that_is_not_a_dim_index_is_an_import_error() {
+    let mut doc = tp_doc();
+    doc[0][2]["input_map"]["z"] = json!(-2);
+    let e = import_err(&doc);
+    assert_at(&e, "[0][2].input_map.z", "kn_input_op, kernel op 2");
+    assert_msg(&e, "map entry -2 is not a dim index");
+
+    let mut doc = tp_doc();
+    doc[0][7]["output_map"] = json!([1, -1, -1]);
+    let e = import_err(&doc);
+    assert_at(&e, "[0][7].output_map", "kn_output_op, kernel op 7");
+    assert!(matches!(e.kind, ErrorKind::WrongType { .. }), "{e}");
+}
+
+#[test]
+fn two_mesh_axes_on_one_dim() {
+    let mut doc = tp_doc();
+    doc[0][2]["input_map"] = json!({"x": 0, "y": 0, "z": -1});
+    let e = &invalid(&doc)[0];
+    assert_at(e, "[0][2].input_map", "kn_input_op, kernel op 2");
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::MeshAxesShareDim {
+                a: "x",
+                b: "y",
+                dim: 0
+            }
+        ),
+        "{e}"
+    );
+    assert_msg(e, "GPU mesh axes x and y both partition dim 0");
+
+    let mut doc = tp_doc();
+    doc[0][7]["output_map"] = json!({"x": 1, "y": -1, "z": 1});
+    let e = &invalid(&doc)[0];
+    assert_at(e, "[0][7].output_map", "kn_output_op, kernel op 7");
+    assert_msg(e, "GPU mesh axes x and z both partition dim 1");
+}
+
+#[test]
+fn partitioned_graph_without_a_gpu_count() {
+    let mut doc = tp_doc();
+    doc[0][0].as_object_mut().unwrap().remove("mucc_gpu_dim");
+    let errors = invalid(&doc);
+    let paths: Vec<&str> = errors
+        .iter()
+        .map(|e| e.location.json_path.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        ["[0][1].input_map", "[0][2].input_map", "[0][7].output_map"]
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| matches!(e.kind, ErrorKind::GpuCountUnknown(_)))
+    );
+    assert_at(&errors[0], "[0][1].input_map", "kn_input_op, kernel op 1");
+    assert_msg(
+        &errors[0],
+        "input_map (1, -1, -1) partitions the tensor across GPUs, but the graph's GPU count is unknown",
+    );
+    assert_at(&errors[2], "[0][7].output_map", "kn_output_op, kernel op 7");
+}
+
+#[test]
+fn one_gpu_makes_every_partition_whole() {
+    // A known mesh of one GPU: the maps are kept and cut nothing (like a grid axis of 1 block).
+    let mut doc = tp_doc();
+    doc[0][0]["mucc_gpu_dim"] = json!({"x": 1, "y": 1, "z": 1});
+    // Per-GPU shapes of the 2-GPU file are then the global shapes of a smaller MLP.
+    let file = import(&doc).unwrap();
+    let lg = &file.graphs[0];
+    lg.validate().unwrap();
+    assert_eq!(lg.graph.sharding.num_gpus(), 1);
+    assert_eq!(
+        interp::global_input_shapes(&lg.graph),
+        vec![shape(&[M, K]), shape(&[K, H / 2]), shape(&[H / 2, N])]
+    );
+}
+
+#[test]
+fn bad_gpu_dim_keys() {
+    let cases = [
+        (
+            json!({"x": 0, "y": 1, "z": 1}),
+            "[0][0].mucc_gpu_dim.x",
+            "GPU count along x 0 is outside 1..=1024",
+        ),
+        (
+            json!({"x": 2, "y": -1, "z": 1}),
+            "[0][0].mucc_gpu_dim.y",
+            "GPU count along y -1 is outside",
+        ),
+        (
+            json!({"x": 64, "y": 32, "z": 1}),
+            "[0][0].mucc_gpu_dim",
+            "has 2048 GPUs; mucc accepts at most 1024",
+        ),
+        (
+            json!({"x": 2, "y": 1}),
+            "[0][0].mucc_gpu_dim.z",
+            "missing key `z`",
+        ),
+        (
+            json!(2),
+            "[0][0].mucc_gpu_dim",
+            "expected an object, found an integer",
+        ),
+    ];
+    for (v, path, msg) in cases {
+        let mut doc = tp_doc();
+        doc[0][0]["mucc_gpu_dim"] = v;
+        let e = import_err(&doc);
+        assert_at(&e, path, "kernel op 0");
+        assert_msg(&e, msg);
+    }
+}
+
+#[test]
+fn all_reduce_with_a_different_output_shape() {
+    let mut doc = tp_doc();
+    // The all-reduce's output and the output operator's copy of it, both [4, 8].
+    doc[0][5]["output_tensors"][0]["dim"] = json!([4, 8, 0, 0]);
+    doc[0][6]["input_tensors"][0]["dim"] = json!([4, 8, 0, 0]);
+    let e = &invalid(&doc)[0];
+    assert_at(
+        e,
+        "[0][5].output_tensors[0]",
+        "kn_allreduce_op, kernel op 5",
+    );
+    assert!(matches!(e.kind, ErrorKind::ShapeMismatch { .. }), "{e}");
+    assert_msg(e, "recorded [4, 8], but the operator produces [4, 16]");
+}
+
+#[test]
+fn all_reduce_with_a_different_output_type() {
+    let mut doc = tp_doc();
+    doc[0][5]["output_tensors"][0]["data_type"] = json!(950);
+    doc[0][6]["input_tensors"][0]["data_type"] = json!(950);
+    let e = &invalid(&doc)[0];
+    assert_at(
+        e,
+        "[0][5].output_tensors[0]",
+        "kn_allreduce_op, kernel op 5",
+    );
+    assert!(matches!(e.kind, ErrorKind::DtypeMismatch { .. }), "{e}");
+}
+
+#[test]
+fn all_reduce_with_two_inputs_or_two_outputs() {
+    let mut doc = tp_doc();
+    let x = doc[0][5]["input_tensors"][0].clone();
+    doc[0][5]["input_tensors"].as_array_mut().unwrap().push(x);
+    let e = &invalid(&doc)[0];
+    assert_at(e, "[0][5]", "kn_allreduce_op, kernel op 5");
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::Arity {
+                what: "inputs",
+                found: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut doc = tp_doc();
+    let mut y = doc[0][5]["output_tensors"][0].clone();
+    y["guid"] = json!(99_999_999);
+    doc[0][5]["output_tensors"].as_array_mut().unwrap().push(y);
+    let e = &invalid(&doc)[0];
+    assert_at(e, "[0][5]", "kn_allreduce_op, kernel op 5");
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::Arity {
+                what: "outputs",
+                found: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn all_reduce_with_a_bad_inplace_flag() {
+    let mut doc = tp_doc();
+    doc[0][5]["inplace"] = json!("yes");
+    let e = import_err(&doc);
+    assert_at(&e, "[0][5].inplace", "kn_allreduce_op, kernel op 5");
+    assert!(matches!(e.kind, ErrorKind::WrongType { .. }), "{e}");
+}
+
+#[test]
+fn global_inputs_of_the_wrong_shape_are_refused() {
+    let g = tp_mlp(2, DType::F32);
+    let mut global = interp::random_global_inputs(&g, InputSpec::default());
+    global[1] = Array::full(shape(&[K, H / 2]), 0.0);
+    let e = interp::evaluate_sharded(&g, &global, Rounding::Exact).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("global input 1 has shape [32, 32], the graph expects [32, 64]"),
+        "{e}"
+    );
+    let e = interp::gather_outputs(&g, &[]).unwrap_err();
+    assert!(e.to_string().contains("runs on 2 GPUs"), "{e}");
+}
+
+#[test]
+fn dim_map_of_the_maps() {
+    // The maps are Mirage's int3 triples, typed as for threadblock maps.
+    let g = tp_mlp(4, DType::F16);
+    let maps: Vec<DimMap> = g.sharding.maps.values().copied().collect();
+    assert_eq!(
+        maps,
+        [
+            DimMap([Some(1), None, None]),
+            DimMap([Some(0), None, None]),
+            DimMap([Some(1), None, None])
+        ]
+    );
+}
