@@ -827,6 +827,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         &["--path", "ampere"][..],
         &["--dependent-launch"],
         &["--no-tune"],
+        &["--warps", "8"],
     ] {
         let mut args = vec!["tune", file.as_str()];
         args.extend_from_slice(extra);

@@ -141,9 +141,7 @@ impl PathArg {
     /// Whether a tuned variant may replace these options: no `--no-tune`, and the defaults.
     pub fn tunable(&self) -> bool {
         !self.no_tune
-            && self.choice == mucc::sched::PathChoice::Auto
-            && self.warps == mucc::sched::CtaChoice::Auto
-            && !self.dependent_launch
+            && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
     /// The options for `arch` (symbols default), with the cached tuned variant of `g` for

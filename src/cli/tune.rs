@@ -148,9 +148,9 @@ fn tune_graph(
 /// Runs `mucc tune`.
 pub fn run(a: TuneArgs) -> Result<(), Failure> {
     let p = &a.gpu.path;
-    if p.choice != mucc::sched::PathChoice::Auto || p.dependent_launch || p.no_tune {
+    if !p.tunable() {
         return Err(Failure::User(
-            "mucc tune tries every variant of the code path itself: --path, --dependent-launch and --no-tune do not apply to it".into(),
+            "mucc tune tries every variant of the code path and CTA itself: --path, --warps, --dependent-launch and --no-tune do not apply to it".into(),
         ));
     }
     let file = load(&a.input)?;

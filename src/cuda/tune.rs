@@ -301,6 +301,12 @@ pub fn tuned_options(
     }
 }
 
+/// Whether a tuned variant may replace these choices: only the defaults (path auto, no
+/// dependent launch, warps auto) are; options a user gave win.
+pub fn replaceable(path: PathChoice, dependent_launch: bool, cta: CtaChoice) -> bool {
+    path == PathChoice::Auto && !dependent_launch && cta == CtaChoice::Auto
+}
+
 /// The planning options for `arch` with code path `path`, `dependent_launch` and CTA shape
 /// `cta`, and the tuned variant of `g` for `arch` from the default tuning cache applied when
 /// `tune` is set and the options are the defaults a variant may replace (path auto, no
@@ -320,7 +326,7 @@ pub fn options_for(
         cta,
         ..Options::for_target(crate::target::Target::new(arch))
     };
-    if !tune || path != PathChoice::Auto || dependent_launch || cta != CtaChoice::Auto {
+    if !tune || !replaceable(path, dependent_launch, cta) {
         return (base, None);
     }
     tuned_options(Some(&TuneCache::default_location()), g, None, &base)

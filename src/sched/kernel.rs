@@ -66,56 +66,40 @@ pub(super) fn plan_kernel(
     dt: &[DTensorGeometry],
     opts: &Options,
 ) -> Result<KernelPlan, PlanError> {
-    let graph = tb.num_threads().max(1);
-    let (threads, source) = match opts.cta {
-        CtaChoice::Warps(w) => (w * 32, CtaSource::Asked),
-        CtaChoice::Graph => (graph, CtaSource::Graph),
-        CtaChoice::Auto => (graph, CtaSource::Model("")),
+    let with = |fusion: FusionPlan, threads: usize, source: CtaSource| {
+        plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source)
     };
-    if opts.cta != CtaChoice::Auto {
-        return plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source);
+    let graph = tb.num_threads().max(1);
+    match opts.cta {
+        CtaChoice::Warps(w) => return with(fusion, w * 32, CtaSource::Asked),
+        CtaChoice::Graph => return with(fusion, graph, CtaSource::Graph),
+        CtaChoice::Auto => {}
     }
-    let mut first = plan_kernel_with(g, k, tb, fusion.clone(), kl, dt, opts, threads, source)?;
-    match more_warps(tb, &opts.target) {
-        Err(kept) => {
-            first.cta.source = CtaSource::Model(kept);
-            Ok(first)
+    let kept = |mut p: KernelPlan, why: &'static str| {
+        p.cta.source = CtaSource::Model(why);
+        p
+    };
+    let (warps, why) = match more_warps(tb, &opts.target) {
+        Ok((w, _)) if w * 32 <= graph => {
+            let why = "block_dim kept: it has as many warps as the grid needs";
+            return with(fusion, graph, CtaSource::Model(why));
         }
-        Ok((warps, _)) if warps * 32 <= graph => {
-            first.cta.source =
-                CtaSource::Model("block_dim kept: it has as many warps as the grid needs");
-            Ok(first)
-        }
-        Ok((warps, why)) => {
-            let more = plan_kernel_with(
-                g,
-                k,
-                tb,
-                fusion,
-                kl,
-                dt,
-                opts,
-                warps * 32,
-                CtaSource::Model(why),
-            );
-            match more {
-                // A loop longer than a pipeline's worth pays for its split: more warps must not
-                // shrink the cluster (measured 1.06–3.19× slower where they did).
-                Ok(p) if tb.forloop_range > SHORT_LOOP && p.split.ctas() < first.split.ctas() => {
-                    first.cta.source = CtaSource::Model(
-                        "block_dim kept: more warps per CTA would shrink the cluster split",
-                    );
-                    Ok(first)
-                }
-                Ok(p) => Ok(p),
-                Err(_) => {
-                    first.cta.source = CtaSource::Model(
-                        "block_dim kept: the kernel does not plan with more warps",
-                    );
-                    Ok(first)
-                }
-            }
-        }
+        Ok(want) => want,
+        Err(why) => return with(fusion, graph, CtaSource::Model(why)),
+    };
+    let first = with(fusion.clone(), graph, CtaSource::Graph)?;
+    match with(fusion, warps * 32, CtaSource::Model(why)) {
+        // A loop longer than a pipeline's worth pays for its split: more warps must not shrink
+        // the cluster (measured 1.06–3.19× slower where they did).
+        Ok(p) if tb.forloop_range > SHORT_LOOP && p.split.ctas() < first.split.ctas() => Ok(kept(
+            first,
+            "block_dim kept: more warps per CTA would shrink the cluster split",
+        )),
+        Ok(p) => Ok(p),
+        Err(_) => Ok(kept(
+            first,
+            "block_dim kept: the kernel does not plan with more warps",
+        )),
     }
 }
 
@@ -123,8 +107,9 @@ pub(super) fn plan_kernel(
 /// warps, and lets them drop a cluster split).
 const SHORT_LOOP: usize = 4;
 
-/// Warps per CTA the cost model wants for a kernel, and why; `Err(why)` keeps that CTA ([`plan_kernel`] also keeps it where the plan with more
-/// warps shrinks the cluster split of a loop longer than [`SHORT_LOOP`]). The µGraph's
+/// Warps per CTA the cost model wants for a kernel, and why; `Err(why)` keeps the µGraph's CTA
+/// ([`plan_kernel`] also keeps it where the plan with more warps shrinks the cluster split of a
+/// loop longer than [`SHORT_LOOP`]). The µGraph's
 /// `block_dim` (128 threads in every corpus graph) leaves an SM with 4–8 warps when the grid is
 /// small, too few to hide the latency of loads and barriers. Measured on an H200 (`mucc tune`,
 /// docs/benchmarks.md), grids under 4 blocks per SM: 16 warps made kernels with loops of at most

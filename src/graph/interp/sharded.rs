@@ -12,8 +12,9 @@
 
 use super::inputs::{draw, scatter};
 use super::{Array, HostTensor, InputSpec, RangeExcess, RankState, Rounding, Walk, check_inputs};
+use crate::graph::arena::Handle;
 use crate::graph::error::{ErrorKind, GraphError};
-use crate::graph::kernel::{KernelGraph, KnOpKind};
+use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::shape::Shape;
 use crate::graph::sharding::{self, GpuMesh};
 
@@ -37,21 +38,18 @@ fn invalid(msg: String) -> GraphError {
 
 /// The global shape of each graph input (the per-GPU shape scaled by its input map).
 pub fn global_input_shapes(g: &KernelGraph) -> Vec<Shape> {
-    let mesh = g.sharding.mesh_or_single();
-    g.inputs()
-        .into_iter()
-        .map(|(h, t)| {
-            let local = g.tensors[t].shape;
-            sharding::global_shape(&local, g.sharding.map(h), mesh).unwrap_or(local)
-        })
-        .collect()
+    global_shapes(g, g.inputs())
 }
 
 /// The global shape of each graph output (the per-GPU shape scaled by its output map).
 pub fn global_output_shapes(g: &KernelGraph) -> Vec<Shape> {
+    global_shapes(g, g.outputs())
+}
+
+/// The global shapes of the tensors of input or output operators (operator, tensor).
+fn global_shapes(g: &KernelGraph, ends: Vec<(Handle<KnOp>, Handle<DTensor>)>) -> Vec<Shape> {
     let mesh = g.sharding.mesh_or_single();
-    g.outputs()
-        .into_iter()
+    ends.into_iter()
         .map(|(h, t)| {
             let local = g.tensors[t].shape;
             sharding::global_shape(&local, g.sharding.map(h), mesh).unwrap_or(local)
