@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned CUDA 13.0 compiler toolchain from PyPI wheels (no GPU, no root needed):
-# nvcc, nvvm, crt, runtime, cccl and nvrtc, plus the cuBLAS headers, into a cache directory
-# outside the repository. Idempotent: a second run only checks the version.
+# nvcc, nvvm, crt, runtime, cccl and nvrtc, plus the cuBLAS and NCCL headers (for generated
+# files of multi-GPU graphs), into a cache directory outside the repository. Idempotent: a second run only checks the version.
 #
 #   source scripts/cuda-toolchain.sh      # installs if needed and exports CUDA_HOME, PATH, …
 #   scripts/cuda-toolchain.sh             # installs if needed and prints the exports
@@ -41,7 +41,27 @@ PY
     installed || { echo "cuda-toolchain: installation failed" >&2; exit 1; }
 fi
 
+# NCCL headers only (the wheel is 300 MB, the library is not needed to compile); checked apart
+# so that a cache from before they were added gets them without a reinstall.
+nccl="$MUCC_CUDA_PREFIX/nvidia/nccl"
+if [ ! -f "$nccl/include/nccl.h" ]; then
+    echo "cuda-toolchain: installing the NCCL 2.28.9 headers into $MUCC_CUDA_PREFIX" >&2
+    tmp="$(mktemp -d)"
+    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps \
+        -d "$tmp" nvidia-nccl-cu13==2.28.9 >&2
+    python3 - "$tmp" "$MUCC_CUDA_PREFIX" <<'PY'
+import glob, sys, zipfile
+tmp, prefix = sys.argv[1], sys.argv[2]
+for whl in glob.glob(tmp + "/*.whl"):
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(prefix, [m for m in z.namelist() if m.startswith("nvidia/nccl/include/")])
+PY
+    rm -rf "$tmp"
+    [ -f "$nccl/include/nccl.h" ] || { echo "cuda-toolchain: NCCL headers missing" >&2; exit 1; }
+fi
+
 exports="export CUDA_HOME='$cu'
+export MUCC_NCCL_HOME='$nccl'
 export MUCC_CUDA_HOME='$cu'
 export PATH='$cu/bin':\"\$PATH\"
 export LD_LIBRARY_PATH='$cu/lib'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}

@@ -19,6 +19,16 @@ use crate::sched::plan::{Combine, DependentLaunch, GraphPlan, KernelPlan, Placem
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "target {}", p.target.arch);
+    if p.gpus > 1 {
+        let _ = writeln!(
+            s,
+            "GPUs: {} (mesh {}): every GPU runs this plan on its own shards; \
+             kn_allreduce_op is an NCCL all-reduce, and the host entry takes the rank's \
+             communicator",
+            p.gpus,
+            g.sharding.mesh_or_single()
+        );
+    }
     if !p.symbols.is_default() {
         let _ = writeln!(
             s,
@@ -439,6 +449,13 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 )
             }
             r @ KnOpPlan::Reduction { .. } => reduction_text(r),
+            KnOpPlan::AllReduce {
+                count, dtype, gpus, ..
+            } => format!(
+                "NCCL all-reduce (sum) over {gpus} GPUs of the {count}-element span ({}) that \
+                 input and output share (padding included), on the graph's stream",
+                dtype.c_name()
+            ),
             KnOpPlan::RmsNorm {
                 rows,
                 group,

@@ -17,6 +17,11 @@
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
 // (16-byte aligned, laid out as the comments above say); `workspace` holds {{ workspace }} bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
+{% if gpus > 1 -%}
+// The graph runs on {{ gpus }} GPUs: every rank calls this with its own shards, its rank's
+// communicator `comm` (of {{ gpus }} ranks) and a stream of its device; an NCCL failure returns
+// MUCC_NCCL_ERROR_BASE + an ncclResult_t.
+{% endif -%}
 {{ entry_signature }}
   const mucc::host::Buffers buf{inputs, outputs, workspace};
   (void)buf;

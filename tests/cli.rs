@@ -840,9 +840,10 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
 
 /// A tensor-parallel graph (2 GPUs, recorded as `mucc_gpu_dim`): `eval` interprets every rank on
 /// its shard and prints the gathered outputs (`--gpus` replaces the recorded count);
-/// `transpile` refuses it with a clear error instead of generating one GPU's code.
+/// `transpile` generates a host entry that takes an NCCL communicator; the commands that run
+/// one GPU refuse it, and `run --gpus 2` on a machine without GPUs says so.
 #[test]
-fn multi_gpu_graphs_are_interpreted_and_refused_by_the_code_generator() {
+fn multi_gpu_graphs_are_interpreted_transpiled_and_refused_where_unsupported() {
     let file = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/multi_gpu/tp_mlp_2gpu.json"
@@ -863,10 +864,46 @@ fn multi_gpu_graphs_are_interpreted_and_refused_by_the_code_generator() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).1.contains("`0` is not a GPU count"));
     let o = mucc(&["transpile", file]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.contains("#include \"mucc/nccl.h\""), "{out}");
+    assert!(
+        out.contains("ncclComm_t comm, cudaStream_t stream) {"),
+        "{out}"
+    );
+    assert!(
+        out.contains("MUCC_CHECK_NCCL(ncclAllReduce(buf.ws(0), buf.out(0, 0), 64, ncclFloat16, ncclSum, comm, stream));"),
+        "{out}"
+    );
+    // On one GPU the same file is the single-GPU program (the all-reduce is a copy).
+    let o = mucc(&["transpile", file, "--gpus", "1"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        !out.contains("nccl") && out.contains("k5_allreduce"),
+        "{out}"
+    );
+    let o = mucc(&["explain", file]);
+    let (out, _) = text(&o);
+    assert!(
+        out.contains("GPUs: 2 (mesh (2, 1, 1)): every GPU runs this plan on its own shards")
+            && out.contains("kernel op 5 (kn_allreduce_op): NCCL all-reduce (sum) over 2 GPUs of the 64-element span"),
+        "{out}"
+    );
+    for cmd in ["bench", "tune"] {
+        let o = mucc(&[cmd, file]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "graph 0 runs on 2 GPUs (its mesh); mucc {cmd} runs graphs on one GPU only so far (`mucc run --gpus 2` runs and checks it)"
+            )),
+            "{err}"
+        );
+    }
+    // No GPU here (as in the test above): a clean error before anything else.
+    let o = mucc(&["run", file, "--check"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("the graph runs on 2 GPUs (its mesh); mucc generates code for one GPU only"),
-        "{err}"
-    );
+    assert!(err.starts_with("error: no CUDA driver found"), "{err}");
 }

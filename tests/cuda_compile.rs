@@ -100,8 +100,21 @@ fn nvcc(home: &Path, src: &Path) -> Compiled {
         std::process::id(),
         src.file_stem().unwrap().to_string_lossy()
     ));
+    // Multi-GPU graphs include NCCL's header (scripts/cuda-toolchain.sh installs it).
+    let mut nccl = Vec::new();
+    if std::fs::read_to_string(src).is_ok_and(|s| s.contains("#include \"mucc/nccl.h\"")) {
+        let Some(dir) = std::env::var_os("MUCC_NCCL_HOME") else {
+            return Err(format!(
+                "{}: includes nccl.h but MUCC_NCCL_HOME is not set (source scripts/cuda-toolchain.sh)",
+                src.display()
+            ));
+        };
+        nccl.push("-I".to_string());
+        nccl.push(PathBuf::from(dir).join("include").display().to_string());
+    }
     let t = Instant::now();
     let o = Command::new(home.join("bin/nvcc"))
+        .args(&nccl)
         .arg("-c")
         .arg("-o")
         .arg(&out)

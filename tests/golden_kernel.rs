@@ -190,6 +190,28 @@ fn integers_i32() -> KernelGraph {
     g.build().unwrap()
 }
 
+/// A tensor-parallel MLP on 2 GPUs, kernel-level only: X replicated, W1 split by columns, W2
+/// by rows, Y = allreduce(silu(X·W1)·W2). The host entry takes an NCCL communicator.
+fn tensor_parallel_mlp_2gpu_bf16() -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(mucc::graph::GpuMesh::line(2)).unwrap();
+    let x = g
+        .new_input_sharded(&[8, 256], DType::BF16, [-1, -1, -1])
+        .unwrap();
+    let w1 = g
+        .new_input_sharded(&[256, 512], DType::BF16, [1, -1, -1])
+        .unwrap();
+    let w2 = g
+        .new_input_sharded(&[512, 256], DType::BF16, [0, -1, -1])
+        .unwrap();
+    let h = g.matmul(x, w1).unwrap();
+    let a = g.silu(h).unwrap();
+    let p = g.matmul(a, w2).unwrap();
+    let y = g.all_reduce(p).unwrap();
+    g.mark_output(y).unwrap();
+    g.build().unwrap()
+}
+
 /// Every golden graph: (name, builder).
 pub const GRAPHS: &[(&str, Build)] = &[
     ("unary_chain_f16", unary_chain_f16),
@@ -206,6 +228,10 @@ pub const GRAPHS: &[(&str, Build)] = &[
     ("gated_mlp_bf16", gated_mlp_bf16),
     ("aliases_and_allreduce_f64", aliases_and_allreduce_f64),
     ("integers_i32", integers_i32),
+    (
+        "tensor_parallel_mlp_2gpu_bf16",
+        tensor_parallel_mlp_2gpu_bf16,
+    ),
 ];
 
 #[test]

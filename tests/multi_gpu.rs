@@ -150,6 +150,142 @@ fn the_single_gpu_entry_points_refuse_a_multi_gpu_graph() {
     assert!(e.to_string().contains("runs on 2 GPUs"), "{e}");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Code generation (NCCL all-reduce in the host entry)
+
+fn plan_for(g: &KernelGraph) -> Result<mucc::sched::GraphPlan, mucc::sched::PlanError> {
+    mucc::sched::plan(
+        g,
+        &mucc::sched::Options::for_target(mucc::target::Target::new(mucc::target::Arch::Sm90a)),
+    )
+}
+
+#[test]
+fn a_multi_gpu_plan_all_reduces_through_nccl_and_its_entry_takes_a_communicator() {
+    use mucc::emit::launch::{NcclDataType, Step};
+    use mucc::sched::KnOpPlan;
+    for (dtype, nccl) in [
+        (DType::BF16, NcclDataType::Bfloat16),
+        (DType::F16, NcclDataType::Float16),
+        (DType::F32, NcclDataType::Float32),
+    ] {
+        let g = tp_mlp(2, dtype);
+        let p = plan_for(&g).unwrap();
+        assert_eq!(p.gpus, 2);
+        let reduces: Vec<_> = p
+            .kernel_ops
+            .iter()
+            .filter_map(|k| match k {
+                KnOpPlan::AllReduce {
+                    count, dtype, gpus, ..
+                } => Some((*count, *dtype, *gpus)),
+                _ => None,
+            })
+            .collect();
+        // Y is [M, N] on every GPU, dense row-major.
+        assert_eq!(reduces, vec![(M * N, nccl, 2)]);
+        let e = mucc::emit::emit(&g, &p, "tp_mlp").unwrap();
+        assert_eq!(e.launch.gpus, 2);
+        let steps: Vec<_> = e
+            .launch
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::AllReduce(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(steps.len(), 1);
+        assert_eq!((steps[0].count, steps[0].dtype), (M * N, nccl));
+        assert!(e.source.contains("#include \"mucc/nccl.h\""));
+        assert!(e.source.contains("ncclComm_t comm, cudaStream_t stream) {"));
+        let call = format!(
+            "MUCC_CHECK_NCCL(ncclAllReduce(buf.ws(0), buf.out(0, 0), {}, {}, ncclSum, comm, stream));",
+            M * N,
+            nccl.c_name()
+        );
+        assert!(e.source.contains(&call), "{}", e.source);
+        // The launch plan round-trips through JSON with its GPU count.
+        let back: mucc::emit::launch::LaunchPlan =
+            serde_json::from_str(&serde_json::to_string(&e.launch).unwrap()).unwrap();
+        assert_eq!(back, e.launch);
+        // The library header of `mucc build` declares the communicator parameter.
+        let h = mucc::cuda::nvcc::header("TP_H", "tp_mlp", &e.launch);
+        assert!(h.contains("#define MUCC_NUM_GPUS 2\n#define MUCC_NCCL_ERROR_BASE 200000\n"));
+        assert!(h.contains(
+            "int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, void* comm,\n                 void* stream);"
+        ), "{h}");
+    }
+}
+
+#[test]
+fn on_one_gpu_the_all_reduce_is_a_copy_and_no_nccl_appears() {
+    let g = tp_mlp(1, DType::BF16);
+    let p = plan_for(&g).unwrap();
+    assert_eq!(p.gpus, 1);
+    assert!(
+        p.kernel_ops
+            .iter()
+            .all(|k| !matches!(k, mucc::sched::KnOpPlan::AllReduce { .. }))
+    );
+    let e = mucc::emit::emit(&g, &p, "tp_mlp").unwrap();
+    assert!(!e.source.contains("nccl") && e.source.contains("_allreduce"));
+    assert!(
+        e.source
+            .contains("void* workspace,\n                            cudaStream_t stream) {")
+    );
+}
+
+#[test]
+fn all_reduce_layouts_the_plan_cannot_sum_flat_are_refused() {
+    // Input strides [1, 7] (column-major, the caller's) against an output with padded rows:
+    // the solver ties their innermost dims, but the strides still differ.
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(2)).unwrap();
+    let x = g.new_input_strided(&[7, 13], &[1, 7], DType::F32).unwrap();
+    let y = g.all_reduce(x).unwrap();
+    g.mark_output(y).unwrap();
+    let e = plan_for(&g.build().unwrap()).unwrap_err().to_string();
+    assert!(
+        e.contains("kernel op 1 (kn_allreduce_op)")
+            && e.contains("the all-reduce's input has strides [1, 7] and its output [1, 8]"),
+        "{e}"
+    );
+    // NCCL has no 16-bit integers.
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(2)).unwrap();
+    let x = g.new_input(&[8, 16], DType::I16).unwrap();
+    let y = g.all_reduce(x).unwrap();
+    g.mark_output(y).unwrap();
+    let e = plan_for(&g.build().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("NCCL has no element type for i16"), "{e}");
+}
+
+#[test]
+fn a_padded_layout_is_summed_over_its_span() {
+    // [7, 13] f64 rows are padded to 14 elements (16-byte rows): the all-reduce covers the span.
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(2)).unwrap();
+    let x = g.new_input(&[7, 13], DType::F64).unwrap();
+    let e = g.exp(x).unwrap();
+    let y = g.all_reduce(e).unwrap();
+    g.mark_output(y).unwrap();
+    let g = g.build().unwrap();
+    let p = plan_for(&g).unwrap();
+    let spans: Vec<usize> = p
+        .kernel_ops
+        .iter()
+        .filter_map(|k| match k {
+            mucc::sched::KnOpPlan::AllReduce { count, .. } => Some(*count),
+            _ => None,
+        })
+        .collect();
+    let y_geo = &p.dtensors[y.index()];
+    assert_eq!(spans, vec![y_geo.phys_elems]);
+    assert!(y_geo.phys_elems >= 7 * 13);
+    assert_eq!(p.dtensors[e.index()].strides, y_geo.strides);
+}
+
 #[test]
 fn without_the_all_reduce_each_gpu_holds_a_partial_sum() {
     // The same graph without the all-reduce: rank r's Y is silu(X·W1[:, cols r])·W2[rows r, :].

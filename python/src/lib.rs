@@ -914,6 +914,14 @@ fn compile(
     let path = parse_path(path)?;
     py.detach(|| {
         let g = graph.validated()?;
+        let gpus = g.sharding.num_gpus();
+        if gpus > 1 {
+            return Err(compile_err(format!(
+                "{}: the graph runs on {gpus} GPUs (its mesh); the Python package runs graphs on \
+                 one GPU only so far (`mucc run --gpus {gpus}` runs and checks it)",
+                graph.origin
+            )));
+        }
         let mut gpu = open_gpu(device)?;
         let (opts, tuned) = options(g, gpu.arch, path, tune);
         let (p, e) = mucc::transpile::transpile(g, &opts, &graph.origin)

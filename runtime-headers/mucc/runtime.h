@@ -17,6 +17,8 @@
 //   threadblock/accum.h   tb::acc_add, acc_max, acc_rescale, max_of, fill, running_max
 //   threadblock/matmul.h  tb::Mma (tensor cores), tb::FmaMatmul
 //   host.h                error checks and cuBLAS (host only, not under NVRTC)
+//   nccl.h                NCCL error checks for multi-GPU graphs (host only; included by
+//                         generated files whose graph runs on several GPUs)
 #pragma once
 
 #include "types.h"

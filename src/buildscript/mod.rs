@@ -541,6 +541,18 @@ impl Kernels {
                 format!("the file has {} graph(s)", file.graphs.len()),
             )
         })?;
+        let gpus = lg.graph.sharding.num_gpus();
+        if gpus > 1 {
+            return Err(err(
+                Stage::Transpile,
+                None,
+                format!(
+                    "the graph runs on {gpus} GPUs (its mesh); the build-script bindings launch \
+                     graphs on one GPU only so far (`mucc build` makes a library whose entry \
+                     takes an NCCL communicator)"
+                ),
+            ));
+        }
         let tag = arch_tag(arch);
         let (entry, prefix) = symbol_names(&self.resolved_crate_id(), lib, &g.name, &tag);
         let symbols =

@@ -161,6 +161,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
+    super::one_gpu_only(&file, &indices, "mucc bench")?;
     // The files written at the end are checked now, before any GPU work.
     let outputs: Vec<std::path::PathBuf> = a.json_out.iter().chain(&a.svg).cloned().collect();
     super::out::check(&outputs, &[a.input.file.as_path()], a.force)?;

@@ -36,12 +36,6 @@ pub struct EvalArgs {
     /// rounded to its dtype, as generated code rounds at most).
     #[arg(long, value_enum, default_value_t = RoundingArg::Exact)]
     rounding: RoundingArg,
-    /// GPUs the graph runs on (Mirage's JSON does not record it; mucc's export writes it as
-    /// `mucc_gpu_dim`, which this replaces). On more than one, every rank is interpreted with its
-    /// shard of the partitioned inputs, allreduces sum over the ranks, and the outputs printed
-    /// are gathered (docs/multi-gpu.md).
-    #[arg(long, value_name = "N", value_parser = parse_gpus)]
-    gpus: Option<usize>,
     #[command(flatten)]
     budget: super::BudgetArgs,
 }
@@ -182,20 +176,9 @@ fn signature(g: &KernelGraph) -> Signature {
         .collect()
 }
 
-/// A GPU count: 1 to the most a mesh may have.
-fn parse_gpus(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(n) if n >= 1 && mucc::graph::GpuMesh::line(n).check().is_ok() => Ok(n),
-        _ => Err(format!("`{s}` is not a GPU count (1 to 1024)")),
-    }
-}
-
 /// Runs `mucc eval`.
 pub fn run(a: EvalArgs) -> Result<(), Failure> {
-    let mut file = load(&a.input)?;
-    if let Some(n) = a.gpus {
-        file.set_gpu_mesh(mucc::graph::GpuMesh::line(n));
-    }
+    let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
     // Validate first: the interpreter assumes valid graphs. Then the cost: a small file may

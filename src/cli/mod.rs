@@ -72,6 +72,20 @@ pub struct InputArgs {
     /// The largest input file to read (bytes; K, M and G suffixes are powers of 1024).
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_bytes)]
     pub max_input_bytes: u64,
+    /// GPUs the graphs run on (Mirage's JSON does not record it; mucc's export writes it as
+    /// `mucc_gpu_dim`, which this replaces). On more than one, every GPU runs the graph on its
+    /// shard of the partitioned inputs and `kn_allreduce_op` sums over the GPUs (NCCL on the
+    /// GPU, f64 in `eval`; docs/multi-gpu.md).
+    #[arg(long, value_name = "N", value_parser = parse_gpus)]
+    pub gpus: Option<usize>,
+}
+
+/// A GPU count: 1 to the most a mesh may have.
+fn parse_gpus(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 && mucc::graph::GpuMesh::line(n).check().is_ok() => Ok(n),
+        _ => Err(format!("`{s}` is not a GPU count (1 to 1024)")),
+    }
 }
 
 /// Limits of the f64 reference (`mucc eval`, and `--check` of `run` and `bench`).
@@ -244,14 +258,47 @@ impl From<io::Error> for Failure {
 
 /// Loads a file with the shared options.
 pub fn load(args: &InputArgs) -> Result<MirageFile, Failure> {
-    mucc::read_file(
+    let mut file = mucc::read_file(
         &args.file,
         &ImportOptions {
             dtype_table: args.dtype_table,
             max_input_bytes: args.max_input_bytes,
         },
     )
-    .map_err(|e| Failure::User(e.to_string()))
+    .map_err(|e| Failure::User(e.to_string()))?;
+    if let Some(n) = args.gpus {
+        file.set_gpu_mesh(mucc::graph::GpuMesh::line(n));
+    }
+    Ok(file)
+}
+
+/// The GPU count of the selected graphs (they must agree).
+pub fn mesh_size(file: &MirageFile, indices: &[usize]) -> Result<usize, Failure> {
+    let n = |i: usize| file.graphs[i].graph.sharding.num_gpus();
+    let first = indices.first().map_or(1, |&i| n(i));
+    if let Some(&i) = indices.iter().find(|&&i| n(i) != first) {
+        return Err(Failure::User(format!(
+            "graph {} runs on {first} GPUs and graph {i} on {}: select graphs of one GPU count \
+             (--graph N)",
+            indices[0],
+            n(i)
+        )));
+    }
+    Ok(first)
+}
+
+/// Refuses graphs that run on several GPUs in a command that runs one (`what`).
+pub fn one_gpu_only(file: &MirageFile, indices: &[usize], what: &str) -> Result<(), Failure> {
+    for &i in indices {
+        let n = file.graphs[i].graph.sharding.num_gpus();
+        if n > 1 {
+            return Err(Failure::User(format!(
+                "graph {i} runs on {n} GPUs (its mesh); {what} runs graphs on one GPU only so far \
+                 (`mucc run --gpus {n}` runs and checks it)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Prints the file's warnings on stderr.

@@ -5,8 +5,10 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
-use mucc::cuda::RunError;
+use mucc::MirageFile;
 use mucc::cuda::data::Comparison;
+use mucc::cuda::{Gpu, RunError, multi};
+use mucc::graph::interp::{self, InputSpec};
 
 use super::gpu::{
     Drawn, GpuArgs, InputCache, InputChoice, check_outputs, read_outputs, upload_inputs,
@@ -69,6 +71,9 @@ fn inject_fault(plan: &mut mucc::emit::launch::LaunchPlan) {
 /// timings and notes.
 type GraphReport = (Vec<(usize, Comparison, String)>, String);
 
+/// The same on several GPUs: per (rank, output index, comparison, description).
+type RanksReport = (Vec<(usize, usize, Comparison, String)>, String);
+
 /// "ok" or "FAIL (bound …)", saying when and why the bound was widened.
 fn verdict(c: &Comparison) -> String {
     let widened = c.sensitivity.map(|s| {
@@ -91,6 +96,10 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
+    let gpus = super::mesh_size(&file, &indices)?;
+    if gpus > 1 {
+        return run_ranks(&a, &file, &indices, gpus);
+    }
     let mut session = super::gpu::open(&a.gpu)?;
     let name = a.input.file.display().to_string();
     let mut out = stdout();
@@ -240,6 +249,161 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         out,
         "{compiled} compiled, {cached} from the NVRTC cache; {passed} passed, {failed} failed"
     )?;
+    if failed > 0 {
+        return Err(Failure::Quiet);
+    }
+    Ok(())
+}
+
+/// `mucc run` of graphs on `n` GPUs: one rank per device (`--device` first), the module
+/// compiled once and loaded on each, every rank's outputs checked against the interpreter's
+/// per-rank reference (global inputs drawn once and sharded by the input maps).
+fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Result<(), Failure> {
+    if a.inject_fault {
+        return Err(Failure::User(
+            "--inject-fault runs graphs on one GPU".into(),
+        ));
+    }
+    let user = |e: RunError| Failure::User(e.to_string());
+    let mut session = super::gpu::open(&a.gpu)?;
+    let mut others = multi::open_ranks(&mut session.gpu, a.gpu.device, n).map_err(user)?;
+    let name = a.input.file.display().to_string();
+    let mut out = stdout();
+    writeln!(
+        out,
+        "GPUs: {n} x {} (devices {}..{}), NCCL {}; global inputs seed {} scale {}, sharded by \
+         the input maps",
+        session.describe(),
+        a.gpu.device,
+        a.gpu.device + n - 1,
+        multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
+        a.seed,
+        a.scale
+    )?;
+    let budget = a.budget.budget();
+    let prepared = session.prepare(
+        file,
+        &name,
+        indices,
+        InputChoice {
+            seed: a.seed,
+            scale: a.scale,
+            check: false,
+            budget: a.budget.budget(),
+        },
+    );
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for (&i, prep) in indices.iter().zip(prepared) {
+        let g = &file.graphs[i].graph;
+        let mut gpus: Vec<&mut Gpu> = std::iter::once(&mut session.gpu)
+            .chain(others.iter_mut())
+            .collect();
+        let result = (|| -> Result<RanksReport, (String, bool)> {
+            let plain = |e: String| (e, false);
+            let run = |e: RunError| (e.to_string(), e.is_fatal());
+            let prep = prep.map_err(|e| plain(e.to_string()))?;
+            let launch = &prep.emitted.launch;
+            let mut info = prep.describe();
+            let drawn = if a.check {
+                let d = multi::ranked_inputs_and_reference(g, a.seed, a.scale, &budget)
+                    .map_err(plain)?;
+                if let Some(note) = &d.note {
+                    info.push_str(&format!("; input scale lowered to {} ({note})", d.scale));
+                }
+                Some(d)
+            } else {
+                None
+            };
+            let inputs = match &drawn {
+                Some(d) => d.inputs.clone(),
+                None => {
+                    let spec = InputSpec {
+                        seed: a.seed,
+                        scale: a.scale,
+                    };
+                    interp::shard_inputs(g, &interp::random_global_inputs(g, spec))
+                        .map_err(|e| plain(e.to_string()))?
+                }
+            };
+            let mut progs = Vec::new();
+            let mut bufs = Vec::new();
+            for (r, gpu) in gpus.iter_mut().enumerate() {
+                let prog = gpu.load(&prep.cubin.bytes, launch).map_err(run)?;
+                let mut b = gpu.alloc(&prog).map_err(run)?;
+                upload_inputs(gpu, &mut b, launch, &inputs[r]).map_err(plain)?;
+                gpu.poison_outputs(&mut b, 0xff).map_err(run)?;
+                progs.push(prog);
+                bufs.push(b);
+            }
+            let ranks: Vec<multi::RankRun<'_>> = gpus
+                .iter()
+                .zip(&progs)
+                .zip(&bufs)
+                .map(|((gpu, prog), bufs)| multi::RankRun { gpu, prog, bufs })
+                .collect();
+            multi::execute_ranks(&ranks).map_err(run)?;
+            let outputs: Vec<Vec<_>> = gpus
+                .iter()
+                .zip(&bufs)
+                .map(|(gpu, b)| read_outputs(gpu, b, launch))
+                .collect::<Result<_, _>>()
+                .map_err(plain)?;
+            let mut rows = Vec::new();
+            match &drawn {
+                Some(d) => {
+                    let cmp = multi::check_ranks(g, d, &outputs).map_err(plain)?;
+                    for (r, row) in cmp.into_iter().enumerate() {
+                        for (j, c) in row.into_iter().enumerate() {
+                            let o = &launch.outputs[j];
+                            rows.push((r, j, c, format!("{} {:?}", o.dtype, o.shape)));
+                        }
+                    }
+                }
+                None => {
+                    for (r, outs) in outputs.iter().enumerate() {
+                        for (j, (_, got)) in outs.iter().enumerate() {
+                            let finite = got.data.iter().filter(|x| x.is_finite()).count();
+                            let sum: f64 = got.data.iter().filter(|x| x.is_finite()).sum();
+                            info.push_str(&format!(
+                                "; rank {r} out{j}: {finite}/{} finite, sum {sum:.6e}",
+                                got.data.len()
+                            ));
+                        }
+                    }
+                }
+            }
+            Ok((rows, info))
+        })();
+        match result {
+            Ok((rows, info)) => {
+                writeln!(out, "graph {i}: {info}")?;
+                for (r, j, c, desc) in &rows {
+                    writeln!(
+                        out,
+                        "graph {i}: rank {r} out{j} {desc}: rel err {:.2e}, max abs {:.2e}, {} non-finite/unwritten: {}",
+                        c.rel_l2,
+                        c.max_abs,
+                        c.non_finite,
+                        verdict(c)
+                    )?;
+                }
+                if rows.iter().all(|(_, _, c, _)| c.passed()) {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+            Err((msg, fatal)) => {
+                writeln!(out, "graph {i}: FAIL: {msg}")?;
+                failed += 1;
+                if fatal {
+                    writeln!(out, "stopping: the GPUs' contexts are lost")?;
+                    break;
+                }
+            }
+        }
+    }
+    writeln!(out, "on {n} GPUs: {passed} passed, {failed} failed")?;
     if failed > 0 {
         return Err(Failure::Quiet);
     }

@@ -156,6 +156,7 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
+    super::one_gpu_only(&file, &indices, "mucc tune")?;
     let mut session = super::gpu::open(&a.gpu)?;
     let cache = TuneCache::default_location();
     let name = a.input.file.display().to_string();

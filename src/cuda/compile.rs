@@ -47,6 +47,10 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         include_str!("../../runtime-headers/mucc/host.h"),
     ),
     (
+        "mucc/nccl.h",
+        include_str!("../../runtime-headers/mucc/nccl.h"),
+    ),
+    (
         "mucc/kernel/elementwise.h",
         include_str!("../../runtime-headers/mucc/kernel/elementwise.h"),
     ),

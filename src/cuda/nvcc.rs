@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::emit::Emitted;
 use crate::emit::cxx::comment_safe;
-use crate::emit::host::CUBLAS_ERROR_BASE;
+use crate::emit::host::{CUBLAS_ERROR_BASE, NCCL_ERROR_BASE};
 use crate::emit::launch::{LaunchPlan, TensorDirective};
 use crate::graph::mirage_json::LoadedGraph;
 use crate::sched::Options;
@@ -237,6 +237,36 @@ pub fn library_dirs(nvcc: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The NCCL folder: `MUCC_NCCL_HOME`, else `NCCL_HOME` (holding `include/nccl.h` and
+/// `lib/libnccl.so*`; pip's `nvidia-nccl-cu13` installs one as `site-packages/nvidia/nccl`),
+/// else none (the compiler's default paths).
+pub fn nccl_home() -> Option<PathBuf> {
+    ["MUCC_NCCL_HOME", "NCCL_HOME"]
+        .iter()
+        .find_map(|v| std::env::var_os(v).filter(|s| !s.is_empty()))
+        .map(PathBuf::from)
+}
+
+/// nvcc's flags for a graph on several GPUs: NCCL's include and library folders
+/// ([`nccl_home`]) and the library (`libnccl.so`, or the versioned `libnccl.so.2` that pip's
+/// wheel alone ships).
+pub fn nccl_flags() -> Vec<OsString> {
+    let mut flags: Vec<OsString> = Vec::new();
+    let mut lib: OsString = "-lnccl".into();
+    if let Some(home) = nccl_home() {
+        flags.push("-I".into());
+        flags.push(home.join("include").into_os_string());
+        let dir = home.join("lib");
+        if !dir.join("libnccl.so").exists() && dir.join("libnccl.so.2").exists() {
+            lib = "-l:libnccl.so.2".into();
+        }
+        flags.push("-L".into());
+        flags.push(dir.into_os_string());
+    }
+    flags.push(lib);
+    flags
+}
+
 /// The runtime headers folder `opts` names, else the embedded copy installed in the cache.
 pub fn runtime_headers(opts: &NvccOptions) -> Result<PathBuf, NvccError> {
     match &opts.runtime_headers {
@@ -281,18 +311,29 @@ pub fn build_library(
     if plan.uses_cublas() {
         cmd.arg("-lcublas");
     }
+    if plan.uses_nccl() {
+        cmd.args(nccl_flags());
+    }
     let output = cmd.output().map_err(|error| NvccError::NotFound {
         nvcc: nvcc.clone(),
         error,
     })?;
     if !output.status.success() {
+        let mut log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if plan.uses_nccl() && log.contains("nccl") {
+            log.push_str(
+                "(the graph runs on several GPUs and needs NCCL: set MUCC_NCCL_HOME to a folder \
+                 with include/nccl.h and lib/libnccl.so or lib/libnccl.so.2, e.g. pip's \
+                 site-packages/nvidia/nccl)\n",
+            );
+        }
         return Err(NvccError::Failed {
             command: format!("{cmd:?}"),
-            log: format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ),
+            log,
         });
     }
     crate::outputs::install_file(&tmp_out, out).map_err(NvccError::Io)
@@ -334,17 +375,40 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
             plan.arch
         ),
         " *".to_string(),
-        format!(
-            " * int {}(inputs, outputs, workspace, stream) runs the graph on `stream` (a",
-            plan.entry
-        ),
-        " * cudaStream_t); buffers are device pointers, 16-byte aligned, laid out as below; the"
-            .to_string(),
-        " * workspace is 128-byte aligned. Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE plus"
-            .to_string(),
-        " * a cublasStatus_t.".to_string(),
-        " *".to_string(),
     ];
+    if plan.uses_nccl() {
+        lines.extend([
+            format!(
+                " * int {}(inputs, outputs, workspace, comm, stream) runs the graph on `stream` (a",
+                plan.entry
+            ),
+            " * cudaStream_t) as one rank of `comm` (the rank's ncclComm_t) on its own shards:"
+                .to_string(),
+            format!(
+                " * every one of the {} GPUs calls it, each with its rank's buffers, communicator and",
+                plan.gpus
+            ),
+            " * a stream of its device. Buffers are device pointers, 16-byte aligned, laid out as"
+                .to_string(),
+            " * below; the workspace is 128-byte aligned. Returns 0, a cudaError_t,".to_string(),
+            " * MUCC_CUBLAS_ERROR_BASE plus a cublasStatus_t, or MUCC_NCCL_ERROR_BASE plus an"
+                .to_string(),
+            " * ncclResult_t.".to_string(),
+        ]);
+    } else {
+        lines.extend([
+            format!(
+                " * int {}(inputs, outputs, workspace, stream) runs the graph on `stream` (a",
+                plan.entry
+            ),
+            " * cudaStream_t); buffers are device pointers, 16-byte aligned, laid out as below; the"
+                .to_string(),
+            " * workspace is 128-byte aligned. Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE plus"
+                .to_string(),
+            " * a cublasStatus_t.".to_string(),
+        ]);
+    }
+    lines.push(" *".to_string());
     for (i, d) in plan.inputs.iter().enumerate() {
         lines.push(describe("input", i, d));
     }
@@ -365,15 +429,34 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
     lines.push(format!(
         "#define MUCC_CUBLAS_ERROR_BASE {CUBLAS_ERROR_BASE}"
     ));
+    if plan.uses_nccl() {
+        lines.push(format!("#define MUCC_NUM_GPUS {}", plan.gpus));
+        lines.push(format!("#define MUCC_NCCL_ERROR_BASE {NCCL_ERROR_BASE}"));
+    }
     lines.push(String::new());
     lines.push("#ifdef __cplusplus".to_string());
     lines.push("extern \"C\" {".to_string());
     lines.push("#endif".to_string());
-    lines.push("/* `stream` is a cudaStream_t (0: the legacy default stream). */".to_string());
-    lines.push(format!(
-        "int {}(const void* const* inputs, void* const* outputs, void* workspace, void* stream);",
-        plan.entry
-    ));
+    if plan.uses_nccl() {
+        lines.push(
+            "/* `comm` is the rank's ncclComm_t, `stream` a cudaStream_t of its device. */"
+                .to_string(),
+        );
+        lines.push(format!(
+            "int {}(const void* const* inputs, void* const* outputs, void* workspace, void* comm,",
+            plan.entry
+        ));
+        lines.push(format!(
+            "{}void* stream);",
+            " ".repeat(plan.entry.len() + 5)
+        ));
+    } else {
+        lines.push("/* `stream` is a cudaStream_t (0: the legacy default stream). */".to_string());
+        lines.push(format!(
+            "int {}(const void* const* inputs, void* const* outputs, void* workspace, void* stream);",
+            plan.entry
+        ));
+    }
     lines.push("#ifdef __cplusplus".to_string());
     lines.push("}".to_string());
     lines.push("#endif".to_string());
@@ -385,6 +468,13 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The generated header and the runtime's nccl.h agree on the NCCL error base.
+    #[test]
+    fn nccl_error_base_is_written_once() {
+        let nccl = include_str!("../../runtime-headers/mucc/nccl.h");
+        assert!(nccl.contains(&format!("#define MUCC_NCCL_ERROR_BASE {NCCL_ERROR_BASE}\n")));
+    }
 
     /// The generated header and the runtime's host.h agree on the cuBLAS error base.
     #[test]

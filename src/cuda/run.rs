@@ -44,6 +44,49 @@ pub enum RunError {
         /// Compute capability, minor.
         minor: i32,
     },
+    /// Fewer devices than the graph's mesh needs.
+    #[error(
+        "the graph runs on {needed} GPUs (devices {first}..{last}) but this machine has {found}"
+    , last = first + needed - 1)]
+    TooFewGpus {
+        /// GPUs the graph needs.
+        needed: usize,
+        /// The first device asked for.
+        first: usize,
+        /// Devices present.
+        found: usize,
+    },
+    /// libnccl could not be loaded although the graph runs on several GPUs.
+    #[error(
+        "the graph runs on {0} GPUs, which needs NCCL, but libnccl.so could not be loaded: install \
+         NCCL or put its lib folder on LD_LIBRARY_PATH (pip's nvidia-nccl-cu13 ships only \
+         libnccl.so.2: link it as libnccl.so in a folder of LD_LIBRARY_PATH)"
+    )]
+    NoNccl(usize),
+    /// The GPUs of one run are not all of one architecture.
+    #[error(
+        "device {ordinal} ({name}, {arch}) differs from device {first} ({first_arch}): the ranks of a graph share one compiled module"
+    )]
+    MixedGpus {
+        /// The odd device.
+        ordinal: usize,
+        /// Its name.
+        name: String,
+        /// Its architecture.
+        arch: Arch,
+        /// The first device.
+        first: usize,
+        /// The first device's architecture.
+        first_arch: Arch,
+    },
+    /// An NCCL call failed.
+    #[error("{what}: NCCL returned {result}")]
+    Nccl {
+        /// What was being done.
+        what: String,
+        /// The result code.
+        result: String,
+    },
     /// libcublas could not be loaded although the plan calls cuBLAS.
     #[error("the plan calls cuBLAS but libcublas.so.13 could not be loaded")]
     NoCublas,
@@ -94,7 +137,7 @@ pub enum RunError {
 impl RunError {
     /// Whether the GPU context is unusable after this error.
     pub fn is_fatal(&self) -> bool {
-        matches!(self, RunError::Fault { .. })
+        matches!(self, RunError::Fault { .. } | RunError::Nccl { .. })
     }
 }
 
@@ -115,6 +158,9 @@ pub struct Gpu {
     /// Bytes of L2 cache.
     pub l2_bytes: usize,
     pub(crate) blas: Option<Blas>,
+    /// This GPU's rank in an NCCL communicator (graphs on several GPUs; see
+    /// [`super::multi`]).
+    pub(crate) nccl: Option<super::multi::NcclRank>,
     /// The most device memory this process allocates for one plan's buffers (`None`: what the
     /// device has free).
     pub max_memory: Option<usize>,
@@ -298,6 +344,7 @@ impl Gpu {
             arch,
             l2_bytes,
             blas: None,
+            nccl: None,
             max_memory: None,
         })
     }
@@ -375,6 +422,10 @@ impl Gpu {
                 }
                 Step::Gemm(_) => {
                     self.ensure_blas()?;
+                    functions.push(None);
+                }
+                Step::AllReduce(_) => {
+                    super::multi::check_rank(self.nccl.as_ref(), plan.gpus)?;
                     functions.push(None);
                 }
             }
@@ -692,6 +743,7 @@ impl Gpu {
             let what = match step {
                 Step::Kernel(k) => format!("kernel {} (step {} of {n})", k.name, i + 1),
                 Step::Gemm(_) => format!("a cuBLAS call (step {} of {n})", i + 1),
+                Step::AllReduce(_) => format!("an NCCL all-reduce (step {} of {n})", i + 1),
             };
             self.execute_steps(prog, Bufs::Owned(bufs), i..i + 1, self.stream.cu_stream())?;
             self.stream
@@ -775,6 +827,11 @@ impl Gpu {
                     self.launch(f, k, &args, &maps, stream)?;
                 }
                 (Step::Gemm(g), None) => self.gemm(prog, bufs, g, stream)?,
+                (Step::AllReduce(c), None) => {
+                    let send = self.address(prog, bufs, c.send)?;
+                    let recv = self.address(prog, bufs, c.recv)?;
+                    super::multi::all_reduce(self.nccl.as_ref(), c, send, recv, stream)?;
+                }
                 _ => unreachable!("functions are resolved per step in load"),
             }
         }

@@ -205,16 +205,28 @@ pub fn cluster_kernel_signature(
 }
 
 /// The host entry's signature up to the opening brace (lines at level 0): the parameters
-/// continue under the parenthesis when the first line fits, else on the next line.
-pub fn host_entry_signature(entry: &str) -> String {
+/// continue under the parenthesis when the first line fits, else on the next line. `nccl`:
+/// the graph runs on several GPUs and the entry takes the caller's NCCL communicator.
+pub fn host_entry_signature(entry: &str, nccl: bool) -> String {
     let head = format!("extern \"C\" int {entry}(");
+    let last = if nccl {
+        "ncclComm_t comm, cudaStream_t stream) {"
+    } else {
+        "cudaStream_t stream) {"
+    };
     let first = format!("{head}const void* const* inputs, void* const* outputs, void* workspace,");
     if first.len() <= MAX_LINE {
-        format!("{first}\n{}cudaStream_t stream) {{", " ".repeat(head.len()))
+        format!("{first}\n{}{last}", " ".repeat(head.len()))
     } else {
-        format!(
-            "{head}\n    const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {{"
-        )
+        let rest =
+            format!("const void* const* inputs, void* const* outputs, void* workspace, {last}");
+        if rest.len() + 4 <= MAX_LINE {
+            format!("{head}\n    {rest}")
+        } else {
+            format!(
+                "{head}\n    const void* const* inputs, void* const* outputs, void* workspace,\n    {last}"
+            )
+        }
     }
 }
 

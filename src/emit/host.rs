@@ -1,15 +1,22 @@
 //! The host entry `mucc_execute`, rendered from the typed [`LaunchPlan`] alone: each kernel
 //! step becomes a `cudaLaunchKernel` through `mucc::host::launch` with the argument addresses
-//! its bindings denote, each cuBLAS step a `cublasGemmStridedBatchedEx` call. The runner of
+//! its bindings denote, each cuBLAS step a `cublasGemmStridedBatchedEx` call, each all-reduce
+//! step (graphs on several GPUs) an `ncclAllReduce` on the caller's communicator. The runner of
 //! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
 
 use super::cxx::Writer;
-use super::launch::{Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec};
+use super::launch::{
+    AllReduceCall, Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec,
+};
 use crate::sched::gemm::CublasCompute;
 
 /// Value `mucc_execute` adds to a `cublasStatus_t` it returns (the runtime's
 /// `MUCC_CUBLAS_ERROR_BASE`, and the generated library header's).
 pub const CUBLAS_ERROR_BASE: i32 = 100_000;
+
+/// Value `mucc_execute` adds to an `ncclResult_t` it returns (the runtime's
+/// `MUCC_NCCL_ERROR_BASE`, and the generated library header's).
+pub const NCCL_ERROR_BASE: i32 = 200_000;
 
 /// A step of the host entry: a comment and its lines (at the entry's indentation).
 #[derive(Clone, Debug)]
@@ -156,6 +163,16 @@ fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<String> {
     w.finish().lines().map(str::to_string).collect()
 }
 
+fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<String> {
+    vec![format!(
+        "MUCC_CHECK_NCCL(ncclAllReduce({}, {}, {}, {}, ncclSum, comm, stream));",
+        address(plan, c.send),
+        address(plan, c.recv),
+        c.count,
+        c.dtype.c_name()
+    )]
+}
+
 /// The steps of the host entry, one per launch-plan step.
 pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
     plan.steps
@@ -171,6 +188,15 @@ pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
                     c.batch, c.m, c.k, c.k, c.n
                 ),
                 lines: gemm_step(plan, c),
+            },
+            Step::AllReduce(c) => HostStep {
+                comment: format!(
+                    "NCCL: sum of {} {} elements over the {} GPUs",
+                    c.count,
+                    c.dtype.c_name(),
+                    plan.gpus
+                ),
+                lines: all_reduce_step(plan, c),
             },
         })
         .collect()

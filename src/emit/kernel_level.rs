@@ -3,7 +3,7 @@
 
 use super::KernelView;
 use super::cxx::{self, Writer, ctype};
-use super::launch::{KernelLaunch, Step};
+use super::launch::{AllReduceCall, KernelLaunch, Step};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
@@ -238,6 +238,21 @@ pub(super) fn emit(
         KnOpPlan::Nothing | KnOpPlan::Customized => return (None, Vec::new()),
         KnOpPlan::Gemm { calls, .. } => {
             return (None, calls.iter().cloned().map(Step::Gemm).collect());
+        }
+        &KnOpPlan::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            ..
+        } => {
+            let call = AllReduceCall {
+                send,
+                recv,
+                count,
+                dtype,
+            };
+            return (None, vec![Step::AllReduce(call)]);
         }
         KnOpPlan::Elementwise { op: ew, .. } => {
             let suffix = match (ew, &op.kind) {

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::sched::gemm::{CublasCompute, CudaDataType, GemmCall};
+pub use crate::sched::kernel_level::NcclDataType;
 pub use crate::sched::plan::Binding;
 
 use crate::graph::dtype::DType;
@@ -61,6 +62,22 @@ pub enum Step {
     Kernel(KernelLaunch),
     /// Call cuBLAS.
     Gemm(GemmCall),
+    /// Sum a buffer over the graph's GPUs (`ncclAllReduce` on the plan's stream).
+    AllReduce(AllReduceCall),
+}
+
+/// An all-reduce (sum) across the GPUs of a multi-GPU plan, from `send` into `recv` (which may
+/// be the same address): `count` elements of `dtype`, dense.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllReduceCall {
+    /// The buffer summed.
+    pub send: Binding,
+    /// The buffer receiving the sum.
+    pub recv: Binding,
+    /// Elements.
+    pub count: usize,
+    /// Element type.
+    pub dtype: NcclDataType,
 }
 
 /// Shape and memory of a caller buffer.
@@ -107,10 +124,22 @@ pub struct LaunchPlan {
     pub workspace_bytes: usize,
     /// Steps in order.
     pub steps: Vec<Step>,
+    /// GPUs the plan runs on, each on its own shards (more than one: the host entry takes an
+    /// NCCL communicator and the all-reduce steps use it).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub gpus: usize,
     /// The host entry's name in the generated file (`mucc_execute` unless the plan's symbols
     /// say otherwise).
     #[serde(default = "default_entry", skip_serializing_if = "is_default_entry")]
     pub entry: String,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 fn default_entry() -> String {
@@ -145,5 +174,10 @@ impl LaunchPlan {
     /// Whether any step calls cuBLAS.
     pub fn uses_cublas(&self) -> bool {
         self.steps.iter().any(|s| matches!(s, Step::Gemm(_)))
+    }
+
+    /// Whether the plan runs on several GPUs (its host entry takes an NCCL communicator).
+    pub fn uses_nccl(&self) -> bool {
+        self.gpus > 1
     }
 }

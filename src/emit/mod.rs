@@ -98,6 +98,8 @@ struct FileView {
     workspace: usize,
     /// The host entry's signature up to the opening brace.
     entry_signature: String,
+    /// GPUs of the graph's mesh (more than one: the entry takes an NCCL communicator).
+    gpus: usize,
 }
 
 /// The caller's buffers and the workspace, as the header comment lists them, and as launch
@@ -174,6 +176,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         outputs,
         workspace_bytes: plan.workspace_bytes(),
         steps,
+        gpus: plan.gpus,
         entry: plan.symbols.entry().to_string(),
     };
     // Header comment lines (the template prints "// " before each): wrapped to the line limit,
@@ -184,6 +187,13 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         format!("target: {}", plan.target.arch),
     ]
     .into_iter()
+    .chain((plan.gpus > 1).then(|| {
+        format!(
+            "GPUs: {} (mesh {}); the shapes below are each GPU's shards",
+            plan.gpus,
+            g.sharding.mesh_or_single()
+        )
+    }))
     .chain(io_lines)
     {
         for (i, l) in cxx::wrap(&text, cxx::MAX_LINE - 5).into_iter().enumerate() {
@@ -203,12 +213,16 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             if plan.kernels.values().any(|k| k.split.cluster().is_some()) {
                 v.push("mucc/threadblock/cluster.h");
             }
+            if launch.uses_nccl() {
+                v.push("mucc/nccl.h");
+            }
             v
         },
         kernels,
         steps: host::steps(&launch),
         workspace: plan.workspace_bytes(),
-        entry_signature: cxx::host_entry_signature(&launch.entry),
+        entry_signature: cxx::host_entry_signature(&launch.entry, launch.uses_nccl()),
+        gpus: launch.gpus,
     };
     let mut source = view
         .render()

@@ -25,6 +25,8 @@
 //! 5. Element-wise, reduction, concat, rms_norm and accumulator chains: exactly one iteration dim;
 //!    it is never a reduced dim (unless no other dim has extent > 1); every tile the chain reads
 //!    or stores is, along the iteration dim, either innermost or swizzled.
+//! 6. An all-reduce of a graph on several GPUs: input and output have the same innermost dim
+//!    (NCCL sums them as flat arrays).
 //!
 //! # Costs (minimised; every weight below is multiplied by 1024, and a cost of 1 is added for
 //! every innermost or iteration dim other than the tensor's last candidate, so that among equal
@@ -252,6 +254,23 @@ impl<'a> Builder<'a> {
                 KnOpKind::Customized(tb) => {
                     let plan = &self.fusion[&h.index()];
                     self.customized(h.index(), tb, plan, &op.inputs, &op.outputs);
+                }
+                KnOpKind::AllReduce { .. } if g.sharding.num_gpus() > 1 => {
+                    // NCCL sums flat arrays: input and output share one layout.
+                    let (x, y) = (op.inputs[0].index(), op.outputs[0].index());
+                    for d in 0..g.tensors[op.outputs[0]].shape.rank() {
+                        if let (Some(a), Some(b)) = (self.dvars[x][d], self.dvars[y][d]) {
+                            for (p, q) in [(a, b), (b, a)] {
+                                self.m.require(
+                                    ConstraintKind::Clause(vec![p.negative(), q.pos()]),
+                                    format!(
+                                        "{here}: input and output share their innermost dim \
+                                         (NCCL sums flat arrays)"
+                                    ),
+                                );
+                            }
+                        }
+                    }
                 }
                 _ => {
                     // Element-wise style: operands should share the result's layout.

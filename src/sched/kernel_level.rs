@@ -17,6 +17,7 @@ use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::mirage_json::names;
 use crate::graph::ops::{BinaryOp, UnaryOp};
 use crate::graph::shape::Shape;
+use serde::{Deserialize, Serialize};
 
 /// Threads per block of kernel-level kernels.
 pub const THREADS: u32 = 256;
@@ -65,6 +66,77 @@ pub enum ElementwiseOp {
     Binary(BinaryOp),
     /// out = in0 (output copies, single-GPU allreduce).
     Copy,
+}
+
+/// An element type of NCCL (`ncclDataType_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NcclDataType {
+    /// `ncclInt8`.
+    Int8,
+    /// `ncclUint8`.
+    Uint8,
+    /// `ncclInt32`.
+    Int32,
+    /// `ncclUint32`.
+    Uint32,
+    /// `ncclInt64`.
+    Int64,
+    /// `ncclUint64`.
+    Uint64,
+    /// `ncclFloat16`.
+    Float16,
+    /// `ncclBfloat16`.
+    Bfloat16,
+    /// `ncclFloat32`.
+    Float32,
+    /// `ncclFloat64`.
+    Float64,
+}
+
+impl NcclDataType {
+    /// NCCL's type for `dt`, if it has one (none for 16-bit integers and fp8).
+    pub fn of(dt: DType) -> Option<NcclDataType> {
+        Some(match dt {
+            DType::I8 => NcclDataType::Int8,
+            DType::U8 => NcclDataType::Uint8,
+            DType::I32 => NcclDataType::Int32,
+            DType::U32 => NcclDataType::Uint32,
+            DType::I64 => NcclDataType::Int64,
+            DType::U64 => NcclDataType::Uint64,
+            DType::F16 => NcclDataType::Float16,
+            DType::BF16 => NcclDataType::Bfloat16,
+            DType::F32 => NcclDataType::Float32,
+            DType::F64 => NcclDataType::Float64,
+            _ => return None,
+        })
+    }
+
+    /// The C enumerator (`ncclBfloat16`, …).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            NcclDataType::Int8 => "ncclInt8",
+            NcclDataType::Uint8 => "ncclUint8",
+            NcclDataType::Int32 => "ncclInt32",
+            NcclDataType::Uint32 => "ncclUint32",
+            NcclDataType::Int64 => "ncclInt64",
+            NcclDataType::Uint64 => "ncclUint64",
+            NcclDataType::Float16 => "ncclFloat16",
+            NcclDataType::Bfloat16 => "ncclBfloat16",
+            NcclDataType::Float32 => "ncclFloat32",
+            NcclDataType::Float64 => "ncclFloat64",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            NcclDataType::Int8 | NcclDataType::Uint8 => 1,
+            NcclDataType::Float16 | NcclDataType::Bfloat16 => 2,
+            NcclDataType::Int32 | NcclDataType::Uint32 | NcclDataType::Float32 => 4,
+            NcclDataType::Int64 | NcclDataType::Uint64 | NcclDataType::Float64 => 8,
+        }
+    }
 }
 
 /// One part of a concat, split or chunk: the part and the whole tensor's region it maps to.
@@ -149,6 +221,21 @@ pub enum KnOpPlan {
         /// Launch.
         launch: GridStride,
     },
+    /// An all-reduce across the graph's GPUs (more than one): `ncclAllReduce` with `ncclSum`
+    /// from the input tensor's buffer into the output's, which have the same dense layout, so
+    /// the sum runs over their memory as one flat array.
+    AllReduce {
+        /// The input tensor's first element.
+        send: Binding,
+        /// The output tensor's first element.
+        recv: Binding,
+        /// Elements: the span of the tensors' shared layout (padding included).
+        count: usize,
+        /// NCCL's element type.
+        dtype: NcclDataType,
+        /// GPUs taking part.
+        gpus: usize,
+    },
     /// cuBLAS calls.
     Gemm {
         /// The calls, in order.
@@ -195,6 +282,8 @@ struct Planner<'a> {
     g: &'a KernelGraph,
     dt: &'a [DTensorGeometry],
     outputs: &'a [IoPlan],
+    /// GPUs of the graph's mesh.
+    gpus: usize,
 }
 
 impl Planner<'_> {
@@ -287,9 +376,10 @@ impl Planner<'_> {
             }
             KnOpKind::Unary(u) => self.map(ElementwiseOp::Unary(*u), op.outputs[0], &op.inputs),
             KnOpKind::Binary(b) => self.map(ElementwiseOp::Binary(*b), op.outputs[0], &op.inputs),
-            KnOpKind::AllReduce { .. } => {
+            KnOpKind::AllReduce { .. } if self.gpus <= 1 => {
                 self.map(ElementwiseOp::Copy, op.outputs[0], &op.inputs[..1])
             }
+            KnOpKind::AllReduce { .. } => self.all_reduce(h, op)?,
             KnOpKind::Matmul => {
                 let operand = |t: Handle<DTensor>| Operand {
                     shape: &g.tensors[t].shape,
@@ -383,6 +473,40 @@ impl Planner<'_> {
             launch: GridStride::for_work(work),
         }
     }
+
+    /// An all-reduce over the mesh: NCCL sums flat arrays, so the input and the output must
+    /// have the same strides (the layout solver gives both one innermost dim, constraint 6 of
+    /// [`crate::layout::solve`]; user strides on either side can still differ, which is
+    /// refused). Padding between rows is summed along with the values: nothing reads it.
+    fn all_reduce(&self, h: Handle<KnOp>, op: &KnOp) -> Result<KnOpPlan, PlanError> {
+        let (x, y) = (op.inputs[0], op.outputs[0]);
+        let (gx, gy) = (&self.dt[x.index()], &self.dt[y.index()]);
+        let refuse = |reason: String| PlanError::Unsupported {
+            op: h.index(),
+            name: names::kn_name(&op.kind),
+            reason,
+        };
+        if gx.strides != gy.strides || gx.phys_elems != gy.phys_elems {
+            return Err(refuse(format!(
+                "the all-reduce's input has strides {} and its output {}; NCCL sums flat \
+                 arrays, so both need one layout",
+                gx.strides, gy.strides
+            )));
+        }
+        let dt = self.g.tensors[y].dtype;
+        let dtype = NcclDataType::of(dt).ok_or_else(|| {
+            refuse(format!(
+                "NCCL has no element type for {dt} (an all-reduce of {dt})"
+            ))
+        })?;
+        Ok(KnOpPlan::AllReduce {
+            send: self.at(x),
+            recv: self.at(y),
+            count: gy.phys_elems,
+            dtype,
+            gpus: self.gpus,
+        })
+    }
 }
 
 /// Plans every kernel-level operator of `g` (customized operators are planned apart).
@@ -391,6 +515,12 @@ pub(super) fn plan_kernel_ops(
     dt: &[DTensorGeometry],
     outputs: &[IoPlan],
 ) -> Result<Vec<KnOpPlan>, PlanError> {
-    let p = Planner { g, dt, outputs };
+    let gpus = g.sharding.num_gpus();
+    let p = Planner {
+        g,
+        dt,
+        outputs,
+        gpus,
+    };
     g.ops.iter().map(|(h, op)| p.plan(h, op)).collect()
 }

@@ -31,6 +31,7 @@ use crate::graph::fusion::{FusionPlan, fuse};
 use crate::graph::kernel::KernelGraph;
 use crate::layout::solve::resolve;
 
+pub use kernel_level::KnOpPlan;
 pub use plan::{CtaChoice, GraphPlan, KernelPlan, Options, PathChoice, PlanError};
 
 /// Which threadblock kernels launch programmatically (sm_90a, Hopper path): those whose
@@ -56,7 +57,7 @@ fn plan_dependent_launches(
         match op {
             KnOpPlan::Nothing => {}
             KnOpPlan::Gemm { calls, .. } if calls.is_empty() => {}
-            KnOpPlan::Gemm { .. } => prev = Prev::Library,
+            KnOpPlan::Gemm { .. } | KnOpPlan::AllReduce { .. } => prev = Prev::Library,
             KnOpPlan::Customized => {
                 let Some(kp) = kernels.get_mut(&i) else {
                     continue;
@@ -67,7 +68,9 @@ fn plan_dependent_launches(
                         off("off by default; --dependent-launch turns it on")
                     }
                     (true, Prev::Start) => off("the graph's first launch"),
-                    (true, Prev::Library) => off("the previous step is a cuBLAS call"),
+                    (true, Prev::Library) => {
+                        off("the previous step is a library call (cuBLAS or NCCL)")
+                    }
                     (true, Prev::Generated(_)) => DependentLaunch::Programmatic,
                 };
                 if let (true, Prev::Generated(Some(j))) = (kp.dependent.is_programmatic(), prev)
@@ -87,9 +90,6 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let target = &opts.target;
     let gpus = g.sharding.num_gpus();
-    if gpus > 1 {
-        return Err(PlanError::MultiGpu { gpus });
-    }
     if opts.path == plan::PathChoice::Hopper && !target.has_tma_wgmma {
         return Err(PlanError::PathUnavailable {
             path: opts.path.to_string(),
@@ -153,6 +153,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         workspace_packing,
         unfused,
         symbols: opts.symbols.clone(),
+        gpus,
         elapsed: start.elapsed(),
     })
 }

@@ -293,16 +293,6 @@ pub enum PlanError {
         /// The target.
         arch: String,
     },
-    /// The graph runs on several GPUs; code generation covers one GPU so far (issue 16: the
-    /// allreduce through NCCL is not generated yet), so planning it would be silently wrong.
-    #[error(
-        "the graph runs on {gpus} GPUs (its mesh); mucc generates code for one GPU only so far \
-         (kn_allreduce_op across GPUs is not implemented yet)"
-    )]
-    MultiGpu {
-        /// GPUs of the graph's mesh.
-        gpus: usize,
-    },
     /// The requested code path needs features the target lacks.
     #[error("the {path} path needs sm_90a, but the target is {arch}")]
     PathUnavailable {
@@ -747,6 +737,9 @@ pub struct GraphPlan {
     pub unfused: Vec<KnUnfused>,
     /// Names of the generated file's symbols.
     pub symbols: Symbols,
+    /// GPUs of the graph's mesh: every GPU runs this plan on its own shards, and
+    /// `kn_allreduce_op`s are NCCL all-reduces across them (1: one GPU, no NCCL).
+    pub gpus: usize,
     /// Time spent planning.
     pub elapsed: Duration,
 }

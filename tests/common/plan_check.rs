@@ -544,6 +544,29 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                     return Err(format!("kernel op {k}: cuBLAS calls differ from the plan"));
                 }
             }
+            &KnOpPlan::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                ..
+            } => {
+                // One step in the launch plan and one call in the host entry, with the plan's
+                // count and type on the caller's communicator.
+                let want = Step::AllReduce(mucc::emit::launch::AllReduceCall {
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                });
+                if !e.launch.steps.contains(&want) {
+                    return Err(format!("kernel op {k}: no all-reduce step {want:?}"));
+                }
+                let call = format!(", {count}, {}, ncclSum, comm, stream));", dtype.c_name());
+                if !e.source.contains(&call) {
+                    return Err(format!("kernel op {k}: no host call ending {call}"));
+                }
+            }
             KnOpPlan::Nothing | KnOpPlan::Customized => {}
         }
     }

@@ -8,6 +8,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+/// What the warning about an all-reduce in a graph of unknown GPU count says (and how
+/// [`super::MirageFile::set_gpu_mesh`] recognises it once the count is given).
+pub(crate) const UNKNOWN_MESH: &str = "Mirage's JSON does not record the GPU count (gpu_dim)";
+
 use serde_json::Value;
 
 use super::cursor::{J, JResult, PathErr};
@@ -614,7 +618,7 @@ impl GraphImporter {
             .any(|(_, op)| matches!(op.kind, KnOpKind::AllReduce { .. }));
         if all_reduce && self.g.sharding.mesh.is_none() {
             warnings.push(format!(
-                "graph {}: kn_allreduce_op, but Mirage's JSON does not record the GPU count (gpu_dim); the graph is read as running on one GPU, where the all-reduce is the identity, unless the GPU mesh is given",
+                "graph {}: kn_allreduce_op, but {UNKNOWN_MESH}; the graph is read as running on one GPU, where the all-reduce is the identity, unless the GPU mesh is given (--gpus N)",
                 self.src.graph.unwrap_or(0)
             ));
         }

@@ -109,5 +109,7 @@ impl MirageFile {
         for g in &mut self.graphs {
             g.set_gpu_mesh(mesh);
         }
+        // The count is known now: the warning about all-reduces of unknown reach is moot.
+        self.warnings.retain(|w| !w.contains(import::UNKNOWN_MESH));
     }
 }
