@@ -8,6 +8,10 @@
 #             default step);
 #   decode    `mucc run --check` on CARRY/decode/*.json, the builder-made decode-time linear layers
 #             (`cargo run --release --example decode_graphs -- CARRY/decode`; not a default step);
+#   multi     `mucc run --gpus N --check` on CARRY/multi/*.json, the builder-made tensor-parallel
+#             MLP and attention blocks (`cargo run --release --example tp_graphs -- CARRY/multi`;
+#             not a default step; needs a machine with N >= 2 GPUs, N from the file names
+#             tpN_*; NCCL is taken from PyTorch's nvidia-nccl wheel when no libnccl.so is found);
 #   faults    a kernel fault (`mucc run --inject-fault`, a test hook) and a device-memory limit
 #             (`--max-device-memory`) each give one clear error and exit 1 (not a default step).
 #
@@ -87,6 +91,29 @@ if [[ "$steps" == *" decode "* ]]; then
         name="$(basename "$f" .json)"
         # shellcheck disable=SC2086
         "$carry/mucc" run "$f" --all $extra --check > "$out/$name.run.log" 2>&1 || status=1
+        printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
+    done
+fi
+if [[ "$steps" == *" multi "* ]]; then
+    have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    # cudarc looks for libnccl.so; pip's wheel (PyTorch's NCCL) ships libnccl.so.2 only.
+    if ! ldconfig -p | grep -q 'libnccl.so '; then
+        so="$(find / -name 'libnccl.so.2' -path '*nvidia/nccl*' 2>/dev/null | head -1)"
+        if [ -n "$so" ]; then
+            mkdir -p /tmp/mucc-nccl && ln -sf "$so" /tmp/mucc-nccl/libnccl.so
+            export LD_LIBRARY_PATH="/tmp/mucc-nccl:$LD_LIBRARY_PATH"
+        fi
+    fi
+    for f in "$carry"/multi/*.json; do
+        name="$(basename "$f" .json)"
+        n="${name#tp}"; n="${n%%_*}"
+        if [ "$have" -lt "$n" ]; then
+            printf '%-30s skipped: needs %d GPUs, this machine has %d\n' "$name" "$n" "$have"
+            status=1
+            continue
+        fi
+        # shellcheck disable=SC2086
+        "$carry/mucc" run "$f" --gpus "$n" --check > "$out/$name.run.log" 2>&1 || status=1
         printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
     done
 fi

@@ -286,6 +286,52 @@ fn a_padded_layout_is_summed_over_its_span() {
     assert_eq!(p.dtensors[e.index()].strides, y_geo.strides);
 }
 
+/// The workload graphs of the GPU check (`tp_graphs`): sharded over 2 GPUs they compute what
+/// the same graph computes on one GPU (small sizes here; the files use Qwen2.5-7B's).
+#[test]
+fn tensor_parallel_workloads_equal_their_one_gpu_form() {
+    use mucc::graph::workloads::{tp_attention, tp_gated_mlp};
+    type Make = Box<dyn Fn(usize) -> KernelGraph>;
+    let makes: Vec<(&str, Make)> = vec![
+        (
+            "mlp",
+            Box::new(|n| tp_gated_mlp(n, 3, 32, 64, DType::F32).unwrap()),
+        ),
+        (
+            "attention",
+            Box::new(|n| tp_attention(n, 2, 16, (4, 8), 24, DType::F32).unwrap()),
+        ),
+    ];
+    for (what, make) in makes {
+        let (one, two) = (make(1), make(2));
+        let global = interp::random_global_inputs(&two, InputSpec::default());
+        let sharded = interp::evaluate_sharded(&two, &global, Rounding::Exact).unwrap();
+        let whole = interp::evaluate_sharded(&one, &global, Rounding::Exact).unwrap();
+        let (a, b) = (&sharded.gathered[0], &whole.gathered[0]);
+        assert_eq!(a.shape, b.shape, "{what}");
+        let err = a
+            .data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(err < 1e-9, "{what}: max difference {err}");
+        // Both ranks hold the sum.
+        assert_eq!(sharded.per_rank[0], sharded.per_rank[1], "{what}");
+    }
+    // Every file of the GPU check plans (kernel-level operators, an NCCL all-reduce each).
+    for (name, g) in mucc::graph::workloads::tp_graphs(2).unwrap() {
+        let p = plan_for(&g).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.gpus, 2, "{name}");
+        let n = p
+            .kernel_ops
+            .iter()
+            .filter(|k| matches!(k, mucc::sched::KnOpPlan::AllReduce { .. }))
+            .count();
+        assert_eq!(n, 1, "{name}");
+    }
+}
+
 #[test]
 fn without_the_all_reduce_each_gpu_holds_a_partial_sum() {
     // The same graph without the all-reduce: rank r's Y is silu(X·W1[:, cols r])·W2[rows r, :].

@@ -334,11 +334,13 @@ class KNGraph:
     def to_json(self, dtype_table: str = "current") -> str:
         return self.graph().to_json(dtype_table)
 
-    def transpile(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True) -> str:
-        return self.graph().transpile(arch, path, tune)
+    def transpile(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True,
+                  warps: int | str = "auto") -> str:
+        return self.graph().transpile(arch, path, tune, warps)
 
-    def explain(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True) -> str:
-        return self.graph().explain(arch, path, tune)
+    def explain(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True,
+                warps: int | str = "auto") -> str:
+        return self.graph().explain(arch, path, tune, warps)
 
     def eval(self, inputs: Sequence[Any]) -> list[Any]:
         return self.graph().eval(list(inputs))

@@ -323,14 +323,17 @@ def _cai_facts(cai: dict, want: str) -> tuple[int, tuple, tuple, bool, str]:
 
 
 def compile(graph: Any, device: int | None = None, tune: bool = True,
-            path: str = "auto") -> Kernel:
+            path: str = "auto", warps: int | str = "auto") -> Kernel:
     """Validates, plans, emits and compiles ``graph`` (a :class:`mucc.Graph` or
     :class:`mucc.KNGraph`) for CUDA device ``device`` (default: torch's current device, or 0)
     with NVRTC and mucc's disk cache. ``tune`` applies ``mucc tune``'s cached variant when
-    there is one; ``path`` is ``auto``, ``ampere`` or ``hopper``."""
+    there is one (only where ``path`` and ``warps`` are left at ``auto``); ``path`` is
+    ``auto``, ``ampere`` or ``hopper``; ``warps`` is the CTA shape of threadblock kernels:
+    ``auto`` (mucc's cost model), ``graph`` (the µGraph's ``block_dim``) or a number of warps
+    (1 to 32)."""
     g = _as_graph(graph)
     dev = _default_device() if device is None else int(device)
-    return Kernel(_mucc.compile(g, dev, tune, path))
+    return Kernel(_mucc.compile(g, dev, tune, path, warps))
 
 
 def _rank(graphs: list["_mucc.Graph"], reference: "_mucc.Graph | None", device: int, tune: bool,

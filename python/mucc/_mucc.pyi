@@ -53,9 +53,11 @@ class Graph:
         """Raises :class:`GraphError` listing every problem, each located."""
     def to_json(self, dtype_table: str = "current") -> str:
         """Mirage's JSON of the graph (one graph: an array of operators)."""
-    def transpile(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True) -> str:
+    def transpile(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True,
+                  warps: int | str = "auto") -> str:
         """The generated CUDA C++ for ``arch`` (``sm_80``, ``sm_90a``)."""
-    def explain(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True) -> str:
+    def explain(self, arch: str = "sm_90a", path: str = "auto", tune: bool = True,
+                warps: int | str = "auto") -> str:
         """The plan for ``arch`` as text (what ``mucc explain`` prints)."""
     def eval(self, inputs: Sequence[Any]) -> list[numpy.ndarray]:
         """The CPU interpreter (exact f64 semantics) on ``inputs``, one array-like per graph
@@ -139,7 +141,8 @@ class _Kernel:
                 stream: int) -> None: ...
     def _synchronize(self) -> None: ...
 
-def compile(graph: Graph, device: int = 0, tune: bool = True, path: str = "auto") -> _Kernel:
+def compile(graph: Graph, device: int = 0, tune: bool = True, path: str = "auto",
+            warps: int | str = "auto") -> _Kernel:
     """Validates, plans, emits and compiles ``graph`` (NVRTC, disk cache) for GPU ``device``."""
 
 def _bench(graphs: Sequence[Graph], reference: Graph | None = None, device: int = 0,

@@ -83,10 +83,34 @@ fn parse_dtype(name: &str) -> PyResult<DType> {
         .map_err(|e| PyValueError::new_err(format!("dtype: {e}")))
 }
 
-/// The planning options for `arch` and `path`, with the tuning cache's variant when `tune`.
-fn options(g: &KernelGraph, arch: Arch, path: PathChoice, tune: bool) -> (Options, Option<String>) {
-    let (opts, entry) =
-        mucc::cuda::tune::options_for(g, arch, path, false, mucc::sched::CtaChoice::Auto, tune);
+/// A `warps` argument: "auto", "graph" or a number of warps per CTA.
+#[derive(FromPyObject)]
+enum WarpsArg {
+    /// A number of warps.
+    Count(usize),
+    /// "auto" or "graph" (or a number as text).
+    Name(String),
+}
+
+fn parse_warps(w: WarpsArg) -> PyResult<mucc::sched::CtaChoice> {
+    let text = match w {
+        WarpsArg::Count(n) => n.to_string(),
+        WarpsArg::Name(s) => s,
+    };
+    text.parse()
+        .map_err(|e: String| PyValueError::new_err(format!("warps: {e}")))
+}
+
+/// The planning options for `arch`, `path` and `cta`, with the tuning cache's variant when
+/// `tune` (a tuned variant replaces only the defaults: path "auto", warps "auto").
+fn options(
+    g: &KernelGraph,
+    arch: Arch,
+    path: PathChoice,
+    cta: mucc::sched::CtaChoice,
+    tune: bool,
+) -> (Options, Option<String>) {
+    let (opts, entry) = mucc::cuda::tune::options_for(g, arch, path, false, cta, tune);
     (
         opts,
         entry.map(|e| format!("{} (mucc tune on {})", e.best, e.gpu)),
@@ -164,10 +188,12 @@ impl PyGraph {
         &self,
         arch: &str,
         path: &str,
+        warps: WarpsArg,
         tune: bool,
     ) -> PyResult<(mucc::sched::GraphPlan, mucc::emit::Emitted, Option<String>)> {
         let g = self.validated()?;
-        let (opts, tuned) = options(g, parse_arch(arch)?, parse_path(path)?, tune);
+        let cta = parse_warps(warps)?;
+        let (opts, tuned) = options(g, parse_arch(arch)?, parse_path(path)?, cta, tune);
         let (p, e) = mucc::transpile::transpile(g, &opts, &self.origin)
             .map_err(|e| compile_err(format!("{}: {e}", self.origin)))?;
         Ok((p, e, tuned))
@@ -258,18 +284,39 @@ impl PyGraph {
         serde_json::to_string(&v).map_err(graph_err)
     }
 
-    /// The generated CUDA C++ for `arch`.
-    #[pyo3(signature = (arch = "sm_90a", path = "auto", tune = true))]
-    fn transpile(&self, py: Python<'_>, arch: &str, path: &str, tune: bool) -> PyResult<String> {
-        py.detach(|| self.transpiled(arch, path, tune))
+    /// The generated CUDA C++ for `arch`; `warps` ("auto", "graph" or a number) is the CTA
+    /// shape of threadblock kernels.
+    #[pyo3(
+        signature = (arch = "sm_90a", path = "auto", tune = true, warps = WarpsArg::Name("auto".into())),
+        text_signature = "($self, /, arch='sm_90a', path='auto', tune=True, warps='auto')"
+    )]
+    fn transpile(
+        &self,
+        py: Python<'_>,
+        arch: &str,
+        path: &str,
+        tune: bool,
+        warps: WarpsArg,
+    ) -> PyResult<String> {
+        py.detach(|| self.transpiled(arch, path, warps, tune))
             .map(|(_, e, _)| e.source)
     }
 
     /// The plan for `arch` as text (what `mucc explain` prints).
-    #[pyo3(signature = (arch = "sm_90a", path = "auto", tune = true))]
-    fn explain(&self, py: Python<'_>, arch: &str, path: &str, tune: bool) -> PyResult<String> {
+    #[pyo3(
+        signature = (arch = "sm_90a", path = "auto", tune = true, warps = WarpsArg::Name("auto".into())),
+        text_signature = "($self, /, arch='sm_90a', path='auto', tune=True, warps='auto')"
+    )]
+    fn explain(
+        &self,
+        py: Python<'_>,
+        arch: &str,
+        path: &str,
+        tune: bool,
+        warps: WarpsArg,
+    ) -> PyResult<String> {
         py.detach(|| {
-            let (p, _, tuned) = self.transpiled(arch, path, tune)?;
+            let (p, _, tuned) = self.transpiled(arch, path, warps, tune)?;
             let mut s = mucc::explain::explain(self.graph(), &p);
             if let Some(t) = tuned {
                 s = format!("tuned variant: {t}\n{s}");
@@ -901,17 +948,23 @@ fn open_gpu(device: usize) -> PyResult<Gpu> {
     Gpu::open(device).map_err(cuda_err)
 }
 
-/// Validates, plans, emits and compiles `graph` (NVRTC, disk cache) for GPU `device`.
+/// Validates, plans, emits and compiles `graph` (NVRTC, disk cache) for GPU `device`; `warps`
+/// ("auto", "graph" or a number) is the CTA shape of threadblock kernels.
 #[pyfunction]
-#[pyo3(signature = (graph, device = 0, tune = true, path = "auto"))]
+#[pyo3(
+    signature = (graph, device = 0, tune = true, path = "auto", warps = WarpsArg::Name("auto".into())),
+    text_signature = "(graph, device=0, tune=True, path='auto', warps='auto')"
+)]
 fn compile(
     py: Python<'_>,
     graph: &PyGraph,
     device: usize,
     tune: bool,
     path: &str,
+    warps: WarpsArg,
 ) -> PyResult<Kernel> {
     let path = parse_path(path)?;
+    let cta = parse_warps(warps)?;
     py.detach(|| {
         let g = graph.validated()?;
         let gpus = g.sharding.num_gpus();
@@ -923,7 +976,7 @@ fn compile(
             )));
         }
         let mut gpu = open_gpu(device)?;
-        let (opts, tuned) = options(g, gpu.arch, path, tune);
+        let (opts, tuned) = options(g, gpu.arch, path, cta, tune);
         let (p, e) = mucc::transpile::transpile(g, &opts, &graph.origin)
             .map_err(|e| compile_err(format!("{}: {e}", graph.origin)))?;
         let compiler = Compiler::new(CompilerOptions::default()).map_err(compile_err)?;

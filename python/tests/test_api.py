@@ -139,6 +139,18 @@ def test_transpile_and_explain_a_built_graph():
         g.transpile("sm_70")
 
 
+def test_the_cta_shape_is_an_option():
+    g = lora_mirage_script(mucc)
+    # tune=False: a tuning cache on this machine must not change the plan under test.
+    assert "CTA: 8 warps (asked for" in g.explain("sm_80", tune=False, warps=8)
+    assert "CTA: 4 warps (the µGraph's block_dim" in g.explain("sm_80", tune=False, warps="graph")
+    assert "__launch_bounds__(512" in g.transpile("sm_80", tune=False, warps="16")
+    with pytest.raises(ValueError, match="warps: unknown warp count `33`"):
+        g.explain("sm_80", warps=33)
+    with pytest.raises(ValueError, match="warps: unknown warp count `many`"):
+        g.transpile("sm_80", warps="many")
+
+
 def test_eval_matches_numpy_for_the_gated_mlp():
     mi = mucc
     g = mi.new_kernel_graph()

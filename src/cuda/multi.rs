@@ -13,6 +13,7 @@
 //! [`RunError::TooFewGpus`].
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nccl;
@@ -26,6 +27,8 @@ use crate::graph::{DType, KernelGraph};
 /// A GPU's rank in a communicator (destroyed with it).
 pub struct NcclRank {
     comm: nccl::ncclComm_t,
+    /// Set once the communicator has been aborted (it is then neither used nor destroyed).
+    aborted: AtomicBool,
     /// This GPU's rank.
     pub rank: usize,
     /// Ranks of the communicator.
@@ -41,9 +44,26 @@ unsafe impl Sync for NcclRank {}
 
 impl Drop for NcclRank {
     fn drop(&mut self) {
+        if self.aborted.load(Ordering::SeqCst) {
+            return;
+        }
         // SAFETY: the communicator was created by ncclCommInitAll and is destroyed once.
         unsafe {
             let _ = cudarc::nccl::result::comm_destroy(self.comm);
+        }
+    }
+}
+
+impl NcclRank {
+    /// Aborts the communicator (once): collectives blocked in it return, so the other ranks
+    /// of a failed run do not wait forever for the rank that failed.
+    fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: the communicator is live (not yet aborted or destroyed);
+            // ncclCommAbort may be called while other threads are blocked in it.
+            unsafe {
+                let _ = cudarc::nccl::result::comm_abort(self.comm);
+            }
         }
     }
 }
@@ -189,6 +209,7 @@ pub fn open_ranks(gpu0: &mut Gpu, first: usize, n: usize) -> Result<Vec<Gpu>, Ru
     for (r, comm) in comms.into_iter().enumerate() {
         let rank = NcclRank {
             comm,
+            aborted: AtomicBool::new(false),
             rank: r,
             ranks: n,
         };
@@ -212,26 +233,62 @@ pub struct RankRun<'a> {
 }
 
 /// Runs every rank's steps at once, one host thread per GPU (each all-reduce waits for all
-/// ranks), waiting for each step ([`Gpu::execute_checked`]); the first rank's error, if any.
+/// ranks), waiting for each step ([`Gpu::execute_checked`]). When a rank fails, every
+/// communicator is aborted so that the others stop waiting for it (the communicators are then
+/// unusable: the error is fatal); the error returned is the first rank's own, not the abort
+/// that followed on the others.
 pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
+    let abort_all = || {
+        for r in ranks {
+            if let Some(c) = &r.gpu.nccl {
+                c.abort();
+            }
+        }
+    };
+    let failed = AtomicBool::new(false);
     let results: Vec<Result<(), RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
             .map(|r| {
+                let (failed, abort_all) = (&failed, &abort_all);
                 s.spawn(move || {
-                    r.gpu
+                    let res = r
+                        .gpu
                         .ctx
                         .bind_to_thread()
-                        .map_err(super::run::driver("binding the GPU to its thread"))?;
-                    r.gpu.execute_checked(r.prog, r.bufs)
+                        .map_err(super::run::driver("binding the GPU to its thread"))
+                        .and_then(|()| r.gpu.execute_checked(r.prog, r.bufs));
+                    // The first failure aborts the communicators; later ones are its echo.
+                    let first = res.is_err() && !failed.swap(true, Ordering::SeqCst);
+                    if first {
+                        abort_all();
+                    }
+                    (res, first)
                 })
             })
             .collect();
-        handles
+        let joined: Vec<(Result<(), RunError>, bool)> = handles
             .into_iter()
             .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(RunError::Plan("a rank's host thread panicked".into())))
+                h.join().unwrap_or_else(|_| {
+                    (
+                        Err(RunError::Plan("a rank's host thread panicked".into())),
+                        true,
+                    )
+                })
+            })
+            .collect();
+        // The rank that failed first, else any failure, else success for all.
+        let first = joined.iter().position(|(r, first)| r.is_err() && *first);
+        joined
+            .into_iter()
+            .enumerate()
+            .map(|(i, (r, _))| {
+                if first.is_none() || first == Some(i) {
+                    r
+                } else {
+                    Ok(())
+                }
             })
             .collect()
     });
@@ -351,6 +408,7 @@ mod tests {
         );
         let r = NcclRank {
             comm: std::ptr::null_mut(),
+            aborted: AtomicBool::new(false),
             rank: 0,
             ranks: 4,
         };
