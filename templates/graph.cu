@@ -19,8 +19,9 @@
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
 {% if gpus > 1 -%}
 // The graph runs on {{ gpus }} GPUs: every rank calls this with its own shards, its rank's
-// communicator `comm` (of {{ gpus }} ranks) and a stream of its device; an NCCL failure returns
-// MUCC_NCCL_ERROR_BASE + an ncclResult_t.
+// (blocking) communicator `comm` of {{ gpus }} ranks and a stream of its device, that device
+// being the current one (cudaSetDevice); an NCCL failure returns MUCC_NCCL_ERROR_BASE + an
+// ncclResult_t.
 {% endif -%}
 {{ entry_signature }}
   const mucc::host::Buffers buf{inputs, outputs, workspace};

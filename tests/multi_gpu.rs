@@ -281,9 +281,29 @@ fn a_padded_layout_is_summed_over_its_span() {
         })
         .collect();
     let y_geo = &p.dtensors[y.index()];
-    assert_eq!(spans, vec![y_geo.phys_elems]);
-    assert!(y_geo.phys_elems >= 7 * 13);
+    // From the first element to the last: 6 rows of 14 and one of 13.
+    assert_eq!(y_geo.strides.0, vec![14, 1]);
+    assert_eq!(spans, vec![6 * 14 + 13]);
+    assert!(y_geo.phys_elems >= spans[0]);
     assert_eq!(p.dtensors[e.index()].strides, y_geo.strides);
+    // The stride of an extent-1 dim does not count: [1, 50] with strides [50, 1] (the caller's)
+    // and [56, 1] (padded) are one layout, summed over its 50 elements.
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(2)).unwrap();
+    let x = g.new_input(&[1, 50], DType::F16).unwrap();
+    let y = g.all_reduce(x).unwrap();
+    g.mark_output(y).unwrap();
+    let g = g.build().unwrap();
+    let p = plan_for(&g).unwrap();
+    let counts: Vec<usize> = p
+        .kernel_ops
+        .iter()
+        .filter_map(|k| match k {
+            mucc::sched::KnOpPlan::AllReduce { count, .. } => Some(*count),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counts, vec![50]);
 }
 
 /// The workload graphs of the GPU check (`tp_graphs`): sharded over 2 GPUs they compute what

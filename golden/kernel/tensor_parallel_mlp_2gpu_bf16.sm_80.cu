@@ -35,8 +35,9 @@ extern "C" __global__ void __launch_bounds__(256) k4_silu(
 // (16-byte aligned, laid out as the comments above say); `workspace` holds 8192 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
 // The graph runs on 2 GPUs: every rank calls this with its own shards, its rank's
-// communicator `comm` (of 2 ranks) and a stream of its device; an NCCL failure returns
-// MUCC_NCCL_ERROR_BASE + an ncclResult_t.
+// (blocking) communicator `comm` of 2 ranks and a stream of its device, that device
+// being the current one (cudaSetDevice); an NCCL failure returns MUCC_NCCL_ERROR_BASE + an
+// ncclResult_t.
 extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
                             ncclComm_t comm, cudaStream_t stream) {
   const mucc::host::Buffers buf{inputs, outputs, workspace};

@@ -325,29 +325,8 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
                         .map_err(|e| plain(e.to_string()))?
                 }
             };
-            let mut progs = Vec::new();
-            let mut bufs = Vec::new();
-            for (r, gpu) in gpus.iter_mut().enumerate() {
-                let prog = gpu.load(&prep.cubin.bytes, launch).map_err(run)?;
-                let mut b = gpu.alloc(&prog).map_err(run)?;
-                upload_inputs(gpu, &mut b, launch, &inputs[r]).map_err(plain)?;
-                gpu.poison_outputs(&mut b, 0xff).map_err(run)?;
-                progs.push(prog);
-                bufs.push(b);
-            }
-            let ranks: Vec<multi::RankRun<'_>> = gpus
-                .iter()
-                .zip(&progs)
-                .zip(&bufs)
-                .map(|((gpu, prog), bufs)| multi::RankRun { gpu, prog, bufs })
-                .collect();
-            multi::execute_ranks(&ranks).map_err(run)?;
-            let outputs: Vec<Vec<_>> = gpus
-                .iter()
-                .zip(&bufs)
-                .map(|(gpu, b)| read_outputs(gpu, b, launch))
-                .collect::<Result<_, _>>()
-                .map_err(plain)?;
+            let outputs =
+                multi::run_on_ranks(&mut gpus, &prep.cubin.bytes, launch, &inputs).map_err(run)?;
             let mut rows = Vec::new();
             match &drawn {
                 Some(d) => {

@@ -13,13 +13,15 @@
 //! [`RunError::TooFewGpus`].
 
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nccl;
 
 use super::data::{self, Comparison};
-use super::run::{Buffers, Gpu, Program, RunError, driver_available};
+use super::run::{Buffers, Gpu, Program, RunError, driver_available, step_name};
 use crate::emit::launch::{AllReduceCall, NcclDataType};
 use crate::graph::interp::{self, Array, HostTensor, InputSpec, Rounding};
 use crate::graph::{DType, KernelGraph};
@@ -55,8 +57,28 @@ impl Drop for NcclRank {
 }
 
 impl NcclRank {
-    /// Aborts the communicator (once): collectives blocked in it return, so the other ranks
-    /// of a failed run do not wait forever for the rank that failed.
+    /// Whether the communicator has been aborted (it can no longer be used).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// An error NCCL reports asynchronously (a failed transport, say), if any.
+    fn async_error(&self) -> Result<(), RunError> {
+        let mut result = nccl::ncclResult_t::ncclSuccess;
+        // SAFETY: the communicator is live (checked by the caller: not aborted).
+        let status = unsafe { nccl::ncclCommGetAsyncError(self.comm, &mut result) };
+        match (status, result) {
+            (nccl::ncclResult_t::ncclSuccess, nccl::ncclResult_t::ncclSuccess)
+            | (nccl::ncclResult_t::ncclSuccess, nccl::ncclResult_t::ncclInProgress) => Ok(()),
+            (nccl::ncclResult_t::ncclSuccess, r) | (r, _) => Err(RunError::Nccl {
+                what: format!("rank {}: an asynchronous NCCL error", self.rank),
+                result: format!("{r:?}"),
+            }),
+        }
+    }
+
+    /// Aborts the communicator (once). Called only when no host thread is inside an NCCL call
+    /// on any rank: aborting the last communicator of an `ncclCommInitAll` group frees them all.
     fn abort(&self) {
         if !self.aborted.swap(true, Ordering::SeqCst) {
             // SAFETY: the communicator is live (not yet aborted or destroyed);
@@ -118,6 +140,10 @@ pub fn nccl_version() -> Option<String> {
 /// of a communicator of exactly that many.
 pub(crate) fn check_rank(rank: Option<&NcclRank>, gpus: usize) -> Result<(), RunError> {
     match rank {
+        Some(r) if r.is_aborted() => Err(RunError::Plan(format!(
+            "{r:?}: its communicator was aborted after an earlier failure; nothing further can \
+             run on these GPUs in this process"
+        ))),
         Some(r) if r.ranks == gpus => Ok(()),
         Some(r) => Err(RunError::Plan(format!(
             "the plan runs on {gpus} GPUs but this GPU is {r:?}"
@@ -199,7 +225,18 @@ pub fn open_ranks(gpu0: &mut Gpu, first: usize, n: usize) -> Result<Vec<Gpu>, Ru
         }
         others.push(g);
     }
+    for g in &mut others {
+        g.max_memory = gpu0.max_memory;
+    }
     let devices: Vec<i32> = (first..first + n).map(|d| d as i32).collect();
+    // Every connection made at initialisation rather than lazily by the first all-reduce (a
+    // lazy setup waits for the peers inside the host call, where a failed peer cannot be
+    // noticed); the caller's setting wins.
+    if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+        // SAFETY: set before any thread of ours reads the environment concurrently (NCCL reads
+        // it during the initialisation below, on this thread).
+        unsafe { std::env::set_var("NCCL_RUNTIME_CONNECT", "0") };
+    }
     let mut comms: Vec<nccl::ncclComm_t> = vec![std::ptr::null_mut(); n];
     // SAFETY: `comms` has room for `n` communicators and `devices` lists `n` device ordinals.
     unsafe { cudarc::nccl::result::comm_init_all(comms.as_mut_ptr(), n as i32, devices.as_ptr()) }
@@ -219,7 +256,65 @@ pub fn open_ranks(gpu0: &mut Gpu, first: usize, n: usize) -> Result<Vec<Gpu>, Ru
             others[r - 1].nccl = Some(rank);
         }
     }
+    let mut all: Vec<&Gpu> = vec![gpu0];
+    all.extend(others.iter());
+    self_test(&all)?;
     Ok(others)
+}
+
+/// Sums each rank's number (rank + 1) over the communicators once, all ranks from this thread
+/// in one NCCL group, and checks the result on every GPU: a communicator that cannot
+/// all-reduce fails here, before any graph runs.
+fn self_test(gpus: &[&Gpu]) -> Result<(), RunError> {
+    let n = gpus.len();
+    let mut bufs = Vec::new();
+    for (r, g) in gpus.iter().enumerate() {
+        let b = g
+            .stream
+            .clone_htod(&[(r + 1) as f32])
+            .map_err(super::run::driver("allocating the NCCL self-test buffer"))?;
+        bufs.push(b);
+    }
+    cudarc::nccl::result::group_start().map_err(nccl_error("ncclGroupStart"))?;
+    let mut queued = Ok(());
+    for (g, b) in gpus.iter().zip(&bufs) {
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(b, &g.stream);
+        let call = AllReduceCall {
+            send: crate::sched::plan::Binding::Workspace {
+                byte_offset: 0,
+                elem_offset: 0,
+                elem_bytes: 4,
+            },
+            recv: crate::sched::plan::Binding::Workspace {
+                byte_offset: 0,
+                elem_offset: 0,
+                elem_bytes: 4,
+            },
+            count: 1,
+            dtype: NcclDataType::Float32,
+        };
+        queued = all_reduce(g.nccl.as_ref(), &call, ptr, ptr, g.stream.cu_stream());
+        if queued.is_err() {
+            break;
+        }
+    }
+    let ended = cudarc::nccl::result::group_end().map_err(nccl_error("ncclGroupEnd"));
+    queued?;
+    ended?;
+    let want = (n * (n + 1) / 2) as f32;
+    for (r, (g, b)) in gpus.iter().zip(&bufs).enumerate() {
+        let got = g
+            .stream
+            .clone_dtoh(b)
+            .map_err(super::run::driver("reading the NCCL self-test result"))?;
+        if got != [want] {
+            return Err(RunError::Nccl {
+                what: format!("the all-reduce self-test on rank {r}"),
+                result: format!("{got:?} where the sum is {want}"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One rank's part of a run: its GPU, its loaded program and its buffers.
@@ -232,73 +327,201 @@ pub struct RankRun<'a> {
     pub bufs: &'a Buffers,
 }
 
-/// Runs every rank's steps at once, one host thread per GPU (each all-reduce waits for all
-/// ranks), waiting for each step ([`Gpu::execute_checked`]). When a rank fails, every
-/// communicator is aborted so that the others stop waiting for it (the communicators are then
-/// unusable: the error is fatal); the error returned is the first rank's own, not the abort
-/// that followed on the others.
-pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
-    let abort_all = || {
-        for r in ranks {
-            if let Some(c) = &r.gpu.nccl {
-                c.abort();
+/// How long one step of a multi-GPU run may go without finishing before the run is abandoned
+/// (a rank waiting forever in an all-reduce for a peer that never arrives): `MUCC_NCCL_TIMEOUT`
+/// seconds, 300 by default.
+fn step_deadline() -> Duration {
+    let secs = std::env::var("MUCC_NCCL_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(300);
+    Duration::from_secs(secs)
+}
+
+/// Why a rank stopped: its own failure, or the cancellation that another rank's failure asked
+/// for.
+enum Stop {
+    Failed(RunError),
+    Cancelled,
+}
+
+/// Waits for `gpu`'s queued work by polling its stream (never blocking in the driver, so that
+/// a rank whose peer failed can leave): until the work is done, another rank cancels the run,
+/// NCCL reports an asynchronous error, or `timeout` passes.
+fn wait(gpu: &Gpu, cancel: &AtomicBool, timeout: Duration, what: &str) -> Result<(), Stop> {
+    use cudarc::driver::sys::CUresult;
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(5);
+    loop {
+        // SAFETY: the stream is live and belongs to the context bound to this thread.
+        match unsafe { cudarc::driver::sys::cuStreamQuery(gpu.stream.cu_stream()) } {
+            CUresult::CUDA_SUCCESS => return Ok(()),
+            CUresult::CUDA_ERROR_NOT_READY => {}
+            other => {
+                return Err(Stop::Failed(RunError::Fault {
+                    step: what.to_string(),
+                    source: cudarc::driver::DriverError(other),
+                }));
             }
         }
-    };
-    let failed = AtomicBool::new(false);
-    let results: Vec<Result<(), RunError>> = std::thread::scope(|s| {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(Stop::Cancelled);
+        }
+        if let Some(r) = &gpu.nccl {
+            r.async_error().map_err(Stop::Failed)?;
+        }
+        if start.elapsed() > timeout {
+            return Err(Stop::Failed(RunError::Nccl {
+                what: format!("{what}: not finished after {} s", timeout.as_secs()),
+                result: "a timeout (MUCC_NCCL_TIMEOUT sets it; a peer rank may never have \
+                         arrived at the all-reduce)"
+                    .into(),
+            }));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Runs every rank's steps at once, one host thread per GPU (each all-reduce waits for all
+/// ranks), each step waited for so that a failure names its step and rank.
+///
+/// When a rank fails, the others are cancelled: they poll their streams rather than block
+/// (see [`wait`]), notice, and leave without another NCCL call. Once every thread has
+/// returned — so that no host thread is inside NCCL — every communicator is aborted (which
+/// makes the NCCL kernels still waiting for the failed rank exit) and the streams drained.
+/// The communicators are then unusable: the error ([`RunError::RankFailed`]) is fatal.
+pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
+    let cancel = AtomicBool::new(false);
+    let timeout = step_deadline();
+    let stops: Vec<Result<(), Stop>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
             .map(|r| {
-                let (failed, abort_all) = (&failed, &abort_all);
+                let cancel = &cancel;
                 s.spawn(move || {
-                    let res = r
-                        .gpu
-                        .ctx
-                        .bind_to_thread()
-                        .map_err(super::run::driver("binding the GPU to its thread"))
-                        .and_then(|()| r.gpu.execute_checked(r.prog, r.bufs));
-                    // The first failure aborts the communicators; later ones are its echo.
-                    let first = res.is_err() && !failed.swap(true, Ordering::SeqCst);
-                    if first {
-                        abort_all();
+                    let body = || -> Result<(), Stop> {
+                        r.gpu
+                            .ctx
+                            .bind_to_thread()
+                            .map_err(super::run::driver("binding the GPU to its thread"))
+                            .map_err(Stop::Failed)?;
+                        for i in 0..r.prog.plan().steps.len() {
+                            if cancel.load(Ordering::SeqCst) {
+                                return Err(Stop::Cancelled);
+                            }
+                            r.gpu.queue_step(r.prog, r.bufs, i).map_err(Stop::Failed)?;
+                            wait(r.gpu, cancel, timeout, &step_name(r.prog, i))?;
+                        }
+                        Ok(())
+                    };
+                    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
+                        .unwrap_or_else(|_| {
+                            Err(Stop::Failed(RunError::Plan(
+                                "the rank's host thread panicked".into(),
+                            )))
+                        });
+                    if matches!(res, Err(Stop::Failed(_))) {
+                        cancel.store(true, Ordering::SeqCst);
                     }
-                    (res, first)
+                    res
                 })
             })
             .collect();
-        let joined: Vec<(Result<(), RunError>, bool)> = handles
+        handles
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    (
-                        Err(RunError::Plan("a rank's host thread panicked".into())),
-                        true,
-                    )
+                    Err(Stop::Failed(RunError::Plan(
+                        "the rank's host thread panicked".into(),
+                    )))
                 })
-            })
-            .collect();
-        // The rank that failed first, else any failure, else success for all.
-        let first = joined.iter().position(|(r, first)| r.is_err() && *first);
-        joined
-            .into_iter()
-            .enumerate()
-            .map(|(i, (r, _))| {
-                if first.is_none() || first == Some(i) {
-                    r
-                } else {
-                    Ok(())
-                }
             })
             .collect()
     });
-    for (r, res) in results.into_iter().enumerate() {
-        res.map_err(|e| match e {
-            RunError::Plan(m) => RunError::Plan(format!("rank {r}: {m}")),
-            other => other,
-        })?;
+    let failure = stops.into_iter().enumerate().find_map(|(rank, r)| match r {
+        Err(Stop::Failed(e)) => Some((rank, e)),
+        _ => None,
+    });
+    let Some((rank, source)) = failure else {
+        return Ok(());
+    };
+    for r in ranks {
+        if let Some(c) = &r.gpu.nccl {
+            c.abort();
+        }
     }
-    Ok(())
+    for r in ranks {
+        // Drains what the abort released; a rank that faulted reports its fault again.
+        let _ = r.gpu.ctx.bind_to_thread();
+        let _ = r.gpu.stream.synchronize();
+    }
+    Err(RunError::RankFailed {
+        rank,
+        source: Box::new(source),
+    })
+}
+
+/// Values of several GPUs, each dropped with its GPU's context current (cudarc frees device
+/// memory and unloads modules without making the owning context current).
+struct PerRank<T> {
+    items: Vec<(Arc<CudaContext>, T)>,
+}
+
+impl<T> Drop for PerRank<T> {
+    fn drop(&mut self) {
+        for (ctx, v) in self.items.drain(..) {
+            let _ = ctx.bind_to_thread();
+            drop(v);
+        }
+    }
+}
+
+/// Runs one compiled graph on every rank: loads `cubin` on each GPU, allocates its buffers,
+/// uploads `inputs[r]` to rank `r`, poisons the outputs, runs all ranks at once
+/// ([`execute_ranks`]) and reads every rank's outputs back. Each rank's module and buffers are
+/// released with that GPU's context current, whether the run succeeds or fails.
+pub fn run_on_ranks(
+    gpus: &mut [&mut Gpu],
+    cubin: &[u8],
+    launch: &crate::emit::launch::LaunchPlan,
+    inputs: &[Vec<HostTensor>],
+) -> Result<Vec<Vec<(DType, Array)>>, RunError> {
+    if inputs.len() != gpus.len() {
+        return Err(RunError::Plan(format!(
+            "{} ranks of inputs for {} GPUs",
+            inputs.len(),
+            gpus.len()
+        )));
+    }
+    // Declared first, dropped last: the buffers go before the modules.
+    let mut progs = PerRank { items: Vec::new() };
+    let mut bufs = PerRank { items: Vec::new() };
+    for (r, gpu) in gpus.iter_mut().enumerate() {
+        let prog = gpu.load(cubin, launch)?;
+        progs.items.push((gpu.ctx.clone(), prog));
+        let mut b = gpu.alloc(&progs.items[r].1)?;
+        super::session::upload_inputs(gpu, &mut b, launch, &inputs[r])
+            .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))?;
+        gpu.poison_outputs(&mut b, 0xff)?;
+        bufs.items.push((gpu.ctx.clone(), b));
+    }
+    let ranks: Vec<RankRun<'_>> = gpus
+        .iter()
+        .zip(&progs.items)
+        .zip(&bufs.items)
+        .map(|((gpu, (_, prog)), (_, bufs))| RankRun { gpu, prog, bufs })
+        .collect();
+    execute_ranks(&ranks)?;
+    gpus.iter()
+        .zip(&bufs.items)
+        .enumerate()
+        .map(|(r, (gpu, (_, b)))| {
+            super::session::read_outputs(gpu, b, launch)
+                .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))
+        })
+        .collect()
 }
 
 /// Every rank's inputs (global inputs drawn once and sharded by the graph's input maps), the

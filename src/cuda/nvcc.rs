@@ -382,14 +382,15 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
                 " * int {}(inputs, outputs, workspace, comm, stream) runs the graph on `stream` (a",
                 plan.entry
             ),
-            " * cudaStream_t) as one rank of `comm` (the rank's ncclComm_t) on its own shards:"
+            " * cudaStream_t) as one rank of `comm` (the rank's blocking ncclComm_t) on its own"
                 .to_string(),
             format!(
-                " * every one of the {} GPUs calls it, each with its rank's buffers, communicator and",
+                " * shards: every one of the {} GPUs calls it, each with its rank's buffers,",
                 plan.gpus
             ),
-            " * a stream of its device. Buffers are device pointers, 16-byte aligned, laid out as"
+            " * communicator and a stream of its device, made current first (cudaSetDevice)."
                 .to_string(),
+            " * Buffers are device pointers, 16-byte aligned, laid out as".to_string(),
             " * below; the workspace is 128-byte aligned. Returns 0, a cudaError_t,".to_string(),
             " * MUCC_CUBLAS_ERROR_BASE plus a cublasStatus_t, or MUCC_NCCL_ERROR_BASE plus an"
                 .to_string(),

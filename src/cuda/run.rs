@@ -79,6 +79,18 @@ pub enum RunError {
         /// The first device's architecture.
         first_arch: Arch,
     },
+    /// One rank of a multi-GPU run failed; the other ranks were stopped and every NCCL
+    /// communicator aborted, so nothing further can run on these GPUs in this process.
+    #[error(
+        "rank {rank}: {source}; the other ranks were stopped and the NCCL communicators \
+         aborted, so nothing further can run on these GPUs in this process"
+    )]
+    RankFailed {
+        /// The rank (GPU of the run) that failed first.
+        rank: usize,
+        /// Its error.
+        source: Box<RunError>,
+    },
     /// An NCCL call failed.
     #[error("{what}: NCCL returned {result}")]
     Nccl {
@@ -137,7 +149,20 @@ pub enum RunError {
 impl RunError {
     /// Whether the GPU context is unusable after this error.
     pub fn is_fatal(&self) -> bool {
-        matches!(self, RunError::Fault { .. } | RunError::Nccl { .. })
+        matches!(
+            self,
+            RunError::Fault { .. } | RunError::Nccl { .. } | RunError::RankFailed { .. }
+        )
+    }
+}
+
+/// Step `i` of `prog` as an error names it: "kernel NAME (step i of n)", "a cuBLAS call …".
+pub(crate) fn step_name(prog: &Program, i: usize) -> String {
+    let n = prog.plan.steps.len();
+    match &prog.plan.steps[i] {
+        Step::Kernel(k) => format!("kernel {} (step {} of {n})", k.name, i + 1),
+        Step::Gemm(_) => format!("a cuBLAS call (step {} of {n})", i + 1),
+        Step::AllReduce(_) => format!("an NCCL all-reduce (step {} of {n})", i + 1),
     }
 }
 
@@ -243,6 +268,13 @@ enum Bufs<'a> {
 
 /// Bytes of the cuBLAS workspace (what PyTorch gives cuBLAS on Hopper).
 const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // The communicator goes first, while the context and stream it was made on are alive.
+        self.nccl = None;
+    }
+}
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -461,6 +493,10 @@ impl Gpu {
             .chain(&plan.outputs)
             .map(TensorDirective::alloc_bytes)
             .fold(workspace, usize::saturating_add);
+        // The free memory of this GPU: its context must be the current one.
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the GPU's context"))?;
         let (free, _) = cudarc::driver::result::mem_get_info()
             .map_err(driver("reading the free device memory"))?;
         let (available, why) = match self.max_memory {
@@ -738,19 +774,26 @@ impl Gpu {
     /// Runs every step of `prog` and waits for each: a failure names the step that failed
     /// ([`RunError::Fault`]). For checks; [`Gpu::execute`] queues without waiting.
     pub fn execute_checked(&self, prog: &Program, bufs: &Buffers) -> Result<(), RunError> {
-        let n = prog.plan.steps.len();
-        for (i, step) in prog.plan.steps.iter().enumerate() {
-            let what = match step {
-                Step::Kernel(k) => format!("kernel {} (step {} of {n})", k.name, i + 1),
-                Step::Gemm(_) => format!("a cuBLAS call (step {} of {n})", i + 1),
-                Step::AllReduce(_) => format!("an NCCL all-reduce (step {} of {n})", i + 1),
-            };
-            self.execute_steps(prog, Bufs::Owned(bufs), i..i + 1, self.stream.cu_stream())?;
+        for i in 0..prog.plan.steps.len() {
+            self.queue_step(prog, bufs, i)?;
             self.stream
                 .synchronize()
-                .map_err(|source| RunError::Fault { step: what, source })?;
+                .map_err(|source| RunError::Fault {
+                    step: step_name(prog, i),
+                    source,
+                })?;
         }
         Ok(())
+    }
+
+    /// Queues step `i` of `prog` on the stream without waiting (see [`step_name`]).
+    pub(crate) fn queue_step(
+        &self,
+        prog: &Program,
+        bufs: &Buffers,
+        i: usize,
+    ) -> Result<(), RunError> {
+        self.execute_steps(prog, Bufs::Owned(bufs), i..i + 1, self.stream.cu_stream())
     }
 
     /// Queues every step of `prog` on the stream (call [`Gpu::synchronize`] to wait).

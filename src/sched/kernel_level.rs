@@ -229,7 +229,8 @@ pub enum KnOpPlan {
         send: Binding,
         /// The output tensor's first element.
         recv: Binding,
-        /// Elements: the span of the tensors' shared layout (padding included).
+        /// Elements: the span of the tensors' shared layout (from the first element to the
+        /// last, padding between rows included).
         count: usize,
         /// NCCL's element type.
         dtype: NcclDataType,
@@ -486,13 +487,19 @@ impl Planner<'_> {
             name: names::kn_name(&op.kind),
             reason,
         };
-        if gx.strides != gy.strides || gx.phys_elems != gy.phys_elems {
+        // One layout: equal strides wherever a dim has more than one element (the stride of
+        // an extent-1 dim is never stepped over), hence the same element offsets.
+        let shape = self.g.tensors[y].shape;
+        let same =
+            (0..shape.rank()).all(|d| shape.dim(d) == 1 || gx.strides.0[d] == gy.strides.0[d]);
+        let span = gx.strides.span(&shape);
+        let (true, Some(span)) = (same, span) else {
             return Err(refuse(format!(
                 "the all-reduce's input has strides {} and its output {}; NCCL sums flat \
                  arrays, so both need one layout",
                 gx.strides, gy.strides
             )));
-        }
+        };
         let dt = self.g.tensors[y].dtype;
         let dtype = NcclDataType::of(dt).ok_or_else(|| {
             refuse(format!(
@@ -502,7 +509,7 @@ impl Planner<'_> {
         Ok(KnOpPlan::AllReduce {
             send: self.at(x),
             recv: self.at(y),
-            count: gy.phys_elems,
+            count: span,
             dtype,
             gpus: self.gpus,
         })
