@@ -1,7 +1,8 @@
 //! Writes the builder-made tensor-parallel graphs (`mucc::graph::workloads::tp_graphs`: gated
 //! MLP and attention block at Qwen2.5-7B sizes, M ∈ {1, 8}, bf16 and fp16, on N GPUs) as Mirage
 //! JSON with their GPU count (`mucc_gpu_dim`), one file per graph, for `scripts/gpu-test.sh`
-//! (step `multi`).
+//! (step `multi`); with more than one GPU also the same graphs unsharded (`tp1_*`, one GPU), the
+//! baseline of the speed-up.
 //!
 //!   cargo run --release --example tp_graphs -- OUT_DIR [GPUS]    (GPUS: 2 by default)
 
@@ -25,7 +26,10 @@ fn main() {
         }
     };
     std::fs::create_dir_all(&out).expect("the output folder");
-    let graphs = tp_graphs(gpus).expect("the tensor-parallel graphs build");
+    let mut graphs = tp_graphs(gpus).expect("the tensor-parallel graphs build");
+    if gpus > 1 {
+        graphs.extend(tp_graphs(1).expect("the unsharded graphs build"));
+    }
     for (name, g) in &graphs {
         let json = graph_to_json(g, &ExportOptions::default()).expect("export");
         let path = out.join(format!("{name}.json"));
@@ -33,7 +37,7 @@ fn main() {
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
     println!(
-        "{} tensor-parallel graphs on {gpus} GPUs written to {}",
+        "{} tensor-parallel graphs (on {gpus} GPUs, and unsharded) written to {}",
         graphs.len(),
         out.display()
     );

@@ -8,10 +8,11 @@
 #             default step);
 #   decode    `mucc run --check` on CARRY/decode/*.json, the builder-made decode-time linear layers
 #             (`cargo run --release --example decode_graphs -- CARRY/decode`; not a default step);
-#   multi     `mucc run --gpus N --check` on CARRY/multi/*.json, the builder-made tensor-parallel
-#             MLP and attention blocks (`cargo run --release --example tp_graphs -- CARRY/multi`;
-#             not a default step; needs a machine with N >= 2 GPUs, N from the file names
-#             tpN_*; NCCL is taken from PyTorch's nvidia-nccl wheel when no libnccl.so is found);
+#   multi     on CARRY/multi/tpN_*.json (N >= 2), the builder-made tensor-parallel MLP and
+#             attention blocks (`cargo run --release --example tp_graphs -- CARRY/multi`): `mucc
+#             run --gpus N --check`, `mucc bench --gpus N --check`, and `mucc bench` of the
+#             unsharded tp1_* twin on one GPU (the speed-up's baseline); not a default step; needs
+#             N GPUs; NCCL is taken from PyTorch's nvidia-nccl wheel when no libnccl.so is found;
 #   faults    a kernel fault (`mucc run --inject-fault`, a test hook) and a device-memory limit
 #             (`--max-device-memory`) each give one clear error and exit 1 (not a default step).
 #
@@ -104,17 +105,24 @@ if [[ "$steps" == *" multi "* ]]; then
             export LD_LIBRARY_PATH="/tmp/mucc-nccl:$LD_LIBRARY_PATH"
         fi
     fi
-    for f in "$carry"/multi/*.json; do
+    for f in "$carry"/multi/tp*.json; do
         name="$(basename "$f" .json)"
         n="${name#tp}"; n="${n%%_*}"
+        [ "$n" -gt 1 ] || continue
         if [ "$have" -lt "$n" ]; then
             printf '%-30s skipped: needs %d GPUs, this machine has %d\n' "$name" "$n" "$have"
             status=1
             continue
         fi
-        # shellcheck disable=SC2086
         "$carry/mucc" run "$f" --gpus "$n" --check > "$out/$name.run.log" 2>&1 || status=1
         printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
+        "$carry/mucc" bench "$f" --gpus "$n" --check > "$out/$name.bench.txt" 2>&1 || status=1
+        printf '%-30s %s\n' "  bench" "$(tail -1 "$out/$name.bench.txt")"
+        one="$carry/multi/tp1_${name#tp*_}.json"
+        if [ -f "$one" ]; then
+            "$carry/mucc" bench "$one" --launch stream > "$out/$name.bench1.txt" 2>&1 || status=1
+            printf '%-30s %s\n' "  unsharded, 1 GPU" "$(grep -E '^ *0 ' "$out/$name.bench1.txt" | head -1)"
+        fi
     done
 fi
 if [[ "$steps" == *" faults "* ]]; then

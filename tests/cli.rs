@@ -890,17 +890,26 @@ fn multi_gpu_graphs_are_interpreted_transpiled_and_refused_where_unsupported() {
             && out.contains("kernel op 5 (kn_allreduce_op): NCCL all-reduce (sum) over 2 GPUs of the 64-element span"),
         "{out}"
     );
-    for cmd in ["bench", "tune"] {
-        let o = mucc(&[cmd, file]);
-        let (_, err) = text(&o);
-        assert_eq!(o.status.code(), Some(1), "{err}");
-        assert!(
-            err.contains(&format!(
-                "graph 0 runs on 2 GPUs (its mesh); mucc {cmd} runs graphs on one GPU only so far (`mucc run --gpus 2` runs and checks it)"
-            )),
-            "{err}"
-        );
-    }
+    let o = mucc(&["tune", file]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "graph 0 runs on 2 GPUs (its mesh); mucc tune runs graphs on one GPU only so far (`mucc run --gpus 2` runs and checks it)"
+        ),
+        "{err}"
+    );
+    let o = mucc(&["bench", file, "--json"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--json, --json-out and --svg describe one-GPU runs"),
+        "{err}"
+    );
+    let o = mucc(&["bench", file]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: no CUDA driver found"), "{err}");
     // No GPU here (as in the test above): a clean error before anything else.
     let o = mucc(&["run", file, "--check"]);
     let (_, err) = text(&o);

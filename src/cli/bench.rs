@@ -161,7 +161,10 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
-    super::one_gpu_only(&file, &indices, "mucc bench")?;
+    let gpus = super::mesh_size(&file, &indices)?;
+    if gpus > 1 {
+        return bench_ranks(&a, &file, &indices, gpus);
+    }
     // The files written at the end are checked now, before any GPU work.
     let outputs: Vec<std::path::PathBuf> = a.json_out.iter().chain(&a.svg).cloned().collect();
     super::out::check(&outputs, &[a.input.file.as_path()], a.force)?;
@@ -512,4 +515,143 @@ fn json_report(
         "graphs": graphs,
         "fastest": fastest,
     })
+}
+
+/// `mucc bench` of graphs on `n` GPUs: every rank on its own GPU (stream launches, no CUDA
+/// graph), the time of one execution as the slowest rank sees it, the all-reduce steps alone,
+/// and their bandwidth; with `--check`, every rank checked first as `mucc run --check` does.
+fn bench_ranks(
+    a: &BenchArgs,
+    file: &mucc::MirageFile,
+    indices: &[usize],
+    n: usize,
+) -> Result<(), Failure> {
+    use mucc::cuda::{Gpu, RunError, multi};
+    use mucc::graph::interp::{self, InputSpec};
+    if a.json || a.json_out.is_some() || a.svg.is_some() {
+        return Err(Failure::User(
+            "--json, --json-out and --svg describe one-GPU runs; a graph on several GPUs prints \
+             its table only"
+                .into(),
+        ));
+    }
+    let user = |e: RunError| Failure::User(e.to_string());
+    let mut session = super::gpu::open(&a.gpu)?;
+    let mut others = multi::open_ranks(&mut session.gpu, a.gpu.device, n).map_err(user)?;
+    let name = a.input.file.display().to_string();
+    let mut out = stdout();
+    writeln!(
+        out,
+        "GPUs: {n} x {} (devices {}..{}), NCCL {}; stream launches, median of {} after {} \
+         warm-up (an execution's time is its slowest rank's)",
+        session.describe(),
+        a.gpu.device,
+        a.gpu.device + n - 1,
+        multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
+        a.iters,
+        a.warmup
+    )?;
+    writeln!(
+        out,
+        "{:>5}  {:>10}  {:>24}  {:>12}  {:>10}  {:>10}  check",
+        "graph", "us", "per rank us", "all-red. us", "algbw GB/s", "busbw GB/s"
+    )?;
+    let budget = a.budget.budget();
+    let prepared = session.prepare(
+        file,
+        &name,
+        indices,
+        InputChoice {
+            seed: a.seed,
+            scale: a.scale,
+            check: false,
+            budget: a.budget.budget(),
+        },
+    );
+    let mut failed = 0usize;
+    for (&i, prep) in indices.iter().zip(prepared) {
+        let g = &file.graphs[i].graph;
+        let mut gpus: Vec<&mut Gpu> = std::iter::once(&mut session.gpu)
+            .chain(others.iter_mut())
+            .collect();
+        let result = (|| -> Result<(multi::RankTiming, String), (String, bool)> {
+            let plain = |e: String| (e, false);
+            let run = |e: RunError| (e.to_string(), e.is_fatal());
+            let prep = prep.map_err(|e| plain(e.to_string()))?;
+            let launch = &prep.emitted.launch;
+            let (inputs, verdict) = if a.check {
+                let d = multi::ranked_inputs_and_reference(g, a.seed, a.scale, &budget)
+                    .map_err(plain)?;
+                let outs = multi::run_on_ranks(&mut gpus, &prep.cubin.bytes, launch, &d.inputs)
+                    .map_err(run)?;
+                let cmp = multi::check_ranks(g, &d, &outs).map_err(plain)?;
+                let worst = cmp
+                    .iter()
+                    .flatten()
+                    .map(|c| c.rel_l2)
+                    .fold(0.0f64, f64::max);
+                let ok = cmp.iter().flatten().all(Comparison::passed);
+                let v = format!(
+                    "{} (worst rel err {worst:.2e})",
+                    if ok { "ok" } else { "FAIL" }
+                );
+                (d.inputs, v)
+            } else {
+                let spec = InputSpec {
+                    seed: a.seed,
+                    scale: a.scale,
+                };
+                let inputs = interp::shard_inputs(g, &interp::random_global_inputs(g, spec))
+                    .map_err(|e| plain(e.to_string()))?;
+                (inputs, "unchecked".to_string())
+            };
+            let t = multi::time_on_ranks(
+                &mut gpus,
+                &prep.cubin.bytes,
+                launch,
+                &inputs,
+                a.warmup,
+                a.iters,
+            )
+            .map_err(run)?;
+            Ok((t, verdict))
+        })();
+        match result {
+            Ok((t, verdict)) => {
+                if verdict.starts_with("FAIL") {
+                    failed += 1;
+                }
+                let per: Vec<String> = t.per_rank_us.iter().map(|u| format!("{u:.2}")).collect();
+                let (alg, bus) = match t.bandwidths(n) {
+                    Some((a, b)) => (format!("{a:.1}"), format!("{b:.1}")),
+                    None => ("-".into(), "-".into()),
+                };
+                writeln!(
+                    out,
+                    "{i:>5}  {:>10.2}  {:>24}  {:>12}  {alg:>10}  {bus:>10}  {verdict}",
+                    t.median_us,
+                    per.join(" "),
+                    t.all_reduce_us.map_or("-".to_string(), |u| format!(
+                        "{u:.2} ({} B)",
+                        t.all_reduce_bytes
+                    )),
+                )?;
+            }
+            Err((msg, fatal)) => {
+                failed += 1;
+                writeln!(out, "{i:>5}  FAIL: {msg}")?;
+                if fatal {
+                    writeln!(
+                        out,
+                        "stopping: the GPUs' contexts or communicators are lost"
+                    )?;
+                    break;
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(Failure::Quiet);
+    }
+    Ok(())
 }

@@ -384,37 +384,59 @@ fn wait(gpu: &Gpu, cancel: &AtomicBool, timeout: Duration, what: &str) -> Result
     }
 }
 
-/// Runs every rank's steps at once, one host thread per GPU (each all-reduce waits for all
-/// ranks), each step waited for so that a failure names its step and rank.
+/// What a rank's job may do besides queuing work: wait for its stream (polling, see [`wait`])
+/// and see whether another rank has failed.
+pub struct RankControl<'a> {
+    cancel: &'a AtomicBool,
+    timeout: Duration,
+}
+
+impl RankControl<'_> {
+    /// Waits until `gpu`'s queued work (described by `what`) is done.
+    fn wait(&self, gpu: &Gpu, what: &str) -> Result<(), Stop> {
+        wait(gpu, self.cancel, self.timeout, what)
+    }
+
+    /// Leaves when another rank has failed.
+    fn check(&self) -> Result<(), Stop> {
+        if self.cancel.load(Ordering::SeqCst) {
+            Err(Stop::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Runs `job` for every rank at once, one host thread per GPU (its context bound), and returns
+/// the ranks' results in order.
 ///
 /// When a rank fails, the others are cancelled: they poll their streams rather than block
 /// (see [`wait`]), notice, and leave without another NCCL call. Once every thread has
 /// returned — so that no host thread is inside NCCL — every communicator is aborted (which
 /// makes the NCCL kernels still waiting for the failed rank exit) and the streams drained.
 /// The communicators are then unusable: the error ([`RunError::RankFailed`]) is fatal.
-pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
+fn on_every_rank<T: Send>(
+    ranks: &[RankRun<'_>],
+    job: impl Fn(&RankRun<'_>, &RankControl<'_>) -> Result<T, Stop> + Sync,
+) -> Result<Vec<T>, RunError> {
     let cancel = AtomicBool::new(false);
-    let timeout = step_deadline();
-    let stops: Vec<Result<(), Stop>> = std::thread::scope(|s| {
+    let control = RankControl {
+        cancel: &cancel,
+        timeout: step_deadline(),
+    };
+    let results: Vec<Result<T, Stop>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
             .map(|r| {
-                let cancel = &cancel;
+                let (control, job) = (&control, &job);
                 s.spawn(move || {
-                    let body = || -> Result<(), Stop> {
+                    let body = || -> Result<T, Stop> {
                         r.gpu
                             .ctx
                             .bind_to_thread()
                             .map_err(super::run::driver("binding the GPU to its thread"))
                             .map_err(Stop::Failed)?;
-                        for i in 0..r.prog.plan().steps.len() {
-                            if cancel.load(Ordering::SeqCst) {
-                                return Err(Stop::Cancelled);
-                            }
-                            r.gpu.queue_step(r.prog, r.bufs, i).map_err(Stop::Failed)?;
-                            wait(r.gpu, cancel, timeout, &step_name(r.prog, i))?;
-                        }
-                        Ok(())
+                        job(r, control)
                     };
                     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
                         .unwrap_or_else(|_| {
@@ -423,7 +445,7 @@ pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
                             )))
                         });
                     if matches!(res, Err(Stop::Failed(_))) {
-                        cancel.store(true, Ordering::SeqCst);
+                        control.cancel.store(true, Ordering::SeqCst);
                     }
                     res
                 })
@@ -440,12 +462,17 @@ pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
             })
             .collect()
     });
-    let failure = stops.into_iter().enumerate().find_map(|(rank, r)| match r {
-        Err(Stop::Failed(e)) => Some((rank, e)),
-        _ => None,
-    });
+    let mut values = Vec::new();
+    let mut failure = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(v) => values.push(v),
+            Err(Stop::Failed(e)) if failure.is_none() => failure = Some((rank, e)),
+            Err(_) => {}
+        }
+    }
     let Some((rank, source)) = failure else {
-        return Ok(());
+        return Ok(values);
     };
     for r in ranks {
         if let Some(c) = &r.gpu.nccl {
@@ -460,6 +487,143 @@ pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
     Err(RunError::RankFailed {
         rank,
         source: Box::new(source),
+    })
+}
+
+/// Runs every rank's steps at once (each all-reduce waits for all ranks), each step waited
+/// for so that a failure names its step and rank; see [`on_every_rank`] for failures.
+pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
+    on_every_rank(ranks, |r, c| {
+        for i in 0..r.prog.plan().steps.len() {
+            c.check()?;
+            r.gpu.queue_step(r.prog, r.bufs, i).map_err(Stop::Failed)?;
+            c.wait(r.gpu, &step_name(r.prog, i))?;
+        }
+        Ok(())
+    })
+    .map(|_| ())
+}
+
+/// Times `steps` of every rank: `warmup` untimed executions, then `iters` timed ones, each
+/// between two events on the rank's stream and waited for. Returns per rank the times in
+/// microseconds.
+fn time_steps(
+    ranks: &[RankRun<'_>],
+    steps: &[usize],
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<Vec<f64>>, RunError> {
+    on_every_rank(ranks, |r, c| {
+        let failed = |what: &str| {
+            let what = what.to_string();
+            move |e: cudarc::driver::DriverError| Stop::Failed(super::run::driver(what)(e))
+        };
+        let mut times = Vec::with_capacity(iters);
+        for k in 0..warmup + iters {
+            c.check()?;
+            let start = r
+                .gpu
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(failed("recording an event"))?;
+            for &i in steps {
+                r.gpu.queue_step(r.prog, r.bufs, i).map_err(Stop::Failed)?;
+            }
+            let end = r
+                .gpu
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(failed("recording an event"))?;
+            c.wait(r.gpu, "a timed execution")?;
+            if k >= warmup {
+                let ms = start
+                    .elapsed_ms(&end)
+                    .map_err(failed("reading the event times"))?;
+                times.push(f64::from(ms) * 1e3);
+            }
+        }
+        Ok(times)
+    })
+}
+
+/// What `mucc bench --gpus N` measures for one graph.
+#[derive(Clone, Debug)]
+pub struct RankTiming {
+    /// Median over the samples of the slowest rank's time for one execution (µs).
+    pub median_us: f64,
+    /// Each rank's own median (µs).
+    pub per_rank_us: Vec<f64>,
+    /// Median time of the plan's all-reduce steps alone, back to back (µs), if it has any.
+    pub all_reduce_us: Option<f64>,
+    /// Bytes every rank all-reduces per execution.
+    pub all_reduce_bytes: usize,
+}
+
+impl RankTiming {
+    /// The all-reduce's algorithm bandwidth (bytes / time) and bus bandwidth (algorithm
+    /// bandwidth × 2(n − 1)/n, the figure `nccl-tests` reports for a ring), GB/s.
+    pub fn bandwidths(&self, gpus: usize) -> Option<(f64, f64)> {
+        let us = self.all_reduce_us?;
+        let alg = self.all_reduce_bytes as f64 / (us * 1e3);
+        Some((alg, alg * 2.0 * (gpus as f64 - 1.0) / gpus as f64))
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Times one compiled graph on every rank (stream launches): the whole plan, then its
+/// all-reduce steps alone; loads, allocates and uploads like [`run_on_ranks`].
+pub fn time_on_ranks(
+    gpus: &mut [&mut Gpu],
+    cubin: &[u8],
+    launch: &crate::emit::launch::LaunchPlan,
+    inputs: &[Vec<HostTensor>],
+    warmup: usize,
+    iters: usize,
+) -> Result<RankTiming, RunError> {
+    let iters = iters.max(1);
+    with_ranks(gpus, cubin, launch, inputs, |ranks| {
+        let all: Vec<usize> = (0..launch.steps.len()).collect();
+        let per_rank = time_steps(ranks, &all, warmup, iters)?;
+        let median_us = median(
+            (0..iters)
+                .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
+                .collect(),
+        );
+        let reduces: Vec<usize> = launch
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, crate::emit::launch::Step::AllReduce(_)))
+            .map(|(i, _)| i)
+            .collect();
+        let all_reduce_bytes = launch
+            .steps
+            .iter()
+            .map(|s| match s {
+                crate::emit::launch::Step::AllReduce(c) => c.count * c.dtype.bytes(),
+                _ => 0,
+            })
+            .sum();
+        let all_reduce_us = if reduces.is_empty() {
+            None
+        } else {
+            let t = time_steps(ranks, &reduces, warmup, iters)?;
+            Some(median(
+                (0..iters)
+                    .map(|k| t.iter().map(|t| t[k]).fold(0.0, f64::max))
+                    .collect(),
+            ))
+        };
+        Ok(RankTiming {
+            median_us,
+            per_rank_us: per_rank.into_iter().map(median).collect(),
+            all_reduce_us,
+            all_reduce_bytes,
+        })
     })
 }
 
@@ -478,16 +642,16 @@ impl<T> Drop for PerRank<T> {
     }
 }
 
-/// Runs one compiled graph on every rank: loads `cubin` on each GPU, allocates its buffers,
-/// uploads `inputs[r]` to rank `r`, poisons the outputs, runs all ranks at once
-/// ([`execute_ranks`]) and reads every rank's outputs back. Each rank's module and buffers are
-/// released with that GPU's context current, whether the run succeeds or fails.
-pub fn run_on_ranks(
+/// Loads `cubin` on every GPU, allocates its buffers, uploads `inputs[r]` to rank `r` and
+/// poisons the outputs, then calls `f` with the ranks. Each rank's module and buffers are
+/// released with that GPU's context current, whether `f` succeeds or fails.
+fn with_ranks<T>(
     gpus: &mut [&mut Gpu],
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
     inputs: &[Vec<HostTensor>],
-) -> Result<Vec<Vec<(DType, Array)>>, RunError> {
+    f: impl FnOnce(&[RankRun<'_>]) -> Result<T, RunError>,
+) -> Result<T, RunError> {
     if inputs.len() != gpus.len() {
         return Err(RunError::Plan(format!(
             "{} ranks of inputs for {} GPUs",
@@ -513,15 +677,28 @@ pub fn run_on_ranks(
         .zip(&bufs.items)
         .map(|((gpu, (_, prog)), (_, bufs))| RankRun { gpu, prog, bufs })
         .collect();
-    execute_ranks(&ranks)?;
-    gpus.iter()
-        .zip(&bufs.items)
-        .enumerate()
-        .map(|(r, (gpu, (_, b)))| {
-            super::session::read_outputs(gpu, b, launch)
-                .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))
-        })
-        .collect()
+    f(&ranks)
+}
+
+/// Runs one compiled graph on every rank ([`execute_ranks`], after [`with_ranks`]'s setup)
+/// and reads every rank's outputs back.
+pub fn run_on_ranks(
+    gpus: &mut [&mut Gpu],
+    cubin: &[u8],
+    launch: &crate::emit::launch::LaunchPlan,
+    inputs: &[Vec<HostTensor>],
+) -> Result<Vec<Vec<(DType, Array)>>, RunError> {
+    with_ranks(gpus, cubin, launch, inputs, |ranks| {
+        execute_ranks(ranks)?;
+        ranks
+            .iter()
+            .enumerate()
+            .map(|(r, rr)| {
+                super::session::read_outputs(rr.gpu, rr.bufs, launch)
+                    .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))
+            })
+            .collect()
+    })
 }
 
 /// Every rank's inputs (global inputs drawn once and sharded by the graph's input maps), the
