@@ -535,21 +535,14 @@ fn bench_ranks(
                 .into(),
         ));
     }
-    let user = |e: RunError| Failure::User(e.to_string());
-    let mut session = super::gpu::open(&a.gpu)?;
-    let mut others = multi::open_ranks(&mut session.gpu, a.gpu.device, n).map_err(user)?;
+    let (mut session, mut others, gpus_line) = super::gpu::open_ranks(&a.gpu, n)?;
     let name = a.input.file.display().to_string();
     let mut out = stdout();
     writeln!(
         out,
-        "GPUs: {n} x {} (devices {}..{}), NCCL {}; stream launches, median of {} after {} \
-         warm-up (an execution's time is its slowest rank's)",
-        session.describe(),
-        a.gpu.device,
-        a.gpu.device + n - 1,
-        multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
-        a.iters,
-        a.warmup
+        "{gpus_line}; stream launches, median of {} after {} warm-up (an execution's time is \
+         its slowest rank's)",
+        a.iters, a.warmup
     )?;
     writeln!(
         out,

@@ -45,3 +45,23 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
     })
     .map_err(|e| Failure::User(e.to_string()))
 }
+
+/// The GPUs of a command on `n` GPUs: the session (rank 0, device `a.device`) and the other
+/// ranks, joined by NCCL ([`mucc::cuda::multi::open_ranks`]), and a line naming them.
+pub fn open_ranks(
+    a: &GpuArgs,
+    n: usize,
+) -> Result<(Session, Vec<mucc::cuda::Gpu>, String), Failure> {
+    use mucc::cuda::multi;
+    let mut session = open(a)?;
+    let others = multi::open_ranks(&mut session.gpu, a.device, n)
+        .map_err(|e| Failure::User(e.to_string()))?;
+    let line = format!(
+        "GPUs: {n} x {} (devices {}..{}), NCCL {}",
+        session.describe(),
+        a.device,
+        a.device + n - 1,
+        multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
+    );
+    Ok((session, others, line))
+}

@@ -264,21 +264,13 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
             "--inject-fault runs graphs on one GPU".into(),
         ));
     }
-    let user = |e: RunError| Failure::User(e.to_string());
-    let mut session = super::gpu::open(&a.gpu)?;
-    let mut others = multi::open_ranks(&mut session.gpu, a.gpu.device, n).map_err(user)?;
+    let (mut session, mut others, gpus_line) = super::gpu::open_ranks(&a.gpu, n)?;
     let name = a.input.file.display().to_string();
     let mut out = stdout();
     writeln!(
         out,
-        "GPUs: {n} x {} (devices {}..{}), NCCL {}; global inputs seed {} scale {}, sharded by \
-         the input maps",
-        session.describe(),
-        a.gpu.device,
-        a.gpu.device + n - 1,
-        multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
-        a.seed,
-        a.scale
+        "{gpus_line}; global inputs seed {} scale {}, sharded by the input maps",
+        a.seed, a.scale
     )?;
     let budget = a.budget.budget();
     let prepared = session.prepare(

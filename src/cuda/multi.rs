@@ -724,36 +724,19 @@ pub fn ranked_inputs_and_reference(
     budget: &interp::Budget,
 ) -> Result<RankedDrawn, String> {
     interp::estimate(g).check(g, budget)?;
-    let mut scale = scale;
-    let mut note = None;
-    for _ in 0..12 {
+    let ((inputs, reference), scale, note) = super::session::draw_in_range(scale, |scale| {
         let global = interp::random_global_inputs(g, InputSpec { seed, scale });
         let inputs = interp::shard_inputs(g, &global).map_err(|e| e.to_string())?;
         let (reference, excess) = interp::evaluate_ranks(g, inputs.clone(), Rounding::Exact)
             .map_err(|e| e.to_string())?;
-        match excess.first() {
-            None => {
-                return Ok(RankedDrawn {
-                    inputs,
-                    reference,
-                    scale,
-                    note,
-                });
-            }
-            Some(x) => {
-                note = Some(format!(
-                    "{} {} would reach |x| = {:.3e} at scale {scale}",
-                    x.place,
-                    x.dtype.name(),
-                    x.max_abs
-                ));
-                scale /= 2.0;
-            }
-        }
-    }
-    Err(format!(
-        "stored tensors overflow their dtype even at input scale {scale}"
-    ))
+        Ok(((inputs, reference), excess))
+    })?;
+    Ok(RankedDrawn {
+        inputs,
+        reference,
+        scale,
+        note,
+    })
 }
 
 /// Compares every rank's `outputs[r]` with the reference, widening the bound of outputs that

@@ -376,21 +376,33 @@ pub fn inputs_and_reference(
     budget: &interp::Budget,
 ) -> Result<Drawn, String> {
     interp::estimate(g).check(g, budget)?;
-    let mut scale = scale;
-    let mut note = None;
-    for _ in 0..12 {
+    let ((inputs, reference), scale, note) = draw_in_range(scale, |scale| {
         let inputs = interp::random_inputs(g, InputSpec { seed, scale });
         let (outs, excess) =
             interp::evaluate_ranged(g, inputs.clone()).map_err(|e| e.to_string())?;
+        Ok(((inputs, outs), excess))
+    })?;
+    Ok(Drawn {
+        inputs,
+        reference,
+        scale,
+        note,
+    })
+}
+
+/// Calls `attempt` (inputs drawn and evaluated at a scale) from `scale` down, halving while a
+/// stored tensor would leave its dtype's range (at most 12 times); returns the result, the
+/// scale it was drawn at, and why the scale was lowered (if it was).
+pub(crate) fn draw_in_range<T>(
+    scale: f64,
+    mut attempt: impl FnMut(f64) -> Result<(T, Vec<interp::RangeExcess>), String>,
+) -> Result<(T, f64, Option<String>), String> {
+    let mut scale = scale;
+    let mut note = None;
+    for _ in 0..12 {
+        let (value, excess) = attempt(scale)?;
         match excess.first() {
-            None => {
-                return Ok(Drawn {
-                    inputs,
-                    reference: outs,
-                    scale,
-                    note,
-                });
-            }
+            None => return Ok((value, scale, note)),
             Some(x) => {
                 note = Some(format!(
                     "{} {} would reach |x| = {:.3e} at scale {scale}",
