@@ -220,6 +220,14 @@ impl<'a> Builder<'a> {
             let v = self.inner_vars(&format!("d{}", h.index()), &t.shape);
             self.dvars.push(v);
         }
+        let mut all_reduced = vec![false; g.tensors.len()];
+        if g.sharding.num_gpus() > 1 {
+            for (_, op) in g.ops.iter() {
+                if let KnOpKind::AllReduce { .. } = op.kind {
+                    all_reduced[op.outputs[0].index()] = true;
+                }
+            }
+        }
         for (h, op) in g.ops.iter() {
             let here = format!("kernel op {} ({})", h.index(), names::kn_name(&op.kind));
             match &op.kind {
@@ -227,10 +235,13 @@ impl<'a> Builder<'a> {
                     let t = op.outputs[0];
                     self.fix_user_layout(t.index(), strides.as_slice(), &here);
                 }
-                KnOpKind::Output { strides: Some(st) } => {
+                // The output of a multi-GPU all-reduce keeps its input's layout; user strides
+                // that differ get a copy (see `sched::dtensors`), so they pin nothing here.
+                KnOpKind::Output { strides: Some(st) } if !all_reduced[op.inputs[0].index()] => {
                     let t = op.inputs[0];
                     self.fix_user_layout(t.index(), st.as_slice(), &here);
                 }
+                KnOpKind::Output { strides: Some(_) } => {}
                 KnOpKind::Output { strides: None } => {}
                 KnOpKind::Matmul => {
                     for (name, t) in [

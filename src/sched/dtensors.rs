@@ -29,19 +29,44 @@ pub(super) fn dtensor_geometry(g: &KernelGraph, layout: &LayoutPlan) -> Vec<DTen
             }
         }
     }
+    let base = |t: usize, user: &[Option<Strides>]| -> (Strides, usize) {
+        let d = &g.tensors[Handle::from_index(t)];
+        match &user[t] {
+            Some(s) => (s.clone(), s.span(&d.shape).unwrap_or(0)),
+            None => dtensor_strides(&d.shape, layout.dtensors[t], d.dtype),
+        }
+    };
+    // A multi-GPU all-reduce sums its input and output as flat arrays: the output takes the
+    // input's strides. An output buffer with other user strides then receives a copy (the
+    // output operator copies a tensor that lives elsewhere); the layout solver gives both the
+    // same innermost dim (constraint 6 of `layout::solve`).
+    let mut same_as: Vec<Option<usize>> = vec![None; g.tensors.len()];
+    if g.sharding.num_gpus() > 1 {
+        for (_, op) in g.ops.iter() {
+            if let KnOpKind::AllReduce { .. } = op.kind {
+                let (x, y) = (op.inputs[0].index(), op.outputs[0].index());
+                let x_strides = match same_as[x] {
+                    Some(src) => base(src, &user).0,
+                    None => base(x, &user).0,
+                };
+                if user[y].as_ref().is_some_and(|s| *s != x_strides) {
+                    placement[y] = None;
+                    user[y] = None;
+                }
+                same_as[y] = Some(same_as[x].unwrap_or(x));
+            }
+        }
+    }
     g.tensors
         .iter()
-        .map(|(h, d)| {
-            let innermost = layout.dtensors[h.index()];
-            let (strides, phys_elems) = match &user[h.index()] {
-                Some(s) => (s.clone(), s.span(&d.shape).unwrap_or(0)),
-                None => dtensor_strides(&d.shape, innermost, d.dtype),
-            };
+        .map(|(h, _)| {
+            let t = h.index();
+            let (strides, phys_elems) = base(same_as[t].unwrap_or(t), &user);
             DTensorGeometry {
-                innermost,
+                innermost: layout.dtensors[t],
                 strides,
                 phys_elems,
-                placement: placement[h.index()].unwrap_or(Placement::Workspace(0)),
+                placement: placement[t].unwrap_or(Placement::Workspace(0)),
             }
         })
         .collect()
