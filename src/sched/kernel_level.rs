@@ -476,9 +476,10 @@ impl Planner<'_> {
     }
 
     /// An all-reduce over the mesh: NCCL sums flat arrays, so the input and the output must
-    /// have the same strides (the layout solver gives both one innermost dim, constraint 6 of
-    /// [`crate::layout::solve`]; user strides on either side can still differ, which is
-    /// refused). Padding between rows is summed along with the values: nothing reads it.
+    /// have the same strides. `sched::dtensors` gives the output its input's strides (and the
+    /// layout solver both one innermost dim, constraint 6 of [`crate::layout::solve`]), so the
+    /// check below is a safety net. Padding between rows is summed along with the values:
+    /// nothing reads it.
     fn all_reduce(&self, h: Handle<KnOp>, op: &KnOp) -> Result<KnOpPlan, PlanError> {
         let (x, y) = (op.inputs[0], op.outputs[0]);
         let (gx, gy) = (&self.dt[x.index()], &self.dt[y.index()]);
