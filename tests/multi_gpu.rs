@@ -277,6 +277,23 @@ fn an_all_reduce_output_takes_its_input_layout_and_other_user_strides_get_a_copy
         }
     ));
     assert!(matches!(p.kernel_ops[2], KnOpPlan::Elementwise { .. }));
+    // A computed tensor all-reduced into a column-major output: the solver prefers the
+    // caller's innermost dim, the strides match, and the sum lands in the output directly.
+    let mut h = GraphBuilder::new();
+    h.set_gpu_mesh(GpuMesh::line(2)).unwrap();
+    let a = h.new_input(&[8, 32], DType::F16).unwrap();
+    let b = h.new_input(&[32, 16], DType::F16).unwrap();
+    let c = h.matmul(a, b).unwrap();
+    let z = h.all_reduce(c).unwrap();
+    h.mark_output_strided(z, &[1, 8]).unwrap();
+    let h = h.build().unwrap();
+    let p2 = plan_for(&h).unwrap();
+    assert_eq!(p2.dtensors[c.index()].strides.0, vec![1, 8]);
+    assert_eq!(
+        p2.dtensors[z.index()].placement,
+        mucc::sched::plan::Placement::Output(0)
+    );
+    assert!(matches!(p2.kernel_ops[4], KnOpPlan::Nothing));
     // The same graph on one GPU plans as before (a copy into the output).
     let mut one = g.clone();
     one.sharding.mesh = Some(GpuMesh::line(1));

@@ -569,7 +569,10 @@ fn bench_ranks(
             .collect();
         let result = (|| -> Result<(multi::RankTiming, String), (String, bool)> {
             let plain = |e: String| (e, false);
-            let run = |e: RunError| (e.to_string(), e.is_fatal());
+            let run = |e: RunError| {
+                super::gpu::exit_if_stuck(&e);
+                (e.to_string(), e.is_fatal())
+            };
             let prep = prep.map_err(|e| plain(e.to_string()))?;
             let launch = &prep.emitted.launch;
             let (inputs, verdict) = if a.check {
@@ -610,9 +613,15 @@ fn bench_ranks(
             Ok((t, verdict))
         })();
         match result {
-            Ok((t, verdict)) => {
+            Ok((t, mut verdict)) => {
                 if verdict.starts_with("FAIL") {
                     failed += 1;
+                }
+                if t.non_finite > 0 {
+                    verdict.push_str(&format!(
+                        "; {} output elements not finite after the timed runs (lower --scale)",
+                        t.non_finite
+                    ));
                 }
                 let per: Vec<String> = t.per_rank_us.iter().map(|u| format!("{u:.2}")).collect();
                 let (alg, bus) = match t.bandwidths(n) {

@@ -54,8 +54,10 @@ pub fn open_ranks(
 ) -> Result<(Session, Vec<mucc::cuda::Gpu>, String), Failure> {
     use mucc::cuda::multi;
     let mut session = open(a)?;
-    let others = multi::open_ranks(&mut session.gpu, a.device, n)
-        .map_err(|e| Failure::User(e.to_string()))?;
+    let others = multi::open_ranks(&mut session.gpu, a.device, n).map_err(|e| {
+        exit_if_stuck(&e);
+        Failure::User(e.to_string())
+    })?;
     let line = format!(
         "GPUs: {n} x {} (devices {}..{}), NCCL {}",
         session.describe(),
@@ -64,4 +66,15 @@ pub fn open_ranks(
         multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
     );
     Ok((session, others, line))
+}
+
+/// Ends the process at once when some GPU's work never finishes (`RunError::is_stuck`):
+/// releasing its buffers or module could block forever, so nothing is released.
+pub fn exit_if_stuck(e: &mucc::cuda::RunError) {
+    if e.is_stuck() {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }

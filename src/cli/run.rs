@@ -146,7 +146,10 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         let gpu = &mut session.gpu;
         let result = (|| -> Result<GraphReport, (String, bool)> {
             let plain = |e: String| (e, false);
-            let run = |e: RunError| (e.to_string(), e.is_fatal());
+            let run = |e: RunError| {
+                super::gpu::exit_if_stuck(&e);
+                (e.to_string(), e.is_fatal())
+            };
             let prep = prep.map_err(|e| plain(e.to_string()))?;
             let (emitted, cubin) = (&prep.emitted, &prep.cubin);
             if cubin.cached {
@@ -292,7 +295,10 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
             .collect();
         let result = (|| -> Result<RanksReport, (String, bool)> {
             let plain = |e: String| (e, false);
-            let run = |e: RunError| (e.to_string(), e.is_fatal());
+            let run = |e: RunError| {
+                super::gpu::exit_if_stuck(&e);
+                (e.to_string(), e.is_fatal())
+            };
             let prep = prep.map_err(|e| plain(e.to_string()))?;
             let launch = &prep.emitted.launch;
             let mut info = prep.describe();

@@ -258,38 +258,49 @@ pub fn open_ranks(gpu0: &mut Gpu, first: usize, n: usize) -> Result<Vec<Gpu>, Ru
     }
     let mut all: Vec<&Gpu> = vec![gpu0];
     all.extend(others.iter());
-    self_test(&all)?;
+    if let Err(e) = self_test(&all) {
+        // Communicators that failed their first all-reduce are aborted, not destroyed (a
+        // destroy waits for work that may never finish), and no GPU keeps one.
+        let stuck = abort_all(&all).err().unwrap_or_default();
+        gpu0.nccl = None;
+        for g in &mut others {
+            g.nccl = None;
+        }
+        return Err(RunError::RankFailed {
+            rank: 0,
+            source: Box::new(e),
+            stuck,
+        });
+    }
     Ok(others)
 }
 
 /// Sums each rank's number (rank + 1) over the communicators once, all ranks from this thread
-/// in one NCCL group, and checks the result on every GPU: a communicator that cannot
-/// all-reduce fails here, before any graph runs.
+/// in one NCCL group, waits by polling (a deadline and NCCL's asynchronous errors, as for a
+/// graph) and checks the result on every GPU: a communicator that cannot all-reduce fails
+/// here, before any graph runs.
 fn self_test(gpus: &[&Gpu]) -> Result<(), RunError> {
     let n = gpus.len();
-    let mut bufs = Vec::new();
+    let mut bufs = PerRank { items: Vec::new() };
     for (r, g) in gpus.iter().enumerate() {
         let b = g
             .stream
             .clone_htod(&[(r + 1) as f32])
             .map_err(super::run::driver("allocating the NCCL self-test buffer"))?;
-        bufs.push(b);
+        bufs.items.push((g.ctx.clone(), b));
     }
     cudarc::nccl::result::group_start().map_err(nccl_error("ncclGroupStart"))?;
     let mut queued = Ok(());
-    for (g, b) in gpus.iter().zip(&bufs) {
+    for (g, (_, b)) in gpus.iter().zip(&bufs.items) {
         let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(b, &g.stream);
+        let at = crate::sched::plan::Binding::Workspace {
+            byte_offset: 0,
+            elem_offset: 0,
+            elem_bytes: 4,
+        };
         let call = AllReduceCall {
-            send: crate::sched::plan::Binding::Workspace {
-                byte_offset: 0,
-                elem_offset: 0,
-                elem_bytes: 4,
-            },
-            recv: crate::sched::plan::Binding::Workspace {
-                byte_offset: 0,
-                elem_offset: 0,
-                elem_bytes: 4,
-            },
+            send: at,
+            recv: at,
             count: 1,
             dtype: NcclDataType::Float32,
         };
@@ -301,8 +312,16 @@ fn self_test(gpus: &[&Gpu]) -> Result<(), RunError> {
     let ended = cudarc::nccl::result::group_end().map_err(nccl_error("ncclGroupEnd"));
     queued?;
     ended?;
+    let never = AtomicBool::new(false);
+    for g in gpus {
+        make_current(&g.ctx);
+        wait(g, &never, step_deadline(), "the NCCL all-reduce self-test").map_err(|s| match s {
+            Stop::Failed(e) => e,
+            Stop::Cancelled => RunError::Plan("the self-test was cancelled".into()),
+        })?;
+    }
     let want = (n * (n + 1) / 2) as f32;
-    for (r, (g, b)) in gpus.iter().zip(&bufs).enumerate() {
+    for (r, (g, (_, b))) in gpus.iter().zip(&bufs.items).enumerate() {
         let got = g
             .stream
             .clone_dtoh(b)
@@ -431,11 +450,7 @@ fn on_every_rank<T: Send>(
                 let (control, job) = (&control, &job);
                 s.spawn(move || {
                     let body = || -> Result<T, Stop> {
-                        r.gpu
-                            .ctx
-                            .bind_to_thread()
-                            .map_err(super::run::driver("binding the GPU to its thread"))
-                            .map_err(Stop::Failed)?;
+                        make_current(&r.gpu.ctx);
                         job(r, control)
                     };
                     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
@@ -474,19 +489,12 @@ fn on_every_rank<T: Send>(
     let Some((rank, source)) = failure else {
         return Ok(values);
     };
-    for r in ranks {
-        if let Some(c) = &r.gpu.nccl {
-            c.abort();
-        }
-    }
-    for r in ranks {
-        // Drains what the abort released; a rank that faulted reports its fault again.
-        let _ = r.gpu.ctx.bind_to_thread();
-        let _ = r.gpu.stream.synchronize();
-    }
+    let gpus: Vec<&Gpu> = ranks.iter().map(|r| r.gpu).collect();
+    let stuck = abort_all(&gpus).err().unwrap_or_default();
     Err(RunError::RankFailed {
         rank,
         source: Box::new(source),
+        stuck,
     })
 }
 
@@ -504,9 +512,10 @@ pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
     .map(|_| ())
 }
 
-/// Times `steps` of every rank: `warmup` untimed executions, then `iters` timed ones, each
-/// between two events on the rank's stream and waited for. Returns per rank the times in
-/// microseconds.
+/// Times `steps` of every rank: `warmup` untimed and `iters` timed executions queued back to
+/// back, each between two events on the rank's stream, then waited for once (so that the
+/// ranks' all-reduces keep them in step, as `nccl-tests` does, and no host wake-up lands in
+/// a sample). Returns per rank the timed samples in microseconds.
 fn time_steps(
     ranks: &[RankRun<'_>],
     steps: &[usize],
@@ -518,31 +527,31 @@ fn time_steps(
             let what = what.to_string();
             move |e: cudarc::driver::DriverError| Stop::Failed(super::run::driver(what)(e))
         };
-        let mut times = Vec::with_capacity(iters);
-        for k in 0..warmup + iters {
-            c.check()?;
-            let start = r
-                .gpu
+        let event = || {
+            r.gpu
                 .stream
                 .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(failed("recording an event"))?;
+                .map_err(failed("recording an event"))
+        };
+        let mut marks = Vec::with_capacity(warmup + iters);
+        for _ in 0..warmup + iters {
+            c.check()?;
+            let start = event()?;
             for &i in steps {
                 r.gpu.queue_step(r.prog, r.bufs, i).map_err(Stop::Failed)?;
             }
-            let end = r
-                .gpu
-                .stream
-                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(failed("recording an event"))?;
-            c.wait(r.gpu, "a timed execution")?;
-            if k >= warmup {
-                let ms = start
-                    .elapsed_ms(&end)
-                    .map_err(failed("reading the event times"))?;
-                times.push(f64::from(ms) * 1e3);
-            }
+            marks.push((start, event()?));
         }
-        Ok(times)
+        c.wait(r.gpu, "the timed executions")?;
+        marks[warmup..]
+            .iter()
+            .map(|(start, end)| {
+                start
+                    .elapsed_ms(end)
+                    .map(|ms| f64::from(ms) * 1e3)
+                    .map_err(failed("reading the event times"))
+            })
+            .collect()
     })
 }
 
@@ -557,6 +566,8 @@ pub struct RankTiming {
     pub all_reduce_us: Option<f64>,
     /// Bytes every rank all-reduces per execution.
     pub all_reduce_bytes: usize,
+    /// Output elements, over all ranks, that are not finite after the timed executions.
+    pub non_finite: usize,
 }
 
 impl RankTiming {
@@ -618,13 +629,69 @@ pub fn time_on_ranks(
                     .collect(),
             ))
         };
+        let mut non_finite = 0;
+        for (r, rr) in ranks.iter().enumerate() {
+            let outs = super::session::read_outputs(rr.gpu, rr.bufs, launch)
+                .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))?;
+            non_finite += outs
+                .iter()
+                .map(|(_, a)| a.data.iter().filter(|x| !x.is_finite()).count())
+                .sum::<usize>();
+        }
         Ok(RankTiming {
             median_us,
             per_rank_us: per_rank.into_iter().map(median).collect(),
             all_reduce_us,
             all_reduce_bytes,
+            non_finite,
         })
     })
+}
+
+/// Makes `ctx` current on this thread even when an earlier asynchronous error is pending in it
+/// (cudarc's `bind_to_thread` reports such an error instead of binding).
+fn make_current(ctx: &CudaContext) {
+    // SAFETY: the context is alive (borrowed) and made current on this thread only.
+    let _ = unsafe { cudarc::driver::result::ctx::set_current(ctx.cu_ctx()) };
+}
+
+/// Drains every rank's stream by polling, for at most `limit`; the ranks whose streams did not
+/// drain (a kernel that never finishes: nothing in this process can stop it).
+fn drain(gpus: &[&Gpu], limit: Duration) -> Vec<usize> {
+    use cudarc::driver::sys::CUresult;
+    let start = Instant::now();
+    let mut stuck = Vec::new();
+    for (r, g) in gpus.iter().enumerate() {
+        make_current(&g.ctx);
+        loop {
+            // SAFETY: the stream is live and its context current.
+            match unsafe { cudarc::driver::sys::cuStreamQuery(g.stream.cu_stream()) } {
+                CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < limit => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                CUresult::CUDA_ERROR_NOT_READY => {
+                    stuck.push(r);
+                    break;
+                }
+                // Done, or failed (a faulted context reports its fault here again).
+                _ => break,
+            }
+        }
+    }
+    stuck
+}
+
+/// Aborts every communicator of `gpus` (no host thread may be inside NCCL) and drains their
+/// streams; `Err` names the ranks that would not drain.
+fn abort_all(gpus: &[&Gpu]) -> Result<(), Vec<usize>> {
+    for g in gpus {
+        if let Some(c) = &g.nccl {
+            make_current(&g.ctx);
+            c.abort();
+        }
+    }
+    let stuck = drain(gpus, Duration::from_secs(10));
+    if stuck.is_empty() { Ok(()) } else { Err(stuck) }
 }
 
 /// Values of several GPUs, each dropped with its GPU's context current (cudarc frees device
@@ -636,7 +703,7 @@ struct PerRank<T> {
 impl<T> Drop for PerRank<T> {
     fn drop(&mut self) {
         for (ctx, v) in self.items.drain(..) {
-            let _ = ctx.bind_to_thread();
+            make_current(&ctx);
             drop(v);
         }
     }

@@ -83,13 +83,20 @@ pub enum RunError {
     /// communicator aborted, so nothing further can run on these GPUs in this process.
     #[error(
         "rank {rank}: {source}; the other ranks were stopped and the NCCL communicators \
-         aborted, so nothing further can run on these GPUs in this process"
+         aborted, so nothing further can run on these GPUs in this process{}",
+        if stuck.is_empty() { String::new() } else {
+            format!(" (the streams of ranks {stuck:?} did not drain within 10 s: a kernel that \
+                     never finishes; the process must exit)")
+        }
     )]
     RankFailed {
         /// The rank (GPU of the run) that failed first.
         rank: usize,
         /// Its error.
         source: Box<RunError>,
+        /// Ranks whose streams would not drain after the abort (their work never finishes;
+        /// releasing their buffers could block, so the caller should exit).
+        stuck: Vec<usize>,
     },
     /// An NCCL call failed.
     #[error("{what}: NCCL returned {result}")]
@@ -147,6 +154,12 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// Whether some GPU's work never finishes after this error: the process should exit
+    /// without releasing anything (a release could block).
+    pub fn is_stuck(&self) -> bool {
+        matches!(self, RunError::RankFailed { stuck, .. } if !stuck.is_empty())
+    }
+
     /// Whether the GPU context is unusable after this error.
     pub fn is_fatal(&self) -> bool {
         matches!(

@@ -241,7 +241,16 @@ impl<'a> Builder<'a> {
                     let t = op.inputs[0];
                     self.fix_user_layout(t.index(), st.as_slice(), &here);
                 }
-                KnOpKind::Output { strides: Some(_) } => {}
+                // …but the caller's innermost dim is preferred: with it the all-reduce can
+                // write straight into the output buffer when the strides match.
+                KnOpKind::Output { strides: Some(st) } => {
+                    let t = op.inputs[0].index();
+                    if let Some(d) = self.user_innermost(t, st.as_slice())
+                        && let Some(v) = self.dvars[t][d]
+                    {
+                        self.cost(vec![v.negative()], KN_OPERAND_MISMATCH);
+                    }
+                }
                 KnOpKind::Output { strides: None } => {}
                 KnOpKind::Matmul => {
                     for (name, t) in [
@@ -314,17 +323,22 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn fix_user_layout(&mut self, t: usize, strides: &[usize], here: &str) {
+    /// The innermost dim the caller's `strides` give tensor `t` (the last stride-1 dim of
+    /// extent > 1, else the smallest-stride dim of extent > 1).
+    fn user_innermost(&self, t: usize, strides: &[usize]) -> Option<usize> {
         let shape = self.g.tensors[crate::graph::Handle::from_index(t)].shape;
-        let inner = (0..shape.rank())
+        (0..shape.rank())
             .rev()
             .find(|&d| strides[d] == 1 && shape.dim(d) > 1)
             .or_else(|| {
                 (0..shape.rank())
                     .filter(|&d| shape.dim(d) > 1)
                     .min_by_key(|&d| (strides[d], usize::MAX - d))
-            });
-        if let Some(d) = inner
+            })
+    }
+
+    fn fix_user_layout(&mut self, t: usize, strides: &[usize], here: &str) {
+        if let Some(d) = self.user_innermost(t, strides)
             && let Some(v) = self.dvars[t][d]
         {
             self.m.require(

@@ -49,7 +49,12 @@ pub(super) fn dtensor_geometry(g: &KernelGraph, layout: &LayoutPlan) -> Vec<DTen
                     Some(src) => base(src, &user).0,
                     None => base(x, &user).0,
                 };
-                if user[y].as_ref().is_some_and(|s| *s != x_strides) {
+                // One layout: equal strides wherever a dim has more than one element.
+                let shape = &g.tensors[op.outputs[0]].shape;
+                let differs = |s: &Strides| {
+                    (0..shape.rank()).any(|d| shape.dim(d) > 1 && s.0[d] != x_strides.0[d])
+                };
+                if user[y].as_ref().is_some_and(differs) {
                     placement[y] = None;
                     user[y] = None;
                 }
