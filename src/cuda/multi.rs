@@ -233,8 +233,9 @@ pub fn open_ranks(gpu0: &mut Gpu, first: usize, n: usize) -> Result<Vec<Gpu>, Ru
     // lazy setup waits for the peers inside the host call, where a failed peer cannot be
     // noticed); the caller's setting wins.
     if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
-        // SAFETY: set before any thread of ours reads the environment concurrently (NCCL reads
-        // it during the initialisation below, on this thread).
+        // SAFETY: no thread of mucc reads or writes the environment meanwhile (rank threads
+        // start later; NCCL reads it during the initialisation below, on this thread). The
+        // CUDA driver's own threads exist by now; they are not known to read it.
         unsafe { std::env::set_var("NCCL_RUNTIME_CONNECT", "0") };
     }
     let mut comms: Vec<nccl::ncclComm_t> = vec![std::ptr::null_mut(); n];
