@@ -890,6 +890,12 @@ fn multi_gpu_graphs_are_interpreted_transpiled_and_refused_where_unsupported() {
             && out.contains("kernel op 5 (kn_allreduce_op): NCCL all-reduce (sum) over 2 GPUs of the 64-element span"),
         "{out}"
     );
+    let o = mucc(&["inspect", file]);
+    let (out, _) = text(&o);
+    assert!(
+        out.contains("allreduce; on 2 GPUs (shapes per GPU); valid"),
+        "{out}"
+    );
     let o = mucc(&["tune", file]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -120,7 +120,7 @@ fn dump_tb(
 }
 
 /// One line: input and output shapes and types, then the kernels (customized operators with
-/// their grid, loop and operator count).
+/// their grid, loop and operator count), and the GPU count of a multi-GPU graph.
 pub fn summary(g: &KernelGraph) -> String {
     let shapes = |ts: Vec<crate::graph::Handle<crate::graph::DTensor>>| {
         ts.iter()
@@ -149,10 +149,16 @@ pub fn summary(g: &KernelGraph) -> String {
             k => Some(k.name()),
         })
         .collect();
+    let gpus = g.sharding.num_gpus();
     format!(
-        "inputs {ins}; outputs {outs}; {} kernel{}: {}",
+        "inputs {ins}; outputs {outs}; {} kernel{}: {}{}",
         kernels.len(),
         if kernels.len() == 1 { "" } else { "s" },
-        kernels.join(", ")
+        kernels.join(", "),
+        if gpus > 1 {
+            format!("; on {gpus} GPUs (shapes per GPU)")
+        } else {
+            String::new()
+        }
     )
 }
