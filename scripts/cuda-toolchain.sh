@@ -18,6 +18,23 @@ installed() {
         && [ -f "$cu/include/cublas_v2.h" ] && ls "$cu"/lib/libnvrtc.so.13* >/dev/null 2>&1
 }
 
+# The headers of a wheel (PKG==VERSION) whose paths start with PREFIX_DIR, extracted into the
+# cache without the libraries (not needed to compile, and hundreds of MB).
+headers_from_wheel() {
+    local tmp
+    tmp="$(mktemp -d)"
+    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps \
+        -d "$tmp" "$1" >&2
+    python3 - "$tmp" "$MUCC_CUDA_PREFIX" "$2" <<'PY'
+import glob, sys, zipfile
+tmp, prefix, keep = sys.argv[1], sys.argv[2], sys.argv[3]
+for whl in glob.glob(tmp + "/*.whl"):
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(prefix, [m for m in z.namelist() if m.startswith(keep)])
+PY
+    rm -rf "$tmp"
+}
+
 if ! installed; then
     command -v g++ >/dev/null || { echo "cuda-toolchain: a host g++ is required by nvcc" >&2; exit 1; }
     echo "cuda-toolchain: installing CUDA 13.0.88 wheels into $MUCC_CUDA_PREFIX" >&2
@@ -27,17 +44,7 @@ if ! installed; then
         nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
         nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-nvrtc==13.0.88 >&2
     # cuBLAS headers only (the library is 400+ MB and not needed to compile).
-    tmp="$(mktemp -d)"
-    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps \
-        -d "$tmp" nvidia-cublas==13.0.2.14 >&2
-    python3 - "$tmp" "$MUCC_CUDA_PREFIX" <<'PY'
-import glob, sys, zipfile
-tmp, prefix = sys.argv[1], sys.argv[2]
-for whl in glob.glob(tmp + "/*.whl"):
-    with zipfile.ZipFile(whl) as z:
-        z.extractall(prefix, [m for m in z.namelist() if m.startswith("nvidia/cu13/include/")])
-PY
-    rm -rf "$tmp"
+    headers_from_wheel nvidia-cublas==13.0.2.14 nvidia/cu13/include/
     installed || { echo "cuda-toolchain: installation failed" >&2; exit 1; }
 fi
 
@@ -46,17 +53,7 @@ fi
 nccl="$MUCC_CUDA_PREFIX/nvidia/nccl"
 if [ ! -f "$nccl/include/nccl.h" ]; then
     echo "cuda-toolchain: installing the NCCL 2.28.9 headers into $MUCC_CUDA_PREFIX" >&2
-    tmp="$(mktemp -d)"
-    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps \
-        -d "$tmp" nvidia-nccl-cu13==2.28.9 >&2
-    python3 - "$tmp" "$MUCC_CUDA_PREFIX" <<'PY'
-import glob, sys, zipfile
-tmp, prefix = sys.argv[1], sys.argv[2]
-for whl in glob.glob(tmp + "/*.whl"):
-    with zipfile.ZipFile(whl) as z:
-        z.extractall(prefix, [m for m in z.namelist() if m.startswith("nvidia/nccl/include/")])
-PY
-    rm -rf "$tmp"
+    headers_from_wheel nvidia-nccl-cu13==2.28.9 nvidia/nccl/include/
     [ -f "$nccl/include/nccl.h" ] || { echo "cuda-toolchain: NCCL headers missing" >&2; exit 1; }
 fi
 

@@ -160,6 +160,17 @@ fn plan_for(g: &KernelGraph) -> Result<mucc::sched::GraphPlan, mucc::sched::Plan
     )
 }
 
+/// The element counts of the plan's all-reduces, in graph order.
+fn all_reduce_counts(p: &mucc::sched::GraphPlan) -> Vec<usize> {
+    p.kernel_ops
+        .iter()
+        .filter_map(|k| match k {
+            mucc::sched::KnOpPlan::AllReduce { count, .. } => Some(*count),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn a_multi_gpu_plan_all_reduces_through_nccl_and_its_entry_takes_a_communicator() {
     use mucc::emit::launch::{NcclDataType, Step};
@@ -223,11 +234,7 @@ fn on_one_gpu_the_all_reduce_is_a_copy_and_no_nccl_appears() {
     let g = tp_mlp(1, DType::BF16);
     let p = plan_for(&g).unwrap();
     assert_eq!(p.gpus, 1);
-    assert!(
-        p.kernel_ops
-            .iter()
-            .all(|k| !matches!(k, mucc::sched::KnOpPlan::AllReduce { .. }))
-    );
+    assert!(all_reduce_counts(&p).is_empty());
     let e = mucc::emit::emit(&g, &p, "tp_mlp").unwrap();
     assert!(!e.source.contains("nccl") && e.source.contains("_allreduce"));
     assert!(
@@ -299,11 +306,7 @@ fn an_all_reduce_output_takes_its_input_layout_and_other_user_strides_get_a_copy
     one.sharding.mesh = Some(GpuMesh::line(1));
     let p = plan_for(&one).unwrap();
     assert_eq!(p.outputs[0].strides.0, vec![16, 1]);
-    assert!(
-        p.kernel_ops
-            .iter()
-            .all(|k| !matches!(k, KnOpPlan::AllReduce { .. }))
-    );
+    assert!(all_reduce_counts(&p).is_empty());
     // NCCL has no 16-bit integers.
     let mut g = GraphBuilder::new();
     g.set_gpu_mesh(GpuMesh::line(2)).unwrap();
@@ -325,14 +328,7 @@ fn a_padded_layout_is_summed_over_its_span() {
     g.mark_output(y).unwrap();
     let g = g.build().unwrap();
     let p = plan_for(&g).unwrap();
-    let spans: Vec<usize> = p
-        .kernel_ops
-        .iter()
-        .filter_map(|k| match k {
-            mucc::sched::KnOpPlan::AllReduce { count, .. } => Some(*count),
-            _ => None,
-        })
-        .collect();
+    let spans: Vec<usize> = all_reduce_counts(&p);
     let y_geo = &p.dtensors[y.index()];
     // From the first element to the last: 6 rows of 14 and one of 13.
     assert_eq!(y_geo.strides.0, vec![14, 1]);
@@ -348,14 +344,7 @@ fn a_padded_layout_is_summed_over_its_span() {
     g.mark_output(y).unwrap();
     let g = g.build().unwrap();
     let p = plan_for(&g).unwrap();
-    let counts: Vec<usize> = p
-        .kernel_ops
-        .iter()
-        .filter_map(|k| match k {
-            mucc::sched::KnOpPlan::AllReduce { count, .. } => Some(*count),
-            _ => None,
-        })
-        .collect();
+    let counts: Vec<usize> = all_reduce_counts(&p);
     assert_eq!(counts, vec![50]);
 }
 
@@ -396,12 +385,7 @@ fn tensor_parallel_workloads_equal_their_one_gpu_form() {
     for (name, g) in mucc::graph::workloads::tp_graphs(2).unwrap() {
         let p = plan_for(&g).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(p.gpus, 2, "{name}");
-        let n = p
-            .kernel_ops
-            .iter()
-            .filter(|k| matches!(k, mucc::sched::KnOpPlan::AllReduce { .. }))
-            .count();
-        assert_eq!(n, 1, "{name}");
+        assert_eq!(all_reduce_counts(&p).len(), 1, "{name}");
     }
 }
 

@@ -550,17 +550,7 @@ fn bench_ranks(
         "graph", "us", "per rank us", "all-red. us", "algbw GB/s", "busbw GB/s"
     )?;
     let budget = a.budget.budget();
-    let prepared = session.prepare(
-        file,
-        &name,
-        indices,
-        InputChoice {
-            seed: a.seed,
-            scale: a.scale,
-            check: false,
-            budget: a.budget.budget(),
-        },
-    );
+    let prepared = super::gpu::prepare_ranks(&session, file, &name, indices, &budget);
     let mut failed = 0usize;
     for (&i, prep) in indices.iter().zip(prepared) {
         let g = &file.graphs[i].graph;

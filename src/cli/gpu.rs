@@ -78,3 +78,28 @@ pub fn exit_if_stuck(e: &mucc::cuda::RunError) {
         std::process::exit(1);
     }
 }
+
+/// Validates, transpiles and compiles the graphs of a command on several GPUs; their inputs
+/// (and references) are drawn per rank afterwards, from global inputs sharded by the input
+/// maps, so `Session::prepare` draws nothing here (it still checks that the inputs fit the
+/// host-memory budget).
+pub fn prepare_ranks(
+    session: &Session,
+    file: &mucc::MirageFile,
+    name: &str,
+    indices: &[usize],
+    budget: &mucc::graph::interp::Budget,
+) -> Vec<Result<Prepared, mucc::cuda::session::PrepareError>> {
+    session.prepare(
+        file,
+        name,
+        indices,
+        InputChoice {
+            // Unused without a check: nothing is drawn.
+            seed: 0,
+            scale: 1.0,
+            check: false,
+            budget: *budget,
+        },
+    )
+}

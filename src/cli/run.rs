@@ -276,17 +276,7 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
         a.seed, a.scale
     )?;
     let budget = a.budget.budget();
-    let prepared = session.prepare(
-        file,
-        &name,
-        indices,
-        InputChoice {
-            seed: a.seed,
-            scale: a.scale,
-            check: false,
-            budget: a.budget.budget(),
-        },
-    );
+    let prepared = super::gpu::prepare_ranks(&session, file, &name, indices, &budget);
     let (mut passed, mut failed) = (0usize, 0usize);
     for (&i, prep) in indices.iter().zip(prepared) {
         let g = &file.graphs[i].graph;
