@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nccl;
 
+use super::bench::median;
 use super::data::{self, Comparison};
 use super::run::{Buffers, Gpu, Program, RunError, driver_available, step_name};
 use crate::emit::launch::{AllReduceCall, NcclDataType};
@@ -406,7 +407,7 @@ fn wait(gpu: &Gpu, cancel: &AtomicBool, timeout: Duration, what: &str) -> Result
 
 /// What a rank's job may do besides queuing work: wait for its stream (polling, see [`wait`])
 /// and see whether another rank has failed.
-pub struct RankControl<'a> {
+struct RankControl<'a> {
     cancel: &'a AtomicBool,
     timeout: Duration,
 }
@@ -581,9 +582,12 @@ impl RankTiming {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+/// Per sample, the slowest rank's time (the ranks meet in the all-reduce).
+fn slowest(per_rank: &[Vec<f64>]) -> Vec<f64> {
+    let n = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+    (0..n)
+        .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
+        .collect()
 }
 
 /// Times one compiled graph on every rank (stream launches): the whole plan, then its
@@ -600,11 +604,7 @@ pub fn time_on_ranks(
     with_ranks(gpus, cubin, launch, inputs, |ranks| {
         let all: Vec<usize> = (0..launch.steps.len()).collect();
         let per_rank = time_steps(ranks, &all, warmup, iters)?;
-        let median_us = median(
-            (0..iters)
-                .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
-                .collect(),
-        );
+        let median_us = median(&slowest(&per_rank));
         let reduces: Vec<usize> = launch
             .steps
             .iter()
@@ -624,11 +624,7 @@ pub fn time_on_ranks(
             None
         } else {
             let t = time_steps(ranks, &reduces, warmup, iters)?;
-            Some(median(
-                (0..iters)
-                    .map(|k| t.iter().map(|t| t[k]).fold(0.0, f64::max))
-                    .collect(),
-            ))
+            Some(median(&slowest(&t)))
         };
         let mut non_finite = 0;
         for (r, rr) in ranks.iter().enumerate() {
@@ -641,7 +637,7 @@ pub fn time_on_ranks(
         }
         Ok(RankTiming {
             median_us,
-            per_rank_us: per_rank.into_iter().map(median).collect(),
+            per_rank_us: per_rank.iter().map(|t| median(t)).collect(),
             all_reduce_us,
             all_reduce_bytes,
             non_finite,
