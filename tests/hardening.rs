@@ -316,7 +316,7 @@ fn outputs_are_never_lost_or_half_written() {
     let leftovers: Vec<String> = std::fs::read_dir(&d)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp"))
+        .filter(|n| n.contains(".tmp") || n.contains("mucc-tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -635,7 +635,8 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), String> {
     if std::fs::read(path).is_ok_and(|old| old == text.as_bytes()) {
         return Ok(());
     }
-    crate::outputs::write_atomic(path, text.as_bytes())
+    crate::outputs::write(path, text.as_bytes(), crate::outputs::Existing::Replace)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

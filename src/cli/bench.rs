@@ -226,12 +226,12 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     let doc = json_report(&a, &session, &ceilings, &rows, fastest, prepare_seconds);
     let text = serde_json::to_string_pretty(&doc).expect("JSON values serialise");
     if let Some(p) = &a.json_out {
-        super::out::write(p, format!("{text}\n"))?;
+        super::out::write(p, format!("{text}\n"), a.force)?;
     }
     if let Some(p) = &a.svg {
         let svg = svg_chart(&a, &session, &ceilings, &rows, fastest)
             .map_err(|e| Failure::User(format!("{}: {e}", p.display())))?;
-        super::out::write(p, svg)?;
+        super::out::write(p, svg, a.force)?;
     }
     if a.json {
         writeln!(out, "{text}")?;

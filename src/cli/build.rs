@@ -79,8 +79,14 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         nvcc: a.nvcc.clone(),
         runtime_headers: a.runtime_headers.clone(),
     };
-    build_library(&emitted.source, &emitted.launch, out, &nvcc)
-        .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;
+    build_library(
+        &emitted.source,
+        &emitted.launch,
+        out,
+        &nvcc,
+        mucc::outputs::Existing::from_force(a.force),
+    )
+    .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;
     let guard = format!(
         "MUCC_{}_H",
         stem.to_ascii_uppercase()
@@ -89,7 +95,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
             .collect::<String>()
     );
     let h = header(&guard, &format!("{name}, graph {i}"), &emitted.launch);
-    mucc::outputs::write_atomic(&header_path, h.as_bytes()).map_err(Failure::User)?;
+    super::out::write(&header_path, h.as_bytes(), a.force)?;
     eprintln!("wrote {} and {}", out.display(), header_path.display());
     Ok(())
 }

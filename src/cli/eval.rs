@@ -56,9 +56,9 @@ impl From<RoundingArg> for interp::Rounding {
     }
 }
 
-fn write_f64(path: &std::path::Path, data: &[f64]) -> Result<(), Failure> {
+fn write_f64(path: &std::path::Path, data: &[f64], force: bool) -> Result<(), Failure> {
     let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-    super::out::write(path, bytes)
+    super::out::write(path, bytes, force)
 }
 
 /// The files `--dump DIR` writes for `g`.
@@ -77,10 +77,11 @@ fn dump(
     inputs: &[HostTensor],
     outputs: &[Array],
     spec: InputSpec,
+    force: bool,
 ) -> Result<(), Failure> {
     let mut ins = Vec::new();
     for (i, (h, t)) in inputs.iter().zip(g.inputs()).enumerate() {
-        write_f64(&dir.join(format!("in{i}.bin")), &h.data)?;
+        write_f64(&dir.join(format!("in{i}.bin")), &h.data, force)?;
         ins.push(serde_json::json!({
             "file": format!("in{i}.bin"),
             "shape": h.shape.dims(),
@@ -91,7 +92,7 @@ fn dump(
     }
     let mut outs = Vec::new();
     for (j, (o, (_, t))) in outputs.iter().zip(g.outputs()).enumerate() {
-        write_f64(&dir.join(format!("ref{j}.bin")), &o.data)?;
+        write_f64(&dir.join(format!("ref{j}.bin")), &o.data, force)?;
         outs.push(serde_json::json!({
             "file": format!("ref{j}.bin"),
             "shape": o.shape.dims(),
@@ -103,6 +104,7 @@ fn dump(
     super::out::write(
         &dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n",
+        force,
     )
 }
 
@@ -249,7 +251,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             let inputs = interp::random_inputs(g, spec);
             let (outs, excess) = interp::evaluate_rounded(g, inputs.clone(), a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
-            dump(dir, g, &inputs, &outs, spec)?;
+            dump(dir, g, &inputs, &outs, spec, a.force)?;
             (outs, excess)
         } else {
             let inputs = if indices.len() == 1 {

@@ -94,6 +94,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
             super::out::write(
                 path,
                 memory::svg(&title, &kp.smem.buffers, &kp.smem.packing),
+                a.force,
             )?;
             writeln!(out, "wrote {}", path.display())?;
         }

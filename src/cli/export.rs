@@ -66,7 +66,7 @@ pub fn run(a: ExportArgs) -> Result<(), Failure> {
                 &[a.input.file.as_path()],
                 a.force,
             )?;
-            super::out::write(path, text + "\n")?;
+            super::out::write(path, text + "\n", a.force)?;
         }
         None => writeln!(stdout(), "{text}")?,
     }

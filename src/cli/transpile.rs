@@ -93,18 +93,29 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
         let plan_json = serde_json::to_string_pretty(&emitted.launch)
             .map_err(|e| Failure::User(e.to_string()))?;
         if let Some(dir) = &a.out_dir {
-            out::write(&dir.join(format!("{}.cu", base(i))), &emitted.source)?;
-            out::write(
-                &dir.join(format!("{}.plan.json", base(i))),
-                plan_json + "\n",
+            // A `.cu` and its launch plan always come from the same graph, also when another
+            // process writes into the same folder.
+            let plan_text = plan_json + "\n";
+            out::write_group(
+                &[
+                    (
+                        &dir.join(format!("{}.cu", base(i))),
+                        emitted.source.as_bytes(),
+                    ),
+                    (
+                        &dir.join(format!("{}.plan.json", base(i))),
+                        plan_text.as_bytes(),
+                    ),
+                ],
+                a.force,
             )?;
         } else {
             match &a.output {
-                Some(p) => out::write(p, &emitted.source)?,
+                Some(p) => out::write(p, &emitted.source, a.force)?,
                 None => write!(stdout(), "{}", emitted.source)?,
             }
             if let Some(p) = &a.plan {
-                out::write(p, plan_json + "\n")?;
+                out::write(p, plan_json + "\n", a.force)?;
             }
         }
     }

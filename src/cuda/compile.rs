@@ -300,10 +300,14 @@ fn materialise_headers(cache: &Path, hash: &str) -> Result<PathBuf, CompileError
     if dir.exists() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let tmp =
-        cache
-            .join("runtime-headers")
-            .join(format!(".tmp-{}-{}", std::process::id(), &hash[..16]));
+    let parent = cache.join("runtime-headers");
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    // A fresh folder under a random name (never one planted there), kept for the rename.
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".tmp-{}.", &hash[..16]))
+        .tempdir_in(&parent)
+        .map_err(io(&parent))?
+        .keep();
     for (rel, text) in RUNTIME_HEADERS {
         let p = tmp.join(rel);
         std::fs::create_dir_all(p.parent().expect("header paths have a folder")).map_err(io(&p))?;
@@ -322,19 +326,16 @@ fn materialise_headers(cache: &Path, hash: &str) -> Result<PathBuf, CompileError
     Ok(dir)
 }
 
-/// Writes `bytes` to `path` atomically (temporary file, then rename).
+/// Writes `bytes` to `path` atomically (an exclusively created temporary file, then a rename).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CompileError> {
     let dir = path.parent().expect("cache files have a folder");
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let tmp = dir.join(format!(
-        ".tmp-{}-{:?}-{}",
-        std::process::id(),
-        std::thread::current().id(),
-        path.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    ));
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    crate::outputs::write(path, bytes, crate::outputs::Existing::Replace).map_err(|e| {
+        CompileError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        }
+    })
 }
 
 /// The first line of a cache entry.

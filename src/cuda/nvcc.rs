@@ -285,6 +285,7 @@ pub fn build_library(
     plan: &LaunchPlan,
     out: &Path,
     opts: &NvccOptions,
+    existing: crate::outputs::Existing,
 ) -> Result<(), NvccError> {
     let headers = runtime_headers(opts)?;
     let work = super::compile::default_cache_dir()
@@ -336,7 +337,7 @@ pub fn build_library(
             log,
         });
     }
-    crate::outputs::install_file(&tmp_out, out).map_err(NvccError::Io)
+    crate::outputs::install(&tmp_out, out, existing).map_err(|e| NvccError::Io(e.to_string()))
 }
 
 /// A name unique within this process.

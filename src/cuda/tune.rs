@@ -244,7 +244,12 @@ impl TuneCache {
             std::fs::create_dir_all(d).map_err(|err| format!("{}: {err}", d.display()))?;
         }
         let text = serde_json::to_string_pretty(e).map_err(|err| err.to_string())?;
-        crate::outputs::write_atomic(&p, format!("{text}\n").as_bytes())?;
+        crate::outputs::write(
+            &p,
+            format!("{text}\n").as_bytes(),
+            crate::outputs::Existing::Replace,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(p)
     }
 
