@@ -380,3 +380,48 @@ pub fn tp_graphs(gpus: usize) -> Result<Vec<(String, KernelGraph)>, WorkloadErro
     }
     Ok(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::KnOpKind;
+
+    /// (grid, for-loop) of each customized operator of `g`, in graph order.
+    fn kernel_shapes(g: &KernelGraph) -> Vec<([usize; 3], usize)> {
+        g.ops
+            .iter()
+            .filter_map(|(_, op)| match &op.kind {
+                KnOpKind::Customized(tb) => Some((tb.grid, tb.forloop_range)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The fused files have the kernel shapes docs/multi-gpu.md lists, for M 1 and 8 and both
+    /// 16-bit types, next to the kernel-level files.
+    #[test]
+    fn fused_files_have_the_documented_kernel_shapes() {
+        let expect = |gpus: usize, name: &str| -> Vec<([usize; 3], usize)> {
+            match (gpus, name.contains("fmlp")) {
+                (2, true) => vec![([74, 1, 1], 56), ([56, 1, 1], 148)],
+                (1, true) => vec![([74, 1, 1], 112), ([56, 1, 1], 148)],
+                (2, false) => vec![([14, 4, 1], 8), ([112, 1, 1], 14)],
+                _ => vec![([28, 2, 1], 8), ([56, 1, 1], 28)],
+            }
+        };
+        for gpus in [1, 2] {
+            let all = tp_graphs(gpus).unwrap();
+            assert_eq!(all.len(), 16);
+            let fused: Vec<_> = all
+                .iter()
+                .filter(|(n, _)| n.contains("_fmlp_") || n.contains("_fattn_"))
+                .collect();
+            assert_eq!(fused.len(), 8);
+            for (name, g) in fused {
+                assert!(name.starts_with(&format!("tp{gpus}_")), "{name}");
+                assert_eq!(kernel_shapes(g), expect(gpus, name), "{name}");
+                assert_eq!(g.sharding.num_gpus(), gpus, "{name}");
+            }
+        }
+    }
+}
