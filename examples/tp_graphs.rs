@@ -1,8 +1,9 @@
 //! Writes the builder-made tensor-parallel graphs (`mucc::graph::workloads::tp_graphs`: gated
-//! MLP and attention block at Qwen2.5-7B sizes, M ∈ {1, 8}, bf16 and fp16, on N GPUs) as Mirage
-//! JSON with their GPU count (`mucc_gpu_dim`), one file per graph, for `scripts/gpu-test.sh`
-//! (step `multi`); with more than one GPU also the same graphs unsharded (`tp1_*`, one GPU), the
-//! baseline of the speed-up.
+//! MLP and attention block at Qwen2.5-7B sizes, M ∈ {1, 8}, bf16 and fp16, on N GPUs, each from
+//! kernel-level operators (`tpN_mlp_*`, `tpN_attention_*`) and from fused customized operators
+//! (`tpN_fmlp_*`, `tpN_fattn_*`)) as Mirage JSON with their GPU count (`mucc_gpu_dim`), one file
+//! per graph, for `scripts/gpu-test.sh` (step `multi`); with more than one GPU also the same
+//! graphs unsharded (`tp1_*`, one GPU), the baseline of the speed-up.
 //!
 //!   cargo run --release --example tp_graphs -- OUT_DIR [GPUS]    (GPUS: 2 by default)
 

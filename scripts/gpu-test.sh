@@ -9,10 +9,12 @@
 #   decode    `mucc run --check` on CARRY/decode/*.json, the builder-made decode-time linear layers
 #             (`cargo run --release --example decode_graphs -- CARRY/decode`; not a default step);
 #   multi     on CARRY/multi/tpN_*.json (N >= 2), the builder-made tensor-parallel MLP and
-#             attention blocks (`cargo run --release --example tp_graphs -- CARRY/multi`): `mucc
-#             run --gpus N --check`, `mucc bench --gpus N --check`, and `mucc bench` of the
-#             unsharded tp1_* twin on one GPU (the speed-up's baseline); not a default step; needs
-#             N GPUs; NCCL is taken from PyTorch's nvidia-nccl wheel when no libnccl.so is found;
+#             attention blocks, kernel-level (tpN_mlp_*, tpN_attention_*) and fused (tpN_fmlp_*,
+#             tpN_fattn_*) (`cargo run --release --example tp_graphs -- CARRY/multi`): `mucc
+#             run --gpus N --check`, `mucc bench --gpus N --check`, and `mucc bench --check` of
+#             the unsharded tp1_* twin on one GPU (the speed-up's baseline); not a default step;
+#             needs N GPUs; NCCL is taken from PyTorch's nvidia-nccl wheel when no libnccl.so is
+#             found;
 #   faults    a kernel fault (`mucc run --inject-fault`, a test hook) and a device-memory limit
 #             (`--max-device-memory`) each give one clear error and exit 1 (not a default step).
 #
@@ -120,8 +122,10 @@ if [[ "$steps" == *" multi "* ]]; then
         printf '%-30s %s\n' "  bench" "$(tail -1 "$out/$name.bench.txt")"
         one="$carry/multi/tp1_${name#tp*_}.json"
         if [ -f "$one" ]; then
-            "$carry/mucc" bench "$one" --launch stream > "$out/$name.bench1.txt" 2>&1 || status=1
-            printf '%-30s %s\n' "  unsharded, 1 GPU" "$(grep -E '^ *0 ' "$out/$name.bench1.txt" | head -1)"
+            # --check: the same input scale as the sharded run (lowered where fp16 overflows).
+            "$carry/mucc" bench "$one" --launch stream --check > "$out/$name.bench1.txt" 2>&1 || status=1
+            # The table row of graph 0 (a '*' marks the fastest row).
+            printf '%-30s %s\n' "  unsharded, 1 GPU" "$(grep -E '^[* ] +0 ' "$out/$name.bench1.txt" | head -1)"
         fi
     done
 fi

@@ -190,28 +190,91 @@ fn goldens_compile_with_nvrtc() {
     for p in golden_sources() {
         let src = std::fs::read_to_string(&p).unwrap();
         for &arch in archs_of(&p) {
-            let t = Instant::now();
-            let opts = cudarc::nvrtc::CompileOptions {
-                arch: Some(arch),
-                include_paths: vec![
-                    crate_dir()
-                        .join("runtime-headers")
-                        .to_string_lossy()
-                        .into_owned(),
-                    home.join("include").to_string_lossy().into_owned(),
-                ],
-                options: vec!["-std=c++17".into()],
-                ..Default::default()
-            };
-            match cudarc::nvrtc::compile_ptx_with_opts(&src, opts) {
-                Ok(_) => eprintln!(
-                    "nvrtc {:<40} {arch:<6} {:>5.2} s",
+            match nvrtc(&home, &src, arch) {
+                Ok(secs) => eprintln!(
+                    "nvrtc {:<40} {arch:<6} {secs:>5.2} s",
                     p.file_name().unwrap().to_string_lossy(),
-                    t.elapsed().as_secs_f64()
                 ),
-                Err(e) => failures.push(format!("{} ({arch}): {e:?}", p.display())),
+                Err(e) => failures.push(format!("{} ({arch}): {e}", p.display())),
             }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Compiles `src` (device code) with NVRTC for `arch`: the seconds it took, or the error.
+fn nvrtc(home: &Path, src: &str, arch: &'static str) -> Result<f64, String> {
+    let t = Instant::now();
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        include_paths: vec![
+            crate_dir()
+                .join("runtime-headers")
+                .to_string_lossy()
+                .into_owned(),
+            home.join("include").to_string_lossy().into_owned(),
+        ],
+        options: vec!["-std=c++17".into()],
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+        .map(|_| t.elapsed().as_secs_f64())
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// Fused tensor-parallel workloads of the multi-GPU check (`mucc::graph::workloads::tp_graphs`,
+/// 2 GPUs, Qwen2.5-7B sizes: cluster-split customized kernels and an NCCL all-reduce in the host
+/// entry), emitted for sm_90a, compile with nvcc (no warning, no spill) and NVRTC.
+#[test]
+fn fused_tensor_parallel_workloads_compile_for_sm90a() {
+    use mucc::target::{Arch, Target};
+    let Some(home) = cuda_home() else { return };
+    assert!(
+        unsafe { cudarc::nvrtc::sys::is_culib_present() },
+        "libnvrtc.so.13 is not loadable: run `source scripts/cuda-toolchain.sh` (it sets LD_LIBRARY_PATH)"
+    );
+    let picked = [
+        "tp2_fmlp_m1_f16",
+        "tp2_fmlp_m8_bf16",
+        "tp2_fattn_m1_bf16",
+        "tp2_fattn_m8_f16",
+    ];
+    let dir = std::env::temp_dir().join(format!("mucc-tp-fused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let opts = mucc::sched::Options::for_target(Target::new(Arch::Sm90a));
+    let sources: Vec<(PathBuf, String)> = mucc::graph::workloads::tp_graphs(2)
+        .unwrap()
+        .into_iter()
+        .filter(|(name, _)| picked.contains(&name.as_str()))
+        .map(|(name, g)| {
+            let p = mucc::sched::plan(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let e = mucc::emit::emit(&g, &p, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(e.source.contains("ncclAllReduce"), "{name}");
+            let path = dir.join(format!("{name}.sm_90a.cu"));
+            std::fs::write(&path, &e.source).unwrap();
+            (path, e.source)
+        })
+        .collect();
+    assert_eq!(sources.len(), picked.len());
+    let failures: Vec<String> = sources
+        .par_iter()
+        .flat_map(|(path, src)| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let mut bad = Vec::new();
+            match nvcc(&home, path) {
+                Ok((f, secs)) => eprintln!(
+                    "nvcc {name:<40} {secs:>5.2} s  {} kernels, max {} registers, 0 spills",
+                    f.kernels, f.max_registers
+                ),
+                Err(e) => bad.push(e),
+            }
+            match nvrtc(&home, src, "sm_90a") {
+                Ok(secs) => eprintln!("nvrtc {name:<40} sm_90a {secs:>5.2} s"),
+                Err(e) => bad.push(format!("{name} (NVRTC): {e}")),
+            }
+            bad
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

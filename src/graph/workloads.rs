@@ -1,7 +1,8 @@
 //! Builder-made µGraphs of workload classes the corpus lacks, for tests, GPU checks and
 //! benchmarks: the decode-time gated linear layer (M = 1 or 8 rows) with grids smaller than the
 //! GPU, the class the sm_90a cluster split is for; and tensor-parallel (multi-GPU) MLP and
-//! attention blocks at Qwen2.5-7B sizes.
+//! attention blocks at Qwen2.5-7B sizes, each in two forms: kernel-level operators (cuBLAS
+//! matmuls and element-wise kernels) and fused customized operators (threadblock graphs).
 
 use super::builder::{GraphBuilder, TbGraphBuilder};
 use super::{AccumKind, DType, GraphError, KernelGraph, ValidationErrors};
@@ -15,6 +16,16 @@ pub enum WorkloadError {
     /// The finished graph is invalid.
     #[error("{0}")]
     Invalid(#[from] ValidationErrors),
+    /// A tile size does not divide the per-GPU extent it cuts.
+    #[error("{what}: {tile} does not divide the per-GPU extent {extent}")]
+    Tile {
+        /// Which tile size.
+        what: &'static str,
+        /// The tile size.
+        tile: usize,
+        /// The extent it cuts.
+        extent: usize,
+    },
 }
 
 /// Decode-time linear layers at Qwen2.5 sizes: (K, N, blocks) with N / blocks columns per block
@@ -142,10 +153,203 @@ pub fn tp_attention(
     Ok(g.build()?)
 }
 
+/// How the fused tensor-parallel gated MLP ([`tp_fused_gated_mlp`]) cuts its work: the tile a
+/// block owns and the slice one for-loop iteration streams; the grids and for-loops follow from
+/// them and the per-GPU extents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedMlpTiles {
+    /// Kernel 1: columns of the local intermediate slice per block (grid x = local
+    /// intermediate / this).
+    pub inter_cols: usize,
+    /// Kernel 1: rows of W_gate and W_up (hidden) per for-loop iteration.
+    pub hidden_step: usize,
+    /// Kernel 2: output (hidden) columns per block (grid x = hidden / this).
+    pub hidden_cols: usize,
+    /// Kernel 2: rows of the local W_down slice per for-loop iteration.
+    pub inter_step: usize,
+}
+
+impl FusedMlpTiles {
+    /// The tiles of the Qwen2.5-7B fused MLP files on `gpus` GPUs, chosen so that every GPU
+    /// count runs kernels of the same shape (grids under the 132 SMs of an H100/H200, left to
+    /// the sm_90a cluster split as in [`DECODE_SHAPES`]): kernel 1 has 74 blocks of
+    /// local-intermediate / 74 columns (256 on one GPU, 128 on each of two) streaming about
+    /// 16 KB of each gate/up weight per iteration (32 hidden rows on one GPU, 64 on two);
+    /// kernel 2 has 56 blocks of 64 output columns and 148 iterations of local-intermediate /
+    /// 148 rows of W_down (128 on one GPU, 64 on two). (Kernel 1 with 128 columns on one GPU
+    /// would be 148 blocks, just over the SM count, which sm_90a plans at one CTA per SM: two
+    /// waves.)
+    pub fn qwen7b(gpus: usize) -> FusedMlpTiles {
+        let local = QWEN7B_INTERMEDIATE / gpus.max(1);
+        let inter_cols = (local / 74).max(1);
+        FusedMlpTiles {
+            inter_cols,
+            hidden_step: (8192 / inter_cols).clamp(16, 64),
+            hidden_cols: 64,
+            inter_step: (local / 148).max(1),
+        }
+    }
+}
+
+/// Blocks (or iterations) of `tile` over `extent`.
+fn count(what: &'static str, extent: usize, tile: usize) -> Result<usize, WorkloadError> {
+    if tile == 0 || !extent.is_multiple_of(tile) {
+        return Err(WorkloadError::Tile { what, tile, extent });
+    }
+    Ok(extent / tile)
+}
+
+/// The tensor-parallel gated MLP of [`tp_gated_mlp`] (same inputs, same sharding, same
+/// all-reduce, same function) built from two customized operators per GPU:
+/// - kernel 1: H = silu(X·W_gate) ⊙ (X·W_up) for the GPU's intermediate slice; a grid over its
+///   columns, a for-loop over the hidden rows summing both products into accumulators, the
+///   gating applied once after the loop;
+/// - kernel 2: the partial output H·W_down [m, hidden]; a grid over the output columns, a
+///   for-loop over the rows of the GPU's W_down slice (the form of [`decode_gated_linear`]);
+///
+/// then one all-reduce of the partial outputs. Blocks of 128 threads; `tiles` sets the tile
+/// sizes.
+pub fn tp_fused_gated_mlp(
+    gpus: usize,
+    m: usize,
+    (hidden, inter): (usize, usize),
+    tiles: FusedMlpTiles,
+    dtype: DType,
+) -> Result<KernelGraph, WorkloadError> {
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(super::GpuMesh::line(gpus))?;
+    let x = g.new_input_sharded(&[m, hidden], dtype, [-1, -1, -1])?;
+    let wg = g.new_input_sharded(&[hidden, inter], dtype, [1, -1, -1])?;
+    let wu = g.new_input_sharded(&[hidden, inter], dtype, [1, -1, -1])?;
+    let wd = g.new_input_sharded(&[inter, hidden], dtype, [0, -1, -1])?;
+    let local = inter / gpus;
+    let blocks = count("intermediate columns per block", local, tiles.inter_cols)?;
+    let iters = count("hidden rows per iteration", hidden, tiles.hidden_step)?;
+    let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], iters);
+    let tx = tb.new_input(&g, x, [-1, -1, -1], 1)?;
+    let tg = tb.new_input(&g, wg, [1, -1, -1], 0)?;
+    let tu = tb.new_input(&g, wu, [1, -1, -1], 0)?;
+    let gate = tb.matmul(tx, tg)?;
+    let up = tb.matmul(tx, tu)?;
+    let gate = tb.forloop_accum(gate, AccumKind::Nored)?;
+    let up = tb.forloop_accum(up, AccumKind::Nored)?;
+    let act = tb.silu(gate)?;
+    let h = tb.mul(act, up)?;
+    tb.new_output(h, [1, -1, -1])?;
+    let h = g.customized(tb)?[0];
+    let blocks = count("hidden columns per block", hidden, tiles.hidden_cols)?;
+    let iters = count("intermediate rows per iteration", local, tiles.inter_step)?;
+    let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], iters);
+    let th = tb.new_input(&g, h, [-1, -1, -1], 1)?;
+    let tw = tb.new_input(&g, wd, [1, -1, -1], 0)?;
+    let c = tb.matmul(th, tw)?;
+    let acc = tb.forloop_accum(c, AccumKind::Nored)?;
+    tb.new_output(acc, [1, -1, -1])?;
+    let partial = g.customized(tb)?[0];
+    let y = g.all_reduce(partial)?;
+    g.mark_output_sharded(y, [-1, -1, -1])?;
+    Ok(g.build()?)
+}
+
+/// How the fused tensor-parallel attention block ([`tp_fused_attention`]) cuts its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedAttentionTiles {
+    /// Kernel 1: blocks per head along the keys (grid y); kernel 2 sums their partial results.
+    pub key_splits: usize,
+    /// Kernel 1: keys per for-loop iteration.
+    pub key_step: usize,
+    /// Kernel 2: output (hidden) columns per block (grid x = hidden / this).
+    pub hidden_cols: usize,
+}
+
+impl FusedAttentionTiles {
+    /// The tiles of the Qwen2.5-7B fused attention files (1024 keys) on `gpus` GPUs, chosen so
+    /// that one and two GPUs run kernels of the same shape (grids under the 132 SMs of an
+    /// H100/H200, left to the sm_90a cluster split): kernel 1 splits each head's keys over
+    /// 2 × `gpus` blocks (56 blocks: 28 heads × 2 on one GPU, 14 × 4 on each of two) of 8
+    /// iterations (64 keys each on one GPU, 32 on two); kernel 2 has 64 / `gpus` output columns
+    /// per block (56 blocks on one GPU, 112 on each of two) looping over the GPU's heads.
+    pub fn qwen7b(gpus: usize) -> FusedAttentionTiles {
+        let gpus = gpus.max(1);
+        FusedAttentionTiles {
+            key_splits: 2 * gpus,
+            key_step: (64 / gpus).max(16),
+            hidden_cols: (64 / gpus).max(16),
+        }
+    }
+}
+
+/// The tensor-parallel attention block of [`tp_attention`] (same inputs, same sharding, same
+/// function: exp without the running max, the µGraph form) built from two customized operators
+/// per GPU:
+/// - kernel 1: a grid of (local heads, key splits); each block loops over its keys, computing
+///   E = exp(Q·Kᵀ/√d) per key tile and accumulating E·V (`Nored`) and ΣE (`RedLdSum`); its
+///   partial sums land side by side, [heads, m, splits·d] and [heads, m, splits];
+/// - kernel 2: a grid over the output columns, a for-loop over the GPU's heads: per head it
+///   sums the splits' partials (a reduction to `d` columns and a row sum), divides, and
+///   multiplies by the head's W_o tile, accumulating the partial output [1, m, hidden];
+///
+/// then one all-reduce of the partial outputs. Blocks of 128 threads; `tiles` sets the tile
+/// sizes.
+pub fn tp_fused_attention(
+    gpus: usize,
+    m: usize,
+    len: usize,
+    (heads, d): (usize, usize),
+    hidden: usize,
+    tiles: FusedAttentionTiles,
+    dtype: DType,
+) -> Result<KernelGraph, WorkloadError> {
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(super::GpuMesh::line(gpus))?;
+    let heads_split = [0, -1, -1];
+    let q = g.new_input_sharded(&[heads, m, d], dtype, heads_split)?;
+    let kt = g.new_input_sharded(&[heads, d, len], dtype, heads_split)?;
+    let v = g.new_input_sharded(&[heads, len, d], dtype, heads_split)?;
+    let wo = g.new_input_sharded(&[heads, d, hidden], dtype, heads_split)?;
+    let local = heads / gpus;
+    let splits = tiles.key_splits;
+    let per_block = count("key blocks per head", len, splits)?;
+    let iters = count("keys per iteration", per_block, tiles.key_step)?;
+    let mut tb = TbGraphBuilder::new([local, splits, 1], [128, 1, 1], iters);
+    let tq = tb.new_input(&g, q, [0, -1, -1], -1)?;
+    let tk = tb.new_input(&g, kt, [0, 2, -1], 2)?;
+    let tv = tb.new_input(&g, v, [0, 1, -1], 1)?;
+    let s = tb.matmul(tq, tk)?;
+    let s = tb.mul_scalar(s, 1.0 / (d as f64).sqrt())?;
+    let e = tb.exp(s)?;
+    let sum = tb.forloop_accum(e, AccumKind::RedLdSum)?;
+    let o = tb.matmul(e, tv)?;
+    let o = tb.forloop_accum(o, AccumKind::Nored)?;
+    tb.new_output(o, [0, 2, -1])?;
+    tb.new_output(sum, [0, 2, -1])?;
+    let outs = g.customized(tb)?;
+    let (o, sum) = (outs[0], outs[1]);
+    let blocks = count("hidden columns per block", hidden, tiles.hidden_cols)?;
+    let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local).with_reduction_dimx(d);
+    let to = tb.new_input(&g, o, [-1, -1, -1], 0)?;
+    let ts = tb.new_input(&g, sum, [-1, -1, -1], 0)?;
+    let tw = tb.new_input(&g, wo, [2, -1, -1], 0)?;
+    let o = tb.reduction_to_dimx(to, 2)?;
+    let sum = tb.reduction(ts, 2)?;
+    let p = tb.div(o, sum)?;
+    let z = tb.matmul(p, tw)?;
+    let acc = tb.forloop_accum(z, AccumKind::Nored)?;
+    tb.new_output(acc, [2, -1, -1])?;
+    let partial = g.customized(tb)?[0];
+    let y = g.all_reduce(partial)?;
+    g.mark_output_sharded(y, [-1, -1, -1])?;
+    Ok(g.build()?)
+}
+
 /// The tensor-parallel graphs of the multi-GPU check, on `gpus` GPUs at Qwen2.5-7B sizes:
-/// the gated MLP and the attention block (1024 keys) for M ∈ {1, 8}, bf16 and fp16.
+/// the gated MLP and the attention block (1024 keys) for M ∈ {1, 8}, bf16 and fp16, each with
+/// kernel-level operators (`tpN_mlp_*`, `tpN_attention_*`) and fused customized operators
+/// (`tpN_fmlp_*`, `tpN_fattn_*`, with [`FusedMlpTiles::qwen7b`] and
+/// [`FusedAttentionTiles::qwen7b`]).
 pub fn tp_graphs(gpus: usize) -> Result<Vec<(String, KernelGraph)>, WorkloadError> {
     let mut v = Vec::new();
+    let mlp = (QWEN7B_HIDDEN, QWEN7B_INTERMEDIATE);
     for m in [1, 8] {
         for dtype in [DType::BF16, DType::F16] {
             v.push((
@@ -156,7 +360,68 @@ pub fn tp_graphs(gpus: usize) -> Result<Vec<(String, KernelGraph)>, WorkloadErro
                 format!("tp{gpus}_attention_m{m}_{dtype}"),
                 tp_attention(gpus, m, 1024, QWEN7B_HEADS, QWEN7B_HIDDEN, dtype)?,
             ));
+            v.push((
+                format!("tp{gpus}_fmlp_m{m}_{dtype}"),
+                tp_fused_gated_mlp(gpus, m, mlp, FusedMlpTiles::qwen7b(gpus), dtype)?,
+            ));
+            v.push((
+                format!("tp{gpus}_fattn_m{m}_{dtype}"),
+                tp_fused_attention(
+                    gpus,
+                    m,
+                    1024,
+                    QWEN7B_HEADS,
+                    QWEN7B_HIDDEN,
+                    FusedAttentionTiles::qwen7b(gpus),
+                    dtype,
+                )?,
+            ));
         }
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::KnOpKind;
+
+    /// (grid, for-loop) of each customized operator of `g`, in graph order.
+    fn kernel_shapes(g: &KernelGraph) -> Vec<([usize; 3], usize)> {
+        g.ops
+            .iter()
+            .filter_map(|(_, op)| match &op.kind {
+                KnOpKind::Customized(tb) => Some((tb.grid, tb.forloop_range)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The fused files have the kernel shapes docs/multi-gpu.md lists, for M 1 and 8 and both
+    /// 16-bit types, next to the kernel-level files.
+    #[test]
+    fn fused_files_have_the_documented_kernel_shapes() {
+        let expect = |gpus: usize, name: &str| -> Vec<([usize; 3], usize)> {
+            match (gpus, name.contains("fmlp")) {
+                (2, true) => vec![([74, 1, 1], 56), ([56, 1, 1], 148)],
+                (1, true) => vec![([74, 1, 1], 112), ([56, 1, 1], 148)],
+                (2, false) => vec![([14, 4, 1], 8), ([112, 1, 1], 14)],
+                _ => vec![([28, 2, 1], 8), ([56, 1, 1], 28)],
+            }
+        };
+        for gpus in [1, 2] {
+            let all = tp_graphs(gpus).unwrap();
+            assert_eq!(all.len(), 16);
+            let fused: Vec<_> = all
+                .iter()
+                .filter(|(n, _)| n.contains("_fmlp_") || n.contains("_fattn_"))
+                .collect();
+            assert_eq!(fused.len(), 8);
+            for (name, g) in fused {
+                assert!(name.starts_with(&format!("tp{gpus}_")), "{name}");
+                assert_eq!(kernel_shapes(g), expect(gpus, name), "{name}");
+                assert_eq!(g.sharding.num_gpus(), gpus, "{name}");
+            }
+        }
+    }
 }
