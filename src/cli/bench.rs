@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// Replay a CUDA graph of the executions, or launch each on the stream.
     #[arg(long, value_enum, default_value_t = LaunchArg::Graph)]
     launch: LaunchArg,
+    /// Also time every step of each graph alone (kernels, cuBLAS calls, all-reduces) the same
+    /// way, and print them under the graph's row (and in the JSON document).
+    #[arg(long)]
+    steps: bool,
     /// Check every graph against the CPU interpreter first, as `mucc run --check` does; only a
     /// graph that passes can be marked fastest.
     #[arg(long)]
@@ -96,6 +100,8 @@ struct Measured {
     check: Option<Vec<Comparison>>,
     /// Every output element finite after the timed runs.
     finite: bool,
+    /// With `--steps`: every step's name and median µs alone.
+    step_times: Vec<(String, f64)>,
 }
 
 impl Measured {
@@ -112,6 +118,20 @@ impl Measured {
 fn floor(ceil: &Ceilings, w: &Work) -> (f64, &'static str) {
     let (seconds, bound) = ceil.floor(w);
     (seconds * 1e6, bound.name())
+}
+
+/// How `a` asks for executions to be timed.
+fn timing_options(a: &BenchArgs) -> TimingOptions {
+    TimingOptions {
+        samples: a.iters.max(1),
+        warmup: a.warmup,
+        launch: match a.launch {
+            LaunchArg::Graph => Launch::Graph,
+            LaunchArg::Stream => Launch::Stream,
+        },
+        per_step: a.steps,
+        ..Default::default()
+    }
 }
 
 fn measure(
@@ -135,15 +155,7 @@ fn measure(
         graph,
         inputs,
         prep.drawn.as_ref(),
-        &TimingOptions {
-            samples: a.iters.max(1),
-            warmup: a.warmup,
-            launch: match a.launch {
-                LaunchArg::Graph => Launch::Graph,
-                LaunchArg::Stream => Launch::Stream,
-            },
-            ..Default::default()
-        },
+        &timing_options(a),
     )?;
     Ok(Measured {
         timing: m.timing,
@@ -153,6 +165,7 @@ fn measure(
         cached: prep.cubin.cached,
         check: m.check,
         finite: m.finite,
+        step_times: m.steps,
     })
 }
 
@@ -414,6 +427,9 @@ fn table(
                     m.steps,
                     notes.join(", ")
                 )?;
+                for (name, us) in &m.step_times {
+                    writeln!(out, "  {:>13.2}  alone: {name}", us)?;
+                }
             }
             Err(e) => {
                 let first = e.lines().next().unwrap_or("");
@@ -492,6 +508,10 @@ fn json_report(
                         "bound": c.bound,
                         "passed": c.passed(),
                     })).collect::<Vec<_>>()),
+                    "step_us": (!m.step_times.is_empty()).then(|| m.step_times.iter().map(|(name, us)| json!({
+                        "step": name,
+                        "median_us": us,
+                    })).collect::<Vec<_>>()),
                     "fastest": Some(r.graph) == fastest,
                 })
             }
@@ -517,9 +537,10 @@ fn json_report(
     })
 }
 
-/// `mucc bench` of graphs on `n` GPUs: every rank on its own GPU (stream launches, no CUDA
-/// graph), the time of one execution as the slowest rank sees it, the all-reduce steps alone,
-/// and their bandwidth; with `--check`, every rank checked first as `mucc run --check` does.
+/// `mucc bench` of graphs on `n` GPUs: every rank on its own GPU (each rank's executions, NCCL
+/// calls included, captured into a CUDA graph and replayed, or `--launch stream`), the time of
+/// one execution as the slowest rank sees it, the all-reduce steps alone, and their bandwidth;
+/// with `--check`, every rank checked first as `mucc run --check` does.
 fn bench_ranks(
     a: &BenchArgs,
     file: &mucc::MirageFile,
@@ -540,9 +561,11 @@ fn bench_ranks(
     let mut out = stdout();
     writeln!(
         out,
-        "{gpus_line}; stream launches, median of {} after {} warm-up (an execution's time is \
-         its slowest rank's)",
-        a.iters, a.warmup
+        "{gpus_line}; {}, median of {} after {} warm-up (an execution's time is its slowest \
+         rank's)",
+        launch_name(a.launch),
+        a.iters,
+        a.warmup
     )?;
     writeln!(
         out,
@@ -596,8 +619,7 @@ fn bench_ranks(
                 &prep.cubin.bytes,
                 launch,
                 &inputs,
-                a.warmup,
-                a.iters,
+                &timing_options(a),
             )
             .map_err(run)?;
             Ok((t, verdict))
@@ -628,6 +650,16 @@ fn bench_ranks(
                         t.all_reduce_bytes
                     )),
                 )?;
+                for (step, per_rank) in &t.steps {
+                    let per: Vec<String> = per_rank.iter().map(|u| format!("{u:.2}")).collect();
+                    writeln!(
+                        out,
+                        "{:>5}  {:>10}  {:>24}  alone: {step}",
+                        "",
+                        "",
+                        per.join(" ")
+                    )?;
+                }
             }
             Err((msg, fatal)) => {
                 failed += 1;

@@ -44,6 +44,9 @@ pub struct TimingOptions {
     pub launch: Launch,
     /// Fewest executions per sample in graph mode (a multiple of the number of sets).
     pub min_executions_per_sample: usize,
+    /// Also time every step of the plan alone (kernels, cuBLAS calls, all-reduces), the same
+    /// way, after the whole plan.
+    pub per_step: bool,
 }
 
 impl Default for TimingOptions {
@@ -53,6 +56,7 @@ impl Default for TimingOptions {
             warmup: 5,
             launch: Launch::Graph,
             min_executions_per_sample: 10,
+            per_step: false,
         }
     }
 }
@@ -250,6 +254,42 @@ impl Gpu {
         sets: &[Buffers],
         opts: &TimingOptions,
     ) -> Result<Timing, RunError> {
+        self.time_steps(prog, sets, opts, 0..prog.plan().steps.len())
+    }
+
+    /// Times each step of `prog` alone, as [`Gpu::time`] times the whole plan; returns per step
+    /// its name and median µs. A step that updates a buffer in place runs several times over,
+    /// so the outputs are meaningless afterwards.
+    pub fn time_each_step(
+        &self,
+        prog: &Program,
+        sets: &[Buffers],
+        opts: &TimingOptions,
+    ) -> Result<Vec<(String, f64)>, RunError> {
+        (0..prog.plan().steps.len())
+            .map(|i| {
+                let t = self.time_steps(prog, sets, opts, i..i + 1)?;
+                Ok((super::run::step_name(prog, i), t.median_us))
+            })
+            .collect()
+    }
+
+    /// Times the steps `steps` of `prog` (see [`Gpu::time`]).
+    fn time_steps(
+        &self,
+        prog: &Program,
+        sets: &[Buffers],
+        opts: &TimingOptions,
+        steps: std::ops::Range<usize>,
+    ) -> Result<Timing, RunError> {
+        let exec = |set: &Buffers| {
+            self.execute_steps(
+                prog,
+                super::run::Bufs::Owned(set),
+                steps.clone(),
+                self.stream.cu_stream(),
+            )
+        };
         if sets.is_empty() {
             return Err(RunError::Plan("no buffer set to time".into()));
         }
@@ -258,7 +298,7 @@ impl Gpu {
             Launch::Stream => {
                 let mut k = 0usize;
                 let ms = self.time_samples(opts.warmup.max(sets.len()), samples, || {
-                    let r = self.execute(prog, &sets[k % sets.len()]);
+                    let r = exec(&sets[k % sets.len()]);
                     k += 1;
                     r
                 })?;
@@ -268,12 +308,12 @@ impl Gpu {
                 let per = sets.len() * opts.min_executions_per_sample.max(1).div_ceil(sets.len());
                 // One plain execution first: module loading and cuBLAS's lazy set-up must not
                 // happen under capture.
-                self.execute(prog, &sets[0])?;
+                exec(&sets[0])?;
                 self.synchronize()?;
                 self.stream
                     .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                     .map_err(driver("starting a CUDA-graph capture"))?;
-                let queued = (0..per).try_for_each(|k| self.execute(prog, &sets[k % sets.len()]));
+                let queued = (0..per).try_for_each(|k| exec(&sets[k % sets.len()]));
                 let captured = self.stream.end_capture(CUgraphInstantiate_flags(0));
                 queued?;
                 let graph = captured

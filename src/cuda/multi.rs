@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nccl;
 
-use super::bench::median;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+
+use super::bench::{Launch, TimingOptions, median};
 use super::data::{self, Comparison};
 use super::run::{Buffers, Gpu, Program, RunError, driver_available, step_name};
 use crate::emit::launch::{AllReduceCall, NcclDataType};
@@ -514,15 +516,17 @@ pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
     .map(|_| ())
 }
 
-/// Times `steps` of every rank: `warmup` untimed and `iters` timed executions queued back to
+/// Times `steps` of every rank, `o.warmup` untimed and `o.samples` timed samples queued back to
 /// back, each between two events on the rank's stream, then waited for once (so that the
-/// ranks' all-reduces keep them in step, as `nccl-tests` does, and no host wake-up lands in
-/// a sample). Returns per rank the timed samples in microseconds.
+/// ranks' all-reduces keep them in step, as `nccl-tests` does, and no host wake-up lands in a
+/// sample). With [`Launch::Stream`] a sample is one execution launched step by step; with
+/// [`Launch::Graph`] every rank captures `o.min_executions_per_sample` executions (its NCCL
+/// calls included) into a CUDA graph after one plain execution, and a sample is one replay.
+/// Returns per rank the timed samples in microseconds per execution.
 fn time_steps(
     ranks: &[RankRun<'_>],
     steps: &[usize],
-    warmup: usize,
-    iters: usize,
+    o: &TimingOptions,
 ) -> Result<Vec<Vec<f64>>, RunError> {
     on_every_rank(ranks, |r, c| {
         let failed = |what: &str| {
@@ -535,22 +539,68 @@ fn time_steps(
                 .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(failed("recording an event"))
         };
-        let mut marks = Vec::with_capacity(warmup + iters);
-        for _ in 0..warmup + iters {
-            c.check()?;
-            let start = event()?;
+        let queue = || -> Result<(), Stop> {
             for &i in steps {
                 r.gpu.queue_step(r.prog, r.bufs, i).map_err(Stop::Failed)?;
             }
-            marks.push((start, event()?));
-        }
-        c.wait(r.gpu, "the timed executions")?;
-        marks[warmup..]
+            Ok(())
+        };
+        let samples = o.samples.max(1);
+        let mut marks = Vec::with_capacity(samples);
+        let per = match o.launch {
+            Launch::Stream => {
+                for k in 0..o.warmup + samples {
+                    c.check()?;
+                    let start = (k >= o.warmup).then(event).transpose()?;
+                    queue()?;
+                    if let Some(start) = start {
+                        marks.push((start, event()?));
+                    }
+                }
+                c.wait(r.gpu, "the timed executions")?;
+                1
+            }
+            Launch::Graph => {
+                // Module loading, cuBLAS's and NCCL's lazy set-up must not happen under capture.
+                queue()?;
+                c.wait(r.gpu, "the execution before the capture")?;
+                let per = o.min_executions_per_sample.max(1);
+                r.gpu
+                    .stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(failed("starting a CUDA-graph capture"))?;
+                let queued = (0..per).try_for_each(|_| queue());
+                let captured = r.gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+                queued?;
+                let graph = captured
+                    .map_err(failed(
+                        "capturing the plan (NCCL calls included) into a CUDA graph",
+                    ))?
+                    .ok_or_else(|| {
+                        Stop::Failed(RunError::Plan("the CUDA-graph capture was empty".into()))
+                    })?;
+                graph.upload().map_err(failed("uploading the CUDA graph"))?;
+                let replay = || graph.launch().map_err(failed("replaying the CUDA graph"));
+                for _ in 0..o.warmup.max(1) {
+                    c.check()?;
+                    replay()?;
+                }
+                for _ in 0..samples {
+                    c.check()?;
+                    let start = event()?;
+                    replay()?;
+                    marks.push((start, event()?));
+                }
+                c.wait(r.gpu, "the timed replays")?;
+                per
+            }
+        };
+        marks
             .iter()
             .map(|(start, end)| {
                 start
                     .elapsed_ms(end)
-                    .map(|ms| f64::from(ms) * 1e3)
+                    .map(|ms| f64::from(ms) * 1e3 / per as f64)
                     .map_err(failed("reading the event times"))
             })
             .collect()
@@ -570,6 +620,8 @@ pub struct RankTiming {
     pub all_reduce_bytes: usize,
     /// Output elements, over all ranks, that are not finite after the timed executions.
     pub non_finite: usize,
+    /// With [`TimingOptions::per_step`]: per step, its name and every rank's median µs alone.
+    pub steps: Vec<(String, Vec<f64>)>,
 }
 
 impl RankTiming {
@@ -590,42 +642,24 @@ fn slowest(per_rank: &[Vec<f64>]) -> Vec<f64> {
         .collect()
 }
 
-/// Times one compiled graph on every rank (stream launches): the whole plan, then its
-/// all-reduce steps alone; loads, allocates and uploads like [`run_on_ranks`].
+/// Times one compiled graph on every rank as `opts` says (CUDA-graph replays or stream
+/// launches, see [`time_steps`]): the whole plan, then its all-reduce steps alone, then with
+/// [`TimingOptions::per_step`] every step alone; loads, allocates and uploads like
+/// [`run_on_ranks`].
 pub fn time_on_ranks(
     gpus: &mut [&mut Gpu],
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
     inputs: &[Vec<HostTensor>],
-    warmup: usize,
-    iters: usize,
+    opts: &TimingOptions,
 ) -> Result<RankTiming, RunError> {
-    let iters = iters.max(1);
+    use crate::emit::launch::Step;
     with_ranks(gpus, cubin, launch, inputs, |ranks| {
         let all: Vec<usize> = (0..launch.steps.len()).collect();
-        let per_rank = time_steps(ranks, &all, warmup, iters)?;
+        let per_rank = time_steps(ranks, &all, opts)?;
         let median_us = median(&slowest(&per_rank));
-        let reduces: Vec<usize> = launch
-            .steps
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, crate::emit::launch::Step::AllReduce(_)))
-            .map(|(i, _)| i)
-            .collect();
-        let all_reduce_bytes = launch
-            .steps
-            .iter()
-            .map(|s| match s {
-                crate::emit::launch::Step::AllReduce(c) => c.count * c.dtype.bytes(),
-                _ => 0,
-            })
-            .sum();
-        let all_reduce_us = if reduces.is_empty() {
-            None
-        } else {
-            let t = time_steps(ranks, &reduces, warmup, iters)?;
-            Some(median(&slowest(&t)))
-        };
+        // Read before anything runs again: a step that works in place, repeated alone, would
+        // change them.
         let mut non_finite = 0;
         for (r, rr) in ranks.iter().enumerate() {
             let outs = super::session::read_outputs(rr.gpu, rr.bufs, launch)
@@ -635,12 +669,44 @@ pub fn time_on_ranks(
                 .map(|(_, a)| a.data.iter().filter(|x| !x.is_finite()).count())
                 .sum::<usize>();
         }
+        let reduces: Vec<usize> = launch
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Step::AllReduce(_)))
+            .map(|(i, _)| i)
+            .collect();
+        let all_reduce_bytes = launch
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::AllReduce(c) => c.count * c.dtype.bytes(),
+                _ => 0,
+            })
+            .sum();
+        let all_reduce_us = if reduces.is_empty() {
+            None
+        } else {
+            let t = time_steps(ranks, &reduces, opts)?;
+            Some(median(&slowest(&t)))
+        };
+        let mut steps = Vec::new();
+        if opts.per_step {
+            for i in 0..launch.steps.len() {
+                let t = time_steps(ranks, &[i], opts)?;
+                steps.push((
+                    step_name(ranks[0].prog, i),
+                    t.iter().map(|s| median(s)).collect(),
+                ));
+            }
+        }
         Ok(RankTiming {
             median_us,
             per_rank_us: per_rank.iter().map(|t| median(t)).collect(),
             all_reduce_us,
             all_reduce_bytes,
             non_finite,
+            steps,
         })
     })
 }

@@ -274,7 +274,7 @@ pub struct RawBuffers<'a> {
 
 /// The buffers of one execution: allocated by [`Gpu::alloc`] or the caller's.
 #[derive(Clone, Copy)]
-enum Bufs<'a> {
+pub(crate) enum Bufs<'a> {
     Owned(&'a Buffers),
     Raw(RawBuffers<'a>),
 }
@@ -857,7 +857,7 @@ impl Gpu {
         self.execute_steps(prog, Bufs::Raw(bufs), 0..plan.steps.len(), stream)
     }
 
-    fn execute_steps(
+    pub(crate) fn execute_steps(
         &self,
         prog: &Program,
         bufs: Bufs<'_>,

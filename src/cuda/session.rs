@@ -242,6 +242,7 @@ impl Session {
                 .map_err(|e| e.to_string())?;
             sets.push(s);
         }
+        let timing_opts = timing;
         let timing = gpu.time(&prog, &sets, timing).map_err(|e| e.to_string())?;
         // Every set was executed: its outputs must all be written and finite.
         let mut finite = true;
@@ -250,10 +251,18 @@ impl Session {
                 finite &= got.data.iter().all(|x| x.is_finite());
             }
         }
+        // After the outputs were read: a step that works in place runs several times over.
+        let steps = if timing_opts.per_step {
+            gpu.time_each_step(&prog, &sets, timing_opts)
+                .map_err(|e| e.to_string())?
+        } else {
+            Vec::new()
+        };
         Ok(Measurement {
             timing,
             check,
             finite,
+            steps,
         })
     }
 }
@@ -266,6 +275,8 @@ pub struct Measurement {
     pub check: Option<Vec<data::Comparison>>,
     /// Every output element of every buffer set finite after the timed runs.
     pub finite: bool,
+    /// With [`TimingOptions::per_step`]: every step's name and median µs alone.
+    pub steps: Vec<(String, f64)>,
 }
 
 impl Measurement {
