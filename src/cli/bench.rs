@@ -591,8 +591,14 @@ fn bench_ranks(
             let (inputs, verdict) = if a.check {
                 let d = multi::ranked_inputs_and_reference(g, a.seed, a.scale, &budget)
                     .map_err(plain)?;
-                let outs = multi::run_on_ranks(&mut gpus, &prep.cubin.bytes, launch, &d.inputs)
-                    .map_err(run)?;
+                let outs = multi::run_on_ranks(
+                    &mut gpus,
+                    &prep.cubin.bytes,
+                    launch,
+                    &d.inputs,
+                    a.gpu.all_reduce_buffers.placement(),
+                )
+                .map_err(run)?;
                 let cmp = multi::check_ranks(g, &d, &outs).map_err(plain)?;
                 let worst = cmp
                     .iter()
@@ -620,6 +626,7 @@ fn bench_ranks(
                 launch,
                 &inputs,
                 &timing_options(a),
+                a.gpu.all_reduce_buffers.placement(),
             )
             .map_err(run)?;
             Ok((t, verdict))
@@ -650,6 +657,7 @@ fn bench_ranks(
                         t.all_reduce_bytes
                     )),
                 )?;
+                writeln!(out, "{:>5}  all-reduce buffers: {}", "", t.buffers)?;
                 for (step, per_rank) in &t.steps {
                     let per: Vec<String> = per_rank.iter().map(|u| format!("{u:.2}")).collect();
                     writeln!(

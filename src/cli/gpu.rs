@@ -29,6 +29,30 @@ pub struct GpuArgs {
     pub max_device_memory: Option<u64>,
     #[command(flatten)]
     pub path: super::PathArg,
+    /// With --gpus N: where the outputs and workspace that all-reduces read and write are
+    /// allocated — `symmetric`: one NCCL symmetric window per rank (NCCL 2.27+), which lets
+    /// NCCL use its low-latency kernels; `plain`: ordinary allocations.
+    #[arg(long, value_enum, default_value_t = AllReduceBuffersArg::Symmetric)]
+    pub all_reduce_buffers: AllReduceBuffersArg,
+}
+
+/// `--all-reduce-buffers`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllReduceBuffersArg {
+    /// NCCL symmetric windows (plain allocations where NCCL cannot make them; the bench says so).
+    Symmetric,
+    /// Ordinary device allocations.
+    Plain,
+}
+
+impl AllReduceBuffersArg {
+    /// The runner's setting.
+    pub fn placement(self) -> mucc::cuda::multi::AllReduceBuffers {
+        match self {
+            AllReduceBuffersArg::Symmetric => mucc::cuda::multi::AllReduceBuffers::Symmetric,
+            AllReduceBuffersArg::Plain => mucc::cuda::multi::AllReduceBuffers::Plain,
+        }
+    }
 }
 
 /// Opens the GPU and the compiler `a` names.

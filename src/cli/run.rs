@@ -313,8 +313,14 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
                         .map_err(|e| plain(e.to_string()))?
                 }
             };
-            let outputs =
-                multi::run_on_ranks(&mut gpus, &prep.cubin.bytes, launch, &inputs).map_err(run)?;
+            let outputs = multi::run_on_ranks(
+                &mut gpus,
+                &prep.cubin.bytes,
+                launch,
+                &inputs,
+                a.gpu.all_reduce_buffers.placement(),
+            )
+            .map_err(run)?;
             let mut rows = Vec::new();
             match &drawn {
                 Some(d) => {

@@ -622,6 +622,8 @@ pub struct RankTiming {
     pub non_finite: usize,
     /// With [`TimingOptions::per_step`]: per step, its name and every rank's median µs alone.
     pub steps: Vec<(String, Vec<f64>)>,
+    /// Where the outputs and workspace were (NCCL symmetric windows, or why plain ones).
+    pub buffers: String,
 }
 
 impl RankTiming {
@@ -652,9 +654,10 @@ pub fn time_on_ranks(
     launch: &crate::emit::launch::LaunchPlan,
     inputs: &[Vec<HostTensor>],
     opts: &TimingOptions,
+    placement: AllReduceBuffers,
 ) -> Result<RankTiming, RunError> {
     use crate::emit::launch::Step;
-    with_ranks(gpus, cubin, launch, inputs, |ranks| {
+    with_ranks(gpus, cubin, launch, inputs, placement, |ranks, placed| {
         let all: Vec<usize> = (0..launch.steps.len()).collect();
         let per_rank = time_steps(ranks, &all, opts)?;
         let median_us = median(&slowest(&per_rank));
@@ -707,6 +710,7 @@ pub fn time_on_ranks(
             all_reduce_bytes,
             non_finite,
             steps,
+            buffers: placed.to_string(),
         })
     })
 }
@@ -772,15 +776,125 @@ impl<T> Drop for PerRank<T> {
     }
 }
 
-/// Loads `cubin` on every GPU, allocates its buffers, uploads `inputs[r]` to rank `r` and
-/// poisons the outputs, then calls `f` with the ranks. Each rank's module and buffers are
-/// released with that GPU's context current, whether `f` succeeds or fails.
+/// Where the runner puts the buffers that a plan's all-reduces read and write (its outputs
+/// and workspace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllReduceBuffers {
+    /// In one NCCL symmetric window per rank (`ncclMemAlloc`, `ncclCommWindowRegister` with
+    /// `NCCL_WIN_COLL_SYMMETRIC`, NCCL 2.27 or newer), at the same offset on every rank, so
+    /// that NCCL can take its low-latency symmetric kernels; plain allocations where that is
+    /// not possible (the reason is reported).
+    #[default]
+    Symmetric,
+    /// Plain device allocations.
+    Plain,
+}
+
+/// Alignment of the buffers placed in a window (`NCCL_WIN_REQUIRED_ALIGNMENT`).
+const WINDOW_ALIGN: usize = 4096;
+/// `NCCL_WIN_COLL_SYMMETRIC`.
+const WIN_COLL_SYMMETRIC: i32 = 1;
+
+/// One NCCL window per rank, holding that rank's outputs and workspace; deregistered (all
+/// ranks in one NCCL group, from this thread) and freed when dropped, after the buffers in it.
+struct Windows {
+    items: Vec<(
+        Arc<CudaContext>,
+        nccl::ncclComm_t,
+        *mut c_void,
+        nccl::ncclWindow_t,
+    )>,
+    /// Set when every communicator is still usable: only then is deregistering safe.
+    deregister: bool,
+}
+
+impl Windows {
+    /// Allocates and registers `bytes` on every rank of `gpus` (one NCCL group), or says why
+    /// it cannot.
+    fn open(gpus: &[&mut Gpu], bytes: usize) -> Result<Windows, String> {
+        let version = cudarc::nccl::result::get_nccl_version().map_err(|e| format!("{e:?}"))?;
+        if version < 22700 {
+            return Err(format!(
+                "NCCL {}.{} has no symmetric windows (2.27 or newer)",
+                version / 10000,
+                version / 100 % 100
+            ));
+        }
+        let mut w = Windows {
+            items: Vec::new(),
+            deregister: false,
+        };
+        for g in gpus {
+            let comm = g.nccl.as_ref().ok_or("a rank without a communicator")?.comm;
+            make_current(&g.ctx);
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: allocates on the current device (this rank's).
+            let r = unsafe { nccl::ncclMemAlloc(&mut p, bytes) };
+            if r != nccl::ncclResult_t::ncclSuccess || p.is_null() {
+                return Err(format!("ncclMemAlloc of {bytes} bytes: {r:?}"));
+            }
+            w.items.push((g.ctx.clone(), comm, p, std::ptr::null_mut()));
+        }
+        let mut group = || -> Result<(), String> {
+            cudarc::nccl::result::group_start().map_err(|e| format!("ncclGroupStart: {e:?}"))?;
+            let mut failed = None;
+            for (ctx, comm, p, win) in &mut w.items {
+                make_current(ctx);
+                // SAFETY: `p` holds `bytes` from ncclMemAlloc on this rank's device; every
+                // rank registers in this one group (the call is collective).
+                let r = unsafe {
+                    nccl::ncclCommWindowRegister(*comm, *p, bytes, win, WIN_COLL_SYMMETRIC)
+                };
+                if r != nccl::ncclResult_t::ncclSuccess {
+                    failed.get_or_insert(format!("ncclCommWindowRegister: {r:?}"));
+                }
+            }
+            cudarc::nccl::result::group_end().map_err(|e| format!("ncclGroupEnd: {e:?}"))?;
+            failed.map_or(Ok(()), Err)
+        };
+        group()?;
+        w.deregister = true;
+        Ok(w)
+    }
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        if self.deregister && self.items.iter().all(|(_, _, _, win)| !win.is_null()) {
+            // SAFETY: every communicator is live and not aborted (`deregister`); all ranks
+            // deregister their window in one group, as the collective call requires.
+            unsafe {
+                let _ = cudarc::nccl::result::group_start();
+                for (ctx, comm, _, win) in &self.items {
+                    make_current(ctx);
+                    let _ = nccl::ncclCommWindowDeregister(*comm, *win);
+                }
+                let _ = cudarc::nccl::result::group_end();
+            }
+        }
+        for (ctx, _, p, _) in &self.items {
+            make_current(ctx);
+            // SAFETY: allocated by ncclMemAlloc on this device; the buffers placed in it were
+            // dropped before (declared after the windows) and the streams are idle.
+            unsafe {
+                let _ = nccl::ncclMemFree(*p);
+            }
+        }
+    }
+}
+
+/// Loads `cubin` on every GPU, allocates its buffers (outputs and workspace in NCCL windows
+/// when `placement` asks for it and the plan all-reduces), uploads `inputs[r]` to rank `r` and
+/// poisons the outputs, then calls `f` with the ranks and a description of where the
+/// all-reduce buffers are. Each rank's module and buffers are released with that GPU's context
+/// current, whether `f` succeeds or fails.
 fn with_ranks<T>(
     gpus: &mut [&mut Gpu],
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
     inputs: &[Vec<HostTensor>],
-    f: impl FnOnce(&[RankRun<'_>]) -> Result<T, RunError>,
+    placement: AllReduceBuffers,
+    f: impl FnOnce(&[RankRun<'_>], &str) -> Result<T, RunError>,
 ) -> Result<T, RunError> {
     if inputs.len() != gpus.len() {
         return Err(RunError::Plan(format!(
@@ -789,13 +903,36 @@ fn with_ranks<T>(
             gpus.len()
         )));
     }
-    // Declared first, dropped last: the buffers go before the modules.
+    let reduces = launch
+        .steps
+        .iter()
+        .any(|s| matches!(s, crate::emit::launch::Step::AllReduce(_)));
+    // Declared first, dropped last: the windows after the buffers in them, the buffers before
+    // the modules.
+    let (windows, placed) = match (placement, reduces) {
+        (AllReduceBuffers::Symmetric, true) => {
+            let bytes = super::run::placed_bytes(launch, WINDOW_ALIGN).max(WINDOW_ALIGN);
+            match Windows::open(gpus, bytes) {
+                Ok(w) => (Some(w), "NCCL symmetric windows".to_string()),
+                Err(why) => (None, format!("plain allocations (no NCCL window: {why})")),
+            }
+        }
+        (AllReduceBuffers::Symmetric, false) => (None, "no all-reduce".to_string()),
+        (AllReduceBuffers::Plain, _) => (None, "plain allocations".to_string()),
+    };
+    let mut windows = windows;
     let mut progs = PerRank { items: Vec::new() };
     let mut bufs = PerRank { items: Vec::new() };
     for (r, gpu) in gpus.iter_mut().enumerate() {
         let prog = gpu.load(cubin, launch)?;
         progs.items.push((gpu.ctx.clone(), prog));
-        let mut b = gpu.alloc(&progs.items[r].1)?;
+        let prog = &progs.items[r].1;
+        let mut b = match &windows {
+            // SAFETY: the window holds `placed_bytes` of this rank's device memory, outlives
+            // the buffers (dropped after them) and holds nothing else.
+            Some(w) => unsafe { gpu.alloc_placed(prog, w.items[r].2 as u64, WINDOW_ALIGN)? },
+            None => gpu.alloc(prog)?,
+        };
         super::session::upload_inputs(gpu, &mut b, launch, &inputs[r])
             .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))?;
         gpu.poison_outputs(&mut b, 0xff)?;
@@ -807,7 +944,16 @@ fn with_ranks<T>(
         .zip(&bufs.items)
         .map(|((gpu, (_, prog)), (_, bufs))| RankRun { gpu, prog, bufs })
         .collect();
-    f(&ranks)
+    let result = f(&ranks, &placed);
+    let usable = ranks
+        .iter()
+        .all(|r| r.gpu.nccl.as_ref().is_some_and(|n| !n.is_aborted()));
+    drop(ranks);
+    drop(bufs);
+    if let Some(w) = &mut windows {
+        w.deregister &= usable;
+    }
+    result
 }
 
 /// Runs one compiled graph on every rank ([`execute_ranks`], after [`with_ranks`]'s setup)
@@ -817,8 +963,9 @@ pub fn run_on_ranks(
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
     inputs: &[Vec<HostTensor>],
+    placement: AllReduceBuffers,
 ) -> Result<Vec<Vec<(DType, Array)>>, RunError> {
-    with_ranks(gpus, cubin, launch, inputs, |ranks| {
+    with_ranks(gpus, cubin, launch, inputs, placement, |ranks, _| {
         execute_ranks(ranks)?;
         ranks
             .iter()

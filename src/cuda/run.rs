@@ -316,6 +316,40 @@ pub struct Buffers {
     inputs: Vec<CudaSlice<u8>>,
     outputs: Vec<CudaSlice<u8>>,
     workspace: Option<Arc<CudaSlice<u8>>>,
+    /// The outputs and the workspace lie in memory the caller owns ([`Gpu::alloc_placed`]):
+    /// they are never freed here.
+    placed: bool,
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        if !self.placed {
+            return;
+        }
+        for s in self.outputs.drain(..) {
+            s.leak();
+        }
+        if let Some(w) = self.workspace.take() {
+            match Arc::try_unwrap(w) {
+                Ok(s) => {
+                    s.leak();
+                }
+                // Still shared: never released.
+                Err(w) => std::mem::forget(w),
+            }
+        }
+    }
+}
+
+/// Bytes a region needs to hold `plan`'s outputs and workspace for [`Gpu::alloc_placed`]: each
+/// at an offset aligned to `align` bytes, in plan order, the workspace last.
+pub(crate) fn placed_bytes(plan: &LaunchPlan, align: usize) -> usize {
+    plan.outputs
+        .iter()
+        .map(TensorDirective::alloc_bytes)
+        .chain(std::iter::once(plan.workspace_bytes))
+        .map(|b| b.next_multiple_of(align))
+        .sum()
 }
 
 impl Buffers {
@@ -562,7 +596,48 @@ impl Gpu {
             inputs,
             outputs,
             workspace,
+            placed: false,
         })
+    }
+
+    /// Allocates `prog`'s inputs as [`Gpu::alloc`] does and places its outputs and workspace in
+    /// `region` (zeroed here), at the offsets [`placed_bytes`] counts.
+    ///
+    /// # Safety
+    /// `region` must be device memory of this GPU of at least `placed_bytes(plan, align)` bytes
+    /// that outlives the returned buffers and that nothing else uses meanwhile.
+    pub(crate) unsafe fn alloc_placed(
+        &self,
+        prog: &Program,
+        region: cudarc::driver::sys::CUdeviceptr,
+        align: usize,
+    ) -> Result<Buffers, RunError> {
+        let plan = &prog.plan;
+        // Inputs as usual; the outputs and workspace allocated here are replaced below.
+        let mut b = self.alloc_sharing_workspace(prog, None)?;
+        b.outputs.clear();
+        b.workspace = None;
+        b.placed = true;
+        let mut at = region;
+        let mut take = |n: usize| -> Result<CudaSlice<u8>, RunError> {
+            // SAFETY: inside the region the caller vouches for; leaked, never freed, on drop.
+            let s = unsafe { self.stream.upgrade_device_ptr::<u8>(at, n) };
+            at += n.next_multiple_of(align) as u64;
+            Ok(s)
+        };
+        for d in &plan.outputs {
+            b.outputs.push(take(d.alloc_bytes())?);
+        }
+        if plan.workspace_bytes > 0 {
+            b.workspace = Some(Arc::new(take(plan.workspace_bytes)?));
+        }
+        let total = placed_bytes(plan, align);
+        // SAFETY: the region holds `total` bytes (the caller's promise).
+        unsafe {
+            cudarc::driver::result::memset_d8_async(region, 0, total, self.stream.cu_stream())
+        }
+        .map_err(driver("zeroing the placed buffers"))?;
+        Ok(b)
     }
 
     /// Copies `bytes` (the whole caller buffer of input `i`) to the device.
