@@ -119,11 +119,11 @@ if [[ "$steps" == *" multi "* ]]; then
         "$carry/mucc" run "$f" --gpus "$n" --check > "$out/$name.run.log" 2>&1 || status=1
         printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
         "$carry/mucc" bench "$f" --gpus "$n" --check > "$out/$name.bench.txt" 2>&1 || status=1
-        printf '%-30s %s\n' "  bench" "$(tail -1 "$out/$name.bench.txt")"
+        printf '%-30s %s\n' "  bench" "$(grep -E '^ +0 ' "$out/$name.bench.txt" | head -1)"
         one="$carry/multi/tp1_${name#tp*_}.json"
         if [ -f "$one" ]; then
             # --check: the same input scale as the sharded run (lowered where fp16 overflows).
-            "$carry/mucc" bench "$one" --launch stream --check > "$out/$name.bench1.txt" 2>&1 || status=1
+            "$carry/mucc" bench "$one" --check > "$out/$name.bench1.txt" 2>&1 || status=1
             # The table row of graph 0 (a '*' marks the fastest row).
             printf '%-30s %s\n' "  unsharded, 1 GPU" "$(grep -E '^[* ] +0 ' "$out/$name.bench1.txt" | head -1)"
         fi
