@@ -1,9 +1,11 @@
 //! Regression tests of the hardening issue (issue 12), one per defect; each failed before its
-//! fix. Defect 1 (file names injecting code) is `hostile_file_names_do_not_reach_the_code` in
+//! fix. The second round (issue 33) is in `hardening/second_round.rs`. Defect 1 (file names injecting code) is `hostile_file_names_do_not_reach_the_code` in
 //! `tests/cli.rs`; corrupted NVRTC cache entries are in `tests/nvrtc_compile.rs`; GPU faults and
 //! device-memory limits are in `scripts/gpu-test.sh` (step `faults`).
 
 mod common;
+#[path = "hardening/second_round.rs"]
+mod second_round;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

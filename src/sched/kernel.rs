@@ -2,7 +2,7 @@
 //! (swizzles) → copies the geometry cannot serve → pipeline depth and shared memory → how each
 //! chain runs → the CTA.
 
-use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtype, tile_is_wide};
+use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtypes};
 use super::order::schedule;
 use super::order::{Phase, Schedule};
 use super::plan::{
@@ -439,6 +439,7 @@ fn plan_tiles(
             _ => {}
         }
     }
+    let stored = tile_dtypes(tb);
     tb.tensors
         .iter()
         .map(|(h, s)| {
@@ -449,7 +450,7 @@ fn plan_tiles(
                 innermost: s.shape.rank() - 1,
                 swizzled: None,
             });
-            let dtype = tile_dtype(tb, h);
+            let dtype = stored[h.index()];
             Some(plan_tile(
                 &s.shape,
                 dtype,
@@ -465,11 +466,12 @@ fn plan_tiles(
 /// accumulator tile converts while it copies, and a chunked copy needs the tile's swizzle to
 /// keep its chunks whole.
 fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan]) {
+    let stored = tile_dtypes(tb);
     for (h, op) in tb.ops.iter() {
         if let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) =
             (&op.kind, &mut ops[h.index()])
             && copy.is_chunked()
-            && tile_is_wide(tb, op.inputs[0])
+            && stored[op.inputs[0].index()] != tb.tensors[op.inputs[0]].dtype
         {
             *copy = Copy::Elementwise {
                 reason: "the tile holds fp32 accumulator values; the copy converts".into(),
@@ -603,7 +605,10 @@ fn plan_pipeline(
     let mut attempts: Vec<(usize, SmemPlan)> = Vec::new();
     for stages in (1..=max_stages).rev() {
         set_stages(ops, stages);
-        attempts.push((stages, smem_plan(tb, fusion, sched, ops, tiles, base)));
+        attempts.push((
+            stages,
+            smem_plan(tb, fusion, sched, ops, tiles, base, target.smem_per_block),
+        ));
     }
     let occupancy_budget = (target.smem_per_sm / resident)
         .saturating_sub(DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM)
