@@ -140,10 +140,17 @@ impl Session {
                     // Inputs are drawn on the host as f64 even without a reference.
                     let e = interp::estimate(&lg.graph);
                     if e.input_bytes > inputs.budget.max_bytes as f64 {
+                        let (need, limit) = interp::budget::format_byte_pair(
+                            e.input_bytes,
+                            inputs.budget.max_bytes as f64,
+                        );
+                        let of_ranks = if e.ranks > 1 {
+                            format!(" on {} GPUs (the global inputs and every rank's)", e.ranks)
+                        } else {
+                            String::new()
+                        };
                         return Err(PrepareError::Reference(format!(
-                            "drawing the inputs needs about {:.1} GB of host memory, more than the limit of {:.1} GB (--max-memory raises it)",
-                            e.input_bytes / 1e9,
-                            inputs.budget.max_bytes as f64 / 1e9
+                            "drawing the inputs needs about {need} of host memory{of_ranks}, more than the limit of {limit} (--max-memory raises it)"
                         )));
                     }
                 }

@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use mucc::graph::ops::AccumKind;
-use mucc::graph::{DType, GraphBuilder, TbGraphBuilder};
+use mucc::graph::{DType, GpuMesh, GraphBuilder, TbGraphBuilder};
 
 use super::{dir, mucc, stderr, write_graph};
 
@@ -108,4 +108,112 @@ fn long_threadblock_chains_plan_in_linear_time() {
         "{}",
         stderr(&o)
     );
+}
+
+/// Runs mucc, killing it after `limit`: `None` if it ran that long.
+fn mucc_within(args: &[&str], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mucc"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mucc");
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if child.try_wait().expect("wait for mucc").is_some() {
+            return Some(child.wait_with_output().expect("read mucc's output"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Items 1 and 2: `eval --gpus N` (and the references of `run`/`bench --check --gpus`) count
+/// the memory and work of every rank, the global inputs and the gathered outputs, and refuse
+/// at once what exceeds the limits (they counted one rank: 584 MB under `--max-memory 100M`,
+/// an 8-rank product past `--max-work`, and an abort allocating 2 TB for a graph whose
+/// per-GPU estimate fitted).
+#[test]
+fn multi_gpu_references_are_budgeted_over_every_rank() {
+    let d = dir("gpus-budget");
+    // Replicated 2048×2048 inputs on 16 GPUs: 32 MiB per tensor per rank.
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[2048, 2048], DType::F16).unwrap();
+    let y = g.exp(x).unwrap();
+    g.mark_output(y).unwrap();
+    let big = d.join("replicated.json");
+    write_graph(&big, &g.build().unwrap());
+    let big = big.to_str().unwrap();
+    let o = mucc_within(
+        &["eval", big, "--gpus", "16", "--max-memory", "100M"],
+        Duration::from_secs(10),
+    )
+    .expect("refused at once");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("on 16 GPUs") && err.contains("GiB") && err.contains("limit of 100 MiB"),
+        "{err}"
+    );
+    // The same graph on one GPU fits.
+    let o = mucc(&["eval", big, "--max-memory", "100M"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Work: a 1024³ product per rank fits 5e9 operations; eight of them do not.
+    let mut g = GraphBuilder::new();
+    let a = g.new_input(&[1024, 1024], DType::F32).unwrap();
+    let b = g.new_input(&[1024, 1024], DType::F32).unwrap();
+    let c = g.matmul(a, b).unwrap();
+    g.mark_output(c).unwrap();
+    let mm = d.join("matmul.json");
+    write_graph(&mm, &g.build().unwrap());
+    let o = mucc_within(
+        &[
+            "eval",
+            mm.to_str().unwrap(),
+            "--gpus",
+            "8",
+            "--max-work",
+            "5e9",
+        ],
+        Duration::from_secs(10),
+    )
+    .expect("refused at once");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("operations on 8 GPUs") && stderr(&o).contains("--max-work"),
+        "{}",
+        stderr(&o)
+    );
+    // Item 2: a per-GPU input of 1,048,576 × 256 partitioned over 1023 GPUs (validates; a
+    // 2 TiB global input).
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(1023)).unwrap();
+    let x = g
+        .new_input_sharded(&[1_048_576 * 1023, 256], DType::BF16, [0, -1, -1])
+        .unwrap();
+    let y = g.exp(x).unwrap();
+    g.mark_output_sharded(y, [0, -1, -1]).unwrap();
+    let g = g.build().unwrap();
+    let sharded = d.join("sharded.json");
+    write_graph(&sharded, &g);
+    for limit in ["1G", "8G", "100G"] {
+        let o = mucc_within(
+            &["eval", sharded.to_str().unwrap(), "--max-memory", limit],
+            Duration::from_secs(10),
+        )
+        .expect("refused at once");
+        assert_eq!(o.status.code(), Some(1), "{limit}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("on 1023 GPUs") && err.contains("the global %0 [1072693248, 256] bf16"),
+            "{err}"
+        );
+    }
+    // `run`/`bench --check --gpus` draw their reference through the same estimate.
+    let e = mucc::cuda::multi::ranked_inputs_and_reference(&g, 0, 1.0, &Default::default())
+        .err()
+        .expect("refused");
+    assert!(e.contains("on 1023 GPUs"), "{e}");
 }
