@@ -72,12 +72,23 @@ pub struct InputArgs {
     /// The largest input file to read (bytes; K, M and G suffixes are powers of 1024).
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_bytes)]
     pub max_input_bytes: u64,
+    /// The most candidate graphs the file may hold.
+    #[arg(long, value_name = "N", default_value_t = mucc::graph::mirage_json::DEFAULT_MAX_GRAPHS, value_parser = parse_max_graphs)]
+    pub max_graphs: usize,
     /// GPUs the graphs run on (Mirage's JSON does not record it; mucc's export writes it as
     /// `mucc_gpu_dim`, which this replaces). On more than one, every GPU runs the graph on its
     /// shard of the partitioned inputs and `kn_allreduce_op` sums over the GPUs (NCCL on the
     /// GPU, f64 in `eval`; docs/multi-gpu.md).
     #[arg(long, value_name = "N", value_parser = parse_gpus)]
     pub gpus: Option<usize>,
+}
+
+/// A candidate count: at least 1.
+fn parse_max_graphs(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a graph count (1 or more)")),
+    }
 }
 
 /// A GPU count: 1 to the most a mesh may have.
@@ -263,6 +274,7 @@ pub fn load(args: &InputArgs) -> Result<MirageFile, Failure> {
         &ImportOptions {
             dtype_table: args.dtype_table,
             max_input_bytes: args.max_input_bytes,
+            max_graphs: args.max_graphs,
         },
     )
     .map_err(|e| Failure::User(e.to_string()))?;

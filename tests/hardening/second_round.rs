@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mucc::graph::ops::AccumKind;
 use mucc::graph::{DType, GpuMesh, GraphBuilder, TbGraphBuilder};
 
-use super::{dir, mucc, stderr, write_graph};
+use super::{dir, mucc, mucc_rss, stderr, write_graph};
 
 /// Runs mucc with the stack of its main thread limited to `bytes` (as `ulimit -s` does).
 fn mucc_with_stack(args: &[&str], bytes: u64) -> Output {
@@ -216,4 +216,58 @@ fn multi_gpu_references_are_budgeted_over_every_rank() {
         .err()
         .expect("refused");
     assert!(e.contains("on 1023 GPUs"), "{e}");
+}
+
+/// Item 8: the candidates of a file are counted while it is parsed, so a few megabytes of
+/// empty candidates (`[[],[],…]`) are refused at once in little memory (every candidate cost
+/// about 370 bytes: 125 times the file, 8 GB for 64 MB).
+#[test]
+fn candidate_lists_are_bounded_while_parsing() {
+    let d = dir("candidates");
+    let n = (4 << 20) / 3;
+    let f = d.join("empty.json");
+    std::fs::write(&f, format!("[{}]", vec!["[]"; n].join(","))).unwrap();
+    let (o, rss) = mucc_rss(&["inspect", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("more than 100000 candidate graphs")
+            && err.contains("--max-graphs")
+            && err.contains("line 1, column 300004"),
+        "{err}"
+    );
+    assert!(rss < 100 << 20, "{rss} bytes");
+    // The limit is an option, and counts a checkpoint's generated_graphs too.
+    let few = d.join("few.json");
+    std::fs::write(&few, "[[], [], []]").unwrap();
+    let o = mucc(&["inspect", few.to_str().unwrap(), "--max-graphs", "2"]);
+    assert!(
+        stderr(&o).contains("more than 2 candidate graphs"),
+        "{}",
+        stderr(&o)
+    );
+    let o = mucc(&["inspect", few.to_str().unwrap(), "--max-graphs", "3"]);
+    assert!(!stderr(&o).contains("candidate graphs"), "{}", stderr(&o));
+    let checkpoint = d.join("checkpoint.json");
+    std::fs::write(&checkpoint, r#"{"generated_graphs": [[], [], []]}"#).unwrap();
+    let o = mucc(&["inspect", checkpoint.to_str().unwrap(), "--max-graphs", "2"]);
+    assert!(
+        stderr(&o).contains("more than 2 candidate graphs"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Item 10: `--max-input-bytes` of 2⁶⁴ − 1 reads the file (the limit + 1 wrapped to 0 and
+/// every file was "truncated").
+#[test]
+fn the_largest_input_limit_reads_files() {
+    let lora = super::corpus("lora.json");
+    let o = mucc(&[
+        "inspect",
+        &lora,
+        "--max-input-bytes",
+        "18446744073709551615",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }

@@ -43,7 +43,7 @@ pub fn parse_str(
         e.location.file = file_buf.clone();
         e
     };
-    let doc: Value = super::strict::from_str(text).map_err(|e| {
+    let doc: Value = super::strict::from_str(text, opts.max_graphs).map_err(|e| {
         with_file(GraphError::new(ErrorKind::Json {
             line: e.line(),
             column: e.column(),
@@ -167,7 +167,13 @@ pub fn read_file(path: &Path, opts: &ImportOptions) -> Result<MirageFile, GraphE
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     std::fs::File::open(path)
-        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, max + 1), &mut bytes))
+        .and_then(|f| {
+            // One byte past the limit tells a file that grew since `metadata` from one that fits.
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(f, max.saturating_add(1)),
+                &mut bytes,
+            )
+        })
         .map_err(|e| io(e.to_string()))?;
     if bytes.len() as u64 > max {
         return Err(too_large(bytes.len() as u64));
