@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use mucc::graph::DtypeTable;
+use mucc::graph::error::clip;
 use mucc::{ImportOptions, MirageFile};
 
 /// mucc: a µGraph-to-CUDA transpiler for Mirage µGraphs.
@@ -87,7 +88,7 @@ pub struct InputArgs {
 fn parse_max_graphs(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("`{s}` is not a graph count (1 or more)")),
+        _ => Err(format!("`{}` is not a graph count (1 or more)", clip(s))),
     }
 }
 
@@ -95,7 +96,7 @@ fn parse_max_graphs(s: &str) -> Result<usize, String> {
 fn parse_gpus(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 && mucc::graph::GpuMesh::line(n).check().is_ok() => Ok(n),
-        _ => Err(format!("`{s}` is not a GPU count (1 to 1024)")),
+        _ => Err(format!("`{}` is not a GPU count (1 to 1024)", clip(s))),
     }
 }
 
@@ -124,7 +125,10 @@ impl BudgetArgs {
 fn parse_work(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(x) if x > 0.0 && !x.is_nan() => Ok(x),
-        _ => Err(format!("`{s}` is not a positive number of operations")),
+        _ => Err(format!(
+            "`{}` is not a positive number of operations",
+            clip(s)
+        )),
     }
 }
 
@@ -133,9 +137,10 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
         Ok(_) => Err(format!(
-            "the scale must be a finite number above 0, not {s}"
+            "the scale must be a finite number above 0, not {}",
+            clip(s)
         )),
-        Err(_) => Err(format!("`{s}` is not a number")),
+        Err(_) => Err(format!("`{}` is not a number", clip(s))),
     }
 }
 
@@ -188,11 +193,18 @@ impl PathArg {
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",
-                e.best, e.gpu
+                e.best,
+                mucc::graph::error::escape(&e.gpu)
             );
         }
         opts
     }
+}
+
+/// A path for a message, escaped ([`mucc::graph::error::escape_path`]): a file name can hold a
+/// newline or an escape sequence.
+pub fn shown(p: &std::path::Path) -> String {
+    mucc::graph::error::escape_path(p)
 }
 
 /// A byte count: digits with an optional K, M or G suffix (powers of 1024).
@@ -204,12 +216,15 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         Some('G' | 'g') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a byte count (digits with an optional K, M or G)"))?;
+    let n: u64 = digits.parse().map_err(|_| {
+        format!(
+            "`{}` is not a byte count (digits with an optional K, M or G)",
+            clip(s)
+        )
+    })?;
     n.checked_shl(shift)
         .filter(|v| v >> shift == n)
-        .ok_or_else(|| format!("`{s}` is too large"))
+        .ok_or_else(|| format!("`{}` is too large", clip(s)))
 }
 
 fn parse_table(s: &str) -> Result<DtypeTable, String> {
@@ -236,7 +251,7 @@ impl GraphSelection {
                 "{}: there is no graph {g}; the file has {n} graph{} (0..={})",
                 file.path
                     .as_ref()
-                    .map_or("input".into(), |p| p.display().to_string()),
+                    .map_or("input".into(), |p| shown(&p).to_string()),
                 if n == 1 { "" } else { "s" },
                 n - 1
             ))),
@@ -320,7 +335,7 @@ pub fn print_warnings(file: &MirageFile) {
             "warning: {}: {w}",
             file.path
                 .as_ref()
-                .map_or("input".into(), |p| p.display().to_string())
+                .map_or("input".into(), |p| shown(&p).to_string())
         );
     }
 }

@@ -347,7 +347,11 @@ impl Prepared {
     /// "transpiled in … ms, compiled in … s" (or "cache hit"), and the tuned variant if any.
     pub fn describe(&self) -> String {
         let tuned = match &self.tuned {
-            Some(e) => format!(", tuned: {} (on {})", e.best, e.gpu),
+            Some(e) => format!(
+                ", tuned: {} (on {})",
+                e.best,
+                crate::graph::error::escape(&e.gpu)
+            ),
             None => String::new(),
         };
         format!(
@@ -412,17 +416,19 @@ pub(crate) fn draw_in_range<T>(
             None => return Ok((value, scale, note)),
             Some(x) => {
                 note = Some(format!(
-                    "{} {} would reach |x| = {:.3e} at scale {scale}",
+                    "{} {} would reach |x| = {:.3e} at scale {}",
                     x.place,
                     x.dtype.name(),
-                    x.max_abs
+                    x.max_abs,
+                    interp::format_scale(scale)
                 ));
                 scale /= 2.0;
             }
         }
     }
     Err(format!(
-        "stored tensors overflow their dtype even at input scale {scale}"
+        "stored tensors overflow their dtype even at input scale {}",
+        interp::format_scale(scale)
     ))
 }
 

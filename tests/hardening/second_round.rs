@@ -271,3 +271,228 @@ fn the_largest_input_limit_reads_files() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// Runs `mucc transpile FILE --graph 0 --arch sm_90a` with `cache` as `MUCC_CACHE_DIR` (and
+/// `HOME` and `XDG_CACHE_HOME` as given), killing it after 20 s (`None`).
+fn transpile_with_cache(file: &str, env: &[(&str, &std::ffi::OsStr)]) -> Option<Output> {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mucc"));
+    c.args(["transpile", file, "--graph", "0", "--arch", "sm_90a"])
+        .env_remove("XDG_CACHE_HOME")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("run mucc");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if child.try_wait().expect("wait for mucc").is_some() {
+            return Some(child.wait_with_output().expect("read mucc's output"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Item 9: tuning-cache entries are read like input files and checked before they plan
+/// anything; an entry that fails is ignored with a warning (warps 0 gave code that did not
+/// compile, 1000 gave 32,000-thread CTAs, 2³² made transpile spin, a FIFO blocked it forever
+/// and a symbolic link to /dev/zero was read up to 2 GB). Item 10: `MUCC_CACHE_DIR=""` counts
+/// as unset (it put the cache in the current directory), and a GPU name with a newline is
+/// printed escaped.
+#[test]
+fn tuning_cache_entries_are_checked() {
+    use mucc::cuda::tune::{PLANNER, TuneCache, TuneEntry, Variant, VariantResult, graph_hash};
+    let d = dir("tune-cache");
+    let file = super::corpus("single_gated_mlp.json");
+    let g = mucc::read_file(std::path::Path::new(&file), &Default::default()).unwrap();
+    let hash = graph_hash(&g.graphs[0].graph).unwrap();
+    let cache = d.join("cache");
+    let entry = |warps: usize, gpu: &str| {
+        let v = Variant {
+            warps: Some(warps),
+            ..Variant::DEFAULT
+        };
+        TuneEntry {
+            mucc_version: PLANNER.into(),
+            gpu: gpu.into(),
+            arch: mucc::target::Arch::Sm90a,
+            graph_hash: hash.clone(),
+            best: v,
+            results: vec![VariantResult {
+                variant: v,
+                us: Some(1.0),
+                note: None,
+            }],
+            source: "test".into(),
+        }
+    };
+    let store = |e: &TuneEntry| TuneCache::at(cache.join("tune")).store(e).unwrap();
+    let run = || {
+        transpile_with_cache(&file, &[("MUCC_CACHE_DIR", cache.as_os_str())])
+            .expect("transpile finishes")
+    };
+    // A sound entry plans the graph.
+    let path = store(&entry(4, "NVIDIA H200"));
+    let o = run();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("tuned variant path=auto split=on pdl=off warps=4"),
+        "{}",
+        stderr(&o)
+    );
+    let tuned = o.stdout;
+    // Warp counts no CTA can have.
+    for (warps, json) in [(0u64, "0"), (1000, "1000"), (1 << 32, "4294967296")] {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        v["best"]["warps"] = serde_json::json!(warps);
+        v["results"][0]["variant"]["warps"] = serde_json::json!(warps);
+        std::fs::write(&path, v.to_string()).unwrap();
+        let o = run();
+        assert_eq!(o.status.code(), Some(0), "{warps}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("warning: tuning cache entry")
+                && err.contains(&format!("{json} warps per CTA"))
+                && !err.contains("tuned variant"),
+            "{warps}: {err}"
+        );
+        assert!(o.stdout != tuned, "{warps}: planned with the tuned variant");
+    }
+    // Not regular files: a FIFO, and a symbolic link to /dev/zero.
+    std::fs::remove_file(&path).unwrap();
+    let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path it is given.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let o = run();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    let o = run();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    std::fs::remove_file(&path).unwrap();
+    // A GPU name with a newline cannot forge an error line.
+    store(&entry(8, "NVIDIA H200\nerror: forged"));
+    let o = run();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("NVIDIA H200\\nerror: forged"), "{err}");
+    assert!(!err.lines().any(|l| l.starts_with("error:")), "{err}");
+    // MUCC_CACHE_DIR="" is unset: the cache is found under $HOME/.cache/mucc.
+    let home = d.join("home");
+    TuneCache::at(home.join(".cache/mucc/tune"))
+        .store(&entry(16, "NVIDIA H200"))
+        .unwrap();
+    let o = transpile_with_cache(
+        &file,
+        &[
+            ("MUCC_CACHE_DIR", std::ffi::OsStr::new("")),
+            ("HOME", home.as_os_str()),
+        ],
+    )
+    .expect("transpile finishes");
+    assert!(stderr(&o).contains("warps=16"), "{}", stderr(&o));
+}
+
+/// Whether `text` holds a line that starts like one of mucc's own (`error:`, `warning:`), or a
+/// character that acts on a terminal (escape, carriage return, C1 control, bidi override).
+fn forged(text: &str) -> bool {
+    text.lines()
+        .any(|l| l.starts_with("error: forged") || l.starts_with("warning: forged"))
+        || text
+            .chars()
+            .any(|c| (c.is_control() && c != '\n') || ('\u{202a}'..='\u{202e}').contains(&c))
+}
+
+/// Item 10: text from files and file names reaches messages escaped (`\n`, `\x1b`), so it can
+/// neither forge an `error:` line nor send escape sequences: a hostile `op_type`, dtype-table
+/// name and file name, and a hostile command-line value that clap quotes.
+#[test]
+fn user_text_reaches_the_terminal_escaped() {
+    let d = dir("escapes");
+    let payload = "x\nerror: forged\u{1b}[2J\r\u{9b}1m\u{202e}";
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[4, 8], DType::F16).unwrap();
+    let y = g.exp(x).unwrap();
+    g.mark_output(y).unwrap();
+    let g = g.build().unwrap();
+    let doc = mucc::graph::mirage_json::graph_to_json(&g, &Default::default()).unwrap();
+    // A hostile op_type and dtype table name.
+    let mut bad_op = doc.clone();
+    bad_op[1]["op_type"] = serde_json::Value::String(payload.into());
+    let mut bad_table = doc.clone();
+    bad_table[0]["mucc_dtype_table"] = serde_json::Value::String(payload.into());
+    for (n, v) in [bad_op, bad_table].iter().enumerate() {
+        let f = d.join(format!("bad{n}.json"));
+        std::fs::write(&f, v.to_string()).unwrap();
+        let o = mucc(&["inspect", f.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("x\\nerror: forged\\x1b[2J\\r\\u{9b}1m\\u{202e}"),
+            "{err:?}"
+        );
+        assert!(!forged(&err), "{err:?}");
+    }
+    // A hostile file name: in errors (no graph 3) and on stdout (inspect's `file:` line).
+    let f = d.join(format!("{payload}.json"));
+    std::fs::write(&f, doc.to_string()).unwrap();
+    let name = f.to_str().unwrap();
+    for args in [
+        vec!["inspect", name],
+        vec!["inspect", name, "--graph", "3"],
+        vec!["explain", name],
+        vec!["transpile", name, "--graph", "3"],
+        vec!["eval", name, "--max-memory", "1K"],
+    ] {
+        let o = mucc(&args);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), stderr(&o));
+        assert!(!forged(&err), "{args:?}: {err:?}");
+        assert!(!forged(&out), "{args:?}: {out:?}");
+    }
+    // clap quotes a bad value as given.
+    let o = mucc(&["eval", name, &format!("--scale={payload}")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!forged(&stderr(&o)), "{:?}", stderr(&o));
+    assert!(stderr(&o).contains("x\\nerror: forged"), "{:?}", stderr(&o));
+}
+
+/// Item 10: `eval` says when `--scale` overflows an input's dtype (every output was non-finite
+/// without a word at 70000 on f16), prints scale bounds compactly (1e300 had 301 digits) and
+/// sizes with a unit that shows them (the memory limit read "needs 0.0 GB … limit of 0.0 GB").
+#[test]
+fn eval_messages_read_well() {
+    let d = dir("eval-messages");
+    let mut g = GraphBuilder::new();
+    let x = g.new_input(&[8, 16], DType::F16).unwrap();
+    let y = g.exp(x).unwrap();
+    g.mark_output(y).unwrap();
+    let f = d.join("f16.json");
+    write_graph(&f, &g.build().unwrap());
+    let f = f.to_str().unwrap();
+    let o = mucc(&["eval", f, "--scale", "70000"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("values of input 0 (f16) are infinite: --scale 70000"),
+        "{}",
+        stderr(&o)
+    );
+    let o = mucc(&["eval", f, "--scale", "60000"]);
+    assert!(!stderr(&o).contains("are infinite"), "{}", stderr(&o));
+    let o = mucc(&["eval", f, "--scale", "1e300"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("uniform in [-1e300, 1e300)"), "{out}");
+    let o = mucc(&["eval", f, "--max-memory", "1K"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("needs about 3 KiB of host memory")
+            && stderr(&o).contains("limit of 1 KiB"),
+        "{}",
+        stderr(&o)
+    );
+}

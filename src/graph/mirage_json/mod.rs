@@ -10,6 +10,7 @@ mod strict;
 use std::path::PathBuf;
 
 pub use export::{ExportOptions, graph_to_json, graphs_to_json};
+pub(crate) use import::{ReadError, read_regular_file};
 pub use import::{parse_str, read_file};
 
 use super::dtype::DtypeTable;
