@@ -50,7 +50,7 @@ impl FromStr for Arch {
             "sm_90a" | "sm90a" | "sm_90" | "sm90" => Ok(Arch::Sm90a),
             _ => Err(format!(
                 "unsupported architecture `{}` (expected sm_80 or sm_90a)",
-                crate::graph::error::clip(s)
+                crate::text::clip(s)
             )),
         }
     }

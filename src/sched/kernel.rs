@@ -810,6 +810,15 @@ mod tests {
         assert_eq!((threads, source), (64, CtaSource::Asked));
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Graph);
         assert_eq!((threads, source), (128, CtaSource::Graph));
+        // Warp counts no CTA can have are refused (a tuning cache once asked for 0 and 2³²).
+        for warps in [0, 33, 1 << 32] {
+            let opts = Options {
+                cta: CtaChoice::Warps(warps),
+                ..Options::for_target(Target::new(Arch::Sm80))
+            };
+            let e = crate::sched::plan(&g, &opts).unwrap_err();
+            assert!(e.to_string().contains("1 to 32 warps"), "{e}");
+        }
         // A grid of 4 blocks per SM or more keeps the µGraph's block.
         let g = decode_gated_linear(8, 256, 16384, 1024, 4, DType::F16).unwrap();
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
