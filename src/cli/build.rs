@@ -52,11 +52,11 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| Failure::User(format!("{}: not a file name", super::shown(&out))))?;
+        .ok_or_else(|| Failure::User(format!("{}: not a file name", super::shown(out))))?;
     if out.extension().is_none_or(|e| e != "so") {
         return Err(Failure::User(format!(
             "{}: the output of mucc build is a shared library; name it lib<NAME>.so",
-            super::shown(&out)
+            super::shown(out)
         )));
     }
     let header_path = out.with_extension("h");
@@ -94,7 +94,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
     mucc::outputs::write_atomic(&header_path, h.as_bytes()).map_err(Failure::User)?;
     eprintln!(
         "wrote {} and {}",
-        super::shown(&out),
+        super::shown(out),
         super::shown(&header_path)
     );
     Ok(())

@@ -210,7 +210,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             )));
         }
         std::fs::create_dir_all(dir)
-            .map_err(|e| Failure::User(format!("cannot create {}: {e}", super::shown(&dir))))?;
+            .map_err(|e| Failure::User(format!("cannot create {}: {e}", super::shown(dir))))?;
         let g = &file.graphs[indices[0]].graph;
         super::out::check(&dump_paths(dir, g), &[a.input.file.as_path()], a.force)?;
     }

@@ -100,7 +100,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
                 path,
                 memory::svg(&title, &kp.smem.buffers, &kp.smem.packing),
             )?;
-            writeln!(out, "wrote {}", super::shown(&path))?;
+            writeln!(out, "wrote {}", super::shown(path))?;
         }
     }
     Ok(())

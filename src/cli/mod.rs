@@ -249,9 +249,7 @@ impl GraphSelection {
         match self.graph {
             Some(g) if g >= n => Err(Failure::User(format!(
                 "{}: there is no graph {g}; the file has {n} graph{} (0..={})",
-                file.path
-                    .as_ref()
-                    .map_or("input".into(), |p| shown(&p).to_string()),
+                file.path.as_ref().map_or("input".into(), |p| shown(p)),
                 if n == 1 { "" } else { "s" },
                 n - 1
             ))),
@@ -333,9 +331,7 @@ pub fn print_warnings(file: &MirageFile) {
     for w in &file.warnings {
         eprintln!(
             "warning: {}: {w}",
-            file.path
-                .as_ref()
-                .map_or("input".into(), |p| shown(&p).to_string())
+            file.path.as_ref().map_or("input".into(), |p| shown(p))
         );
     }
 }

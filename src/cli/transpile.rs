@@ -53,7 +53,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
     let stem = name.trim_end_matches(".json").to_string();
     if let Some(dir) = &a.out_dir {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Failure::User(format!("cannot create {}: {e}", super::shown(&dir))))?;
+            .map_err(|e| Failure::User(format!("cannot create {}: {e}", super::shown(dir))))?;
     }
     // Every file this call writes, checked before the first is written.
     let base = |i: usize| format!("{stem}.g{i}.{}", a.arch);
