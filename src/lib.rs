@@ -31,6 +31,7 @@ pub mod layout;
 pub mod outputs;
 pub mod sched;
 pub mod target;
+pub mod text;
 pub mod transpile;
 
 pub use graph::mirage_json::{

@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempPath;
 
+use crate::text::escape_path;
+
 /// What a writer may do with an output that already exists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Existing {
@@ -50,10 +52,10 @@ impl Existing {
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
     /// The output exists and [`Existing::Refuse`] was asked for.
-    #[error("{} exists; pass --force to overwrite it", .0.display())]
+    #[error("{} exists; pass --force to overwrite it", escape_path(.0))]
     Exists(PathBuf),
     /// The output is one of the command's inputs.
-    #[error("{} is the input file {}; mucc never writes over its input (choose another output)", .output.display(), .input.display())]
+    #[error("{} is the input file {}; mucc never writes over its input (choose another output)", escape_path(.output), escape_path(.input))]
     IsInput {
         /// The output path.
         output: PathBuf,
@@ -61,11 +63,11 @@ pub enum OutputError {
         input: PathBuf,
     },
     /// Two outputs name one file.
-    #[error("{} and {} are the same file; give each output its own path", .0.display(), .1.display())]
+    #[error("{} and {} are the same file; give each output its own path", escape_path(.0), escape_path(.1))]
     SameFile(PathBuf, PathBuf),
     /// The output exists and is something mucc does not write (a directory, a block device, a
     /// socket).
-    #[error("{} is {what}; mucc writes regular files (and character devices or FIFOs in place): give a file name", .path.display())]
+    #[error("{} is {what}; mucc writes regular files (and character devices or FIFOs in place): give a file name", escape_path(.path))]
     NotAFile {
         /// The output path.
         path: PathBuf,
@@ -73,7 +75,7 @@ pub enum OutputError {
         what: &'static str,
     },
     /// The output's directory does not exist.
-    #[error("cannot write {}: the directory {} does not exist", .path.display(), .dir.display())]
+    #[error("cannot write {}: the directory {} does not exist", escape_path(.path), escape_path(.dir))]
     NoDirectory {
         /// The output path.
         path: PathBuf,
@@ -81,7 +83,7 @@ pub enum OutputError {
         dir: PathBuf,
     },
     /// The operating system refused.
-    #[error("cannot write {}: {source}", .path.display())]
+    #[error("cannot write {}: {source}", escape_path(.path))]
     Io {
         /// The output path.
         path: PathBuf,

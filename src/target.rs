@@ -49,7 +49,8 @@ impl FromStr for Arch {
             "sm_80" | "sm80" => Ok(Arch::Sm80),
             "sm_90a" | "sm90a" | "sm_90" | "sm90" => Ok(Arch::Sm90a),
             _ => Err(format!(
-                "unsupported architecture `{s}` (expected sm_80 or sm_90a)"
+                "unsupported architecture `{}` (expected sm_80 or sm_90a)",
+                crate::text::clip(s)
             )),
         }
     }

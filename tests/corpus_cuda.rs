@@ -197,7 +197,9 @@ impl Cache {
         if std::env::var_os("MUCC_NO_CACHE").is_some_and(|v| v == "1") {
             return Cache { dir: None };
         }
+        // As mucc does, an empty MUCC_CACHE_DIR counts as unset.
         let base = std::env::var_os("MUCC_CACHE_DIR")
+            .filter(|d| !d.is_empty())
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mucc")));
         let dir = base.map(|b| b.join("corpus-cuda"));

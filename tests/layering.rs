@@ -1,6 +1,6 @@
 //! The stages import one way (`ARCHITECTURE.md`): graph ← layout ← sched ← explain, emit ←
-//! transpile ← cuda ← buildscript; `target` and `outputs` import nothing of mucc; `explain` and
-//! `emit` do not import each other. Every `crate::<module>` path in `src/` (outside comments),
+//! transpile ← cuda ← buildscript; `text` imports nothing of mucc, `target` and `outputs` only
+//! `text`; `explain` and `emit` do not import each other. Every `crate::<module>` path in `src/` (outside comments),
 //! grouped ones (`crate::{a, b::c}`) included, is checked against this order; and the two
 //! emitters (`emit::kernel_level`, `emit::threadblock`) do not name each other.
 
@@ -10,14 +10,15 @@ use std::path::{Path, PathBuf};
 /// itself). `explain` and `emit` share a rank, so neither may name the other.
 fn rank(module: &str) -> Option<u32> {
     Some(match module {
-        "target" | "outputs" => 0,
-        "graph" => 1,
-        "layout" => 2,
-        "sched" => 3,
-        "explain" | "emit" => 4,
-        "transpile" => 5,
-        "cuda" => 6,
-        "buildscript" => 7,
+        "text" => 0,
+        "target" | "outputs" => 1,
+        "graph" => 2,
+        "layout" => 3,
+        "sched" => 4,
+        "explain" | "emit" => 5,
+        "transpile" => 6,
+        "cuda" => 7,
+        "buildscript" => 8,
         _ => return None,
     })
 }

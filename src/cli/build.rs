@@ -52,11 +52,11 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| Failure::User(format!("{}: not a file name", out.display())))?;
+        .ok_or_else(|| Failure::User(format!("{}: not a file name", super::shown(out))))?;
     if out.extension().is_none_or(|e| e != "so") {
         return Err(Failure::User(format!(
             "{}: the output of mucc build is a shared library; name it lib<NAME>.so",
-            out.display()
+            super::shown(out)
         )));
     }
     let header_path = out.with_extension("h");
@@ -66,12 +66,14 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         a.force,
     )?;
     let lg = &file.graphs[i];
+    // The source name in the code (escaped there as generated code needs), and in messages.
     let name = a.input.file.display().to_string();
+    let shown = super::shown(&a.input.file);
     let opts = a.path.options(&lg.graph, a.arch, &format!("graph {i}"));
     let emitted = prepare(lg, &format!("{name}, graph {i}"), &opts).map_err(|(stage, e)| {
         Failure::User(match stage {
             Stage::Validate => format!("graph {i} is invalid:\n{e}"),
-            _ => format!("{name}: graph {i}: {e}"),
+            _ => format!("{shown}: graph {i}: {e}"),
         })
     })?;
 
@@ -86,7 +88,7 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
         &nvcc,
         mucc::outputs::Existing::from_force(a.force),
     )
-    .map_err(|e| Failure::User(format!("{name}: graph {i}: {e}")))?;
+    .map_err(|e| Failure::User(format!("{shown}: graph {i}: {e}")))?;
     let guard = format!(
         "MUCC_{}_H",
         stem.to_ascii_uppercase()
@@ -96,6 +98,10 @@ pub fn run(a: BuildArgs) -> Result<(), Failure> {
     );
     let h = header(&guard, &format!("{name}, graph {i}"), &emitted.launch);
     super::out::write(&header_path, h.as_bytes(), a.force)?;
-    eprintln!("wrote {} and {}", out.display(), header_path.display());
+    eprintln!(
+        "wrote {} and {}",
+        super::shown(out),
+        super::shown(&header_path)
+    );
     Ok(())
 }

@@ -108,6 +108,13 @@ fn dump(
     )
 }
 
+/// The number of infinite values in each buffer (NaN padding is not counted).
+fn infinite_counts<'a>(buffers: impl Iterator<Item = &'a [f64]>) -> Vec<usize> {
+    buffers
+        .map(|b| b.iter().filter(|x| x.is_infinite()).count())
+        .collect()
+}
+
 /// Statistics of one output.
 struct Stats {
     shape: Shape,
@@ -205,7 +212,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             )));
         }
         std::fs::create_dir_all(dir)
-            .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| Failure::User(format!("cannot create {}: {e}", super::shown(dir))))?;
         let g = &file.graphs[indices[0]].graph;
         super::out::check(&dump_paths(dir, g), &[a.input.file.as_path()], a.force)?;
     }
@@ -223,7 +230,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         } else {
             ""
         },
-        s = a.scale
+        s = interp::format_scale(a.scale)
     )?;
     let bar = super::progress::bar(indices.len() as u64, "graphs", "");
     // Candidates of one file share their inputs: draw them once per signature.
@@ -233,9 +240,12 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         bar.set_message(format!("graph {i}"));
         let g = &file.graphs[i].graph;
         let t0 = Instant::now();
+        // Inputs drawn beyond their dtype's range are infinite (a --scale above 65504 in f16).
+        let infinite: Vec<usize>;
         let (outs, excess) = if g.sharding.num_gpus() > 1 {
             // Whole inputs, sharded per rank; the outputs gathered.
             let global = interp::random_global_inputs(g, spec);
+            infinite = infinite_counts(global.iter().map(|a| a.data.as_slice()));
             let r = interp::evaluate_sharded(g, &global, a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
             bar.suspend(|| {
@@ -249,6 +259,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             (r.gathered, r.excess)
         } else if let Some(dir) = &a.dump {
             let inputs = interp::random_inputs(g, spec);
+            infinite = infinite_counts(inputs.iter().map(|h| h.data.as_slice()));
             let (outs, excess) = interp::evaluate_rounded(g, inputs.clone(), a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?;
             dump(dir, g, &inputs, &outs, spec, a.force)?;
@@ -262,11 +273,24 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
                     .or_insert_with(|| interp::random_inputs(g, spec))
                     .clone()
             };
+            infinite = infinite_counts(inputs.iter().map(|h| h.data.as_slice()));
             interp::evaluate_rounded(g, inputs, a.rounding.into())
                 .map_err(|e| Failure::User(format!("graph {i}: {e}")))?
         };
         let secs = t0.elapsed().as_secs_f64();
         bar.suspend(|| {
+            let inputs = g.inputs();
+            for (k, &n) in infinite.iter().enumerate().filter(|(_, n)| **n > 0) {
+                let dtype = inputs.get(k).map(|&(_, t)| g.tensors[t].dtype);
+                let limit = dtype.and_then(|d| d.max_finite());
+                eprintln!(
+                    "warning: graph {i}: {n} values of input {k}{} are infinite: --scale {} is beyond the largest finite {}{}, so every result that depends on them is infinite or NaN; lower --scale",
+                    dtype.map_or(String::new(), |d| format!(" ({})", d.name())),
+                    interp::format_scale(a.scale),
+                    dtype.map_or("value".into(), |d| d.name().to_string()),
+                    limit.map_or(String::new(), |l| format!(" ({l:.4e})")),
+                );
+            }
             // A few warnings per graph, then a count: a long chain can overflow everywhere.
             const SHOWN: usize = 4;
             if excess.len() > SHOWN {

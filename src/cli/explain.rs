@@ -52,7 +52,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
         Failure::User(format!(
             "{}: graph {}: {e}",
-            a.input.file.display(),
+            super::shown(&a.input.file),
             a.graph
         ))
     })?;
@@ -80,13 +80,18 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     };
     super::out::check(&svg_paths, &[a.input.file.as_path()], a.force)?;
     let mut out = stdout();
-    writeln!(out, "file: {}, graph {}", a.input.file.display(), a.graph)?;
+    writeln!(
+        out,
+        "file: {}, graph {}",
+        super::shown(&a.input.file),
+        a.graph
+    )?;
     write!(out, "{}", mucc::explain::explain(&lg.graph, &plan))?;
     if a.svg.is_some() {
         for (path, (&k, kp)) in svg_paths.iter().zip(&plan.kernels) {
             let title = format!(
                 "{} graph {} kernel op {k} ({}, {})",
-                a.input.file.display(),
+                super::shown(&a.input.file),
                 a.graph,
                 a.arch,
                 lg.graph.ops[Handle::from_index(k)].kind.name()
@@ -96,7 +101,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
                 memory::svg(&title, &kp.smem.buffers, &kp.smem.packing),
                 a.force,
             )?;
-            writeln!(out, "wrote {}", path.display())?;
+            writeln!(out, "wrote {}", super::shown(path))?;
         }
     }
     Ok(())

@@ -24,7 +24,7 @@ pub fn run(a: InspectArgs) -> Result<(), Failure> {
     let detailed = a.select.graph.is_some();
     let indices = a.select.indices(&file, true)?;
     let mut out = stdout();
-    writeln!(out, "file: {}", a.input.file.display())?;
+    writeln!(out, "file: {}", super::shown(&a.input.file))?;
     writeln!(
         out,
         "form: {}, {} graph{}",

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use mucc::graph::DtypeTable;
+use mucc::graph::error::clip;
 use mucc::{ImportOptions, MirageFile};
 
 /// mucc: a µGraph-to-CUDA transpiler for Mirage µGraphs.
@@ -72,6 +73,9 @@ pub struct InputArgs {
     /// The largest input file to read (bytes; K, M and G suffixes are powers of 1024).
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_bytes)]
     pub max_input_bytes: u64,
+    /// The most candidate graphs the file may hold.
+    #[arg(long, value_name = "N", default_value_t = mucc::graph::mirage_json::DEFAULT_MAX_GRAPHS, value_parser = parse_max_graphs)]
+    pub max_graphs: usize,
     /// GPUs the graphs run on (Mirage's JSON does not record it; mucc's export writes it as
     /// `mucc_gpu_dim`, which this replaces). On more than one, every GPU runs the graph on its
     /// shard of the partitioned inputs and `kn_allreduce_op` sums over the GPUs (NCCL on the
@@ -80,11 +84,19 @@ pub struct InputArgs {
     pub gpus: Option<usize>,
 }
 
+/// A candidate count: at least 1.
+fn parse_max_graphs(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{}` is not a graph count (1 or more)", clip(s))),
+    }
+}
+
 /// A GPU count: 1 to the most a mesh may have.
 fn parse_gpus(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 && mucc::graph::GpuMesh::line(n).check().is_ok() => Ok(n),
-        _ => Err(format!("`{s}` is not a GPU count (1 to 1024)")),
+        _ => Err(format!("`{}` is not a GPU count (1 to 1024)", clip(s))),
     }
 }
 
@@ -113,7 +125,10 @@ impl BudgetArgs {
 fn parse_work(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(x) if x > 0.0 && !x.is_nan() => Ok(x),
-        _ => Err(format!("`{s}` is not a positive number of operations")),
+        _ => Err(format!(
+            "`{}` is not a positive number of operations",
+            clip(s)
+        )),
     }
 }
 
@@ -122,9 +137,10 @@ pub fn parse_scale(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
         Ok(_) => Err(format!(
-            "the scale must be a finite number above 0, not {s}"
+            "the scale must be a finite number above 0, not {}",
+            clip(s)
         )),
-        Err(_) => Err(format!("`{s}` is not a number")),
+        Err(_) => Err(format!("`{}` is not a number", clip(s))),
     }
 }
 
@@ -177,11 +193,18 @@ impl PathArg {
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",
-                e.best, e.gpu
+                e.best,
+                mucc::graph::error::escape(&e.gpu)
             );
         }
         opts
     }
+}
+
+/// A path for a message, escaped ([`mucc::graph::error::escape_path`]): a file name can hold a
+/// newline or an escape sequence.
+pub fn shown(p: &std::path::Path) -> String {
+    mucc::graph::error::escape_path(p)
 }
 
 /// A byte count: digits with an optional K, M or G suffix (powers of 1024).
@@ -193,12 +216,15 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         Some('G' | 'g') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a byte count (digits with an optional K, M or G)"))?;
+    let n: u64 = digits.parse().map_err(|_| {
+        format!(
+            "`{}` is not a byte count (digits with an optional K, M or G)",
+            clip(s)
+        )
+    })?;
     n.checked_shl(shift)
         .filter(|v| v >> shift == n)
-        .ok_or_else(|| format!("`{s}` is too large"))
+        .ok_or_else(|| format!("`{}` is too large", clip(s)))
 }
 
 fn parse_table(s: &str) -> Result<DtypeTable, String> {
@@ -223,9 +249,7 @@ impl GraphSelection {
         match self.graph {
             Some(g) if g >= n => Err(Failure::User(format!(
                 "{}: there is no graph {g}; the file has {n} graph{} (0..={})",
-                file.path
-                    .as_ref()
-                    .map_or("input".into(), |p| p.display().to_string()),
+                file.path.as_ref().map_or("input".into(), |p| shown(p)),
                 if n == 1 { "" } else { "s" },
                 n - 1
             ))),
@@ -263,6 +287,7 @@ pub fn load(args: &InputArgs) -> Result<MirageFile, Failure> {
         &ImportOptions {
             dtype_table: args.dtype_table,
             max_input_bytes: args.max_input_bytes,
+            max_graphs: args.max_graphs,
         },
     )
     .map_err(|e| Failure::User(e.to_string()))?;
@@ -306,9 +331,7 @@ pub fn print_warnings(file: &MirageFile) {
     for w in &file.warnings {
         eprintln!(
             "warning: {}: {w}",
-            file.path
-                .as_ref()
-                .map_or("input".into(), |p| p.display().to_string())
+            file.path.as_ref().map_or("input".into(), |p| shown(p))
         );
     }
 }

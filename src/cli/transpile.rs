@@ -53,7 +53,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
     let stem = name.trim_end_matches(".json").to_string();
     if let Some(dir) = &a.out_dir {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Failure::User(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| Failure::User(format!("cannot create {}: {e}", super::shown(dir))))?;
     }
     // Every file this call writes, checked before the first is written.
     let base = |i: usize| format!("{stem}.g{i}.{}", a.arch);
@@ -79,7 +79,7 @@ pub fn run(a: TranspileArgs) -> Result<(), Failure> {
             .and_then(|()| {
                 let opts = a.path.options(&lg.graph, a.arch, &format!("graph {i}"));
                 mucc::transpile::transpile(&lg.graph, &opts, &format!("{name}, graph {i}"))
-                    .map_err(|e| format!("{}: graph {i}: {e}", a.input.file.display()))
+                    .map_err(|e| format!("{}: graph {i}: {e}", super::shown(&a.input.file)))
             });
         let (_, emitted) = match result {
             Ok(x) => x,

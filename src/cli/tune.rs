@@ -183,17 +183,19 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
             .validate()
             .map_err(|e| format!("invalid:\n{e}"))
             .and_then(|_| graph_hash(&lg.graph))
-            .and_then(|hash| match cache.lookup(&hash, &session.gpu.name) {
-                Some(e) if !a.retune => {
-                    bar.inc(per_graph);
-                    Ok((e, true))
-                }
-                _ => {
-                    let e = tune_graph(&mut session, &a, &name, i, &lg.graph, &hash, &bar)?;
-                    cache.store(&e)?;
-                    Ok((e, false))
-                }
-            });
+            .and_then(
+                |hash| match bar.suspend(|| cache.lookup(&hash, &session.gpu.name)) {
+                    Some(e) if !a.retune => {
+                        bar.inc(per_graph);
+                        Ok((e, true))
+                    }
+                    _ => {
+                        let e = tune_graph(&mut session, &a, &name, i, &lg.graph, &hash, &bar)?;
+                        cache.store(&e)?;
+                        Ok((e, false))
+                    }
+                },
+            );
         rows.push(Row {
             graph: i,
             result,
@@ -238,10 +240,11 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
         )?;
         writeln!(
             out,
-            "{name}: {} graph{} in {seconds:.1} s; cache {}",
+            "{}: {} graph{} in {seconds:.1} s; cache {}",
+            super::shown(&a.input.file),
             rows.len(),
             if rows.len() == 1 { "" } else { "s" },
-            cache.path("<graph>", &session.gpu.name).display()
+            super::shown(&cache.path("<graph>", &session.gpu.name))
         )?;
         writeln!(
             out,
@@ -265,7 +268,12 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
                     )?;
                     for v in &e.results {
                         if let Some(n) = &v.note {
-                            writeln!(out, "         {}: {n}", v.variant)?;
+                            writeln!(
+                                out,
+                                "         {}: {}",
+                                v.variant,
+                                mucc::graph::error::escape(n)
+                            )?;
                         }
                     }
                 }

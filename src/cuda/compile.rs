@@ -193,15 +193,21 @@ pub struct Compiler {
     extra_options: Vec<String>,
 }
 
-/// The default cache base folder (see [`CompilerOptions::cache_dir`]).
+/// The default cache base folder (see [`CompilerOptions::cache_dir`]). An empty variable counts
+/// as unset (an empty `MUCC_CACHE_DIR` would put the cache folders in the current directory),
+/// and so does a relative `XDG_CACHE_HOME`, as the XDG base directory specification says.
 pub fn default_cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MUCC_CACHE_DIR") {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(d) = var("MUCC_CACHE_DIR") {
         return PathBuf::from(d);
     }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("mucc");
+    if let Some(d) = var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        return d.join("mucc");
     }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let home = var("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
     home.join(".cache/mucc")
 }
 

@@ -140,10 +140,17 @@ impl Session {
                     // Inputs are drawn on the host as f64 even without a reference.
                     let e = interp::estimate(&lg.graph);
                     if e.input_bytes > inputs.budget.max_bytes as f64 {
+                        let (need, limit) = interp::budget::format_byte_pair(
+                            e.input_bytes,
+                            inputs.budget.max_bytes as f64,
+                        );
+                        let of_ranks = if e.ranks > 1 {
+                            format!(" on {} GPUs (the global inputs and every rank's)", e.ranks)
+                        } else {
+                            String::new()
+                        };
                         return Err(PrepareError::Reference(format!(
-                            "drawing the inputs needs about {:.1} GB of host memory, more than the limit of {:.1} GB (--max-memory raises it)",
-                            e.input_bytes / 1e9,
-                            inputs.budget.max_bytes as f64 / 1e9
+                            "drawing the inputs needs about {need} of host memory{of_ranks}, more than the limit of {limit} (--max-memory raises it)"
                         )));
                     }
                 }
@@ -351,7 +358,11 @@ impl Prepared {
     /// "transpiled in … ms, compiled in … s" (or "cache hit"), and the tuned variant if any.
     pub fn describe(&self) -> String {
         let tuned = match &self.tuned {
-            Some(e) => format!(", tuned: {} (on {})", e.best, e.gpu),
+            Some(e) => format!(
+                ", tuned: {} (on {})",
+                e.best,
+                crate::graph::error::escape(&e.gpu)
+            ),
             None => String::new(),
         };
         format!(
@@ -416,17 +427,19 @@ pub(crate) fn draw_in_range<T>(
             None => return Ok((value, scale, note)),
             Some(x) => {
                 note = Some(format!(
-                    "{} {} would reach |x| = {:.3e} at scale {scale}",
+                    "{} {} would reach |x| = {:.3e} at scale {}",
                     x.place,
                     x.dtype.name(),
-                    x.max_abs
+                    x.max_abs,
+                    interp::format_scale(scale)
                 ));
                 scale /= 2.0;
             }
         }
     }
     Err(format!(
-        "stored tensors overflow their dtype even at input scale {scale}"
+        "stored tensors overflow their dtype even at input scale {}",
+        interp::format_scale(scale)
     ))
 }
 

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::graph::KernelGraph;
 use crate::graph::mirage_json::{ExportOptions, graph_to_json};
+use crate::sched::plan::MAX_WARPS;
 use crate::sched::{CtaChoice, Options, PathChoice};
 use crate::target::Arch;
 
@@ -253,11 +254,11 @@ impl TuneCache {
         Ok(p)
     }
 
-    /// The entry of (`hash`, `gpu`) made by this mucc version, if any (an unreadable or foreign
-    /// entry counts as none).
+    /// The entry of (`hash`, `gpu`) made by this mucc version, if any. An entry that cannot be
+    /// trusted ([`read_entry`]: not a regular file, too large, damaged, or with a field this
+    /// mucc would not have written) counts as none, with a warning on stderr.
     pub fn lookup(&self, hash: &str, gpu: &str) -> Option<TuneEntry> {
-        read_entry(&self.path(hash, gpu))
-            .filter(|e| e.mucc_version == PLANNER && e.graph_hash == hash)
+        read_entry(&self.path(hash, gpu), hash, Some(gpu))
     }
 
     /// An entry of `hash` for `arch` from any GPU (for `transpile` and `build`, which run
@@ -270,16 +271,118 @@ impl TuneCache {
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
         files.sort();
-        files.iter().find_map(|p| {
-            read_entry(p)
-                .filter(|e| e.arch == arch && e.mucc_version == PLANNER && e.graph_hash == hash)
-        })
+        files
+            .iter()
+            .find_map(|p| read_entry(p, hash, None).filter(|e| e.arch == arch))
     }
 }
 
-fn read_entry(p: &Path) -> Option<TuneEntry> {
-    let text = std::fs::read_to_string(p).ok()?;
-    serde_json::from_str(&text).ok()
+/// The largest tuning-cache entry read (bytes); an entry mucc writes has about 2 KB.
+pub const MAX_ENTRY_BYTES: u64 = 1 << 20;
+
+/// The longest GPU name, source description or note an entry may hold (characters).
+const MAX_ENTRY_TEXT: usize = 1024;
+
+/// The entry at `p` for graph `hash` (and GPU `gpu`, when given), if there is one this mucc can
+/// trust; else `None`, with a warning on stderr saying why unless there is simply no file.
+pub fn read_entry(p: &Path, hash: &str, gpu: Option<&str>) -> Option<TuneEntry> {
+    match load_entry(p, hash, gpu) {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!(
+                "warning: tuning cache entry {}: {why}; ignored (mucc tune --retune replaces it)",
+                crate::graph::error::escape_path(p)
+            );
+            None
+        }
+    }
+}
+
+/// Reads the entry at `p` as input files are read (a regular file, symbolic links followed,
+/// within [`MAX_ENTRY_BYTES`]; never a pipe or device) and checks it: `Ok(None)` if there is no
+/// file, `Err(why)` if it cannot be used.
+fn load_entry(p: &Path, hash: &str, gpu: Option<&str>) -> Result<Option<TuneEntry>, String> {
+    use crate::graph::mirage_json::{ReadError, read_regular_file};
+    let bytes = match read_regular_file(p, MAX_ENTRY_BYTES) {
+        Ok(b) => b,
+        Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(ReadError::Io(e)) => return Err(format!("cannot read it: {e}")),
+        Err(ReadError::NotRegular) => {
+            return Err("not a regular file (a directory, device, pipe or socket)".into());
+        }
+        Err(ReadError::TooLarge(n)) => {
+            return Err(format!(
+                "{n} bytes, more than the {MAX_ENTRY_BYTES} an entry may have"
+            ));
+        }
+    };
+    let text = String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())?;
+    let e: TuneEntry = serde_json::from_str(&text).map_err(|e| format!("not an entry: {e}"))?;
+    e.check(hash, gpu)?;
+    Ok(Some(e))
+}
+
+impl Variant {
+    /// Whether the variant can be planned: a CTA of 1 to [`MAX_WARPS`] warps.
+    fn check(&self) -> Result<(), String> {
+        match self.warps {
+            Some(w) if !(1..=MAX_WARPS).contains(&w) => {
+                Err(format!("{w} warps per CTA (a CTA has 1 to {MAX_WARPS})"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl TuneEntry {
+    /// Whether the entry is one this mucc wrote for graph `hash` (and GPU `gpu`): the same
+    /// planner, graph and GPU, variants that can be planned (the best one timed), positive
+    /// finite times, and texts of a sensible length.
+    pub fn check(&self, hash: &str, gpu: Option<&str>) -> Result<(), String> {
+        let clip = crate::graph::error::clip;
+        if self.mucc_version != PLANNER {
+            return Err(format!(
+                "written by another mucc ({}, this is {PLANNER})",
+                clip(&self.mucc_version)
+            ));
+        }
+        if self.graph_hash != hash {
+            return Err(format!("for another graph ({})", clip(&self.graph_hash)));
+        }
+        if let Some(g) = gpu
+            && self.gpu != g
+        {
+            return Err(format!("for another GPU ({})", clip(&self.gpu)));
+        }
+        for (what, text) in [("GPU name", &self.gpu), ("source", &self.source)] {
+            if text.chars().count() > MAX_ENTRY_TEXT {
+                return Err(format!("a {what} of {} bytes", text.len()));
+            }
+        }
+        self.best
+            .check()
+            .map_err(|e| format!("best variant: {e}"))?;
+        for r in &self.results {
+            r.variant
+                .check()
+                .map_err(|e| format!("variant {}: {e}", r.variant))?;
+            if let Some(us) = r.us
+                && !(us.is_finite() && us > 0.0)
+            {
+                return Err(format!("variant {}: a time of {us} µs", r.variant));
+            }
+            if r.note
+                .as_ref()
+                .is_some_and(|n| n.chars().count() > MAX_ENTRY_TEXT)
+            {
+                return Err(format!("variant {}: a note too long", r.variant));
+            }
+        }
+        if self.time_of(self.best).is_none() {
+            return Err(format!("the best variant ({}) has no time", self.best));
+        }
+        Ok(())
+    }
 }
 
 /// The options to plan `g` with for `arch` (and the GPU `gpu` when there is one): `base` with

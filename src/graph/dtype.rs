@@ -189,7 +189,7 @@ impl FromStr for DType {
         DType::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype `{s}`"))
+            .ok_or_else(|| format!("unknown dtype `{}`", super::error::clip(s)))
     }
 }
 
@@ -293,7 +293,12 @@ impl FromStr for DtypeTable {
         DtypeTable::ALL
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown dtype table `{s}` (expected legacy, mid or current)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown dtype table `{}` (expected legacy, mid or current)",
+                    super::error::clip(s)
+                )
+            })
     }
 }
 

@@ -34,7 +34,7 @@ impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts: Vec<String> = Vec::new();
         if let Some(file) = &self.file {
-            parts.push(file.display().to_string());
+            parts.push(escape_path(file));
         }
         if let Some(g) = self.graph {
             parts.push(format!("graph {g}"));
@@ -62,15 +62,7 @@ impl fmt::Display for Location {
     }
 }
 
-/// `s` shortened for an error message: at most 64 characters, with the total length noted when
-/// cut (a 50 MB string from a file must not come back as 100 MB of stderr).
-pub fn clip(s: &str) -> String {
-    const KEEP: usize = 64;
-    match s.char_indices().nth(KEEP) {
-        None => s.to_string(),
-        Some((cut, _)) => format!("{}… ({} bytes in all)", &s[..cut], s.len()),
-    }
-}
+pub use crate::text::{clip, escape, escape_path};
 
 /// What went wrong.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -315,5 +307,20 @@ impl std::error::Error for ValidationErrors {}
 impl From<GraphError> for ValidationErrors {
     fn from(e: GraphError) -> Self {
         ValidationErrors(vec![e])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_name_is_shown_escaped() {
+        let loc = Location {
+            file: Some(PathBuf::from("a\nerror: b.json")),
+            graph: Some(2),
+            ..Location::default()
+        };
+        assert_eq!(loc.to_string(), "a\\nerror: b.json, graph 2");
     }
 }

@@ -174,9 +174,10 @@ pub fn unfused(tb: &TbGraph, plan: &FusionPlan) -> Vec<Unfused> {
         }
     }
     let materialized = plan.materialized(tb);
+    let producers = tb.producers();
     let mut out = Vec::new();
     for (t, _) in tb.tensors.iter() {
-        let (Some(p), [f]) = (tb.producer(t), readers[t.index()].as_slice()) else {
+        let (Some(p), [f]) = (producers[t.index()], readers[t.index()].as_slice()) else {
             continue;
         };
         let prod = &tb.ops[p];
@@ -213,6 +214,7 @@ pub fn fuse(tb: &TbGraph) -> FusionPlan {
             consumers[t.index()] += 1;
         }
     }
+    let producers = tb.producers();
     let mut chains: Vec<Chain> = Vec::new();
     let mut chain_of = vec![usize::MAX; tb.ops.len()];
     for (h, op) in tb.ops.iter() {
@@ -224,7 +226,7 @@ pub fn fuse(tb: &TbGraph) -> FusionPlan {
             if consumers[input.index()] != 1 {
                 return None;
             }
-            let p = tb.producer(input)?;
+            let p = (*producers.get(input.index())?)?;
             let prod = &tb.ops[p];
             if prod.outputs.len() != 1 || !can_lead_into(&prod.kind) {
                 return None;

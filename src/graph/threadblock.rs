@@ -141,11 +141,26 @@ impl TbGraph {
         self.block.iter().fold(1usize, |a, &b| a.saturating_mul(b))
     }
 
-    /// The operator that defines tile `t`, if any.
+    /// The operator that defines tile `t`, if any (a walk over the operators: code that asks
+    /// for many tiles takes [`TbGraph::producers`] once).
     pub fn producer(&self, t: Handle<STensor>) -> Option<Handle<TbOp>> {
         self.ops
             .iter()
             .find(|(_, op)| op.outputs.contains(&t))
             .map(|(h, _)| h)
+    }
+
+    /// For every tile (by index), the operator that defines it — the first, as
+    /// [`TbGraph::producer`] answers — in one pass over the operators.
+    pub fn producers(&self) -> Vec<Option<Handle<TbOp>>> {
+        let mut p = vec![None; self.tensors.len()];
+        for (h, op) in self.ops.iter() {
+            for &t in &op.outputs {
+                if let Some(slot @ None) = p.get_mut(t.index()) {
+                    *slot = Some(h);
+                }
+            }
+        }
+        p
     }
 }

@@ -618,11 +618,12 @@ impl TbValidator<'_, '_> {
         }
         // The dependency graph must be acyclic (it is, given definition before use, but the
         // check is cheap and keeps the invariant explicit for later stages).
+        let producers = tb.producers();
         let mut deps: DiGraphMap<usize, ()> = DiGraphMap::new();
         for (h, op) in tb.ops.iter() {
             deps.add_node(h.index());
             for &t in &op.inputs {
-                if let Some(p) = tb.producer(t) {
+                if let Some(p) = producers[t.index()] {
                     deps.add_edge(p.index(), h.index(), ());
                 }
             }

@@ -129,6 +129,11 @@ impl Model {
 
     /// A feasible assignment by depth-first search, trying each choice's options in order and
     /// every other variable false first; `None` if none exists within `max_steps` decisions.
+    ///
+    /// The search keeps its own stack (a graph of any size needs no deeper call stack) and,
+    /// after each decision, re-checks only the constraints that mention the decided variable:
+    /// the others cannot have changed. Each decision costs the size of those constraints, not
+    /// of the whole model.
     pub fn search(&self, max_steps: usize) -> Option<Vec<bool>> {
         let n = self.names.len();
         // Decision order: the choice groups' variables (first option first), then the rest.
@@ -147,56 +152,82 @@ impl Model {
                 order.push((Var(i), false));
             }
         }
+        // The constraints that mention each variable (once each).
+        let mut mentions: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (ci, c) in self.constraints.iter().enumerate() {
+            for v in c.kind.vars() {
+                let list = &mut mentions[v.0];
+                if list.last() != Some(&ci) {
+                    list.push(ci);
+                }
+            }
+        }
         let mut value: Vec<Option<bool>> = vec![None; n];
+        // A constraint that no assignment can satisfy (an empty clause) fails every decision.
+        let hopeless = self
+            .constraints
+            .iter()
+            .any(|c| !partially_holds(&c.kind, &value));
+        // tried[k]: how many values the variable decided at depth k has had (0, 1 or 2).
+        let mut tried = vec![0u8; order.len()];
         let mut steps = 0usize;
-        if self.dfs(&order, 0, &mut value, &mut steps, max_steps) {
-            Some(value.into_iter().map(|v| v.unwrap_or(false)).collect())
-        } else {
-            None
-        }
-    }
-
-    fn dfs(
-        &self,
-        order: &[(Var, bool)],
-        k: usize,
-        value: &mut Vec<Option<bool>>,
-        steps: &mut usize,
-        max: usize,
-    ) -> bool {
-        if k == order.len() {
-            return true;
-        }
-        let (v, first) = order[k];
-        for b in [first, !first] {
-            *steps += 1;
-            if *steps > max {
-                return false;
+        let mut k = 0usize;
+        loop {
+            if k == order.len() {
+                return Some(value.into_iter().map(|v| v.unwrap_or(false)).collect());
+            }
+            let (v, first) = order[k];
+            if tried[k] == 2 {
+                // Both values failed below: undo and go back up.
+                value[v.0] = None;
+                tried[k] = 0;
+                k = k.checked_sub(1)?;
+                continue;
+            }
+            let b = if tried[k] == 0 { first } else { !first };
+            tried[k] += 1;
+            steps += 1;
+            if steps > max_steps {
+                return None;
             }
             value[v.0] = Some(b);
-            if self.consistent(value) && self.dfs(order, k + 1, value, steps, max) {
-                return true;
+            let consistent = !hopeless
+                && mentions[v.0]
+                    .iter()
+                    .all(|&ci| partially_holds(&self.constraints[ci].kind, &value));
+            if consistent {
+                k += 1;
             }
         }
-        value[v.0] = None;
-        false
     }
+}
 
-    /// Whether no constraint is already violated by the assigned variables.
-    fn consistent(&self, value: &[Option<bool>]) -> bool {
-        self.constraints.iter().all(|c| match &c.kind {
-            ConstraintKind::Clause(lits) => lits
-                .iter()
-                .any(|l| value[l.var.0].is_none_or(|b| b == l.positive)),
-            ConstraintKind::ExactlyOne(vs) => {
-                let trues = vs.iter().filter(|v| value[v.0] == Some(true)).count();
-                let open = vs.iter().filter(|v| value[v.0].is_none()).count();
-                trues <= 1 && trues + open >= 1
+impl ConstraintKind {
+    /// The variables the constraint mentions (with repeats, in order).
+    fn vars(&self) -> Box<dyn Iterator<Item = Var> + '_> {
+        match self {
+            ConstraintKind::Clause(lits) => Box::new(lits.iter().map(|l| l.var)),
+            ConstraintKind::ExactlyOne(vs) | ConstraintKind::AtMostOne(vs) => {
+                Box::new(vs.iter().copied())
             }
-            ConstraintKind::AtMostOne(vs) => {
-                vs.iter().filter(|v| value[v.0] == Some(true)).count() <= 1
-            }
-        })
+        }
+    }
+}
+
+/// Whether a constraint can still hold once the unassigned variables of `value` are decided.
+fn partially_holds(kind: &ConstraintKind, value: &[Option<bool>]) -> bool {
+    match kind {
+        ConstraintKind::Clause(lits) => lits
+            .iter()
+            .any(|l| value[l.var.0].is_none_or(|b| b == l.positive)),
+        ConstraintKind::ExactlyOne(vs) => {
+            let trues = vs.iter().filter(|v| value[v.0] == Some(true)).count();
+            let open = vs.iter().filter(|v| value[v.0].is_none()).count();
+            trues <= 1 && trues + open >= 1
+        }
+        ConstraintKind::AtMostOne(vs) => {
+            vs.iter().filter(|v| value[v.0] == Some(true)).count() <= 1
+        }
     }
 }
 
@@ -211,6 +242,133 @@ fn holds(kind: &ConstraintKind, a: &[bool]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The recursive search the fallback used before it kept its own stack and checked only
+    /// the constraints of the decided variable.
+    fn recursive_search(m: &Model, max_steps: usize) -> Option<Vec<bool>> {
+        fn dfs(
+            m: &Model,
+            order: &[(Var, bool)],
+            k: usize,
+            value: &mut Vec<Option<bool>>,
+            steps: &mut usize,
+            max: usize,
+        ) -> bool {
+            if k == order.len() {
+                return true;
+            }
+            let (v, first) = order[k];
+            for b in [first, !first] {
+                *steps += 1;
+                if *steps > max {
+                    return false;
+                }
+                value[v.0] = Some(b);
+                let consistent = m
+                    .constraints
+                    .iter()
+                    .all(|c| partially_holds(&c.kind, value));
+                if consistent && dfs(m, order, k + 1, value, steps, max) {
+                    return true;
+                }
+            }
+            value[v.0] = None;
+            false
+        }
+        let n = m.names.len();
+        let mut order: Vec<(Var, bool)> = Vec::new();
+        let mut seen = vec![false; n];
+        for c in &m.choices {
+            for &v in &c.options {
+                if !seen[v.0] {
+                    seen[v.0] = true;
+                    order.push((v, true));
+                }
+            }
+        }
+        for (i, s) in seen.iter().enumerate() {
+            if !s {
+                order.push((Var(i), false));
+            }
+        }
+        let mut value = vec![None; n];
+        let mut steps = 0;
+        dfs(m, &order, 0, &mut value, &mut steps, max_steps)
+            .then(|| value.into_iter().map(|v| v.unwrap_or(false)).collect())
+    }
+
+    /// A random model over `n` variables from a list of (kind, variables, polarity bits).
+    fn model(n: usize, spec: &[(u8, Vec<usize>, u8)], choices: &[Vec<usize>]) -> Model {
+        let mut m = Model::default();
+        let vars: Vec<Var> = (0..n).map(|i| m.var(format!("v{i}"))).collect();
+        for (kind, vs, bits) in spec {
+            let vs: Vec<Var> = vs.iter().map(|&i| vars[i % n]).collect();
+            let kind = match kind % 3 {
+                0 => ConstraintKind::Clause(
+                    vs.iter()
+                        .enumerate()
+                        .map(|(k, v)| {
+                            if bits >> (k % 8) & 1 == 1 {
+                                v.pos()
+                            } else {
+                                v.negative()
+                            }
+                        })
+                        .collect(),
+                ),
+                1 => ConstraintKind::ExactlyOne(vs),
+                _ => ConstraintKind::AtMostOne(vs),
+            };
+            m.require(kind, "random");
+        }
+        for c in choices {
+            m.choices.push(Choice {
+                options: c.iter().map(|&i| vars[i % n]).collect(),
+            });
+        }
+        m
+    }
+
+    proptest! {
+        /// The iterative search returns what the recursive one did, step limit included.
+        #[test]
+        fn search_matches_the_recursive_search(
+            n in 1usize..12,
+            spec in prop::collection::vec((0u8..3, prop::collection::vec(0usize..12, 0..4), 0u8..=255), 0..14),
+            choices in prop::collection::vec(prop::collection::vec(0usize..12, 1..4), 0..4),
+            max_steps in 1usize..200,
+        ) {
+            let m = model(n, &spec, &choices);
+            prop_assert_eq!(m.search(max_steps), recursive_search(&m, max_steps));
+        }
+    }
+
+    /// A chain of 200,000 variables (each implies the next) is searched without a deep call
+    /// stack, in time linear in the model.
+    #[test]
+    fn long_chains_need_no_deep_stack() {
+        let mut m = Model::default();
+        let vars: Vec<Var> = (0..200_000).map(|i| m.var(format!("v{i}"))).collect();
+        for w in vars.windows(2) {
+            m.require(
+                ConstraintKind::Clause(vec![w[0].negative(), w[1].pos()]),
+                "chain",
+            );
+        }
+        m.require(ConstraintKind::Clause(vec![vars[0].pos()]), "first");
+        m.choices.push(Choice {
+            options: vars.clone(),
+        });
+        let t = std::time::Instant::now();
+        let sol = m.search(1_000_000).expect("all true is feasible");
+        assert!(sol.iter().all(|&b| b));
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+    }
 
     #[test]
     fn search_respects_preferences_and_constraints() {

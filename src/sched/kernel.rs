@@ -2,7 +2,7 @@
 //! (swizzles) → copies the geometry cannot serve → pipeline depth and shared memory → how each
 //! chain runs → the CTA.
 
-use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtype, tile_is_wide};
+use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtypes};
 use super::order::schedule;
 use super::order::{Phase, Schedule};
 use super::plan::{
@@ -439,6 +439,7 @@ fn plan_tiles(
             _ => {}
         }
     }
+    let stored = tile_dtypes(tb);
     tb.tensors
         .iter()
         .map(|(h, s)| {
@@ -449,7 +450,7 @@ fn plan_tiles(
                 innermost: s.shape.rank() - 1,
                 swizzled: None,
             });
-            let dtype = tile_dtype(tb, h);
+            let dtype = stored[h.index()];
             Some(plan_tile(
                 &s.shape,
                 dtype,
@@ -465,11 +466,12 @@ fn plan_tiles(
 /// accumulator tile converts while it copies, and a chunked copy needs the tile's swizzle to
 /// keep its chunks whole.
 fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan]) {
+    let stored = tile_dtypes(tb);
     for (h, op) in tb.ops.iter() {
         if let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) =
             (&op.kind, &mut ops[h.index()])
             && copy.is_chunked()
-            && tile_is_wide(tb, op.inputs[0])
+            && stored[op.inputs[0].index()] != tb.tensors[op.inputs[0]].dtype
         {
             *copy = Copy::Elementwise {
                 reason: "the tile holds fp32 accumulator values; the copy converts".into(),
@@ -603,7 +605,10 @@ fn plan_pipeline(
     let mut attempts: Vec<(usize, SmemPlan)> = Vec::new();
     for stages in (1..=max_stages).rev() {
         set_stages(ops, stages);
-        attempts.push((stages, smem_plan(tb, fusion, sched, ops, tiles, base)));
+        attempts.push((
+            stages,
+            smem_plan(tb, fusion, sched, ops, tiles, base, target.smem_per_block),
+        ));
     }
     let occupancy_budget = (target.smem_per_sm / resident)
         .saturating_sub(DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM)
@@ -805,6 +810,15 @@ mod tests {
         assert_eq!((threads, source), (64, CtaSource::Asked));
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Graph);
         assert_eq!((threads, source), (128, CtaSource::Graph));
+        // Warp counts no CTA can have are refused (a tuning cache once asked for 0 and 2³²).
+        for warps in [0, 33, 1 << 32] {
+            let opts = Options {
+                cta: CtaChoice::Warps(warps),
+                ..Options::for_target(Target::new(Arch::Sm80))
+            };
+            let e = crate::sched::plan(&g, &opts).unwrap_err();
+            assert!(e.to_string().contains("1 to 32 warps"), "{e}");
+        }
         // A grid of 4 blocks per SM or more keeps the µGraph's block.
         let g = decode_gated_linear(8, 256, 16384, 1024, 4, DType::F16).unwrap();
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);

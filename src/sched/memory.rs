@@ -24,6 +24,7 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    #[cfg(test)]
     fn overlaps(&self, other: &Buffer) -> bool {
         self.start < other.end && other.start < self.end
     }
@@ -46,22 +47,95 @@ fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a.max(1)) * a.max(1)
 }
 
-/// The largest total size of buffers live at one time.
+/// The largest total size of buffers live at one time (a sweep over starts and ends).
 pub fn lower_bound(buffers: &[Buffer]) -> usize {
-    let mut events: Vec<usize> = buffers.iter().map(|b| b.start).collect();
+    // (time, is a start, bytes): at equal times ends come first, as a buffer is dead at its
+    // end. Buffers that are never live (end <= start) are left out: the live total only rises
+    // at the start of a buffer that is live.
+    let mut events: Vec<(usize, bool, usize)> = Vec::with_capacity(2 * buffers.len());
+    for b in buffers.iter().filter(|b| b.start < b.end) {
+        events.push((b.start, true, b.bytes));
+        events.push((b.end, false, b.bytes));
+    }
     events.sort_unstable();
-    events.dedup();
-    events
-        .iter()
-        .map(|&t| {
-            buffers
-                .iter()
-                .filter(|b| b.start <= t && t < b.end)
-                .map(|b| b.bytes)
-                .sum::<usize>()
-        })
-        .max()
-        .unwrap_or(0)
+    let (mut live, mut most) = (0usize, 0usize);
+    for (_, start, bytes) in events {
+        if start {
+            live += bytes;
+            most = most.max(live);
+        } else {
+            live -= bytes;
+        }
+    }
+    most
+}
+
+/// The placed buffers, searchable by lifetime: a max tree over the buffers sorted by start,
+/// holding the end of each placed buffer (0 while unplaced). Finding the placed buffers live
+/// during a buffer's lifetime costs O(log n) per buffer found, in O(n) memory.
+struct Placed<'a> {
+    buffers: &'a [Buffer],
+    /// Buffer indices sorted by (start, index).
+    by_start: Vec<usize>,
+    /// Position of each buffer in `by_start`.
+    slot: Vec<usize>,
+    /// Leaves from `width`: the end of the placed buffer in that slot; inner nodes: the max.
+    tree: Vec<usize>,
+    width: usize,
+}
+
+impl<'a> Placed<'a> {
+    fn new(buffers: &'a [Buffer]) -> Self {
+        let mut by_start: Vec<usize> = (0..buffers.len()).collect();
+        by_start.sort_by_key(|&i| (buffers[i].start, i));
+        let mut slot = vec![0; buffers.len()];
+        for (p, &i) in by_start.iter().enumerate() {
+            slot[i] = p;
+        }
+        let width = buffers.len().next_power_of_two();
+        Placed {
+            buffers,
+            by_start,
+            slot,
+            tree: vec![0; 2 * width],
+            width,
+        }
+    }
+
+    fn insert(&mut self, i: usize) {
+        let mut node = self.width + self.slot[i];
+        self.tree[node] = self.buffers[i].end;
+        while node > 1 {
+            node /= 2;
+            self.tree[node] = self.tree[2 * node].max(self.tree[2 * node + 1]);
+        }
+    }
+
+    /// Calls `f` with every placed buffer that overlaps `b` in time.
+    fn overlapping(&self, b: &Buffer, mut f: impl FnMut(usize)) {
+        // Candidates start before `b` ends: a prefix of `by_start`; among them, the overlapping
+        // ones end after `b` starts.
+        let prefix = self
+            .by_start
+            .partition_point(|&j| self.buffers[j].start < b.end);
+        if prefix == 0 {
+            return;
+        }
+        // Depth-first over the nodes that cover part of the prefix and hold a late enough end.
+        let mut stack = vec![(1usize, 0usize, self.width)];
+        while let Some((node, lo, hi)) = stack.pop() {
+            if lo >= prefix || self.tree[node] <= b.start {
+                continue;
+            }
+            if node >= self.width {
+                f(self.by_start[lo]);
+            } else {
+                let mid = (lo + hi) / 2;
+                stack.push((2 * node + 1, mid, hi));
+                stack.push((2 * node, lo, mid));
+            }
+        }
+    }
 }
 
 /// Places `buffers` in `order`, each at the lowest fitting offset (`best_fit = false`) or in the
@@ -74,14 +148,15 @@ fn place(
 ) -> (Vec<usize>, usize) {
     let mut offsets = vec![usize::MAX; buffers.len()];
     let mut peak = 0;
+    let mut placed = Placed::new(buffers);
+    let mut busy: Vec<(usize, usize)> = Vec::new();
     for &i in order {
         let b = &buffers[i];
         // Busy ranges of already placed buffers that overlap in time, sorted by offset.
-        let mut busy: Vec<(usize, usize)> = order
-            .iter()
-            .filter(|&&j| offsets[j] != usize::MAX && buffers[j].overlaps(b))
-            .map(|&j| (offsets[j], offsets[j] + buffers[j].bytes))
-            .collect();
+        busy.clear();
+        placed.overlapping(b, |j| {
+            busy.push((offsets[j], offsets[j] + buffers[j].bytes))
+        });
         busy.sort_unstable();
         // Candidate gaps: before each busy range and after the last.
         let mut best: Option<(usize, usize)> = None; // (slack, offset)
@@ -115,6 +190,7 @@ fn place(
         consider(cursor, None);
         let (_, at) = best.expect("the space above everything always fits");
         offsets[i] = at;
+        placed.insert(i);
         peak = peak.max(at + b.bytes);
     }
     (offsets, peak)
@@ -332,7 +408,56 @@ mod tests {
         Ok(())
     }
 
+    /// The quadratic definitions the planner used before [`Placed`] and the sweep: every
+    /// placed buffer and every start tested against every other.
+    fn quadratic_lower_bound(buffers: &[Buffer]) -> usize {
+        let mut events: Vec<usize> = buffers.iter().map(|b| b.start).collect();
+        events.sort_unstable();
+        events.dedup();
+        events
+            .iter()
+            .map(|&t| {
+                buffers
+                    .iter()
+                    .filter(|b| b.start <= t && t < b.end)
+                    .map(|b| b.bytes)
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn quadratic_busy(buffers: &[Buffer], offsets: &[usize], i: usize) -> Vec<(usize, usize)> {
+        let mut busy: Vec<(usize, usize)> = (0..buffers.len())
+            .filter(|&j| offsets[j] != usize::MAX && buffers[j].overlaps(&buffers[i]))
+            .map(|j| (offsets[j], offsets[j] + buffers[j].bytes))
+            .collect();
+        busy.sort_unstable();
+        busy
+    }
+
     proptest! {
+        /// The sweep and the lifetime tree find exactly what testing every pair finds, so
+        /// packings (and the code planned from them) do not depend on which is used.
+        #[test]
+        fn fast_queries_match_the_quadratic_ones(spec in prop::collection::vec((1usize..64, 0usize..20, 0usize..10), 0..40), seed in 0usize..1000) {
+            let bufs: Vec<Buffer> = spec.iter().map(|&(k, s, l)| buf(k * 16, s, s + l)).collect();
+            prop_assert_eq!(lower_bound(&bufs), quadratic_lower_bound(&bufs));
+            // Place in a scrambled order, comparing the busy ranges before each placement.
+            let mut order: Vec<usize> = (0..bufs.len()).collect();
+            order.sort_by_key(|&i| (i * 7919 + seed) % 97);
+            let mut placed = Placed::new(&bufs);
+            let mut offsets = vec![usize::MAX; bufs.len()];
+            for (n, &i) in order.iter().enumerate() {
+                let mut busy = Vec::new();
+                placed.overlapping(&bufs[i], |j| busy.push((offsets[j], offsets[j] + bufs[j].bytes)));
+                busy.sort_unstable();
+                prop_assert_eq!(&busy, &quadratic_busy(&bufs, &offsets, i));
+                offsets[i] = n * 4096;
+                placed.insert(i);
+            }
+        }
+
         /// No two simultaneously live buffers share bytes; the peak is at least the lower bound
         /// and at most the sum of all sizes; the plan is deterministic.
         #[test]

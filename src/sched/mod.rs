@@ -90,6 +90,11 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let target = &opts.target;
     let gpus = g.sharding.num_gpus();
+    if let plan::CtaChoice::Warps(w) = opts.cta
+        && !(1..=plan::MAX_WARPS).contains(&w)
+    {
+        return Err(PlanError::WarpsOutOfRange { warps: w });
+    }
     if opts.path == plan::PathChoice::Hopper && !target.has_tma_wgmma {
         return Err(PlanError::PathUnavailable {
             path: opts.path.to_string(),

@@ -337,8 +337,22 @@ pub fn threads_per_row(rows: usize, len: usize, threads: usize) -> usize {
 /// overflows or loses its low digits; everything else — single-iteration element-wise
 /// accumulators included, which sum nothing — in the graph's type.
 pub fn tile_dtype(tb: &TbGraph, t: Handle<STensor>) -> DType {
+    stored_dtype(tb, t, tb.producer(t))
+}
+
+/// [`tile_dtype`] of every tile (by index), in one pass over the graph.
+pub fn tile_dtypes(tb: &TbGraph) -> Vec<DType> {
+    let producers = tb.producers();
+    tb.tensors
+        .iter()
+        .map(|(t, _)| stored_dtype(tb, t, producers[t.index()]))
+        .collect()
+}
+
+/// The type tile `t`, defined by `producer`, is stored in (see [`tile_dtype`]).
+fn stored_dtype(tb: &TbGraph, t: Handle<STensor>, producer: Option<Handle<TbOp>>) -> DType {
     let dtype = tb.tensors[t].dtype;
-    let accum = tb.producer(t).and_then(|p| match tb.ops[p].kind {
+    let accum = producer.and_then(|p| match tb.ops[p].kind {
         TbOpKind::Accum(k) => Some(k),
         _ => None,
     });
@@ -551,6 +565,7 @@ pub fn plan_ops(
     let threads = threads.max(1);
     let warps = (threads / 32).max(1);
     let mut regs_left = target.accum_register_budget;
+    let stored = tile_dtypes(tb);
     let mut plans = Vec::with_capacity(tb.ops.len());
     for (h, op) in tb.ops.iter() {
         let chain = fusion.chain(h);
@@ -614,7 +629,10 @@ pub fn plan_ops(
                 let (m, k, n) = (a.dim(r - 2), a.dim(r - 1), b.dim(r - 1));
                 let (w, mma, _) = warp_grid(m, n, k, warps);
                 // An operand kept wide (an accumulator's fp32 result) goes through FMAs.
-                let wide = op.inputs.iter().any(|&t| tile_is_wide(tb, t));
+                let wide = op
+                    .inputs
+                    .iter()
+                    .any(|&t| stored[t.index()] != tb.tensors[t].dtype);
                 let instr = match tb.tensors[op.inputs[0]].dtype {
                     _ if wide || !threads.is_multiple_of(32) => MatmulInstr::Fma,
                     dtype @ (DType::F16 | DType::BF16) => MatmulInstr::MmaSyncM16N8K16 { dtype },

@@ -140,6 +140,7 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
         .map(|c| chain_phase(tb, c.leader()))
         .collect();
     // Chains are in the order of their leaders, which is topological.
+    let producers = tb.producers();
     let mut level = vec![0usize; n];
     for (c, chain) in plan.chains.iter().enumerate() {
         let lead = &tb.ops[chain.leader()];
@@ -148,7 +149,7 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
         }
         let mut l = 0;
         for &t in &lead.inputs {
-            if let Some(p) = tb.producer(t) {
+            if let Some(p) = producers[t.index()] {
                 let pc = plan.chain_of[p.index()];
                 if phase[pc] == phase[c] {
                     l = l.max(level[pc] + 1);
@@ -180,7 +181,7 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
     if !post_loop.is_empty() && (!body.is_empty() || !pre_loop.is_empty()) {
         post_loop.insert(0, Step::Barrier("accumulators complete"));
     }
-    if tb.forloop_range > 1 && needs_end_barrier(tb, plan, &phase, &level) {
+    if tb.forloop_range > 1 && needs_end_barrier(tb, &producers, plan, &phase, &level) {
         body.push(Step::Barrier(
             "the next iteration overwrites tiles read at the last level",
         ));
@@ -195,7 +196,13 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
 }
 
 /// Whether a tile written at loop level 0 is read at the loop's last level.
-fn needs_end_barrier(tb: &TbGraph, plan: &FusionPlan, phase: &[Phase], level: &[usize]) -> bool {
+fn needs_end_barrier(
+    tb: &TbGraph,
+    producers: &[Option<Handle<TbOp>>],
+    plan: &FusionPlan,
+    phase: &[Phase],
+    level: &[usize],
+) -> bool {
     let last = (0..plan.chains.len())
         .filter(|&c| phase[c] == Phase::Loop)
         .map(|c| level[c])
@@ -206,7 +213,7 @@ fn needs_end_barrier(tb: &TbGraph, plan: &FusionPlan, phase: &[Phase], level: &[
             continue;
         }
         for &t in &tb.ops[chain.leader()].inputs {
-            if let Some(p) = tb.producer(t) {
+            if let Some(p) = producers[t.index()] {
                 let pc = plan.chain_of[p.index()];
                 if phase[pc] == Phase::Loop && level[pc] == 0 {
                     return true;

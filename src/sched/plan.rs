@@ -187,8 +187,9 @@ impl std::str::FromStr for CtaChoice {
             _ => match s.parse::<usize>() {
                 Ok(w) if (1..=MAX_WARPS).contains(&w) => Ok(CtaChoice::Warps(w)),
                 _ => Err(format!(
-                    "unknown warp count `{s}` (expected auto, graph or a number of warps from 1 to \
-                     {MAX_WARPS})"
+                    "unknown warp count `{}` (expected auto, graph or a number of warps from 1 to \
+                     {MAX_WARPS})",
+                    crate::graph::error::clip(s)
                 )),
             },
         }
@@ -237,7 +238,8 @@ impl std::str::FromStr for PathChoice {
             "ampere" => Ok(PathChoice::Ampere),
             "hopper" => Ok(PathChoice::Hopper),
             _ => Err(format!(
-                "unknown path `{s}` (expected auto, ampere or hopper)"
+                "unknown path `{}` (expected auto, ampere or hopper)",
+                crate::graph::error::clip(s)
             )),
         }
     }
@@ -292,6 +294,12 @@ pub enum PlanError {
         limit: usize,
         /// The target.
         arch: String,
+    },
+    /// The requested CTA shape is not one a GPU can launch.
+    #[error("{warps} warps per CTA were asked for; a CTA has 1 to {MAX_WARPS} warps")]
+    WarpsOutOfRange {
+        /// The warps asked for.
+        warps: usize,
     },
     /// The requested code path needs features the target lacks.
     #[error("the {path} path needs sm_90a, but the target is {arch}")]

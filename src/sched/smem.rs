@@ -20,7 +20,10 @@ use crate::graph::ops::TbReduction;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 use crate::layout::swizzle::TileGeometry;
 
-/// Shared-memory buffers and their lifetimes in schedule steps (barriers included).
+/// Shared-memory buffers and their lifetimes in schedule steps (barriers included), packed
+/// from `base`. When `base` plus the lower bound of any packing exceeds `limit` (bytes per
+/// block), the buffers are not packed: the plan's peak is that lower bound and every offset 0,
+/// a plan only fit to be refused.
 pub fn smem_plan(
     tb: &TbGraph,
     fusion: &FusionPlan,
@@ -28,6 +31,7 @@ pub fn smem_plan(
     ops: &[OpPlan],
     tiles: &[Option<TileGeometry>],
     base: usize,
+    limit: usize,
 ) -> SmemPlan {
     let steps: Vec<(Phase, &Step)> = sched.steps().collect();
     let total_steps = steps.len();
@@ -210,7 +214,19 @@ pub fn smem_plan(
             kinds.push(kind);
         }
     }
-    let packing = memory::pack_from(&buffers, base);
+    // A plan whose live tiles alone exceed the limit is refused whatever the packing: do not
+    // pack it (packing tiles that all live at once costs the square of their number).
+    let lower_bound = memory::lower_bound(&buffers);
+    let packing = if base.saturating_add(lower_bound) > limit {
+        memory::Packing {
+            offsets: vec![0; buffers.len()],
+            peak: lower_bound,
+            lower_bound,
+            heuristic: "none: the lower bound exceeds the limit",
+        }
+    } else {
+        memory::pack_from(&buffers, base)
+    };
     let total = base + packing.peak;
     SmemPlan {
         buffers,

@@ -19,6 +19,17 @@ pub struct InputSpec {
     pub scale: f64,
 }
 
+/// A scale (or any positive number) for a message: as written when short (`0.5`, `70000`),
+/// else in exponent form (`1e300`, not 301 digits; `1e-300`, not 300 zeros).
+pub fn format_scale(x: f64) -> String {
+    let plain = format!("{x}");
+    if plain.len() <= 12 {
+        plain
+    } else {
+        format!("{x:e}")
+    }
+}
+
 impl Default for InputSpec {
     fn default() -> Self {
         InputSpec {

@@ -11,7 +11,7 @@ mod threadblock;
 
 pub use array::Array;
 pub use budget::{Budget, Estimate, estimate};
-pub use inputs::{InputSpec, random_inputs};
+pub use inputs::{InputSpec, format_scale, random_inputs};
 pub use sharded::{
     ShardedRun, evaluate_ranks, evaluate_sharded, gather_outputs, global_input_shapes,
     global_output_shapes, random_global_inputs, shard_inputs,

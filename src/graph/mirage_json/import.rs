@@ -43,7 +43,7 @@ pub fn parse_str(
         e.location.file = file_buf.clone();
         e
     };
-    let doc: Value = super::strict::from_str(text).map_err(|e| {
+    let doc: Value = super::strict::from_str(text, opts.max_graphs).map_err(|e| {
         with_file(GraphError::new(ErrorKind::Json {
             line: e.line(),
             column: e.column(),
@@ -146,32 +146,62 @@ pub fn parse_str(
     })
 }
 
+/// Why [`read_regular_file`] read nothing.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The file could not be opened or read.
+    Io(std::io::Error),
+    /// It is a directory, device, pipe or socket (after following symbolic links).
+    NotRegular,
+    /// It holds more than the limit (its length, or the limit + 1 if it grew while read).
+    TooLarge(u64),
+}
+
+/// Reads a file that must be a regular file (symbolic links followed) of at most `max` bytes,
+/// never waiting on a pipe or reading a device: the checks run before the file is opened, and
+/// again on the opened file. Input files and cache entries are read this way.
+pub(crate) fn read_regular_file(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+    let meta = std::fs::metadata(path).map_err(ReadError::Io)?;
+    if !meta.is_file() {
+        return Err(ReadError::NotRegular);
+    }
+    if meta.len() > max {
+        return Err(ReadError::TooLarge(meta.len()));
+    }
+    let f = std::fs::File::open(path).map_err(ReadError::Io)?;
+    let meta = f.metadata().map_err(ReadError::Io)?;
+    if !meta.is_file() {
+        return Err(ReadError::NotRegular);
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(max) as usize);
+    // One byte past the limit tells a file that grew since `metadata` from one that fits.
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(f, max.saturating_add(1)),
+        &mut bytes,
+    )
+    .map_err(ReadError::Io)?;
+    if bytes.len() as u64 > max {
+        return Err(ReadError::TooLarge(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 /// Reads and parses a file.
 pub fn read_file(path: &Path, opts: &ImportOptions) -> Result<MirageFile, GraphError> {
     let io = |msg: String| GraphError::new(ErrorKind::Io(msg)).in_file(path);
-    let meta = std::fs::metadata(path).map_err(|e| io(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(io(
+    let max = opts.max_input_bytes;
+    let bytes = read_regular_file(path, max).map_err(|e| {
+        match e {
+        ReadError::Io(e) => io(e.to_string()),
+        ReadError::NotRegular => io(
             "not a regular file (a directory, device, pipe or socket); mucc reads µGraph JSON files"
                 .into(),
-        ));
-    }
-    let max = opts.max_input_bytes;
-    let too_large = |len: u64| {
-        io(format!(
+        ),
+        ReadError::TooLarge(len) => io(format!(
             "the file has {len} bytes, more than the limit of {max} (--max-input-bytes raises it)"
-        ))
-    };
-    if meta.len() > max {
-        return Err(too_large(meta.len()));
+        )),
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    std::fs::File::open(path)
-        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, max + 1), &mut bytes))
-        .map_err(|e| io(e.to_string()))?;
-    if bytes.len() as u64 > max {
-        return Err(too_large(bytes.len() as u64));
-    }
+    })?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let bad = e.utf8_error().valid_up_to();
         let before = &e.as_bytes()[..bad];
