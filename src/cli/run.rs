@@ -108,7 +108,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         "GPU: {}, inputs seed {} scale {}",
         session.describe(),
         a.seed,
-        a.scale
+        mucc::graph::interp::format_scale(a.scale)
     )?;
     // Lines are printed through `bar.suspend` while the bar exists (see `super::progress`).
     let bar = super::progress::bar(
@@ -175,7 +175,10 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
                     },
                 ) => {
                     if let Some(n) = note {
-                        info.push_str(&format!("; input scale lowered to {scale} ({n})"));
+                        info.push_str(&format!(
+                            "; input scale lowered to {} ({n})",
+                            mucc::graph::interp::format_scale(*scale)
+                        ));
                     }
                     (inputs, Some(d))
                 }
@@ -273,7 +276,8 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
     writeln!(
         out,
         "{gpus_line}; global inputs seed {} scale {}, sharded by the input maps",
-        a.seed, a.scale
+        a.seed,
+        mucc::graph::interp::format_scale(a.scale)
     )?;
     let budget = a.budget.budget();
     let prepared = super::gpu::prepare_ranks(&session, file, &name, indices, &budget);
@@ -296,7 +300,10 @@ fn run_ranks(a: &RunArgs, file: &MirageFile, indices: &[usize], n: usize) -> Res
                 let d = multi::ranked_inputs_and_reference(g, a.seed, a.scale, &budget)
                     .map_err(plain)?;
                 if let Some(note) = &d.note {
-                    info.push_str(&format!("; input scale lowered to {} ({note})", d.scale));
+                    info.push_str(&format!(
+                        "; input scale lowered to {} ({note})",
+                        mucc::graph::interp::format_scale(d.scale)
+                    ));
                 }
                 Some(d)
             } else {
