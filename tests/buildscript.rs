@@ -313,7 +313,9 @@ fn errors_name_the_file_the_graph_and_the_step() {
 /// `cargo build -v` of the example copy in `dir` (with `env` set); its status and stderr.
 fn cargo_build(dir: &Path, target: &Path, env: &[(&str, &Path)]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-v"])
+    // `--locked`: the example's committed Cargo.lock must be up to date, or building it in a
+    // checkout rewrites the file.
+    cmd.args(["build", "-v", "--locked"])
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", target)
         // The test builds and links the example but never runs its interpreter: no
@@ -334,6 +336,11 @@ fn cargo_build(dir: &Path, target: &Path, env: &[(&str, &Path)]) -> (bool, Strin
 /// `cargo build -v` of the example copy in `dir`; returns whether its build script ran.
 fn build_example(dir: &Path, target: &Path) -> bool {
     let (ok, log) = cargo_build(dir, target, &[]);
+    assert!(
+        ok || !log.contains("--locked"),
+        "examples/rust-embed/Cargo.lock is out of date (mucc's dependencies changed): run \
+         `cargo tree` in examples/rust-embed and commit the lock file it updates:\n{log}"
+    );
     assert!(ok, "cargo build of the example failed:\n{log}");
     log.lines().any(|l| {
         l.contains("Running `")

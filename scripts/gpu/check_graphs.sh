@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# On a GPU machine (no Rust there): transpiles graphs with the carried mucc binary, dumps their
-# inputs and f64 references (`mucc eval --dump`), builds and runs the generated code, compares.
+# The nvcc-built path on a GPU machine (no Rust there): what `mucc build` and the build-script
+# bindings ship, which scripts/gpu-test.sh (NVRTC, in process) does not exercise. Transpiles
+# graphs with the carried mucc binary, dumps their inputs and f64 references (`mucc eval
+# --dump`), builds each `.cu` with nvcc into a shared library, calls its host entry
+# `mucc_execute` through ctypes on PyTorch buffers (scripts/gpu/check_kernel_level.py) and
+# compares every output. Needs nvcc and PyTorch on the GPU machine.
 #
 #   scripts/gpu/check_graphs.sh CARRY_DIR OUT_DIR ARCH FILE:GRAPH[:SCALE] ...
+#
+# e.g. every golden graph, attention at input scale 0.5:
+#   scripts/gpu/check_graphs.sh carry /tmp/cg sm_90a $(for j in golden/kernel/*.json \
+#     golden/threadblock/*.json; do case $j in *.plan.json) ;; *attention_*) echo $j:0:0.5;; \
+#     *) echo $j:0;; esac; done)
 #
 # CARRY_DIR holds the release `mucc` binary and Debian's libz3.so.4. SCALE (default 1) is the
 # half-width of the random inputs: attention graphs (no max subtraction) need less than 1 so that

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Runs generated kernel-level code on a GPU and compares it with mucc's f64 interpreter.
+"""Runs generated code built by nvcc on a GPU and compares it with mucc's f64 interpreter: the
+second half of scripts/gpu/check_graphs.sh, which calls it (not meant to be run by hand).
 
-For each graph directory prepared by scripts/gpu/check_kernel_level.sh (NAME.cu, NAME.plan.json,
-and NAME/ holding the inputs and reference outputs written by `mucc eval --dump`), this script
-builds a shared library with nvcc, allocates the buffers the launch plan describes with PyTorch,
-poisons the outputs, calls `mucc_execute` through ctypes on PyTorch's current stream, and compares
-every output with the reference: relative error ||out - ref|| / ||ref||, max absolute error, and
-no NaN or unwritten element.
+For each graph prepared in WORK by check_graphs.sh (NAME.cu, NAME.plan.json, and NAME/ holding
+the inputs and reference outputs written by `mucc eval --dump`), this script builds a shared
+library with nvcc (sm_90a; MUCC_NVCC_FLAGS adds flags), allocates the buffers the launch plan
+describes with PyTorch, poisons the outputs, calls `mucc_execute` through ctypes on PyTorch's
+current stream, and compares every output with the reference: relative error
+||out - ref|| / ||ref||, max absolute error, and no NaN or unwritten element.
+
+    python3 scripts/gpu/check_kernel_level.py WORK runtime-headers            # every graph
+    python3 scripts/gpu/check_kernel_level.py --one WORK NAME runtime-headers  # one, in process
 """
 import ctypes
 import json

@@ -5,8 +5,15 @@ eager and torch.compile, timed the same way (scripts/bench_vs_torch.py's method)
 
     python3 scripts/gpu/decode_vs_torch.py --decode carry/decode --bench ampere=OUT/a auto=OUT/b
 
-where OUT/a/NAME.bench.json are `mucc bench carry/decode/NAME.json --check --path ampere
---json-out ...` results of the same run. Prints a Markdown table.
+where each LABEL=DIR pair (any number of them) names a folder of NAME.bench.json files that
+`mucc bench carry/decode/NAME.json --check [--path ampere] --json-out DIR/NAME.bench.json` wrote
+in the same run, e.g.
+
+    for f in carry/decode/*.json; do n=$(basename $f .json)
+      carry/mucc bench $f --check --path ampere --json-out OUT/a/$n.bench.json
+      carry/mucc bench $f --check --json-out OUT/b/$n.bench.json; done
+
+Needs PyTorch; prints a Markdown table (µs, ratios to the best PyTorch and to the floor).
 """
 
 import argparse

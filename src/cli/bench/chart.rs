@@ -4,13 +4,12 @@
 //! [`render`] is a pure function of the [`Chart`] (no GPU), so the drawing is unit-tested.
 //! Markers: a filled blue circle per clean candidate, a larger filled red one for the fastest,
 //! a hollow orange one for a candidate that ran but may not be the fastest (failed the check,
-//! non-finite outputs); each is labelled with its graph index. Candidates of a file often take
-//! nearly the same time, so labels are placed where they overlap no other label and no marker
-//! ([`place_labels`]), with a thin leader line when one had to move away from its marker. Below
-//! the plot, the candidates that failed (not plotted) or are unverified (hollow), one line per
-//! reason. When no floor is known (a graph with no work), the candidates are drawn on one line
-//! at their times and the y axis says so; a grey line marks ×1 (the floor) when the y range
-//! reaches it.
+//! non-finite outputs); each is labelled with its graph index, up and to the right of it (labels
+//! of candidates with nearly the same time may overlap; the table `mucc bench` prints has every
+//! figure). Below the plot, the candidates that failed (not plotted) or are unverified (hollow),
+//! one line per reason. When no floor is known (a graph with no work), the candidates are drawn
+//! on one line at their times and the y axis says so; a grey line marks ×1 (the floor) when the
+//! y range reaches it.
 
 use plotters::prelude::*;
 
@@ -169,97 +168,6 @@ fn graph_list(gs: &[usize]) -> String {
     format!("graphs {shown}… ({} graphs)", gs.len())
 }
 
-/// A box in pixels.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Rect {
-    left: f64,
-    top: f64,
-    right: f64,
-    bottom: f64,
-}
-
-impl Rect {
-    fn overlaps(&self, o: &Rect) -> bool {
-        self.left < o.right && o.left < self.right && self.top < o.bottom && o.top < self.bottom
-    }
-
-    fn inside(&self, o: &Rect) -> bool {
-        self.left >= o.left && self.right <= o.right && self.top >= o.top && self.bottom <= o.bottom
-    }
-
-    /// Whether the circle at (`x`, `y`) of radius `r` reaches into the box.
-    fn touches_circle(&self, x: f64, y: f64, r: f64) -> bool {
-        let (px, py) = self.nearest(x, y);
-        (px - x).powi(2) + (py - y).powi(2) < r * r
-    }
-
-    /// The point of the box nearest to (`x`, `y`).
-    fn nearest(&self, x: f64, y: f64) -> (f64, f64) {
-        (
-            x.clamp(self.left, self.right),
-            y.clamp(self.top, self.bottom),
-        )
-    }
-}
-
-/// A marker to label, in pixels: centre, radius, and its label's width and height.
-#[derive(Clone, Copy, Debug)]
-struct Mark {
-    x: f64,
-    y: f64,
-    r: f64,
-    w: f64,
-    h: f64,
-}
-
-/// Rings of label positions tried around a marker, 10 pixels apart.
-const RINGS: usize = 10;
-
-/// The label boxes of `marks`, placed in order (so the first ones get the best places): for
-/// each, the first of eight positions around its marker (right and up first), ring after ring
-/// outwards, whose box stays inside `area` and overlaps no marker and no label placed before.
-/// When there is none, the first position (overlapping). With each box, whether it is off its
-/// marker's first ring (and so needs a leader line).
-fn place_labels(marks: &[Mark], area: Rect) -> Vec<(Rect, bool)> {
-    let mut placed: Vec<Rect> = Vec::with_capacity(marks.len());
-    let mut out = Vec::with_capacity(marks.len());
-    for m in marks {
-        let at = |ring: usize, dir: usize| -> Rect {
-            let d = m.r + 2.0 + 10.0 * ring as f64;
-            let q = d * std::f64::consts::FRAC_1_SQRT_2;
-            let (left, top) = match dir {
-                0 => (m.x + q, m.y - q - m.h),         // up right
-                1 => (m.x + d, m.y - m.h / 2.0),       // right
-                2 => (m.x + q, m.y + q),               // down right
-                3 => (m.x - m.w / 2.0, m.y - d - m.h), // up
-                4 => (m.x - m.w / 2.0, m.y + d),       // down
-                5 => (m.x - q - m.w, m.y - q - m.h),   // up left
-                6 => (m.x - d - m.w, m.y - m.h / 2.0), // left
-                _ => (m.x - q - m.w, m.y + q),         // down left
-            };
-            Rect {
-                left,
-                top,
-                right: left + m.w,
-                bottom: top + m.h,
-            }
-        };
-        let free = |b: &Rect| {
-            b.inside(&area)
-                && !placed.iter().any(|p| p.overlaps(b))
-                && !marks.iter().any(|o| b.touches_circle(o.x, o.y, o.r + 1.0))
-        };
-        let found = (0..RINGS)
-            .flat_map(|ring| (0..8).map(move |dir| (ring, dir)))
-            .map(|(ring, dir)| (at(ring, dir), ring > 0))
-            .find(|(b, _)| free(b));
-        let (b, far) = found.unwrap_or((at(0, 0), false));
-        placed.push(b);
-        out.push((b, far));
-    }
-    out
-}
-
 /// Renders the chart as an SVG document.
 pub fn render(c: &Chart) -> Result<String, String> {
     let mut drawn = Vec::new();
@@ -302,23 +210,22 @@ pub fn render(c: &Chart) -> Result<String, String> {
         .collect();
     // With a floor for every plotted candidate, y is the ratio; otherwise all sit on one line.
     let with_floor = !drawn.is_empty() && drawn.iter().all(|d| d.ratio.is_some());
-    let fold = |f: fn(&Drawn) -> f64| {
-        drawn
+    let range = |f: fn(&Drawn) -> f64| {
+        let (lo, hi) = drawn
             .iter()
             .map(f)
             .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
                 (lo.min(v), hi.max(v))
-            })
+            });
+        padded(lo, hi)
     };
     let (x_lo, x_hi) = if drawn.is_empty() {
         (0.0, 1.0)
     } else {
-        let (lo, hi) = fold(|d| d.us);
-        padded(lo, hi)
+        range(|d| d.us)
     };
     let (y_lo, y_hi) = if with_floor {
-        let (lo, hi) = fold(|d| d.ratio.unwrap_or(0.0));
-        padded(lo, hi)
+        range(|d| d.ratio.unwrap_or(0.0))
     } else {
         (0.0, 1.0)
     };
@@ -351,22 +258,19 @@ pub fn render(c: &Chart) -> Result<String, String> {
     } else {
         LINE * (listed.len() as u32 + 1) + 10
     };
-    let height = header + PLOT_HEIGHT + list_height;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        let size = (WIDTH, header + PLOT_HEIGHT + list_height);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         let e = |e: DrawingAreaErrorKind<_>| format!("drawing the chart: {e}");
         root.fill(&WHITE).map_err(e)?;
         let (top, bottom) = root.split_vertically(header + PLOT_HEIGHT);
         top.draw(&Text::new(title, (12, 8), ("sans-serif", 20).into_font()))
             .map_err(e)?;
         for (k, line) in lines.into_iter().enumerate() {
-            top.draw(&Text::new(
-                line,
-                (12, 34 + 18 * k as i32),
-                ("sans-serif", 15).into_font(),
-            ))
-            .map_err(e)?;
+            let at = (12, 34 + 18 * k as i32);
+            top.draw(&Text::new(line, at, ("sans-serif", 15).into_font()))
+                .map_err(e)?;
         }
         let (_, plot) = top.split_vertically(header);
         let mut chart = ChartBuilder::on(&plot)
@@ -394,127 +298,64 @@ pub fn render(c: &Chart) -> Result<String, String> {
         }
         mesh.draw().map_err(e)?;
         if with_floor && y_lo <= 1.0 && 1.0 <= y_hi {
+            let floor = vec![(x_lo, 1.0), (x_hi, 1.0)];
+            let grey = BLACK.mix(0.5).stroke_width(1);
             chart
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(x_lo, 1.0), (x_hi, 1.0)],
-                    BLACK.mix(0.5).stroke_width(1),
-                )))
+                .draw_series(std::iter::once(PathElement::new(floor, grey)))
                 .map_err(e)?;
         }
         if drawn.is_empty() {
+            let at = (x_lo + 0.4 * (x_hi - x_lo), y_lo + 0.5 * (y_hi - y_lo));
+            let font = ("sans-serif", 16).into_font();
             chart
-                .draw_series(std::iter::once(Text::new(
-                    "no candidate ran",
-                    (x_lo + 0.4 * (x_hi - x_lo), y_lo + 0.5 * (y_hi - y_lo)),
-                    ("sans-serif", 16).into_font(),
-                )))
+                .draw_series(std::iter::once(Text::new("no candidate ran", at, font)))
                 .map_err(e)?;
         }
-        // Labels are placed fastest first, then the clean ones, then the unverified. Markers are
-        // drawn clean first, then the hollow unverified ones (so they are not hidden under
-        // clean ones), then the fastest on top of everything.
-        let rank = |d: &Drawn| match (Some(d.graph) == c.fastest, d.clean) {
-            (true, _) => 0,
-            (false, true) => 1,
-            (false, false) => 2,
+        // Clean markers first, then the hollow unverified ones (so that no clean marker hides
+        // them), then the fastest on top of everything.
+        let layer = |d: &Drawn| match (Some(d.graph) == c.fastest, d.clean) {
+            (true, _) => 2,
+            (false, true) => 0,
+            (false, false) => 1,
         };
         let mut order: Vec<&Drawn> = drawn.iter().collect();
-        order.sort_by(|a, b| rank(a).cmp(&rank(b)).then(a.us.total_cmp(&b.us)));
-        let label_px = LABEL_SIZE / 1.24;
-        let looks: Vec<(String, ShapeStyle, i32, RGBColor)> = order
-            .iter()
-            .map(|d| {
-                if Some(d.graph) == c.fastest {
-                    (
-                        format!("{} (fastest)", d.graph),
-                        FASTEST_COLOR.filled(),
-                        7,
-                        FASTEST_COLOR,
-                    )
-                } else if d.clean {
-                    (d.graph.to_string(), CLEAN_COLOR.filled(), 4, BLACK)
-                } else {
-                    (
-                        d.graph.to_string(),
-                        UNVERIFIED_COLOR.stroke_width(2),
-                        5,
-                        BLACK,
-                    )
-                }
-            })
-            .collect();
-        let centres: Vec<(i32, i32)> = order
-            .iter()
-            .map(|d| chart.backend_coord(&(d.us, d.ratio.filter(|_| with_floor).unwrap_or(0.5))))
-            .collect();
-        let marks: Vec<Mark> = centres
-            .iter()
-            .zip(&looks)
-            .map(|(&(x, y), (label, _, r, _))| Mark {
-                x: x as f64,
-                y: y as f64,
-                r: *r as f64,
-                // Sans-serif digits and letters are about 0.6 em wide.
-                w: 0.6 * label_px * label.chars().count() as f64 + 2.0,
-                h: 1.05 * label_px,
-            })
-            .collect();
-        let (xs, ys) = chart.plotting_area().get_pixel_range();
-        let area = Rect {
-            left: xs.start as f64,
-            top: ys.start as f64,
-            right: xs.end as f64,
-            bottom: ys.end as f64,
-        };
-        let boxes = place_labels(&marks, area);
-        for (m, (b, far)) in marks.iter().zip(&boxes) {
-            if *far {
-                let (px, py) = b.nearest(m.x, m.y);
-                let len = ((px - m.x).powi(2) + (py - m.y).powi(2)).sqrt().max(1.0);
-                let from = (m.x + (px - m.x) * m.r / len, m.y + (py - m.y) * m.r / len);
-                top.draw(&PathElement::new(
-                    vec![
-                        (from.0.round() as i32, from.1.round() as i32),
-                        (px.round() as i32, py.round() as i32),
-                    ],
-                    BLACK.mix(0.35).stroke_width(1),
-                ))
-                .map_err(e)?;
-            }
-        }
-        let mut drawing: Vec<usize> = (0..order.len()).collect();
-        drawing.sort_by_key(|&k| match rank(order[k]) {
-            1 => 0,
-            2 => 1,
-            _ => 2,
+        order.sort_by(|a, b| layer(a).cmp(&layer(b)).then(a.us.total_cmp(&b.us)));
+        let markers = order.into_iter().map(|d| {
+            let (label, style, r, color) = match layer(d) {
+                2 => (
+                    format!("{} (fastest)", d.graph),
+                    FASTEST_COLOR.filled(),
+                    7,
+                    FASTEST_COLOR,
+                ),
+                0 => (d.graph.to_string(), CLEAN_COLOR.filled(), 4, BLACK),
+                _ => (
+                    d.graph.to_string(),
+                    UNVERIFIED_COLOR.stroke_width(2),
+                    5,
+                    BLACK,
+                ),
+            };
+            let y = if with_floor {
+                d.ratio.unwrap_or(0.5)
+            } else {
+                0.5
+            };
+            let font = ("sans-serif", LABEL_SIZE).into_font().color(&color);
+            EmptyElement::at((d.us, y))
+                + Circle::new((0, 0), r, style)
+                + Text::new(label, (r + 2, -r - 14), font)
         });
-        for k in drawing {
-            let (_, style, r, _) = &looks[k];
-            top.draw(&Circle::new(centres[k], *r, *style)).map_err(e)?;
-        }
-        for ((label, _, _, color), (b, _)) in looks.iter().zip(&boxes) {
-            top.draw(&Text::new(
-                label.as_str(),
-                (b.left.round() as i32, b.top.round() as i32),
-                ("sans-serif", LABEL_SIZE).into_font().color(color),
-            ))
-            .map_err(e)?;
-        }
+        chart.draw_series(markers).map_err(e)?;
         if !listed.is_empty() {
+            let heading = "failed or unverified candidates:";
             bottom
-                .draw(&Text::new(
-                    "failed or unverified candidates:",
-                    (12, 4),
-                    ("sans-serif", 14).into_font(),
-                ))
+                .draw(&Text::new(heading, (12, 4), ("sans-serif", 14).into_font()))
                 .map_err(e)?;
             for (k, line) in listed.iter().enumerate() {
+                let at = (24, (LINE * (k as u32 + 1)) as i32 + 4);
                 bottom
-                    .draw(&Text::new(
-                        line.as_str(),
-                        (24, (LINE * (k as u32 + 1)) as i32 + 4),
-                        ("monospace", 12).into_font(),
-                    ))
+                    .draw(&Text::new(line.as_str(), at, ("monospace", 12).into_font()))
                     .map_err(e)?;
             }
         }
@@ -775,47 +616,7 @@ mod tests {
     }
 
     #[test]
-    fn labels_of_a_crowd_overlap_nothing() {
-        let area = Rect {
-            left: 80.0,
-            top: 70.0,
-            right: 880.0,
-            bottom: 500.0,
-        };
-        let marks: Vec<Mark> = (0..32)
-            .map(|g| {
-                let x = 100.0 + [0.0, 150.0, 600.0][g % 3] + 2.0 * g as f64;
-                Mark {
-                    x,
-                    y: 480.0 - 0.4 * (x - 100.0),
-                    r: if g == 0 { 7.0 } else { 4.0 },
-                    w: 0.6 * 10.5 * if g < 10 { 1.0 } else { 2.0 } + 2.0,
-                    h: 11.0,
-                }
-            })
-            .collect();
-        let boxes = place_labels(&marks, area);
-        assert_eq!(boxes.len(), marks.len());
-        for (i, (b, _)) in boxes.iter().enumerate() {
-            assert!(b.inside(&area), "label {i} at {b:?} leaves the plot");
-            for (j, (o, _)) in boxes.iter().enumerate().skip(i + 1) {
-                assert!(!b.overlaps(o), "labels {i} {b:?} and {j} {o:?} overlap");
-            }
-            for (j, m) in marks.iter().enumerate() {
-                assert!(
-                    !b.touches_circle(m.x, m.y, m.r),
-                    "label {i} covers marker {j}"
-                );
-            }
-        }
-        // Some had to move off their first ring: those get leader lines.
-        assert!(boxes.iter().any(|(_, far)| *far));
-        // The first label (the fastest's) stays next to its marker.
-        assert!(!boxes[0].1, "{:?}", boxes[0]);
-    }
-
-    #[test]
-    fn a_crowd_gets_every_label_and_leader_lines() {
+    fn a_crowd_gets_every_label() {
         let points = crowd();
         let svg = render(&chart(&points, Some(0))).unwrap();
         let doc = parse(&svg);
@@ -841,11 +642,6 @@ mod tests {
         expected.push("0 (fastest)".into());
         expected.sort();
         assert_eq!(labels, expected);
-        let leaders = doc
-            .descendants()
-            .filter(|n| n.has_tag_name("polyline"))
-            .count();
-        assert!(leaders > 0, "{svg}");
     }
 
     #[test]
