@@ -243,7 +243,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     }
     if let Some(p) = &a.svg {
         let svg = svg_chart(&a, &session, &ceilings, &rows, fastest)
-            .map_err(|e| Failure::User(format!("{}: {e}", p.display())))?;
+            .map_err(|e| Failure::User(format!("{}: {e}", super::shown(p))))?;
         super::out::write(p, svg, a.force)?;
     }
     if a.json {
@@ -260,7 +260,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
         )?;
     }
     if let (Some(p), false) = (&a.svg, a.json) {
-        writeln!(out, "chart: {}", p.display())?;
+        writeln!(out, "chart: {}", super::shown(p))?;
     }
     if failed > 0 {
         return Err(Failure::Quiet);
@@ -315,7 +315,7 @@ fn svg_chart(
         launch_name(a.launch),
         a.iters.max(1),
         a.seed,
-        a.scale,
+        mucc::graph::interp::format_scale(a.scale),
         if a.check { ", checked" } else { "" }
     )];
     let ceilings_note = format!("ceilings (measured): {}", describe_ceilings(ceilings));
@@ -368,13 +368,13 @@ fn table(
         launch_name(a.launch),
         a.iters.max(1),
         a.seed,
-        a.scale
+        mucc::graph::interp::format_scale(a.scale)
     )?;
     writeln!(out, "ceilings (measured): {}", describe_ceilings(ceilings))?;
     writeln!(
         out,
         "{}: {} graph{} transpiled and compiled{} in {prepare_seconds:.1} s",
-        a.input.file.display(),
+        super::shown(&a.input.file),
         rows.len(),
         if rows.len() == 1 { "" } else { "s" },
         if a.check { ", references computed" } else { "" }

@@ -159,7 +159,8 @@ pub(crate) enum ReadError {
 
 /// Reads a file that must be a regular file (symbolic links followed) of at most `max` bytes,
 /// never waiting on a pipe or reading a device: the checks run before the file is opened, and
-/// again on the opened file. Input files and cache entries are read this way.
+/// again on the opened file (opened non-blocking, so a pipe put in its place meanwhile is
+/// refused, not waited on). Input files and cache entries are read this way.
 pub(crate) fn read_regular_file(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
     let meta = std::fs::metadata(path).map_err(ReadError::Io)?;
     if !meta.is_file() {
@@ -168,7 +169,16 @@ pub(crate) fn read_regular_file(path: &Path, max: u64) -> Result<Vec<u8>, ReadEr
     if meta.len() > max {
         return Err(ReadError::TooLarge(meta.len()));
     }
-    let f = std::fs::File::open(path).map_err(ReadError::Io)?;
+    // Non-blocking, so that a FIFO swapped in after the check cannot make the open wait for a
+    // writer (reads of a regular file are not affected).
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = opts.open(path).map_err(ReadError::Io)?;
     let meta = f.metadata().map_err(ReadError::Io)?;
     if !meta.is_file() {
         return Err(ReadError::NotRegular);
