@@ -170,9 +170,11 @@ impl Ctx<'_> {
             AccumKind::RedtoxLdSum => {
                 format!("atomicAdd(&{p}[{l}::offset(({row}) * {n} + ({col}) % {n})], v);")
             }
+            // Fusion never makes a rescaling accumulator a chain's sink (`graph::fusion`, rule 1:
+            // it has a second input), so every reducing sink is one of the kinds above.
             _ => {
-                return Err(self.err(format!(
-                    "not yet supported: accumulator {} fed element by element",
+                return Err(self.internal(&format!(
+                    "accumulator {} as the sink of a chain",
                     kind.name()
                 )));
             }
@@ -251,9 +253,11 @@ impl Ctx<'_> {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
                 lines.push(format!("{c} v = {x};"));
             }
+            // `chain` sends only these kinds here (inputs, outputs, matmuls, rms_norm and
+            // reductions have passes of their own).
             other => {
-                return Err(self.err(format!(
-                    "not yet supported: threadblock operator {} as a chain leader",
+                return Err(self.internal(&format!(
+                    "{} as the leader of an element-wise chain",
                     other.name()
                 )));
             }

@@ -56,9 +56,10 @@ impl Ctx<'_> {
         );
         let r = sa.rank();
         let (m, k, n) = (sa.dim(r - 2), sa.dim(r - 1), sb.dim(r - 1));
+        // Validation refuses threadblock matmuls with leading dims above 1.
         if sa.numel() != m * k || sb.numel() != k * n {
-            return Err(self.err(format!(
-                "not yet supported: tb op {} (matmul) multiplies batched tiles ({sa} · {sb}); only the last two dims may exceed 1",
+            return Err(self.internal(&format!(
+                "tb op {} (matmul) of batched tiles ({sa} · {sb})",
                 lead.index()
             )));
         }
