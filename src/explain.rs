@@ -285,12 +285,53 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     }
 }
 
+/// The schedule's steps in the order the kernel runs them, with the body's own barriers
+/// ([`crate::sched::plan::BodyBarriers`]) and the ring refill where they fall.
 fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    use crate::sched::order::{BarrierReason, Phase};
+    use crate::sched::plan::Prefetch;
     let _ = writeln!(s, "  schedule: {}", kp.schedule.compact(&kp.fusion));
+    let b = &kp.barriers;
+    let barrier = |s: &mut String, ph: Phase, why: BarrierReason| {
+        let _ = writeln!(s, "    {:<9} barrier ({why})", ph.name());
+    };
+    let mut last = Phase::PreLoop;
+    let mut refilled = b.prefetch == Prefetch::None;
+    let between = |s: &mut String, from: Phase, to: Phase| {
+        if from == Phase::PreLoop && to != Phase::PreLoop && b.after_initial_state {
+            barrier(s, Phase::PreLoop, BarrierReason::InitialState);
+        }
+        if from != Phase::PostLoop && to == Phase::PostLoop {
+            if b.prefetch == Prefetch::EndOfBody {
+                barrier(s, Phase::Loop, BarrierReason::BeforePrefetch);
+                let _ = writeln!(
+                    s,
+                    "    {:<9} ring refill (the loads of a later stage)",
+                    "loop"
+                );
+            }
+            if b.before_write_back {
+                barrier(s, Phase::PostLoop, BarrierReason::BeforeWriteBack);
+            }
+            if b.before_finalize {
+                barrier(s, Phase::PostLoop, BarrierReason::BeforeFinalize);
+            }
+        }
+    };
     for (ph, st) in kp.schedule.steps() {
+        between(s, last, ph);
+        last = ph;
         match st {
             Step::Barrier(why) => {
-                let _ = writeln!(s, "    {:<9} barrier ({why})", ph.name());
+                barrier(s, ph, *why);
+                if ph == Phase::Loop && !refilled {
+                    let _ = writeln!(
+                        s,
+                        "    {:<9} ring refill (the loads of a later stage)",
+                        "loop"
+                    );
+                    refilled = true;
+                }
             }
             Step::Run(c) => {
                 let names: Vec<String> = kp.fusion.chains[*c]
@@ -308,6 +349,7 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             }
         }
     }
+    between(s, last, Phase::PostLoop);
 }
 
 /// The plan of operator `h` of kernel `k`.
@@ -336,6 +378,7 @@ fn op_plan(
             storage,
             reduce,
             rows: split,
+            divisor,
         } => {
             let storage = match storage {
                 AccumStorage::Registers {
@@ -351,7 +394,10 @@ fn op_plan(
                 AccumStorage::Shared => "shared memory".into(),
             };
             let split = split.map_or(String::new(), |r| format!(", {}", rows(&r)));
-            format!("{storage}, reduce {reduce:?}{split}")
+            let divisor = divisor.map_or(String::new(), |d| {
+                format!(", divided by {d} after the loop")
+            });
+            format!("{storage}, reduce {reduce:?}{split}{divisor}")
         }
         OpPlan::Matmul {
             warps,

@@ -4,10 +4,11 @@
 
 use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtypes};
 use super::order::schedule;
-use super::order::{Phase, Schedule};
+use super::order::{Phase, Schedule, Step};
 use super::plan::{
-    ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice, CtaSource, DTensorGeometry,
-    DependentLaunch, KernelPlan, Options, Partial, PlanError, Sink, SmemPlan, Split, ZERO_PAGE,
+    BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice, CtaSource,
+    DTensorGeometry, DependentLaunch, KernelPlan, Options, Partial, PlanError, Prefetch, Sink,
+    SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -232,7 +233,9 @@ fn plan_kernel_with(
             }
         }
     }
+    let barriers = plan_body_barriers(tb, &ops, &smem, &sched);
     Ok(KernelPlan {
+        barriers,
         split,
         tma,
         // Decided over the whole graph (`sched::plan_dependent_launches`).
@@ -258,6 +261,73 @@ fn plan_kernel_with(
         smem,
         unfused,
     })
+}
+
+/// The barriers of the kernel body beyond the schedule's (see [`BodyBarriers`]), from the final
+/// operator plans (pipeline depths after any cluster split) and shared-memory plan.
+fn plan_body_barriers(
+    tb: &TbGraph,
+    ops: &[OpPlan],
+    smem: &SmemPlan,
+    sched: &Schedule,
+) -> BodyBarriers {
+    // The initial state: a running max or an accumulator kept in shared memory is filled there.
+    let filled = tb
+        .ops
+        .iter()
+        .any(|(h, op)| match (&op.kind, &ops[h.index()]) {
+            (TbOpKind::Accum(_), OpPlan::Accum { storage, .. }) => !storage.in_registers(),
+            (TbOpKind::Accum(_), _)
+            | (
+                TbOpKind::Reduction {
+                    kind: TbReduction::Max,
+                    ..
+                },
+                _,
+            ) => true,
+            _ => false,
+        });
+    // A multi-stage ring refills a slot once every thread is done with it: after the body's
+    // first barrier, or behind a barrier of its own at the end of a body without one.
+    let pipelined = ops
+        .iter()
+        .any(|p| matches!(p, OpPlan::Input { engine, .. } if engine.pipelined()));
+    let stages = ops
+        .iter()
+        .filter_map(|p| match p {
+            OpPlan::Input { stages, .. } => Some(*stages),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(1);
+    let prefetch = if !pipelined || stages <= 1 {
+        Prefetch::None
+    } else if sched.body.iter().any(|s| matches!(s, Step::Barrier(_))) {
+        Prefetch::AfterFirstBarrier
+    } else {
+        Prefetch::EndOfBody
+    };
+    let mut b = BodyBarriers {
+        after_initial_state: filled || smem.base > 0,
+        prefetch,
+        before_write_back: false,
+        before_finalize: false,
+    };
+    // Register accumulators written back to a shared-memory buffer may share memory with tiles
+    // the body reads.
+    let writes_back = tb.ops.iter().any(|(h, op)| {
+        matches!(op.kind, TbOpKind::Accum(_))
+            && matches!(&ops[h.index()], OpPlan::Accum { storage, .. } if storage.in_registers())
+            && smem.buffer_of(op.outputs[0].index()).is_some()
+    });
+    b.before_write_back = writes_back && !b.body_ends_with_barrier(sched);
+    b.before_finalize = tb.ops.iter().any(|(_, op)| {
+        matches!(
+            op.kind,
+            TbOpKind::Accum(AccumKind::RedLdMean | AccumKind::RedLdRms)
+        )
+    });
+    b
 }
 
 /// CTAs per cluster tried by [`plan_split`], largest first (8 is the portable maximum).

@@ -289,6 +289,9 @@ pub enum OpPlan {
         /// For an accumulator that sums the rows of an element-wise chain's values itself:
         /// how those rows are spread over the threads.
         rows: Option<RowSplit>,
+        /// For mean and RMS: the number of values summed (the input's last dim × the loop's
+        /// iterations), which the sum is divided by after the loop.
+        divisor: Option<usize>,
     },
     /// A matmul.
     Matmul {
@@ -719,10 +722,21 @@ pub fn plan_ops(
                         let len = space.dim(space.rank() - 1);
                         RowSplit::new(space.numel() / len.max(1), len, threads)
                     });
+                let divisor =
+                    matches!(kind, AccumKind::RedLdMean | AccumKind::RedLdRms).then(|| {
+                        tb.tensors[op.inputs[0]]
+                            .shape
+                            .dims()
+                            .last()
+                            .copied()
+                            .unwrap_or(1)
+                            * tb.forloop_range
+                    });
                 OpPlan::Accum {
                     storage,
                     reduce,
                     rows,
+                    divisor,
                 }
             }
             TbOpKind::Reduction {

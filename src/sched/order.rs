@@ -45,13 +45,58 @@ impl Phase {
     }
 }
 
+/// Why a threadblock kernel waits for all its threads (`__syncthreads()`): the schedule's
+/// barriers and those of the kernel body around the loop ([`crate::sched::plan::BodyBarriers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierReason {
+    /// Between two levels of one phase: the next level reads tiles the previous one wrote.
+    NextLevel,
+    /// After the pre-loop phase: its tiles are ready for the loop.
+    LoopInvariantTiles,
+    /// First step after the loop: the accumulators are complete.
+    AccumulatorsComplete,
+    /// End of the loop body: the next iteration overwrites tiles read at the last level.
+    EndOfBody,
+    /// After the accumulators' initial state was written to shared memory (or the zero page).
+    InitialState,
+    /// End of a loop body without a barrier, before the loads of a later pipeline stage.
+    BeforePrefetch,
+    /// After the loop, before register accumulators are written back to shared memory.
+    BeforeWriteBack,
+    /// After the loop, before mean and RMS accumulators are divided (and rooted).
+    BeforeFinalize,
+}
+
+impl std::fmt::Display for BarrierReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BarrierReason::NextLevel => "next level reads tiles of the previous one",
+            BarrierReason::LoopInvariantTiles => "loop-invariant tiles ready",
+            BarrierReason::AccumulatorsComplete => "accumulators complete",
+            BarrierReason::EndOfBody => {
+                "the next iteration overwrites tiles read at the last level"
+            }
+            BarrierReason::InitialState => {
+                "the accumulators' initial state and the zero page are written"
+            }
+            BarrierReason::BeforePrefetch => {
+                "the body's reads of the oldest stage finish before it is refilled"
+            }
+            BarrierReason::BeforeWriteBack => "the loop body's reads finish before write-backs",
+            BarrierReason::BeforeFinalize => {
+                "accumulators complete before mean and RMS are finalised"
+            }
+        })
+    }
+}
+
 /// One step of a phase.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Run a chain (index into the fusion plan's chains).
     Run(usize),
     /// `__syncthreads()`, with the reason.
-    Barrier(&'static str),
+    Barrier(BarrierReason),
 }
 
 /// The schedule of one threadblock graph.
@@ -165,7 +210,7 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
         let mut last: Option<usize> = None;
         for c in chains {
             if last.is_some_and(|l| l != level[c]) {
-                steps.push(Step::Barrier("next level reads tiles of the previous one"));
+                steps.push(Step::Barrier(BarrierReason::NextLevel));
             }
             last = Some(level[c]);
             steps.push(Step::Run(c));
@@ -176,15 +221,13 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
     let mut body = steps_of(Phase::Loop);
     let mut post_loop = steps_of(Phase::PostLoop);
     if !pre_loop.is_empty() {
-        pre_loop.push(Step::Barrier("loop-invariant tiles ready"));
+        pre_loop.push(Step::Barrier(BarrierReason::LoopInvariantTiles));
     }
     if !post_loop.is_empty() && (!body.is_empty() || !pre_loop.is_empty()) {
-        post_loop.insert(0, Step::Barrier("accumulators complete"));
+        post_loop.insert(0, Step::Barrier(BarrierReason::AccumulatorsComplete));
     }
     if tb.forloop_range > 1 && needs_end_barrier(tb, &producers, plan, &phase, &level) {
-        body.push(Step::Barrier(
-            "the next iteration overwrites tiles read at the last level",
-        ));
+        body.push(Step::Barrier(BarrierReason::EndOfBody));
     }
     Schedule {
         pre_loop,
@@ -286,9 +329,7 @@ mod tests {
         assert_eq!(sch.compact(&plan), "- | 0,1 2 | 4");
         assert_eq!(
             sch.body.last(),
-            Some(&Step::Barrier(
-                "the next iteration overwrites tiles read at the last level"
-            ))
+            Some(&Step::Barrier(BarrierReason::EndOfBody))
         );
         assert_eq!(sch.barrier_counts(), (0, 2, 1));
     }

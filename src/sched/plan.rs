@@ -684,6 +684,61 @@ pub struct KernelPlan {
     /// Whether the kernel lets the next launch start early (`griddepcontrol.launch_dependents`
     /// after its for-loop): the next step is a programmatic launch.
     pub triggers_next: bool,
+    /// The body's barriers beyond the schedule's, and where the loop refills its ring.
+    pub barriers: BodyBarriers,
+}
+
+/// Where the loop body issues the loads of a later pipeline stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// No multi-stage ring: nothing to prefetch.
+    None,
+    /// After the body's first barrier (every thread is done with the oldest stage's slot).
+    AfterFirstBarrier,
+    /// At the end of a body that has no barrier, behind one of its own
+    /// ([`BarrierReason::BeforePrefetch`](super::order::BarrierReason::BeforePrefetch)).
+    EndOfBody,
+}
+
+/// The barriers of a threadblock kernel's body beyond its schedule's: around the accumulators'
+/// initial state, the loop's ring and the write-backs and finalisation after the loop. The
+/// emitter prints exactly these (with the schedule's) and decides none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyBarriers {
+    /// A barrier after the accumulators' initial state: a tile was filled in shared memory or
+    /// the zero page written.
+    pub after_initial_state: bool,
+    /// Where the loop refills its ring (a barrier of its own at the end of a barrier-free body).
+    pub prefetch: Prefetch,
+    /// A barrier before register accumulators are written back to shared memory after the
+    /// loop (a write-back buffer may share memory with tiles the body reads), when the body
+    /// does not end with one.
+    pub before_write_back: bool,
+    /// A barrier before mean and RMS accumulators are finalised.
+    pub before_finalize: bool,
+}
+
+impl BodyBarriers {
+    /// Whether the loop body, as printed, ends with a barrier (the schedule's last step, or
+    /// the one before an end-of-body prefetch).
+    pub fn body_ends_with_barrier(&self, schedule: &super::order::Schedule) -> bool {
+        self.prefetch == Prefetch::EndOfBody
+            || matches!(schedule.body.last(), Some(super::order::Step::Barrier(_)))
+    }
+
+    /// The barriers with their reasons, in the order the kernel meets them (the loop's once).
+    pub fn reasons(&self) -> Vec<super::order::BarrierReason> {
+        use super::order::BarrierReason as R;
+        [
+            (self.after_initial_state, R::InitialState),
+            (self.prefetch == Prefetch::EndOfBody, R::BeforePrefetch),
+            (self.before_write_back, R::BeforeWriteBack),
+            (self.before_finalize, R::BeforeFinalize),
+        ]
+        .into_iter()
+        .filter_map(|(on, r)| on.then_some(r))
+        .collect()
+    }
 }
 
 impl KernelPlan {

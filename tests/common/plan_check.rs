@@ -127,6 +127,17 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             l.grid, l.block, l.dynamic_smem
         ),
     );
+    // Barriers: exactly the schedule's and the body's own (each loop barrier printed once).
+    let (pre, body, post) = kp.schedule.barrier_counts();
+    let planned = pre + body + post + kp.barriers.reasons().len();
+    let printed = text.matches("__syncthreads();").count();
+    want(
+        printed == planned,
+        format!(
+            "{printed} __syncthreads() printed, {planned} planned (schedule {pre}/{body}/{post}, body {:?})",
+            kp.barriers.reasons()
+        ),
+    );
     // The cluster split: this CTA's share of the loop, and a fold per partial accumulator.
     match kp.split.cluster() {
         Some(c) => {

@@ -29,7 +29,7 @@ use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{Phase, Step};
-use crate::sched::plan::{GraphPlan, KernelPlan};
+use crate::sched::plan::{GraphPlan, KernelPlan, Prefetch};
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
 /// layout aliases declared so far.
@@ -242,13 +242,13 @@ pub(super) fn emit(
     }
     // After the pre-loop phase: the memory of tiles that died there may hold loop state.
     accumulator_state(&mut ctx)?;
-    let body_ends_with_barrier = ctx.for_loop()?;
+    ctx.for_loop()?;
     if kp.triggers_next {
         ctx.w.line(
             "mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch",
         );
     }
-    after_loop(&mut ctx, body_ends_with_barrier)?;
+    after_loop(&mut ctx)?;
     for st in kp.schedule.post_loop.clone() {
         match st {
             Step::Barrier(_) => ctx.w.line("__syncthreads();"),
@@ -396,11 +396,10 @@ fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
     });
 }
 
-/// Initial accumulator state (registers, fragments or tiles) and running-max states; a barrier
-/// when shared memory was written.
+/// Initial accumulator state (registers, fragments or tiles) and running-max states, then the
+/// plan's barrier when shared memory was written.
 fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
     let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
-    let mut smem_init = false;
     for (h, top) in tb.ops.iter() {
         let init = match top.kind {
             TbOpKind::Accum(AccumKind::Max)
@@ -446,22 +445,20 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
                 ctx.w.line(format!(
                     "mucc::tb::fill<{nt}, {n}, {l}>(tid, s{t}, {init});"
                 ));
-                smem_init = true;
             }
         }
     }
-    if smem_init || kp.smem.base > 0 {
+    if kp.barriers.after_initial_state {
         ctx.w.line("__syncthreads();");
     }
     Ok(())
 }
 
-/// After the loop: register write-backs (behind a barrier unless the body ends with one: a
-/// write-back buffer may share memory with tiles the body reads) and the finalisation of mean
-/// and RMS accumulators (after the barrier that completes them).
-fn after_loop(ctx: &mut Ctx, body_ends_with_barrier: bool) -> Result<(), EmitError> {
+/// After the loop: register write-backs and the finalisation of mean and RMS accumulators, each
+/// behind the barrier the plan gives it ([`crate::sched::plan::BodyBarriers`]).
+fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
     let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
-    let mut barrier = body_ends_with_barrier;
+    let mut barrier = !kp.barriers.before_write_back;
     let mut finalize = Vec::new();
     for (h, top) in tb.ops.iter() {
         let TbOpKind::Accum(kind) = top.kind else {
@@ -482,26 +479,26 @@ fn after_loop(ctx: &mut Ctx, body_ends_with_barrier: bool) -> Result<(), EmitErr
             }
             ctx.write_back(h, *fragment_of)?;
         }
-        let count = (tb.tensors[top.inputs[0]]
-            .shape
-            .dims()
-            .last()
-            .copied()
-            .unwrap_or(1)
-            * tb.forloop_range) as f64;
-        let count = cxx::number(count, cty);
+        let divisor = match &kp.ops[h.index()] {
+            OpPlan::Accum { divisor, .. } => *divisor,
+            _ => None,
+        };
+        let count = |d: Option<usize>| -> Result<String, EmitError> {
+            let d = d.ok_or_else(|| ctx.internal(&format!("op{} has no divisor", h.index())))?;
+            Ok(cxx::number(d as f64, cty))
+        };
         match kind {
-            AccumKind::RedLdMean => finalize.push((out, format!("v / {count}"))),
-            AccumKind::RedLdRms => finalize.push((out, format!("mucc::op::sqrt(v / {count})"))),
+            AccumKind::RedLdMean => finalize.push((out, format!("v / {}", count(divisor)?))),
+            AccumKind::RedLdRms => {
+                finalize.push((out, format!("mucc::op::sqrt(v / {})", count(divisor)?)))
+            }
             _ => {}
         }
     }
     combine_partials(ctx)?;
-    if finalize.is_empty() {
-        return Ok(());
+    if kp.barriers.before_finalize {
+        ctx.w.line("__syncthreads();");
     }
-    // The first post-loop barrier (accumulators complete) comes before the finalisation.
-    ctx.w.line("__syncthreads();");
     for (out, expr) in finalize {
         let s = tb.tensors[out].shape;
         let natural: Vec<usize> = (0..s.rank()).collect();
@@ -584,9 +581,9 @@ impl Ctx<'_> {
     }
 
     /// The for-loop: the pipeline prologue, then per iteration the current slots, the wait for
-    /// the oldest pending stage, the body with its barriers, and the prefetch of a later
-    /// iteration after the first barrier. Returns whether the body ends with a barrier.
-    fn for_loop(&mut self) -> Result<bool, EmitError> {
+    /// the oldest pending stage, the body with its barriers, and the refill of the ring where
+    /// the plan puts it ([`crate::sched::plan::Prefetch`]).
+    fn for_loop(&mut self) -> Result<(), EmitError> {
         if let Some(c) = self.kp.split.cluster() {
             self.w.line(format!(
                 "// cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
@@ -629,27 +626,28 @@ impl Ctx<'_> {
                 ));
             }
         }
-        let mut prefetched = stages <= 1;
-        let mut ends_with_barrier = false;
+        let prefetch = self.kp.barriers.prefetch;
+        if (prefetch == Prefetch::None) != (stages <= 1) {
+            return Err(self.internal("the plan's ring refill does not match its pipeline"));
+        }
+        let mut pending = prefetch == Prefetch::AfterFirstBarrier;
         for st in self.kp.schedule.body.clone() {
-            ends_with_barrier = matches!(st, Step::Barrier(_));
             match st {
                 Step::Barrier(_) => {
                     self.w.line("__syncthreads();");
-                    if !prefetched {
+                    if pending {
                         self.prefetch(stages)?;
-                        prefetched = true;
+                        pending = false;
                     }
                 }
                 Step::Run(c) => self.chain(c, Phase::Loop)?,
             }
         }
-        if !prefetched {
+        if prefetch == Prefetch::EndOfBody {
             self.w.line("__syncthreads();");
             self.prefetch(stages)?;
-            ends_with_barrier = true;
         }
         self.w.close("");
-        Ok(ends_with_barrier)
+        Ok(())
     }
 }
