@@ -254,9 +254,10 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         };
         let _ = writeln!(
             s,
-            "    {}: {sink}, walks dims {:?}",
+            "    {}: {sink}, walks dims {:?}{}",
             names.join(" -> "),
-            cp.order
+            cp.order,
+            cp.matmul.map_or(String::new(), |l| format!(", {l}"))
         );
     }
     schedule(s, tb, kp);

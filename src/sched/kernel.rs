@@ -2,13 +2,13 @@
 //! (swizzles) → copies the geometry cannot serve → pipeline depth and shared memory → how each
 //! chain runs → the CTA.
 
-use super::ops::{Copy, CopyEngine, OpPlan, operand_loads, plan_ops, tile_dtypes};
+use super::ops::{Copy, CopyEngine, MatmulInstr, OpPlan, operand_loads, plan_ops, tile_dtypes};
 use super::order::schedule;
 use super::order::{Phase, Schedule, Step};
 use super::plan::{
     BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice, CtaSource,
-    DTensorGeometry, DependentLaunch, KernelPlan, Options, Partial, PlanError, Prefetch, Sink,
-    SmemPlan, Split, ZERO_PAGE,
+    DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options, Partial, PlanError,
+    Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -756,6 +756,7 @@ fn plan_chains(
                         members: Vec::new(),
                         sink: Sink::Copy,
                         order: copy_order(copy, &s, &ins[*input].1.0),
+                        matmul: None,
                     };
                 }
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
@@ -767,6 +768,7 @@ fn plan_chains(
                         members: Vec::new(),
                         sink: Sink::Copy,
                         order: copy_order(&copy, &s, &outs[*output].1.0),
+                        matmul: None,
                     };
                 }
                 _ => {}
@@ -808,13 +810,50 @@ fn plan_chains(
                     None => natural(&space),
                 },
             };
+            let matmul = match &ops[lead.index()] {
+                OpPlan::Matmul { instr, .. } => {
+                    Some(matmul_lowering(tb, ops, *instr, &members, sink))
+                }
+                _ => None,
+            };
             ChainPlan {
                 members,
                 sink,
                 order,
+                matmul,
             }
         })
         .collect()
+}
+
+/// How a matmul-led chain with `members` and `sink` is lowered ([`MatmulLowering`]).
+fn matmul_lowering(
+    tb: &TbGraph,
+    ops: &[OpPlan],
+    instr: MatmulInstr,
+    members: &[Handle<crate::graph::threadblock::TbOp>],
+    sink: Sink,
+) -> MatmulLowering {
+    if !instr.is_mma() {
+        return MatmulLowering::PerElement;
+    }
+    match sink {
+        Sink::Accum(acc) => {
+            let kind = match tb.ops[acc].kind {
+                TbOpKind::Accum(k) => Some(k),
+                _ => None,
+            };
+            let reducing = kind.is_some_and(AccumKind::reduces_last_dim);
+            if reducing || !accum_in_registers(ops, acc) {
+                MatmulLowering::SliceBySlice
+            } else if members.is_empty() && kind == Some(AccumKind::Nored) {
+                MatmulLowering::IntoFragment
+            } else {
+                MatmulLowering::ThroughMembers
+            }
+        }
+        _ => MatmulLowering::SliceBySlice,
+    }
 }
 
 /// Whether accumulator `a` keeps its state in registers.

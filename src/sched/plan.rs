@@ -651,6 +651,37 @@ pub struct ChainPlan {
     /// Dims of the walked space, slowest first (consecutive threads take consecutive elements
     /// of the last one).
     pub order: Vec<usize>,
+    /// For a chain led by a matmul: how the product is computed and handed to the sink.
+    pub matmul: Option<MatmulLowering>,
+}
+
+/// How a matmul-led chain is computed and handed to its sink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulLowering {
+    /// FMAs, a thread per element of the product (the instruction is FMA).
+    PerElement,
+    /// Tensor cores straight into the fragment of a register `accum_nored` (nothing between).
+    IntoFragment,
+    /// Tensor cores into a temporary fragment, each element then through the chain's members
+    /// into the register accumulator's fragment.
+    ThroughMembers,
+    /// Tensor cores slice by slice (registers bounded for any N), each element through the
+    /// members to the sink: stored, or summed into a reducing accumulator by shared-memory
+    /// atomics.
+    SliceBySlice,
+}
+
+impl std::fmt::Display for MatmulLowering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MatmulLowering::PerElement => "FMAs, a thread per element",
+            MatmulLowering::IntoFragment => "mma straight into the accumulator's fragment",
+            MatmulLowering::ThroughMembers => {
+                "mma into a fragment, then through the members into the accumulator's"
+            }
+            MatmulLowering::SliceBySlice => "mma slice by slice, each element to the sink",
+        })
+    }
 }
 
 /// The plan of one customized operator.

@@ -138,6 +138,34 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             kp.barriers.reasons()
         ),
     );
+    // Matmul lowerings: each chain's way into its sink.
+    {
+        use mucc::sched::plan::{MatmulLowering as L, Sink};
+        let count = |l: L| kp.chains.iter().filter(|c| c.matmul == Some(l)).count();
+        want(
+            text.matches("::apply(").count() == count(L::SliceBySlice)
+                && text.matches("::Frag c_;").count() == count(L::ThroughMembers)
+                && (count(L::PerElement) == 0) == !text.contains("FmaMatmul<"),
+            format!(
+                "matmul lowerings: {} slice by slice, {} through members, {} per element",
+                count(L::SliceBySlice),
+                count(L::ThroughMembers),
+                count(L::PerElement)
+            ),
+        );
+        for c in kp
+            .chains
+            .iter()
+            .filter(|c| c.matmul == Some(L::IntoFragment))
+        {
+            if let Sink::Accum(acc) = c.sink {
+                want(
+                    text.contains(&format!("::run(acc{}, ", acc.index())),
+                    format!("op{} accumulated straight into its fragment", acc.index()),
+                );
+            }
+        }
+    }
     // The cluster split: this CTA's share of the loop, and a fold per partial accumulator.
     match kp.split.cluster() {
         Some(c) => {

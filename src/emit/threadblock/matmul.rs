@@ -11,7 +11,7 @@ use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
 use crate::graph::threadblock::{TbOp, TbOpKind};
 use crate::sched::ops::OpPlan;
-use crate::sched::plan::{ChainPlan, Sink};
+use crate::sched::plan::{ChainPlan, MatmulLowering, Sink};
 
 impl Ctx<'_> {
     /// The `Mma` helper type of matmul `mm` (which the plan runs on tensor cores).
@@ -63,8 +63,8 @@ impl Ctx<'_> {
                 lead.index()
             )));
         }
-        let OpPlan::Matmul { instr, .. } = self.kp.ops[lead.index()] else {
-            return Err(self.internal(&format!("op{} has no matmul plan", lead.index())));
+        let Some(lowering) = cp.matmul else {
+            return Err(self.internal(&format!("op{} has no matmul lowering", lead.index())));
         };
         let (pa, pb) = (self.tile_ref(a), self.tile_ref(b));
         let nat = natural(&sc);
@@ -75,9 +75,7 @@ impl Ctx<'_> {
             .is_empty()
             .then(Vec::new)
             .unwrap_or_else(|| self.member_lines(&cp.members));
-        let into_registers =
-            matches!(cp.sink, Sink::Accum(acc) if !reducing && self.in_registers(acc));
-        if !instr.is_mma() {
+        if lowering == MatmulLowering::PerElement {
             // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
             let (la, lb) = (self.tile_layout(a, &nat)?, self.tile_layout(b, &nat)?);
             let (ta, tb) = (self.tile_ctype(a), self.tile_ctype(b));
@@ -89,6 +87,8 @@ impl Ctx<'_> {
                 sink => self.sink_lines(sink, &sc, &nat, "e", "r")?,
             });
             let c = self.compute();
+            let into_registers =
+                matches!(cp.sink, Sink::Accum(acc) if !reducing && self.in_registers(acc));
             let (f, rp) = if into_registers {
                 ("for_each_unrolled", "int r")
             } else {
@@ -108,19 +108,13 @@ impl Ctx<'_> {
         }
         let mt = self.matmul_type(lead)?;
         let e = format!("row * {n} + col");
-        match cp.sink {
-            // Accumulated straight into the register fragment when nothing comes between.
-            Sink::Accum(acc)
-                if into_registers
-                    && cp.members.is_empty()
-                    && matches!(self.tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Nored)) =>
-            {
+        match (lowering, cp.sink) {
+            (MatmulLowering::IntoFragment, Sink::Accum(acc)) => {
                 let i = acc.index();
                 self.w
                     .line(format!("{mt}::run(acc{i}, {pa}, {pb}, smem, warp, lane);"));
             }
-            // Into the fragment of a register accumulator, through the members.
-            Sink::Accum(acc) if into_registers => {
+            (MatmulLowering::ThroughMembers, Sink::Accum(acc)) => {
                 let i = acc.index();
                 each.push(
                     if matches!(self.tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Max)) {
@@ -144,8 +138,7 @@ impl Ctx<'_> {
                     );
                 });
             }
-            // Stored or reduced: computed slice by slice (bounded registers for any N).
-            sink => {
+            (MatmulLowering::SliceBySlice, sink) => {
                 each.extend(match sink {
                     Sink::Accum(acc) if reducing => self.reduce_atomic_lines(acc, "row", "col")?,
                     sink => self.sink_lines(sink, &sc, &nat, &e, "0")?,
@@ -157,6 +150,9 @@ impl Ctx<'_> {
                     ");",
                     |w| lines(w, &each),
                 );
+            }
+            (l, sink) => {
+                return Err(self.internal(&format!("matmul lowering {l:?} into {sink:?}")));
             }
         }
         Ok(())
