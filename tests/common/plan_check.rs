@@ -145,7 +145,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         want(
             text.matches("::apply(").count() == count(L::SliceBySlice)
                 && text.matches("::Frag c_;").count() == count(L::ThroughMembers)
-                && (count(L::PerElement) == 0) == !text.contains("FmaMatmul<"),
+                && (count(L::PerElement) > 0) == text.contains("FmaMatmul<"),
             format!(
                 "matmul lowerings: {} slice by slice, {} through members, {} per element",
                 count(L::SliceBySlice),
