@@ -264,7 +264,10 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     let _ = writeln!(s, "  operators:");
     for (h, op) in tb.ops.iter() {
         let plan = op_plan(p, k, kp, h);
-        let _ = writeln!(s, "    op{} {}: {plan}", h.index(), op.kind.name());
+        let region = kp.regions[h.index()]
+            .as_ref()
+            .map_or(String::new(), |r| format!("; block region at element {r}"));
+        let _ = writeln!(s, "    op{} {}: {plan}{region}", h.index(), op.kind.name());
     }
     tiles(s, tb, kp);
     let sm = &kp.smem;

@@ -6,9 +6,9 @@ use super::ops::{Copy, CopyEngine, MatmulInstr, OpPlan, operand_loads, plan_ops,
 use super::order::schedule;
 use super::order::{Phase, Schedule, Step};
 use super::plan::{
-    BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice, CtaSource,
-    DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options, Partial, PlanError,
-    Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
+    BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice,
+    CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options, Partial,
+    PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -234,8 +234,10 @@ fn plan_kernel_with(
         }
     }
     let barriers = plan_body_barriers(tb, &ops, &smem, &sched);
+    let regions = plan_regions(g, op, tb, dt, &tma);
     Ok(KernelPlan {
         barriers,
+        regions,
         split,
         tma,
         // Decided over the whole graph (`sched::plan_dependent_launches`).
@@ -261,6 +263,54 @@ fn plan_kernel_with(
         smem,
         unfused,
     })
+}
+
+/// Where each block's region starts for the inputs copied by threads or `cp.async` (a block
+/// index steps by the block's extent along the mapped dim: the tensor's extent over the grid)
+/// and for the outputs (by the tile's extent), in elements of the device tensor.
+fn plan_regions(
+    g: &KernelGraph,
+    op: &crate::graph::kernel::KnOp,
+    tb: &TbGraph,
+    dt: &[DTensorGeometry],
+    tma: &TmaPlan,
+) -> Vec<Option<BlockRegion>> {
+    let steps = |map: crate::graph::ops::DimMap,
+                 strides: &[usize],
+                 extent: &dyn Fn(usize, usize) -> usize| {
+        BlockRegion {
+            steps: (0..3)
+                .filter_map(|a| {
+                    let d = map.axis(a).filter(|_| tb.grid[a] > 1)?;
+                    Some((a, extent(a, d) * strides[d]))
+                })
+                .collect(),
+        }
+    };
+    tb.ops
+        .iter()
+        .map(|(h, top)| match &top.kind {
+            TbOpKind::Input { .. } if tma.load_of(h.index()).is_some() => None,
+            TbOpKind::Input { input, imap, .. } => {
+                let t = op.inputs[*input];
+                let shape = g.tensors[t].shape;
+                // The first grid axis that maps to the dim sets the block's extent.
+                let extent = |_: usize, d: usize| {
+                    let a = (0..3)
+                        .find(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(d))
+                        .unwrap_or(0);
+                    shape.dim(d) / tb.grid[a]
+                };
+                Some(steps(*imap, &dt[t.index()].strides.0, &extent))
+            }
+            TbOpKind::Output { output, omap } => {
+                let s = tb.tensors[top.inputs[0]].shape;
+                let t = op.outputs[*output];
+                Some(steps(*omap, &dt[t.index()].strides.0, &|_, d| s.dim(d)))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The barriers of the kernel body beyond the schedule's (see [`BodyBarriers`]), from the final

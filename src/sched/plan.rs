@@ -717,6 +717,33 @@ pub struct KernelPlan {
     pub triggers_next: bool,
     /// The body's barriers beyond the schedule's, and where the loop refills its ring.
     pub barriers: BodyBarriers,
+    /// Per threadblock operator: for an input the copies read (every input but TMA loads, which
+    /// address the tensor by coordinates) and for an output, where this block's region of its
+    /// device tensor starts.
+    pub regions: Vec<Option<BlockRegion>>,
+}
+
+/// Where a block's region of a device tensor starts: Σ over the steps of the µGraph block index
+/// along `axis` × `elems` elements (under a cluster split the CTAs of a cluster share their
+/// µGraph block index).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockRegion {
+    /// (grid axis, elements per block index), for the axes the operator's map sends to a dim.
+    pub steps: Vec<(usize, usize)>,
+}
+
+impl std::fmt::Display for BlockRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.steps.is_empty() {
+            return f.write_str("0");
+        }
+        let terms: Vec<String> = self
+            .steps
+            .iter()
+            .map(|&(a, e)| format!("{}·{e}", crate::graph::ops::AXIS_NAMES[a]))
+            .collect();
+        f.write_str(&terms.join(" + "))
+    }
 }
 
 /// Where the loop body issues the loads of a later pipeline stage.

@@ -7,10 +7,11 @@
 use super::Ctx;
 use crate::emit::EmitError;
 use crate::graph::arena::Handle;
-use crate::graph::ops::{AXIS_NAMES, DimMap};
+use crate::graph::ops::AXIS_NAMES;
 use crate::graph::threadblock::{TbOp, TbOpKind};
 use crate::sched::ops::{Copy, OpPlan};
 use crate::sched::order::Phase;
+use crate::sched::plan::BlockRegion;
 
 impl Ctx<'_> {
     /// The µGraph block index along grid axis `a` (a C++ expression): under a cluster split the
@@ -22,59 +23,38 @@ impl Ctx<'_> {
         }
     }
 
-    /// Block offset (elements) of the region of a DTensor with `strides` that `map` selects,
-    /// with per-block extents `per_block(dim)` along mapped dims.
-    fn block_offset(
-        &self,
-        map: DimMap,
-        strides: &[usize],
-        per_block: impl Fn(usize) -> usize,
-    ) -> String {
-        let mut terms = Vec::new();
-        for a in 0..3 {
-            if let (true, Some(d)) = (self.tb.grid[a] > 1, map.axis(a)) {
-                let index = self.block_index(a);
-                terms.push(format!(
-                    "static_cast<mucc::i64>({index}) * {}",
-                    per_block(d) * strides[d]
-                ));
-            }
+    /// The element offset of a block's region (a C++ expression) as the plan gives it.
+    fn block_offset(&self, region: &BlockRegion) -> String {
+        if region.steps.is_empty() {
+            return "0".into();
         }
-        if terms.is_empty() {
-            "0".into()
-        } else {
-            terms.join(" + ")
-        }
+        let terms: Vec<String> = region
+            .steps
+            .iter()
+            .map(|&(a, elems)| format!("static_cast<mucc::i64>({}) * {elems}", self.block_index(a)))
+            .collect();
+        terms.join(" + ")
     }
 
-    /// `gi<op>` and `go<op>`: this block's region of every input and output.
+    /// `gi<op>` and `go<op>`: this block's region of every input and output the plan places
+    /// (TMA loads address their tensor by coordinates instead).
     pub(super) fn block_pointers(&mut self) -> Result<(), EmitError> {
-        let (g, plan, op, tb, t) = (self.g, self.plan, self.op, self.tb, self.t());
+        let (tb, t) = (self.tb, self.t());
         for (h, top) in tb.ops.iter() {
+            let Some(region) = &self.kp.regions[h.index()] else {
+                continue;
+            };
+            let off = self.block_offset(region);
             match &top.kind {
-                // A TMA load addresses the tensor through its map and coordinates.
-                TbOpKind::Input { .. } if self.is_tma(h) => {}
-                TbOpKind::Input { input, imap, .. } => {
-                    let dt = op.inputs[*input];
-                    let d = g.tensors[dt].shape;
-                    let st = &plan.dtensors[dt.index()].strides.0;
-                    let off = self.block_offset(*imap, st, |dim| {
-                        let a = (0..3)
-                            .find(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(dim))
-                            .unwrap_or(0);
-                        d.dim(dim) / tb.grid[a]
-                    });
+                TbOpKind::Input { input, .. } => {
                     self.w
                         .line(format!("const {t}* gi{} = in{input} + {off};", h.index()));
                 }
-                TbOpKind::Output { output, omap } => {
-                    let s = tb.tensors[top.inputs[0]].shape;
-                    let st = &plan.dtensors[op.outputs[*output].index()].strides.0;
-                    let off = self.block_offset(*omap, st, |dim| s.dim(dim));
+                TbOpKind::Output { output, .. } => {
                     self.w
                         .line(format!("{t}* go{} = out{output} + {off};", h.index()));
                 }
-                _ => {}
+                _ => return Err(self.internal("a block region of an operator that copies nothing")),
             }
         }
         Ok(())
