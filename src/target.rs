@@ -89,6 +89,10 @@ pub struct Target {
     pub has_tma_wgmma: bool,
 }
 
+/// Bytes of dynamic shared memory every kernel may use without opting in: more needs
+/// `cudaFuncAttributeMaxDynamicSharedMemorySize` (up to the target's `smem_per_block`).
+pub const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
+
 /// Bytes of static shared memory the runtime headers may declare in a kernel (the partial sums
 /// of block-wide row reductions: at most 32 warps × 8 bytes), kept out of the planner's budget.
 pub const RUNTIME_STATIC_SMEM: usize = 256;

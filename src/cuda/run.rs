@@ -487,7 +487,7 @@ impl Gpu {
                     let f = module
                         .load_function(&k.name)
                         .map_err(driver(format!("finding kernel {}", k.name)))?;
-                    if k.dynamic_smem > 48 * 1024 {
+                    if k.needs_smem_opt_in() {
                         f.set_attribute(
                             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                             k.dynamic_smem as i32,

@@ -47,7 +47,7 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
         "const void* kernel = reinterpret_cast<const void*>(&{});",
         k.name
     ));
-    if k.dynamic_smem > 48 * 1024 {
+    if k.needs_smem_opt_in() {
         // Once per device, safe from several host threads (mucc::host::max_dynamic_smem).
         w.line("static std::atomic<unsigned long long> smem_set{0};");
         w.line(format!(

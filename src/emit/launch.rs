@@ -36,6 +36,15 @@ pub struct KernelLaunch {
     pub programmatic: bool,
 }
 
+impl KernelLaunch {
+    /// Whether the kernel's dynamic shared memory exceeds what any kernel may use without
+    /// opting in ([`crate::target::DEFAULT_DYNAMIC_SMEM`]): the generated host code and the
+    /// runner then raise the kernel's limit before its first launch.
+    pub fn needs_smem_opt_in(&self) -> bool {
+        self.dynamic_smem as usize > crate::target::DEFAULT_DYNAMIC_SMEM
+    }
+}
+
 /// A tensor map the host encodes (`cuTensorMapEncodeTiled`) and passes by value: a tiled view
 /// of a device tensor, whose boxes the kernel loads with the bulk tensor copy engine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! prefetch) filled by `cp.async` or, for the plan's TMA loads, by thread 0's bulk tensor loads
 //! completing on each slot's `full` mbarrier.
 
-use super::Ctx;
+use super::{Ctx, Iteration};
 use crate::emit::EmitError;
 use crate::graph::arena::Handle;
 use crate::graph::ops::AXIS_NAMES;
@@ -66,7 +66,7 @@ impl Ctx<'_> {
         &mut self,
         op: Handle<TbOp>,
         dst: &str,
-        iter: &str,
+        iter: &Iteration,
         asynchronous: bool,
     ) -> Result<String, EmitError> {
         let top = &self.tb.ops[op];
@@ -81,10 +81,12 @@ impl Ctx<'_> {
         let dt = self.op.inputs[input];
         let strides = self.plan.dtensors[dt.index()].strides.0.clone();
         let adv = forloop_dim.map_or(0, |f| s.dim(f) * strides[f]);
-        let src = if adv == 0 || iter == "0" {
-            format!("gi{}", op.index())
-        } else {
-            format!("gi{} + static_cast<mucc::i64>({iter}) * {adv}", op.index())
+        let src = match iter {
+            _ if adv == 0 => format!("gi{}", op.index()),
+            Iteration::First => format!("gi{}", op.index()),
+            Iteration::Expr(e) => {
+                format!("gi{} + static_cast<mucc::i64>({e}) * {adv}", op.index())
+            }
         };
         let order = self.order(op);
         let sl = self.tile_layout(t, &order)?;
@@ -113,8 +115,12 @@ impl Ctx<'_> {
             self.w.line("// issued ahead by the pipeline");
             return Ok(());
         }
-        let iter = if phase == Phase::Loop { "it" } else { "0" };
-        let line = self.input_copy_line(op, &format!("s{}", t.index()), iter, false)?;
+        let iter = if phase == Phase::Loop {
+            Iteration::Expr("it".into())
+        } else {
+            Iteration::First
+        };
+        let line = self.input_copy_line(op, &format!("s{}", t.index()), &iter, false)?;
         self.w.line(line);
         Ok(())
     }
@@ -221,9 +227,10 @@ impl Ctx<'_> {
         for s in 0..stages - 1 {
             // The first iterations of this CTA's share.
             let iter = match (split, s) {
-                (false, _) => s.to_string(),
-                (true, 0) => "it0".to_string(),
-                (true, _) => format!("it0 + {s}"),
+                (false, 0) => Iteration::First,
+                (false, _) => Iteration::Expr(s.to_string()),
+                (true, 0) => Iteration::Expr("it0".into()),
+                (true, _) => Iteration::Expr(format!("it0 + {s}")),
             };
             let mut any_cp_async = false;
             for (h, t, slot) in self.pipelined() {
@@ -235,7 +242,7 @@ impl Ctx<'_> {
                 self.w.line(line);
             }
             if !self.kp.tma.loads.is_empty() {
-                let lines = self.tma_issue(&s.to_string(), &iter);
+                let lines = self.tma_issue(&s.to_string(), iter.text());
                 super::chain::lines(&mut self.w, &lines);
             }
             if any_cp_async {
@@ -260,7 +267,7 @@ impl Ctx<'_> {
             copies.push(self.input_copy_line(
                 h,
                 &format!("s{t} + {slot_of} * {slot}"),
-                "pf",
+                &Iteration::Expr("pf".into()),
                 true,
             )?);
         }

@@ -561,9 +561,35 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     Ok(())
 }
 
+/// A loop iteration in a copy: the first (the tile at the block's region itself) or a C++
+/// expression.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Iteration {
+    /// Iteration 0.
+    First,
+    /// An iteration given by an expression (`it`, `pf`, `it0 + 1`, `2`).
+    Expr(String),
+}
+
+impl Iteration {
+    /// The iteration as a C++ expression.
+    pub(super) fn text(&self) -> &str {
+        match self {
+            Iteration::First => "0",
+            Iteration::Expr(e) => e,
+        }
+    }
+}
+
 impl Ctx<'_> {
+    /// This CTA's first iteration as a C++ expression, when it is not 0: `it0` (declared before
+    /// the pipeline prologue) under a cluster split.
+    fn loop_start(&self) -> Option<&'static str> {
+        self.kp.split.cluster().map(|_| "it0")
+    }
+
     /// The first iteration of this CTA and the end of its share (C++ expressions): the whole
-    /// loop, or under a cluster split `it0` (declared before the pipeline prologue) onwards.
+    /// loop, or under a cluster split `it0` onwards.
     pub(super) fn loop_bounds(&self) -> (String, String) {
         match self.kp.split.cluster() {
             Some(c) => ("it0".into(), format!("it0 + {}", c.iters)),
@@ -574,9 +600,9 @@ impl Ctx<'_> {
     /// The ring slot of iteration `var` (a C++ variable): counted from this CTA's first
     /// iteration, which is 0 without a cluster split.
     pub(super) fn ring_slot(&self, var: &str, stages: usize) -> String {
-        match self.loop_bounds().0.as_str() {
-            "0" => format!("({var} % {stages})"),
-            lo => format!("(({var} - {lo}) % {stages})"),
+        match self.loop_start() {
+            None => format!("({var} % {stages})"),
+            Some(lo) => format!("(({var} - {lo}) % {stages})"),
         }
     }
 
@@ -615,11 +641,9 @@ impl Ctx<'_> {
                     .line(format!("mucc::sm80::cp_async_wait<{}>();", stages - 2));
             }
             if !self.kp.tma.loads.is_empty() {
-                let lo = self.loop_bounds().0;
-                let rel = if lo == "0" {
-                    "it".to_string()
-                } else {
-                    format!("(it - {lo})")
+                let rel = match self.loop_start() {
+                    None => "it".to_string(),
+                    Some(lo) => format!("(it - {lo})"),
                 };
                 self.w.line(format!(
                     "mucc::sm90::mbar_wait(full + {slot_of}, static_cast<unsigned>({rel} / {stages}) & 1u);"
