@@ -127,18 +127,11 @@ impl Model {
             .sum()
     }
 
-    /// A feasible assignment by depth-first search, trying each choice's options in order and
-    /// every other variable false first; `None` if none exists within `max_steps` decisions.
-    ///
-    /// The search keeps its own stack (a graph of any size needs no deeper call stack) and,
-    /// after each decision, re-checks only the constraints that mention the decided variable:
-    /// the others cannot have changed. Each decision costs the size of those constraints, not
-    /// of the whole model.
-    pub fn search(&self, max_steps: usize) -> Option<Vec<bool>> {
-        let n = self.names.len();
-        // Decision order: the choice groups' variables (first option first), then the rest.
+    /// The search's decision order: the choice groups' variables (first option first, tried
+    /// true first), then the rest (tried false first).
+    fn decision_order(&self) -> Vec<(Var, bool)> {
         let mut order: Vec<(Var, bool)> = Vec::new();
-        let mut seen = vec![false; n];
+        let mut seen = vec![false; self.names.len()];
         for c in &self.choices {
             for &v in &c.options {
                 if !seen[v.0] {
@@ -152,6 +145,19 @@ impl Model {
                 order.push((Var(i), false));
             }
         }
+        order
+    }
+
+    /// A feasible assignment by depth-first search, trying each choice's options in order and
+    /// every other variable false first; `None` if none exists within `max_steps` decisions.
+    ///
+    /// The search keeps its own stack (a graph of any size needs no deeper call stack) and,
+    /// after each decision, re-checks only the constraints that mention the decided variable:
+    /// the others cannot have changed. Each decision costs the size of those constraints, not
+    /// of the whole model.
+    pub fn search(&self, max_steps: usize) -> Option<Vec<bool>> {
+        let n = self.names.len();
+        let order = self.decision_order();
         // The constraints that mention each variable (once each).
         let mut mentions: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (ci, c) in self.constraints.iter().enumerate() {
@@ -277,21 +283,7 @@ mod tests {
             false
         }
         let n = m.names.len();
-        let mut order: Vec<(Var, bool)> = Vec::new();
-        let mut seen = vec![false; n];
-        for c in &m.choices {
-            for &v in &c.options {
-                if !seen[v.0] {
-                    seen[v.0] = true;
-                    order.push((v, true));
-                }
-            }
-        }
-        for (i, s) in seen.iter().enumerate() {
-            if !s {
-                order.push((Var(i), false));
-            }
-        }
+        let order = m.decision_order();
         let mut value = vec![None; n];
         let mut steps = 0;
         dfs(m, &order, 0, &mut value, &mut steps, max_steps)
