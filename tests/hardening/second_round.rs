@@ -112,8 +112,14 @@ fn long_threadblock_chains_plan_in_linear_time() {
 
 /// Runs mucc, killing it after `limit`: `None` if it ran that long.
 fn mucc_within(args: &[&str], limit: Duration) -> Option<Output> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mucc"))
-        .args(args)
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mucc"));
+    c.args(args);
+    run_within(c, limit)
+}
+
+/// Runs `c` with its output captured, killing it after `limit`: `None` if it ran that long.
+fn run_within(mut c: Command, limit: Duration) -> Option<Output> {
+    let mut child = c
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -277,23 +283,11 @@ fn the_largest_input_limit_reads_files() {
 fn transpile_with_cache(file: &str, env: &[(&str, &std::ffi::OsStr)]) -> Option<Output> {
     let mut c = Command::new(env!("CARGO_BIN_EXE_mucc"));
     c.args(["transpile", file, "--graph", "0", "--arch", "sm_90a"])
-        .env_remove("XDG_CACHE_HOME")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .env_remove("XDG_CACHE_HOME");
     for (k, v) in env {
         c.env(k, v);
     }
-    let mut child = c.spawn().expect("run mucc");
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(20) {
-        if child.try_wait().expect("wait for mucc").is_some() {
-            return Some(child.wait_with_output().expect("read mucc's output"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
+    run_within(c, Duration::from_secs(20))
 }
 
 /// Item 9: tuning-cache entries are read like input files and checked before they plan
