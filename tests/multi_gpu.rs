@@ -575,16 +575,35 @@ fn fused_attention_at_qwen_sizes_matches_its_one_gpu_twin_in_16_bit_storage() {
                 .unwrap()
             };
             let (one, two) = (make(1), make(2));
-            let global = interp::random_global_inputs(&two, InputSpec::default());
-            let want = interp::evaluate_sharded(&one, &global, Rounding::Exact).unwrap();
-            let got = interp::evaluate_sharded(&two, &global, Rounding::Stored).unwrap();
-            assert!(got.excess.is_empty(), "m={m} {dtype}: {:?}", got.excess);
-            let y = &got.gathered[0];
-            assert!(y.data.iter().all(|x| x.is_finite()), "m={m} {dtype}");
-            let err = rel_l2(y, &want.gathered[0]);
-            assert!(err < bound, "m={m} {dtype}: relative L2 error {err:e}");
+            assert_twins_agree(
+                &one,
+                &two,
+                InputSpec::default(),
+                bound,
+                &format!("m={m} {dtype}"),
+            );
         }
     }
+}
+
+/// Asserts that `two` (on two GPUs, every stored value rounded to its dtype) gathers, on the
+/// same global inputs, what its one-GPU twin `one` computes exactly: no overflow, all finite,
+/// relative L2 error under `bound`.
+fn assert_twins_agree(
+    one: &KernelGraph,
+    two: &KernelGraph,
+    spec: InputSpec,
+    bound: f64,
+    what: &str,
+) {
+    let global = interp::random_global_inputs(two, spec);
+    let want = interp::evaluate_sharded(one, &global, Rounding::Exact).unwrap();
+    let got = interp::evaluate_sharded(two, &global, Rounding::Stored).unwrap();
+    assert!(got.excess.is_empty(), "{what}: {:?}", got.excess);
+    let y = &got.gathered[0];
+    assert!(y.data.iter().all(|x| x.is_finite()), "{what}");
+    let err = rel_l2(y, &want.gathered[0]);
+    assert!(err < bound, "{what}: relative L2 error {err:e}");
 }
 
 /// The fused MLP files at their real sizes (Qwen2.5-7B), M = 1 and 8: as the attention test
@@ -607,14 +626,7 @@ fn fused_mlp_at_qwen_sizes_matches_its_one_gpu_twin_in_16_bit_storage() {
             };
             let (one, two) = (make(1), make(2));
             let spec = InputSpec { seed: 0, scale };
-            let global = interp::random_global_inputs(&two, spec);
-            let want = interp::evaluate_sharded(&one, &global, Rounding::Exact).unwrap();
-            let got = interp::evaluate_sharded(&two, &global, Rounding::Stored).unwrap();
-            assert!(got.excess.is_empty(), "m={m} {dtype}: {:?}", got.excess);
-            let y = &got.gathered[0];
-            assert!(y.data.iter().all(|x| x.is_finite()), "m={m} {dtype}");
-            let err = rel_l2(y, &want.gathered[0]);
-            assert!(err < bound, "m={m} {dtype}: relative L2 error {err:e}");
+            assert_twins_agree(&one, &two, spec, bound, &format!("m={m} {dtype}"));
         }
     }
 }
