@@ -13,7 +13,9 @@ use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan};
 use crate::sched::memory;
 use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
 use crate::sched::order::Step;
-use crate::sched::plan::{Combine, DependentLaunch, GraphPlan, KernelPlan, Placement, Sink, Split};
+use crate::sched::plan::{
+    Combine, DependentLaunch, GraphPlan, KernelPlan, PipeDecision, Placement, Sink, Split,
+};
 
 /// The plan as stable text (what `mucc explain` prints).
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
@@ -254,12 +256,18 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         };
         let _ = writeln!(
             s,
-            "    {}: {sink}, walks dims {:?}{}",
+            "    {}: {sink}, walks dims {:?}{}{}",
             names.join(" -> "),
             cp.order,
-            cp.matmul.map_or(String::new(), |l| format!(", {l}"))
+            cp.matmul.map_or(String::new(), |l| format!(", {l}")),
+            if cp.approx_exp {
+                ", exp by ex2.approx (its value is rounded to 16 bits right after)"
+            } else {
+                ""
+            }
         );
     }
+    pipes(s, tb, kp);
     schedule(s, tb, kp);
     let _ = writeln!(s, "  operators:");
     for (h, op) in tb.ops.iter() {
@@ -286,6 +294,36 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
             op_name(tb, u.consumer),
             u.reason
         );
+    }
+}
+
+/// Products of one tensor-core matmul that another takes as A: kept in registers, or why not.
+fn pipes(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    for d in &kp.pipes {
+        match d {
+            PipeDecision::On(p) => {
+                let producer = kp.fusion.chains[p.producer].leader();
+                let sums: Vec<String> = p.row_sums.iter().map(|&r| op_name(tb, r)).collect();
+                let sums = if sums.is_empty() {
+                    String::new()
+                } else {
+                    let verb = if sums.len() == 1 { "sums" } else { "sum" };
+                    format!(", {} {verb} its rows by warp shuffles", sums.join(", "))
+                };
+                let _ = writeln!(
+                    s,
+                    "  register pipe: s{} ({}'s chain) stays in registers: {} takes it as A{sums}; \
+                     both matmuls on {} x 1 warps, run at one level without a barrier",
+                    p.tile,
+                    op_name(tb, producer),
+                    op_name(tb, p.matmul),
+                    p.warps
+                );
+            }
+            PipeDecision::Off { tile, why } => {
+                let _ = writeln!(s, "  register pipe: none for s{tile} ({why})");
+            }
+        }
     }
 }
 
@@ -397,7 +435,15 @@ fn op_plan(
                 }
                 AccumStorage::Shared => "shared memory".into(),
             };
-            let split = split.map_or(String::new(), |r| format!(", {}", rows(&r)));
+            let piped = kp
+                .pipe_into(kp.fusion.chain_of[h.index()])
+                .filter(|p| p.row_sums.contains(&h))
+                .map(|p| kp.fusion.chains[p.producer].leader().index());
+            let split = match (split, piped) {
+                (_, Some(op)) => format!(", rows summed by the warps of op{op}'s register pipe"),
+                (Some(r), None) => format!(", {}", rows(r)),
+                (None, None) => String::new(),
+            };
             let divisor = divisor.map_or(String::new(), |d| {
                 format!(", divided by {d} after the loop")
             });

@@ -104,6 +104,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 symbols: Default::default(),
                 cluster_split: true,
                 cta: Default::default(),
+                register_pipes: true,
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

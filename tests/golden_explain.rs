@@ -19,6 +19,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         symbols: Default::default(),
         cluster_split: true,
         cta: Default::default(),
+        register_pipes: true,
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -255,6 +255,7 @@ fn kernel_level_goldens() {
             symbols: Default::default(),
             cluster_split: true,
             cta: Default::default(),
+            register_pipes: true,
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

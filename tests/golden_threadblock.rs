@@ -197,6 +197,11 @@ pub const CORPUS: &[(&str, usize, &str)] = &[
     ("mha_bs1.json", 0, "attention, two kernels"),
     ("mqa_bs1.json", 0, "attention"),
     ("single_mqa_bs1.json", 0, "attention, single candidate"),
+    (
+        "mqa_bs8.json",
+        3,
+        "register pipe: exp(Q·K) packed in registers into ·V, row sums by shuffles",
+    ),
     ("ntrans_bs1.json", 0, "rms_norm"),
     ("ntrans_bs1.json", 2, "red_ld_rms"),
     (
@@ -241,6 +246,12 @@ pub const HOPPER: &[(&str, usize, usize, &str)] = &[
         "two threadblock kernels: the first triggers, the second launches programmatically and \
          waits; boxes of 512 keep cp.async",
     ),
+    (
+        "mqa_bs8.json",
+        3,
+        1,
+        "a register pipe beside TMA loads (3 resident CTAs), no cluster split",
+    ),
 ];
 
 fn opts(arch: Arch) -> Options {
@@ -252,6 +263,7 @@ fn opts(arch: Arch) -> Options {
         symbols: Default::default(),
         cluster_split: true,
         cta: Default::default(),
+        register_pipes: true,
     }
 }
 

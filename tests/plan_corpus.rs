@@ -31,8 +31,10 @@ fn no_overlap(bufs: &[Buffer], offsets: &[usize]) -> Result<(), String> {
 }
 
 /// Every chain runs after the chains producing its inputs, with a barrier between them unless
-/// they are in different phases (phase boundaries have their own barriers).
-fn ordered(tb: &TbGraph, f: &FusionPlan, s: &Schedule) -> Result<(), String> {
+/// they are in different phases (phase boundaries have their own barriers) or the input is a
+/// register pipe's tile (`piped`): its reader runs inside the producer's chain, at the same
+/// level, and the value never passes through shared memory.
+fn ordered(tb: &TbGraph, f: &FusionPlan, s: &Schedule, piped: &[usize]) -> Result<(), String> {
     let steps: Vec<_> = s.steps().collect();
     let pos = |c: usize| {
         steps
@@ -46,6 +48,12 @@ fn ordered(tb: &TbGraph, f: &FusionPlan, s: &Schedule) -> Result<(), String> {
             let (pp, pc) = (pos(p), pos(c));
             if pp >= pc {
                 return Err(format!("chain {c} runs before its producer {p}"));
+            }
+            if piped.contains(&t.index()) {
+                if (s.phase[p], s.level[p]) != (s.phase[c], s.level[c]) {
+                    return Err(format!("piped s{} read at another level", t.index()));
+                }
+                continue;
             }
             if !steps[pp..pc]
                 .iter()
@@ -67,7 +75,15 @@ fn check(g: &mucc::KernelGraph, p: &GraphPlan) -> Result<(), String> {
             return Err("over the shared-memory limit".into());
         }
         no_overlap(&kp.smem.buffers, &kp.smem.packing.offsets)?;
-        ordered(tb, &kp.fusion, &kp.schedule)?;
+        let piped: Vec<usize> = kp
+            .pipes
+            .iter()
+            .filter_map(|d| match d {
+                mucc::sched::plan::PipeDecision::On(p) => Some(p.tile),
+                mucc::sched::plan::PipeDecision::Off { .. } => None,
+            })
+            .collect();
+        ordered(tb, &kp.fusion, &kp.schedule, &piped)?;
         if kp.smem.packing.peak < kp.smem.packing.lower_bound {
             return Err("peak below the lower bound".into());
         }
@@ -106,6 +122,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         symbols: Default::default(),
                         cluster_split: true,
                         cta: Default::default(),
+                        register_pipes: true,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -176,6 +193,7 @@ fn plans_are_deterministic() {
                 symbols: Default::default(),
                 cluster_split: true,
                 cta: Default::default(),
+                register_pipes: true,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -183,6 +183,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         symbols: Default::default(),
         cluster_split: true,
         cta: Default::default(),
+        register_pipes: true,
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -277,6 +278,7 @@ fn shared_memory_overflow_is_an_error() {
             symbols: Default::default(),
             cluster_split: true,
             cta: Default::default(),
+            register_pipes: true,
         },
     )
     .unwrap_err();
@@ -318,6 +320,7 @@ fn workspace_reuses_dead_intermediates() {
             symbols: Default::default(),
             cluster_split: true,
             cta: Default::default(),
+            register_pipes: true,
         },
     )
     .unwrap();
@@ -429,6 +432,7 @@ fn plan_for(
         symbols: Default::default(),
         cluster_split: true,
         cta: Default::default(),
+        register_pipes: true,
     };
     mucc::sched::plan(g, &opts)
 }
@@ -551,6 +555,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             symbols: Default::default(),
             cluster_split: true,
             cta: Default::default(),
+            register_pipes: true,
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

@@ -109,13 +109,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
       const float x0 = mucc::to_compute(s3[L0::offset(e)]);
       const float x1 = mucc::to_compute(s4[L8::offset(e)]);
       float v = mucc::op::sub(x0, x1);
-      v = mucc::op::exp(v);
+      v = mucc::op::exp_approx(v);
       s7[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
     });
     // op7 exp
     mucc::tb::for_each<512, 16>(tid, [&](int e, int) {
       float v = mucc::to_compute(s5[L9::offset(e)]);
-      v = mucc::op::exp(v);
+      v = mucc::op::exp_approx(v);
       s8[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();

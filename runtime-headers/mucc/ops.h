@@ -8,6 +8,13 @@ namespace op {
 
 __device__ __forceinline__ float exp(float x) { return expf(x); }
 __device__ __forceinline__ double exp(double x) { return ::exp(x); }
+// exp through ex2.approx (__expf: within 2 + 1.16·|x| fp32 ulps, i.e. a relative error under
+// 1.3e-5 wherever the result is finite and normal), for values the plan rounds to a 16-bit
+// type right after (a 16-bit ulp is 2^-11 relative or more): the rounded result is the exact
+// one's, or one 16-bit ulp away where exp(x) lies that close to a rounding boundary.
+// fp64 computes exactly.
+__device__ __forceinline__ float exp_approx(float x) { return __expf(x); }
+__device__ __forceinline__ double exp_approx(double x) { return ::exp(x); }
 __device__ __forceinline__ float log(float x) { return logf(x); }
 __device__ __forceinline__ double log(double x) { return ::log(x); }
 __device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }

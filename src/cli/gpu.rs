@@ -66,6 +66,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         dependent_launch: a.path.dependent_launch,
         cta: a.path.warps,
         no_tune: !a.path.tunable(),
+        no_register_pipes: a.path.no_register_pipes,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

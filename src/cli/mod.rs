@@ -165,12 +165,18 @@ pub struct PathArg {
     /// win.
     #[arg(long)]
     pub no_tune: bool,
+    /// Keep every matmul product in shared memory: no register pipes (a product that another
+    /// tensor-core matmul takes as its A operand otherwise stays in registers where the plan
+    /// allows; `explain` says which and why). For comparison: both compute the same function.
+    #[arg(long)]
+    pub no_register_pipes: bool,
 }
 
 impl PathArg {
     /// Whether a tuned variant may replace these options: no `--no-tune`, and the defaults.
     pub fn tunable(&self) -> bool {
         !self.no_tune
+            && !self.no_register_pipes
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -182,14 +188,15 @@ impl PathArg {
         arch: mucc::target::Arch,
         what: &str,
     ) -> mucc::sched::Options {
-        let (opts, entry) = mucc::cuda::tune::options_for(
+        let (mut opts, entry) = mucc::cuda::tune::options_for(
             g,
             arch,
             self.choice,
             self.dependent_launch,
             self.warps,
-            !self.no_tune,
+            self.tunable(),
         );
+        opts.register_pipes = !self.no_register_pipes;
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -41,6 +41,8 @@ pub struct SessionOptions {
     pub cta: crate::sched::CtaChoice,
     /// Ignore the tuning cache ([`super::tune`]): plan every graph with the options above.
     pub no_tune: bool,
+    /// Keep every matmul product in shared memory (no register pipes, for comparison).
+    pub no_register_pipes: bool,
 }
 
 /// Why a session could not open.
@@ -101,6 +103,7 @@ impl Session {
             symbols: Default::default(),
             cluster_split: true,
             cta: a.cta,
+            register_pipes: !a.no_register_pipes,
         };
         Ok(Session {
             gpu,

@@ -2,13 +2,15 @@
 //! (swizzles) → copies the geometry cannot serve → pipeline depth and shared memory → how each
 //! chain runs → the CTA.
 
-use super::ops::{Copy, CopyEngine, MatmulInstr, OpPlan, operand_loads, plan_ops, tile_dtypes};
-use super::order::schedule;
+use super::ops::{
+    Copy, CopyEngine, MatmulInstr, OpPlan, OperandLoad, operand_loads, plan_ops, tile_dtypes,
+};
 use super::order::{Phase, Schedule, Step};
+use super::pipe::plan_pipes;
 use super::plan::{
     BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice,
     CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options, Partial,
-    PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
+    PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::smem_plan;
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -16,7 +18,7 @@ use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::fusion::{FusionPlan, NotFused};
 use crate::graph::kernel::{DTensor, KernelGraph};
-use crate::graph::ops::{AccumKind, TbReduction};
+use crate::graph::ops::{AccumKind, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 use crate::layout::solve::{KernelLayout, TileLayout};
@@ -28,11 +30,21 @@ const DRIVER_SMEM_PER_BLOCK: usize = 1024;
 
 /// Blocks of `tb` one SM should hold at once: two when blocks are small (≤ 4 warps) and the
 /// grid has at least two per SM of a typical part of the target, so that one block's
-/// barriers and memory waits overlap the other's work; else one. Pipeline depth gives way
-/// to this (down to two stages), as a deep pipeline in a lone 4-warp block hides less.
-fn resident_blocks_wanted(tb: &TbGraph, threads: usize, target: &Target) -> usize {
+/// barriers and memory waits overlap the other's work; three when such a kernel keeps a
+/// product in registers between two matmuls (`piped`: its warps issue tensor-core work back
+/// to back and need more warps per scheduler to hide the `mma.sync` latency) and the grid has
+/// three per SM; else one. Pipeline depth gives way to this (down to two stages), as a deep
+/// pipeline in a lone 4-warp block hides less. Measured on an H200 (docs/benchmarks.md): the
+/// piped attention kernels of mqa_bs8 and gqa_bs8 (1024 blocks of 4 warps) took 0.89× and
+/// 0.99× the time with three resident blocks instead of two; four (registers capped at 128)
+/// made mqa_bs8 1.49× slower.
+fn resident_blocks_wanted(tb: &TbGraph, threads: usize, target: &Target, piped: bool) -> usize {
     let warps = threads.div_ceil(32);
-    if warps <= 4 && tb.num_blocks() >= 2 * target.typical_sms {
+    if warps > 4 {
+        1
+    } else if piped && tb.num_blocks() >= 3 * target.typical_sms {
+        3
+    } else if tb.num_blocks() >= 2 * target.typical_sms {
         2
     } else {
         1
@@ -153,9 +165,15 @@ fn plan_kernel_with(
     let hopper = opts.path.hopper(target);
     let op = &g.ops[Handle::from_index(k)];
     let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
-    let sched = schedule(tb, &fusion);
     let mut ops = plan_ops(tb, threads, &fusion, kl, &ins, &outs, target);
+    let (pipes, sched) = plan_pipes(tb, &fusion, &mut ops, threads, opts.register_pipes);
     let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
+    // A piped tile never reaches shared memory.
+    for p in &pipes {
+        if let PipeDecision::On(p) = p {
+            tiles[p.tile] = None;
+        }
+    }
     demote_copies(tb, &tiles, &mut ops);
     plan_operand_loads(tb, &tiles, &mut ops, target);
     let mut tma = if hopper {
@@ -164,7 +182,8 @@ fn plan_kernel_with(
         TmaPlan::default()
     };
     pad_slots(&tma, &mut tiles);
-    let mut resident_blocks = resident_blocks_wanted(tb, threads, target);
+    let piped = pipes.iter().any(|p| matches!(p, PipeDecision::On(_)));
+    let mut resident_blocks = resident_blocks_wanted(tb, threads, target, piped);
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
     let mut smem = plan_pipeline(
@@ -184,7 +203,16 @@ fn plan_kernel_with(
         lower_bound: s.packing.lower_bound + s.base,
         arch: target.arch.to_string(),
     })?;
-    let chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
+    let mut chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
+    for p in &pipes {
+        if let PipeDecision::On(p) = p {
+            let tile = Handle::from_index(p.tile);
+            chains[p.producer].matmul = Some(MatmulLowering::Pipe);
+            // The fragment is packed into the tile's 16-bit type.
+            chains[p.producer].approx_exp = is_float16(tb.tensors[tile].dtype)
+                && last_value_is_exp(tb, &fusion.chains[p.producer].ops, Sink::Tile(tile));
+        }
+    }
     // An accumulator in shared memory keeps its state there anyway; one in registers makes a
     // round trip (write-back, then its reader loads it) that a direct store would avoid.
     let unfused = crate::graph::fusion::unfused(tb, &fusion)
@@ -262,6 +290,7 @@ fn plan_kernel_with(
         tiles,
         smem,
         unfused,
+        pipes,
     })
 }
 
@@ -636,15 +665,18 @@ fn plan_operand_loads(
             continue;
         };
         let (a, b) = (op.inputs[0], op.inputs[1]);
-        if let (true, Some(ga), Some(gb)) = (
-            instr.is_mma(),
-            tiles[a.index()].as_ref(),
-            tiles[b.index()].as_ref(),
-        ) {
+        // A piped A operand comes from registers: only B loads from its tile.
+        let piped = loads.0 == OperandLoad::Fragment;
+        let gb = tiles[b.index()].as_ref();
+        let ga = if piped { gb } else { tiles[a.index()].as_ref() };
+        if let (true, Some(ga), Some(gb)) = (instr.is_mma(), ga, gb) {
             let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
             let r = sa.rank();
             let mnk = (sa.dim(r - 2), sb.dim(r - 1), sa.dim(r - 1));
             *loads = operand_loads((mnk.0, mnk.2, mnk.1), ga, gb, target);
+            if piped {
+                loads.0 = OperandLoad::Fragment;
+            }
             *load_instrs = super::ops::operand_load_count(mnk, *warps, *loads);
         }
     }
@@ -790,6 +822,7 @@ fn plan_chains(
     ins: &Side,
     outs: &Side,
 ) -> Vec<ChainPlan> {
+    let stored = tile_dtypes(tb);
     fusion
         .chains
         .iter()
@@ -807,6 +840,7 @@ fn plan_chains(
                         sink: Sink::Copy,
                         order: copy_order(copy, &s, &ins[*input].1.0),
                         matmul: None,
+                        approx_exp: false,
                     };
                 }
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
@@ -819,6 +853,7 @@ fn plan_chains(
                         sink: Sink::Copy,
                         order: copy_order(&copy, &s, &outs[*output].1.0),
                         matmul: None,
+                        approx_exp: false,
                     };
                 }
                 _ => {}
@@ -866,14 +901,43 @@ fn plan_chains(
                 }
                 _ => None,
             };
+            // A 16-bit floating store right after the chain's last exp.
+            let rounds_to_16_bits = match sink {
+                Sink::Tile(t) => is_float16(stored[t.index()]),
+                Sink::Global(o) => is_float16(tb.tensors[tb.ops[o].inputs[0]].dtype),
+                _ => false,
+            };
+            let approx_exp = rounds_to_16_bits && last_value_is_exp(tb, &chain.ops, sink);
             ChainPlan {
                 members,
                 sink,
                 order,
                 matmul,
+                approx_exp,
             }
         })
         .collect()
+}
+
+/// Whether `d` is a 16-bit floating type.
+fn is_float16(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+/// Whether the last operator of a chain (`ops`, leader first) that computes its value — the
+/// operator before a store or accumulator sink, else the tail — is `exp`.
+fn last_value_is_exp(
+    tb: &TbGraph,
+    ops: &[Handle<crate::graph::threadblock::TbOp>],
+    sink: Sink,
+) -> bool {
+    let computed = match sink {
+        Sink::Global(_) | Sink::Accum(_) => &ops[..ops.len() - 1],
+        _ => ops,
+    };
+    computed
+        .last()
+        .is_some_and(|&o| matches!(tb.ops[o].kind, TbOpKind::Unary(UnaryOp::Exp)))
 }
 
 /// How a matmul-led chain with `members` and `sink` is lowered ([`MatmulLowering`]).
@@ -921,13 +985,35 @@ mod tests {
         let t = Target::new(Arch::Sm90a);
         let tb = |grid: [usize; 3], threads: usize| TbGraph::new(grid, [threads, 1, 1], 4, 64);
         // 1024 blocks of 4 warps (mqa_bs8): two per SM.
-        assert_eq!(resident_blocks_wanted(&tb([8, 8, 16], 128), 128, &t), 2);
+        assert_eq!(
+            resident_blocks_wanted(&tb([8, 8, 16], 128), 128, &t, false),
+            2
+        );
+        // With a register pipe, three.
+        assert_eq!(
+            resident_blocks_wanted(&tb([8, 8, 16], 128), 128, &t, true),
+            3
+        );
+        // 300 piped blocks: two per SM, not three.
+        assert_eq!(
+            resident_blocks_wanted(&tb([300, 1, 1], 128), 128, &t, true),
+            2
+        );
         // 128 blocks: fewer than two per SM of 132.
-        assert_eq!(resident_blocks_wanted(&tb([128, 1, 1], 128), 128, &t), 1);
+        assert_eq!(
+            resident_blocks_wanted(&tb([128, 1, 1], 128), 128, &t, false),
+            1
+        );
         // 8-warp blocks already bring enough warps.
-        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 256), 256, &t), 1);
+        assert_eq!(
+            resident_blocks_wanted(&tb([1024, 1, 1], 256), 256, &t, true),
+            1
+        );
         // The CTA's threads count, not the µGraph's block.
-        assert_eq!(resident_blocks_wanted(&tb([1024, 1, 1], 128), 256, &t), 1);
+        assert_eq!(
+            resident_blocks_wanted(&tb([1024, 1, 1], 128), 256, &t, false),
+            1
+        );
     }
 
     /// The CTA shape of the cost model: more warps for small grids without a cluster split of 4

@@ -20,6 +20,7 @@ pub mod kernel_level;
 pub mod memory;
 pub mod ops;
 pub mod order;
+pub mod pipe;
 pub mod plan;
 pub mod smem;
 pub mod tma;

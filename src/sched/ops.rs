@@ -161,6 +161,9 @@ pub enum OperandLoad {
     Pairs,
     /// Element by element (the tile keeps no whole 16-byte rows in a usable direction).
     Elements,
+    /// From registers: A is the fp32 fragment of the matmul that produced it, rounded to the
+    /// operand type (a [register pipe](super::plan::RegisterPipe); no shared memory).
+    Fragment,
 }
 
 impl OperandLoad {
@@ -171,6 +174,7 @@ impl OperandLoad {
             OperandLoad::LdmatrixTrans => "mucc::tb::Load::LdmatrixTrans",
             OperandLoad::Pairs => "mucc::tb::Load::Pairs",
             OperandLoad::Elements => "mucc::tb::Load::Elements",
+            OperandLoad::Fragment => "mucc::tb::Load::Fragment",
         }
     }
 }
@@ -182,6 +186,7 @@ impl fmt::Display for OperandLoad {
             OperandLoad::LdmatrixTrans => "ldmatrix.trans",
             OperandLoad::Pairs => "pair loads",
             OperandLoad::Elements => "element loads",
+            OperandLoad::Fragment => "the producer's registers",
         })
     }
 }
@@ -526,11 +531,13 @@ pub fn operand_load_count(
         OperandLoad::Pairs => 4,
         OperandLoad::Elements if short => 4,
         OperandLoad::Elements => 8,
+        OperandLoad::Fragment => 0,
     };
     let b = match loads.1 {
         OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans => 1,
         OperandLoad::Pairs => 2,
         OperandLoad::Elements => 4,
+        OperandLoad::Fragment => 0,
     };
     (pm * kt * a, pn * kt * b)
 }
@@ -545,6 +552,7 @@ impl OperandLoad {
             (OperandLoad::LdmatrixTrans, false) => "ldmatrix.x2.trans",
             (OperandLoad::Pairs, _) => "32-bit loads",
             (OperandLoad::Elements, _) => "element loads",
+            (OperandLoad::Fragment, _) => "register moves",
         }
     }
 }

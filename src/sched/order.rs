@@ -178,6 +178,13 @@ fn chain_phase(tb: &TbGraph, leader: Handle<TbOp>) -> Phase {
 
 /// Schedules a validated threadblock graph.
 pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
+    schedule_with_pipes(tb, plan, &[])
+}
+
+/// Schedules a validated threadblock graph in which the tiles `piped` stay in registers
+/// ([`crate::sched::plan::RegisterPipe`]): a chain reading one runs at its producer's level
+/// (inside the producer's chain), not after a barrier.
+pub fn schedule_with_pipes(tb: &TbGraph, plan: &FusionPlan, piped: &[usize]) -> Schedule {
     let n = plan.chains.len();
     let phase: Vec<Phase> = plan
         .chains
@@ -197,7 +204,8 @@ pub fn schedule(tb: &TbGraph, plan: &FusionPlan) -> Schedule {
             if let Some(p) = producers[t.index()] {
                 let pc = plan.chain_of[p.index()];
                 if phase[pc] == phase[c] {
-                    l = l.max(level[pc] + 1);
+                    let step = usize::from(!piped.contains(&t.index()));
+                    l = l.max(level[pc] + step);
                 }
             }
         }

@@ -52,6 +52,9 @@ pub struct Options {
     /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
     /// guess, not semantics, so the planner may choose its own.
     pub cta: CtaChoice,
+    /// Whether a matmul's product that another matmul takes as A may stay in registers
+    /// ([`RegisterPipe`]; on by default, `--no-register-pipes` turns it off for comparison).
+    pub register_pipes: bool,
 }
 
 impl Options {
@@ -65,6 +68,7 @@ impl Options {
             symbols: Symbols::default(),
             cluster_split: true,
             cta: CtaChoice::Auto,
+            register_pipes: true,
         }
     }
 }
@@ -653,6 +657,11 @@ pub struct ChainPlan {
     pub order: Vec<usize>,
     /// For a chain led by a matmul: how the product is computed and handed to the sink.
     pub matmul: Option<MatmulLowering>,
+    /// The chain's last unary operator (its leader, when it has no members) is `exp`, and its
+    /// value is rounded to a 16-bit type right after (stored to a 16-bit tile or device tensor,
+    /// or packed into a register pipe): it runs as `ex2.approx` (`mucc::op::exp_approx`),
+    /// whose relative error (under 1.3e-5) is far below the rounding's (2^-12 or more).
+    pub approx_exp: bool,
 }
 
 /// How a matmul-led chain is computed and handed to its sink.
@@ -669,6 +678,9 @@ pub enum MatmulLowering {
     /// members to the sink: stored, or summed into a reducing accumulator by shared-memory
     /// atomics.
     SliceBySlice,
+    /// Tensor cores into a fragment that stays in registers: the members transform it in
+    /// place, and the tile's readers take it from there ([`RegisterPipe`]).
+    Pipe,
 }
 
 impl std::fmt::Display for MatmulLowering {
@@ -680,6 +692,7 @@ impl std::fmt::Display for MatmulLowering {
                 "mma into a fragment, then through the members into the accumulator's"
             }
             MatmulLowering::SliceBySlice => "mma slice by slice, each element to the sink",
+            MatmulLowering::Pipe => "mma into a fragment its readers take from registers",
         })
     }
 }
@@ -721,6 +734,74 @@ pub struct KernelPlan {
     /// address the tensor by coordinates) and for an output, where this block's region of its
     /// device tensor starts.
     pub regions: Vec<Option<BlockRegion>>,
+    /// Products of one tensor-core matmul that another takes as its A operand: kept in
+    /// registers, or why not.
+    pub pipes: Vec<PipeDecision>,
+}
+
+impl KernelPlan {
+    /// The register pipe chain `c` produces, if any.
+    pub fn pipe_from(&self, c: usize) -> Option<&RegisterPipe> {
+        self.pipes.iter().find_map(|p| match p {
+            PipeDecision::On(r) if r.producer == c => Some(r),
+            _ => None,
+        })
+    }
+
+    /// The register pipe whose producer runs chain `c` for it (the consumer matmul's chain or a
+    /// row sum's), if any.
+    pub fn pipe_into(&self, c: usize) -> Option<&RegisterPipe> {
+        self.pipes.iter().find_map(|p| match p {
+            PipeDecision::On(r) if r.consumers().any(|o| self.fusion.chain_of[o.index()] == c) => {
+                Some(r)
+            }
+            _ => None,
+        })
+    }
+}
+
+/// A product kept in registers between two tensor-core matmuls (attention's P = exp(Q·K) on
+/// its way to P·V): the producer's chain computes its matmul into a fragment, applies its
+/// unary members in place (rounding to the tile's type, as a store would), sums the rows for
+/// the row-summing accumulators over the tile by warp shuffles and feeds the fragment to the
+/// consumer matmul as its A operand. Both matmuls run on warps along M only, so that a warp
+/// owns whole rows of the product: the `m16n8` accumulator fragment of two adjacent n-tiles is
+/// the `m16n8k16` A fragment of one k-step. The tile never reaches shared memory, and the
+/// consumers run at the producer's level of the schedule (no barrier between them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegisterPipe {
+    /// The chain whose matmul produces the tile (its members applied).
+    pub producer: usize,
+    /// The tile that stays in registers.
+    pub tile: usize,
+    /// The matmul taking the tile as its A operand; its chain (into a register accumulator's
+    /// fragment) runs inside the producer's.
+    pub matmul: Handle<TbOp>,
+    /// Row-summing accumulators of the tile, summed inside the producer's chain.
+    pub row_sums: Vec<Handle<TbOp>>,
+    /// Warps along M of both matmuls (one along N).
+    pub warps: usize,
+}
+
+impl RegisterPipe {
+    /// The operators whose chains run inside the producer's.
+    pub fn consumers(&self) -> impl Iterator<Item = Handle<TbOp>> + '_ {
+        std::iter::once(self.matmul).chain(self.row_sums.iter().copied())
+    }
+}
+
+/// Whether a matmul's product that another matmul reads as A stays in registers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PipeDecision {
+    /// It does.
+    On(RegisterPipe),
+    /// It goes through shared memory, for this reason.
+    Off {
+        /// The tile.
+        tile: usize,
+        /// Why.
+        why: String,
+    },
 }
 
 /// Where a block's region of a device tensor starts: Σ over the steps of the µGraph block index

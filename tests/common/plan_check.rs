@@ -153,15 +153,61 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 count(L::PerElement)
             ),
         );
-        for c in kp
-            .chains
-            .iter()
-            .filter(|c| c.matmul == Some(L::IntoFragment))
-        {
+        for (i, c) in kp.chains.iter().enumerate() {
+            if c.matmul != Some(L::IntoFragment) {
+                continue;
+            }
             if let Sink::Accum(acc) = c.sink {
+                // A register pipe's consumer takes its A operand from the producer's fragment.
+                let call = if kp.pipe_into(i).is_some() {
+                    format!(">(acc{}, pk_, ", acc.index())
+                } else {
+                    format!("::run(acc{}, ", acc.index())
+                };
                 want(
-                    text.contains(&format!("::run(acc{}, ", acc.index())),
+                    text.contains(&call),
                     format!("op{} accumulated straight into its fragment", acc.index()),
+                );
+            }
+        }
+    }
+    // exp by ex2.approx exactly where the plan rounds its value to 16 bits right after.
+    let approx = kp.chains.iter().filter(|c| c.approx_exp).count();
+    want(
+        text.matches("mucc::op::exp_approx(").count() == approx,
+        format!("{approx} chains with exp by ex2.approx"),
+    );
+    // Register pipes: the tile never in shared memory, the consumer fed from the fragment, one
+    // shuffle row sum per row-summing reader; every other candidate goes through shared memory.
+    {
+        use mucc::sched::plan::PipeDecision;
+        let on: Vec<_> = kp
+            .pipes
+            .iter()
+            .filter_map(|d| match d {
+                PipeDecision::On(p) => Some(p),
+                PipeDecision::Off { .. } => None,
+            })
+            .collect();
+        want(
+            text.matches("::run_from<").count() == on.len()
+                && text.matches("::row_sums(pk_, ").count()
+                    == on.iter().map(|p| p.row_sums.len()).sum::<usize>()
+                && text.matches("::pack(pk_, p_, ").count() == on.len(),
+            format!("{} register pipes", on.len()),
+        );
+        for p in &on {
+            want(
+                kp.tiles[p.tile].is_none()
+                    && !text.contains(&format!(" s{} = reinterpret_cast", p.tile)),
+                format!("piped s{} has no shared memory", p.tile),
+            );
+        }
+        for d in &kp.pipes {
+            if let PipeDecision::Off { tile, .. } = d {
+                want(
+                    kp.tiles[*tile].is_some(),
+                    format!("s{tile}, not piped, lives in shared memory"),
                 );
             }
         }

@@ -53,6 +53,24 @@ __device__ __forceinline__ unsigned pack(bf16 lo, bf16 hi) {
 // ldmatrix: each lane gives the shared-memory address of one 16-byte row of an 8×8 matrix of
 // 16-bit elements (lanes 8q..8q+7 for matrix q); `.trans` delivers the transposed matrices.
 // `addr` is a shared-state-space address (see smem_addr).
+// Two values rounded to T (f16 or bf16) in one 32-bit word, `lo` in the low half; and back.
+template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<f16>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack2<bf16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+template <class T> __device__ __forceinline__ float2 unpack2(unsigned w);
+template <> __device__ __forceinline__ float2 unpack2<f16>(unsigned w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <> __device__ __forceinline__ float2 unpack2<bf16>(unsigned w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+
 template <bool Trans> __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
   if constexpr (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

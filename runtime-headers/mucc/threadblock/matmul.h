@@ -37,6 +37,8 @@ struct Load {
   static constexpr int LdmatrixTrans = 1;
   static constexpr int Elements = 2;
   static constexpr int Pairs = 3;
+  // A only: the fp32 fragment of the matmul that produced it, in registers (`run_from`).
+  static constexpr int Fragment = 4;
 };
 
 template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B>
@@ -48,6 +50,8 @@ struct Mma {
   struct Frag {
     float v[PM][PN][4];
   };
+  static constexpr int kWM = WM, kWN = WN;
+  static constexpr i64 kM = M, kN = N;
 
   using TA = LayoutTraits<LA>;
   using TB = LayoutTraits<LB>;
@@ -128,6 +132,7 @@ struct Mma {
   }
 
   __device__ __forceinline__ static void load_a(unsigned (&af)[4], const T* a, const T* zero, int mb, int k0, int lane) {
+    static_assert(LOAD_A != Load::Fragment, "A is in registers: use run_from");
     if constexpr (a_k) {
       const int r = mb + (lane & 15), c = k0 + (lane >> 4) * 8;
       __syncwarp();
@@ -220,6 +225,46 @@ struct Mma {
     step = n < N ? static_cast<unsigned>(16 * b_sk * static_cast<i64>(sizeof(T))) : 0u;
   }
 
+  // B's ldmatrix addresses for the whole k-steps of a warp whose n-tiles are wn, wn + WN, …:
+  // one ldmatrix.x4 per pair of n-tiles (lanes 0–15 address the first, 16–31 the second), an
+  // ldmatrix.x2 for an odd last one; each address advances by its step per k-step.
+  struct BWalk {
+    unsigned a4[PN / 2 > 0 ? PN / 2 : 1], s4[PN / 2 > 0 ? PN / 2 : 1], a2, s2;
+  };
+  __device__ __forceinline__ static void b_walk_init(BWalk& w, const T* b, const T* zero, int wn, int wns, int lane) {
+#pragma unroll
+    for (int jp = 0; jp < PN / 2; ++jp) {
+      const int nb = (wn + (2 * jp + (lane >> 4)) * wns) * 8;
+      int k, n;
+      if constexpr (b_k) {
+        n = nb + (lane & 7);
+        k = ((lane >> 3) & 1) * 8;
+      } else {
+        n = nb;
+        k = lane & 15;
+      }
+      w.a4[jp] = chunk_addr<LB, K, N>(b, zero, k, n);
+      w.s4[jp] = n < N ? static_cast<unsigned>(16 * b_sk * static_cast<i64>(sizeof(T))) : 0u;
+    }
+    if constexpr (PN % 2 == 1) b_lane(b, zero, (wn + (PN - 1) * wns) * 8, lane, w.a2, w.s2);
+  }
+  __device__ __forceinline__ static void b_walk_load(BWalk& w, unsigned (&bf)[PN][2]) {
+#pragma unroll
+    for (int jp = 0; jp < PN / 2; ++jp) {
+      unsigned r[4];
+      sm80::ldmatrix_x4<b_n>(r, w.a4[jp]);
+      w.a4[jp] += w.s4[jp];
+      bf[2 * jp][0] = r[0];
+      bf[2 * jp][1] = r[1];
+      bf[2 * jp + 1][0] = r[2];
+      bf[2 * jp + 1][1] = r[3];
+    }
+    if constexpr (PN % 2 == 1) {
+      sm80::ldmatrix_x2<b_n>(bf[PN - 1], w.a2);
+      w.a2 += w.s2;
+    }
+  }
+
   // One k-step at k0 with every operand loaded by its bounds-checked path.
   __device__ __forceinline__ static void step(Frag& f, const T* a, const T* b, const T* z, int wm, int wn, int k0,
                                               int lane) {
@@ -244,11 +289,11 @@ struct Mma {
     const int wm = warp / WN, wn = warp % WN;
     if constexpr (a_walk && b_walk && KF > 0) {
       // The whole k-steps: each lane's addresses are computed once, then advanced.
-      unsigned aa[PM], as[PM], ba[PN], bs[PN];
+      unsigned aa[PM], as[PM];
 #pragma unroll
       for (int i = 0; i < PM; ++i) a_lane(a, z, (wm + i * WM) * 16, lane, aa[i], as[i]);
-#pragma unroll
-      for (int j = 0; j < PN; ++j) b_lane(b, z, (wn + j * WN) * 8, lane, ba[j], bs[j]);
+      BWalk bw;
+      b_walk_init(bw, b, z, wn, WN, lane);
       for (int k0 = 0; k0 < KF; k0 += 16) {
         unsigned af[PM][4];
         unsigned bf[PN][2];
@@ -258,11 +303,7 @@ struct Mma {
           sm80::ldmatrix_x4<a_m>(af[i], aa[i]);
           aa[i] += as[i];
         }
-#pragma unroll
-        for (int j = 0; j < PN; ++j) {
-          sm80::ldmatrix_x2<b_n>(bf[j], ba[j]);
-          ba[j] += bs[j];
-        }
+        b_walk_load(bw, bf);
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < PM; ++i)
@@ -335,6 +376,96 @@ struct Mma {
           const int col = (wn + j * WN) * 8 + tig * 2 + (q & 1);
           if (row < M && col < N) g(row, col, f.v[i][j][q], i, j, q);
         }
+  }
+
+  // Register pipes (the plan's RegisterPipe): a product kept in registers for the next matmul,
+  // rounded to T, two column-adjacent values per 32-bit word (the C fragment's pairs {0, 1}
+  // and {2, 3}, i.e. rows gid and gid + 8).
+  struct Packed {
+    unsigned v[PM][PN][2];
+  };
+
+  // p = T(fn(row, col, v)) for every element of this warp's tiles (0 outside M × N).
+  template <class F>
+  __device__ __forceinline__ static void pack(Packed& p, const Frag& f, int warp, int lane, F fn) {
+    if (warp >= WM * WN) return;
+    const int wm = warp / WN, wn = warp % WN;
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int i = 0; i < PM; ++i)
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (wm + i * WM) * 16 + gid + h * 8;
+          const int col = (wn + j * WN) * 8 + tig * 2;
+          const float a = row < M && col < N ? fn(row, col, f.v[i][j][2 * h]) : 0.0f;
+          const float b = row < M && col + 1 < N ? fn(row, col + 1, f.v[i][j][2 * h + 1]) : 0.0f;
+          p.v[i][j][h] = sm80::pack2<T>(a, b);
+        }
+  }
+
+  // g(row, s) once per row inside M, s the row's sum (fp32) of the packed values, on a grid of
+  // one warp along N (a warp owns whole rows): each lane sums its values, the four lanes of a
+  // row meet by shuffles, and the row's first lane calls g.
+  template <class G> __device__ __forceinline__ static void row_sums(const Packed& p, int warp, int lane, G g) {
+    static_assert(WN == 1, "row sums need whole rows per warp");
+    if (warp >= WM) return;
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int i = 0; i < PM; ++i) {
+      float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+      for (int j = 0; j < PN; ++j) {
+        const float2 a = sm80::unpack2<T>(p.v[i][j][0]);
+        const float2 b = sm80::unpack2<T>(p.v[i][j][1]);
+        lo += a.x + a.y;
+        hi += b.x + b.y;
+      }
+      lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+      lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+      hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+      hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+      const int row = (warp + i * WM) * 16 + gid;
+      if (tig == 0) {
+        if (row < M) g(row, lo);
+        if (row + 8 < M) g(row + 8, hi);
+      }
+    }
+  }
+
+  // f += P·B, where P (M × K) is the packed product `p` of matmul type `P` on the same warps
+  // along M and one along N, whose N is this K: the words of n-tiles 2s and 2s + 1 are the
+  // m16n8k16 A fragment of k-step s (rows gid and gid + 8, columns 2·tig, 2·tig + 1 and 8
+  // more), so no value leaves the lane. B loads two n-tiles per ldmatrix.x4 where it can.
+  template <class P>
+  __device__ __forceinline__ static void run_from(Frag& f, const typename P::Packed& p, const T* b, const void* zero,
+                                                  int warp, int lane) {
+    static_assert(LOAD_A == Load::Fragment, "A is not planned from registers");
+    static_assert(WN == 1 && P::kWN == 1 && P::kWM == WM && P::kM == M && P::kN == K && K % 16 == 0 && M % 16 == 0,
+                  "the producer's fragment is not this matmul's A operand");
+    if (warp >= WM) return;
+    const T* z = static_cast<const T*>(zero);
+    BWalk bw;
+    if constexpr (b_walk) b_walk_init(bw, b, z, 0, 1, lane);
+#pragma unroll
+    for (int s = 0; s < static_cast<int>(K / 16); ++s) {
+      unsigned bf[PN][2];
+      if constexpr (b_walk) {
+        b_walk_load(bw, bf);
+      } else {
+#pragma unroll
+        for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, j * 8, s * 16, lane);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < PM; ++i) {
+        const unsigned af[4] = {p.v[i][2 * s][0], p.v[i][2 * s][1], p.v[i][2 * s + 1][0], p.v[i][2 * s + 1][1]};
+#pragma unroll
+        for (int j = 0; j < PN; ++j)
+          if (j < NT8) sm80::mma(f.v[i][j], af, bf[j], T());
+      }
+    }
   }
 };
 

@@ -34,6 +34,17 @@ impl Ctx<'_> {
         for l in cxx::comment(&names.join(" -> "), 2 * self.w.level()) {
             self.w.line(l);
         }
+        if let Some(p) = self.kp.pipe_into(c) {
+            let producer = self.kp.fusion.chains[p.producer].leader().index();
+            self.w.line(format!(
+                "// runs in op{producer}'s chain: s{} stays in registers (register pipe)",
+                p.tile
+            ));
+            return Ok(());
+        }
+        if let Some(p) = self.kp.pipe_from(c).cloned() {
+            return self.pipe_chain(lead, &cp, &p);
+        }
         match &lop.kind {
             TbOpKind::Input { .. } => self.input_copy(lead, phase),
             TbOpKind::Output { .. } => self.output_copy(lead),
@@ -48,13 +59,18 @@ impl Ctx<'_> {
         }
     }
 
-    /// `v = u(v);` for each unary member.
-    pub(super) fn member_lines(&self, members: &[Handle<TbOp>]) -> Vec<String> {
+    /// `v = u(v);` for each unary member of chain plan `cp` (the last one's `exp`
+    /// approximate where the plan says so).
+    pub(super) fn member_lines(&self, cp: &ChainPlan) -> Vec<String> {
         let c = self.compute();
-        members
+        let n = cp.members.len();
+        cp.members
             .iter()
-            .filter_map(|&m| match &self.tb.ops[m].kind {
-                TbOpKind::Unary(u) => Some(format!("v = {};", cxx::unary(u, "v", c))),
+            .enumerate()
+            .filter_map(|(i, &m)| match &self.tb.ops[m].kind {
+                TbOpKind::Unary(u) => {
+                    Some(format!("v = {};", unary(u, cp.approx_exp && i + 1 == n, c)))
+                }
                 _ => None,
             })
             .collect()
@@ -182,7 +198,11 @@ impl Ctx<'_> {
     }
 
     /// Statements adding row sum `s` of row `row` into reducing accumulator `a`.
-    fn row_sink_lines(&mut self, a: Handle<TbOp>, row: &str) -> Result<Vec<String>, EmitError> {
+    pub(super) fn row_sink_lines(
+        &mut self,
+        a: Handle<TbOp>,
+        row: &str,
+    ) -> Result<Vec<String>, EmitError> {
         let out = self.tb.ops[a].outputs[0];
         let os = self.tb.tensors[out].shape;
         let natural = natural(&os);
@@ -209,7 +229,7 @@ impl Ctx<'_> {
         space: &Shape,
         order: &[usize],
         e: &str,
-        members: &[Handle<TbOp>],
+        cp: &ChainPlan,
     ) -> Result<Vec<String>, EmitError> {
         let c = self.compute();
         let mut lines = Vec::new();
@@ -217,7 +237,8 @@ impl Ctx<'_> {
             TbOpKind::Unary(u) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
                 lines.push(format!("{c} v = {x};"));
-                lines.push(format!("v = {};", cxx::unary(u, "v", c)));
+                let approx = cp.approx_exp && cp.members.is_empty();
+                lines.push(format!("v = {};", unary(u, approx, c)));
             }
             TbOpKind::Binary(b) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
@@ -262,7 +283,7 @@ impl Ctx<'_> {
                 )));
             }
         }
-        lines.extend(self.member_lines(members));
+        lines.extend(self.member_lines(cp));
         Ok(lines)
     }
 
@@ -284,13 +305,8 @@ impl Ctx<'_> {
             // Row sums, by the accumulator's row split.
             let split = self.row_split(a)?;
             let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
-            let mut elem = self.value_lines(
-                lop,
-                &space,
-                &order,
-                &format!("row * {len} + j"),
-                &cp.members,
-            )?;
+            let mut elem =
+                self.value_lines(lop, &space, &order, &format!("row * {len} + j"), cp)?;
             let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
             elem.push(if rms { "return v * v;" } else { "return v;" }.into());
             let done = self.row_sink_lines(a, "row")?;
@@ -305,7 +321,7 @@ impl Ctx<'_> {
             });
             return Ok(());
         }
-        let mut body = self.value_lines(lop, &space, &order, "e", &cp.members)?;
+        let mut body = self.value_lines(lop, &space, &order, "e", cp)?;
         body.extend(self.sink_lines(cp.sink, &space, &order, "e", "r")?);
         let unrolled = matches!(cp.sink, Sink::Accum(a) if self.in_registers(a));
         let (f, r) = if unrolled {
@@ -338,7 +354,7 @@ impl Ctx<'_> {
         let len = space.dim(space.rank() - 1);
         let k = len / dimx;
         let e = format!("(o / {dimx}) * {len} + kk * {dimx} + o % {dimx}");
-        let mut value = self.value_lines(lop, space, order, &e, &cp.members)?;
+        let mut value = self.value_lines(lop, space, order, &e, cp)?;
         value.push("s += v;".into());
         let l = self.tile_layout(out, &natural(&os))?;
         let p = self.tile_ref(out);
@@ -373,7 +389,7 @@ impl Ctx<'_> {
         let nat = natural(&s);
         let xr = self.tile_read(x, &s, &nat, &format!("row * {len} + j"))?;
         let mut out = vec!["(void)row;".to_string(), "(void)j;".to_string()];
-        out.extend(self.member_lines(&cp.members));
+        out.extend(self.member_lines(cp));
         let mut done = vec!["(void)row;".to_string(), "(void)s;".to_string()];
         let total = match cp.sink {
             Sink::Accum(a)
@@ -435,7 +451,7 @@ impl Ctx<'_> {
         );
         let xr = self.tile_read(x, &xs, &natural(&xs), &idx)?;
         let mut sink = vec![format!("{c} v = s;")];
-        sink.extend(self.member_lines(&cp.members));
+        sink.extend(self.member_lines(cp));
         sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
         let split = self.row_split(lead)?;
         let (rows, tpr) = (split.rows, split.threads_per_row);
@@ -472,6 +488,15 @@ impl Ctx<'_> {
             "mucc::tb::running_max<{nt}, {n}, {k}, {inner}, {lx}, {l0}, {l1}>(tid, {px}, {p0}, {p1});"
         ));
         Ok(())
+    }
+}
+
+/// `u(v)` in compute type `c`; `exp` through `ex2.approx` when `approx` (the plan's
+/// [`ChainPlan::approx_exp`]).
+fn unary(u: &crate::graph::ops::UnaryOp, approx: bool, c: &str) -> String {
+    match u {
+        crate::graph::ops::UnaryOp::Exp if approx => "mucc::op::exp_approx(v)".to_string(),
+        u => cxx::unary(u, "v", c),
     }
 }
 

@@ -10,8 +10,8 @@ use crate::emit::cxx::ctype;
 use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
 use crate::graph::threadblock::{TbOp, TbOpKind};
-use crate::sched::ops::OpPlan;
-use crate::sched::plan::{ChainPlan, MatmulLowering, Sink};
+use crate::sched::ops::{OpPlan, OperandLoad};
+use crate::sched::plan::{ChainPlan, MatmulLowering, RegisterPipe, Sink};
 
 impl Ctx<'_> {
     /// The `Mma` helper type of matmul `mm` (which the plan runs on tensor cores).
@@ -31,7 +31,13 @@ impl Ctx<'_> {
             return Err(self.internal(&format!("op{} has no matmul plan", mm.index())));
         };
         let nat = natural(&sa);
-        let la = self.tile_layout(a, &nat)?;
+        // A piped A operand has no tile: its logical row-major layout only names its shape.
+        let la = if load_a == OperandLoad::Fragment {
+            let strides = sa.row_major_strides();
+            self.alias(crate::emit::cxx::layout(sa.dims(), &strides.0, None))
+        } else {
+            self.tile_layout(a, &nat)?
+        };
         let lb = self.tile_layout(b, &nat)?;
         Ok(self.alias(format!(
             "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}>",
@@ -74,7 +80,7 @@ impl Ctx<'_> {
             .members
             .is_empty()
             .then(Vec::new)
-            .unwrap_or_else(|| self.member_lines(&cp.members));
+            .unwrap_or_else(|| self.member_lines(cp));
         if lowering == MatmulLowering::PerElement {
             // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
             let (la, lb) = (self.tile_layout(a, &nat)?, self.tile_layout(b, &nat)?);
@@ -155,6 +161,74 @@ impl Ctx<'_> {
                 return Err(self.internal(&format!("matmul lowering {l:?} into {sink:?}")));
             }
         }
+        Ok(())
+    }
+
+    /// The producer's chain of a register pipe: its matmul into a fragment, the members applied
+    /// and the values packed in the tile's 16-bit type, the row sums of the packed values into
+    /// their accumulators, and the consumer matmul with the packed product as its A operand.
+    pub(super) fn pipe_chain(
+        &mut self,
+        lead: Handle<TbOp>,
+        cp: &ChainPlan,
+        pipe: &RegisterPipe,
+    ) -> Result<(), EmitError> {
+        if cp.matmul != Some(MatmulLowering::Pipe) {
+            return Err(self.internal(&format!(
+                "op{} produces a register pipe but is not lowered as one",
+                lead.index()
+            )));
+        }
+        let lop = self.tb.ops[lead].clone();
+        let (pa, pb) = (self.tile_ref(lop.inputs[0]), self.tile_ref(lop.inputs[1]));
+        let mt = self.matmul_type(lead)?;
+        let mt2 = self.matmul_type(pipe.matmul)?;
+        let b2 = self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]);
+        let acc = self.kp.fusion.chain(pipe.matmul).tail().index();
+        let tile = Handle::from_index(pipe.tile);
+        let ty = ctype(self.tb.tensors[tile].dtype);
+        let c = self.compute();
+        let mut each = vec!["(void)row;".to_string(), "(void)col;".to_string()];
+        each.extend(self.member_lines(cp));
+        each.push("return v;".to_string());
+        let mut sums = Vec::new();
+        for &r in &pipe.row_sums {
+            let name = format!(
+                "// op{} {}: row sums by shuffles",
+                r.index(),
+                self.tb.ops[r].kind.name()
+            );
+            sums.push((name, self.row_sink_lines(r, "row")?));
+        }
+        let (t, m2) = (pipe.tile, pipe.matmul.index());
+        self.w.block("", "", |w| {
+            w.line(format!(
+                "// s{t} stays in registers: the product, through the members, packed in {ty}"
+            ));
+            w.line(format!("{mt}::Packed pk_;"));
+            w.block("", "", |w| {
+                w.line(format!("{mt}::Frag p_;"));
+                w.line(format!("{mt}::zero(p_);"));
+                w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
+                w.block(
+                    format!("{mt}::pack(pk_, p_, warp, lane, [&](int row, int col, {c} v)"),
+                    ");",
+                    |w| lines(w, &each),
+                );
+            });
+            for (name, sink) in &sums {
+                w.line(name);
+                w.block(
+                    format!("{mt}::row_sums(pk_, warp, lane, [&](int row, {c} s)"),
+                    ");",
+                    |w| lines(w, sink),
+                );
+            }
+            w.line(format!("// op{m2} matmul: A from the packed product"));
+            w.line(format!(
+                "{mt2}::run_from<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
+            ));
+        });
         Ok(())
     }
 

@@ -1,0 +1,401 @@
+//! Register pipes ([`RegisterPipe`]): which products of a tensor-core matmul stay in registers
+//! on their way into another matmul's A operand, and the warp grids that makes them need.
+//!
+//! A candidate is a chain led by a tensor-core matmul whose values go through unary members
+//! into a tile that some tensor-core matmul reads as its A operand (attention's
+//! `exp(Q·K)` before `·V`). It becomes a pipe when every reader can take the tile from the
+//! producing warps' registers:
+//!
+//! - the readers are that matmul, whose product goes straight into a register accumulator's
+//!   fragment, and row-summing accumulators (`accum_red_ld_sum`), each leading its own chain;
+//! - both matmuls run in the same phase, in 16-bit types, on a tile kept in that type (a value
+//!   rounded to it, as its store would);
+//! - the rows (M, a multiple of 16) split evenly over the CTA's warps in tiles of 16 rows, the
+//!   product's width (the consumer's K) is a multiple of 16, and both fragments together fit
+//!   in [`PIPE_REGISTERS`] registers per thread.
+//!
+//! Anything else keeps the tile in shared memory, and the decision says why.
+
+use super::ops::{AccumStorage, OpPlan, fragment_registers, operand_load_count, tile_dtypes};
+use super::order::{Schedule, schedule_with_pipes};
+use super::plan::{PipeDecision, RegisterPipe};
+use crate::graph::arena::Handle;
+use crate::graph::fusion::FusionPlan;
+use crate::graph::ops::AccumKind;
+use crate::graph::threadblock::{TbGraph, TbOp, TbOpKind};
+
+/// fp32 registers per thread the producer's and the consumer's fragments may take together (the
+/// rest of the 255 hold operand fragments, addresses and the loop's state).
+pub const PIPE_REGISTERS: usize = 128;
+
+/// (M, N, K) of matmul `mm`.
+fn mnk(tb: &TbGraph, mm: Handle<TbOp>) -> (usize, usize, usize) {
+    let op = &tb.ops[mm];
+    let (a, b) = (
+        &tb.tensors[op.inputs[0]].shape,
+        &tb.tensors[op.inputs[1]].shape,
+    );
+    let r = a.rank();
+    (a.dim(r - 2), b.dim(r - 1), a.dim(r - 1))
+}
+
+fn is_mma(ops: &[OpPlan], op: Handle<TbOp>) -> bool {
+    matches!(&ops[op.index()], OpPlan::Matmul { instr, .. } if instr.is_mma())
+}
+
+/// The register pipes of a threadblock graph planned for `threads` threads (`enabled`: the
+/// option that turns them off for comparison), and the schedule they give. For each pipe, sets
+/// both matmuls' warp grids to the pipe's (the consumer's A operand to
+/// [`super::ops::OperandLoad::Fragment`]) and the consumer's accumulator fragment to match.
+/// A pipe whose consumer would still run after a barrier (it reads another tile written at the
+/// producer's level, or runs in another phase) is turned off.
+pub fn plan_pipes(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    ops: &mut [OpPlan],
+    threads: usize,
+    enabled: bool,
+) -> (Vec<PipeDecision>, Schedule) {
+    let mut decisions = candidates(tb, fusion, ops, threads, enabled);
+    let sched = loop {
+        let piped: Vec<usize> = decisions
+            .iter()
+            .filter_map(|d| match d {
+                PipeDecision::On(p) => Some(p.tile),
+                PipeDecision::Off { .. } => None,
+            })
+            .collect();
+        let sched = schedule_with_pipes(tb, fusion, &piped);
+        let mut changed = false;
+        for d in &mut decisions {
+            let PipeDecision::On(p) = d else { continue };
+            let at = |c: usize| (sched.phase[c], sched.level[c]);
+            let late = p
+                .consumers()
+                .find(|&o| at(fusion.chain_of[o.index()]) != at(p.producer));
+            if let Some(o) = late {
+                *d = PipeDecision::Off {
+                    tile: p.tile,
+                    why: format!(
+                        "op{} {} would still run after the producer's level (it reads another \
+                         tile written there, or runs in another phase)",
+                        o.index(),
+                        tb.ops[o].kind.name()
+                    ),
+                };
+                changed = true;
+            }
+        }
+        if !changed {
+            break sched;
+        }
+    };
+    for d in &decisions {
+        let PipeDecision::On(p) = d else { continue };
+        set_warps(tb, ops, fusion.chains[p.producer].leader(), p.warps, false);
+        set_warps(tb, ops, p.matmul, p.warps, true);
+        let (m2, n2, _) = mnk(tb, p.matmul);
+        let acc = fusion.chain(p.matmul).tail();
+        if let OpPlan::Accum {
+            storage: AccumStorage::Registers { per_thread, .. },
+            ..
+        } = &mut ops[acc.index()]
+        {
+            *per_thread = fragment_registers(m2, n2, (p.warps, 1));
+        }
+        // The producer's warps sum the rows (by shuffles), not a row split of the CTA.
+        for &r in &p.row_sums {
+            if let OpPlan::Accum { rows, .. } = &mut ops[r.index()] {
+                *rows = None;
+            }
+        }
+    }
+    (decisions, sched)
+}
+
+/// Every candidate tile with its decision, before the schedule is checked.
+fn candidates(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    ops: &[OpPlan],
+    threads: usize,
+    enabled: bool,
+) -> Vec<PipeDecision> {
+    let stored = tile_dtypes(tb);
+    let mut decisions = Vec::new();
+    for (c, chain) in fusion.chains.iter().enumerate() {
+        let lead = chain.leader();
+        if !matches!(tb.ops[lead].kind, TbOpKind::Matmul) || !is_mma(ops, lead) {
+            continue;
+        }
+        let tail = chain.tail();
+        let Some(&tile) = tb.ops[tail].outputs.first() else {
+            continue;
+        };
+        // Readers of the tile, and the matmul among them that takes it as A.
+        let readers: Vec<Handle<TbOp>> = tb
+            .ops
+            .iter()
+            .filter(|(_, op)| op.inputs.contains(&tile))
+            .map(|(h, _)| h)
+            .collect();
+        let Some(&consumer) = readers
+            .iter()
+            .find(|&&r| matches!(tb.ops[r].kind, TbOpKind::Matmul) && tb.ops[r].inputs[0] == tile)
+        else {
+            continue;
+        };
+        let off = |why: String| PipeDecision::Off {
+            tile: tile.index(),
+            why,
+        };
+        let decision = (|| {
+            if !enabled {
+                return Err("register pipes turned off (--no-register-pipes)".to_string());
+            }
+            if let Some(&m) = chain.ops[1..]
+                .iter()
+                .find(|&&m| !matches!(tb.ops[m].kind, TbOpKind::Unary(_)))
+            {
+                return Err(format!(
+                    "op{} {} between the matmuls is not a unary operator",
+                    m.index(),
+                    tb.ops[m].kind.name()
+                ));
+            }
+            if !matches!(tb.ops[tail].kind, TbOpKind::Matmul | TbOpKind::Unary(_)) {
+                return Err(format!(
+                    "the chain ends in op{} {}",
+                    tail.index(),
+                    tb.ops[tail].kind.name()
+                ));
+            }
+            if !is_mma(ops, consumer) {
+                return Err(format!(
+                    "op{} matmul does not run on tensor cores",
+                    consumer.index()
+                ));
+            }
+            if tb.ops[consumer].inputs[1] == tile {
+                return Err(format!(
+                    "op{} matmul reads the tile as both operands",
+                    consumer.index()
+                ));
+            }
+            let mut row_sums = Vec::new();
+            for &r in &readers {
+                if r == consumer {
+                    continue;
+                }
+                let sums = matches!(tb.ops[r].kind, TbOpKind::Accum(AccumKind::RedLdSum))
+                    && fusion.is_leader(r);
+                if !sums {
+                    return Err(format!(
+                        "op{} {} also reads the tile (only row sums can read it from registers)",
+                        r.index(),
+                        tb.ops[r].kind.name()
+                    ));
+                }
+                row_sums.push(r);
+            }
+            // The consumer's chain: its product straight into a register accumulator.
+            let cchain = fusion.chain(consumer);
+            let acc = cchain.tail();
+            let into_fragment = cchain.ops.len() == 2
+                && matches!(tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Nored))
+                && matches!(&ops[acc.index()], OpPlan::Accum {
+                    storage: AccumStorage::Registers { fragment_of: Some(f), .. }, ..
+                } if *f == consumer);
+            if !into_fragment {
+                return Err(format!(
+                    "op{} matmul's product does not go straight into a register accumulator",
+                    consumer.index()
+                ));
+            }
+            let (dt, st) = (tb.tensors[tile].dtype, stored[tile.index()]);
+            if dt != st {
+                return Err(format!("the tile is stored in {st}, not its {dt}"));
+            }
+            let (m, n, _) = mnk(tb, lead);
+            let (m2, n2, k2) = mnk(tb, consumer);
+            if m2 != m || k2 != n {
+                return Err("the consumer's M × K is not the tile's shape".into());
+            }
+            if m % 16 != 0 || n % 16 != 0 {
+                return Err(format!(
+                    "the tile's {m} × {n} is not made of whole 16 × 16 tiles"
+                ));
+            }
+            let warps = (threads / 32).max(1);
+            if (m / 16) % warps != 0 {
+                return Err(format!(
+                    "the {} row tiles of 16 do not split evenly over {warps} warps",
+                    m / 16
+                ));
+            }
+            let regs =
+                fragment_registers(m, n, (warps, 1)) + fragment_registers(m2, n2, (warps, 1));
+            if regs > PIPE_REGISTERS {
+                return Err(format!(
+                    "the two fragments would take {regs} registers per thread (at most {PIPE_REGISTERS})"
+                ));
+            }
+            Ok(RegisterPipe {
+                producer: c,
+                tile: tile.index(),
+                matmul: consumer,
+                row_sums,
+                warps,
+            })
+        })();
+        decisions.push(match decision {
+            Ok(p) => PipeDecision::On(p),
+            Err(why) => off(why),
+        });
+    }
+    decisions
+}
+
+/// Puts matmul `mm` on `warps` × 1 warps (A from registers when `a_from_registers`).
+fn set_warps(
+    tb: &TbGraph,
+    ops: &mut [OpPlan],
+    mm: Handle<TbOp>,
+    warps: usize,
+    a_from_registers: bool,
+) {
+    let (m, n, k) = mnk(tb, mm);
+    if let OpPlan::Matmul {
+        warps: w,
+        loads,
+        mma_per_warp,
+        load_instrs,
+        ..
+    } = &mut ops[mm.index()]
+    {
+        *w = (warps, 1);
+        if a_from_registers {
+            loads.0 = super::ops::OperandLoad::Fragment;
+        }
+        *mma_per_warp = m.div_ceil(16 * warps) * n.div_ceil(8) * k.div_ceil(16);
+        *load_instrs = operand_load_count((m, n, k), *w, *loads);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+    use crate::graph::{AccumKind, DType, KernelGraph};
+    use crate::sched::ops::{OpPlan, OperandLoad};
+    use crate::sched::plan::{CtaChoice, KernelPlan, MatmulLowering, Options, PipeDecision};
+    use crate::target::{Arch, Target};
+
+    /// One block of attention: S = Q·Kᵀ over 4 iterations of 128 keys, P = exp(S), l = Σ P
+    /// per row, O = Σ P·V; with `extra`, P also feeds an element-wise accumulator.
+    fn attention(extra: bool) -> KernelGraph {
+        let mut g = GraphBuilder::new();
+        let q = g.new_input(&[64, 64], DType::F16).unwrap();
+        let k = g.new_input(&[64, 512], DType::F16).unwrap();
+        let v = g.new_input(&[512, 64], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 4);
+        let tq = tb.new_input(&g, q, [-1, -1, -1], -1).unwrap();
+        let tk = tb.new_input(&g, k, [-1, -1, -1], 1).unwrap();
+        let tv = tb.new_input(&g, v, [-1, -1, -1], 0).unwrap();
+        let s = tb.matmul(tq, tk).unwrap();
+        let p = tb.exp(s).unwrap();
+        let l = tb.forloop_accum(p, AccumKind::RedLdSum).unwrap();
+        let pv = tb.matmul(p, tv).unwrap();
+        let o = tb.forloop_accum(pv, AccumKind::Nored).unwrap();
+        tb.new_output(l, [-1, -1, -1]).unwrap();
+        tb.new_output(o, [-1, -1, -1]).unwrap();
+        if extra {
+            let e = tb.forloop_accum(p, AccumKind::Nored).unwrap();
+            tb.new_output(e, [-1, -1, -1]).unwrap();
+        }
+        for t in g.customized(tb).unwrap() {
+            g.mark_output(t).unwrap();
+        }
+        g.build().unwrap()
+    }
+
+    fn plan(g: &KernelGraph, cta: CtaChoice, pipes: bool) -> KernelPlan {
+        let opts = Options {
+            cta,
+            register_pipes: pipes,
+            ..Options::for_target(Target::new(Arch::Sm80))
+        };
+        let p = crate::sched::plan(g, &opts).unwrap();
+        p.kernels.values().next().unwrap().clone()
+    }
+
+    fn off_reason(kp: &KernelPlan) -> String {
+        match kp.pipes.as_slice() {
+            [PipeDecision::Off { why, .. }] => why.clone(),
+            other => panic!("expected one pipe turned off, got {other:?}"),
+        }
+    }
+
+    /// The attention block's P stays in registers: both matmuls on 4 × 1 warps, the consumer's A
+    /// from the fragment, the row sum by the producer's warps, no shared memory for P, and the
+    /// consumers at the producer's level with no barrier between them.
+    #[test]
+    fn attention_keeps_its_probabilities_in_registers() {
+        let g = attention(false);
+        let kp = plan(&g, CtaChoice::Graph, true);
+        let [PipeDecision::On(p)] = kp.pipes.as_slice() else {
+            panic!("no pipe: {:?}", kp.pipes)
+        };
+        assert_eq!(p.warps, 4);
+        assert_eq!(p.row_sums.len(), 1);
+        assert!(kp.tiles[p.tile].is_none());
+        assert_eq!(kp.chains[p.producer].matmul, Some(MatmulLowering::Pipe));
+        assert!(kp.chains[p.producer].approx_exp);
+        let producer = kp.fusion.chains[p.producer].leader();
+        for mm in [producer, p.matmul] {
+            let OpPlan::Matmul { warps, loads, .. } = &kp.ops[mm.index()] else {
+                panic!("op{} is no matmul", mm.index())
+            };
+            assert_eq!(*warps, (4, 1));
+            assert_eq!(loads.0 == OperandLoad::Fragment, mm == p.matmul);
+        }
+        let at = |o: crate::graph::arena::Handle<crate::graph::threadblock::TbOp>| {
+            let c = kp.fusion.chain_of[o.index()];
+            (kp.schedule.phase[c], kp.schedule.level[c])
+        };
+        for c in p.consumers() {
+            assert_eq!(at(c), at(producer));
+            assert!(kp.pipe_into(kp.fusion.chain_of[c.index()]).is_some());
+            if let OpPlan::Accum { rows, .. } = &kp.ops[c.index()] {
+                assert!(rows.is_none(), "the row sum has no row split of its own");
+            }
+        }
+        // One barrier fewer per iteration than through shared memory.
+        let off = plan(&g, CtaChoice::Graph, false);
+        assert_eq!(
+            off.schedule.barrier_counts().1 + 1,
+            kp.schedule.barrier_counts().1 + 2
+        );
+        assert!(off_reason(&off).contains("turned off"));
+        assert!(off.tiles[p.tile].is_some());
+        assert!(kp.smem.total < off.smem.total);
+    }
+
+    /// Where a reader cannot take the tile from registers, or the warps do not own whole rows,
+    /// the tile stays in shared memory and the plan says why.
+    #[test]
+    fn a_pipe_that_cannot_run_says_why() {
+        let kp = plan(&attention(true), CtaChoice::Graph, true);
+        assert!(
+            off_reason(&kp).contains("also reads the tile"),
+            "{}",
+            off_reason(&kp)
+        );
+        // 8 warps for 4 row tiles of 16.
+        let kp = plan(&attention(false), CtaChoice::Warps(8), true);
+        assert!(
+            off_reason(&kp).contains("do not split evenly"),
+            "{}",
+            off_reason(&kp)
+        );
+    }
+}
