@@ -220,9 +220,15 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         cta.source,
         tb.num_threads()
     );
+    let features: Vec<String> = kp.features().iter().map(|f| f.to_string()).collect();
+    let features = if features.is_empty() {
+        "plain loads and stores".to_string()
+    } else {
+        features.join(", ")
+    };
     let _ = writeln!(
         s,
-        "  code path: {}; launch bounds ({}, {}); {} resident block(s) per SM budgeted",
+        "  code path: {} (uses {features}); launch bounds ({}, {}); {} resident block(s) per SM budgeted",
         kp.path, cta.threads, cta.min_blocks_per_sm, cta.resident_blocks
     );
     if p.target.has_tma_wgmma {

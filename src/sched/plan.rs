@@ -496,20 +496,59 @@ impl SmemPlan {
     }
 }
 
-/// The instruction set a threadblock kernel is written with (one emitter and one set of runtime
-/// headers per path).
+/// The emitter and runtime headers a threadblock kernel is written with (one emitter and one
+/// set of runtime headers per path); the features the kernel uses are
+/// [`KernelPlan::features`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CodePath {
-    /// Ampere instructions (`runtime-headers/mucc/arch/sm80.h`): `cp.async` pipelines,
-    /// `ldmatrix`, `mma.sync`; runs on sm_80 and on sm_90a.
+    /// The `emit::threadblock` emitter on `runtime-headers/mucc/arch/sm80.h` (`cp.async`,
+    /// `ldmatrix`, `mma.sync`) and, on sm_90a, `sm90.h` (TMA, mbarriers, clusters, programmatic
+    /// launches); runs on sm_80 and on sm_90a.
     Sm80,
 }
 
 impl fmt::Display for CodePath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CodePath::Sm80 => f.write_str("sm80 (cp.async, ldmatrix, mma.sync)"),
+            CodePath::Sm80 => f.write_str("sm80 emitter"),
         }
+    }
+}
+
+/// An instruction-level feature the code of a threadblock kernel uses, as its plan decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Feature {
+    /// `cp.async` copies of pipelined inputs.
+    CpAsync,
+    /// Bulk tensor copies (TMA) completing on mbarriers.
+    Tma,
+    /// `ldmatrix` operand loads.
+    Ldmatrix,
+    /// `mma.sync` tensor-core products.
+    MmaSync,
+    /// Matmuls by FMAs, a thread per element.
+    FmaMatmul,
+    /// A product kept in registers between two matmuls ([`RegisterPipe`]).
+    RegisterPipe,
+    /// A for-loop split over a thread-block cluster, partials combined through distributed
+    /// shared memory.
+    Cluster,
+    /// Programmatic dependent launch (`griddepcontrol`).
+    ProgrammaticLaunch,
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Feature::CpAsync => "cp.async",
+            Feature::Tma => "TMA",
+            Feature::Ldmatrix => "ldmatrix",
+            Feature::MmaSync => "mma.sync",
+            Feature::FmaMatmul => "FMA matmuls",
+            Feature::RegisterPipe => "register pipe",
+            Feature::Cluster => "cluster",
+            Feature::ProgrammaticLaunch => "griddepcontrol",
+        })
     }
 }
 
@@ -740,6 +779,55 @@ pub struct KernelPlan {
 }
 
 impl KernelPlan {
+    /// The instruction-level features the kernel's code uses, in a fixed order: each follows
+    /// from a plan field (copy engines, TMA loads, operand loads and matmul instructions,
+    /// register pipes, the cluster split, the launch).
+    pub fn features(&self) -> Vec<Feature> {
+        use super::ops::{CopyEngine, OperandLoad};
+        let mut f = Vec::new();
+        let mut add = |on: bool, x: Feature| {
+            if on {
+                f.push(x);
+            }
+        };
+        let matmuls = || {
+            self.ops.iter().filter_map(|p| match p {
+                OpPlan::Matmul { instr, loads, .. } => Some((*instr, *loads)),
+                _ => None,
+            })
+        };
+        add(
+            self.ops.iter().any(|p| {
+                matches!(
+                    p,
+                    OpPlan::Input {
+                        engine: CopyEngine::CpAsync,
+                        ..
+                    }
+                )
+            }),
+            Feature::CpAsync,
+        );
+        add(!self.tma.loads.is_empty(), Feature::Tma);
+        let ldm = |l: OperandLoad| matches!(l, OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans);
+        add(
+            matmuls().any(|(i, (a, b))| i.is_mma() && (ldm(a) || ldm(b))),
+            Feature::Ldmatrix,
+        );
+        add(matmuls().any(|(i, _)| i.is_mma()), Feature::MmaSync);
+        add(matmuls().any(|(i, _)| !i.is_mma()), Feature::FmaMatmul);
+        add(
+            self.pipes.iter().any(|p| matches!(p, PipeDecision::On(_))),
+            Feature::RegisterPipe,
+        );
+        add(self.split.cluster().is_some(), Feature::Cluster);
+        add(
+            self.dependent.is_programmatic() || self.triggers_next,
+            Feature::ProgrammaticLaunch,
+        );
+        f
+    }
+
     /// The register pipe chain `c` produces, if any.
     pub fn pipe_from(&self, c: usize) -> Option<&RegisterPipe> {
         self.pipes.iter().find_map(|p| match p {

@@ -171,6 +171,43 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             }
         }
     }
+    // The features `explain` names are the ones the code uses.
+    {
+        use mucc::sched::plan::Feature as F;
+        let has = kp.features();
+        let uses = |f: F| match f {
+            F::CpAsync => text.contains("mucc::tb::cp_async_chunks<"),
+            F::Tma => text.contains("mucc::sm90::tma_load("),
+            F::Ldmatrix => text.contains("mucc::tb::Load::Ldmatrix"),
+            F::MmaSync => text.contains("mucc::tb::Mma<"),
+            F::FmaMatmul => text.contains("mucc::tb::FmaMatmul<"),
+            F::RegisterPipe => text.contains("::run_from<"),
+            F::Cluster => text.contains("mucc::sm90::cluster_sync()"),
+            F::ProgrammaticLaunch => {
+                text.contains("mucc::sm90::grid_dependency_wait()")
+                    || text.contains("mucc::sm90::launch_dependents()")
+            }
+        };
+        for f in [
+            F::CpAsync,
+            F::Tma,
+            F::Ldmatrix,
+            F::MmaSync,
+            F::FmaMatmul,
+            F::RegisterPipe,
+            F::Cluster,
+            F::ProgrammaticLaunch,
+        ] {
+            want(
+                has.contains(&f) == uses(f),
+                format!(
+                    "feature {f}: planned {}, in the code {}",
+                    has.contains(&f),
+                    uses(f)
+                ),
+            );
+        }
+    }
     // exp by ex2.approx exactly where the plan rounds its value to 16 bits right after.
     let approx = kp.chains.iter().filter(|c| c.approx_exp).count();
     want(
