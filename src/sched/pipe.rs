@@ -18,7 +18,7 @@
 
 use super::ops::{AccumStorage, OpPlan, fragment_registers, operand_load_count, tile_dtypes};
 use super::order::{Schedule, schedule_with_pipes};
-use super::plan::{PipeDecision, RegisterPipe};
+use super::plan::{PipeDecision, PipeOff, RegisterPipe};
 use crate::graph::arena::Handle;
 use crate::graph::fusion::FusionPlan;
 use crate::graph::ops::AccumKind;
@@ -76,12 +76,10 @@ pub fn plan_pipes(
             if let Some(o) = late {
                 *d = PipeDecision::Off {
                     tile: p.tile,
-                    why: format!(
-                        "op{} {} would still run after the producer's level (it reads another \
-                         tile written there, or runs in another phase)",
-                        o.index(),
-                        tb.ops[o].kind.name()
-                    ),
+                    why: PipeOff::Late {
+                        op: o.index(),
+                        kind: tb.ops[o].kind.name(),
+                    },
                 };
                 changed = true;
             }
@@ -145,42 +143,38 @@ fn candidates(
         else {
             continue;
         };
-        let off = |why: String| PipeDecision::Off {
+        let off = |why: PipeOff| PipeDecision::Off {
             tile: tile.index(),
             why,
         };
         let decision = (|| {
             if !enabled {
-                return Err("register pipes turned off (--no-register-pipes)".to_string());
+                return Err(PipeOff::TurnedOff);
             }
             if let Some(&m) = chain.ops[1..]
                 .iter()
                 .find(|&&m| !matches!(tb.ops[m].kind, TbOpKind::Unary(_)))
             {
-                return Err(format!(
-                    "op{} {} between the matmuls is not a unary operator",
-                    m.index(),
-                    tb.ops[m].kind.name()
-                ));
+                return Err(PipeOff::NotUnary {
+                    op: m.index(),
+                    kind: tb.ops[m].kind.name(),
+                });
             }
             if !matches!(tb.ops[tail].kind, TbOpKind::Matmul | TbOpKind::Unary(_)) {
-                return Err(format!(
-                    "the chain ends in op{} {}",
-                    tail.index(),
-                    tb.ops[tail].kind.name()
-                ));
+                return Err(PipeOff::NotUnary {
+                    op: tail.index(),
+                    kind: tb.ops[tail].kind.name(),
+                });
             }
             if !is_mma(ops, consumer) {
-                return Err(format!(
-                    "op{} matmul does not run on tensor cores",
-                    consumer.index()
-                ));
+                return Err(PipeOff::ConsumerNotMma {
+                    op: consumer.index(),
+                });
             }
             if tb.ops[consumer].inputs[1] == tile {
-                return Err(format!(
-                    "op{} matmul reads the tile as both operands",
-                    consumer.index()
-                ));
+                return Err(PipeOff::BothOperands {
+                    op: consumer.index(),
+                });
             }
             let mut row_sums = Vec::new();
             for &r in &readers {
@@ -190,11 +184,10 @@ fn candidates(
                 let sums = matches!(tb.ops[r].kind, TbOpKind::Accum(AccumKind::RedLdSum))
                     && fusion.is_leader(r);
                 if !sums {
-                    return Err(format!(
-                        "op{} {} also reads the tile (only row sums can read it from registers)",
-                        r.index(),
-                        tb.ops[r].kind.name()
-                    ));
+                    return Err(PipeOff::OtherReader {
+                        op: r.index(),
+                        kind: tb.ops[r].kind.name(),
+                    });
                 }
                 row_sums.push(r);
             }
@@ -207,38 +200,32 @@ fn candidates(
                     storage: AccumStorage::Registers { fragment_of: Some(f), .. }, ..
                 } if *f == consumer);
             if !into_fragment {
-                return Err(format!(
-                    "op{} matmul's product does not go straight into a register accumulator",
-                    consumer.index()
-                ));
+                return Err(PipeOff::NotIntoFragment {
+                    op: consumer.index(),
+                });
             }
-            let (dt, st) = (tb.tensors[tile].dtype, stored[tile.index()]);
-            if dt != st {
-                return Err(format!("the tile is stored in {st}, not its {dt}"));
+            if tb.tensors[tile].dtype != stored[tile.index()] {
+                return Err(PipeOff::Widened);
             }
             let (m, n, _) = mnk(tb, lead);
             let (m2, n2, k2) = mnk(tb, consumer);
             if m2 != m || k2 != n {
-                return Err("the consumer's M × K is not the tile's shape".into());
+                return Err(PipeOff::ShapeMismatch);
             }
             if m % 16 != 0 || n % 16 != 0 {
-                return Err(format!(
-                    "the tile's {m} × {n} is not made of whole 16 × 16 tiles"
-                ));
+                return Err(PipeOff::NotWhole16 { m, n });
             }
             let warps = (threads / 32).max(1);
             if (m / 16) % warps != 0 {
-                return Err(format!(
-                    "the {} row tiles of 16 do not split evenly over {warps} warps",
-                    m / 16
-                ));
+                return Err(PipeOff::UnevenRows {
+                    row_tiles: m / 16,
+                    warps,
+                });
             }
             let regs =
                 fragment_registers(m, n, (warps, 1)) + fragment_registers(m2, n2, (warps, 1));
             if regs > PIPE_REGISTERS {
-                return Err(format!(
-                    "the two fragments would take {regs} registers per thread (at most {PIPE_REGISTERS})"
-                ));
+                return Err(PipeOff::Registers { regs });
             }
             Ok(RegisterPipe {
                 producer: c,
@@ -287,7 +274,9 @@ mod tests {
     use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
     use crate::graph::{AccumKind, DType, KernelGraph};
     use crate::sched::ops::{OpPlan, OperandLoad};
-    use crate::sched::plan::{CtaChoice, KernelPlan, MatmulLowering, Options, PipeDecision};
+    use crate::sched::plan::{
+        CtaChoice, KernelPlan, MatmulLowering, Options, PipeDecision, PipeOff,
+    };
     use crate::target::{Arch, Target};
 
     /// One block of attention: S = Q·Kᵀ over 4 iterations of 128 keys, P = exp(S), l = Σ P
@@ -328,7 +317,7 @@ mod tests {
         p.kernels.values().next().unwrap().clone()
     }
 
-    fn off_reason(kp: &KernelPlan) -> String {
+    fn off_reason(kp: &KernelPlan) -> PipeOff {
         match kp.pipes.as_slice() {
             [PipeDecision::Off { why, .. }] => why.clone(),
             other => panic!("expected one pipe turned off, got {other:?}"),
@@ -375,7 +364,7 @@ mod tests {
             off.schedule.barrier_counts().1 + 1,
             kp.schedule.barrier_counts().1 + 2
         );
-        assert!(off_reason(&off).contains("turned off"));
+        assert_eq!(off_reason(&off), PipeOff::TurnedOff);
         assert!(off.tiles[p.tile].is_some());
         assert!(kp.smem.total < off.smem.total);
     }
@@ -385,17 +374,19 @@ mod tests {
     #[test]
     fn a_pipe_that_cannot_run_says_why() {
         let kp = plan(&attention(true), CtaChoice::Graph, true);
+        let why = off_reason(&kp);
         assert!(
-            off_reason(&kp).contains("also reads the tile"),
-            "{}",
-            off_reason(&kp)
+            matches!(&why, PipeOff::OtherReader { kind, .. } if kind == "accum_nored"),
+            "{why}"
         );
         // 8 warps for 4 row tiles of 16.
         let kp = plan(&attention(false), CtaChoice::Warps(8), true);
-        assert!(
-            off_reason(&kp).contains("do not split evenly"),
-            "{}",
-            off_reason(&kp)
+        assert_eq!(
+            off_reason(&kp),
+            PipeOff::UnevenRows {
+                row_tiles: 4,
+                warps: 8
+            }
         );
     }
 }

@@ -888,8 +888,122 @@ pub enum PipeDecision {
         /// The tile.
         tile: usize,
         /// Why.
-        why: String,
+        why: PipeOff,
     },
+}
+
+/// Why a product that a tensor-core matmul takes as A goes through shared memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PipeOff {
+    /// `--no-register-pipes` (or `Options::register_pipes` false).
+    TurnedOff,
+    /// An operator of the producer's chain after its matmul is not unary.
+    NotUnary {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// The consumer matmul does not run on tensor cores.
+    ConsumerNotMma {
+        /// The consumer matmul.
+        op: usize,
+    },
+    /// The consumer takes the tile as both operands.
+    BothOperands {
+        /// The consumer matmul.
+        op: usize,
+    },
+    /// Another operator reads the tile (only row sums can take it from registers).
+    OtherReader {
+        /// The reader.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// The consumer's product does not go straight into a register accumulator's fragment.
+    NotIntoFragment {
+        /// The consumer matmul.
+        op: usize,
+    },
+    /// The tile is stored in a wider type than its own.
+    Widened,
+    /// The consumer's M × K is not the tile's shape.
+    ShapeMismatch,
+    /// The tile is not made of whole 16 × 16 tiles.
+    NotWhole16 {
+        /// Rows.
+        m: usize,
+        /// Columns.
+        n: usize,
+    },
+    /// The row tiles of 16 do not split evenly over the CTA's warps.
+    UnevenRows {
+        /// Row tiles of 16.
+        row_tiles: usize,
+        /// Warps of the CTA.
+        warps: usize,
+    },
+    /// The two fragments would take more registers than [`crate::sched::pipe::PIPE_REGISTERS`].
+    Registers {
+        /// fp32 registers per thread they would take.
+        regs: usize,
+    },
+    /// A consumer would still run after the producer's level (it reads another tile written
+    /// there, or runs in another phase).
+    Late {
+        /// The consumer.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+}
+
+impl fmt::Display for PipeOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PipeOff::TurnedOff => f.write_str("register pipes turned off (--no-register-pipes)"),
+            PipeOff::NotUnary { op, kind } => {
+                write!(
+                    f,
+                    "op{op} {kind} between the matmuls is not a unary operator"
+                )
+            }
+            PipeOff::ConsumerNotMma { op } => {
+                write!(f, "op{op} matmul does not run on tensor cores")
+            }
+            PipeOff::BothOperands { op } => {
+                write!(f, "op{op} matmul reads the tile as both operands")
+            }
+            PipeOff::OtherReader { op, kind } => write!(
+                f,
+                "op{op} {kind} also reads the tile (only row sums can read it from registers)"
+            ),
+            PipeOff::NotIntoFragment { op } => write!(
+                f,
+                "op{op} matmul's product does not go straight into a register accumulator"
+            ),
+            PipeOff::Widened => f.write_str("the tile is stored in a wider type than its own"),
+            PipeOff::ShapeMismatch => f.write_str("the consumer's M × K is not the tile's shape"),
+            PipeOff::NotWhole16 { m, n } => {
+                write!(f, "the tile's {m} × {n} is not made of whole 16 × 16 tiles")
+            }
+            PipeOff::UnevenRows { row_tiles, warps } => write!(
+                f,
+                "the {row_tiles} row tiles of 16 do not split evenly over {warps} warps"
+            ),
+            PipeOff::Registers { regs } => write!(
+                f,
+                "the two fragments would take {regs} registers per thread (at most {})",
+                crate::sched::pipe::PIPE_REGISTERS
+            ),
+            PipeOff::Late { op, kind } => write!(
+                f,
+                "op{op} {kind} would still run after the producer's level (it reads another \
+                 tile written there, or runs in another phase)"
+            ),
+        }
+    }
 }
 
 /// Where a block's region of a device tensor starts: Σ over the steps of the µGraph block index
