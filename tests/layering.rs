@@ -178,3 +178,35 @@ fn emitters_do_not_name_each_other() {
         bad.join("\n")
     );
 }
+
+/// The runtime's C++ names (`mucc::…` in a string) are spelled in `emit` only: the planning
+/// stages before it (graph, layout, sched, explain, target) decide, `emit` prints. (The
+/// tensor-map and cuBLAS enum names of the launch plan's JSON are part of its format, in
+/// `sched`, and are not runtime names.)
+#[test]
+fn runtime_names_are_spelled_in_emit_only() {
+    let mut bad = Vec::new();
+    let mut files_seen = 0;
+    for sub in ["graph", "layout", "sched", "explain.rs", "target.rs"] {
+        let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src")).join(sub);
+        let files = if path.is_dir() {
+            sources(sub).1
+        } else {
+            vec![path]
+        };
+        for f in files {
+            files_seen += 1;
+            for (n, code) in code_lines(&f) {
+                if code.contains("\"mucc::") {
+                    bad.push(format!("{}:{n}: {}", f.display(), code.trim()));
+                }
+            }
+        }
+    }
+    assert!(files_seen > 20, "only {files_seen} files read");
+    assert!(
+        bad.is_empty(),
+        "runtime names spelled outside emit:\n{}",
+        bad.join("\n")
+    );
+}

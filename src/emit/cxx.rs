@@ -10,6 +10,18 @@ use crate::layout::swizzle::Swizzle;
 /// The longest line of C++ the emitter writes.
 pub const MAX_LINE: usize = 120;
 
+/// The runtime's constant for how a tensor-core matmul operand loads (`mucc::tb::Load`).
+pub fn operand_load(l: crate::sched::ops::OperandLoad) -> &'static str {
+    use crate::sched::ops::OperandLoad;
+    match l {
+        OperandLoad::Ldmatrix => "mucc::tb::Load::Ldmatrix",
+        OperandLoad::LdmatrixTrans => "mucc::tb::Load::LdmatrixTrans",
+        OperandLoad::Pairs => "mucc::tb::Load::Pairs",
+        OperandLoad::Elements => "mucc::tb::Load::Elements",
+        OperandLoad::Fragment => "mucc::tb::Load::Fragment",
+    }
+}
+
 /// C++ element type of a dtype.
 pub fn ctype(d: DType) -> &'static str {
     match d {

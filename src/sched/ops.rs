@@ -166,19 +166,6 @@ pub enum OperandLoad {
     Fragment,
 }
 
-impl OperandLoad {
-    /// The runtime's constant (`mucc::tb::Load`).
-    pub fn cxx(self) -> &'static str {
-        match self {
-            OperandLoad::Ldmatrix => "mucc::tb::Load::Ldmatrix",
-            OperandLoad::LdmatrixTrans => "mucc::tb::Load::LdmatrixTrans",
-            OperandLoad::Pairs => "mucc::tb::Load::Pairs",
-            OperandLoad::Elements => "mucc::tb::Load::Elements",
-            OperandLoad::Fragment => "mucc::tb::Load::Fragment",
-        }
-    }
-}
-
 impl fmt::Display for OperandLoad {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

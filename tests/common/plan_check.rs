@@ -340,8 +340,8 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                         ctype(*dtype).to_string(),
                         mnk,
                         *warps,
-                        loads.0.cxx().to_string(),
-                        loads.1.cxx().to_string(),
+                        mucc::emit::cxx::operand_load(loads.0).to_string(),
+                        mucc::emit::cxx::operand_load(loads.1).to_string(),
                     ));
                 }
                 MatmulInstr::Fma => {

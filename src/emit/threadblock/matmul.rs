@@ -42,8 +42,8 @@ impl Ctx<'_> {
         Ok(self.alias(format!(
             "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}>",
             ctype(dtype),
-            load_a.cxx(),
-            load_b.cxx()
+            crate::emit::cxx::operand_load(load_a),
+            crate::emit::cxx::operand_load(load_b)
         )))
     }
 
