@@ -85,3 +85,36 @@ fn a_disagreement_fails_the_check() {
     let err = check_kernel(g, &e, k, kp).unwrap_err();
     assert!(err.contains("row splits"), "{err}");
 }
+
+/// Every builder-made attention block (`graph::workloads::attention_blocks`) keeps exp(Q·Kᵀ)
+/// in registers when planned on the µGraph's 4 warps, on both targets, and its code follows the
+/// plan; with the default CTA too.
+#[test]
+fn attention_blocks_follow_their_plan_with_register_pipes() {
+    use mucc::sched::plan::{CtaChoice, PipeDecision};
+    let blocks = mucc::graph::workloads::attention_blocks().unwrap();
+    assert_eq!(
+        blocks.len(),
+        2 * mucc::graph::workloads::ATTENTION_BLOCKS.len()
+    );
+    for (name, g) in &blocks {
+        for target in Target::all() {
+            let opts = Options {
+                cta: CtaChoice::Graph,
+                ..Options::for_target(target)
+            };
+            let p = mucc::sched::plan(g, &opts).unwrap();
+            let e = mucc::emit::emit(g, &p, name).unwrap();
+            for (&k, kp) in &p.kernels {
+                assert!(
+                    matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]),
+                    "{name} {}: {:?}",
+                    target.arch,
+                    kp.pipes
+                );
+                check_kernel(g, &e, k, kp).unwrap_or_else(|m| panic!("{name}: {m}"));
+            }
+            check_graph(g, target, name).unwrap();
+        }
+    }
+}

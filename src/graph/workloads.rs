@@ -1,8 +1,10 @@
 //! Builder-made µGraphs of workload classes the corpus lacks, for tests, GPU checks and
 //! benchmarks: the decode-time gated linear layer (M = 1 or 8 rows) with grids smaller than the
-//! GPU, the class the sm_90a cluster split is for; and tensor-parallel (multi-GPU) MLP and
-//! attention blocks at Qwen2.5-7B sizes, each in two forms: kernel-level operators (cuBLAS
-//! matmuls and element-wise kernels) and fused customized operators (threadblock graphs).
+//! GPU, the class the sm_90a cluster split is for; single-kernel attention blocks in the shape
+//! register pipes serve (the corpus has them only split over two kernels); and tensor-parallel
+//! (multi-GPU) MLP and attention blocks at Qwen2.5-7B sizes, each in two forms: kernel-level
+//! operators (cuBLAS matmuls and element-wise kernels) and fused customized operators
+//! (threadblock graphs).
 
 use super::builder::{GraphBuilder, TbGraphBuilder};
 use super::{AccumKind, DType, GraphError, KernelGraph, ValidationErrors};
@@ -81,6 +83,68 @@ pub fn decode_graphs() -> Result<Vec<(String, KernelGraph)>, WorkloadError> {
                     decode_gated_linear(m, k, n, blocks, DECODE_FORLOOP, dtype)?,
                 ));
             }
+        }
+    }
+    Ok(v)
+}
+
+/// One customized operator of attention without the running max (the µGraph form): a grid of
+/// `heads` × `row_blocks` blocks of `threads` threads, each owning `rows` query rows of a head;
+/// a for-loop of `iters` iterations over blocks of `keys` keys computing S = Q·Kᵀ, P = exp(S),
+/// the row sums l += Σ P and O += P·V; after the loop O / l. Q [heads, rows·row_blocks, 64],
+/// Kᵀ [heads, 64, keys·iters], V [heads, keys·iters, 64] in `dtype`.
+pub fn attention_block(
+    heads: usize,
+    rows: usize,
+    row_blocks: usize,
+    keys: usize,
+    iters: usize,
+    threads: usize,
+    dtype: DType,
+) -> Result<KernelGraph, WorkloadError> {
+    let (d, len) = (64, keys * iters);
+    let mut g = GraphBuilder::new();
+    let q = g.new_input(&[heads, rows * row_blocks, d], dtype)?;
+    let kt = g.new_input(&[heads, d, len], dtype)?;
+    let v = g.new_input(&[heads, len, d], dtype)?;
+    let mut tb = TbGraphBuilder::new([heads, row_blocks, 1], [threads, 1, 1], iters);
+    let tq = tb.new_input(&g, q, [0, 1, -1], -1)?;
+    let tk = tb.new_input(&g, kt, [0, -1, -1], 2)?;
+    let tv = tb.new_input(&g, v, [0, -1, -1], 1)?;
+    let s = tb.matmul(tq, tk)?;
+    let p = tb.exp(s)?;
+    let l = tb.forloop_accum(p, AccumKind::RedLdSum)?;
+    let pv = tb.matmul(p, tv)?;
+    let o = tb.forloop_accum(pv, AccumKind::Nored)?;
+    let out = tb.div(o, l)?;
+    tb.new_output(out, [0, 1, -1])?;
+    let outs = g.customized(tb)?;
+    g.mark_output(outs[0])?;
+    Ok(g.build()?)
+}
+
+/// The attention blocks of [`attention_block`] that GPU checks run, as (file stem, graph), in
+/// f16 and bf16: (heads, rows, row blocks, keys per iteration, iterations, threads) — 4 warps
+/// on 64 rows (one 16-row tile per warp), 4 warps on 128 rows (two per warp), small grids
+/// (cluster split on sm_90a), grids of 2–4 blocks per SM.
+pub const ATTENTION_BLOCKS: [(usize, usize, usize, usize, usize, usize); 5] = [
+    (8, 64, 4, 128, 4, 128),
+    (16, 64, 16, 64, 8, 128),
+    (32, 128, 8, 64, 4, 128),
+    (64, 64, 8, 128, 2, 128),
+    (4, 64, 2, 128, 8, 128),
+];
+
+/// Every attention block of [`ATTENTION_BLOCKS`] in f16 and bf16: (file stem, graph).
+pub fn attention_blocks() -> Result<Vec<(String, KernelGraph)>, WorkloadError> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for (heads, rows, row_blocks, keys, iters, threads) in ATTENTION_BLOCKS {
+            let name = format!("attn_{dtype}_h{heads}_r{rows}x{row_blocks}_k{keys}x{iters}");
+            v.push((
+                name,
+                attention_block(heads, rows, row_blocks, keys, iters, threads, dtype)?,
+            ));
         }
     }
     Ok(v)

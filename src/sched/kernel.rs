@@ -101,6 +101,19 @@ pub(super) fn plan_kernel(
         Err(why) => return with(fusion, graph, CtaSource::Model(why)),
     };
     let first = with(fusion.clone(), graph, CtaSource::Graph)?;
+    // A register pipe needs its warps to own whole rows: more warps than row tiles turn it
+    // off. Where the grid has a block per SM or more, the pipe on the µGraph's warps wins
+    // (H200, builder attention blocks of 256–512 blocks: 0.76–0.93× the time of 8 or 16 warps
+    // without the pipe); smaller grids keep the extra warps (8 and 32 blocks: 16 warps without
+    // the pipe 0.77–0.85× the pipe's time).
+    let piped = first.pipes.iter().any(|p| matches!(p, PipeDecision::On(_)));
+    if piped && tb.num_blocks() >= opts.target.typical_sms {
+        return Ok(kept(
+            first,
+            "block_dim kept: its warps own whole rows of a register pipe, which more warps would \
+             turn off (the grid has a block per SM or more)",
+        ));
+    }
     match with(fusion, warps * 32, CtaSource::Model(why)) {
         // A loop longer than a pipeline's worth pays for its split: more warps must not shrink
         // the cluster (measured 1.06–3.19× slower where they did).
@@ -1069,6 +1082,30 @@ mod tests {
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
         assert_eq!(threads, 128);
         assert!(matches!(source, CtaSource::Model(w) if w.contains("4 or more blocks per SM")));
+    }
+
+    /// Attention blocks whose µGraph CTA keeps a register pipe keep it on grids of a block per
+    /// SM or more; smaller grids take the extra warps (and lose the pipe).
+    #[test]
+    fn a_register_pipe_keeps_its_warps_on_grids_that_fill_the_gpu() {
+        use crate::graph::DType;
+        use crate::graph::workloads::attention_block;
+        use crate::sched::plan::{Options, PipeDecision};
+        use crate::target::Arch;
+        let opts = Options::for_target(Target::new(Arch::Sm90a));
+        let plan = |g: &KernelGraph| {
+            let p = crate::sched::plan(g, &opts).unwrap();
+            p.kernels.values().next().unwrap().clone()
+        };
+        // 16 heads × 16 row blocks = 256 blocks.
+        let kp = plan(&attention_block(16, 64, 16, 64, 8, 128, DType::F16).unwrap());
+        assert_eq!(kp.cta.threads, 128);
+        assert!(matches!(kp.cta.source, CtaSource::Model(w) if w.contains("register pipe")));
+        assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
+        // 8 × 4 = 32 blocks: 16 warps, no pipe.
+        let kp = plan(&attention_block(8, 64, 4, 128, 4, 128, DType::F16).unwrap());
+        assert_eq!(kp.cta.threads, 512);
+        assert!(matches!(kp.pipes.as_slice(), [PipeDecision::Off { .. }]));
     }
 
     /// A ring deep enough for one CTA per SM capped the split of decode_m8 11008×2048 at
