@@ -298,7 +298,7 @@ fn explain_prints_the_plan_and_draws_it() {
         "schedule: - | 0,1,2 3,4 | 7,8",
         "barrier (the next iteration overwrites tiles read at the last level)",
         "op5 accum_nored: registers (4 per thread, the mma fragment of op3)",
-        "code path: sm80 (cp.async, ldmatrix, mma.sync); launch bounds (128, 4)",
+        "code path: sm80 emitter (uses TMA, ldmatrix, mma.sync, cluster); launch bounds (128, 4)",
         "cluster split: 2 CTAs per block along x (launch grid (256, 1, 1), __cluster_dims__(2, 1, 1)), 32 of 64 iterations each; 4 CTA(s) per SM fit",
         "A by ldmatrix, B by ldmatrix.trans",
         "shared memory:",
