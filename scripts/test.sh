@@ -32,6 +32,9 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings (mucc and its Python extension)"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "cargo doc --no-deps --lib with warnings as errors (broken and private intra-doc links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib
+
 step "corpus compile check: 604 graphs x {sm_80, sm_90a} through nvcc and NVRTC (cached)"
 # Its own step so that its figures (transpile and compile times, registers, spills) are printed;
 # the full run below finds its outcomes in the cache.

@@ -1,5 +1,5 @@
 //! GPU side: NVRTC compilation with a disk cache ([`compile`]), execution of launch plans
-//! through cudarc ([`run`]), timing and ceilings ([`bench`]), host data conversion and
+//! through cudarc ([`run`]), timing and ceilings ([`mod@bench`]), host data conversion and
 //! comparison ([`data`]), a GPU session that prepares graphs for it ([`session`]), verified autotuning with a
 //! persistent cache ([`tune`]), nvcc builds of libraries ([`nvcc`]), and graphs on several GPUs
 //! through NCCL ([`multi`]).

@@ -503,7 +503,7 @@ fn on_every_rank<T: Send>(
 }
 
 /// Runs every rank's steps at once (each all-reduce waits for all ranks), each step waited
-/// for so that a failure names its step and rank; see [`on_every_rank`] for failures.
+/// for so that a failure names its step and rank; see `on_every_rank` for failures.
 pub fn execute_ranks(ranks: &[RankRun<'_>]) -> Result<(), RunError> {
     on_every_rank(ranks, |r, c| {
         for i in 0..r.prog.plan().steps.len() {
@@ -645,7 +645,7 @@ fn slowest(per_rank: &[Vec<f64>]) -> Vec<f64> {
 }
 
 /// Times one compiled graph on every rank as `opts` says (CUDA-graph replays or stream
-/// launches, see [`time_steps`]): the whole plan, then its all-reduce steps alone, then with
+/// launches, see `time_steps`): the whole plan, then its all-reduce steps alone, then with
 /// [`TimingOptions::per_step`] every step alone; loads, allocates and uploads like
 /// [`run_on_ranks`].
 pub fn time_on_ranks(
@@ -956,7 +956,7 @@ fn with_ranks<T>(
     result
 }
 
-/// Runs one compiled graph on every rank ([`execute_ranks`], after [`with_ranks`]'s setup)
+/// Runs one compiled graph on every rank ([`execute_ranks`], after `with_ranks`'s setup)
 /// and reads every rank's outputs back.
 pub fn run_on_ranks(
     gpus: &mut [&mut Gpu],

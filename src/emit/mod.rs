@@ -4,8 +4,8 @@
 //! The generated file holds one `extern "C" __global__` kernel per kernel-level operator that
 //! runs one (stable names: `k{op}_{name}`), and a host entry `mucc_execute` (guarded out under
 //! NVRTC) rendered from the [`launch::LaunchPlan`], which describes the same steps for a runner
-//! that loads the kernels itself. Kernel-level operators are printed by [`kernel_level`],
-//! customized operators by the code path their plan names ([`threadblock`] for
+//! that loads the kernels itself. Kernel-level operators are printed by `kernel_level`,
+//! customized operators by the code path their plan names (`threadblock` for
 //! [`crate::sched::plan::CodePath::Sm80`]); C++ is spelled by [`cxx`]. Emission is
 //! deterministic.
 

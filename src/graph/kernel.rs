@@ -39,7 +39,7 @@ pub enum KnOpKind {
     /// Element-wise binary operator with broadcasting.
     Binary(BinaryOp),
     /// Sum over `dim`. The output extent of `dim` is 1, or a divisor s of the input extent, in
-    /// which case elements are grouped with stride s: out[j] = Σₖ X[k·s + j].
+    /// which case elements are grouped with stride s: `out[j] = Σₖ X[k·s + j]`.
     Reduction {
         /// The reduced dim.
         dim: usize,

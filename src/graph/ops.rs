@@ -205,7 +205,7 @@ impl AccumKind {
 pub enum TbReduction {
     /// Sum over the dim; the dim becomes 1.
     Sum,
-    /// Strided grouped sum down to `reduction_dimx`: out[j] = Σₖ X[k·dimx + j].
+    /// Strided grouped sum down to `reduction_dimx`: `out[j] = Σₖ X[k·dimx + j]`.
     ToDimx,
     /// Online-softmax helper with two outputs, both with the dim reduced to 1: the running max
     /// over all iterations so far (out0), and previous running max − new running max (out1).

@@ -1,5 +1,5 @@
 //! Planning: every decision the generated code depends on, made here and recorded in a typed
-//! [`GraphPlan`] ([`plan`] module) that `explain` prints and `emit` prints code from.
+//! [`GraphPlan`] ([`mod@plan`] module) that `explain` prints and `emit` prints code from.
 //!
 //! The stages, in the order [`plan()`] runs them:
 //!

@@ -1,6 +1,6 @@
 //! The plan: every decision the generated code depends on, as typed data.
 //!
-//! [`super::plan`] builds it; `explain` prints it; `emit` prints code from it and decides
+//! [`super::plan()`] builds it; `explain` prints it; `emit` prints code from it and decides
 //! nothing. A field here is a choice (a CTA shape, a warp grid, an instruction, a pipeline
 //! depth, a copy width, a swizzle, an offset); what follows from the graph alone stays in the
 //! graph.
