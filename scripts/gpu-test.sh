@@ -8,6 +8,10 @@
 #             default step);
 #   decode    `mucc run --check` on CARRY/decode/*.json, the builder-made decode-time linear layers
 #             (`cargo run --release --example decode_graphs -- CARRY/decode`; not a default step);
+#   attention `mucc run --check` on CARRY/attn/*.json, the builder-made single-kernel attention
+#             blocks (`cargo run --release --example attention_graphs -- CARRY/attn`), with the
+#             default CTA, with `--warps graph` (register pipes on 4 warps) and with that and
+#             `--path ampere`; not a default step;
 #   multi     on CARRY/multi/tpN_*.json (N >= 2), the builder-made tensor-parallel MLP and
 #             attention blocks, kernel-level (tpN_mlp_*, tpN_attention_*) and fused (tpN_fmlp_*,
 #             tpN_fattn_*) (`cargo run --release --example tp_graphs -- CARRY/multi`): `mucc
@@ -95,6 +99,16 @@ if [[ "$steps" == *" decode "* ]]; then
         # shellcheck disable=SC2086
         "$carry/mucc" run "$f" --all $extra --check > "$out/$name.run.log" 2>&1 || status=1
         printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
+    done
+fi
+if [[ "$steps" == *" attention "* ]]; then
+    for f in "$carry"/attn/*.json; do
+        name="$(basename "$f" .json)"
+        for variant in "" "--warps graph" "--warps graph --path ampere"; do
+            # shellcheck disable=SC2086
+            "$carry/mucc" run "$f" $variant $extra --check > "$out/$name.run.log" 2>&1 || status=1
+            printf '%-36s %-28s %s\n' "$name" "${variant:-default}" "$(tail -1 "$out/$name.run.log")"
+        done
     done
 fi
 if [[ "$steps" == *" multi "* ]]; then
