@@ -104,10 +104,13 @@ fi
 if [[ "$steps" == *" attention "* ]]; then
     for f in "$carry"/attn/*.json; do
         name="$(basename "$f" .json)"
+        i=0
         for variant in "" "--warps graph" "--warps graph --path ampere"; do
+            log="$out/$name.variant$i.run.log"
+            i=$((i + 1))
             # shellcheck disable=SC2086
-            "$carry/mucc" run "$f" $variant $extra --check > "$out/$name.run.log" 2>&1 || status=1
-            printf '%-36s %-28s %s\n' "$name" "${variant:-default}" "$(tail -1 "$out/$name.run.log")"
+            "$carry/mucc" run "$f" $variant $extra --check > "$log" 2>&1 || status=1
+            printf '%-36s %-28s %s\n' "$name" "${variant:-default}" "$(tail -1 "$log")"
         done
     done
 fi
