@@ -1108,6 +1108,67 @@ mod tests {
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::Off { .. }]));
     }
 
+    /// exp runs as ex2.approx exactly where its value is rounded to a 16-bit float right
+    /// after: stored to an f16/bf16 device tensor, not an fp32 one, not summed into an
+    /// accumulator, not followed by another operator.
+    #[test]
+    fn exp_is_approximate_only_before_a_16_bit_rounding() {
+        use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+        use crate::graph::{AccumKind, DType};
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        // (dtype, then) → whether the exp chain is approximate.
+        let approx = |dtype: DType, then: &str| {
+            let mut g = GraphBuilder::new();
+            let x = g.new_input(&[64, 64], dtype).unwrap();
+            let y = g.new_input(&[64, 64], dtype).unwrap();
+            let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 2);
+            let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+            let ty = tb.new_input(&g, y, [-1, -1, -1], 0).unwrap();
+            let e = tb.exp(tx).unwrap();
+            let v = match then {
+                // exp's tile feeds a matmul: stored in the graph's type.
+                "store" => {
+                    let m = tb.matmul(e, ty).unwrap();
+                    tb.forloop_accum(m, AccumKind::Nored).unwrap()
+                }
+                "scale" => {
+                    let s = tb.mul_scalar(e, 0.5).unwrap();
+                    let m = tb.matmul(s, ty).unwrap();
+                    tb.forloop_accum(m, AccumKind::Nored).unwrap()
+                }
+                "sum" => tb.forloop_accum(e, AccumKind::RedLdSum).unwrap(),
+                _ => unreachable!(),
+            };
+            tb.new_output(v, [-1, -1, -1]).unwrap();
+            let outs = g.customized(tb).unwrap();
+            g.mark_output(outs[0]).unwrap();
+            let g = g.build().unwrap();
+            let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm80))).unwrap();
+            let kp = p.kernels.values().next().unwrap();
+            let chain = kp.fusion.chain_of[kp
+                .fusion
+                .chains
+                .iter()
+                .flat_map(|c| c.ops.iter())
+                .find(|&&o| matches!(tb_kind(&g, o), Some(true)))
+                .unwrap()
+                .index()];
+            kp.chains[chain].approx_exp
+        };
+        assert!(approx(DType::F16, "store"));
+        assert!(approx(DType::BF16, "store"));
+        assert!(!approx(DType::F32, "store"));
+        assert!(!approx(DType::F16, "scale"));
+        assert!(!approx(DType::F16, "sum"));
+    }
+
+    /// Whether op `o` of the graph's customized operator is an exp.
+    fn tb_kind(g: &KernelGraph, o: Handle<crate::graph::threadblock::TbOp>) -> Option<bool> {
+        let (_, tb) = g.customized_ops().next()?;
+        Some(matches!(tb.ops[o].kind, TbOpKind::Unary(UnaryOp::Exp)))
+    }
+
     /// A ring deep enough for one CTA per SM capped the split of decode_m8 11008×2048 at
     /// clusters of 2 (64 CTAs on 132 SMs); a shallower one fits 3 CTAs per SM and clusters of 8.
     #[test]
