@@ -75,14 +75,7 @@ fn check(g: &mucc::KernelGraph, p: &GraphPlan) -> Result<(), String> {
             return Err("over the shared-memory limit".into());
         }
         no_overlap(&kp.smem.buffers, &kp.smem.packing.offsets)?;
-        let piped: Vec<usize> = kp
-            .pipes
-            .iter()
-            .filter_map(|d| match d {
-                mucc::sched::plan::PipeDecision::On(p) => Some(p.tile),
-                mucc::sched::plan::PipeDecision::Off { .. } => None,
-            })
-            .collect();
+        let piped: Vec<usize> = kp.register_pipes().map(|p| p.tile).collect();
         ordered(tb, &kp.fusion, &kp.schedule, &piped)?;
         if kp.smem.packing.peak < kp.smem.packing.lower_bound {
             return Err("peak below the lower bound".into());

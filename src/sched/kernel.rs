@@ -106,7 +106,7 @@ pub(super) fn plan_kernel(
     // (H200, builder attention blocks of 256–512 blocks: 0.76–0.93× the time of 8 or 16 warps
     // without the pipe); smaller grids keep the extra warps (8 and 32 blocks: 16 warps without
     // the pipe 0.77–0.85× the pipe's time).
-    let piped = first.pipes.iter().any(|p| matches!(p, PipeDecision::On(_)));
+    let piped = first.register_pipes().next().is_some();
     if piped && tb.num_blocks() >= opts.target.typical_sms {
         return Ok(kept(
             first,
@@ -182,10 +182,8 @@ fn plan_kernel_with(
     let (pipes, sched) = plan_pipes(tb, &fusion, &mut ops, threads, opts.register_pipes);
     let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     // A piped tile never reaches shared memory.
-    for p in &pipes {
-        if let PipeDecision::On(p) = p {
-            tiles[p.tile] = None;
-        }
+    for p in pipes.iter().filter_map(PipeDecision::on) {
+        tiles[p.tile] = None;
     }
     demote_copies(tb, &tiles, &mut ops);
     plan_operand_loads(tb, &tiles, &mut ops, target);
@@ -195,7 +193,7 @@ fn plan_kernel_with(
         TmaPlan::default()
     };
     pad_slots(&tma, &mut tiles);
-    let piped = pipes.iter().any(|p| matches!(p, PipeDecision::On(_)));
+    let piped = pipes.iter().any(|p| p.on().is_some());
     let mut resident_blocks = resident_blocks_wanted(tb, threads, target, piped);
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
@@ -217,14 +215,10 @@ fn plan_kernel_with(
         arch: target.arch.to_string(),
     })?;
     let mut chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
-    for p in &pipes {
-        if let PipeDecision::On(p) = p {
-            let tile = Handle::from_index(p.tile);
-            chains[p.producer].matmul = Some(MatmulLowering::Pipe);
-            // The fragment is packed into the tile's 16-bit type.
-            chains[p.producer].approx_exp = is_float16(tb.tensors[tile].dtype)
-                && last_value_is_exp(tb, &fusion.chains[p.producer].ops, Sink::Tile(tile));
-        }
+    // (Its `approx_exp` needs no change: the fragment is packed into the tile's type, which
+    // `plan_chains` already takes as the store's.)
+    for p in pipes.iter().filter_map(PipeDecision::on) {
+        chains[p.producer].matmul = Some(MatmulLowering::Pipe);
     }
     // An accumulator in shared memory keeps its state there anyway; one in registers makes a
     // round trip (write-back, then its reader loads it) that a direct store would avoid.

@@ -501,7 +501,8 @@ pub fn warp_grid(m: usize, n: usize, k: usize, warps: usize) -> ((usize, usize),
 /// Load instructions per warp per execution of an `m16n8k16` matmul of M×K by K×N on a
 /// `warps` grid, for A and for B, with the runtime's operand loads (`mucc::tb::Mma`): per
 /// k-step and warp tile, A takes one `ldmatrix.x4`, four 32-bit pair loads (two when M ≤ 8:
-/// rows 8–15 are zero) or eight element loads (four); B one `ldmatrix.x2`, two pair loads or
+/// rows 8–15 are zero) or eight element loads (four); B one n-tile of `ldmatrix` (the walking
+/// path pairs two into an `.x4`), two pair loads or
 /// four element loads.
 pub fn operand_load_count(
     (m, n, k): (usize, usize, usize),
@@ -535,13 +536,23 @@ impl OperandLoad {
         match (self, a) {
             (OperandLoad::Ldmatrix, true) => "ldmatrix.x4",
             (OperandLoad::LdmatrixTrans, true) => "ldmatrix.x4.trans",
-            (OperandLoad::Ldmatrix, false) => "ldmatrix.x2",
-            (OperandLoad::LdmatrixTrans, false) => "ldmatrix.x2.trans",
+            // The runtime pairs two n-tiles into one .x4 on whole k-steps of a walkable tile.
+            (OperandLoad::Ldmatrix, false) => "n-tiles by ldmatrix (.x4 pairs on whole k-steps)",
+            (OperandLoad::LdmatrixTrans, false) => {
+                "n-tiles by ldmatrix.trans (.x4 pairs on whole k-steps)"
+            }
             (OperandLoad::Pairs, _) => "32-bit loads",
             (OperandLoad::Elements, _) => "element loads",
             (OperandLoad::Fragment, _) => "register moves",
         }
     }
+}
+
+/// `m16n8k16` MMAs per warp of an M×K by K×N matmul on a `warps` grid (as [`warp_grid`] counts).
+pub fn mma_per_warp(m: usize, n: usize, k: usize, warps: (usize, usize)) -> usize {
+    m.div_ceil(16).div_ceil(warps.0.max(1))
+        * n.div_ceil(8).div_ceil(warps.1.max(1))
+        * k.div_ceil(16)
 }
 
 /// Per-thread registers of a matmul's fp32 accumulator fragment.
@@ -872,7 +883,10 @@ mod tests {
             (2 * 8, 2 * 2)
         );
         assert_eq!(OperandLoad::Pairs.instr_name(true), "32-bit loads");
-        assert_eq!(tr.instr_name(false), "ldmatrix.x2.trans");
+        assert_eq!(
+            tr.instr_name(false),
+            "n-tiles by ldmatrix.trans (.x4 pairs on whole k-steps)"
+        );
     }
 
     #[test]

@@ -60,10 +60,8 @@ pub fn plan_pipes(
     let sched = loop {
         let piped: Vec<usize> = decisions
             .iter()
-            .filter_map(|d| match d {
-                PipeDecision::On(p) => Some(p.tile),
-                PipeDecision::Off { .. } => None,
-            })
+            .filter_map(PipeDecision::on)
+            .map(|p| p.tile)
             .collect();
         let sched = schedule_with_pipes(tb, fusion, &piped);
         let mut changed = false;
@@ -88,8 +86,7 @@ pub fn plan_pipes(
             break sched;
         }
     };
-    for d in &decisions {
-        let PipeDecision::On(p) = d else { continue };
+    for p in decisions.iter().filter_map(PipeDecision::on) {
         set_warps(tb, ops, fusion.chains[p.producer].leader(), p.warps, false);
         set_warps(tb, ops, p.matmul, p.warps, true);
         let (m2, n2, _) = mnk(tb, p.matmul);
@@ -264,7 +261,7 @@ fn set_warps(
         if a_from_registers {
             loads.0 = super::ops::OperandLoad::Fragment;
         }
-        *mma_per_warp = m.div_ceil(16 * warps) * n.div_ceil(8) * k.div_ceil(16);
+        *mma_per_warp = super::ops::mma_per_warp(m, n, k, *w);
         *load_instrs = operand_load_count((m, n, k), *w, *loads);
     }
 }

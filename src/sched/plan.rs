@@ -817,7 +817,7 @@ impl KernelPlan {
         add(matmuls().any(|(i, _)| i.is_mma()), Feature::MmaSync);
         add(matmuls().any(|(i, _)| !i.is_mma()), Feature::FmaMatmul);
         add(
-            self.pipes.iter().any(|p| matches!(p, PipeDecision::On(_))),
+            self.register_pipes().next().is_some(),
             Feature::RegisterPipe,
         );
         add(self.split.cluster().is_some(), Feature::Cluster);
@@ -828,23 +828,21 @@ impl KernelPlan {
         f
     }
 
+    /// The register pipes (the products that stay in registers).
+    pub fn register_pipes(&self) -> impl Iterator<Item = &RegisterPipe> {
+        self.pipes.iter().filter_map(PipeDecision::on)
+    }
+
     /// The register pipe chain `c` produces, if any.
     pub fn pipe_from(&self, c: usize) -> Option<&RegisterPipe> {
-        self.pipes.iter().find_map(|p| match p {
-            PipeDecision::On(r) if r.producer == c => Some(r),
-            _ => None,
-        })
+        self.register_pipes().find(|r| r.producer == c)
     }
 
     /// The register pipe whose producer runs chain `c` for it (the consumer matmul's chain or a
     /// row sum's), if any.
     pub fn pipe_into(&self, c: usize) -> Option<&RegisterPipe> {
-        self.pipes.iter().find_map(|p| match p {
-            PipeDecision::On(r) if r.consumers().any(|o| self.fusion.chain_of[o.index()] == c) => {
-                Some(r)
-            }
-            _ => None,
-        })
+        self.register_pipes()
+            .find(|r| r.consumers().any(|o| self.fusion.chain_of[o.index()] == c))
     }
 }
 
@@ -890,6 +888,16 @@ pub enum PipeDecision {
         /// Why.
         why: PipeOff,
     },
+}
+
+impl PipeDecision {
+    /// The pipe, when the product stays in registers.
+    pub fn on(&self) -> Option<&RegisterPipe> {
+        match self {
+            PipeDecision::On(p) => Some(p),
+            PipeDecision::Off { .. } => None,
+        }
+    }
 }
 
 /// Why a product that a tensor-core matmul takes as A goes through shared memory.

@@ -218,14 +218,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     // shuffle row sum per row-summing reader; every other candidate goes through shared memory.
     {
         use mucc::sched::plan::PipeDecision;
-        let on: Vec<_> = kp
-            .pipes
-            .iter()
-            .filter_map(|d| match d {
-                PipeDecision::On(p) => Some(p),
-                PipeDecision::Off { .. } => None,
-            })
-            .collect();
+        let on: Vec<_> = kp.register_pipes().collect();
         want(
             text.matches("::run_from<").count() == on.len()
                 && text.matches("::row_sums(pk_, ").count()
