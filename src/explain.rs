@@ -113,8 +113,17 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             let _ = writeln!(
                 s,
                 "  cluster split: {} CTAs per block along x (launch grid ({}, {}, {}), \
-                 __cluster_dims__({}, 1, 1)), {} of {} iterations each; {} CTA(s) per SM fit",
-                c.ctas, g[0], g[1], g[2], c.ctas, c.iters, tb.forloop_range, c.resident_per_sm
+                 __cluster_dims__({}, 1, 1)), {} of {} iterations each; {} CTA(s) per SM fit \
+                 (at {} registers per thread)",
+                c.ctas,
+                g[0],
+                g[1],
+                g[2],
+                c.ctas,
+                c.iters,
+                tb.forloop_range,
+                c.resident_per_sm,
+                c.regs_per_thread
             );
             let parts: Vec<String> = c
                 .partials
@@ -262,9 +271,14 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         };
         let _ = writeln!(
             s,
-            "    {}: {sink}, walks dims {:?}{}{}",
+            "    {}: {sink}, walks dims {:?}{}{}{}",
             names.join(" -> "),
             cp.order,
+            if cp.vector > 1 {
+                format!(", {} consecutive elements per thread step", cp.vector)
+            } else {
+                String::new()
+            },
             cp.matmul.map_or(String::new(), |l| format!(", {l}")),
             if cp.approx_exp {
                 ", exp by ex2.approx (its value is rounded to 16 bits right after)"

@@ -87,10 +87,16 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k
       mucc::sm80::cp_async_commit();
     }
     // op2 exp
-    mucc::tb::for_each<512, 8192>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s1_cur[L5::offset(e)]);
-      v = mucc::op::exp_approx(v);
-      s2[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    mucc::tb::for_each_step<512, 8192, 4>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<4, float>(s1_cur + L5::offset(e));
+      float out_[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = in0_[j];
+        v = mucc::op::exp_approx(v);
+        out_[j] = v;
+      }
+      mucc::tb::store_run<4>(s2 + L1::offset(e), out_);
     });
     __syncthreads();
     // op3 accum_red_ld_sum

@@ -9,8 +9,8 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (8, 1, 1), block (512, 1, 1), forloop 1, 65552 bytes of shared memory
-// schedule 0,1,2 | 3 4 5 6 7,8 | 9,10
+// kernel op 3: kn_customized_op grid (8, 1, 1), block (512, 1, 1), forloop 1, 49168 bytes of shared memory
+// schedule 0,1,2 | 3 4 7,8 | 9,10
 extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
@@ -30,11 +30,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s2 (tb_input_op)
   mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 24576);  // s3 (tb_rms_norm_op)
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s4 (tb_add_op)
-  mucc::f16* s5 = reinterpret_cast<mucc::f16*>(smem + 40960);  // s5 (tb_mul_op)
-  mucc::f16* s6 = reinterpret_cast<mucc::f16*>(smem + 49152);  // s6 (tb_add_op)
-  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 57344);  // s7 (tb_forloop_accum_nored_op)
-  float* s8 = reinterpret_cast<float*>(smem + 65536);  // s8 (tb_forloop_accum_red_ld_rms_op)
+  mucc::f16* s6 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s6 (tb_add_op)
+  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 40960);  // s7 (tb_forloop_accum_nored_op)
+  float* s8 = reinterpret_cast<float*>(smem + 49152);  // s8 (tb_forloop_accum_red_ld_rms_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 4096;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 4096;
@@ -72,28 +70,25 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
       mucc::tb::rms_rows<512, 512, 1, 4096, false, float>(tid, x, out, done);
     }
     __syncthreads();
-    // op4 add
-    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s1[L0::offset(e)]);
-      const float x1 = mucc::to_compute(s3[L0::offset(e)]);
-      float v = mucc::op::add(x0, x1);
-      s4[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
-    });
-    __syncthreads();
-    // op5 mul
-    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s4[L0::offset(e)]);
-      const float x1 = mucc::to_compute(s2[L0::offset(e)]);
-      float v = mucc::op::mul(x0, x1);
-      s5[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
-    });
-    __syncthreads();
-    // op6 add
-    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s5[L0::offset(e)]);
-      const float x1 = mucc::to_compute(s1[L0::offset(e)]);
-      float v = mucc::op::add(x0, x1);
-      s6[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    // op4 add -> op5 mul -> op6 add
+    mucc::tb::for_each_step<512, 4096, 4>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<4, float>(s1 + L0::offset(e));
+      const auto in1_ = mucc::tb::load_run<4, float>(s3 + L0::offset(e));
+      const auto in2_ = mucc::tb::load_run<4, float>(s2 + L0::offset(e));
+      const auto in3_ = mucc::tb::load_run<4, float>(s1 + L0::offset(e));
+      float out_[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float x0 = in0_[j];
+        const float x1 = in1_[j];
+        float v = mucc::op::add(x0, x1);
+        const float side0 = in2_[j];
+        v = mucc::op::mul(v, side0);
+        const float side1 = in3_[j];
+        v = mucc::op::add(v, side1);
+        out_[j] = v;
+      }
+      mucc::tb::store_run<4>(s6 + L0::offset(e), out_);
     });
     __syncthreads();
     // op7 accum_nored
@@ -160,9 +155,9 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65552, smem_set));
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 49168, smem_set));
     void* const args[] = {buf.ws(0), buf.ws(65536), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 1, 1), dim3(512, 1, 1), 65552, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 1, 1), dim3(512, 1, 1), 49168, stream, args));
   }
 
   // launch k4_div

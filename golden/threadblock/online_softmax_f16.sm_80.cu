@@ -105,12 +105,18 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::tb::running_max<512, 16, 64, 1, L0, L2, L2>(tid, s3, s4, s5);
     __syncthreads();
     // op5 sub -> op6 exp
-    mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s3[L0::offset(e)]);
-      const float x1 = mucc::to_compute(s4[L8::offset(e)]);
-      float v = mucc::op::sub(x0, x1);
-      v = mucc::op::exp_approx(v);
-      s7[L0::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    mucc::tb::for_each_step<512, 1024, 2>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<2, float>(s3 + L0::offset(e));
+      float out_[2];
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float x0 = in0_[j];
+        const float x1 = mucc::to_compute(s4[L8::offset(e)]);
+        float v = mucc::op::sub(x0, x1);
+        v = mucc::op::exp_approx(v);
+        out_[j] = v;
+      }
+      mucc::tb::store_run<2>(s7 + L0::offset(e), out_);
     });
     // op7 exp
     mucc::tb::for_each<512, 16>(tid, [&](int e, int) {

@@ -37,11 +37,16 @@ pub struct KernelLaunch {
 }
 
 impl KernelLaunch {
-    /// Whether the kernel's dynamic shared memory exceeds what any kernel may use without
-    /// opting in ([`crate::target::DEFAULT_DYNAMIC_SMEM`]): the generated host code and the
-    /// runner then raise the kernel's limit before its first launch.
+    /// Whether the kernel's shared memory may exceed what any kernel may use without opting in
+    /// ([`crate::target::DEFAULT_DYNAMIC_SMEM`], static and dynamic together): its dynamic
+    /// shared memory plus the runtime's static arrays (at most
+    /// [`crate::target::RUNTIME_STATIC_SMEM`]). The generated host code and the runner then
+    /// raise the kernel's limit before its first launch. (A kernel with exactly 48 KB of dynamic
+    /// shared memory and a static array failed to launch with "invalid argument" when only
+    /// dynamic shared memory above 48 KB opted in.)
     pub fn needs_smem_opt_in(&self) -> bool {
-        self.dynamic_smem as usize > crate::target::DEFAULT_DYNAMIC_SMEM
+        self.dynamic_smem as usize + crate::target::RUNTIME_STATIC_SMEM
+            > crate::target::DEFAULT_DYNAMIC_SMEM
     }
 }
 
@@ -188,5 +193,31 @@ impl LaunchPlan {
     /// Whether the plan runs on several GPUs (its host entry takes an NCCL communicator).
     pub fn uses_nccl(&self) -> bool {
         self.gpus > 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runtime's static arrays count against the 48 KB that needs no opt-in: a kernel with
+    /// exactly 48 KB of dynamic shared memory opts in (ntrans_bs1 graph 0 once failed to launch
+    /// without).
+    #[test]
+    fn shared_memory_opt_in_counts_the_static_arrays() {
+        let k = |dynamic_smem: usize| KernelLaunch {
+            name: "k".into(),
+            grid: [1, 1, 1],
+            block: [128, 1, 1],
+            dynamic_smem: dynamic_smem as u32,
+            args: Vec::new(),
+            tensor_maps: Vec::new(),
+            programmatic: false,
+        };
+        let limit = crate::target::DEFAULT_DYNAMIC_SMEM;
+        assert!(k(limit).needs_smem_opt_in());
+        assert!(k(limit - crate::target::RUNTIME_STATIC_SMEM + 1).needs_smem_opt_in());
+        assert!(!k(limit - crate::target::RUNTIME_STATIC_SMEM).needs_smem_opt_in());
+        assert!(!k(0).needs_smem_opt_in());
     }
 }

@@ -14,6 +14,18 @@
 //! 4. F runs in P's phase (an accumulator consumes in-loop tiles and an output after-loop tiles,
 //!    which validation guarantees; unary ops share their input's phase by definition).
 //!
+//! A binary operator F also joins when one of its inputs (the chain's value) meets 2–4 and:
+//! 5. the chain's leader is element-wise (unary or binary), so that every member walks the same
+//!    element space, and F's output has the shape of that input (the value is not broadcast);
+//! 6. F's other input (the *side* tile) is complete when the chain runs: a tile of another
+//!    chain, in shared memory, not an after-loop tile read by an in-loop chain, whose producer
+//!    runs at a shallower depth than the chain's leader (depth: 0 for inputs, else one more than
+//!    the deepest chain a chain reads), so that joining never delays the chain to a later level
+//!    of the schedule (which could cost a barrier).
+//!
+//! The side tile is read at the element the chain computes; the scheduler runs the chain after
+//! its producer ([`FusionPlan::reads`]).
+//!
 //! This covers Mirage's rule (unary ops and `accum_nored` fused onto a single-consumer producer)
 //! and extends it to every one-input accumulator and to stores; unlike Mirage's emitter, nothing
 //! fused after a matmul is dropped: every member is applied.
@@ -82,6 +94,33 @@ impl FusionPlan {
         m
     }
 
+    /// The tiles chain `c` reads from outside itself: its leader's inputs, then the side tile of
+    /// each binary member (rule 6 of the module documentation).
+    pub fn reads(&self, tb: &TbGraph, c: usize) -> Vec<Handle<STensor>> {
+        let chain = &self.chains[c];
+        let mut t = tb.ops[chain.leader()].inputs.clone();
+        t.extend(
+            chain.ops[1..]
+                .iter()
+                .filter_map(|&m| self.side_input(tb, m).map(|(_, s)| s)),
+        );
+        t
+    }
+
+    /// For a binary operator fused into a chain: which of its inputs carries the chain's value
+    /// (0 or 1), and its other (side) tile; `None` for any other operator.
+    pub fn side_input(&self, tb: &TbGraph, op: Handle<TbOp>) -> Option<(usize, Handle<STensor>)> {
+        if !matches!(tb.ops[op].kind, TbOpKind::Binary(_)) || self.is_leader(op) {
+            return None;
+        }
+        let chain = self.chain(op);
+        let k = chain.ops.iter().position(|&o| o == op)?;
+        let value = *tb.ops[chain.ops[k - 1]].outputs.first()?;
+        let ins = &tb.ops[op].inputs;
+        let i = ins.iter().position(|&t| t == value)?;
+        Some((i, ins[1 - i]))
+    }
+
     /// A stable text form: one line per chain of two or more operators.
     pub fn dump(&self, tb: &TbGraph) -> String {
         let mut s = String::new();
@@ -139,7 +178,7 @@ impl std::fmt::Display for NotFused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             NotFused::SeveralInputs => {
-                "the consumer combines several tiles; a chain continues only through unary operators, one-input accumulators and outputs"
+                "the consumer combines several tiles; a chain continues only through unary operators, one-input accumulators, outputs, and binary operators after an element-wise leader whose other tile is complete"
             }
             NotFused::ReducesRows => "the consumer reduces rows and leads a chain of its own",
             NotFused::Rescales => "the consumer is a rescaling accumulator, which reads a second tile",
@@ -217,12 +256,20 @@ pub fn fuse(tb: &TbGraph) -> FusionPlan {
     let producers = tb.producers();
     let mut chains: Vec<Chain> = Vec::new();
     let mut chain_of = vec![usize::MAX; tb.ops.len()];
+    // Depth of each chain (rule 6): 0 for inputs, else 1 + the deepest chain its leader reads.
+    let mut depth: Vec<usize> = Vec::new();
+    let depth_of = |t: Handle<STensor>, chain_of: &[usize], depth: &[usize]| {
+        producers
+            .get(t.index())
+            .copied()
+            .flatten()
+            .map_or(0, |p| depth[chain_of[p.index()]])
+    };
     for (h, op) in tb.ops.iter() {
-        let joined = (|| {
-            if !can_follow(&op.kind) {
-                return None;
-            }
-            let input = *op.inputs.first()?;
+        let binary = matches!(op.kind, TbOpKind::Binary(_));
+        // The chain whose open end produces input `i` of `op`, if `op` may join it there.
+        let join_at = |i: usize| -> Option<usize> {
+            let input = *op.inputs.get(i)?;
             if consumers[input.index()] != 1 {
                 return None;
             }
@@ -237,8 +284,28 @@ pub fn fuse(tb: &TbGraph) -> FusionPlan {
             if chain.tail() != p || ends_chain(&tb.ops[chain.tail()].kind) {
                 return None;
             }
+            if binary {
+                let leader = &tb.ops[chain.leader()];
+                let side = op.inputs[1 - i];
+                let post_loop = leader.inputs.iter().any(|&t| tb.tensors[t].after_accum);
+                let elementwise = matches!(leader.kind, TbOpKind::Unary(_) | TbOpKind::Binary(_));
+                if !elementwise
+                    || tb.tensors[op.outputs[0]].shape != tb.tensors[input].shape
+                    || (tb.tensors[side].after_accum && !post_loop)
+                    || depth_of(side, &chain_of, &depth) >= depth[c]
+                {
+                    return None;
+                }
+            }
             Some(c)
-        })();
+        };
+        let joined = if binary && op.inputs.len() == 2 {
+            join_at(0).or_else(|| join_at(1))
+        } else if can_follow(&op.kind) {
+            join_at(0)
+        } else {
+            None
+        };
         match joined {
             Some(c) => {
                 chains[c].ops.push(h);
@@ -247,6 +314,17 @@ pub fn fuse(tb: &TbGraph) -> FusionPlan {
             None => {
                 chain_of[h.index()] = chains.len();
                 chains.push(Chain { ops: vec![h] });
+                depth.push(match op.kind {
+                    TbOpKind::Input { .. } => 0,
+                    _ => {
+                        1 + op
+                            .inputs
+                            .iter()
+                            .map(|&t| depth_of(t, &chain_of, &depth))
+                            .max()
+                            .unwrap_or(0)
+                    }
+                });
             }
         }
     }
@@ -287,11 +365,21 @@ mod tests {
         let plan = fuse(tb);
         assert_eq!(
             plan.dump(tb),
-            "chain op3 matmul -> op5 accum_nored\nchain op4 matmul -> op6 accum_nored\nchain op8 mul -> op9 output\n"
+            "chain op3 matmul -> op5 accum_nored\nchain op4 matmul -> op6 accum_nored\nchain op7 silu -> op8 mul -> op9 output\n"
         );
-        // silu reads an accumulator's tile: it leads its own chain.
+        // silu reads an accumulator's tile: it leads its own chain, which the mul joins, reading
+        // the other accumulator's tile at each element (both after the loop).
         assert!(plan.is_leader(Handle::from_index(7)));
-        assert_eq!(plan.chains.len(), 7);
+        assert_eq!(plan.chains.len(), 6);
+        let c = plan.chain_of[7];
+        assert_eq!(
+            plan.reads(tb, c),
+            vec![Handle::from_index(5), Handle::from_index(6)]
+        );
+        assert_eq!(
+            plan.side_input(tb, Handle::from_index(8)),
+            Some((0, Handle::from_index(6)))
+        );
     }
 
     #[test]
@@ -339,7 +427,8 @@ mod tests {
         let plan = fuse(tb_of(&g));
         assert_eq!(plan.dump(tb_of(&g)), "chain op6 add -> op7 accum_nored\n");
         // exp feeds a row reduction; the reduction's running max has two outputs; the add reads
-        // two tiles; the accumulator's tile is stored after the loop.
+        // two tiles of the same depth (joining either chain would delay it); the accumulator's
+        // tile is stored after the loop.
         let why: Vec<(usize, usize, NotFused)> = unfused(tb_of(&g), &plan)
             .iter()
             .map(|u| (u.producer.index(), u.consumer.index(), u.reason))

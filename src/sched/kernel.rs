@@ -215,6 +215,7 @@ fn plan_kernel_with(
         arch: target.arch.to_string(),
     })?;
     let mut chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
+    plan_vectors(tb, &mut chains, &fusion, &tiles, threads);
     // (Its `approx_exp` needs no change: the fragment is packed into the tile's type, which
     // `plan_chains` already takes as the store's.)
     for p in pipes.iter().filter_map(PipeDecision::on) {
@@ -421,8 +422,12 @@ const CLUSTER_SIZES: [usize; 3] = [8, 4, 2];
 
 /// Registers per thread a split kernel keeps at least when its launch bounds promise several
 /// resident CTAs per SM (ptxas then caps it at 65536 / (threads × CTAs)); kernels of the corpus
-/// use 40–130 without spilling at this cap (the corpus compile check verifies no spills).
-const SPLIT_MIN_REGS_PER_THREAD: usize = 128;
+/// use 40–130 without spilling at this cap (the corpus compile check verifies no spills). A
+/// smaller budget for kernels with small accumulators (80) let the decode graphs' 8-warp CTAs
+/// keep clusters of 8 and was slower where it changed the plan (H200, `mucc bench --warps 4`
+/// against `--warps 8`: decode_m1_bf16_11008x2048 19.5 against 24.9 µs, 3584×4608 13.1
+/// against 15.4; the 8-warp kernels execute 1.56× the instructions).
+const SPLIT_REGS_PER_THREAD: usize = 128;
 
 /// Resident CTAs per SM a split kernel promises at most.
 const SPLIT_MAX_RESIDENT: usize = 4;
@@ -524,7 +529,8 @@ fn plan_split(
     }
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
     let by_threads = 2048 / threads.max(1);
-    let by_regs = (64 * 1024) / (threads.max(1) * SPLIT_MIN_REGS_PER_THREAD);
+    let regs_per_thread = SPLIT_REGS_PER_THREAD;
+    let by_regs = (64 * 1024) / (threads.max(1) * regs_per_thread);
     let resident_per_sm = by_smem
         .min(by_threads)
         .min(by_regs)
@@ -542,6 +548,7 @@ fn plan_split(
                 iters: f / ctas,
                 partials,
                 resident_per_sm,
+                regs_per_thread,
             });
         }
     }
@@ -848,6 +855,7 @@ fn plan_chains(
                         order: copy_order(copy, &s, &ins[*input].1.0),
                         matmul: None,
                         approx_exp: false,
+                        vector: 1,
                     };
                 }
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
@@ -861,6 +869,7 @@ fn plan_chains(
                         order: copy_order(&copy, &s, &outs[*output].1.0),
                         matmul: None,
                         approx_exp: false,
+                        vector: 1,
                     };
                 }
                 _ => {}
@@ -921,9 +930,75 @@ fn plan_chains(
                 order,
                 matmul,
                 approx_exp,
+                vector: 1,
             }
         })
         .collect()
+}
+
+/// Elements per thread step ([`ChainPlan::vector`]) tried, largest first.
+const VECTOR_WIDTHS: [usize; 2] = [4, 2];
+
+/// Gives element-wise chains (a unary or binary leader, element-wise members, a tile sink) a vector
+/// width V ([`ChainPlan::vector`]) where each of a thread's steps is one vector access per
+/// tile: V divides the walk's last extent (a step never crosses a row) and leaves every thread
+/// a step (elements / V ≥ threads); every tile read or written is contiguous along that dim
+/// (stride 1, or broadcast along it: read once per step), its other strides are multiples of V
+/// and its slot size a multiple of the vector's bytes (≤ 16), so every step starts aligned;
+/// it is unswizzled or keeps V-element chunks whole (an XOR swizzle of 2^m-element chunks, m ≥
+/// log2 V). Consecutive threads then take consecutive vectors (no more bank conflicts than
+/// scalar accesses). Chains into device tensors keep scalar stores (coalesced across threads).
+fn plan_vectors(
+    tb: &TbGraph,
+    chains: &mut [ChainPlan],
+    fusion: &FusionPlan,
+    tiles: &[Option<TileGeometry>],
+    threads: usize,
+) {
+    use crate::layout::swizzle::Swizzle;
+    for (c, cp) in chains.iter_mut().enumerate() {
+        let lead = fusion.chains[c].leader();
+        let lop = &tb.ops[lead];
+        if !matches!(lop.kind, TbOpKind::Unary(_) | TbOpKind::Binary(_)) {
+            continue;
+        }
+        let (Some(&last), Sink::Tile(sink)) = (cp.order.last(), cp.sink) else {
+            continue;
+        };
+        let space = tb.tensors[lop.outputs[0]].shape;
+        let mut touched: Vec<usize> = fusion.reads(tb, c).iter().map(|t| t.index()).collect();
+        touched.push(sink.index());
+        let fits = |v: usize| {
+            space.dim(last).is_multiple_of(v)
+                && space.numel() / v >= threads
+                && touched.iter().all(|&t| {
+                    let Some(g) = tiles[t].as_ref() else {
+                        return false;
+                    };
+                    let shape = tb.tensors[Handle::from_index(t)].shape;
+                    if shape.dim(last) == 1 {
+                        // Broadcast along the step: one scalar read.
+                        return true;
+                    }
+                    let bytes = v * g.dtype.bytes();
+                    let chunks_whole = match g.swizzle {
+                        Swizzle::None => true,
+                        Swizzle::Xor { m, .. } => (1usize << m) >= v,
+                        Swizzle::Shift { .. } => false,
+                    };
+                    chunks_whole
+                        && bytes <= 16
+                        && g.bytes.is_multiple_of(bytes)
+                        && g.strides.0[last] == 1
+                        && (0..shape.rank()).all(|d| {
+                            d == last || shape.dim(d) == 1 || g.strides.0[d].is_multiple_of(v)
+                        })
+                })
+        };
+        if let Some(v) = VECTOR_WIDTHS.into_iter().find(|&v| fits(v)) {
+            cp.vector = v;
+        }
+    }
 }
 
 /// Whether `d` is a 16-bit floating type.

@@ -584,10 +584,13 @@ pub struct ClusterSplit {
     pub iters: usize,
     /// The accumulators combined after the loop.
     pub partials: Vec<Partial>,
-    /// CTAs of the kernel one SM can hold (shared memory, threads, and registers at 128 per
-    /// thread; at most 4), which bounded `ctas` (clusters of 4 or 8 count on 90% of the
+    /// CTAs of the kernel one SM can hold (shared memory, threads, and `regs_per_thread`
+    /// registers; at most 4), which bounded `ctas` (clusters of 4 or 8 count on 90% of the
     /// GPU's slots: a cluster fits in one GPC); the launch bounds promise them.
     pub resident_per_sm: usize,
+    /// Registers per thread the residency counts on: ptxas may use up to
+    /// 65536 / (threads × `resident_per_sm`).
+    pub regs_per_thread: usize,
 }
 
 /// Programmatic dependent launch of a threadblock kernel (sm_90a): launched with programmatic
@@ -701,6 +704,11 @@ pub struct ChainPlan {
     /// or packed into a register pipe): it runs as `ex2.approx` (`mucc::op::exp_approx`),
     /// whose relative error (under 1.3e-5) is far below the rounding's (2^-12 or more).
     pub approx_exp: bool,
+    /// Consecutive elements of the walk's last dim a thread takes per step (1: one at a time,
+    /// the elements of a thread `threads` apart). With more, each access computes its layout
+    /// offset once per step and adds the element's index times the dim's stride
+    /// (`sched::kernel::plan_vectors` says when that is exact).
+    pub vector: usize,
 }
 
 /// How a matmul-led chain is computed and handed to its sink.

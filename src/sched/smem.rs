@@ -87,10 +87,11 @@ pub fn smem_plan(
             .find(|&j| steps[j].0 != ph || matches!(steps[j].1, Step::Barrier(_)))
             .map_or(0, |j| j + 1)
     };
-    // Readers of each tile: leaders of the chains that take it as input.
+    // Readers of each tile: the chains that take it as input (leaders' inputs and binary
+    // members' side tiles).
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); tb.tensors.len()];
-    for (c, chain) in fusion.chains.iter().enumerate() {
-        for &t in &tb.ops[chain.leader()].inputs {
+    for c in 0..fusion.chains.len() {
+        for t in fusion.reads(tb, c) {
             readers[t.index()].push(c);
         }
     }

@@ -21,6 +21,48 @@ template <int NT, i64 N, class F> __device__ __forceinline__ void for_each(int t
   }
 }
 
+// f(e) for every step e = V·(tid + r·NT) < N of V consecutive elements: a thread takes V
+// neighbours at a time (one vector access per tile, `load_run` / `store_run`), consecutive
+// threads consecutive steps. Precondition: V divides N (and the caller's rows), 0 ≤ tid < NT.
+template <int NT, i64 N, int V, class F> __device__ __forceinline__ void for_each_step(int tid, F f) {
+  static_assert(N % V == 0, "a step never crosses the end");
+  constexpr i64 S = N / V;
+  constexpr int R = static_cast<int>((S + NT - 1) / NT);
+#pragma unroll 2
+  for (int r = 0; r < R; ++r) {
+    const int s = tid + r * NT;
+    if (S % NT == 0 || s < S) f(s * V);
+  }
+}
+
+// V consecutive elements of a tile, aligned to V·sizeof(T) (≤ 16 bytes): one vector load.
+template <class T, int V> struct alignas(V * sizeof(T)) Run {
+  T v[V];
+};
+
+// The V elements at `p` (aligned to V·sizeof(T)) in compute type C, by one vector load.
+template <int V, class C, class T> struct Loaded {
+  C v[V];
+  __device__ __forceinline__ C operator[](int j) const { return v[j]; }
+};
+template <int V, class C, class T> __device__ __forceinline__ Loaded<V, C, T> load_run(const T* p) {
+  static_assert(V * sizeof(T) <= 16, "one vector access");
+  const Run<T, V> r = *reinterpret_cast<const Run<T, V>*>(p);
+  Loaded<V, C, T> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) out.v[j] = static_cast<C>(to_compute(r.v[j]));
+  return out;
+}
+
+// Stores V compute values at `p` (aligned to V·sizeof(T)) in T, by one vector store.
+template <int V, class T, class C> __device__ __forceinline__ void store_run(T* p, const C (&x)[V]) {
+  static_assert(V * sizeof(T) <= 16, "one vector access");
+  Run<T, V> r;
+#pragma unroll
+  for (int j = 0; j < V; ++j) r.v[j] = from_compute<T>(x[j]);
+  *reinterpret_cast<Run<T, V>*>(p) = r;
+}
+
 // As for_each, fully unrolled: `r` is a compile-time index into per-thread register arrays.
 template <int NT, i64 N, class F> __device__ __forceinline__ void for_each_unrolled(int tid, F f) {
   constexpr int R = static_cast<int>((N + NT - 1) / NT);

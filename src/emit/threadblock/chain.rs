@@ -60,20 +60,45 @@ impl Ctx<'_> {
     }
 
     /// `v = u(v);` for each unary member of chain plan `cp` (the last one's `exp`
-    /// approximate where the plan says so).
-    pub(super) fn member_lines(&self, cp: &ChainPlan) -> Vec<String> {
+    /// approximate where the plan says so), `v = b(v, side);` (or `b(side, v)`) for each
+    /// binary member, its side tile read at element `at.2` of `at.0` walked in `at.1` (chains
+    /// with binary members are element-wise, so their emitters pass `at`).
+    pub(super) fn member_lines(
+        &mut self,
+        cp: &ChainPlan,
+        at: Option<(&Shape, &[usize], &str)>,
+    ) -> Result<Vec<String>, EmitError> {
         let c = self.compute();
         let n = cp.members.len();
-        cp.members
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &m)| match &self.tb.ops[m].kind {
+        let mut lines = Vec::new();
+        for (i, &m) in cp.members.iter().enumerate() {
+            match &self.tb.ops[m].kind {
                 TbOpKind::Unary(u) => {
-                    Some(format!("v = {};", unary(u, cp.approx_exp && i + 1 == n, c)))
+                    lines.push(format!("v = {};", unary(u, cp.approx_exp && i + 1 == n, c)));
                 }
-                _ => None,
-            })
-            .collect()
+                TbOpKind::Binary(b) => {
+                    let (Some((value, side)), Some((space, order, e))) =
+                        (self.kp.fusion.side_input(self.tb, m), at)
+                    else {
+                        return Err(self.internal(&format!(
+                            "binary op{} fused where no element index is known",
+                            m.index()
+                        )));
+                    };
+                    let x = self.tile_read(side, space, order, e)?;
+                    lines.push(format!("const {c} side{i} = {x};"));
+                    let side = format!("side{i}");
+                    let (l, r) = if value == 0 {
+                        ("v", side.as_str())
+                    } else {
+                        (side.as_str(), "v")
+                    };
+                    lines.push(format!("v = {};", cxx::binary(*b, l, r)));
+                }
+                _ => {}
+            }
+        }
+        Ok(lines)
     }
 
     /// The plan's row split of `op` (a row-reducing operator or accumulator).
@@ -283,7 +308,7 @@ impl Ctx<'_> {
                 )));
             }
         }
-        lines.extend(self.member_lines(cp));
+        lines.extend(self.member_lines(cp, Some((space, order, e)))?);
         Ok(lines)
     }
 
@@ -321,6 +346,9 @@ impl Ctx<'_> {
             });
             return Ok(());
         }
+        if cp.vector > 1 {
+            return self.vector_chain(lop, cp, &space, &order);
+        }
         let mut body = self.value_lines(lop, &space, &order, "e", cp)?;
         body.extend(self.sink_lines(cp.sink, &space, &order, "e", "r")?);
         let unrolled = matches!(cp.sink, Sink::Accum(a) if self.in_registers(a));
@@ -334,6 +362,49 @@ impl Ctx<'_> {
             format!("mucc::tb::{f}<{nt}, {n}>(tid, [&](int e, {r})"),
             ");",
             |w| lines(w, &body),
+        );
+        Ok(())
+    }
+
+    /// A vectorised element-wise chain ([`crate::sched::ChainPlan::vector`] V > 1, a tile
+    /// sink): each thread step loads V consecutive elements of every tile it reads with one
+    /// vector load (a tile broadcast along the step: one scalar), computes them in registers and
+    /// stores them with one vector store.
+    fn vector_chain(
+        &mut self,
+        lop: &TbOp,
+        cp: &ChainPlan,
+        space: &Shape,
+        order: &[usize],
+    ) -> Result<(), EmitError> {
+        let Sink::Tile(sink) = cp.sink else {
+            return Err(self.internal("a vectorised chain without a tile sink"));
+        };
+        let (nt, c, v) = (self.nt, self.compute(), cp.vector);
+        self.vector_loads = Some((v, Vec::new()));
+        let body = self.value_lines(lop, space, order, "e", cp);
+        let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
+        let mut body = body?;
+        body.push("out_[j] = v;".into());
+        let l = self.tile_layout(sink, order)?;
+        let p = self.tile_ref(sink);
+        self.w.block(
+            format!(
+                "mucc::tb::for_each_step<{nt}, {}, {v}>(tid, [&](int e)",
+                space.numel()
+            ),
+            ");",
+            |w| {
+                lines(w, &loads);
+                w.line(format!("{c} out_[{v}];"));
+                w.line("#pragma unroll");
+                w.block(format!("for (int j = 0; j < {v}; ++j)"), "", |w| {
+                    lines(w, &body)
+                });
+                w.line(format!(
+                    "mucc::tb::store_run<{v}>({p} + {l}::offset(e), out_);"
+                ));
+            },
         );
         Ok(())
     }
@@ -389,7 +460,7 @@ impl Ctx<'_> {
         let nat = natural(&s);
         let xr = self.tile_read(x, &s, &nat, &format!("row * {len} + j"))?;
         let mut out = vec!["(void)row;".to_string(), "(void)j;".to_string()];
-        out.extend(self.member_lines(cp));
+        out.extend(self.member_lines(cp, None)?);
         let mut done = vec!["(void)row;".to_string(), "(void)s;".to_string()];
         let total = match cp.sink {
             Sink::Accum(a)
@@ -451,7 +522,7 @@ impl Ctx<'_> {
         );
         let xr = self.tile_read(x, &xs, &natural(&xs), &idx)?;
         let mut sink = vec![format!("{c} v = s;")];
-        sink.extend(self.member_lines(cp));
+        sink.extend(self.member_lines(cp, None)?);
         sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
         let split = self.row_split(lead)?;
         let (rows, tpr) = (split.rows, split.threads_per_row);

@@ -80,7 +80,7 @@ impl Ctx<'_> {
             .members
             .is_empty()
             .then(Vec::new)
-            .unwrap_or_else(|| self.member_lines(cp));
+            .map_or_else(|| self.member_lines(cp, None), Ok)?;
         if lowering == MatmulLowering::PerElement {
             // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
             let (la, lb) = (self.tile_layout(a, &nat)?, self.tile_layout(b, &nat)?);
@@ -189,7 +189,7 @@ impl Ctx<'_> {
         let ty = ctype(self.tb.tensors[tile].dtype);
         let c = self.compute();
         let mut each = vec!["(void)row;".to_string(), "(void)col;".to_string()];
-        each.extend(self.member_lines(cp));
+        each.extend(self.member_lines(cp, None)?);
         each.push("return v;".to_string());
         let mut sums = Vec::new();
         for &r in &pipe.row_sums {

@@ -50,6 +50,9 @@ pub(super) struct Ctx<'a> {
     alias_defs: Vec<String>,
     /// Pipelined input tiles: tile index → stages.
     stages: BTreeMap<usize, usize>,
+    /// While a vectorised chain is emitted ([`crate::sched::ChainPlan::vector`]): the vector
+    /// loads of its step (tile reads then name element `j` of them).
+    vector_loads: Option<(usize, Vec<String>)>,
 }
 
 impl Ctx<'_> {
@@ -155,10 +158,21 @@ impl Ctx<'_> {
         let (strides, swizzle) = (geo.strides.0.clone(), geo.swizzle);
         let shape = self.tb.tensors[t].shape;
         let l = self.strided_layout(space, &shape, &strides, order, Some(swizzle));
-        Ok(format!(
-            "mucc::to_compute({}[{l}::offset({e})])",
-            self.tile_ref(t)
-        ))
+        let broadcast = order
+            .last()
+            .is_some_and(|&d| shape.dim(d) == 1 && space.dim(d) > 1);
+        let (p, c) = (self.tile_ref(t), self.compute());
+        if let Some((v, loads)) = self.vector_loads.as_mut()
+            && !broadcast
+        {
+            // One vector load per step (the plan made every step contiguous and aligned).
+            let name = format!("in{}_", loads.len());
+            loads.push(format!(
+                "const auto {name} = mucc::tb::load_run<{v}, {c}>({p} + {l}::offset(e));"
+            ));
+            return Ok(format!("{name}[j]"));
+        }
+        Ok(format!("mucc::to_compute({p}[{l}::offset({e})])"))
     }
 
     /// The walk order the plan gives the chain containing `op`.
@@ -223,6 +237,7 @@ pub(super) fn emit(
         aliases: BTreeMap::new(),
         alias_defs: Vec::new(),
         stages: BTreeMap::new(),
+        vector_loads: None,
     };
     for (h, top) in tb.ops.iter() {
         if let (TbOpKind::Input { .. }, OpPlan::Input { stages, engine, .. }) =

@@ -1,0 +1,277 @@
+// Streaming ceiling of the bulk tensor copy engine for a decode-time weight (K × N, N
+// contiguous), read once in boxes of BK rows × 64 columns (128 B, swizzle 128B) as mucc's
+// decode kernels read it: how many stages, CTAs per SM and issuing schemes it takes to reach
+// the copy bandwidth, with and without a per-iteration consumer delay that stands for the
+// compute of an iteration. Sizes the rings of `sched::kernel` (docs/benchmarks.md).
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o tma_stream tma_stream.cu
+//   ./tma_stream            # table on stdout
+//
+// Modes: `sync` is mucc's loop (all threads wait on the stage's mbarrier, a block barrier,
+// thread 0 refills the stage freed one iteration ago, the consumers work, a block barrier);
+// `ws` adds a producer warp that refills a stage as soon as the consumers release it (empty
+// mbarriers). Each consumer thread reads 16 B of every stage, so the copies are really used.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e = (x);                                                               \
+    if (e != cudaSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));    \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+__device__ __forceinline__ unsigned su32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* b, unsigned n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(n));
+}
+__device__ __forceinline__ void mbar_expect(unsigned long long* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(b)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "W%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra W%=;\n}" ::"r"(su32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma2d(void* dst, const CUtensorMap* m, unsigned long long* bar, int x,
+                                      int y, bool evict_first) {
+  if (evict_first) {
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(su32(dst)),
+        "l"(m), "r"(su32(bar)), "r"(x), "r"(y), "l"(pol)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];" ::"r"(su32(dst)),
+        "l"(m), "r"(su32(bar)), "r"(x), "r"(y)
+        : "memory");
+  }
+}
+
+struct Cfg {
+  int bk;      // box rows
+  int boxes;   // 64-column boxes per stage (a CTA covers boxes × 64 columns)
+  int stages;
+  int split;   // CTAs per column block (the K range is split among them)
+  int ws;      // 1: producer warp
+  int delay;   // consumer delay per iteration (ns)
+  int ef;      // evict-first hint
+};
+
+__global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total, Cfg c, float* sink) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem);
+  unsigned long long* empty = full + 16;
+  unsigned char* ring = smem + 1024;
+  const int box_bytes = c.bk * 128;
+  const int stage_bytes = box_bytes * c.boxes;
+  const int col_block = blockIdx.x / c.split, r = blockIdx.x % c.split;
+  const int it0 = static_cast<int>((long long)iters_total * r / c.split);
+  const int it1 = static_cast<int>((long long)iters_total * (r + 1) / c.split);
+  const int n = it1 - it0;
+  const int consumers = 128;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < c.stages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, consumers / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int i) {  // iteration i (0-based within the CTA) into stage i % stages
+    const int s = i % c.stages;
+    mbar_expect(full + s, stage_bytes);
+    for (int b = 0; b < c.boxes; ++b)
+      tma2d(ring + s * stage_bytes + b * box_bytes, &map, full + s, (col_block * c.boxes + b) * 64,
+            (it0 + i) * c.bk, c.ef);
+  };
+  float acc = 0.f;
+  auto consume = [&](int i) {
+    const int s = i % c.stages;
+    const uint4* p = reinterpret_cast<const uint4*>(ring + s * stage_bytes);
+    for (int e = tid; e < stage_bytes / 16; e += consumers) {
+      uint4 v = p[e];
+      acc += __uint_as_float(v.x ^ v.w);
+    }
+    if (c.delay > 0) {
+      long long t0 = clock64();
+      while (clock64() - t0 < (long long)c.delay * 17 / 10) {
+      }
+    }
+  };
+  if (!c.ws) {
+    if (tid == 0)
+      for (int i = 0; i < c.stages - 1 && i < n; ++i) issue(i);
+    for (int i = 0; i < n; ++i) {
+      mbar_wait(full + i % c.stages, (i / c.stages) & 1);
+      __syncthreads();
+      if (tid == 0 && i + c.stages - 1 < n) issue(i + c.stages - 1);
+      consume(i);
+      __syncthreads();
+    }
+  } else if (tid >= consumers) {
+    if (tid == consumers) {
+      for (int i = 0; i < n; ++i) {
+        if (i >= c.stages) mbar_wait(empty + i % c.stages, ((i / c.stages) - 1) & 1);
+        issue(i);
+      }
+    }
+  } else {
+    for (int i = 0; i < n; ++i) {
+      mbar_wait(full + i % c.stages, (i / c.stages) & 1);
+      consume(i);
+      __syncwarp();
+      if (tid % 32 == 0) mbar_arrive(empty + i % c.stages);
+    }
+  }
+  if (acc == 12345.678f) sink[0] = acc;
+}
+
+typedef CUresult (*EncodeFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                             const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                             CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+  EncodeFn encode = reinterpret_cast<EncodeFn>(fn);
+  CK(cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  float* sink;
+  CK(cudaMalloc(&sink, 4));
+  std::printf("%s, %d SMs\n", prop.name, sms);
+  // Copy bandwidth (read + write bytes), as mucc bench's floor uses.
+  {
+    size_t bytes = size_t(1) << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e0);
+    for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e1);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    std::printf("copy bandwidth: %.0f GB/s\n", 2.0 * bytes * 10 / (ms * 1e-3) / 1e9);
+    cudaFree(a);
+    cudaFree(b);
+  }
+  struct Shape {
+    int k, n;
+  };
+  const Shape shapes[] = {{11008, 2048}, {18944, 3584}};
+  for (Shape sh : shapes) {
+    const size_t bytes = size_t(sh.k) * sh.n * 2;
+    const int copies = 4;  // rotated, past the L2
+    std::vector<void*> w(copies);
+    for (auto& p : w) {
+      CK(cudaMalloc(&p, bytes));
+      CK(cudaMemset(p, 1, bytes));
+    }
+    std::printf("\nW %d x %d bf16 (%.1f MB)\n", sh.k, sh.n, bytes / 1e6);
+    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s\n", "bk", "boxes", "stages", "ctas", "ws",
+                "delay", "ef", "smem", "us", "GB/s");
+    std::vector<Cfg> cfgs;
+    for (int ws : {0, 1})
+      for (int delay : {0, 600})
+        for (int bk : {172, 86, 256})
+          for (int stages : {2, 3, 4, 6, 8})
+            for (int per_sm : {1, 2, 3}) cfgs.push_back({bk, 1, stages, per_sm, ws, delay, 0});
+    for (int ef : {1}) cfgs.push_back({172, 1, 4, 2, 1, 0, ef});
+    for (int stages : {2, 4}) cfgs.push_back({172, 2, stages, 2, 1, 0, 0});
+    for (Cfg c : cfgs) {
+      const int col_blocks = sh.n / (64 * c.boxes);
+      const int per_sm = c.split;  // reinterpret: CTAs per SM wanted
+      const int want = per_sm * sms;
+      c.split = want / col_blocks > 0 ? want / col_blocks : 1;  // one wave
+      const int iters = (sh.k + c.bk - 1) / c.bk;
+      if (c.split > iters) c.split = iters;
+      const int ctas = col_blocks * c.split;
+      const int ring = c.stages * c.bk * 128 * c.boxes;
+      int smem = 1024 + ring;
+      const int slot = 228 * 1024 / per_sm - 1024 - 1024;
+      if (smem < slot) smem = slot;  // force the residency
+      if (1024 + ring > 227 * 1024) continue;
+      if (smem > 227 * 1024) smem = 227 * 1024;
+      std::vector<CUtensorMap> maps(copies);
+      for (int i = 0; i < copies; ++i) {
+        cuuint64_t dims[2] = {cuuint64_t(sh.n), cuuint64_t(sh.k)};
+        cuuint64_t strides[1] = {cuuint64_t(sh.n) * 2};
+        cuuint32_t box[2] = {64u, cuuint32_t(c.bk)};
+        cuuint32_t es[2] = {1, 1};
+        if (encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w[i], dims, strides, box, es,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+          std::printf("encode failed\n");
+          return 1;
+        }
+      }
+      const int threads = c.ws ? 160 : 128;
+      for (int i = 0; i < 8; ++i)
+        stream<<<ctas, threads, smem>>>(maps[i % copies], iters, c, sink);
+      CK(cudaGetLastError());
+      CK(cudaDeviceSynchronize());
+      // Timed as CUDA-graph replays (as `mucc bench`): 40 launches per replay, 5 replays.
+      const int reps = 40;
+      cudaStream_t st;
+      CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < reps; ++i) stream<<<ctas, threads, smem, st>>>(maps[i % copies], iters, c, sink);
+      CK(cudaStreamEndCapture(st, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      CK(cudaGraphLaunch(exec, st));
+      CK(cudaStreamSynchronize(st));
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0);
+      cudaEventCreate(&e1);
+      float ms = 1e30f;
+      for (int k = 0; k < 5; ++k) {
+        cudaEventRecord(e0, st);
+        CK(cudaGraphLaunch(exec, st));
+        cudaEventRecord(e1, st);
+        CK(cudaEventSynchronize(e1));
+        float t;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (t < ms) ms = t;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(st);
+      const double us = ms * 1e3 / reps;
+      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f\n", c.bk, c.boxes, c.stages, ctas, c.ws,
+                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9);
+    }
+    for (auto p : w) cudaFree(p);
+  }
+  return 0;
+}
