@@ -1232,6 +1232,60 @@ mod tests {
         assert!(!approx(DType::F16, "sum"));
     }
 
+    /// Vector steps go to element-wise chains into a tile that every access reads contiguously
+    /// (the exp feeding a matmul: 4 per step); a chain into a device tensor keeps scalar stores,
+    /// and so does a chain with too few elements to give every thread a step.
+    #[test]
+    fn vector_steps_need_contiguous_tiles_and_a_step_per_thread() {
+        use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+        use crate::graph::{AccumKind, DType};
+        use crate::sched::plan::Options;
+        let vectors = |rows: usize, to_matmul: bool| {
+            let mut g = GraphBuilder::new();
+            let x = g.new_input(&[rows, 64], DType::F16).unwrap();
+            let y = g.new_input(&[64, 64], DType::F16).unwrap();
+            let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 1);
+            let tx = tb.new_input(&g, x, [-1, -1, -1], -1).unwrap();
+            let ty = tb.new_input(&g, y, [-1, -1, -1], -1).unwrap();
+            let v = if to_matmul {
+                let e = tb.exp(tx).unwrap();
+                let m = tb.matmul(e, ty).unwrap();
+                tb.forloop_accum(m, AccumKind::Nored).unwrap()
+            } else {
+                // exp of the accumulated tile, stored straight to the device tensor.
+                let a = tb.forloop_accum(tx, AccumKind::Nored).unwrap();
+                tb.exp(a).unwrap()
+            };
+            tb.new_output(v, [-1, -1, -1]).unwrap();
+            let outs = g.customized(tb).unwrap();
+            g.mark_output(outs[0]).unwrap();
+            let g = g.build().unwrap();
+            let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm80))).unwrap();
+            let kp = p.kernels.values().next().unwrap().clone();
+            let exp = kp
+                .fusion
+                .chains
+                .iter()
+                .position(|c| matches!(tb_kind(&g, c.leader()), Some(true)))
+                .unwrap();
+            (kp.chains[exp].vector, kp)
+        };
+        let (v, kp) = vectors(64, true);
+        assert_eq!(v, 4);
+        let Sink::Tile(t) = kp.chains[kp.chains.iter().position(|c| c.vector > 1).unwrap()].sink
+        else {
+            panic!("a vectorised chain stores to a tile");
+        };
+        let g = kp.tiles[t.index()].as_ref().unwrap();
+        assert_eq!(g.strides.0[1], 1);
+        // Into the device tensor: scalar (coalesced across threads).
+        let (v, kp) = vectors(64, false);
+        assert_eq!(v, 1);
+        assert!(kp.chains.iter().any(|c| matches!(c.sink, Sink::Global(_))));
+        // 2 × 64 elements: 32 steps of 4 for 128 threads, 64 of 2 — neither gives each a step.
+        assert_eq!(vectors(2, true).0, 1);
+    }
+
     /// Whether op `o` of the graph's customized operator is an exp.
     fn tb_kind(g: &KernelGraph, o: Handle<crate::graph::threadblock::TbOp>) -> Option<bool> {
         let (_, tb) = g.customized_ops().next()?;

@@ -214,6 +214,38 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         text.matches("mucc::op::exp_approx(").count() == approx,
         format!("{approx} chains with exp by ex2.approx"),
     );
+    // Vector steps: one for_each_step<threads, elements, V> per vectorised chain, with the
+    // plan's width; binary members read their side tile (`side<i>`) once per element.
+    {
+        let mut planned: Vec<usize> = kp
+            .chains
+            .iter()
+            .filter(|c| c.vector > 1)
+            .map(|c| c.vector)
+            .collect();
+        let mut found: Vec<usize> = template_args(&text, "mucc::tb::for_each_step<")
+            .iter()
+            .filter_map(|a| a.get(2).and_then(|v| v.parse().ok()))
+            .collect();
+        planned.sort_unstable();
+        found.sort_unstable();
+        want(
+            planned == found,
+            format!("vector steps {planned:?} planned, {found:?} in the code"),
+        );
+        let binary_members = kp
+            .chains
+            .iter()
+            .flat_map(|c| c.members.iter())
+            .filter(|&&m| kp.fusion.side_input(tb, m).is_some())
+            .count();
+        let side_reads =
+            text.matches("const float side").count() + text.matches("const double side").count();
+        want(
+            side_reads == binary_members,
+            format!("{binary_members} binary chain members, {side_reads} side reads in the code"),
+        );
+    }
     // Register pipes: the tile never in shared memory, the consumer fed from the fragment, one
     // shuffle row sum per row-summing reader; every other candidate goes through shared memory.
     {
