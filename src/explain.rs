@@ -274,10 +274,10 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
             "    {}: {sink}, walks dims {:?}{}{}{}",
             names.join(" -> "),
             cp.order,
-            if cp.vector > 1 {
-                format!(", {} consecutive elements per thread step", cp.vector)
-            } else {
-                String::new()
+            match (&cp.scalar, cp.vector) {
+                (Some(why), _) => format!(", one element per thread step ({why})"),
+                (None, v) if v > 1 => format!(", {v} consecutive elements per thread step"),
+                _ => String::new(),
             },
             cp.matmul.map_or(String::new(), |l| format!(", {l}")),
             if cp.approx_exp {

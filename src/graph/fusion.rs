@@ -20,8 +20,11 @@
 //! 6. F's other input (the *side* tile) is complete when the chain runs: a tile of another
 //!    chain, in shared memory, not an after-loop tile read by an in-loop chain, whose producer
 //!    runs at a shallower depth than the chain's leader (depth: 0 for inputs, else one more than
-//!    the deepest chain a chain reads), so that joining never delays the chain to a later level
-//!    of the schedule (which could cost a barrier).
+//!    the deepest chain its leader reads), so that joining does not delay the chain to a later
+//!    level of the schedule, which could cost a barrier. (Depth counts producers in every
+//!    phase and the scheduler's levels only those in the chain's own, so an after-loop chain
+//!    can still move by a level; in the corpus, generated, decode and attention graphs no
+//!    kernel gained a barrier when binary operators started joining chains.)
 //!
 //! The side tile is read at the element the chain computes; the scheduler runs the chain after
 //! its producer ([`FusionPlan::reads`]).

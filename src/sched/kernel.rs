@@ -856,6 +856,7 @@ fn plan_chains(
                         matmul: None,
                         approx_exp: false,
                         vector: 1,
+                        scalar: None,
                     };
                 }
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
@@ -870,6 +871,7 @@ fn plan_chains(
                         matmul: None,
                         approx_exp: false,
                         vector: 1,
+                        scalar: None,
                     };
                 }
                 _ => {}
@@ -931,6 +933,7 @@ fn plan_chains(
                 matmul,
                 approx_exp,
                 vector: 1,
+                scalar: None,
             }
         })
         .collect()
@@ -948,6 +951,8 @@ const VECTOR_WIDTHS: [usize; 2] = [4, 2];
 /// it is unswizzled or keeps V-element chunks whole (an XOR swizzle of 2^m-element chunks, m ≥
 /// log2 V). Consecutive threads then take consecutive vectors (no more bank conflicts than
 /// scalar accesses). Chains into device tensors keep scalar stores (coalesced across threads).
+/// An element-wise chain left scalar gets the reason of the narrowest width
+/// ([`ChainPlan::scalar`]).
 fn plan_vectors(
     tb: &TbGraph,
     chains: &mut [ChainPlan],
@@ -955,6 +960,7 @@ fn plan_vectors(
     tiles: &[Option<TileGeometry>],
     threads: usize,
 ) {
+    use super::plan::ScalarSteps;
     use crate::layout::swizzle::Swizzle;
     for (c, cp) in chains.iter_mut().enumerate() {
         let lead = fusion.chains[c].leader();
@@ -962,42 +968,77 @@ fn plan_vectors(
         if !matches!(lop.kind, TbOpKind::Unary(_) | TbOpKind::Binary(_)) {
             continue;
         }
-        let (Some(&last), Sink::Tile(sink)) = (cp.order.last(), cp.sink) else {
+        let Some(&last) = cp.order.last() else {
             continue;
+        };
+        let sink = match cp.sink {
+            Sink::Tile(t) => t,
+            Sink::Global(_) => {
+                cp.scalar = Some(ScalarSteps::DeviceSink);
+                continue;
+            }
+            _ => {
+                cp.scalar = Some(ScalarSteps::AccumulatorSink);
+                continue;
+            }
         };
         let space = tb.tensors[lop.outputs[0]].shape;
         let mut touched: Vec<usize> = fusion.reads(tb, c).iter().map(|t| t.index()).collect();
         touched.push(sink.index());
-        let fits = |v: usize| {
-            space.dim(last).is_multiple_of(v)
-                && space.numel() / v >= threads
-                && touched.iter().all(|&t| {
-                    let Some(g) = tiles[t].as_ref() else {
-                        return false;
-                    };
-                    let shape = tb.tensors[Handle::from_index(t)].shape;
-                    if shape.dim(last) == 1 {
-                        // Broadcast along the step: one scalar read.
-                        return true;
-                    }
-                    let bytes = v * g.dtype.bytes();
-                    let chunks_whole = match g.swizzle {
-                        Swizzle::None => true,
-                        Swizzle::Xor { m, .. } => (1usize << m) >= v,
-                        Swizzle::Shift { .. } => false,
-                    };
-                    chunks_whole
-                        && bytes <= 16
-                        && g.bytes.is_multiple_of(bytes)
-                        && g.strides.0[last] == 1
-                        && (0..shape.rank()).all(|d| {
-                            d == last || shape.dim(d) == 1 || g.strides.0[d].is_multiple_of(v)
-                        })
-                })
+        // Why width `v` does not fit, if it does not.
+        let misfit = |v: usize| -> Option<ScalarSteps> {
+            if !space.dim(last).is_multiple_of(v) {
+                return Some(ScalarSteps::Row {
+                    extent: space.dim(last),
+                });
+            }
+            if space.numel() / v < threads {
+                return Some(ScalarSteps::FewElements {
+                    elements: space.numel(),
+                    threads,
+                });
+            }
+            touched.iter().find_map(|&t| {
+                let Some(g) = tiles[t].as_ref() else {
+                    return Some(ScalarSteps::Unaligned { tile: t });
+                };
+                let shape = tb.tensors[Handle::from_index(t)].shape;
+                if shape.dim(last) == 1 {
+                    // Broadcast along the step: one scalar read.
+                    return None;
+                }
+                if g.strides.0[last] != 1 {
+                    return Some(ScalarSteps::Strided {
+                        tile: t,
+                        stride: g.strides.0[last],
+                    });
+                }
+                let bytes = v * g.dtype.bytes();
+                let chunks_whole = match g.swizzle {
+                    Swizzle::None => true,
+                    Swizzle::Xor { m, .. } => (1usize << m) >= v,
+                    Swizzle::Shift { .. } => false,
+                };
+                let aligned = bytes <= 16
+                    && g.bytes.is_multiple_of(bytes)
+                    && (0..shape.rank()).all(|d| {
+                        d == last || shape.dim(d) == 1 || g.strides.0[d].is_multiple_of(v)
+                    });
+                (!(chunks_whole && aligned)).then_some(ScalarSteps::Unaligned { tile: t })
+            })
         };
-        if let Some(v) = VECTOR_WIDTHS.into_iter().find(|&v| fits(v)) {
-            cp.vector = v;
+        let mut why = None;
+        for v in VECTOR_WIDTHS {
+            match misfit(v) {
+                None => {
+                    cp.vector = v;
+                    why = None;
+                    break;
+                }
+                Some(w) => why = Some(w),
+            }
         }
+        cp.scalar = why;
     }
 }
 
@@ -1268,10 +1309,11 @@ mod tests {
                 .iter()
                 .position(|c| matches!(tb_kind(&g, c.leader()), Some(true)))
                 .unwrap();
-            (kp.chains[exp].vector, kp)
+            (kp.chains[exp].vector, kp.chains[exp].scalar.clone(), kp)
         };
-        let (v, kp) = vectors(64, true);
-        assert_eq!(v, 4);
+        use crate::sched::plan::ScalarSteps;
+        let (v, why, kp) = vectors(64, true);
+        assert_eq!((v, why), (4, None));
         let Sink::Tile(t) = kp.chains[kp.chains.iter().position(|c| c.vector > 1).unwrap()].sink
         else {
             panic!("a vectorised chain stores to a tile");
@@ -1279,11 +1321,22 @@ mod tests {
         let g = kp.tiles[t.index()].as_ref().unwrap();
         assert_eq!(g.strides.0[1], 1);
         // Into the device tensor: scalar (coalesced across threads).
-        let (v, kp) = vectors(64, false);
-        assert_eq!(v, 1);
+        let (v, why, kp) = vectors(64, false);
+        assert_eq!((v, why), (1, Some(ScalarSteps::DeviceSink)));
         assert!(kp.chains.iter().any(|c| matches!(c.sink, Sink::Global(_))));
-        // 2 × 64 elements: 32 steps of 4 for 128 threads, 64 of 2 — neither gives each a step.
-        assert_eq!(vectors(2, true).0, 1);
+        // 2 × 64 elements: 32 steps of 4, 64 of 2 — neither gives each of the CTA's threads
+        // (128 or more) a step.
+        let (v, why, kp) = vectors(2, true);
+        assert_eq!(
+            (v, why),
+            (
+                1,
+                Some(ScalarSteps::FewElements {
+                    elements: 128,
+                    threads: kp.cta.threads
+                })
+            )
+        );
     }
 
     /// Whether op `o` of the graph's customized operator is an exp.

@@ -709,6 +709,67 @@ pub struct ChainPlan {
     /// offset once per step and adds the element's index times the dim's stride
     /// (`sched::kernel::plan_vectors` says when that is exact).
     pub vector: usize,
+    /// For an element-wise chain (unary or binary leader) left at one element per step: why.
+    pub scalar: Option<ScalarSteps>,
+}
+
+/// Why an element-wise chain takes one element per thread step ([`ChainPlan::vector`] 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScalarSteps {
+    /// It stores to a device tensor: scalar stores of consecutive threads stay coalesced.
+    DeviceSink,
+    /// It accumulates: its elements keep their threads (and registers) across iterations.
+    AccumulatorSink,
+    /// Neither 4 nor 2 divides the walk's last extent (a step would cross a row).
+    Row {
+        /// The extent.
+        extent: usize,
+    },
+    /// Steps of 2 would leave threads without one.
+    FewElements {
+        /// Elements of the chain.
+        elements: usize,
+        /// Threads of the CTA.
+        threads: usize,
+    },
+    /// A tile it reads or writes is not contiguous along the walk's last dim.
+    Strided {
+        /// The tile.
+        tile: usize,
+        /// Its stride along that dim (elements).
+        stride: usize,
+    },
+    /// A tile it reads or writes would not start every step aligned to the vector (its other
+    /// strides or slot size), or its swizzle moves parts of a step.
+    Unaligned {
+        /// The tile.
+        tile: usize,
+    },
+}
+
+impl fmt::Display for ScalarSteps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScalarSteps::DeviceSink => {
+                f.write_str("it stores to a device tensor, coalesced across threads")
+            }
+            ScalarSteps::AccumulatorSink => f.write_str("it accumulates"),
+            ScalarSteps::Row { extent } => {
+                write!(f, "neither 4 nor 2 divides its rows of {extent}")
+            }
+            ScalarSteps::FewElements { elements, threads } => write!(
+                f,
+                "{elements} elements in steps of 2 would leave some of the {threads} threads idle"
+            ),
+            ScalarSteps::Strided { tile, stride } => {
+                write!(f, "s{tile} has stride {stride} along the walk's last dim")
+            }
+            ScalarSteps::Unaligned { tile } => write!(
+                f,
+                "s{tile} would not start every step aligned (strides, slot size or swizzle)"
+            ),
+        }
+    }
 }
 
 /// How a matmul-led chain is computed and handed to its sink.
