@@ -36,6 +36,7 @@
 //! | `TB_INPUT_NO_CP_ASYNC` | 20000 | a threadblock input's tile has another innermost dim than its DTensor (no 16-byte asynchronous copies) |
 //! | `TB_OUTPUT_NO_WIDE_COPY` | 4000 | a stored tile (or the iteration dim of a chain that stores directly) differs from the output DTensor's innermost dim |
 //! | `TB_MATMUL_NO_LDMATRIX` | 10000 | a threadblock matmul operand has neither matrix dim innermost |
+//! | `TB_FEW_ROWS_A_BY_COLUMNS` | 2000 | a threadblock matmul's A of at most 8 rows has its row dim innermost |
 //! | `KN_OPERAND_MISMATCH` | 4000 | an operand of a kernel-level element-wise operator has another innermost dim than its result (uncoalesced accesses) |
 //! | `SWIZZLE_DIM` | 1000 | per swizzled dim |
 //! | shared-memory bytes | bytes | a tile's padded size under its innermost dim |
@@ -63,6 +64,10 @@ pub const TB_INPUT_NO_CP_ASYNC: i64 = 20_000;
 pub const TB_OUTPUT_NO_WIDE_COPY: i64 = 4_000;
 /// A threadblock matmul operand with neither matrix dim innermost.
 pub const TB_MATMUL_NO_LDMATRIX: i64 = 10_000;
+/// A matmul A operand of at most 8 rows (the m16n8k16 fragment's rows 8–15 are zero, so
+/// `ldmatrix` saves little) whose rows are not contiguous: the element-wise pass that writes
+/// it (decode's silu ⊙ Y) then stores with a stride instead of vectors.
+pub const TB_FEW_ROWS_A_BY_COLUMNS: i64 = 2_000;
 /// A kernel-level operand laid out differently from the result.
 pub const KN_OPERAND_MISMATCH: i64 = 4_000;
 /// One swizzled dim.
@@ -464,6 +469,12 @@ impl<'a> Builder<'a> {
                             if when.len() == 2 {
                                 self.cost(when, TB_MATMUL_NO_LDMATRIX);
                             }
+                        }
+                        if name == "A"
+                            && tb.tensors[t].shape.dim(r - 2) <= 8
+                            && let Some(m_inner) = tv.inner[r - 2]
+                        {
+                            self.cost(vec![m_inner.pos()], TB_FEW_ROWS_A_BY_COLUMNS);
                         }
                     }
                     self.fused_store_cost(tb, chain.tail(), None, kn_outs);

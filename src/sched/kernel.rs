@@ -948,8 +948,8 @@ const VECTOR_WIDTHS: [usize; 2] = [4, 2];
 /// a step (elements / V ≥ threads); every tile read or written is contiguous along that dim
 /// (stride 1, or broadcast along it: read once per step), its other strides are multiples of V
 /// and its slot size a multiple of the vector's bytes (≤ 16), so every step starts aligned;
-/// it is unswizzled or keeps V-element chunks whole (an XOR swizzle of 2^m-element chunks, m ≥
-/// log2 V). Consecutive threads then take consecutive vectors (no more bank conflicts than
+/// it is unswizzled, padded (a shift), or keeps V-element chunks whole (an XOR swizzle of
+/// 2^m-element chunks, m ≥ log2 V). Consecutive threads then take consecutive vectors (no more bank conflicts than
 /// scalar accesses). Chains into device tensors keep scalar stores (coalesced across threads).
 /// An element-wise chain left scalar gets the reason of the narrowest width
 /// ([`ChainPlan::scalar`]).
@@ -1014,10 +1014,10 @@ fn plan_vectors(
                     });
                 }
                 let bytes = v * g.dtype.bytes();
+                // A shift only pads rows (its strides say it all).
                 let chunks_whole = match g.swizzle {
-                    Swizzle::None => true,
+                    Swizzle::None | Swizzle::Shift { .. } => true,
                     Swizzle::Xor { m, .. } => (1usize << m) >= v,
-                    Swizzle::Shift { .. } => false,
                 };
                 let aligned = bytes <= 16
                     && g.bytes.is_multiple_of(bytes)
@@ -1370,5 +1370,34 @@ mod tests {
         let kp = p.kernels.values().next().unwrap();
         assert_eq!(kp.cta.resident_blocks, 1);
         assert_eq!(kp.pipeline_stages(), 4);
+    }
+
+    /// Decode at M = 8: silu ⊙ Y is one fused chain into the matmul's A tile, which the layout
+    /// lays out by rows (`TB_FEW_ROWS_A_BY_COLUMNS`), so the pass takes vector steps and A
+    /// loads by 32-bit pairs.
+    #[test]
+    fn decode_m8_fuses_its_gate_and_vectorises_it_into_a_row_major_a() {
+        use crate::graph::dtype::DType;
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::Options;
+        let g = decode_gated_linear(8, 11008, 2048, 32, 64, DType::BF16).unwrap();
+        let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm90a))).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        let (tb, _) = g.customized_ops().next().map(|(k, tb)| (tb, k)).unwrap();
+        let gate = kp
+            .fusion
+            .chains
+            .iter()
+            .position(|c| c.ops.len() == 2 && matches!(tb.ops[c.leader()].kind, TbOpKind::Unary(_)))
+            .expect("silu -> mul");
+        let Sink::Tile(a) = kp.chains[gate].sink else {
+            panic!("the gate stores the A tile");
+        };
+        assert_eq!(kp.tiles[a.index()].as_ref().unwrap().strides.0[1], 1);
+        assert_eq!(kp.chains[gate].vector, 4);
+        assert!(kp.ops.iter().any(|o| matches!(
+            o,
+            OpPlan::Matmul { loads, .. } if loads.0 == OperandLoad::Pairs
+        )));
     }
 }
