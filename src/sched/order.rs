@@ -250,7 +250,7 @@ pub fn schedule_with_pipes(tb: &TbGraph, plan: &FusionPlan, piped: &[usize]) -> 
     if !post_loop.is_empty() && (!body.is_empty() || !pre_loop.is_empty()) {
         post_loop.insert(0, Step::Barrier(BarrierReason::AccumulatorsComplete));
     }
-    if tb.forloop_range > 1 && needs_end_barrier(tb, &producers, plan, &phase, &level) {
+    if tb.forloop_range > 1 && needs_end_barrier(&phase, &level, &reads) {
         body.push(Step::Barrier(BarrierReason::EndOfBody));
     }
     Schedule {
@@ -263,32 +263,16 @@ pub fn schedule_with_pipes(tb: &TbGraph, plan: &FusionPlan, piped: &[usize]) -> 
 }
 
 /// Whether a tile written at loop level 0 is read at the loop's last level.
-fn needs_end_barrier(
-    tb: &TbGraph,
-    producers: &[Option<Handle<TbOp>>],
-    plan: &FusionPlan,
-    phase: &[Phase],
-    level: &[usize],
-) -> bool {
-    let last = (0..plan.chains.len())
+fn needs_end_barrier(phase: &[Phase], level: &[usize], reads: &[Vec<(usize, usize)>]) -> bool {
+    let last = (0..phase.len())
         .filter(|&c| phase[c] == Phase::Loop)
         .map(|c| level[c])
         .max();
     let Some(last) = last else { return false };
-    for c in 0..plan.chains.len() {
-        if phase[c] != Phase::Loop || level[c] != last {
-            continue;
-        }
-        for t in plan.reads(tb, c) {
-            if let Some(p) = producers[t.index()] {
-                let pc = plan.chain_of[p.index()];
-                if phase[pc] == Phase::Loop && level[pc] == 0 {
-                    return true;
-                }
-            }
-        }
-    }
-    false
+    // `reads` lists only producers in the reader's own phase.
+    (0..phase.len())
+        .filter(|&c| phase[c] == Phase::Loop && level[c] == last)
+        .any(|c| reads[c].iter().any(|&(_, pc)| level[pc] == 0))
 }
 
 #[cfg(test)]

@@ -41,14 +41,14 @@ template <class T, int V> struct alignas(V * sizeof(T)) Run {
 };
 
 // The V elements at `p` (aligned to V·sizeof(T)) in compute type C, by one vector load.
-template <int V, class C, class T> struct Loaded {
+template <int V, class C> struct Loaded {
   C v[V];
   __device__ __forceinline__ C operator[](int j) const { return v[j]; }
 };
-template <int V, class C, class T> __device__ __forceinline__ Loaded<V, C, T> load_run(const T* p) {
+template <int V, class C, class T> __device__ __forceinline__ Loaded<V, C> load_run(const T* p) {
   static_assert(V * sizeof(T) <= 16, "one vector access");
   const Run<T, V> r = *reinterpret_cast<const Run<T, V>*>(p);
-  Loaded<V, C, T> out;
+  Loaded<V, C> out;
 #pragma unroll
   for (int j = 0; j < V; ++j) out.v[j] = static_cast<C>(to_compute(r.v[j]));
   return out;
