@@ -44,7 +44,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   }
   mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 33792);  // s0 (tb_input_op) x4 stages
   mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 1024);  // s1 (tb_input_op) x4 stages
-  float* s3 = reinterpret_cast<float*>(smem + 112);  // s3 (tb_forloop_accum_nored_op)
+  float* s3 = reinterpret_cast<float*>(smem + 128);  // s3 (tb_forloop_accum_nored_op)
   float* s4 = reinterpret_cast<float*>(smem + 48);  // s4 (tb_forloop_accum_red_ld_mean_op)
   mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 8) * 64;
   L2::Frag acc3;

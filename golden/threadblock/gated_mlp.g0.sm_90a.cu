@@ -47,8 +47,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 33792);  // s0 (tb_input_op) x4 stages
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 1024);  // s1 (tb_input_op) x4 stages
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 17408);  // s2 (tb_input_op) x4 stages
-  float* s5 = reinterpret_cast<float*>(smem + 48);  // s5 (tb_forloop_accum_nored_op)
-  float* s6 = reinterpret_cast<float*>(smem + 1072);  // s6 (tb_forloop_accum_nored_op)
+  float* s5 = reinterpret_cast<float*>(smem + 128);  // s5 (tb_forloop_accum_nored_op)
+  float* s6 = reinterpret_cast<float*>(smem + 1152);  // s6 (tb_forloop_accum_nored_op)
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 32;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 32;
   L2::Frag acc5;

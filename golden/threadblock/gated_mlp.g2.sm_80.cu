@@ -9,7 +9,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 36880 bytes of shared memory
+// kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 36992 bytes of shared memory
 // schedule - | 0,1,2 3,4 | 7
 extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
     mucc::f16* __restrict__ out0,
@@ -30,11 +30,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 32784);  // s0 (tb_input_op) x4 stages
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op) x4 stages
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 16400);  // s2 (tb_input_op) x4 stages
-  float* s5 = reinterpret_cast<float*>(smem + 16);  // s5 (tb_forloop_accum_nored_op)
-  float* s6 = reinterpret_cast<float*>(smem + 1040);  // s6 (tb_forloop_accum_nored_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 32896);  // s0 (tb_input_op) x4 stages
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 128);  // s1 (tb_input_op) x4 stages
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 16512);  // s2 (tb_input_op) x4 stages
+  float* s5 = reinterpret_cast<float*>(smem + 128);  // s5 (tb_forloop_accum_nored_op)
+  float* s6 = reinterpret_cast<float*>(smem + 1152);  // s6 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 32;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 32;
@@ -119,7 +119,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 36880, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 36992, stream, args));
   }
 
   return 0;

@@ -8,7 +8,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (4, 1, 1), block (512, 1, 1), forloop 1, 14816 bytes of shared memory
+// kernel op 2: kn_customized_op grid (4, 1, 1), block (512, 1, 1), forloop 1, 14928 bytes of shared memory
 // schedule 0,1 | 2 | 4
 extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     mucc::f16* __restrict__ out0,
@@ -28,8 +28,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 14224);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 14336);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 128);  // s1 (tb_input_op)
   mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
@@ -75,7 +75,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(4, 1, 1), dim3(512, 1, 1), 14816, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(4, 1, 1), dim3(512, 1, 1), 14928, stream, args));
   }
 
   return 0;

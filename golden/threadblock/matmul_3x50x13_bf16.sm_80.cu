@@ -8,7 +8,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 2, 1), block (512, 1, 1), forloop 2, 2288 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 2, 1), block (512, 1, 1), forloop 2, 2560 bytes of shared memory
 // schedule - | 0,1 2 | 4
 extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     mucc::bf16* __restrict__ out0,
@@ -28,9 +28,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 1616);  // s0 (tb_input_op) x2 stages
-  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 16);  // s1 (tb_input_op)
-  float* s3 = reinterpret_cast<float*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
+  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 1792);  // s0 (tb_input_op) x2 stages
+  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 128);  // s1 (tb_input_op)
+  float* s3 = reinterpret_cast<float*>(smem + 128);  // s3 (tb_forloop_accum_nored_op)
   const mucc::bf16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 300;
   const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 13;
   mucc::bf16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 96 + static_cast<mucc::i64>(blockIdx.y) * 13;
@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    mucc::bf16* s0_cur = s0 + (it % 2) * 168;
+    mucc::bf16* s0_cur = s0 + (it % 2) * 192;
     mucc::sm80::cp_async_wait<0>();
     // op0 input
     // issued ahead by the pipeline
@@ -54,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     {
       const int pf = it + 1;
       if (pf < 2) {
-        mucc::tb::cp_async_chunks<512, 150, 2, L0, L3>(tid, s0 + (pf % 2) * 168, gi0 + static_cast<mucc::i64>(pf) * 50);
+        mucc::tb::cp_async_chunks<512, 150, 2, L0, L3>(tid, s0 + (pf % 2) * 192, gi0 + static_cast<mucc::i64>(pf) * 50);
       }
       mucc::sm80::cp_async_commit();
     }
@@ -83,7 +83,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(512, 1, 1), 2288, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(512, 1, 1), 2560, stream, args));
   }
 
   return 0;

@@ -8,7 +8,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (512, 1, 1), forloop 4, 65552 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (512, 1, 1), forloop 4, 65664 bytes of shared memory
 // schedule - | 0,1 2 | 4
 extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     mucc::f16* __restrict__ out0,
@@ -29,9 +29,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16);  // s0 (tb_input_op) x4 stages
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 32784);  // s1 (tb_input_op) x4 stages
-  float* s3 = reinterpret_cast<float*>(smem + 16);  // s3 (tb_forloop_accum_nored_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 128);  // s0 (tb_input_op) x4 stages
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 32896);  // s1 (tb_input_op) x4 stages
+  float* s3 = reinterpret_cast<float*>(smem + 128);  // s3 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 16384;
   mucc::f16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096;
@@ -95,9 +95,9 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65552, smem_set));
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 65664, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(512, 1, 1), 65552, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(512, 1, 1), 65664, stream, args));
   }
 
   return 0;

@@ -55,11 +55,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
     mucc::sm90::fence_mbarrier_init();
     mucc::sm90::prefetch_tensormap(&tm0);
   }
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 48);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8240);  // s1 (tb_input_op) x2 stages
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 128);  // s0 (tb_input_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 8320);  // s1 (tb_input_op) x2 stages
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 41984);  // s2 (tb_input_op) x2 stages
-  float* s5 = reinterpret_cast<float*>(smem + 41008);  // s5 (tb_forloop_accum_red_ld_sum_op)
-  float* s7 = reinterpret_cast<float*>(smem + 48);  // s7 (tb_forloop_accum_nored_op)
+  float* s5 = reinterpret_cast<float*>(smem + 41088);  // s5 (tb_forloop_accum_red_ld_sum_op)
+  float* s7 = reinterpret_cast<float*>(smem + 128);  // s7 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 4096;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 512;
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 1024

@@ -8,7 +8,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 2: kn_customized_op grid (256, 1, 1), block (256, 1, 1), forloop 32, 26656 bytes of shared memory
+// kernel op 2: kn_customized_op grid (256, 1, 1), block (256, 1, 1), forloop 32, 26752 bytes of shared memory
 // schedule - | 0,1 2,3 | 5
 extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
     mucc::f16* __restrict__ out0,
@@ -31,10 +31,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 24592);  // s0 (tb_input_op) x4 stages
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16);  // s1 (tb_input_op) x4 stages
-  float* s2 = reinterpret_cast<float*>(smem + 26640);  // s2 (tb_forloop_accum_red_ld_rms_op)
-  float* s4 = reinterpret_cast<float*>(smem + 16);  // s4 (tb_forloop_accum_nored_op)
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 24704);  // s0 (tb_input_op) x4 stages
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 128);  // s1 (tb_input_op) x4 stages
+  float* s2 = reinterpret_cast<float*>(smem + 16);  // s2 (tb_forloop_accum_red_ld_rms_op)
+  float* s4 = reinterpret_cast<float*>(smem + 128);  // s4 (tb_forloop_accum_nored_op)
   const mucc::f16* gi0 = in0 + 0;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 24;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 24;
@@ -120,7 +120,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 26656, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 26752, stream, args));
   }
 
   return 0;

@@ -11,7 +11,7 @@
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 2, 1), block (512, 1, 1), forloop 1, 2192 bytes of shared memory
+// kernel op 3: kn_customized_op grid (2, 2, 1), block (512, 1, 1), forloop 1, 2592 bytes of shared memory
 // schedule 0,1,2 | 3,9 6,8 | 11,12,13
 extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     float* __restrict__ out0,
@@ -44,13 +44,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  float* s0 = reinterpret_cast<float*>(smem + 16);  // s0 (tb_input_op)
-  float* s1 = reinterpret_cast<float*>(smem + 464);  // s1 (tb_input_op)
-  float* s2 = reinterpret_cast<float*>(smem + 912);  // s2 (tb_input_op)
-  float* s5 = reinterpret_cast<float*>(smem + 1328);  // s5 (tb_mul_op)
-  float* s7 = reinterpret_cast<float*>(smem + 1744);  // s7 (tb_forloop_accum_nored_op)
-  float* s8 = reinterpret_cast<float*>(smem + 2160);  // s8 (tb_forloop_accum_red_ld_sum_op)
-  float* s10 = reinterpret_cast<float*>(smem + 16);  // s10 (tb_forloop_accum_nored_op)
+  float* s0 = reinterpret_cast<float*>(smem + 128);  // s0 (tb_input_op)
+  float* s1 = reinterpret_cast<float*>(smem + 640);  // s1 (tb_input_op)
+  float* s2 = reinterpret_cast<float*>(smem + 1152);  // s2 (tb_input_op)
+  float* s5 = reinterpret_cast<float*>(smem + 1664);  // s5 (tb_mul_op)
+  float* s7 = reinterpret_cast<float*>(smem + 2176);  // s7 (tb_forloop_accum_nored_op)
+  float* s8 = reinterpret_cast<float*>(smem + 16);  // s8 (tb_forloop_accum_red_ld_sum_op)
+  float* s10 = reinterpret_cast<float*>(smem + 128);  // s10 (tb_forloop_accum_nored_op)
   const float* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 182 + static_cast<mucc::i64>(blockIdx.y) * 13;
   const float* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 182 + static_cast<mucc::i64>(blockIdx.y) * 13;
   const float* gi2 = in2 + 0;
@@ -145,7 +145,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     void* const args[] = {buf.out(0, 0), buf.out(1, 0), buf.out(2, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(512, 1, 1), 2192, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 2, 1), dim3(512, 1, 1), 2592, stream, args));
   }
 
   return 0;

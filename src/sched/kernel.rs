@@ -12,7 +12,7 @@ use super::plan::{
     CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options, Partial,
     PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
 };
-use super::smem::smem_plan;
+use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
@@ -193,6 +193,7 @@ fn plan_kernel_with(
         TmaPlan::default()
     };
     pad_slots(&tma, &mut tiles);
+    pad_ring_slots(tb, &ops, &mut tiles, target);
     let piped = pipes.iter().any(|p| p.on().is_some());
     let mut resident_blocks = resident_blocks_wanted(tb, threads, target, piped);
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
@@ -696,25 +697,10 @@ fn plan_operand_loads(
     }
 }
 
-/// Chooses the pipeline depth of the in-loop chunked inputs (with a next iteration to
-/// prefetch, on targets with `cp.async`) together with the shared-memory plan: the deepest
-/// pipeline that keeps `resident` blocks per SM and still has two stages, else the deepest
-/// that fits at all. Sets the inputs' stages and engines (TMA for the loads of `tma`, whose
-/// mbarriers it places after the zero page; a load left without a ring moves to `tma.off`).
-/// `Err`: the smallest plan, which does not fit.
-#[allow(clippy::too_many_arguments)]
-fn plan_pipeline(
-    tb: &TbGraph,
-    fusion: &FusionPlan,
-    sched: &super::order::Schedule,
-    ops: &mut [OpPlan],
-    tiles: &[Option<TileGeometry>],
-    tma: &mut TmaPlan,
-    resident: usize,
-    target: &Target,
-) -> Result<SmemPlan, SmemPlan> {
-    let pipelined: Vec<usize> = tb
-        .ops
+/// The inputs a pipeline ring may stage (chunked copies along the for-loop, on targets with
+/// `cp.async`), as operator indices.
+fn ring_inputs(tb: &TbGraph, ops: &[OpPlan], target: &Target) -> Vec<usize> {
+    tb.ops
         .iter()
         .filter(|(h, op)| {
             matches!(
@@ -733,7 +719,44 @@ fn plan_pipeline(
                 && target.has_cp_async
         })
         .map(|(h, _)| h.index())
-        .collect();
+        .collect()
+}
+
+/// Pads the tiles a ring may stage to whole shared-memory lines ([`SMEM_LINE`] bytes) when they
+/// are a line or more: a ring's stage slots follow each other at the tile's size, and each
+/// slot then starts on a line as the first does (the tiles of TMA loads are padded further, by
+/// [`pad_slots`]).
+fn pad_ring_slots(tb: &TbGraph, ops: &[OpPlan], tiles: &mut [Option<TileGeometry>], target: &Target) {
+    for op in ring_inputs(tb, ops, target) {
+        for &t in &tb.ops[Handle::from_index(op)].outputs {
+            if let Some(geo) = tiles[t.index()].as_mut()
+                && geo.bytes >= SMEM_LINE
+            {
+                geo.bytes = geo.bytes.next_multiple_of(SMEM_LINE);
+                geo.phys_elems = geo.bytes / geo.dtype.bytes();
+            }
+        }
+    }
+}
+
+/// Chooses the pipeline depth of the in-loop chunked inputs (with a next iteration to
+/// prefetch, on targets with `cp.async`) together with the shared-memory plan: the deepest
+/// pipeline that keeps `resident` blocks per SM and still has two stages, else the deepest
+/// that fits at all. Sets the inputs' stages and engines (TMA for the loads of `tma`, whose
+/// mbarriers it places after the zero page; a load left without a ring moves to `tma.off`).
+/// `Err`: the smallest plan, which does not fit.
+#[allow(clippy::too_many_arguments)]
+fn plan_pipeline(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    sched: &super::order::Schedule,
+    ops: &mut [OpPlan],
+    tiles: &[Option<TileGeometry>],
+    tma: &mut TmaPlan,
+    resident: usize,
+    target: &Target,
+) -> Result<SmemPlan, SmemPlan> {
+    let pipelined = ring_inputs(tb, ops, target);
     let has_matmul = tb
         .ops
         .iter()

@@ -20,6 +20,10 @@ use crate::graph::ops::TbReduction;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 use crate::layout::swizzle::TileGeometry;
 
+/// Bytes of one shared-memory line (32 banks of 4 bytes): the alignment of every tile of that
+/// size or more.
+pub const SMEM_LINE: usize = 128;
+
 /// Shared-memory buffers and their lifetimes in schedule steps (barriers included), packed
 /// from `base`. When `base` plus the lower bound of any packing exceeds `limit` (bytes per
 /// block), the buffers are not packed: the plan's peak is that lower bound and every offset 0,
@@ -111,7 +115,9 @@ pub fn smem_plan(
             let end_of = |from: usize| last_read.map_or(from + 1, |r| release(r).max(from + 1));
             let name = format!("s{} ({})", t.index(), names::tb_name(&op.kind, false));
             let mut stages = 1;
-            let mut align = 16;
+            // A tile of a line or more starts on a line: a warp's 16-byte accesses to one
+            // 128-byte row of the tile then touch one line of the banks, not two.
+            let mut align = if geo.bytes >= SMEM_LINE { SMEM_LINE } else { 16 };
             let (start, end, kind) = match (&op.kind, &ops[h.index()]) {
                 (
                     TbOpKind::Input { .. },
