@@ -280,11 +280,9 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
                 _ => String::new(),
             },
             cp.matmul.map_or(String::new(), |l| format!(", {l}")),
-            if cp.approx_exp {
-                ", exp by ex2.approx (its value is rounded to 16 bits right after)"
-            } else {
-                ""
-            }
+            cp.approx_exp.map_or(String::new(), |a| format!(
+                ", exp by {a} (its value is rounded to 16 bits right after)"
+            ))
         );
     }
     pipes(s, tb, kp);

@@ -93,7 +93,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float v = in0_[j];
-        v = mucc::op::exp_approx(v);
+        v = mucc::op::exp_approx_ftz(v);
         out_[j] = v;
       }
       mucc::tb::store_run<4>(s2 + L1::offset(e), out_);

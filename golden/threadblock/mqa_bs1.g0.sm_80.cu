@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     }
     // op3 matmul -> op4 exp
     L7::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
-      v = mucc::op::exp_approx(v);
+      v = mucc::op::exp_approx_ftz(v);
       s4[L2::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();

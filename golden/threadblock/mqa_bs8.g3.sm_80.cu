@@ -108,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
         L9::pack(pk_, p_, warp, lane, [&](int row, int col, float v) {
           (void)row;
           (void)col;
-          v = mucc::op::exp_approx(v);
+          v = mucc::op::exp_approx_ftz(v);
           return v;
         });
       }

@@ -113,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
         const float x0 = in0_[j];
         const float x1 = mucc::to_compute(s4[L8::offset(e)]);
         float v = mucc::op::sub(x0, x1);
-        v = mucc::op::exp_approx(v);
+        v = mucc::op::exp_approx_ftz(v);
         out_[j] = v;
       }
       mucc::tb::store_run<2>(s7 + L0::offset(e), out_);
@@ -121,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     // op7 exp
     mucc::tb::for_each<512, 16>(tid, [&](int e, int) {
       float v = mucc::to_compute(s5[L9::offset(e)]);
-      v = mucc::op::exp_approx(v);
+      v = mucc::op::exp_approx_ftz(v);
       s8[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();

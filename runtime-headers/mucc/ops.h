@@ -15,6 +15,16 @@ __device__ __forceinline__ double exp(double x) { return ::exp(x); }
 // fp64 computes exactly.
 __device__ __forceinline__ float exp_approx(float x) { return __expf(x); }
 __device__ __forceinline__ double exp_approx(double x) { return ::exp(x); }
+// The same with results under 2^-126 flushed to zero (ex2.approx.ftz: one multiply and one
+// MUFU.EX2, where the form above adds a range test, a halving and a squaring per value), for
+// values rounded to fp16 right after, whose least subnormal (2^-24) makes every flushed value
+// round to zero anyway.
+__device__ __forceinline__ float exp_approx_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
+  return y;
+}
+__device__ __forceinline__ double exp_approx_ftz(double x) { return ::exp(x); }
 __device__ __forceinline__ float log(float x) { return logf(x); }
 __device__ __forceinline__ double log(double x) { return ::log(x); }
 __device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }

@@ -8,9 +8,9 @@ use super::ops::{
 use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
-    BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta, CtaChoice,
-    CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options, Partial,
-    PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
+    ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta,
+    CtaChoice, CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options,
+    Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -726,7 +726,12 @@ fn ring_inputs(tb: &TbGraph, ops: &[OpPlan], target: &Target) -> Vec<usize> {
 /// are a line or more: a ring's stage slots follow each other at the tile's size, and each
 /// slot then starts on a line as the first does (the tiles of TMA loads are padded further, by
 /// [`pad_slots`]).
-fn pad_ring_slots(tb: &TbGraph, ops: &[OpPlan], tiles: &mut [Option<TileGeometry>], target: &Target) {
+fn pad_ring_slots(
+    tb: &TbGraph,
+    ops: &[OpPlan],
+    tiles: &mut [Option<TileGeometry>],
+    target: &Target,
+) {
     for op in ring_inputs(tb, ops, target) {
         for &t in &tb.ops[Handle::from_index(op)].outputs {
             if let Some(geo) = tiles[t.index()].as_mut()
@@ -877,7 +882,7 @@ fn plan_chains(
                         sink: Sink::Copy,
                         order: copy_order(copy, &s, &ins[*input].1.0),
                         matmul: None,
-                        approx_exp: false,
+                        approx_exp: None,
                         vector: 1,
                         scalar: None,
                     };
@@ -892,7 +897,7 @@ fn plan_chains(
                         sink: Sink::Copy,
                         order: copy_order(&copy, &s, &outs[*output].1.0),
                         matmul: None,
-                        approx_exp: false,
+                        approx_exp: None,
                         vector: 1,
                         scalar: None,
                     };
@@ -943,12 +948,15 @@ fn plan_chains(
                 _ => None,
             };
             // A 16-bit floating store right after the chain's last exp.
-            let rounds_to_16_bits = match sink {
-                Sink::Tile(t) => is_float16(stored[t.index()]),
-                Sink::Global(o) => is_float16(tb.tensors[tb.ops[o].inputs[0]].dtype),
-                _ => false,
-            };
-            let approx_exp = rounds_to_16_bits && last_value_is_exp(tb, &chain.ops, sink);
+            let rounds_to = match sink {
+                Sink::Tile(t) => Some(stored[t.index()]),
+                Sink::Global(o) => Some(tb.tensors[tb.ops[o].inputs[0]].dtype),
+                _ => None,
+            }
+            .filter(|&d| is_float16(d));
+            let approx_exp = rounds_to
+                .filter(|_| last_value_is_exp(tb, &chain.ops, sink))
+                .map(ApproxExp::for_store);
             ChainPlan {
                 members,
                 sink,
@@ -1289,11 +1297,13 @@ mod tests {
                 .index()];
             kp.chains[chain].approx_exp
         };
-        assert!(approx(DType::F16, "store"));
-        assert!(approx(DType::BF16, "store"));
-        assert!(!approx(DType::F32, "store"));
-        assert!(!approx(DType::F16, "scale"));
-        assert!(!approx(DType::F16, "sum"));
+        // fp16 flushes results under 2^-126 (they round to zero in fp16 anyway); bf16, whose
+        // range reaches fp32's subnormals, keeps them.
+        assert_eq!(approx(DType::F16, "store"), Some(ApproxExp::Ex2FlushToZero));
+        assert_eq!(approx(DType::BF16, "store"), Some(ApproxExp::Ex2));
+        assert_eq!(approx(DType::F32, "store"), None);
+        assert_eq!(approx(DType::F16, "scale"), None);
+        assert_eq!(approx(DType::F16, "sum"), None);
     }
 
     /// Vector steps go to element-wise chains into a tile that every access reads contiguously

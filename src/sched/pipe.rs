@@ -335,7 +335,7 @@ mod tests {
         assert_eq!(p.row_sums.len(), 1);
         assert!(kp.tiles[p.tile].is_none());
         assert_eq!(kp.chains[p.producer].matmul, Some(MatmulLowering::Pipe));
-        assert!(kp.chains[p.producer].approx_exp);
+        assert!(kp.chains[p.producer].approx_exp.is_some());
         let producer = kp.fusion.chains[p.producer].leader();
         for mm in [producer, p.matmul] {
             let OpPlan::Matmul { warps, loads, .. } = &kp.ops[mm.index()] else {

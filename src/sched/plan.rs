@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::graph::DType;
+
 use serde::{Deserialize, Serialize};
 
 use super::kernel_level::KnOpPlan;
@@ -673,6 +675,39 @@ impl fmt::Display for CtaSource {
     }
 }
 
+/// How a chain's approximate `exp` runs ([`ChainPlan::approx_exp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApproxExp {
+    /// `ex2.approx.f32` keeping subnormal results (`mucc::op::exp_approx`): the value is
+    /// rounded to bf16, whose range reaches fp32's subnormals.
+    Ex2,
+    /// `ex2.approx.ftz.f32` (`mucc::op::exp_approx_ftz`: two instructions, against six for the
+    /// subnormal-preserving form): the value is rounded to fp16, where every result under
+    /// 2^-126 that the instruction flushes to zero rounds to zero anyway (fp16's least
+    /// subnormal is 2^-24).
+    Ex2FlushToZero,
+}
+
+impl ApproxExp {
+    /// For a value rounded to `stored` (a 16-bit floating type) right after.
+    pub fn for_store(stored: DType) -> ApproxExp {
+        if stored == DType::F16 {
+            ApproxExp::Ex2FlushToZero
+        } else {
+            ApproxExp::Ex2
+        }
+    }
+}
+
+impl fmt::Display for ApproxExp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApproxExp::Ex2 => f.write_str("ex2.approx"),
+            ApproxExp::Ex2FlushToZero => f.write_str("ex2.approx.ftz"),
+        }
+    }
+}
+
 /// Where a chain's values go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sink {
@@ -701,9 +736,9 @@ pub struct ChainPlan {
     pub matmul: Option<MatmulLowering>,
     /// The chain's last unary operator (its leader, when it has no members) is `exp`, and its
     /// value is rounded to a 16-bit type right after (stored to a 16-bit tile or device tensor,
-    /// or packed into a register pipe): it runs as `ex2.approx` (`mucc::op::exp_approx`),
-    /// whose relative error (under 1.3e-5) is far below the rounding's (2^-12 or more).
-    pub approx_exp: bool,
+    /// or packed into a register pipe): it runs as `ex2.approx`, whose relative error (under
+    /// 1.3e-5) is far below the rounding's (2^-12 or more); `None`: exp (if any) is exact.
+    pub approx_exp: Option<ApproxExp>,
     /// Consecutive elements of the walk's last dim a thread takes per step (1: one at a time,
     /// the elements of a thread `threads` apart). With more, each access computes its layout
     /// offset once per step and adds the element's index times the dim's stride

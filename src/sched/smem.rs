@@ -117,7 +117,11 @@ pub fn smem_plan(
             let mut stages = 1;
             // A tile of a line or more starts on a line: a warp's 16-byte accesses to one
             // 128-byte row of the tile then touch one line of the banks, not two.
-            let mut align = if geo.bytes >= SMEM_LINE { SMEM_LINE } else { 16 };
+            let mut align = if geo.bytes >= SMEM_LINE {
+                SMEM_LINE
+            } else {
+                16
+            };
             let (start, end, kind) = match (&op.kind, &ops[h.index()]) {
                 (
                     TbOpKind::Input { .. },

@@ -13,7 +13,7 @@ use mucc::graph::threadblock::TbOpKind;
 use mucc::layout::swizzle::Swizzle;
 use mucc::sched::kernel_level::{ElementwiseOp, KnOpPlan};
 use mucc::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan};
-use mucc::sched::plan::{GraphPlan, KernelPlan};
+use mucc::sched::plan::{ApproxExp, GraphPlan, KernelPlan};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 
@@ -209,11 +209,20 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     }
     // exp by ex2.approx exactly where the plan rounds its value to 16 bits right after.
-    let approx = kp.chains.iter().filter(|c| c.approx_exp).count();
-    want(
-        text.matches("mucc::op::exp_approx(").count() == approx,
-        format!("{approx} chains with exp by ex2.approx"),
-    );
+    for (kind, call) in [
+        (ApproxExp::Ex2, "mucc::op::exp_approx("),
+        (ApproxExp::Ex2FlushToZero, "mucc::op::exp_approx_ftz("),
+    ] {
+        let approx = kp
+            .chains
+            .iter()
+            .filter(|c| c.approx_exp == Some(kind))
+            .count();
+        want(
+            text.matches(call).count() == approx,
+            format!("{approx} chains with exp by {kind}"),
+        );
+    }
     // Vector steps: one for_each_step<threads, elements, V> per vectorised chain, with the
     // plan's width; binary members read their side tile (`side<i>`) once per element.
     {

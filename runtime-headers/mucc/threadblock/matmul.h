@@ -287,23 +287,35 @@ struct Mma {
     if (warp >= WM * WN) return;
     const T* z = static_cast<const T*>(zero);
     const int wm = warp / WN, wn = warp % WN;
-    if constexpr (a_walk && b_walk && KF > 0) {
-      // The whole k-steps: each lane's addresses are computed once, then advanced.
+    if constexpr ((a_walk || b_walk) && KF > 0) {
+      // The whole k-steps: a walking operand's lane addresses are computed once, then
+      // advanced; the other operand computes its addresses per k-step.
       unsigned aa[PM], as[PM];
+      if constexpr (a_walk) {
 #pragma unroll
-      for (int i = 0; i < PM; ++i) a_lane(a, z, (wm + i * WM) * 16, lane, aa[i], as[i]);
+        for (int i = 0; i < PM; ++i) a_lane(a, z, (wm + i * WM) * 16, lane, aa[i], as[i]);
+      }
       BWalk bw;
-      b_walk_init(bw, b, z, wn, WN, lane);
+      if constexpr (b_walk) b_walk_init(bw, b, z, wn, WN, lane);
       for (int k0 = 0; k0 < KF; k0 += 16) {
         unsigned af[PM][4];
         unsigned bf[PN][2];
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < PM; ++i) {
-          sm80::ldmatrix_x4<a_m>(af[i], aa[i]);
-          aa[i] += as[i];
+          if constexpr (a_walk) {
+            sm80::ldmatrix_x4<a_m>(af[i], aa[i]);
+            aa[i] += as[i];
+          } else {
+            load_a(af[i], a, z, (wm + i * WM) * 16, k0, lane);
+          }
         }
-        b_walk_load(bw, bf);
+        if constexpr (b_walk) {
+          b_walk_load(bw, bf);
+        } else {
+#pragma unroll
+          for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, (wn + j * WN) * 8, k0, lane);
+        }
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < PM; ++i)

@@ -12,7 +12,7 @@ use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbOp, TbOpKind};
 use crate::sched::ops::{OpPlan, RowSplit};
 use crate::sched::order::Phase;
-use crate::sched::plan::{ChainPlan, Sink};
+use crate::sched::plan::{ApproxExp, ChainPlan, Sink};
 
 /// Natural (row-major) order of a shape's dims.
 pub(super) fn natural(s: &Shape) -> Vec<usize> {
@@ -74,7 +74,10 @@ impl Ctx<'_> {
         for (i, &m) in cp.members.iter().enumerate() {
             match &self.tb.ops[m].kind {
                 TbOpKind::Unary(u) => {
-                    lines.push(format!("v = {};", unary(u, cp.approx_exp && i + 1 == n, c)));
+                    lines.push(format!(
+                        "v = {};",
+                        unary(u, cp.approx_exp.filter(|_| i + 1 == n), c)
+                    ));
                 }
                 TbOpKind::Binary(b) => {
                     let (Some((value, side)), Some((space, order, e))) =
@@ -262,7 +265,7 @@ impl Ctx<'_> {
             TbOpKind::Unary(u) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
                 lines.push(format!("{c} v = {x};"));
-                let approx = cp.approx_exp && cp.members.is_empty();
+                let approx = cp.approx_exp.filter(|_| cp.members.is_empty());
                 lines.push(format!("v = {};", unary(u, approx, c)));
             }
             TbOpKind::Binary(b) => {
@@ -562,12 +565,17 @@ impl Ctx<'_> {
     }
 }
 
-/// `u(v)` in compute type `c`; `exp` through `ex2.approx` when `approx` (the plan's
+/// `u(v)` in compute type `c`; `exp` through `ex2.approx` as `approx` says (the plan's
 /// [`ChainPlan::approx_exp`]).
-fn unary(u: &crate::graph::ops::UnaryOp, approx: bool, c: &str) -> String {
-    match u {
-        crate::graph::ops::UnaryOp::Exp if approx => "mucc::op::exp_approx(v)".to_string(),
-        u => cxx::unary(u, "v", c),
+fn unary(u: &crate::graph::ops::UnaryOp, approx: Option<ApproxExp>, c: &str) -> String {
+    match (u, approx) {
+        (crate::graph::ops::UnaryOp::Exp, Some(ApproxExp::Ex2)) => {
+            "mucc::op::exp_approx(v)".to_string()
+        }
+        (crate::graph::ops::UnaryOp::Exp, Some(ApproxExp::Ex2FlushToZero)) => {
+            "mucc::op::exp_approx_ftz(v)".to_string()
+        }
+        (u, _) => cxx::unary(u, "v", c),
     }
 }
 
