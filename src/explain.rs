@@ -343,6 +343,9 @@ fn pipes(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             }
         }
     }
+    for &(op, why) in &kp.no_wgmma {
+        let _ = writeln!(s, "  wgmma: op{op} keeps mma.sync ({why})");
+    }
 }
 
 /// The schedule's steps in the order the kernel runs them, with the body's own barriers
@@ -469,7 +472,7 @@ fn op_plan(
         }
         OpPlan::Matmul {
             warps,
-            instr: instr @ MatmulInstr::MmaSyncM16N8K16 { .. },
+            instr: instr @ (MatmulInstr::MmaSyncM16N8K16 { .. } | MatmulInstr::WgmmaM64K16 { .. }),
             loads,
             mma_per_warp,
             load_instrs,

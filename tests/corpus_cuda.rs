@@ -105,6 +105,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 cluster_split: true,
                 cta: Default::default(),
                 register_pipes: true,
+                wgmma: true,
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

@@ -20,6 +20,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        wgmma: true,
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -256,6 +256,7 @@ fn kernel_level_goldens() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            wgmma: true,
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

@@ -264,6 +264,7 @@ fn opts(arch: Arch) -> Options {
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        wgmma: true,
     }
 }
 

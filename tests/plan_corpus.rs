@@ -116,6 +116,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         cluster_split: true,
                         cta: Default::default(),
                         register_pipes: true,
+                        wgmma: true,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -187,6 +188,7 @@ fn plans_are_deterministic() {
                 cluster_split: true,
                 cta: Default::default(),
                 register_pipes: true,
+                wgmma: true,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -184,6 +184,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        wgmma: true,
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -279,6 +280,7 @@ fn shared_memory_overflow_is_an_error() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            wgmma: true,
         },
     )
     .unwrap_err();
@@ -321,6 +323,7 @@ fn workspace_reuses_dead_intermediates() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            wgmma: true,
         },
     )
     .unwrap();
@@ -433,6 +436,7 @@ fn plan_for(
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        wgmma: true,
     };
     mucc::sched::plan(g, &opts)
 }
@@ -556,6 +560,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            wgmma: true,
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

@@ -26,8 +26,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   using L3 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>;
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 64, 64, 128, 4, 1, mucc::tb::Load::Fragment,
-      mucc::tb::Load::LdmatrixTrans>;
+  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 64, 64, 128, 4, 1, mucc::tb::Load::Fragment, mucc::tb::Load::Wgmma>;
   using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
       3, 4>>;
   using L7 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;

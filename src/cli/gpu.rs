@@ -67,6 +67,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         cta: a.path.warps,
         no_tune: !a.path.tunable(),
         no_register_pipes: a.path.no_register_pipes,
+        no_wgmma: a.path.no_wgmma,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -170,6 +170,11 @@ pub struct PathArg {
     /// allows; `explain` says which and why). For comparison: both compute the same function.
     #[arg(long)]
     pub no_register_pipes: bool,
+    /// Run every tensor-core matmul with `mma.sync`: no `wgmma` on the Hopper path (a register
+    /// pipe's consumer matmul otherwise issues warpgroup MMAs where its B tile allows; `explain`
+    /// says which and why). For comparison: both compute the same function.
+    #[arg(long)]
+    pub no_wgmma: bool,
 }
 
 impl PathArg {
@@ -177,6 +182,7 @@ impl PathArg {
     pub fn tunable(&self) -> bool {
         !self.no_tune
             && !self.no_register_pipes
+            && !self.no_wgmma
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -197,6 +203,7 @@ impl PathArg {
             self.tunable(),
         );
         opts.register_pipes = !self.no_register_pipes;
+        opts.wgmma = !self.no_wgmma;
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -67,6 +67,10 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         include_str!("../../runtime-headers/mucc/arch/sm90.h"),
     ),
     (
+        "mucc/arch/sm90_wgmma.h",
+        include_str!("../../runtime-headers/mucc/arch/sm90_wgmma.h"),
+    ),
+    (
         "mucc/threadblock/loops.h",
         include_str!("../../runtime-headers/mucc/threadblock/loops.h"),
     ),

@@ -43,6 +43,8 @@ pub struct SessionOptions {
     pub no_tune: bool,
     /// Keep every matmul product in shared memory (no register pipes, for comparison).
     pub no_register_pipes: bool,
+    /// Run every tensor-core matmul with `mma.sync` (no `wgmma`, for comparison).
+    pub no_wgmma: bool,
 }
 
 /// Why a session could not open.
@@ -104,6 +106,7 @@ impl Session {
             cluster_split: true,
             cta: a.cta,
             register_pipes: !a.no_register_pipes,
+            wgmma: !a.no_wgmma,
         };
         Ok(Session {
             gpu,

@@ -19,6 +19,7 @@ pub fn operand_load(l: crate::sched::ops::OperandLoad) -> &'static str {
         OperandLoad::Pairs => "mucc::tb::Load::Pairs",
         OperandLoad::Elements => "mucc::tb::Load::Elements",
         OperandLoad::Fragment => "mucc::tb::Load::Fragment",
+        OperandLoad::WgmmaDescriptor => "mucc::tb::Load::Wgmma",
     }
 }
 

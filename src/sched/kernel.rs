@@ -270,6 +270,11 @@ fn plan_kernel_with(
             }
         }
     }
+    let no_wgmma = if hopper {
+        plan_wgmma(tb, &mut ops, &tiles, &pipes, opts.wgmma)
+    } else {
+        Vec::new()
+    };
     let barriers = plan_body_barriers(tb, &ops, &smem, &sched);
     let regions = plan_regions(g, op, tb, dt, &tma);
     Ok(KernelPlan {
@@ -300,7 +305,71 @@ fn plan_kernel_with(
         smem,
         unfused,
         pipes,
+        no_wgmma,
     })
+}
+
+/// Runs the consumer matmul of each register pipe as `wgmma` where [`super::ops::wgmma_b`]
+/// allows (`allowed`: the options'); returns, per consumer that keeps `mma.sync`, why.
+fn plan_wgmma(
+    tb: &TbGraph,
+    ops: &mut [OpPlan],
+    tiles: &[Option<TileGeometry>],
+    pipes: &[PipeDecision],
+    allowed: bool,
+) -> Vec<(usize, &'static str)> {
+    let mut off = Vec::new();
+    for p in pipes.iter().filter_map(PipeDecision::on) {
+        let mm = p.matmul;
+        let top = &tb.ops[mm];
+        let (a, b) = (top.inputs[0], top.inputs[1]);
+        let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
+        let r = sa.rank();
+        let mnk = (sa.dim(r - 2), sb.dim(r - 1), sa.dim(r - 1));
+        // B's tile comes from an input operator: TMA-loaded tiles sit on 1024-byte slots.
+        let b_by_tma = tb.ops.iter().any(|(h, o)| {
+            o.outputs.first() == Some(&b)
+                && matches!(
+                    ops[h.index()],
+                    OpPlan::Input {
+                        engine: CopyEngine::Tma,
+                        ..
+                    }
+                )
+        });
+        let OpPlan::Matmul {
+            warps,
+            instr,
+            loads,
+            mma_per_warp,
+            load_instrs,
+        } = &mut ops[mm.index()]
+        else {
+            continue;
+        };
+        let MatmulInstr::MmaSyncM16N8K16 { dtype } = *instr else {
+            continue;
+        };
+        let why = if !allowed {
+            Some("wgmma turned off (--no-wgmma)")
+        } else {
+            match tiles[b.index()].as_ref() {
+                Some(gb) => super::ops::wgmma_b(mnk, *warps, gb, b_by_tma),
+                None => Some("B is not in shared memory"),
+            }
+        };
+        match why {
+            Some(w) => off.push((mm.index(), w)),
+            None => {
+                *instr = MatmulInstr::WgmmaM64K16 { dtype, n: mnk.1 };
+                loads.1 = OperandLoad::WgmmaDescriptor;
+                // A warp takes part in one instruction per m-tile of its own and k-step.
+                *mma_per_warp = mnk.0.div_ceil(16 * warps.0) * mnk.2.div_ceil(16);
+                *load_instrs = super::ops::operand_load_count(mnk, *warps, *loads);
+            }
+        }
+    }
+    off
 }
 
 /// Where each block's region starts for the inputs copied by threads or `cp.async` (a block

@@ -116,6 +116,16 @@ pub enum MatmulInstr {
         /// Operand type.
         dtype: DType,
     },
+    /// `wgmma.mma_async.sync.aligned.m64nNk16` (Hopper, `sm_90a`) with fp32 accumulators in
+    /// registers: the consumer of a register pipe whose B tile is one 128-byte swizzle atom wide
+    /// (see [`wgmma_b`]); each warpgroup of the warps along M issues one instruction per
+    /// 64 rows and k-step, A from the packed product, B by a shared-memory descriptor.
+    WgmmaM64K16 {
+        /// Operand type.
+        dtype: DType,
+        /// The instruction's N (the matmul's N).
+        n: usize,
+    },
     /// One thread per element of C, fp32 (or fp64) FMAs.
     Fma,
 }
@@ -123,7 +133,10 @@ pub enum MatmulInstr {
 impl MatmulInstr {
     /// Whether this runs on tensor cores.
     pub fn is_mma(self) -> bool {
-        matches!(self, MatmulInstr::MmaSyncM16N8K16 { .. })
+        matches!(
+            self,
+            MatmulInstr::MmaSyncM16N8K16 { .. } | MatmulInstr::WgmmaM64K16 { .. }
+        )
     }
 }
 
@@ -132,6 +145,9 @@ impl fmt::Display for MatmulInstr {
         match self {
             MatmulInstr::MmaSyncM16N8K16 { dtype } => {
                 write!(f, "mma.sync.m16n8k16.f32.{dtype}.{dtype}.f32")
+            }
+            MatmulInstr::WgmmaM64K16 { dtype, n } => {
+                write!(f, "wgmma.mma_async.m64n{n}k16.f32.{dtype}.{dtype}")
             }
             MatmulInstr::Fma => f.write_str("fma.f32"),
         }
@@ -164,6 +180,9 @@ pub enum OperandLoad {
     /// From registers: A is the fp32 fragment of the matmul that produced it, rounded to the
     /// operand type (a [register pipe](super::plan::RegisterPipe); no shared memory).
     Fragment,
+    /// B of a [`MatmulInstr::WgmmaM64K16`]: the tensor cores read the tile through a
+    /// shared-memory matrix descriptor (128-byte swizzle, N-major), no load instruction.
+    WgmmaDescriptor,
 }
 
 impl fmt::Display for OperandLoad {
@@ -174,6 +193,7 @@ impl fmt::Display for OperandLoad {
             OperandLoad::Pairs => "pair loads",
             OperandLoad::Elements => "element loads",
             OperandLoad::Fragment => "the producer's registers",
+            OperandLoad::WgmmaDescriptor => "a wgmma shared-memory descriptor",
         })
     }
 }
@@ -519,13 +539,13 @@ pub fn operand_load_count(
         OperandLoad::Pairs => 4,
         OperandLoad::Elements if short => 4,
         OperandLoad::Elements => 8,
-        OperandLoad::Fragment => 0,
+        OperandLoad::Fragment | OperandLoad::WgmmaDescriptor => 0,
     };
     let b = match loads.1 {
         OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans => 1,
         OperandLoad::Pairs => 2,
         OperandLoad::Elements => 4,
-        OperandLoad::Fragment => 0,
+        OperandLoad::Fragment | OperandLoad::WgmmaDescriptor => 0,
     };
     (pm * kt * a, pn * kt * b)
 }
@@ -544,7 +564,40 @@ impl OperandLoad {
             (OperandLoad::Pairs, _) => "32-bit loads",
             (OperandLoad::Elements, _) => "element loads",
             (OperandLoad::Fragment, _) => "register moves",
+            (OperandLoad::WgmmaDescriptor, _) => "loads (the tensor cores read the tile)",
         }
+    }
+}
+
+/// Why the consumer matmul of a register pipe keeps `mma.sync` on the Hopper path, or `None`
+/// when it takes `wgmma` ([`MatmulInstr::WgmmaM64K16`]): the tensor cores read B through a
+/// descriptor of the canonical N-major layout with the 128-byte swizzle, so B must be a TMA-
+/// loaded tile (1024-byte aligned slots) of exactly one swizzle atom across — N = 64 16-bit
+/// elements per 128-byte row, the rows' chunks permuted by `Swizzle<3,3,3>` — with K a
+/// multiple of 16; A (the packed product) sits in the warps' registers in the m64 fragment
+/// layout when the warps along M form whole warpgroups and none is along N.
+pub fn wgmma_b(
+    (m, n, k): (usize, usize, usize),
+    warps: (usize, usize),
+    b: &TileGeometry,
+    b_by_tma: bool,
+) -> Option<&'static str> {
+    let r = b.strides.0.len();
+    let (sk, sn) = (b.strides.0[r - 2], b.strides.0[r - 1]);
+    if warps.1 != 1 || !warps.0.is_multiple_of(4) {
+        Some("its warps are not whole warpgroups along M")
+    } else if !m.is_multiple_of(16) || !k.is_multiple_of(16) {
+        Some("M or K is not a multiple of 16")
+    } else if b.dtype.bytes() != 2 || n != 64 || sn != 1 || sk != 64 {
+        Some(
+            "B is not one 128-byte swizzle atom across (N = 64 contiguous 16-bit elements per row)",
+        )
+    } else if b.swizzle != (Swizzle::Xor { b: 3, m: 3, s: 3 }) {
+        Some("B's swizzle is not the 128-byte pattern")
+    } else if !b_by_tma {
+        Some("B is not loaded by TMA (its slots are not 1024-byte aligned)")
+    } else {
+        None
     }
 }
 

@@ -314,6 +314,62 @@ mod tests {
         p.kernels.values().next().unwrap().clone()
     }
 
+    /// On sm_90a the pipe's consumer (P·V, V one 128-byte swizzle atom across and loaded by
+    /// TMA) runs as wgmma: B by descriptor, 8 instructions per warp (64 rows, K = 128 in steps
+    /// of 16); on sm_80, or with `wgmma` off, it keeps mma.sync and the plan says why.
+    #[test]
+    fn the_pipe_consumer_takes_wgmma_on_hopper() {
+        use crate::sched::ops::MatmulInstr;
+        let g = attention(false);
+        let plan_on = |arch: Arch, wgmma: bool| {
+            let opts = Options {
+                cta: CtaChoice::Graph,
+                wgmma,
+                ..Options::for_target(Target::new(arch))
+            };
+            let p = crate::sched::plan(&g, &opts).unwrap();
+            p.kernels.values().next().unwrap().clone()
+        };
+        let consumer = |kp: &KernelPlan| {
+            let [PipeDecision::On(p)] = kp.pipes.as_slice() else {
+                panic!("no pipe: {:?}", kp.pipes)
+            };
+            let OpPlan::Matmul {
+                instr,
+                loads,
+                mma_per_warp,
+                ..
+            } = &kp.ops[p.matmul.index()]
+            else {
+                panic!("no matmul")
+            };
+            (p.matmul.index(), *instr, *loads, *mma_per_warp)
+        };
+        let kp = plan_on(Arch::Sm90a, true);
+        let (_, instr, loads, per_warp) = consumer(&kp);
+        assert_eq!(
+            instr,
+            MatmulInstr::WgmmaM64K16 {
+                dtype: DType::F16,
+                n: 64
+            }
+        );
+        assert_eq!(loads, (OperandLoad::Fragment, OperandLoad::WgmmaDescriptor));
+        assert_eq!(per_warp, 8);
+        assert!(kp.no_wgmma.is_empty());
+        assert!(kp.features().contains(&crate::sched::plan::Feature::Wgmma));
+        let off = plan_on(Arch::Sm90a, false);
+        let (op, instr, _, _) = consumer(&off);
+        assert!(matches!(instr, MatmulInstr::MmaSyncM16N8K16 { .. }));
+        assert_eq!(off.no_wgmma, vec![(op, "wgmma turned off (--no-wgmma)")]);
+        let ampere = plan_on(Arch::Sm80, true);
+        assert!(matches!(
+            consumer(&ampere).1,
+            MatmulInstr::MmaSyncM16N8K16 { .. }
+        ));
+        assert!(ampere.no_wgmma.is_empty());
+    }
+
     fn off_reason(kp: &KernelPlan) -> PipeOff {
         match kp.pipes.as_slice() {
             [PipeDecision::Off { why, .. }] => why.clone(),

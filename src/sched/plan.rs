@@ -57,6 +57,9 @@ pub struct Options {
     /// Whether a matmul's product that another matmul takes as A may stay in registers
     /// ([`RegisterPipe`]; on by default, `--no-register-pipes` turns it off for comparison).
     pub register_pipes: bool,
+    /// Whether the Hopper path may run a register pipe's consumer matmul as `wgmma`
+    /// ([`super::ops::MatmulInstr::WgmmaM64K16`]; on by default, `--no-wgmma` turns it off).
+    pub wgmma: bool,
 }
 
 impl Options {
@@ -71,6 +74,7 @@ impl Options {
             cluster_split: true,
             cta: CtaChoice::Auto,
             register_pipes: true,
+            wgmma: true,
         }
     }
 }
@@ -528,6 +532,8 @@ pub enum Feature {
     Ldmatrix,
     /// `mma.sync` tensor-core products.
     MmaSync,
+    /// `wgmma.mma_async` warpgroup products (Hopper).
+    Wgmma,
     /// Matmuls by FMAs, a thread per element.
     FmaMatmul,
     /// A product kept in registers between two matmuls ([`RegisterPipe`]).
@@ -546,6 +552,7 @@ impl fmt::Display for Feature {
             Feature::Tma => "TMA",
             Feature::Ldmatrix => "ldmatrix",
             Feature::MmaSync => "mma.sync",
+            Feature::Wgmma => "wgmma",
             Feature::FmaMatmul => "FMA matmuls",
             Feature::RegisterPipe => "register pipe",
             Feature::Cluster => "cluster",
@@ -880,6 +887,9 @@ pub struct KernelPlan {
     /// Products of one tensor-core matmul that another takes as its A operand: kept in
     /// registers, or why not.
     pub pipes: Vec<PipeDecision>,
+    /// Per register pipe's consumer matmul (operator index) on the Hopper path that keeps
+    /// `mma.sync`: why it does not take `wgmma`.
+    pub no_wgmma: Vec<(usize, &'static str)>,
 }
 
 impl KernelPlan {
@@ -887,7 +897,7 @@ impl KernelPlan {
     /// from a plan field (copy engines, TMA loads, operand loads and matmul instructions,
     /// register pipes, the cluster split, the launch).
     pub fn features(&self) -> Vec<Feature> {
-        use super::ops::{CopyEngine, OperandLoad};
+        use super::ops::{CopyEngine, MatmulInstr, OperandLoad};
         let mut f = Vec::new();
         let mut add = |on: bool, x: Feature| {
             if on {
@@ -918,7 +928,14 @@ impl KernelPlan {
             matmuls().any(|(i, (a, b))| i.is_mma() && (ldm(a) || ldm(b))),
             Feature::Ldmatrix,
         );
-        add(matmuls().any(|(i, _)| i.is_mma()), Feature::MmaSync);
+        add(
+            matmuls().any(|(i, _)| matches!(i, MatmulInstr::MmaSyncM16N8K16 { .. })),
+            Feature::MmaSync,
+        );
+        add(
+            matmuls().any(|(i, _)| matches!(i, MatmulInstr::WgmmaM64K16 { .. })),
+            Feature::Wgmma,
+        );
         add(matmuls().any(|(i, _)| !i.is_mma()), Feature::FmaMatmul);
         add(
             self.register_pipes().next().is_some(),

@@ -179,7 +179,12 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             F::CpAsync => text.contains("mucc::tb::cp_async_chunks<"),
             F::Tma => text.contains("mucc::sm90::tma_load("),
             F::Ldmatrix => text.contains("mucc::tb::Load::Ldmatrix"),
-            F::MmaSync => text.contains("mucc::tb::Mma<"),
+            // Every Mma<…> type whose B is not read by descriptor issues mma.sync.
+            F::MmaSync => {
+                text.matches("mucc::tb::Mma<").count()
+                    > text.matches("mucc::tb::Load::Wgmma>").count()
+            }
+            F::Wgmma => text.contains("mucc::tb::Load::Wgmma>"),
             F::FmaMatmul => text.contains("mucc::tb::FmaMatmul<"),
             F::RegisterPipe => text.contains("::run_from<"),
             F::Cluster => text.contains("mucc::sm90::cluster_sync()"),
@@ -193,6 +198,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             F::Tma,
             F::Ldmatrix,
             F::MmaSync,
+            F::Wgmma,
             F::FmaMatmul,
             F::RegisterPipe,
             F::Cluster,
@@ -369,7 +375,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             let r = a.rank();
             let mnk = (a.dim(r - 2), b.dim(r - 1), a.dim(r - 1));
             match instr {
-                MatmulInstr::MmaSyncM16N8K16 { dtype } => {
+                MatmulInstr::MmaSyncM16N8K16 { dtype } | MatmulInstr::WgmmaM64K16 { dtype, .. } => {
                     mma_plan.insert((
                         ctype(*dtype).to_string(),
                         mnk,

@@ -19,12 +19,24 @@ template <class A> struct Same<A, A> {
 // dst[DL(i)] = src[SL(i)] in chunks of CHUNK elements, one vector load and store per chunk.
 // Preconditions: CHUNK·sizeof(T) is 16, 8 or 4 bytes; N a multiple of CHUNK; both layouts keep
 // each chunk contiguous and aligned to its size (the plan's chunked copies guarantee it).
+// When a thread's step (NT chunks) moves both layouts' offsets uniformly (`Step`), its first
+// offsets are computed once and the others are additions of constants.
 template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
 __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
-  for_each<NT, N / CHUNK>(tid, [&](int c, int) {
-    const int i = c * CHUNK;
-    *reinterpret_cast<Vec<T, CHUNK>*>(dst + DL::offset(i)) = *reinterpret_cast<const Vec<T, CHUNK>*>(src + SL::offset(i));
-  });
+  using SD = Step<DL, static_cast<i64>(NT) * CHUNK>;
+  using SS = Step<SL, static_cast<i64>(NT) * CHUNK>;
+  if constexpr (SD::uniform && SS::uniform && N / CHUNK > NT) {
+    T* d = dst + DL::offset(tid * CHUNK);
+    const T* s = src + SL::offset(tid * CHUNK);
+    for_each<NT, N / CHUNK>(tid, [&](int, int r) {
+      *reinterpret_cast<Vec<T, CHUNK>*>(d + r * SD::delta) = *reinterpret_cast<const Vec<T, CHUNK>*>(s + r * SS::delta);
+    });
+  } else {
+    for_each<NT, N / CHUNK>(tid, [&](int c, int) {
+      const int i = c * CHUNK;
+      *reinterpret_cast<Vec<T, CHUNK>*>(dst + DL::offset(i)) = *reinterpret_cast<const Vec<T, CHUNK>*>(src + SL::offset(i));
+    });
+  }
 }
 
 // As copy_chunks, global → shared with cp.async (chunks of 16, 8 or 4 bytes): the copies are
@@ -32,10 +44,20 @@ __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
 // memory.
 template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
 __device__ __forceinline__ void cp_async_chunks(int tid, T* dst, const T* src) {
-  for_each<NT, N / CHUNK>(tid, [&](int c, int) {
-    const int i = c * CHUNK;
-    sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(dst + DL::offset(i), src + SL::offset(i));
-  });
+  using SD = Step<DL, static_cast<i64>(NT) * CHUNK>;
+  using SS = Step<SL, static_cast<i64>(NT) * CHUNK>;
+  if constexpr (SD::uniform && SS::uniform && N / CHUNK > NT) {
+    T* d = dst + DL::offset(tid * CHUNK);
+    const T* s = src + SL::offset(tid * CHUNK);
+    for_each<NT, N / CHUNK>(tid, [&](int, int r) {
+      sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(d + r * SD::delta, s + r * SS::delta);
+    });
+  } else {
+    for_each<NT, N / CHUNK>(tid, [&](int c, int) {
+      const int i = c * CHUNK;
+      sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(dst + DL::offset(i), src + SL::offset(i));
+    });
+  }
 }
 
 // dst[DL(e)] = src[SL(e)] element by element; between different types through the compute

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../arch/sm80.h"
+#include "../arch/sm90_wgmma.h"
 #include "../layout.h"
 
 namespace mucc {
@@ -39,6 +40,9 @@ struct Load {
   static constexpr int Pairs = 3;
   // A only: the fp32 fragment of the matmul that produced it, in registers (`run_from`).
   static constexpr int Fragment = 4;
+  // B only, with A from a fragment: wgmma reads the tile through a shared-memory descriptor
+  // (sm_90a; `run_from`'s warpgroup path).
+  static constexpr int Wgmma = 5;
 };
 
 template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B>
@@ -457,6 +461,29 @@ struct Mma {
     static_assert(WN == 1 && P::kWN == 1 && P::kWM == WM && P::kM == M && P::kN == K && K % 16 == 0 && M % 16 == 0,
                   "the producer's fragment is not this matmul's A operand");
     if (warp >= WM) return;
+    if constexpr (LOAD_B == Load::Wgmma) {
+      // Whole warpgroups along M: the i-th m-tiles of a warpgroup's four warps are 64
+      // consecutive rows, one m64n64k16 per k-step; B is one 128-byte swizzle atom across
+      // (N = 64 contiguous 16-bit elements per row, Swizzle<3,3,3>, 1024-byte aligned), so
+      // k-step s starts 16 rows (2048 bytes) further and groups of 8 rows are 1024 bytes apart.
+      static_assert(WM % 4 == 0 && N == 64 && b_sn == 1 && b_sk == 64 && TB::kept_chunk_log2 == 3 &&
+                        TB::period_log2 == 9 && sizeof(T) == 2,
+                    "B is not a wgmma operand of one 128-byte swizzle atom");
+      (void)zero;
+      (void)lane;
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < PM; ++i)
+#pragma unroll
+        for (int s = 0; s < static_cast<int>(K / 16); ++s) {
+          const unsigned af[4] = {p.v[i][2 * s][0], p.v[i][2 * s][1], p.v[i][2 * s + 1][0], p.v[i][2 * s + 1][1]};
+          sm90::wgmma_m64n64k16_rs<T>(reinterpret_cast<float(&)[32]>(f.v[i]), af,
+                                      sm90::wgmma_desc_sw128(b + s * 16 * 64, 16, 1024));
+        }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      return;
+    }
     const T* z = static_cast<const T*>(zero);
     BWalk bw;
     if constexpr (b_walk) b_walk_init(bw, b, z, 0, 1, lane);
