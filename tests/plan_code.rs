@@ -97,6 +97,7 @@ fn attention_blocks_follow_their_plan_with_register_pipes() {
         blocks.len(),
         2 * mucc::graph::workloads::ATTENTION_BLOCKS.len()
     );
+    let mut wgmma = 0;
     for (name, g) in &blocks {
         for target in Target::all() {
             let opts = Options {
@@ -106,6 +107,10 @@ fn attention_blocks_follow_their_plan_with_register_pipes() {
             let p = mucc::sched::plan(g, &opts).unwrap();
             let e = mucc::emit::emit(g, &p, name).unwrap();
             for (&k, kp) in &p.kernels {
+                if kp.features().contains(&mucc::sched::plan::Feature::Wgmma) {
+                    assert_eq!(target.arch, mucc::target::Arch::Sm90a, "{name}");
+                    wgmma += 1;
+                }
                 assert!(
                     matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]),
                     "{name} {}: {:?}",
@@ -117,4 +122,7 @@ fn attention_blocks_follow_their_plan_with_register_pipes() {
             check_graph(g, target, name).unwrap();
         }
     }
+    // P·V by wgmma on sm_90a: every block's V is one 128-byte swizzle atom across (head dim
+    // 64), TMA-loaded, on the µGraph's 4 warps — all ten, fp16 and bf16.
+    assert_eq!(wgmma, blocks.len(), "attention blocks with wgmma");
 }

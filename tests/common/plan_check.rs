@@ -12,7 +12,7 @@ use mucc::graph::kernel::{KernelGraph, KnOpKind};
 use mucc::graph::threadblock::TbOpKind;
 use mucc::layout::swizzle::Swizzle;
 use mucc::sched::kernel_level::{ElementwiseOp, KnOpPlan};
-use mucc::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan};
+use mucc::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, OperandLoad};
 use mucc::sched::plan::{ApproxExp, GraphPlan, KernelPlan};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
@@ -333,6 +333,30 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         text.contains("// zero page") == (kp.smem.base > 0),
         "zero page".into(),
     );
+    // Tiles of a line or more start on a 128-byte line; a wgmma B tile (read through a
+    // 128-byte-swizzle descriptor) and every stage slot of it on 1024 bytes.
+    for (b, kind) in kp.smem.kinds.iter().enumerate() {
+        let geo = kp.tiles[kind.tile()].as_ref().unwrap();
+        if geo.bytes >= 128 {
+            want(
+                kp.smem.offset(b).is_multiple_of(128),
+                format!("s{} on a 128-byte line", kind.tile()),
+            );
+        }
+    }
+    for (h, op) in tb.ops.iter() {
+        if let OpPlan::Matmul { loads, .. } = &kp.ops[h.index()]
+            && loads.1 == OperandLoad::WgmmaDescriptor
+        {
+            let t = op.inputs[1].index();
+            let b = kp.smem.buffer_of(t);
+            want(
+                b.is_some_and(|b| kp.smem.offset(b).is_multiple_of(1024))
+                    && kp.tiles[t].as_ref().unwrap().bytes.is_multiple_of(1024),
+                format!("wgmma B tile s{t} and its stage slots on 1024 bytes"),
+            );
+        }
+    }
     // Row splits: every rms_rows / for_each_row call, against the plan's.
     let mut planned: Vec<(usize, usize, usize)> = Vec::new();
     for p in &kp.ops {
