@@ -11,15 +11,14 @@ use cudarc::driver::DriverError;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::emit::launch::{
-    Binding, BufferRef, CublasCompute, CudaDataType, GemmCall, LaunchPlan, Step, TensorDirective,
-    TensorMapSpec,
-};
-use crate::target::Arch;
+mod blas;
+mod tensor_map;
 
-/// A `CUtensorMap` passed by value as a kernel parameter (`__grid_constant__`).
-#[repr(transparent)]
-struct TensorMapArg(cudarc::driver::sys::CUtensorMap);
+pub(crate) use blas::{Blas, compute_type, cuda_data_type};
+use tensor_map::TensorMapArg;
+
+use crate::emit::launch::{Binding, BufferRef, LaunchPlan, Step, TensorDirective};
+use crate::target::Arch;
 
 /// Why a plan could not run.
 #[derive(Debug, thiserror::Error)]
@@ -204,62 +203,6 @@ pub struct Gpu {
     pub max_memory: Option<usize>,
 }
 
-/// A cuBLAS handle on the GPU's stream with a workspace of its own, so that its calls need no
-/// allocation (and can be captured in a CUDA graph).
-pub(crate) struct Blas {
-    pub(crate) handle: cudarc::cublas::CudaBlas,
-    _workspace: CudaSlice<u8>,
-    /// The workspace's device address (set again whenever the handle changes stream:
-    /// `cublasSetStream` resets it to cuBLAS's own pool, which is not capturable).
-    workspace_ptr: u64,
-    /// The address of the stream the handle is bound to now; held while a call is queued, so
-    /// that threads queueing on different streams take turns.
-    bound: std::sync::Mutex<usize>,
-}
-
-impl Blas {
-    /// Binds the handle to `stream` (and sets its workspace again) unless it is bound to it;
-    /// the guard keeps it bound until the caller has queued its call.
-    fn bind(
-        &self,
-        stream: cudarc::driver::sys::CUstream,
-    ) -> Result<std::sync::MutexGuard<'_, usize>, RunError> {
-        use cudarc::cublas::sys;
-        let mut bound = self.bound.lock().unwrap_or_else(|e| e.into_inner());
-        if *bound == stream as usize {
-            return Ok(bound);
-        }
-        let check = |status: sys::cublasStatus_t, what: &str| {
-            if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                Ok(())
-            } else {
-                Err(RunError::Cublas {
-                    what: what.into(),
-                    status: format!("{status:?}"),
-                })
-            }
-        };
-        // SAFETY: the handle is live; the stream is the caller's (see `Gpu::execute_raw`); the
-        // workspace lives as long as the handle.
-        unsafe {
-            check(
-                sys::cublasSetStream_v2(*self.handle.handle(), stream as sys::cudaStream_t),
-                "binding the cuBLAS handle to the caller's stream",
-            )?;
-            check(
-                sys::cublasSetWorkspace_v2(
-                    *self.handle.handle(),
-                    self.workspace_ptr as *mut std::ffi::c_void,
-                    CUBLAS_WORKSPACE_BYTES,
-                ),
-                "setting the cuBLAS workspace",
-            )?;
-        }
-        *bound = stream as usize;
-        Ok(bound)
-    }
-}
-
 /// Device addresses of buffers the caller owns (a PyTorch tensor's `data_ptr()`, say), for
 /// one execution of a plan with [`Gpu::execute_raw`].
 #[derive(Clone, Copy, Debug)]
@@ -370,26 +313,6 @@ impl Program {
     }
 }
 
-/// cuBLAS's `cudaDataType` for a plan's element type.
-pub(crate) fn cuda_data_type(t: CudaDataType) -> cudarc::cublas::sys::cudaDataType {
-    use cudarc::cublas::sys::cudaDataType as D;
-    match t {
-        CudaDataType::R16F => D::CUDA_R_16F,
-        CudaDataType::R16BF => D::CUDA_R_16BF,
-        CudaDataType::R32F => D::CUDA_R_32F,
-        CudaDataType::R64F => D::CUDA_R_64F,
-    }
-}
-
-/// cuBLAS's `cublasComputeType_t` for a plan's compute type.
-pub(crate) fn compute_type(t: CublasCompute) -> cudarc::cublas::sys::cublasComputeType_t {
-    use cudarc::cublas::sys::cublasComputeType_t as C;
-    match t {
-        CublasCompute::F32 => C::CUBLAS_COMPUTE_32F,
-        CublasCompute::F64 => C::CUBLAS_COMPUTE_64F,
-    }
-}
-
 impl Gpu {
     /// Opens device `ordinal` and a stream on it.
     pub fn open(ordinal: usize) -> Result<Gpu, RunError> {
@@ -426,51 +349,6 @@ impl Gpu {
             nccl: None,
             max_memory: None,
         })
-    }
-
-    /// Creates the cuBLAS handle (once), bound to the GPU's stream and given its own workspace.
-    pub(crate) fn ensure_blas(&mut self) -> Result<(), RunError> {
-        if self.blas.is_some() {
-            return Ok(());
-        }
-        // SAFETY: only probes for the library.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(RunError::NoCublas);
-        }
-        let handle =
-            cudarc::cublas::CudaBlas::new(self.stream.clone()).map_err(|e| RunError::Cublas {
-                what: "creating a cuBLAS handle".into(),
-                status: format!("{e:?}"),
-            })?;
-        let workspace = self
-            .stream
-            .alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)
-            .map_err(driver("allocating the cuBLAS workspace"))?;
-        let ptr = {
-            let (p, _sync) = workspace.device_ptr(&self.stream);
-            p
-        };
-        // SAFETY: the workspace lives as long as the handle (both in `Blas`).
-        let status = unsafe {
-            cudarc::cublas::sys::cublasSetWorkspace_v2(
-                *handle.handle(),
-                ptr as *mut std::ffi::c_void,
-                CUBLAS_WORKSPACE_BYTES,
-            )
-        };
-        if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(RunError::Cublas {
-                what: "setting the cuBLAS workspace".into(),
-                status: format!("{status:?}"),
-            });
-        }
-        self.blas = Some(Blas {
-            handle,
-            _workspace: workspace,
-            workspace_ptr: ptr,
-            bound: std::sync::Mutex::new(self.stream.cu_stream() as usize),
-        });
-        Ok(())
     }
 
     /// Loads `cubin` and resolves the kernels of `plan`, setting their dynamic shared-memory
@@ -760,77 +638,6 @@ impl Gpu {
         }))
     }
 
-    /// Encodes the tensor map `m` of kernel `kernel` over the buffer its binding denotes.
-    fn tensor_map(
-        &self,
-        prog: &Program,
-        bufs: Bufs<'_>,
-        m: &TensorMapSpec,
-        kernel: &str,
-    ) -> Result<TensorMapArg, RunError> {
-        use cudarc::driver::sys;
-        let addr = self.address(prog, bufs, m.binding)?;
-        let bad = |why: String| RunError::Plan(format!("tensor map of {kernel}: {why}"));
-        let rank = m.dims.len();
-        if rank == 0
-            || rank > crate::sched::tma::TMA_MAX_RANK
-            || m.strides.len() + 1 != rank
-            || m.boxes.len() != rank
-        {
-            return Err(bad(format!("malformed ({rank} dims)")));
-        }
-        if !addr.is_multiple_of(16) {
-            return Err(bad(format!(
-                "the tensor's address {addr:#x} is not 16-byte aligned"
-            )));
-        }
-        use crate::sched::tma::TmaDataType as T;
-        use sys::CUtensorMapDataType as D;
-        let dtype = match m.data_type {
-            T::U8 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            T::U16 => D::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            T::U32 => D::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-            T::I32 => D::CU_TENSOR_MAP_DATA_TYPE_INT32,
-            T::U64 => D::CU_TENSOR_MAP_DATA_TYPE_UINT64,
-            T::I64 => D::CU_TENSOR_MAP_DATA_TYPE_INT64,
-            T::F16 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            T::F32 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-            T::F64 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
-            T::BF16 => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        };
-        use sys::CUtensorMapSwizzle as S;
-        let swizzle = match m.swizzle {
-            crate::sched::tma::TmaSwizzle::None => S::CU_TENSOR_MAP_SWIZZLE_NONE,
-            crate::sched::tma::TmaSwizzle::B32 => S::CU_TENSOR_MAP_SWIZZLE_32B,
-            crate::sched::tma::TmaSwizzle::B64 => S::CU_TENSOR_MAP_SWIZZLE_64B,
-            crate::sched::tma::TmaSwizzle::B128 => S::CU_TENSOR_MAP_SWIZZLE_128B,
-        };
-        let ones = [1u32; 5];
-        let mut map = TensorMapArg(sys::CUtensorMap { opaque: [0; 16] });
-        // SAFETY: every array holds `rank` entries (strides rank − 1), as the driver reads them;
-        // `map` is a 64-byte aligned CUtensorMap the call writes; the enums are the driver's
-        // values.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut map.0,
-                dtype,
-                rank as u32,
-                addr as *mut std::ffi::c_void,
-                m.dims.as_ptr(),
-                m.strides.as_ptr(),
-                m.boxes.as_ptr(),
-                ones.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        r.result()
-            .map_err(driver(format!("encoding a tensor map of {kernel}")))?;
-        Ok(map)
-    }
-
     fn address(&self, prog: &Program, bufs: Bufs<'_>, b: Binding) -> Result<u64, RunError> {
         let (buffer, offset) = prog.plan.resolve(b).ok_or_else(|| {
             RunError::Plan(format!("the plan binds a buffer it does not have: {b:?}"))
@@ -965,83 +772,6 @@ impl Gpu {
                 }
                 _ => unreachable!("functions are resolved per step in load"),
             }
-        }
-        Ok(())
-    }
-
-    fn gemm(
-        &self,
-        prog: &Program,
-        bufs: Bufs<'_>,
-        g: &GemmCall,
-        stream: cudarc::driver::sys::CUstream,
-    ) -> Result<(), RunError> {
-        use cudarc::cublas::sys;
-        let b = self
-            .blas
-            .as_ref()
-            .expect("created in load for plans with gemms");
-        let _bound = b.bind(stream)?;
-        let blas = &b.handle;
-        let (dt, ct) = (cuda_data_type(g.data_type), compute_type(g.compute_type));
-        let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
-        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
-            if ct == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {
-                (
-                    (&one64 as *const f64).cast(),
-                    (&zero64 as *const f64).cast(),
-                )
-            } else {
-                (
-                    (&one32 as *const f32).cast(),
-                    (&zero32 as *const f32).cast(),
-                )
-            };
-        let op = |t: bool| {
-            if t {
-                sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                sys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let a = self.address(prog, bufs, g.a)?;
-        let b = self.address(prog, bufs, g.b)?;
-        let c = self.address(prog, bufs, g.c)?;
-        // SAFETY: the handle is bound to this stream; the operands point into live buffers of
-        // the sizes the plan computed for these dimensions and strides; alpha/beta outlive the
-        // call (cuBLAS reads host scalars before returning).
-        let status = unsafe {
-            sys::cublasGemmStridedBatchedEx(
-                *blas.handle(),
-                op(g.trans_a),
-                op(g.trans_b),
-                g.m,
-                g.n,
-                g.k,
-                alpha,
-                a as *const std::ffi::c_void,
-                dt,
-                g.lda,
-                g.stride_a,
-                b as *const std::ffi::c_void,
-                dt,
-                g.ldb,
-                g.stride_b,
-                beta,
-                c as *mut std::ffi::c_void,
-                dt,
-                g.ldc,
-                g.stride_c,
-                g.batch,
-                ct,
-                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        };
-        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(RunError::Cublas {
-                what: format!("gemm {}x{}x{} (batch {})", g.m, g.n, g.k, g.batch),
-                status: format!("{status:?}"),
-            });
         }
         Ok(())
     }
