@@ -1,0 +1,128 @@
+// GPU self-test of the warpgroup path of mucc::tb::Mma::run_from (sm_90a): P = Q·Kᵀ by
+// mma.sync into fragments, packed to T, then O = P·V twice — by wgmma (B = V through a
+// 128-byte-swizzle shared-memory descriptor) and by mma.sync with ldmatrix.trans — against a
+// CPU reference of round_T(Q·Kᵀ)·V. Build and run on a Hopper GPU:
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I runtime-headers \
+//     scripts/gpu/wgmma_selftest.cu -o /tmp/wg && /tmp/wg
+// (no compute_90 pass: wgmma needs the sm_90a feature set).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include "mucc/runtime.h"
+
+using namespace mucc;
+
+template <int M, int N, int S0, int S1> using L = Layout<Shape<M, N>, Stride<S0, S1>>;
+
+// Q: ROWS × 16 (K contiguous), Kt: 16 × KEYS (keys contiguous), V: KEYS × 64, rows of 128
+// bytes with the 128-byte swizzle pattern; 4·WG warps along M (ROWS = 64·WG·PM rows).
+template <class T, int ROWS, int KEYS, int WM>
+__global__ void kern(const T* gq, const T* gk, const T* gv, float* o_wgmma, float* o_mma) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  using LQ = L<ROWS, 16, 16, 1>;
+  using LK = L<16, KEYS, KEYS, 1>;
+  using LV = SwizzledLayout<L<KEYS, 64, 64, 1>, Swizzle<3, 3, 3>>;
+  using P = tb::Mma<T, LQ, LK, ROWS, KEYS, 16, WM, 1, tb::Load::Ldmatrix, tb::Load::LdmatrixTrans>;
+  using W = tb::Mma<T, LQ, LV, ROWS, 64, KEYS, WM, 1, tb::Load::Fragment, tb::Load::Wgmma>;
+  using S = tb::Mma<T, LQ, LV, ROWS, 64, KEYS, WM, 1, tb::Load::Fragment, tb::Load::LdmatrixTrans>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
+  T* v = reinterpret_cast<T*>(smem + 1024);                    // 1024-byte aligned
+  T* q = v + KEYS * 64;
+  T* k = q + ROWS * 16;
+  for (int e = tid; e < ROWS * 16; e += blockDim.x) q[LQ::offset(e)] = gq[e];
+  for (int e = tid; e < 16 * KEYS; e += blockDim.x) k[LK::offset(e)] = gk[e];
+  for (int e = tid; e < KEYS * 64; e += blockDim.x) v[LV::offset(e)] = gv[e];
+  __syncthreads();
+  // The descriptor path reads shared memory through the async proxy: order the generic writes.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  typename P::Frag pf;
+  P::zero(pf);
+  P::run(pf, q, k, smem, warp, lane);
+  typename P::Packed pk;
+  P::pack(pk, pf, warp, lane, [](int, int, float x) { return x; });
+  typename W::Frag wf;
+  W::zero(wf);
+  W::template run_from<P>(wf, pk, v, smem, warp, lane);
+  typename S::Frag sf;
+  S::zero(sf);
+  S::template run_from<P>(sf, pk, v, smem, warp, lane);
+  W::each(wf, warp, lane, [&](int r, int c, float x, int, int, int) { o_wgmma[r * 64 + c] = x; });
+  S::each(sf, warp, lane, [&](int r, int c, float x, int, int, int) { o_mma[r * 64 + c] = x; });
+}
+
+template <class T> float to_f(T x);
+template <> float to_f<f16>(f16 x) { return __half2float(x); }
+template <> float to_f<bf16>(bf16 x) { return __bfloat162float(x); }
+template <class T> T from_f(float x);
+template <> f16 from_f<f16>(float x) { return __float2half_rn(x); }
+template <> bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+template <class T, int ROWS, int KEYS, int WM> int check(const char* name) {
+  std::vector<T> hq(ROWS * 16), hk(16 * KEYS), hv(KEYS * 64);
+  std::vector<float> fq(hq.size()), fk(hk.size()), fv(hv.size());
+  srand(7);
+  auto fill = [](std::vector<T>& h, std::vector<float>& f) {
+    for (size_t i = 0; i < h.size(); ++i) {
+      h[i] = from_f<T>(float(rand() % 17 - 8) / 16);
+      f[i] = to_f<T>(h[i]);
+    }
+  };
+  fill(hq, fq), fill(hk, fk), fill(hv, fv);
+  // Reference: P rounded to T as the pipe packs it, then P·V in double.
+  std::vector<double> ref(ROWS * 64, 0.0);
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < KEYS; ++j) {
+      float s = 0.f;
+      for (int d = 0; d < 16; ++d) s += fq[r * 16 + d] * fk[d * KEYS + j];
+      const double p = to_f<T>(from_f<T>(s));
+      for (int c = 0; c < 64; ++c) ref[r * 64 + c] += p * fv[j * 64 + c];
+    }
+  T *dq, *dk, *dv;
+  float *dw, *ds;
+  cudaMalloc(&dq, hq.size() * 2), cudaMalloc(&dk, hk.size() * 2), cudaMalloc(&dv, hv.size() * 2);
+  cudaMalloc(&dw, ROWS * 64 * 4), cudaMalloc(&ds, ROWS * 64 * 4);
+  cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemset(dw, 0xff, ROWS * 64 * 4), cudaMemset(ds, 0xff, ROWS * 64 * 4);
+  const int smem = 1024 + (KEYS * 64 + ROWS * 16 + 16 * KEYS) * 2;
+  auto kf = kern<T, ROWS, KEYS, WM>;
+  cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kf<<<1, 32 * WM, smem>>>(dq, dk, dv, dw, ds);
+  const cudaError_t e = cudaDeviceSynchronize();
+  printf("%s: ", name);
+  if (e != cudaSuccess) {
+    printf("CUDA error %s\n", cudaGetErrorString(e));
+    return 1;
+  }
+  std::vector<float> w(ROWS * 64), s(ROWS * 64);
+  cudaMemcpy(w.data(), dw, w.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost);
+  int bad_w = 0, bad_s = 0, first = -1;
+  for (int i = 0; i < ROWS * 64; ++i) {
+    const double tol = 1e-3 * (1.0 + std::fabs(ref[i]));
+    if (!(std::fabs(w[i] - ref[i]) <= tol)) {
+      ++bad_w;
+      if (first < 0) first = i;
+    }
+    if (!(std::fabs(s[i] - ref[i]) <= tol)) ++bad_s;
+  }
+  printf("wgmma %d wrong, mma.sync %d wrong of %d", bad_w, bad_s, ROWS * 64);
+  if (first >= 0) printf("; first at (%d, %d): ref %g wgmma %g mma.sync %g", first / 64, first % 64, ref[first], w[first], s[first]);
+  printf("\n");
+  cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dw), cudaFree(ds);
+  return bad_w + bad_s > 0;
+}
+
+int main() {
+  int fails = 0;
+  fails += check<f16, 64, 128, 4>("f16: 64 rows, 128 keys, one warpgroup");
+  fails += check<bf16, 64, 128, 4>("bf16: 64 rows, 128 keys, one warpgroup");
+  fails += check<f16, 128, 64, 4>("f16: 128 rows (two m-tiles per warp), 64 keys");
+  fails += check<f16, 128, 128, 8>("f16: 128 rows, two warpgroups");
+  printf("%s\n", fails ? "FAILED" : "all ok");
+  return fails != 0;
+}
