@@ -274,6 +274,26 @@ fn a_closed_stdout_is_not_an_error() {
 }
 
 #[test]
+fn explain_all_prints_every_graph_in_order() {
+    let o = mucc(&["explain", &corpus("lora.json"), "--all", "--arch", "sm_90a"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let headers: Vec<&str> = out.lines().filter(|l| l.starts_with("file: ")).collect();
+    assert_eq!(headers.len(), 4, "{out}");
+    for (i, h) in headers.iter().enumerate() {
+        assert!(h.ends_with(&format!(", graph {i}")), "{h}");
+    }
+    assert_eq!(out.matches("target sm_90a").count(), 4);
+    // One graph or all of them, not both; no drawing of every graph into one file.
+    for extra in [["--graph", "1"], ["--svg", "x.svg"]] {
+        let o = mucc(&["explain", &corpus("lora.json"), "--all", extra[0], extra[1]]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("cannot be used with"), "{err}");
+    }
+}
+
+#[test]
 fn explain_prints_the_plan_and_draws_it() {
     let svg = tmp("plan.svg");
     let _ = std::fs::remove_file(&svg);

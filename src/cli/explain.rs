@@ -18,6 +18,10 @@ pub struct ExplainArgs {
     /// Index of the graph (candidate) in the file.
     #[arg(long, short = 'g', value_name = "N", default_value_t = 0)]
     graph: usize,
+    /// Explain every graph of the file, one after the other (a graph that cannot be planned
+    /// shows its error in its place; the command then fails at the end).
+    #[arg(long, conflicts_with_all = ["graph", "svg"])]
+    all: bool,
     /// Target architecture.
     #[arg(long, default_value = "sm_80", value_parser = |s: &str| s.parse::<Arch>())]
     arch: Arch,
@@ -32,11 +36,51 @@ pub struct ExplainArgs {
     force: bool,
 }
 
+/// The plan of graph `i` of `file` for `a`'s target and options.
+fn plan_graph(
+    a: &ExplainArgs,
+    file: &mucc::MirageFile,
+    i: usize,
+) -> Result<mucc::sched::GraphPlan, Failure> {
+    let lg = &file.graphs[i];
+    lg.validate()
+        .map_err(|e| Failure::User(format!("graph {i} is invalid:\n{e}")))?;
+    let opts = a.path.options(&lg.graph, a.arch, &format!("graph {i}"));
+    mucc::sched::plan(&lg.graph, &opts)
+        .map_err(|e| Failure::User(format!("{}: graph {i}: {e}", super::shown(&a.input.file))))
+}
+
 /// Runs `mucc explain`.
 pub fn run(a: ExplainArgs) -> Result<(), Failure> {
     let file = load(&a.input)?;
     print_warnings(&file);
     let n = file.graphs.len();
+    if a.all {
+        let mut out = stdout();
+        let mut failed = 0;
+        for i in 0..n {
+            writeln!(out, "file: {}, graph {i}", super::shown(&a.input.file))?;
+            match plan_graph(&a, &file, i) {
+                Ok(plan) => write!(
+                    out,
+                    "{}",
+                    mucc::explain::explain(&file.graphs[i].graph, &plan)
+                )?,
+                Err(Failure::User(e)) => {
+                    failed += 1;
+                    writeln!(out, "  error: {e}")?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        return if failed == 0 {
+            Ok(())
+        } else {
+            Err(Failure::User(format!(
+                "{failed} of {n} graph(s) could not be planned (their errors are shown in place)"
+            )))
+        };
+    }
     let lg = file.graphs.get(a.graph).ok_or_else(|| {
         Failure::User(format!(
             "there is no graph {}; the file has {n} graph(s) (0..={})",
@@ -44,18 +88,7 @@ pub fn run(a: ExplainArgs) -> Result<(), Failure> {
             n - 1
         ))
     })?;
-    lg.validate()
-        .map_err(|e| Failure::User(format!("graph {} is invalid:\n{e}", a.graph)))?;
-    let opts = a
-        .path
-        .options(&lg.graph, a.arch, &format!("graph {}", a.graph));
-    let plan = mucc::sched::plan(&lg.graph, &opts).map_err(|e| {
-        Failure::User(format!(
-            "{}: graph {}: {e}",
-            super::shown(&a.input.file),
-            a.graph
-        ))
-    })?;
+    let plan = plan_graph(&a, &file, a.graph)?;
     // The drawings: one per customized operator, all checked before the first is written.
     let svg_paths: Vec<PathBuf> = match &a.svg {
         None => Vec::new(),
