@@ -310,7 +310,8 @@ fn plan_kernel_with(
 }
 
 /// Runs the consumer matmul of each register pipe as `wgmma` where [`super::ops::wgmma_b`]
-/// allows (`allowed`: the options'); returns, per consumer that keeps `mma.sync`, why.
+/// allows (`allowed`: the options'); returns, per tensor-core matmul that keeps `mma.sync`,
+/// why.
 fn plan_wgmma(
     tb: &TbGraph,
     ops: &mut [OpPlan],
@@ -369,6 +370,26 @@ fn plan_wgmma(
             }
         }
     }
+    // The other tensor-core matmuls: wgmma takes A from registers only when a register pipe
+    // hands it over; from shared memory it needs A's descriptor, not written yet.
+    for (h, op) in tb.ops.iter() {
+        if matches!(op.kind, TbOpKind::Matmul)
+            && matches!(
+                ops[h.index()],
+                OpPlan::Matmul {
+                    instr: MatmulInstr::MmaSyncM16N8K16 { .. },
+                    ..
+                }
+            )
+            && !off.iter().any(|&(o, _)| o == h.index())
+        {
+            off.push((
+                h.index(),
+                "A is read from shared memory; wgmma takes A only from a register pipe so far",
+            ));
+        }
+    }
+    off.sort_unstable();
     off
 }
 

@@ -887,8 +887,8 @@ pub struct KernelPlan {
     /// Products of one tensor-core matmul that another takes as its A operand: kept in
     /// registers, or why not.
     pub pipes: Vec<PipeDecision>,
-    /// Per register pipe's consumer matmul (operator index) on the Hopper path that keeps
-    /// `mma.sync`: why it does not take `wgmma`.
+    /// Per tensor-core matmul (operator index) on the Hopper path that keeps `mma.sync`: why it
+    /// does not take `wgmma` (empty off the Hopper path).
     pub no_wgmma: Vec<(usize, &'static str)>,
 }
 
