@@ -328,15 +328,14 @@ fn plan_wgmma(
         let r = sa.rank();
         let mnk = (sa.dim(r - 2), sb.dim(r - 1), sa.dim(r - 1));
         // B's tile comes from an input operator: TMA-loaded tiles sit on 1024-byte slots.
-        let b_by_tma = tb.ops.iter().any(|(h, o)| {
-            o.outputs.first() == Some(&b)
-                && matches!(
-                    ops[h.index()],
-                    OpPlan::Input {
-                        engine: CopyEngine::Tma,
-                        ..
-                    }
-                )
+        let b_by_tma = tb.producer(b).is_some_and(|h| {
+            matches!(
+                ops[h.index()],
+                OpPlan::Input {
+                    engine: CopyEngine::Tma,
+                    ..
+                }
+            )
         });
         let OpPlan::Matmul {
             warps,

@@ -16,27 +16,34 @@ template <class A> struct Same<A, A> {
   static constexpr bool value = true;
 };
 
-// dst[DL(i)] = src[SL(i)] in chunks of CHUNK elements, one vector load and store per chunk.
-// Preconditions: CHUNK·sizeof(T) is 16, 8 or 4 bytes; N a multiple of CHUNK; both layouts keep
-// each chunk contiguous and aligned to its size (the plan's chunked copies guarantee it).
-// When a thread's step (NT chunks) moves both layouts' offsets uniformly (`Step`), its first
-// offsets are computed once and the others are additions of constants.
-template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
-__device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
+// f(dst + DL(i), src + SL(i)) for the first element i of every chunk of CHUNK elements, chunks
+// spread over the threads as for_each does. When a thread's step (NT chunks) moves both
+// layouts' offsets uniformly (`Step`), its first offsets are computed once and the others are
+// additions of constants.
+template <int NT, i64 N, int CHUNK, class DL, class SL, class TD, class TS, class F>
+__device__ __forceinline__ void for_each_chunk(int tid, TD* dst, TS* src, F f) {
   using SD = Step<DL, static_cast<i64>(NT) * CHUNK>;
   using SS = Step<SL, static_cast<i64>(NT) * CHUNK>;
   if constexpr (SD::uniform && SS::uniform && N / CHUNK > NT) {
-    T* d = dst + DL::offset(tid * CHUNK);
-    const T* s = src + SL::offset(tid * CHUNK);
-    for_each<NT, N / CHUNK>(tid, [&](int, int r) {
-      *reinterpret_cast<Vec<T, CHUNK>*>(d + r * SD::delta) = *reinterpret_cast<const Vec<T, CHUNK>*>(s + r * SS::delta);
-    });
+    TD* d = dst + DL::offset(tid * CHUNK);
+    TS* s = src + SL::offset(tid * CHUNK);
+    for_each<NT, N / CHUNK>(tid, [&](int, int r) { f(d + r * SD::delta, s + r * SS::delta); });
   } else {
     for_each<NT, N / CHUNK>(tid, [&](int c, int) {
       const int i = c * CHUNK;
-      *reinterpret_cast<Vec<T, CHUNK>*>(dst + DL::offset(i)) = *reinterpret_cast<const Vec<T, CHUNK>*>(src + SL::offset(i));
+      f(dst + DL::offset(i), src + SL::offset(i));
     });
   }
+}
+
+// dst[DL(i)] = src[SL(i)] in chunks of CHUNK elements, one vector load and store per chunk.
+// Preconditions: CHUNK·sizeof(T) is 16, 8 or 4 bytes; N a multiple of CHUNK; both layouts keep
+// each chunk contiguous and aligned to its size (the plan's chunked copies guarantee it).
+template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
+__device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
+  for_each_chunk<NT, N, CHUNK, DL, SL>(tid, dst, src, [](T* d, const T* s) {
+    *reinterpret_cast<Vec<T, CHUNK>*>(d) = *reinterpret_cast<const Vec<T, CHUNK>*>(s);
+  });
 }
 
 // As copy_chunks, global → shared with cp.async (chunks of 16, 8 or 4 bytes): the copies are
@@ -44,20 +51,9 @@ __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
 // memory.
 template <int NT, i64 N, int CHUNK, class DL, class SL, class T>
 __device__ __forceinline__ void cp_async_chunks(int tid, T* dst, const T* src) {
-  using SD = Step<DL, static_cast<i64>(NT) * CHUNK>;
-  using SS = Step<SL, static_cast<i64>(NT) * CHUNK>;
-  if constexpr (SD::uniform && SS::uniform && N / CHUNK > NT) {
-    T* d = dst + DL::offset(tid * CHUNK);
-    const T* s = src + SL::offset(tid * CHUNK);
-    for_each<NT, N / CHUNK>(tid, [&](int, int r) {
-      sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(d + r * SD::delta, s + r * SS::delta);
-    });
-  } else {
-    for_each<NT, N / CHUNK>(tid, [&](int c, int) {
-      const int i = c * CHUNK;
-      sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(dst + DL::offset(i), src + SL::offset(i));
-    });
-  }
+  for_each_chunk<NT, N, CHUNK, DL, SL>(tid, dst, src, [](T* d, const T* s) {
+    sm80::cp_async<CHUNK * static_cast<int>(sizeof(T))>(d, s);
+  });
 }
 
 // dst[DL(e)] = src[SL(e)] element by element; between different types through the compute
