@@ -229,15 +229,18 @@ struct Mma {
     step = n < N ? static_cast<unsigned>(16 * b_sk * static_cast<i64>(sizeof(T))) : 0u;
   }
 
-  // B's ldmatrix addresses for the whole k-steps of a warp whose n-tiles are wn, wn + WN, …:
+  // B's ldmatrix addresses for the whole k-steps of P n-tiles of a warp, wn, wn + wns, …:
   // one ldmatrix.x4 per pair of n-tiles (lanes 0–15 address the first, 16–31 the second), an
-  // ldmatrix.x2 for an odd last one; each address advances by its step per k-step.
-  struct BWalk {
-    unsigned a4[PN / 2 > 0 ? PN / 2 : 1], s4[PN / 2 > 0 ? PN / 2 : 1], a2, s2;
+  // ldmatrix.x2 for an odd last one; each address advances by its step per k-step. An n-tile
+  // outside N reads the zero page (its step is 0).
+  template <int P> struct BWalkN {
+    unsigned a4[P / 2 > 0 ? P / 2 : 1], s4[P / 2 > 0 ? P / 2 : 1], a2, s2;
   };
-  __device__ __forceinline__ static void b_walk_init(BWalk& w, const T* b, const T* zero, int wn, int wns, int lane) {
+  using BWalk = BWalkN<PN>;
+  template <int P>
+  __device__ __forceinline__ static void b_walk_init(BWalkN<P>& w, const T* b, const T* zero, int wn, int wns, int lane) {
 #pragma unroll
-    for (int jp = 0; jp < PN / 2; ++jp) {
+    for (int jp = 0; jp < P / 2; ++jp) {
       const int nb = (wn + (2 * jp + (lane >> 4)) * wns) * 8;
       int k, n;
       if constexpr (b_k) {
@@ -250,11 +253,11 @@ struct Mma {
       w.a4[jp] = chunk_addr<LB, K, N>(b, zero, k, n);
       w.s4[jp] = n < N ? static_cast<unsigned>(16 * b_sk * static_cast<i64>(sizeof(T))) : 0u;
     }
-    if constexpr (PN % 2 == 1) b_lane(b, zero, (wn + (PN - 1) * wns) * 8, lane, w.a2, w.s2);
+    if constexpr (P % 2 == 1) b_lane(b, zero, (wn + (P - 1) * wns) * 8, lane, w.a2, w.s2);
   }
-  __device__ __forceinline__ static void b_walk_load(BWalk& w, unsigned (&bf)[PN][2]) {
+  template <int P> __device__ __forceinline__ static void b_walk_load(BWalkN<P>& w, unsigned (&bf)[P][2]) {
 #pragma unroll
-    for (int jp = 0; jp < PN / 2; ++jp) {
+    for (int jp = 0; jp < P / 2; ++jp) {
       unsigned r[4];
       sm80::ldmatrix_x4<b_n>(r, w.a4[jp]);
       w.a4[jp] += w.s4[jp];
@@ -263,8 +266,8 @@ struct Mma {
       bf[2 * jp + 1][0] = r[2];
       bf[2 * jp + 1][1] = r[3];
     }
-    if constexpr (PN % 2 == 1) {
-      sm80::ldmatrix_x2<b_n>(bf[PN - 1], w.a2);
+    if constexpr (P % 2 == 1) {
+      sm80::ldmatrix_x2<b_n>(bf[P - 1], w.a2);
       w.a2 += w.s2;
     }
   }
@@ -351,17 +354,59 @@ struct Mma {
         for (int jj = 0; jj < JC; ++jj)
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[jj][q] = 0.0f;
-        for (int k0 = 0; k0 < K; k0 += 16) {
-          unsigned af[4];
-          load_a(af, a, z, mt * 16, k0, lane);
-#pragma unroll
-          for (int jj = 0; jj < JC; ++jj) {
-            const int nt = wn + (j0 + jj) * WN;
-            if (j0 + jj < PN && nt < NT8) {
-              unsigned bf[2];
-              load_b(bf, b, z, nt * 8, k0, lane);
+        if constexpr (b_walk && KF > 0) {
+          // The slice's B addresses are computed once and advanced per whole k-step; A (one
+          // m-tile) by its walk or per step.
+          unsigned aa = 0, as = 0;
+          if constexpr (a_walk) a_lane(a, z, mt * 16, lane, aa, as);
+          BWalkN<JC> bw;
+          b_walk_init(bw, b, z, wn + j0 * WN, WN, lane);
+          for (int k0 = 0; k0 < KF; k0 += 16) {
+            unsigned af[4];
+            unsigned bf[JC][2];
+            if constexpr (a_walk) {
               __syncwarp();
-              sm80::mma(acc[jj], af, bf, T());
+              sm80::ldmatrix_x4<a_m>(af, aa);
+              aa += as;
+            } else {
+              load_a(af, a, z, mt * 16, k0, lane);
+            }
+            __syncwarp();
+            b_walk_load(bw, bf);
+            __syncwarp();
+#pragma unroll
+            for (int jj = 0; jj < JC; ++jj) {
+              const int nt = wn + (j0 + jj) * WN;
+              if (j0 + jj < PN && nt < NT8) sm80::mma(acc[jj], af, bf[jj], T());
+            }
+          }
+          if constexpr (KF < K) {
+            unsigned af[4];
+            load_a(af, a, z, mt * 16, KF, lane);
+#pragma unroll
+            for (int jj = 0; jj < JC; ++jj) {
+              const int nt = wn + (j0 + jj) * WN;
+              if (j0 + jj < PN && nt < NT8) {
+                unsigned bf[2];
+                load_b(bf, b, z, nt * 8, KF, lane);
+                __syncwarp();
+                sm80::mma(acc[jj], af, bf, T());
+              }
+            }
+          }
+        } else {
+          for (int k0 = 0; k0 < K; k0 += 16) {
+            unsigned af[4];
+            load_a(af, a, z, mt * 16, k0, lane);
+#pragma unroll
+            for (int jj = 0; jj < JC; ++jj) {
+              const int nt = wn + (j0 + jj) * WN;
+              if (j0 + jj < PN && nt < NT8) {
+                unsigned bf[2];
+                load_b(bf, b, z, nt * 8, k0, lane);
+                __syncwarp();
+                sm80::mma(acc[jj], af, bf, T());
+              }
             }
           }
         }
