@@ -11,7 +11,7 @@
 
 // kernel op 3: kn_customized_op grid (8, 8, 16), block (128, 1, 1), forloop 4, 139648 bytes of shared memory
 // schedule 0 | 1,2 3,5,6 | 8,9
-extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
+extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
 
 // kernel op 4: kn_customized_op grid (8, 128, 1), block (128, 1, 1), forloop 1, 10400 bytes of shared memory
 // schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(128, 1) k4_customized(
+extern "C" __global__ void __launch_bounds__(128, 2) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {

@@ -259,7 +259,12 @@ fn plan_kernel_with(
             }
         }
     }
-    let mut min_blocks_per_sm = 1;
+    // The blocks shared memory was budgeted for, promised to ptxas so that it keeps registers
+    // for them too: without the promise, mqa_bs8 g3's piped kernel took 169 registers on the
+    // GPU's NVRTC and fit two blocks per SM instead of the three planned (ncu, H100); with it
+    // ptxas stays at 164. Three blocks of 4 warps cap a thread at 168 registers; one or two
+    // blocks of up to 4 warps leave the limit at 255.
+    let mut min_blocks_per_sm = resident_blocks;
     if let Split::Cluster(c) = &split {
         // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
         min_blocks_per_sm = c.resident_per_sm;
@@ -291,9 +296,9 @@ fn plan_kernel_with(
             block: [threads, 1, 1],
             threads,
             source,
-            // At least one block per SM: ptxas may use the registers it needs (without the
-            // minimum it sometimes capped a kernel at 32 registers and spilled); a split kernel
-            // promises the CTAs per SM its cluster size was chosen for.
+            // At least one block per SM (without the minimum ptxas sometimes capped a kernel
+            // at 32 registers and spilled): the resident blocks budgeted, or for a split
+            // kernel the CTAs per SM its cluster size was chosen for.
             min_blocks_per_sm,
             resident_blocks,
         },
@@ -1332,6 +1337,10 @@ mod tests {
         assert_eq!(kp.cta.threads, 128);
         assert!(matches!(kp.cta.source, CtaSource::Model(w) if w.contains("register pipe")));
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
+        // 32 × 16 = 512 blocks: three per SM, promised to ptxas (registers for all three).
+        let kp = plan(&attention_block(32, 64, 16, 64, 8, 128, DType::F16).unwrap());
+        assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
+        assert_eq!((kp.cta.resident_blocks, kp.cta.min_blocks_per_sm), (3, 3));
         // 8 × 4 = 32 blocks: 16 warps, no pipe.
         let kp = plan(&attention_block(8, 64, 4, 128, 4, 128, DType::F16).unwrap());
         assert_eq!(kp.cta.threads, 512);
