@@ -515,9 +515,15 @@ fn tiles(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                 } else {
                     format!(" (stored as {})", geo.dtype)
                 };
+                let columns = geo.columns.map_or(String::new(), |c| {
+                    format!(
+                        " in columns of {} along dim {} ({} elements apart, for wgmma)",
+                        c.width, c.dim, c.stride
+                    )
+                });
                 let _ = writeln!(
                     s,
-                    "    s{} {} {}{stored}: innermost {}{} strides {} swizzle {} ({} B)",
+                    "    s{} {} {}{stored}: innermost {}{} strides {}{columns} swizzle {} ({} B)",
                     h.index(),
                     t.shape,
                     t.dtype,

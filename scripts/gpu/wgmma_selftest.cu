@@ -1,4 +1,5 @@
-// GPU self-test of the warpgroup path of mucc::tb::Mma::run_from (sm_90a): P = Q·Kᵀ by
+// GPU self-test of the warpgroup paths of mucc::tb::Mma (sm_90a). `run`: S = Q·K by wgmma with
+// A by ldmatrix against mma.sync and a CPU reference. `run_from`: P = Q·Kᵀ by
 // mma.sync into fragments, packed to T, then O = P·V twice — by wgmma (B = V through a
 // 128-byte-swizzle shared-memory descriptor) and by mma.sync with ldmatrix.trans — against a
 // CPU reference of round_T(Q·Kᵀ)·V. Build and run on a Hopper GPU:
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 #include "mucc/runtime.h"
 
@@ -51,6 +53,42 @@ __global__ void kern(const T* gq, const T* gk, const T* gv, float* o_wgmma, floa
   S::template run_from<P>(sf, pk, v, smem, warp, lane);
   W::each(wf, warp, lane, [&](int r, int c, float x, int, int, int) { o_wgmma[r * 64 + c] = x; });
   S::each(sf, warp, lane, [&](int r, int c, float x, int, int, int) { o_mma[r * 64 + c] = x; });
+}
+
+// S = Q·Kt with A = Q by ldmatrix (DK contiguous, the 128-byte swizzle when DK is 64 as in
+// attention) and B = Kt (DK × KEYS, keys contiguous, 128-byte swizzle; KEYS above 64 in atom
+// columns of 64 keys, DK·64 elements apart), by wgmma (`run`'s warpgroup path) and by mma.sync
+// with ldmatrix.trans (for 64 keys; the atom columns are wgmma's only).
+template <class T, int ROWS, int DK, int KEYS, int WM>
+__global__ void kern_qk(const T* gq, const T* gk, float* o_wgmma, float* o_mma) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  using LQ = typename std::conditional<DK == 64, SwizzledLayout<L<ROWS, DK, DK, 1>, Swizzle<3, 3, 3>>,
+                                       L<ROWS, DK, DK, 1>>::type;
+  using LK = typename std::conditional<
+      KEYS == 64, SwizzledLayout<L<DK, 64, 64, 1>, Swizzle<3, 3, 3>>,
+      SwizzledLayout<Layout<Shape<DK, KEYS / 64, 64>, Stride<64, DK * 64, 1>>, Swizzle<3, 3, 3>>>::type;
+  using LKS = SwizzledLayout<L<DK, KEYS, KEYS, 1>, Swizzle<3, 3, 3>>;  // mma.sync's copy: rows of KEYS
+  using W = tb::Mma<T, LQ, LK, ROWS, KEYS, DK, WM, 1, tb::Load::Ldmatrix, tb::Load::Wgmma>;
+  using S = tb::Mma<T, LQ, LKS, ROWS, KEYS, DK, WM, 1, tb::Load::Ldmatrix, tb::Load::LdmatrixTrans>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;
+  T* k = reinterpret_cast<T*>(smem + 1024);
+  T* ks = k + DK * KEYS;
+  T* q = ks + DK * KEYS;
+  for (int e = tid; e < ROWS * DK; e += blockDim.x) q[LQ::offset(e)] = gq[e];
+  for (int e = tid; e < DK * KEYS; e += blockDim.x) k[LK::offset(e)] = gk[e];
+  for (int e = tid; e < DK * KEYS; e += blockDim.x) ks[LKS::offset(e)] = gk[e];
+  __syncthreads();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  typename W::Frag wf;
+  W::zero(wf);
+  W::run(wf, q, k, smem, warp, lane);
+  typename S::Frag sf;
+  S::zero(sf);
+  S::run(sf, q, ks, smem, warp, lane);
+  W::each(wf, warp, lane, [&](int r, int c, float x, int, int, int) { o_wgmma[r * KEYS + c] = x; });
+  S::each(sf, warp, lane, [&](int r, int c, float x, int, int, int) { o_mma[r * KEYS + c] = x; });
 }
 
 template <class T> float to_f(T x);
@@ -117,8 +155,63 @@ template <class T, int ROWS, int KEYS, int WM> int check(const char* name) {
   return bad_w + bad_s > 0;
 }
 
+template <class T, int ROWS, int DK, int KEYS, int WM> int check_qk(const char* name) {
+  std::vector<T> hq(ROWS * DK), hk(DK * KEYS);
+  std::vector<float> fq(hq.size()), fk(hk.size());
+  srand(11);
+  for (size_t i = 0; i < hq.size(); ++i) fq[i] = to_f<T>(hq[i] = from_f<T>(float(rand() % 17 - 8) / 16));
+  for (size_t i = 0; i < hk.size(); ++i) fk[i] = to_f<T>(hk[i] = from_f<T>(float(rand() % 17 - 8) / 16));
+  std::vector<double> ref(ROWS * KEYS, 0.0);
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < KEYS; ++c)
+      for (int d = 0; d < DK; ++d) ref[r * KEYS + c] += double(fq[r * DK + d]) * fk[d * KEYS + c];
+  T *dq, *dk;
+  float *dw, *ds;
+  const size_t out = size_t(ROWS) * KEYS * 4;
+  cudaMalloc(&dq, hq.size() * 2), cudaMalloc(&dk, hk.size() * 2);
+  cudaMalloc(&dw, out), cudaMalloc(&ds, out);
+  cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemset(dw, 0xff, out), cudaMemset(ds, 0xff, out);
+  const int smem = 1024 + (2 * DK * KEYS + ROWS * DK) * 2;
+  auto kf = kern_qk<T, ROWS, DK, KEYS, WM>;
+  cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kf<<<1, 32 * WM, smem>>>(dq, dk, dw, ds);
+  const cudaError_t e = cudaDeviceSynchronize();
+  printf("%s: ", name);
+  if (e != cudaSuccess) {
+    printf("CUDA error %s\n", cudaGetErrorString(e));
+    return 1;
+  }
+  std::vector<float> w(ROWS * KEYS), s(ROWS * KEYS);
+  cudaMemcpy(w.data(), dw, out, cudaMemcpyDeviceToHost);
+  cudaMemcpy(s.data(), ds, out, cudaMemcpyDeviceToHost);
+  int bad_w = 0, bad_s = 0, first = -1;
+  for (int i = 0; i < ROWS * KEYS; ++i) {
+    const double tol = 1e-4 * (1.0 + std::fabs(ref[i]));
+    if (!(std::fabs(w[i] - ref[i]) <= tol)) {
+      ++bad_w;
+      if (first < 0) first = i;
+    }
+    if (!(std::fabs(s[i] - ref[i]) <= tol)) ++bad_s;
+  }
+  printf("wgmma %d wrong, mma.sync %d wrong of %d", bad_w, bad_s, ROWS * KEYS);
+  if (first >= 0)
+    printf("; first at (%d, %d): ref %g wgmma %g mma.sync %g", first / KEYS, first % KEYS, ref[first], w[first],
+           s[first]);
+  printf("\n");
+  cudaFree(dq), cudaFree(dk), cudaFree(dw), cudaFree(ds);
+  return bad_w + bad_s > 0;
+}
+
 int main() {
   int fails = 0;
+  fails += check_qk<f16, 64, 64, 64, 4>("Q·K f16: 64 rows, head dim 64 (swizzled Q), 64 keys, one warpgroup");
+  fails += check_qk<bf16, 64, 64, 64, 4>("Q·K bf16: 64 rows, head dim 64, 64 keys, one warpgroup");
+  fails += check_qk<f16, 128, 16, 64, 4>("Q·K f16: 128 rows (two m-tiles per warp), head dim 16 (plain Q)");
+  fails += check_qk<f16, 128, 64, 64, 8>("Q·K f16: 128 rows, two warpgroups");
+  fails += check_qk<f16, 64, 64, 128, 4>("Q·K f16: 128 keys in two atom columns, one warpgroup");
+  fails += check_qk<bf16, 64, 64, 256, 4>("Q·K bf16: 256 keys in four atom columns, one warpgroup");
   fails += check<f16, 64, 128, 4>("f16: 64 rows, 128 keys, one warpgroup");
   fails += check<bf16, 64, 128, 4>("bf16: 64 rows, 128 keys, one warpgroup");
   fails += check<f16, 128, 64, 4>("f16: 128 rows (two m-tiles per warp), 64 keys");

@@ -51,6 +51,20 @@ impl std::fmt::Display for Swizzle {
     }
 }
 
+/// A tile whose contiguous dim is stored in columns (`sched` plans them for the B operand of
+/// a Hopper `wgmma`, whose descriptor reads whole 128-byte swizzle atoms): element `i` of dim
+/// `dim` lies in column `i / width` at offset `i % width` (stride 1 inside a column), and
+/// columns are `stride` elements apart; the other dims keep their strides inside a column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomColumns {
+    /// The dim split into columns (the tile's innermost).
+    pub dim: usize,
+    /// Elements of `dim` per column.
+    pub width: usize,
+    /// Element stride from one column to the next.
+    pub stride: usize,
+}
+
 /// The physical form of a shared-memory tile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TileGeometry {
@@ -69,6 +83,36 @@ pub struct TileGeometry {
     /// The element type the tile stores (the graph's type, or the compute type for the wide
     /// accumulator tiles of `sched`).
     pub dtype: DType,
+    /// The innermost dim stored in columns (`strides` then hold the strides inside a column);
+    /// `None` for the plain strided form.
+    pub columns: Option<AtomColumns>,
+}
+
+impl TileGeometry {
+    /// The extents and element strides of the tile's dims walked in `order` (slowest first)
+    /// as the runtime's layout sees them: a dim stored in columns becomes two, the column
+    /// index (extent / width, the column stride) then the offset inside it (width, stride 1),
+    /// which keeps the row-major linear index of the dims in `order`.
+    pub fn layout_dims(
+        &self,
+        shape: &crate::graph::shape::Shape,
+        order: &[usize],
+    ) -> (Vec<usize>, Vec<usize>) {
+        let (mut dims, mut strides) = (Vec::new(), Vec::new());
+        for &d in order {
+            match self.columns {
+                Some(c) if c.dim == d => {
+                    dims.extend([shape.dim(d) / c.width, c.width]);
+                    strides.extend([c.stride, self.strides.0[d]]);
+                }
+                _ => {
+                    dims.push(shape.dim(d));
+                    strides.push(self.strides.0[d]);
+                }
+            }
+        }
+        (dims, strides)
+    }
 }
 
 /// Plans the geometry of a tile of `shape` storing `dtype` elements whose widest access is
@@ -148,6 +192,7 @@ pub fn plan_tile(
         swizzle,
         chunk_bytes: chunk,
         dtype,
+        columns: None,
     }
 }
 
@@ -165,6 +210,29 @@ mod tests {
             innermost,
             swizzled,
         }
+    }
+
+    /// A tile in atom columns shows the runtime its split dim as (column, offset): the row-major
+    /// index of [64, 128] maps to column · 4096 + row · 64 + offset.
+    #[test]
+    fn atom_columns_split_the_dim_for_the_runtime() {
+        let shape = Shape::new(&[1, 64, 128]).unwrap();
+        let mut g = plan_tile(&shape, DType::F16, l(2, Some(1)), 16, &t());
+        g.strides = Strides(vec![8192, 64, 1]);
+        g.columns = Some(AtomColumns {
+            dim: 2,
+            width: 64,
+            stride: 4096,
+        });
+        assert_eq!(
+            g.layout_dims(&shape, &[0, 1, 2]),
+            (vec![1, 64, 2, 64], vec![8192, 64, 4096, 1])
+        );
+        g.columns = None;
+        assert_eq!(
+            g.layout_dims(&shape, &[0, 1, 2]),
+            (vec![1, 64, 128], vec![8192, 64, 1])
+        );
     }
 
     #[test]

@@ -32,23 +32,39 @@ const DRIVER_SMEM_PER_BLOCK: usize = 1024;
 /// grid has at least two per SM of a typical part of the target, so that one block's
 /// barriers and memory waits overlap the other's work; three when such a kernel keeps a
 /// product in registers between two matmuls (`piped`: its warps issue tensor-core work back
-/// to back and need more warps per scheduler to hide the `mma.sync` latency) and the grid has
-/// three per SM; else one. Pipeline depth gives way to this (down to two stages), as a deep
-/// pipeline in a lone 4-warp block hides less. Measured on an H200 (docs/benchmarks.md): the
-/// piped attention kernels of mqa_bs8 and gqa_bs8 (1024 blocks of 4 warps) took 0.89× and
-/// 0.99× the time with three resident blocks instead of two; four (registers capped at 128)
-/// made mqa_bs8 1.49× slower.
+/// to back and need more warps per scheduler to hide the latency), the grid has three per SM
+/// and its last wave stays nearly as full as with two ([`wave_fill`] at least
+/// [`THIRD_BLOCK_MIN_FILL`] of two's); else one. Pipeline depth gives way to this (down to
+/// two stages), as a deep pipeline in a lone 4-warp block hides less. Measured (docs/
+/// benchmarks.md): the piped attention kernels of mqa_bs8 and gqa_bs8 (1024 blocks of 4
+/// warps) took 0.89× and 0.99× the time with three resident blocks instead of two on an H200,
+/// mqa_bs8 g3 0.90× on an H100 once ptxas was promised the three (launch bounds); an attention
+/// block of 512 blocks and 2 iterations took 1.11× the time with three (H100: 396 slots leave
+/// the second wave a third full); four (registers capped at 128) made mqa_bs8 1.49× slower.
 fn resident_blocks_wanted(tb: &TbGraph, threads: usize, target: &Target, piped: bool) -> usize {
     let warps = threads.div_ceil(32);
+    let (blocks, sms) = (tb.num_blocks(), target.typical_sms);
     if warps > 4 {
         1
-    } else if piped && tb.num_blocks() >= 3 * target.typical_sms {
+    } else if piped
+        && blocks >= 3 * sms
+        && wave_fill(blocks, 3 * sms) >= THIRD_BLOCK_MIN_FILL * wave_fill(blocks, 2 * sms)
+    {
         3
-    } else if tb.num_blocks() >= 2 * target.typical_sms {
+    } else if blocks >= 2 * sms {
         2
     } else {
         1
     }
+}
+
+/// The share of a piped kernel's waves a third resident block must keep filled, relative to
+/// two blocks' (its gain per block measured at about 10%: 0.89–0.90× the time).
+const THIRD_BLOCK_MIN_FILL: f64 = 0.85;
+
+/// The fraction of `slots` block slots that `blocks` blocks fill over their waves.
+fn wave_fill(blocks: usize, slots: usize) -> f64 {
+    blocks as f64 / (blocks.div_ceil(slots.max(1)) * slots.max(1)) as f64
 }
 
 /// The device tensors on one side of a customized operator: shape, strides, innermost dim.
@@ -187,11 +203,28 @@ fn plan_kernel_with(
     }
     demote_copies(tb, &tiles, &mut ops);
     plan_operand_loads(tb, &tiles, &mut ops, target);
+    let columns = if hopper && opts.wgmma {
+        plan_atom_columns(tb, &fusion, &ops, &pipes, &mut tiles)
+    } else {
+        Vec::new()
+    };
     let mut tma = if hopper {
         plan_tma(tb, &ops, &tiles, &ins)
     } else {
         TmaPlan::default()
     };
+    // A tile in atom columns that TMA does not load goes back to its rows (wgmma reads only
+    // TMA-loaded tiles), and the loads are planned again.
+    let unloaded: Vec<_> = columns
+        .into_iter()
+        .filter(|(t, _)| tma.loads.iter().all(|l| l.tile != *t))
+        .collect();
+    if !unloaded.is_empty() {
+        for (t, rows) in unloaded {
+            tiles[t] = Some(rows);
+        }
+        tma = plan_tma(tb, &ops, &tiles, &ins);
+    }
     pad_slots(&tma, &mut tiles);
     pad_ring_slots(tb, &ops, &mut tiles, target);
     let piped = pipes.iter().any(|p| p.on().is_some());
@@ -259,12 +292,14 @@ fn plan_kernel_with(
             }
         }
     }
-    // The blocks shared memory was budgeted for, promised to ptxas so that it keeps registers
-    // for them too: without the promise, mqa_bs8 g3's piped kernel took 169 registers on the
-    // GPU's NVRTC and fit two blocks per SM instead of the three planned (ncu, H100); with it
-    // ptxas stays at 164. Three blocks of 4 warps cap a thread at 168 registers; one or two
-    // blocks of up to 4 warps leave the limit at 255.
-    let mut min_blocks_per_sm = resident_blocks;
+    // The resident blocks wanted, as far as shared memory holds them, promised to ptxas so
+    // that it keeps registers for them too: without the promise, mqa_bs8 g3's piped kernel
+    // took 169 registers on the GPU's NVRTC and fit two blocks per SM instead of the three
+    // planned (ncu, H100); with it ptxas stays at 164. Three blocks of 4 warps cap a thread at
+    // 168 registers; one or two blocks of up to 4 warps leave the limit at 255.
+    let smem_fit =
+        target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM).max(1);
+    let mut min_blocks_per_sm = resident_blocks.min(smem_fit).max(1);
     if let Split::Cluster(c) = &split {
         // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
         min_blocks_per_sm = c.resident_per_sm;
@@ -276,7 +311,7 @@ fn plan_kernel_with(
         }
     }
     let no_wgmma = if hopper {
-        plan_wgmma(tb, &mut ops, &tiles, &pipes, opts.wgmma)
+        plan_wgmma(tb, &mut ops, &tiles, &fusion, &chains, opts.wgmma)
     } else {
         Vec::new()
     };
@@ -314,20 +349,92 @@ fn plan_kernel_with(
     })
 }
 
-/// Runs the consumer matmul of each register pipe as `wgmma` where [`super::ops::wgmma_b`]
-/// allows (`allowed`: the options'); returns, per tensor-core matmul that keeps `mma.sync`,
+/// Re-plans in atom columns ([`super::ops::in_atom_columns`]) the B tile of each register
+/// pipe's producer that `wgmma` can read in that form and not otherwise (N a multiple of 64
+/// above 64: attention's K tile of 128 keys): A by `ldmatrix`, B filled by a pipelined
+/// chunked input and read by this matmul only. Returns (tile, its geometry before), so that
+/// the caller can restore a tile TMA then does not load.
+fn plan_atom_columns(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    ops: &[OpPlan],
+    pipes: &[PipeDecision],
+    tiles: &mut [Option<TileGeometry>],
+) -> Vec<(usize, TileGeometry)> {
+    let mut changed = Vec::new();
+    for p in pipes.iter().filter_map(PipeDecision::on) {
+        let mm = fusion.chains[p.producer].leader();
+        let top = &tb.ops[mm];
+        let OpPlan::Matmul {
+            warps,
+            loads,
+            instr: MatmulInstr::MmaSyncM16N8K16 { .. },
+            ..
+        } = &ops[mm.index()]
+        else {
+            continue;
+        };
+        let (a, b) = (top.inputs[0], top.inputs[1]);
+        let from_ring = tb.producer(b).is_some_and(|h| {
+            matches!(
+                tb.ops[h].kind,
+                TbOpKind::Input {
+                    forloop_dim: Some(_),
+                    ..
+                }
+            ) && matches!(
+                ops[h.index()],
+                OpPlan::Input {
+                    copy: Copy::Chunked { .. },
+                    ..
+                }
+            )
+        });
+        let readers = tb.ops.iter().filter(|(_, o)| o.inputs.contains(&b)).count();
+        if loads.0 != OperandLoad::Ldmatrix || !from_ring || readers != 1 {
+            continue;
+        }
+        let Some(rows) = tiles[b.index()].as_ref() else {
+            continue;
+        };
+        let shape = tb.tensors[b].shape;
+        let Some(cols) = super::ops::in_atom_columns(&shape, rows) else {
+            continue;
+        };
+        let sa = &tb.tensors[a].shape;
+        let mnk = (
+            sa.dim(sa.rank() - 2),
+            shape.dim(shape.rank() - 1),
+            sa.dim(sa.rank() - 1),
+        );
+        if super::ops::wgmma_b(mnk, *warps, &cols, true, loads.0).is_none() {
+            changed.push((b.index(), rows.clone()));
+            tiles[b.index()] = Some(cols);
+        }
+    }
+    changed
+}
+
+/// Runs tensor-core matmuls as `wgmma` where [`super::ops::wgmma_b`] allows (`allowed`: the
+/// options'): the consumer of a register pipe (A from the producer's registers), and a matmul
+/// whose product lands in a fragment (a pipe's producer, or one into or through to a register
+/// accumulator) with A by `ldmatrix`; returns, per tensor-core matmul that keeps `mma.sync`,
 /// why.
 fn plan_wgmma(
     tb: &TbGraph,
     ops: &mut [OpPlan],
     tiles: &[Option<TileGeometry>],
-    pipes: &[PipeDecision],
+    fusion: &FusionPlan,
+    chains: &[ChainPlan],
     allowed: bool,
 ) -> Vec<(usize, &'static str)> {
     let mut off = Vec::new();
-    for p in pipes.iter().filter_map(PipeDecision::on) {
-        let mm = p.matmul;
+    for (c, chain) in fusion.chains.iter().enumerate() {
+        let mm = chain.leader();
         let top = &tb.ops[mm];
+        if !matches!(top.kind, TbOpKind::Matmul) {
+            continue;
+        }
         let (a, b) = (top.inputs[0], top.inputs[1]);
         let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
         let r = sa.rank();
@@ -355,42 +462,37 @@ fn plan_wgmma(
         let MatmulInstr::MmaSyncM16N8K16 { dtype } = *instr else {
             continue;
         };
+        let into_fragment = matches!(
+            chains[c].matmul,
+            Some(
+                MatmulLowering::Pipe
+                    | MatmulLowering::IntoFragment
+                    | MatmulLowering::ThroughMembers
+            )
+        );
         let why = if !allowed {
             Some("wgmma turned off (--no-wgmma)")
+        } else if loads.0 != OperandLoad::Fragment && !into_fragment {
+            Some("its product is computed slice by slice, not into one fragment")
+        } else if !matches!(loads.0, OperandLoad::Fragment | OperandLoad::Ldmatrix) {
+            Some("A loads neither from a register pipe nor by ldmatrix with K contiguous")
         } else {
             match tiles[b.index()].as_ref() {
-                Some(gb) => super::ops::wgmma_b(mnk, *warps, gb, b_by_tma),
+                Some(gb) => super::ops::wgmma_b(mnk, *warps, gb, b_by_tma, loads.0),
                 None => Some("B is not in shared memory"),
             }
         };
         match why {
             Some(w) => off.push((mm.index(), w)),
             None => {
-                *instr = MatmulInstr::WgmmaM64K16 { dtype, n: mnk.1 };
+                // One m64n64k16 per atom column of B (one column when N is 64).
+                *instr = MatmulInstr::WgmmaM64K16 { dtype, n: 64 };
                 loads.1 = OperandLoad::WgmmaDescriptor;
-                // A warp takes part in one instruction per m-tile of its own and k-step.
-                *mma_per_warp = mnk.0.div_ceil(16 * warps.0) * mnk.2.div_ceil(16);
+                // A warp takes part in one instruction per m-tile of its own, k-step and column.
+                *mma_per_warp =
+                    mnk.0.div_ceil(16 * warps.0) * mnk.2.div_ceil(16) * mnk.1.div_ceil(64);
                 *load_instrs = super::ops::operand_load_count(mnk, *warps, *loads);
             }
-        }
-    }
-    // The other tensor-core matmuls: wgmma takes A from registers only when a register pipe
-    // hands it over; from shared memory it needs A's descriptor, not written yet.
-    for (h, op) in tb.ops.iter() {
-        if matches!(op.kind, TbOpKind::Matmul)
-            && matches!(
-                ops[h.index()],
-                OpPlan::Matmul {
-                    instr: MatmulInstr::MmaSyncM16N8K16 { .. },
-                    ..
-                }
-            )
-            && !off.iter().any(|&(o, _)| o == h.index())
-        {
-            off.push((
-                h.index(),
-                "A is read from shared memory; wgmma takes A only from a register pipe so far",
-            ));
         }
     }
     off.sort_unstable();
@@ -1242,6 +1344,12 @@ mod tests {
             resident_blocks_wanted(&tb([8, 8, 16], 128), 128, &t, true),
             3
         );
+        // 512 piped blocks: three per SM (396 slots) would leave the second wave a third
+        // full; two.
+        assert_eq!(
+            resident_blocks_wanted(&tb([512, 1, 1], 128), 128, &t, true),
+            2
+        );
         // 300 piped blocks: two per SM, not three.
         assert_eq!(
             resident_blocks_wanted(&tb([300, 1, 1], 128), 128, &t, true),
@@ -1337,14 +1445,54 @@ mod tests {
         assert_eq!(kp.cta.threads, 128);
         assert!(matches!(kp.cta.source, CtaSource::Model(w) if w.contains("register pipe")));
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
-        // 32 × 16 = 512 blocks: three per SM, promised to ptxas (registers for all three).
-        let kp = plan(&attention_block(32, 64, 16, 64, 8, 128, DType::F16).unwrap());
+        // 64 × 16 = 1024 blocks: three per SM, promised to ptxas (registers for all three).
+        let kp = plan(&attention_block(64, 64, 16, 64, 8, 128, DType::F16).unwrap());
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
         assert_eq!((kp.cta.resident_blocks, kp.cta.min_blocks_per_sm), (3, 3));
         // 8 × 4 = 32 blocks: 16 warps, no pipe.
         let kp = plan(&attention_block(8, 64, 4, 128, 4, 128, DType::F16).unwrap());
         assert_eq!(kp.cta.threads, 512);
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::Off { .. }]));
+    }
+
+    /// Attention over 64 keys per iteration on sm_90a: both matmuls of the register pipe run as
+    /// wgmma — Q·K with A (Q) by ldmatrix and B (K's 64 × 64 tile, one swizzle atom across,
+    /// TMA-loaded) by descriptor, P·V with A from the pipe — and nothing keeps mma.sync.
+    #[test]
+    fn attention_over_64_keys_takes_wgmma_for_both_matmuls() {
+        use crate::graph::DType;
+        use crate::graph::workloads::attention_block;
+        use crate::sched::ops::{MatmulInstr, OperandLoad};
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        let g = attention_block(32, 64, 16, 64, 8, 128, DType::F16).unwrap();
+        let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm90a))).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        let matmuls: Vec<_> = kp
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                OpPlan::Matmul {
+                    instr,
+                    loads,
+                    mma_per_warp,
+                    ..
+                } => Some((*instr, *loads, *mma_per_warp)),
+                _ => None,
+            })
+            .collect();
+        let w = MatmulInstr::WgmmaM64K16 {
+            dtype: DType::F16,
+            n: 64,
+        };
+        assert_eq!(
+            matmuls,
+            [
+                (w, (OperandLoad::Ldmatrix, OperandLoad::WgmmaDescriptor), 4),
+                (w, (OperandLoad::Fragment, OperandLoad::WgmmaDescriptor), 4),
+            ]
+        );
+        assert!(kp.no_wgmma.is_empty(), "{:?}", kp.no_wgmma);
     }
 
     /// exp runs as ex2.approx exactly where its value is rounded to a 16-bit float right

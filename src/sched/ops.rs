@@ -28,7 +28,7 @@ use crate::graph::shape::{Shape, Strides};
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::KernelLayout;
 use crate::layout::strides::padded_strides;
-use crate::layout::swizzle::{Swizzle, TileGeometry};
+use crate::layout::swizzle::{AtomColumns, Swizzle, TileGeometry};
 use crate::target::Target;
 
 /// How a tile moves between global and shared memory.
@@ -123,7 +123,7 @@ pub enum MatmulInstr {
     WgmmaM64K16 {
         /// Operand type.
         dtype: DType,
-        /// The instruction's N (the matmul's N).
+        /// The instruction's N (64: B is read in columns of 64, one instruction each).
         n: usize,
     },
     /// One thread per element of C, fp32 (or fp64) FMAs.
@@ -569,28 +569,46 @@ impl OperandLoad {
     }
 }
 
-/// Why the consumer matmul of a register pipe keeps `mma.sync` on the Hopper path, or `None`
-/// when it takes `wgmma` ([`MatmulInstr::WgmmaM64K16`]): the tensor cores read B through a
-/// descriptor of the canonical N-major layout with the 128-byte swizzle, so B must be a TMA-
-/// loaded tile (1024-byte aligned slots) of exactly one swizzle atom across — N = 64 16-bit
-/// elements per 128-byte row, the rows' chunks permuted by `Swizzle<3,3,3>` — with K a
-/// multiple of 16; A (the packed product) sits in the warps' registers in the m64 fragment
-/// layout when the warps along M form whole warpgroups and none is along N.
+/// Why a tensor-core matmul keeps `mma.sync` on the Hopper path, or `None` when it takes
+/// `wgmma` ([`MatmulInstr::WgmmaM64K16`]): the tensor cores read B through descriptors of the
+/// canonical N-major layout with the 128-byte swizzle, so B must be a TMA-loaded tile
+/// (1024-byte aligned slots) of 64-element columns of 16-bit elements, each column 128-byte
+/// rows with their chunks permuted by `Swizzle<3,3,3>`: one such atom across (N = 64, rows of
+/// 64 elements), or N a multiple of 64 stored in columns ([`AtomColumns`] of width 64, 1024-byte
+/// multiples apart; one m64n64k16 per column and k-step); K a multiple of 16. A sits in the
+/// warps' registers in the m64 fragment layout when the warps along M form whole warpgroups
+/// and none is along N: the packed product of a register pipe (`a` is
+/// [`OperandLoad::Fragment`]), or fragments loaded by `ldmatrix` (`a` is
+/// [`OperandLoad::Ldmatrix`]), all k-steps' before the first wgmma, so at most 8 per warp
+/// (m-tiles × k-steps; 32 registers).
 pub fn wgmma_b(
     (m, n, k): (usize, usize, usize),
     warps: (usize, usize),
     b: &TileGeometry,
     b_by_tma: bool,
+    a: OperandLoad,
 ) -> Option<&'static str> {
     let r = b.strides.0.len();
     let (sk, sn) = (b.strides.0[r - 2], b.strides.0[r - 1]);
+    let columns_ok = match b.columns {
+        None => n == 64,
+        Some(c) => {
+            c.dim == r - 1
+                && c.width == 64
+                && n.is_multiple_of(64)
+                && (c.stride * b.dtype.bytes()).is_multiple_of(1024)
+        }
+    };
     if warps.1 != 1 || !warps.0.is_multiple_of(4) {
         Some("its warps are not whole warpgroups along M")
     } else if !m.is_multiple_of(16) || !k.is_multiple_of(16) {
         Some("M or K is not a multiple of 16")
-    } else if b.dtype.bytes() != 2 || n != 64 || sn != 1 || sk != 64 {
+    } else if a == OperandLoad::Ldmatrix && m.div_ceil(16 * warps.0) * (k / 16) > 8 {
+        Some("A's fragments of every k-step would take more than 32 registers per thread")
+    } else if b.dtype.bytes() != 2 || !columns_ok || sn != 1 || sk != 64 {
         Some(
-            "B is not one 128-byte swizzle atom across (N = 64 contiguous 16-bit elements per row)",
+            "B is neither one 128-byte swizzle atom across (N = 64 contiguous 16-bit elements \
+             per row) nor stored in columns of such atoms",
         )
     } else if b.swizzle != (Swizzle::Xor { b: 3, m: 3, s: 3 }) {
         Some("B's swizzle is not the 128-byte pattern")
@@ -599,6 +617,49 @@ pub fn wgmma_b(
     } else {
         None
     }
+}
+
+/// `B` of a matmul stored in 64-element columns of 128-byte swizzle atoms ([`AtomColumns`]),
+/// the form [`wgmma_b`] reads when N is a multiple of 64 above 64: `geo` (the tile of shape
+/// `shape`, N contiguous in rows of exactly N elements, every dim before K and N of extent 1)
+/// re-planned, or `None` when it is not of that kind.
+pub fn in_atom_columns(shape: &Shape, geo: &TileGeometry) -> Option<TileGeometry> {
+    let r = shape.rank();
+    if r < 2 || geo.dtype.bytes() != 2 || geo.columns.is_some() {
+        return None;
+    }
+    let (k, n) = (shape.dim(r - 2), shape.dim(r - 1));
+    let lead_ones = (0..r - 2).all(|d| shape.dim(d) == 1);
+    if !lead_ones
+        || n <= 64
+        || !n.is_multiple_of(64)
+        || geo.strides.0[r - 1] != 1
+        || geo.strides.0[r - 2] != n
+    {
+        return None;
+    }
+    let mut strides = geo.strides.clone();
+    strides.0[r - 2] = 64;
+    for d in 0..r - 2 {
+        strides.0[d] = k * n;
+    }
+    Some(TileGeometry {
+        layout: crate::layout::solve::TileLayout {
+            innermost: r - 1,
+            swizzled: Some(r - 2),
+        },
+        strides,
+        phys_elems: k * n,
+        bytes: k * n * geo.dtype.bytes(),
+        swizzle: Swizzle::Xor { b: 3, m: 3, s: 3 },
+        chunk_bytes: 16,
+        dtype: geo.dtype,
+        columns: Some(AtomColumns {
+            dim: r - 1,
+            width: 64,
+            stride: k * 64,
+        }),
+    })
 }
 
 /// `m16n8k16` MMAs per warp of an M×K by K×N matmul on a `warps` grid (as [`warp_grid`] counts).

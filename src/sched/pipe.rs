@@ -316,7 +316,8 @@ mod tests {
 
     /// On sm_90a the pipe's consumer (P·V, V one 128-byte swizzle atom across and loaded by
     /// TMA) runs as wgmma: B by descriptor, 8 instructions per warp (64 rows, K = 128 in steps
-    /// of 16); on sm_80, or with `wgmma` off, it keeps mma.sync and the plan says why.
+    /// of 16); so does its producer (Q·K, K's tile of 128 keys in two atom columns); on sm_80,
+    /// or with `wgmma` off, both keep mma.sync and the plan says why.
     #[test]
     fn the_pipe_consumer_takes_wgmma_on_hopper() {
         use crate::sched::ops::MatmulInstr;
@@ -356,13 +357,38 @@ mod tests {
         );
         assert_eq!(loads, (OperandLoad::Fragment, OperandLoad::WgmmaDescriptor));
         assert_eq!(per_warp, 8);
-        // The producer (Q·K, A from shared memory) keeps mma.sync, and the plan says why.
-        let producer = kp.fusion.chains[kp.register_pipes().next().unwrap().producer]
-            .leader()
-            .index();
-        assert_eq!(kp.no_wgmma.len(), 1);
-        assert_eq!(kp.no_wgmma[0].0, producer);
-        assert!(kp.no_wgmma[0].1.contains("shared memory"));
+        // The producer (Q·K over 128 keys) takes wgmma too: Q by ldmatrix, K's tile stored in
+        // two atom columns of 64 keys, loaded by one TMA box of (64 keys, 64, 2 columns).
+        let producer = kp.fusion.chains[kp.register_pipes().next().unwrap().producer].leader();
+        assert!(kp.no_wgmma.is_empty(), "{:?}", kp.no_wgmma);
+        let OpPlan::Matmul {
+            loads,
+            mma_per_warp,
+            ..
+        } = &kp.ops[producer.index()]
+        else {
+            panic!("no matmul")
+        };
+        assert_eq!(
+            (*loads, *mma_per_warp),
+            ((OperandLoad::Ldmatrix, OperandLoad::WgmmaDescriptor), 8)
+        );
+        let kt = g.customized_ops().next().unwrap().1.ops[producer].inputs[1].index();
+        let c = kp.tiles[kt]
+            .as_ref()
+            .unwrap()
+            .columns
+            .expect("atom columns");
+        assert_eq!((c.dim, c.width, c.stride), (1, 64, 64 * 64));
+        let load = kp
+            .tma
+            .loads
+            .iter()
+            .find(|l| l.tile == kt)
+            .expect("a TMA load");
+        assert_eq!(load.dims, [64, 64, 8]);
+        assert_eq!(load.boxes, [64, 64, 2]);
+        assert_eq!(load.strides, [1024, 128]);
         assert!(kp.features().contains(&crate::sched::plan::Feature::Wgmma));
         let off = plan_on(Arch::Sm90a, false);
         let (op, instr, _, _) = consumer(&off);
@@ -372,6 +398,8 @@ mod tests {
                 .contains(&(op, "wgmma turned off (--no-wgmma)"))
         );
         assert_eq!(off.no_wgmma.len(), 2);
+        // Without wgmma K keeps its rows.
+        assert!(off.tiles.iter().flatten().all(|t| t.columns.is_none()));
         let ampere = plan_on(Arch::Sm80, true);
         assert!(matches!(
             consumer(&ampere).1,

@@ -22,7 +22,7 @@ use super::ops::{Copy, OpPlan};
 use crate::graph::dtype::DType;
 use crate::graph::shape::{Shape, Strides};
 use crate::graph::threadblock::{TbGraph, TbOpKind};
-use crate::layout::swizzle::{Swizzle, TileGeometry};
+use crate::layout::swizzle::{AtomColumns, Swizzle, TileGeometry};
 
 /// Alignment (bytes) of a TMA stage slot and of the dynamic shared memory of a kernel with one.
 pub const TMA_SLOT_ALIGN: usize = 1024;
@@ -293,6 +293,29 @@ fn plan_load(
     if (0..shape.rank()).any(|d| shape.dim(d) > 1 && dshape.dim(d) == 1) {
         return Err("the tile is larger than the device tensor along a dim".into());
     }
+    let coord = |d: usize, unit: usize| TmaCoord {
+        dim: d,
+        per_block: (0..3)
+            .filter(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(d))
+            .map(|a| (a, dshape.dim(d) / tb.grid[a] / unit))
+            .collect(),
+        per_iter: if forloop_dim == Some(d) {
+            shape.dim(d) / unit
+        } else {
+            0
+        },
+    };
+    if let Some(c) = geo.columns {
+        return columns_load(
+            (op, tile, input),
+            &shape,
+            (dshape, &order, &strides),
+            geo,
+            c,
+            data_type,
+            coord,
+        );
+    }
     let boxes: Vec<usize> = order.iter().map(|&d| shape.dim(d)).collect();
     if let Some(b) = boxes.iter().find(|&&b| b > TMA_MAX_BOX) {
         return Err(format!(
@@ -318,21 +341,7 @@ fn plan_load(
         ));
     }
     let swizzle = engine_swizzle(geo.swizzle, elem, row_bytes)?;
-    let coords = order
-        .iter()
-        .map(|&d| TmaCoord {
-            dim: d,
-            per_block: (0..3)
-                .filter(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(d))
-                .map(|a| (a, dshape.dim(d) / tb.grid[a]))
-                .collect(),
-            per_iter: if forloop_dim == Some(d) {
-                shape.dim(d)
-            } else {
-                0
-            },
-        })
-        .collect();
+    let coords = order.iter().map(|&d| coord(d, 1)).collect();
     Ok(TmaLoad {
         op,
         tile,
@@ -346,6 +355,95 @@ fn plan_load(
         swizzle,
         coords,
         bytes: dense * elem,
+    })
+}
+
+/// The load of a tile stored in atom columns ([`AtomColumns`]): the device tensor's innermost
+/// dim (the tile's split dim, contiguous) is mapped as two, the offset inside a column (extent
+/// and box `width`, coordinate 0) and the column index (extent / `width`, stride `width`
+/// elements, coordinate in columns), with the tile's other dim of extent above 1 between them:
+/// the box (width, K, N / width, 1, …) lands in shared memory as the columns one after another,
+/// each K rows of `width` elements under the 128-byte swizzle. `device` holds the device
+/// tensor's shape, its dims of extent above 1 innermost first, and their byte strides (of
+/// `order[1..]`), checked by the caller; `coord(d, unit)` is dim `d`'s coordinate in units of
+/// `unit` elements.
+fn columns_load(
+    (op, tile, input): (usize, usize, usize),
+    shape: &Shape,
+    (dshape, order, strides): (&Shape, &[usize], &[u64]),
+    geo: &TileGeometry,
+    c: AtomColumns,
+    data_type: TmaDataType,
+    coord: impl Fn(usize, usize) -> TmaCoord,
+) -> Result<TmaLoad, String> {
+    let elem = geo.dtype.bytes();
+    let n_dim = c.dim;
+    let tiled: Vec<usize> = (0..shape.rank()).filter(|&d| shape.dim(d) > 1).collect();
+    let [k_dim, n] = tiled[..] else {
+        return Err("a tile in atom columns must have two dims of extent above 1".into());
+    };
+    if n != n_dim || order.first() != Some(&n_dim) {
+        return Err("the columns' dim is not the device tensor's innermost".into());
+    }
+    if order.len() + 1 > TMA_MAX_RANK {
+        return Err(format!(
+            "the device tensor has {} dims of extent above 1; split into columns they exceed TMA's {TMA_MAX_RANK}",
+            order.len()
+        ));
+    }
+    let (k, w) = (shape.dim(k_dim), c.width);
+    let per_block_ok = coord(n_dim, 1)
+        .per_block
+        .iter()
+        .all(|&(_, e)| e.is_multiple_of(w));
+    if !dshape.dim(n_dim).is_multiple_of(w) || !shape.dim(n_dim).is_multiple_of(w) || !per_block_ok
+    {
+        return Err(format!(
+            "the device tensor's innermost dim is not cut into whole columns of {w}"
+        ));
+    }
+    if c.stride != k * w || k > TMA_MAX_BOX || shape.dim(n_dim) / w > TMA_MAX_BOX {
+        return Err("the columns are not the dense box".into());
+    }
+    let swizzle = engine_swizzle(geo.swizzle, elem, w * elem)?;
+    // Map dims: inside a column, K, the column index, then the rest in stride order.
+    let stride_of = |d: usize| strides[order.iter().position(|&o| o == d).expect("a dim") - 1];
+    let rest: Vec<usize> = order[1..].iter().copied().filter(|&d| d != k_dim).collect();
+    let mut dims = vec![
+        w as u64,
+        dshape.dim(k_dim) as u64,
+        (dshape.dim(n_dim) / w) as u64,
+    ];
+    let mut map_strides = vec![stride_of(k_dim), (w * elem) as u64];
+    let mut boxes = vec![w as u32, k as u32, (shape.dim(n_dim) / w) as u32];
+    let mut coords = vec![
+        TmaCoord {
+            dim: n_dim,
+            per_block: Vec::new(),
+            per_iter: 0,
+        },
+        coord(k_dim, 1),
+        coord(n_dim, w),
+    ];
+    for d in rest {
+        dims.push(dshape.dim(d) as u64);
+        map_strides.push(stride_of(d));
+        boxes.push(1);
+        coords.push(coord(d, 1));
+    }
+    Ok(TmaLoad {
+        op,
+        tile,
+        input,
+        map: 0,
+        dtype: geo.dtype,
+        data_type,
+        dims,
+        strides: map_strides,
+        boxes,
+        swizzle,
+        coords,
+        bytes: k * shape.dim(n_dim) * elem,
     })
 }
 

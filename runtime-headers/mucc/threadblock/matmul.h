@@ -40,8 +40,8 @@ struct Load {
   static constexpr int Pairs = 3;
   // A only: the fp32 fragment of the matmul that produced it, in registers (`run_from`).
   static constexpr int Fragment = 4;
-  // B only, with A from a fragment: wgmma reads the tile through a shared-memory descriptor
-  // (sm_90a; `run_from`'s warpgroup path).
+  // B only: wgmma reads the tile through a shared-memory descriptor (sm_90a; the warpgroup
+  // paths of `run`, with A by ldmatrix, and of `run_from`).
   static constexpr int Wgmma = 5;
 };
 
@@ -60,7 +60,13 @@ struct Mma {
   using TA = LayoutTraits<LA>;
   using TB = LayoutTraits<LB>;
   static constexpr i64 a_sm = TA::template stride<LA::rank - 2>, a_sk = TA::template stride<LA::rank - 1>;
-  static constexpr i64 b_sk = TB::template stride<LB::rank - 2>, b_sn = TB::template stride<LB::rank - 1>;
+  // B in atom columns (sched's AtomColumns): its layout has one dim more than A's, N split
+  // into (column, offset in the column); b_col is the column stride. wgmma alone reads it.
+  static constexpr bool b_columns = LB::rank == LA::rank + 1;
+  static constexpr i64 b_col = b_columns ? TB::template stride<LB::rank - 2> : 0;
+  static constexpr i64 b_sk = TB::template stride<LB::rank - (b_columns ? 3 : 2)>,
+                       b_sn = TB::template stride<LB::rank - 1>;
+  static_assert(!b_columns || LOAD_B == Load::Wgmma, "B in atom columns is read by wgmma only");
   static constexpr bool a_chunks = sizeof(T) == 2 && TA::kept_chunk_log2 >= 3;
   static constexpr bool b_chunks = sizeof(T) == 2 && TB::kept_chunk_log2 >= 3;
   // A by ldmatrix with K contiguous, or with M contiguous (.trans).
@@ -289,12 +295,61 @@ struct Mma {
         if ((wm + i * WM) < MT && (wn + j * WN) < NT8) sm80::mma(f.v[i][j], af[i], bf[j], T());
   }
 
+  // The warpgroup path of `run` (LOAD_B == Load::Wgmma, sm_90a): whole warpgroups along M, the
+  // i-th m-tiles of a warpgroup's four warps being 64 consecutive rows; A by ldmatrix (K
+  // contiguous) into the m16n8k16 A fragments, which are wgmma's register A layout; B read
+  // through descriptors as in `run_from`: one 128-byte swizzle atom across (N = 64), or N / 64
+  // atom columns b_col elements apart, one m64n64k16 per column and k-step into the column's
+  // 8 n-tiles of the fragment. Every A fragment is loaded before the fence that orders register
+  // writes before the wgmmas (a fragment rewritten while an earlier wgmma may still read it
+  // would be a hazard), hence the bound on m-tiles × k-steps (the plan checks it too:
+  // sched::ops::wgmma_b).
+  static constexpr int KS = static_cast<int>(K / 16);
+  static constexpr int NC = static_cast<int>(N / 64);
+  __device__ __forceinline__ static void run_wgmma(Frag& f, const T* a, const T* b, const T* z, int wm, int lane) {
+    static_assert(a_k && WM % 4 == 0 && WN == 1 && N % 64 == 0 && (N == 64 || b_columns) && K % 16 == 0 &&
+                      b_sn == 1 && b_sk == 64 && (b_col * 2) % 1024 == 0 && TB::kept_chunk_log2 == 3 &&
+                      TB::period_log2 == 9 && sizeof(T) == 2,
+                  "this matmul is not a wgmma with A by ldmatrix and B in 128-byte swizzle atoms");
+    static_assert(PM * KS <= 8, "A's fragments of every k-step would take more than 32 registers");
+    unsigned af[KS][PM][4];
+    if constexpr (a_walk) {
+#pragma unroll
+      for (int i = 0; i < PM; ++i) {
+        unsigned addr, st;
+        a_lane(a, z, (wm + i * WM) * 16, lane, addr, st);
+#pragma unroll
+        for (int s = 0; s < KS; ++s) sm80::ldmatrix_x4<false>(af[s][i], addr + s * st);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int i = 0; i < PM; ++i) load_a(af[s][i], a, z, (wm + i * WM) * 16, s * 16, lane);
+    }
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int i = 0; i < PM; ++i)
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+          sm90::wgmma_m64n64k16_rs<T>(reinterpret_cast<float(&)[32]>(f.v[i][8 * c]), af[s][i],
+                                      sm90::wgmma_desc_sw128(b + c * b_col + s * 16 * 64, 16, 1024));
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+  }
+
   // f += A·B for this warp's tiles; `zero` is the zero page.
   __device__ __forceinline__ static void run(Frag& f, const T* a, const T* b, const void* zero, int warp, int lane) {
     if (warp >= WM * WN) return;
     const T* z = static_cast<const T*>(zero);
     const int wm = warp / WN, wn = warp % WN;
-    if constexpr ((a_walk || b_walk) && KF > 0) {
+    if constexpr (LOAD_B == Load::Wgmma) {
+      (void)wn;
+      __syncwarp();
+      run_wgmma(f, a, b, z, wm, lane);
+    } else if constexpr ((a_walk || b_walk) && KF > 0) {
       // The whole k-steps: a walking operand's lane addresses are computed once, then
       // advanced; the other operand computes its addresses per k-step.
       unsigned aa[PM], as[PM];
@@ -340,6 +395,7 @@ struct Mma {
   // slices of one m-tile by up to 8 n-tiles, so registers stay bounded for any N (for results
   // that are stored or reduced rather than kept in a fragment).
   template <class G> __device__ __forceinline__ static void apply(const T* a, const T* b, const void* zero, int warp, int lane, G g) {
+    static_assert(LOAD_B != Load::Wgmma, "slice-by-slice products take mma.sync");
     if (warp >= WM * WN) return;
     constexpr int JC = PN < 8 ? PN : 8;
     const T* z = static_cast<const T*>(zero);

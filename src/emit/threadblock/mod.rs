@@ -113,8 +113,7 @@ impl Ctx<'_> {
             .as_ref()
             .ok_or_else(|| self.internal(&format!("tile s{} has no shared memory", t.index())))?;
         let shape = self.tb.tensors[t].shape;
-        let dims: Vec<usize> = order.iter().map(|&d| shape.dim(d)).collect();
-        let strides: Vec<usize> = order.iter().map(|&d| geo.strides.0[d]).collect();
+        let (dims, strides) = geo.layout_dims(&shape, order);
         let swizzle = geo.swizzle;
         Ok(self.alias(cxx::layout(&dims, &strides, Some(swizzle))))
     }
