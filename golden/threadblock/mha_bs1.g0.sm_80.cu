@@ -12,9 +12,9 @@
 // kernel op 4: kn_exp_op(%3) -> %4 [32, 16, 4096] f16
 namespace k4_exp_l {
   using L0 =
-    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+    mucc::Layout<mucc::Shape<32, 16, 4096>, mucc::Stride<65536, 4096, 1>>;
   using L1 =
-    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+    mucc::Layout<mucc::Shape<32, 16, 4096>, mucc::Stride<65536, 4096, 1>>;
 }
 struct k4_exp_op {
   __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
@@ -32,13 +32,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
-  using L0 = mucc::Layout<mucc::Shape<1, 4096, 8>, mucc::Stride<32768, 8, 1>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 4096, 8>, mucc::Stride<65536, 16, 1>>;
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 4096>, mucc::Stride<32768, 4096, 1>>, mucc::Swizzle<3,
+      3, 9>>;
+  using L1 = mucc::Layout<mucc::Shape<1, 8, 4096>, mucc::Stride<65536, 4096, 1>>;
   using L2 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>;
   using L3 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<1024, 64, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 8, 1>, mucc::Stride<8, 1, 8>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 8, 4096>, mucc::Stride<32768, 1, 8>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<8, 1, 0>>;
+  using L5 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<8, 1, 0>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 65536);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 67584);  // s2 (tb_forloop_accum_red_ld_sum_op)
   mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 66560);  // s3 (tb_forloop_accum_nored_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 65536 + static_cast<mucc::i64>(blockIdx.y) * 8;
+  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 65536 + static_cast<mucc::i64>(blockIdx.y) * 32768;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   // op0 input
@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
     // op2 accum_red_ld_sum
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0[L5::offset(row * 4096 + j)]);
+        float v = mucc::to_compute(s0[L0::offset(row * 4096 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
   // op4 div -> op5 output
   mucc::tb::for_each<512, 512>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L2::offset(e)]);
-    const float x1 = mucc::to_compute(s2[L6::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L5::offset(e)]);
     float v = mucc::op::div(x0, x1);
     go5[L3::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
@@ -100,17 +100,17 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   const mucc::host::Buffers buf{inputs, outputs, workspace};
   (void)buf;
 
-  // cuBLAS: 32 product(s) of 16x64 by 64x4096
+  // cuBLAS: 32 product(s) of 4096x64 by 64x16
   {
     cublasHandle_t handle;
     MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
     MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
-      handle, CUBLAS_OP_T, CUBLAS_OP_T, 16, 4096, 64, &alpha,
-      buf.in(0, 0), CUDA_R_16F, 64, 1024LL,
-      buf.in(1, 0), CUDA_R_16F, 4096, 262144LL, &beta,
-      buf.ws(0), CUDA_R_16F, 16, 65536LL,
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, 4096, 16, 64, &alpha,
+      buf.in(1, 0), CUDA_R_16F, 4096, 262144LL,
+      buf.in(0, 0), CUDA_R_16F, 64, 1024LL, &beta,
+      buf.ws(0), CUDA_R_16F, 4096, 65536LL,
       32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -128,9 +128,9 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));
     const float alpha = 1, beta = 0;
     MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
-      handle, CUBLAS_OP_N, CUBLAS_OP_T, 64, 16, 4096, &alpha,
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, 64, 16, 4096, &alpha,
       buf.in(2, 0), CUDA_R_16F, 64, 262144LL,
-      buf.ws(4194304), CUDA_R_16F, 16, 65536LL, &beta,
+      buf.ws(4194304), CUDA_R_16F, 4096, 65536LL, &beta,
       buf.ws(0), CUDA_R_16F, 64, 1024LL,
       32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }

@@ -29,13 +29,11 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k
   using L4 = mucc::Layout<mucc::Shape<1, 512, 64>, mucc::Stride<262144, 64, 1>>;
   using L5 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 512, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<65536, 4096, 1>>;
-  using L7 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 1, 16>>, mucc::Swizzle<2, 2,
-      3>>;
+  using L7 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 2,
+      4>>;
   using L8 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<32, 16, 1>>;
-  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<1024, 16, 1>>, mucc::Swizzle<2, 2,
-      3>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 64, 16>, mucc::Stride<2048, 16, 1>>;
+  using L10 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<2048, 128, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -53,7 +51,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 2) * 65536
       + static_cast<mucc::i64>(blockIdx.y) * 2048;
   mucc::f16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 32 + static_cast<mucc::i64>(blockIdx.y) * 16;
-  mucc::f16* go7 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 1024;
+  mucc::f16* go7 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 64;
   mucc::tb::fill<512, 16, L0>(tid, s3, float(0.0));
   L3::Frag acc5;
   L3::fill(acc5, float(0.0));
@@ -130,7 +128,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k
   // op6 output
   mucc::tb::copy_elems<512, 16, L9, L8>(tid, go6, s3);
   // op7 output
-  mucc::tb::copy_elems<512, 1024, L11, L10>(tid, go7, s5);
+  mucc::tb::copy_elems<512, 1024, L10, L7>(tid, go7, s5);
 }
 
 // kernel op 5: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 1, 4160 bytes of shared memory
@@ -142,16 +140,16 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
     const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 2, 8>, mucc::Stride<16, 8, 1>>;
   using L1 = mucc::Layout<mucc::Shape<1, 2, 8>, mucc::Stride<32, 16, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 128, 8>, mucc::Stride<1024, 8, 1>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 128, 8>, mucc::Stride<2048, 16, 1>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 128>, mucc::Stride<1024, 128, 1>>, mucc::Swizzle<3, 3,
+      4>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 8, 128>, mucc::Stride<2048, 128, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 8, 1>, mucc::Stride<8, 1, 8>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>, mucc::Swizzle<3, 2,
       4>>;
   using L6 = mucc::Layout<mucc::Shape<1, 8, 2>, mucc::Stride<16, 1, 8>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 8, 128>, mucc::Stride<1024, 1, 8>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<8, 8, 1>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<16, 16, 1>>;
-  using L10 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<1024, 64, 1>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<8, 8, 1>>;
+  using L8 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<16, 16, 1>>;
+  using L9 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<1024, 64, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -164,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
   float* s2 = reinterpret_cast<float*>(smem + 4128);  // s2 (tb_forloop_accum_red_ld_sum_op)
   float* s3 = reinterpret_cast<float*>(smem + 2048);  // s3 (tb_forloop_accum_redtox_ld_sum_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 32 + static_cast<mucc::i64>(blockIdx.y) * 8;
-  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 8;
+  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 1024;
   mucc::f16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 16 + static_cast<mucc::i64>(blockIdx.y) * 8;
   mucc::f16* go5 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   // op0 input
@@ -194,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
     mucc::tb::for_each<512, 512>(tid, [&](int o, int) {
       float s = float(0.0);
       for (int kk = 0; kk < 2; ++kk) {
-        float v = mucc::to_compute(s1[L7::offset((o / 64) * 128 + kk * 64 + o % 64)]);
+        float v = mucc::to_compute(s1[L2::offset((o / 64) * 128 + kk * 64 + o % 64)]);
         s += v;
       }
       mucc::tb::acc_add(s3[L5::offset(o)], s);
@@ -202,9 +200,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
   }
   __syncthreads();
   // op4 output
-  mucc::tb::copy_elems<512, 8, L9, L8>(tid, go4, s2);
+  mucc::tb::copy_elems<512, 8, L8, L7>(tid, go4, s2);
   // op5 output
-  mucc::tb::copy_elems<512, 512, L10, L5>(tid, go5, s3);
+  mucc::tb::copy_elems<512, 512, L9, L5>(tid, go5, s3);
 }
 
 // kernel op 6: kn_div_op(%7, %6) -> %8 [32, 16, 64] f16

@@ -30,15 +30,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   using L6 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
   using L7 = mucc::tb::Mma<mucc::f16, L0, L2, 64, 128, 64, 2, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L8 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 1, 128>>, mucc::Swizzle<3,
-      3, 4>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>;
-  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2,
+  using L8 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>;
+  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2,
       4>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<1048576, 1024, 1>>;
-  using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2,
-      4>>;
-  using L13 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1024, 1>>;
+  using L10 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<1048576, 1024, 1>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 512, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -55,8 +51,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.z) * 4096;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 512;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.y) * 32768;
-  mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.y) * 131072 + static_cast<mucc::i64>(blockIdx.z) * 64;
-  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 64;
+  mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.y) * 128 + static_cast<mucc::i64>(blockIdx.z) * 65536;
+  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 64 + static_cast<mucc::i64>(blockIdx.z) * 32768;
   // op0 input
   mucc::tb::copy_chunks<512, 4096, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
@@ -106,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     __syncthreads();
     // op5 accum_nored
     mucc::tb::for_each_unrolled<512, 8192>(tid, [&](int e, int r) {
-      float v = mucc::to_compute(s4[L8::offset(e)]);
+      float v = mucc::to_compute(s4[L2::offset(e)]);
       acc5[r] += v;
     });
     // op6 matmul -> op7 accum_nored
@@ -114,16 +110,16 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     __syncthreads();
   }
   mucc::tb::for_each_unrolled<512, 8192>(tid, [&](int e, int r) {
-    s5[L9::offset(e)] = mucc::from_compute<float>(acc5[r]);
+    s5[L8::offset(e)] = mucc::from_compute<float>(acc5[r]);
   });
   L4::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s7[L10::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+    s7[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
   __syncthreads();
   // op8 output
-  mucc::tb::copy_elems<512, 8192, L11, L9>(tid, go8, s5);
+  mucc::tb::copy_elems<512, 8192, L10, L8>(tid, go8, s5);
   // op9 output
-  mucc::tb::copy_elems<512, 4096, L13, L12>(tid, go9, s7);
+  mucc::tb::copy_elems<512, 4096, L11, L9>(tid, go9, s7);
 }
 
 // kernel op 4: kn_customized_op grid (1, 128, 1), block (512, 1, 1), forloop 1, 26656 bytes of shared memory
@@ -132,17 +128,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1) {
-  using L0 = mucc::Layout<mucc::Shape<1, 1024, 8>, mucc::Stride<8192, 8, 1>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 1024, 8>, mucc::Stride<1048576, 1024, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 512, 8>, mucc::Stride<4096, 8, 1>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 512, 8>, mucc::Stride<524288, 1024, 1>>;
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 1024>, mucc::Stride<8192, 1024, 1>>, mucc::Swizzle<3,
+      3, 7>>;
+  using L1 = mucc::Layout<mucc::Shape<1, 8, 1024>, mucc::Stride<1048576, 1024, 1>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 512>, mucc::Stride<4096, 512, 1>>, mucc::Swizzle<3, 3,
+      6>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 8, 512>, mucc::Stride<524288, 512, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 8, 1>, mucc::Stride<8, 1, 8>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>, mucc::Swizzle<5, 0,
       6>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 8, 1024>, mucc::Stride<8192, 1, 8>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 8, 512>, mucc::Stride<4096, 1, 8>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<8, 1, 0>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<65536, 64, 1>>;
+  using L6 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<8, 1, 0>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<65536, 64, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -153,8 +149,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s1 (tb_input_op)
   float* s2 = reinterpret_cast<float*>(smem + 26624);  // s2 (tb_forloop_accum_red_ld_sum_op)
   float* s3 = reinterpret_cast<float*>(smem + 24576);  // s3 (tb_forloop_accum_redtox_ld_sum_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.y) * 8;
-  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 8;
+  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.y) * 8192;
+  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.y) * 512;
   // op0 input
   mucc::tb::copy_chunks<512, 8192, 8, L0, L1>(tid, s0, gi0);
@@ -171,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     // op2 accum_red_ld_sum
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0[L6::offset(row * 1024 + j)]);
+        float v = mucc::to_compute(s0[L0::offset(row * 1024 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
@@ -183,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::tb::for_each<512, 512>(tid, [&](int o, int) {
       float s = float(0.0);
       for (int kk = 0; kk < 8; ++kk) {
-        float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
+        float v = mucc::to_compute(s1[L2::offset((o / 64) * 512 + kk * 64 + o % 64)]);
         s += v;
       }
       mucc::tb::acc_add(s3[L5::offset(o)], s);
@@ -193,9 +189,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   // op4 div -> op5 output
   mucc::tb::for_each<512, 512>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L5::offset(e)]);
-    const float x1 = mucc::to_compute(s2[L8::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L6::offset(e)]);
     float v = mucc::op::div(x0, x1);
-    go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    go5[L7::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
 }
 

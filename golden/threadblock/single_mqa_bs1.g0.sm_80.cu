@@ -32,13 +32,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   using L8 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
   using L9 = mucc::tb::Mma<mucc::f16, L0, L6, 64, 128, 64, 4, 1, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>, mucc::Swizzle<3, 2,
+  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2,
       4>>;
   using L11 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<64, 64, 1>>;
   using L12 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1024, 1>>;
-  using L13 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>, mucc::Swizzle<3, 2,
-      4>>;
-  using L14 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 1024, 1>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 512, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -55,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 512;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.y) * 32768;
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024 + static_cast<mucc::i64>(blockIdx.z) * 64;
-  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 64;
+  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.y) * 64 + static_cast<mucc::i64>(blockIdx.z) * 32768;
   // op0 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
@@ -130,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   // op8 output
   mucc::tb::copy_elems<128, 64, L12, L11>(tid, go8, s5);
   // op9 output
-  mucc::tb::copy_elems<128, 4096, L14, L13>(tid, go9, s7);
+  mucc::tb::copy_elems<128, 4096, L13, L10>(tid, go9, s7);
 }
 
 // kernel op 4: kn_customized_op grid (1, 64, 1), block (512, 1, 1), forloop 1, 20800 bytes of shared memory
@@ -141,15 +139,15 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     const mucc::f16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<128, 16, 1>>;
   using L1 = mucc::Layout<mucc::Shape<1, 8, 16>, mucc::Stride<8192, 1024, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<8192, 16, 1>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 512, 16>, mucc::Stride<524288, 1024, 1>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 512, 1>>, mucc::Swizzle<3,
+      3, 6>>;
+  using L3 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<524288, 512, 1>>;
   using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0,
       6>>;
   using L6 = mucc::Layout<mucc::Shape<1, 16, 8>, mucc::Stride<128, 1, 16>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 1, 16>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<65536, 64, 1>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
+  using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<65536, 64, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -161,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   float* s2 = reinterpret_cast<float*>(smem + 20736);  // s2 (tb_forloop_accum_red_ld_sum_op)
   float* s3 = reinterpret_cast<float*>(smem + 16640);  // s3 (tb_forloop_accum_redtox_ld_sum_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.y) * 16;
-  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 16;
+  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 8192;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.y) * 1024;
   // op0 input
   mucc::tb::copy_chunks<512, 128, 8, L0, L1>(tid, s0, gi0);
@@ -190,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::tb::for_each<512, 1024>(tid, [&](int o, int) {
       float s = float(0.0);
       for (int kk = 0; kk < 8; ++kk) {
-        float v = mucc::to_compute(s1[L7::offset((o / 64) * 512 + kk * 64 + o % 64)]);
+        float v = mucc::to_compute(s1[L2::offset((o / 64) * 512 + kk * 64 + o % 64)]);
         s += v;
       }
       mucc::tb::acc_add(s3[L5::offset(o)], s);
@@ -200,9 +198,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   // op4 div -> op5 output
   mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
     const float x0 = mucc::to_compute(s3[L5::offset(e)]);
-    const float x1 = mucc::to_compute(s2[L8::offset(e)]);
+    const float x1 = mucc::to_compute(s2[L7::offset(e)]);
     float v = mucc::op::div(x0, x1);
-    go5[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
+    go5[L8::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
 }
 

@@ -34,6 +34,7 @@
 //! | name | weight | paid when |
 //! |---|---|---|
 //! | `TB_INPUT_NO_CP_ASYNC` | 20000 | a threadblock input's tile has another innermost dim than its DTensor (no 16-byte asynchronous copies) |
+//! | `TB_INPUT_SHORT_RUNS` | 8000 | a threadblock input's tile spans fewer than 128 bytes of its DTensor's innermost dim and more than one element of another dim (short reads far apart) |
 //! | `TB_OUTPUT_NO_WIDE_COPY` | 4000 | a stored tile (or the iteration dim of a chain that stores directly) differs from the output DTensor's innermost dim |
 //! | `TB_MATMUL_NO_LDMATRIX` | 10000 | a threadblock matmul operand has neither matrix dim innermost |
 //! | `TB_FEW_ROWS_A_BY_COLUMNS` | 2000 | a threadblock matmul's A of at most 8 rows has its row dim innermost |
@@ -60,6 +61,14 @@ use crate::graph::threadblock::{TbGraph, TbOpKind};
 
 /// A threadblock input whose tile loses the DTensor's innermost dim.
 pub const TB_INPUT_NO_CP_ASYNC: i64 = 20_000;
+/// A threadblock input whose tile spans fewer than [`SECTOR_RUN_BYTES`] of its DTensor's
+/// innermost dim while spreading over another dim: each block reads the device tensor in short
+/// pieces far apart (mqa_bs8's division kernel read its [8, 1024, 512] workspace in 16-byte
+/// chunks 2 KB apart: 12.9 µs for 9 MB on an H100, ncu, 2026-11-26).
+pub const TB_INPUT_SHORT_RUNS: i64 = 8_000;
+/// Contiguous bytes of a block's read below which [`TB_INPUT_SHORT_RUNS`] is paid (a 128-byte
+/// line).
+pub const SECTOR_RUN_BYTES: usize = 128;
 /// A stored tile whose innermost dim is not the output DTensor's.
 pub const TB_OUTPUT_NO_WIDE_COPY: i64 = 4_000;
 /// A threadblock matmul operand with neither matrix dim innermost.
@@ -342,6 +351,16 @@ impl<'a> Builder<'a> {
             })
     }
 
+    /// Whether the caller's strides fix tensor `t`'s layout (a graph input, or an output with
+    /// strides): costs that depend only on its innermost dim change nothing there.
+    fn pinned(&self, t: usize) -> bool {
+        self.g.ops.iter().any(|(_, op)| match &op.kind {
+            KnOpKind::Input { .. } => op.outputs[0].index() == t,
+            KnOpKind::Output { strides: Some(_) } => op.inputs[0].index() == t,
+            _ => false,
+        })
+    }
+
     fn fix_user_layout(&mut self, t: usize, strides: &[usize], here: &str) {
         if let Some(d) = self.user_innermost(t, strides)
             && let Some(v) = self.dvars[t][d]
@@ -421,11 +440,18 @@ impl<'a> Builder<'a> {
                     let d = kn_ins[*input].index();
                     let s = op.outputs[0].index();
                     let Some(tv) = tiles[s].clone() else { continue };
+                    let ts = &tb.tensors[op.outputs[0]];
+                    let elem = (ts.dtype.bits() / 8).max(1) as usize;
+                    let spread =
+                        ts.shape.dims().iter().filter(|&&e| e > 1).count() > 1 && !self.pinned(d);
                     for dim in 0..self.dvars[d].len() {
                         if let Some(dv) = self.dvars[d][dim] {
                             let mut when = vec![dv.pos()];
                             when.extend(lit_or_const(tv.inner.get(dim).copied().flatten(), false));
                             self.cost(when, TB_INPUT_NO_CP_ASYNC);
+                            if spread && ts.shape.dim(dim) * elem < SECTOR_RUN_BYTES {
+                                self.cost(vec![dv.pos()], TB_INPUT_SHORT_RUNS);
+                            }
                         }
                     }
                 }
