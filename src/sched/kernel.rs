@@ -20,7 +20,7 @@ use crate::graph::fusion::{FusionPlan, NotFused};
 use crate::graph::kernel::{DTensor, KernelGraph};
 use crate::graph::ops::{AccumKind, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
-use crate::graph::threadblock::{TbGraph, TbOpKind};
+use crate::graph::threadblock::{TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::{KernelLayout, TileLayout};
 use crate::layout::swizzle::{TileGeometry, plan_tile};
 use crate::target::{RUNTIME_STATIC_SMEM, Target};
@@ -375,21 +375,9 @@ fn plan_atom_columns(
             continue;
         };
         let (a, b) = (top.inputs[0], top.inputs[1]);
-        let from_ring = tb.producer(b).is_some_and(|h| {
-            matches!(
-                tb.ops[h].kind,
-                TbOpKind::Input {
-                    forloop_dim: Some(_),
-                    ..
-                }
-            ) && matches!(
-                ops[h.index()],
-                OpPlan::Input {
-                    copy: Copy::Chunked { .. },
-                    ..
-                }
-            )
-        });
+        let from_ring = tb
+            .producer(b)
+            .is_some_and(|h| chunked_loop_input(tb, ops, h));
         let readers = tb.ops.iter().filter(|(_, o)| o.inputs.contains(&b)).count();
         if loads.0 != OperandLoad::Ldmatrix || !from_ring || readers != 1 {
             continue;
@@ -893,26 +881,31 @@ fn plan_operand_loads(
     }
 }
 
+/// Whether operator `h` is an input copied in chunks along the for-loop (what a pipeline ring
+/// stages, when the loop has two iterations or more).
+fn chunked_loop_input(tb: &TbGraph, ops: &[OpPlan], h: Handle<TbOp>) -> bool {
+    matches!(
+        tb.ops[h].kind,
+        TbOpKind::Input {
+            forloop_dim: Some(_),
+            ..
+        }
+    ) && matches!(
+        ops[h.index()],
+        OpPlan::Input {
+            copy: Copy::Chunked { .. },
+            ..
+        }
+    )
+}
+
 /// The inputs a pipeline ring may stage (chunked copies along the for-loop, on targets with
 /// `cp.async`), as operator indices.
 fn ring_inputs(tb: &TbGraph, ops: &[OpPlan], target: &Target) -> Vec<usize> {
     tb.ops
         .iter()
-        .filter(|(h, op)| {
-            matches!(
-                op.kind,
-                TbOpKind::Input {
-                    forloop_dim: Some(_),
-                    ..
-                }
-            ) && matches!(
-                ops[h.index()],
-                OpPlan::Input {
-                    copy: Copy::Chunked { .. },
-                    ..
-                }
-            ) && tb.forloop_range > 1
-                && target.has_cp_async
+        .filter(|(h, _)| {
+            chunked_loop_input(tb, ops, *h) && tb.forloop_range > 1 && target.has_cp_async
         })
         .map(|(h, _)| h.index())
         .collect()
