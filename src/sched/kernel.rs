@@ -404,10 +404,8 @@ fn plan_atom_columns(
 }
 
 /// Runs tensor-core matmuls as `wgmma` where [`super::ops::wgmma_b`] allows (`allowed`: the
-/// options'): the consumer of a register pipe (A from the producer's registers), and a matmul
-/// whose product lands in a fragment (a pipe's producer, or one into or through to a register
-/// accumulator) with A by `ldmatrix`; returns, per tensor-core matmul that keeps `mma.sync`,
-/// why.
+/// options'): the consumer of a register pipe (A from the producer's registers) and its
+/// producer (A by `ldmatrix`); returns, per tensor-core matmul that keeps `mma.sync`, why.
 fn plan_wgmma(
     tb: &TbGraph,
     ops: &mut [OpPlan],
@@ -450,17 +448,22 @@ fn plan_wgmma(
         let MatmulInstr::MmaSyncM16N8K16 { dtype } = *instr else {
             continue;
         };
-        let into_fragment = matches!(
-            chains[c].matmul,
-            Some(
-                MatmulLowering::Pipe
-                    | MatmulLowering::IntoFragment
-                    | MatmulLowering::ThroughMembers
-            )
+        // `Mma::run`'s warpgroup path serves every fragment lowering alike, but only a pipe's
+        // producer has run it on a GPU: no corpus, builder or generated graph has a matmul
+        // into or through to a register accumulator that wgmma could take (`warp_grid` gives
+        // such matmuls warps along N, or their fragment exceeds the register budget and they
+        // go slice by slice), so those keep mma.sync until a GPU round checks one.
+        let lowering = chains[c].matmul;
+        let to_accumulator = matches!(
+            lowering,
+            Some(MatmulLowering::IntoFragment | MatmulLowering::ThroughMembers)
         );
         let why = if !allowed {
             Some("wgmma turned off (--no-wgmma)")
-        } else if loads.0 != OperandLoad::Fragment && !into_fragment {
+        } else if loads.0 != OperandLoad::Fragment
+            && lowering != Some(MatmulLowering::Pipe)
+            && !to_accumulator
+        {
             Some("its product is computed slice by slice, not into one fragment")
         } else if !matches!(loads.0, OperandLoad::Fragment | OperandLoad::Ldmatrix) {
             Some("A loads neither from a register pipe nor by ldmatrix with K contiguous")
@@ -469,6 +472,12 @@ fn plan_wgmma(
                 Some(gb) => super::ops::wgmma_b(mnk, *warps, gb, b_by_tma, loads.0),
                 None => Some("B is not in shared memory"),
             }
+            .or_else(|| {
+                (loads.0 != OperandLoad::Fragment && to_accumulator).then_some(
+                    "wgmma into a register accumulator's fragment is not checked on a GPU yet \
+                     (only a register pipe's matmuls take it)",
+                )
+            })
         };
         match why {
             Some(w) => off.push((mm.index(), w)),
