@@ -235,9 +235,15 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     } else {
         features.join(", ")
     };
+    // The launch bounds promise what shared memory holds of the blocks wanted.
+    let held = if cta.min_blocks_per_sm < cta.resident_blocks {
+        format!(" (shared memory holds {})", cta.min_blocks_per_sm)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "  code path: {} (uses {features}); launch bounds ({}, {}); {} resident block(s) per SM budgeted",
+        "  code path: {} (uses {features}); launch bounds ({}, {}); {} resident block(s) per SM budgeted{held}",
         kp.path, cta.threads, cta.min_blocks_per_sm, cta.resident_blocks
     );
     if p.target.has_tma_wgmma {
