@@ -279,9 +279,16 @@ mod tests {
     /// One block of attention: S = Q·Kᵀ over 4 iterations of 128 keys, P = exp(S), l = Σ P
     /// per row, O = Σ P·V; with `extra`, P also feeds an element-wise accumulator.
     fn attention(extra: bool) -> KernelGraph {
+        attention_k_rows(extra, 512)
+    }
+
+    /// [`attention`] with K's rows `k_row` elements apart (512: dense).
+    fn attention_k_rows(extra: bool, k_row: usize) -> KernelGraph {
         let mut g = GraphBuilder::new();
         let q = g.new_input(&[64, 64], DType::F16).unwrap();
-        let k = g.new_input(&[64, 512], DType::F16).unwrap();
+        let k = g
+            .new_input_strided(&[64, 512], &[k_row, 1], DType::F16)
+            .unwrap();
         let v = g.new_input(&[512, 64], DType::F16).unwrap();
         let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 4);
         let tq = tb.new_input(&g, q, [-1, -1, -1], -1).unwrap();
@@ -478,6 +485,33 @@ mod tests {
                 row_tiles: 4,
                 warps: 8
             }
+        );
+    }
+
+    /// K's tile goes back to its rows when TMA cannot load it in atom columns (rows 1032 bytes
+    /// apart: no multiple of 16), and Q·K keeps mma.sync with the reason.
+    #[test]
+    fn atom_columns_need_a_tma_load() {
+        let g = attention_k_rows(false, 516);
+        let opts = Options {
+            cta: CtaChoice::Graph,
+            ..Options::for_target(Target::new(Arch::Sm90a))
+        };
+        let kp = crate::sched::plan(&g, &opts).unwrap();
+        let kp = kp.kernels.values().next().unwrap();
+        assert!(
+            kp.tiles.iter().flatten().all(|t| t.columns.is_none()),
+            "{:?} {:?}",
+            kp.tma,
+            kp.tiles
+        );
+        let producer = kp.fusion.chains[kp.register_pipes().next().unwrap().producer].leader();
+        assert!(
+            kp.no_wgmma
+                .iter()
+                .any(|&(o, why)| o == producer.index() && why.contains("swizzle atom")),
+            "{:?}",
+            kp.no_wgmma
         );
     }
 }
