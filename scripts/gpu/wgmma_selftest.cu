@@ -91,6 +91,31 @@ __global__ void kern_qk(const T* gq, const T* gk, float* o_wgmma, float* o_mma) 
   S::each(sf, warp, lane, [&](int r, int c, float x, int, int, int) { o_mma[r * KEYS + c] = x; });
 }
 
+// Reads the wgmma and mma.sync results (device, `ref.size()` floats, rows of `cols`) and prints
+// how many differ from `ref` by more than tol·(1 + |ref|), with the first wrong wgmma element;
+// 1 when any does.
+int report(const std::vector<double>& ref, const float* dw, const float* ds, int cols, double tol) {
+  const size_t n = ref.size();
+  std::vector<float> w(n), s(n);
+  cudaMemcpy(w.data(), dw, n * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(s.data(), ds, n * 4, cudaMemcpyDeviceToHost);
+  int bad_w = 0, bad_s = 0, first = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const double t = tol * (1.0 + std::fabs(ref[i]));
+    if (!(std::fabs(w[i] - ref[i]) <= t)) {
+      ++bad_w;
+      if (first < 0) first = static_cast<int>(i);
+    }
+    if (!(std::fabs(s[i] - ref[i]) <= t)) ++bad_s;
+  }
+  printf("wgmma %d wrong, mma.sync %d wrong of %zu", bad_w, bad_s, n);
+  if (first >= 0)
+    printf("; first at (%d, %d): ref %g wgmma %g mma.sync %g", first / cols, first % cols, ref[first], w[first],
+           s[first]);
+  printf("\n");
+  return bad_w + bad_s > 0;
+}
+
 template <class T> float to_f(T x);
 template <> float to_f<f16>(f16 x) { return __half2float(x); }
 template <> float to_f<bf16>(bf16 x) { return __bfloat162float(x); }
@@ -136,23 +161,9 @@ template <class T, int ROWS, int KEYS, int WM> int check(const char* name) {
     printf("CUDA error %s\n", cudaGetErrorString(e));
     return 1;
   }
-  std::vector<float> w(ROWS * 64), s(ROWS * 64);
-  cudaMemcpy(w.data(), dw, w.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost);
-  int bad_w = 0, bad_s = 0, first = -1;
-  for (int i = 0; i < ROWS * 64; ++i) {
-    const double tol = 1e-3 * (1.0 + std::fabs(ref[i]));
-    if (!(std::fabs(w[i] - ref[i]) <= tol)) {
-      ++bad_w;
-      if (first < 0) first = i;
-    }
-    if (!(std::fabs(s[i] - ref[i]) <= tol)) ++bad_s;
-  }
-  printf("wgmma %d wrong, mma.sync %d wrong of %d", bad_w, bad_s, ROWS * 64);
-  if (first >= 0) printf("; first at (%d, %d): ref %g wgmma %g mma.sync %g", first / 64, first % 64, ref[first], w[first], s[first]);
-  printf("\n");
+  const int bad = report(ref, dw, ds, 64, 1e-3);
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dw), cudaFree(ds);
-  return bad_w + bad_s > 0;
+  return bad;
 }
 
 template <class T, int ROWS, int DK, int KEYS, int WM> int check_qk(const char* name) {
@@ -183,25 +194,9 @@ template <class T, int ROWS, int DK, int KEYS, int WM> int check_qk(const char* 
     printf("CUDA error %s\n", cudaGetErrorString(e));
     return 1;
   }
-  std::vector<float> w(ROWS * KEYS), s(ROWS * KEYS);
-  cudaMemcpy(w.data(), dw, out, cudaMemcpyDeviceToHost);
-  cudaMemcpy(s.data(), ds, out, cudaMemcpyDeviceToHost);
-  int bad_w = 0, bad_s = 0, first = -1;
-  for (int i = 0; i < ROWS * KEYS; ++i) {
-    const double tol = 1e-4 * (1.0 + std::fabs(ref[i]));
-    if (!(std::fabs(w[i] - ref[i]) <= tol)) {
-      ++bad_w;
-      if (first < 0) first = i;
-    }
-    if (!(std::fabs(s[i] - ref[i]) <= tol)) ++bad_s;
-  }
-  printf("wgmma %d wrong, mma.sync %d wrong of %d", bad_w, bad_s, ROWS * KEYS);
-  if (first >= 0)
-    printf("; first at (%d, %d): ref %g wgmma %g mma.sync %g", first / KEYS, first % KEYS, ref[first], w[first],
-           s[first]);
-  printf("\n");
+  const int bad = report(ref, dw, ds, KEYS, 1e-4);
   cudaFree(dq), cudaFree(dk), cudaFree(dw), cudaFree(ds);
-  return bad_w + bad_s > 0;
+  return bad;
 }
 
 int main() {

@@ -391,6 +391,25 @@ struct Mma {
     }
   }
 
+  // One k-step at k0 of `apply`'s slice (m-tile mt, n-tiles wn + (j0 + jj)·WN for jj < JC)
+  // with every operand loaded by its bounds-checked path.
+  template <int JC>
+  __device__ __forceinline__ static void slice_step(float (&acc)[JC][4], const T* a, const T* b, const T* z, int mt,
+                                                    int wn, int j0, int k0, int lane) {
+    unsigned af[4];
+    load_a(af, a, z, mt * 16, k0, lane);
+#pragma unroll
+    for (int jj = 0; jj < JC; ++jj) {
+      const int nt = wn + (j0 + jj) * WN;
+      if (j0 + jj < PN && nt < NT8) {
+        unsigned bf[2];
+        load_b(bf, b, z, nt * 8, k0, lane);
+        __syncwarp();
+        sm80::mma(acc[jj], af, bf, T());
+      }
+    }
+  }
+
   // g(row, col, value) for every element of A·B inside M × N in this warp's tiles, computed in
   // slices of one m-tile by up to 8 n-tiles, so registers stay bounded for any N (for results
   // that are stored or reduced rather than kept in a fragment).
@@ -436,35 +455,9 @@ struct Mma {
               if (j0 + jj < PN && nt < NT8) sm80::mma(acc[jj], af, bf[jj], T());
             }
           }
-          if constexpr (KF < K) {
-            unsigned af[4];
-            load_a(af, a, z, mt * 16, KF, lane);
-#pragma unroll
-            for (int jj = 0; jj < JC; ++jj) {
-              const int nt = wn + (j0 + jj) * WN;
-              if (j0 + jj < PN && nt < NT8) {
-                unsigned bf[2];
-                load_b(bf, b, z, nt * 8, KF, lane);
-                __syncwarp();
-                sm80::mma(acc[jj], af, bf, T());
-              }
-            }
-          }
+          if constexpr (KF < K) slice_step<JC>(acc, a, b, z, mt, wn, j0, KF, lane);
         } else {
-          for (int k0 = 0; k0 < K; k0 += 16) {
-            unsigned af[4];
-            load_a(af, a, z, mt * 16, k0, lane);
-#pragma unroll
-            for (int jj = 0; jj < JC; ++jj) {
-              const int nt = wn + (j0 + jj) * WN;
-              if (j0 + jj < PN && nt < NT8) {
-                unsigned bf[2];
-                load_b(bf, b, z, nt * 8, k0, lane);
-                __syncwarp();
-                sm80::mma(acc[jj], af, bf, T());
-              }
-            }
-          }
+          for (int k0 = 0; k0 < K; k0 += 16) slice_step<JC>(acc, a, b, z, mt, wn, j0, k0, lane);
         }
 #pragma unroll
         for (int jj = 0; jj < JC; ++jj)
