@@ -21,6 +21,20 @@ use crate::sched::plan::{
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "target {}", p.target.arch);
+    for f in &p.rewrite.fused {
+        let _ = writeln!(
+            s,
+            "rewrite: kernel op {} (matmul, k = {}) computed per tile inside kernel op {}: its \
+             threadblock op {} (input of the product) becomes loads of A {} and B {} and a \
+             threadblock matmul; the kernel ops below are numbered as in the rewritten graph \
+             (--no-fuse-matmuls keeps the matmul)",
+            f.matmul, f.k, f.consumer, f.input_op, f.tiles[0], f.tiles[1]
+        );
+    }
+    for (m, why) in &p.rewrite.kept {
+        let _ = writeln!(s, "matmul: kernel op {m} stays a separate step ({why})");
+    }
+    let g = p.graph(g);
     if p.gpus > 1 {
         let _ = writeln!(
             s,

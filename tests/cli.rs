@@ -294,6 +294,51 @@ fn explain_all_prints_every_graph_in_order() {
 }
 
 #[test]
+fn matmuls_fuse_into_their_reader_unless_turned_off() {
+    // mha_bs8 graph 25: S = Q·K (a kernel-level matmul) read by one customized operator.
+    let args = [
+        "explain",
+        &corpus("mha_bs8.json"),
+        "--graph",
+        "25",
+        "--arch",
+        "sm_90a",
+    ];
+    let o = mucc(&args);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("rewrite: kernel op 3 (matmul, k = 64) computed per tile inside kernel op 4"),
+        "{out}"
+    );
+    assert!(!out.contains("cuBLAS"), "{out}");
+    let o = mucc(&[&args[..], &["--no-fuse-matmuls"]].concat());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("matmul: kernel op 3 stays a separate step (fusing matmuls into their reader is turned off)"),
+        "{out}"
+    );
+    assert!(!out.contains("rewrite:"), "{out}");
+    // The transpiled code follows: no cuBLAS call once the product is fused.
+    let cu = tmp("mha_bs8_g25.cu");
+    let _ = std::fs::remove_file(&cu);
+    let o = mucc(&[
+        "transpile",
+        &corpus("mha_bs8.json"),
+        "--graph",
+        "25",
+        "--arch",
+        "sm_90a",
+        "-o",
+        cu.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    let src = std::fs::read_to_string(&cu).unwrap();
+    assert!(!src.contains("cublasGemm"), "the fused graph calls cuBLAS");
+}
+
+#[test]
 fn explain_prints_the_plan_and_draws_it() {
     let svg = tmp("plan.svg");
     let _ = std::fs::remove_file(&svg);

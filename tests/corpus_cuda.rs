@@ -106,6 +106,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 cta: Default::default(),
                 register_pipes: true,
                 wgmma: true,
+                fuse_matmuls: true,
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

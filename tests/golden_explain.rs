@@ -21,6 +21,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         cta: Default::default(),
         register_pipes: true,
         wgmma: true,
+        fuse_matmuls: true,
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

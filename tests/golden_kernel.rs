@@ -257,6 +257,7 @@ fn kernel_level_goldens() {
             cta: Default::default(),
             register_pipes: true,
             wgmma: true,
+            fuse_matmuls: true,
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

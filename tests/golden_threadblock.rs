@@ -265,6 +265,7 @@ fn opts(arch: Arch) -> Options {
         cta: Default::default(),
         register_pipes: true,
         wgmma: true,
+        fuse_matmuls: true,
     }
 }
 

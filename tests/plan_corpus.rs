@@ -67,6 +67,7 @@ fn ordered(tb: &TbGraph, f: &FusionPlan, s: &Schedule, piped: &[usize]) -> Resul
 }
 
 fn check(g: &mucc::KernelGraph, p: &GraphPlan) -> Result<(), String> {
+    let g = p.graph(g);
     for (&k, kp) in &p.kernels {
         let KnOpKind::Customized(tb) = &g.ops[mucc::graph::Handle::from_index(k)].kind else {
             return Err("not customized".into());
@@ -117,6 +118,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         cta: Default::default(),
                         register_pipes: true,
                         wgmma: true,
+                        fuse_matmuls: true,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -189,6 +191,7 @@ fn plans_are_deterministic() {
                 cta: Default::default(),
                 register_pipes: true,
                 wgmma: true,
+                fuse_matmuls: true,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

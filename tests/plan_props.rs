@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true, fuse_matmuls: true };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -185,6 +185,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         cta: Default::default(),
         register_pipes: true,
         wgmma: true,
+        fuse_matmuls: true,
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -281,6 +282,7 @@ fn shared_memory_overflow_is_an_error() {
             cta: Default::default(),
             register_pipes: true,
             wgmma: true,
+            fuse_matmuls: true,
         },
     )
     .unwrap_err();
@@ -324,6 +326,7 @@ fn workspace_reuses_dead_intermediates() {
             cta: Default::default(),
             register_pipes: true,
             wgmma: true,
+            fuse_matmuls: true,
         },
     )
     .unwrap();
@@ -437,6 +440,7 @@ fn plan_for(
         cta: Default::default(),
         register_pipes: true,
         wgmma: true,
+        fuse_matmuls: true,
     };
     mucc::sched::plan(g, &opts)
 }
@@ -561,6 +565,8 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             cta: Default::default(),
             register_pipes: true,
             wgmma: true,
+            // The first kernel follows a cuBLAS call: the matmul stays one.
+            fuse_matmuls: false,
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

@@ -68,6 +68,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_tune: !a.path.tunable(),
         no_register_pipes: a.path.no_register_pipes,
         no_wgmma: a.path.no_wgmma,
+        no_fuse_matmuls: a.path.no_fuse_matmuls,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

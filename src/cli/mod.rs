@@ -175,6 +175,12 @@ pub struct PathArg {
     /// says which and why). For comparison: both compute the same function.
     #[arg(long)]
     pub no_wgmma: bool,
+    /// Keep every kernel-level matmul a separate step (a cuBLAS call): a matmul whose product
+    /// only one customized operator reads is otherwise computed per tile inside it, where the
+    /// rewritten graph plans (`explain` says which and why). For comparison: both compute the
+    /// same function.
+    #[arg(long)]
+    pub no_fuse_matmuls: bool,
 }
 
 impl PathArg {
@@ -183,6 +189,7 @@ impl PathArg {
         !self.no_tune
             && !self.no_register_pipes
             && !self.no_wgmma
+            && !self.no_fuse_matmuls
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -204,6 +211,7 @@ impl PathArg {
         );
         opts.register_pipes = !self.no_register_pipes;
         opts.wgmma = !self.no_wgmma;
+        opts.fuse_matmuls = !self.no_fuse_matmuls;
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

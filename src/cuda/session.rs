@@ -45,6 +45,9 @@ pub struct SessionOptions {
     pub no_register_pipes: bool,
     /// Run every tensor-core matmul with `mma.sync` (no `wgmma`, for comparison).
     pub no_wgmma: bool,
+    /// Keep every kernel-level matmul a separate step (no fusion into its reader, for
+    /// comparison).
+    pub no_fuse_matmuls: bool,
 }
 
 /// Why a session could not open.
@@ -107,6 +110,7 @@ impl Session {
             cta: a.cta,
             register_pipes: !a.no_register_pipes,
             wgmma: !a.no_wgmma,
+            fuse_matmuls: !a.no_fuse_matmuls,
         };
         Ok(Session {
             gpu,

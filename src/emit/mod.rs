@@ -149,6 +149,7 @@ fn io(
 /// Emits a planned graph. `source` describes where the graph came from; it goes into the
 /// header comment made safe ([`cxx::comment_safe`]), whatever it holds.
 pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, EmitError> {
+    let g = plan.graph(g);
     let (io_lines, inputs, outputs) = io(g, plan);
     let mut kernels = Vec::new();
     let mut steps = Vec::new();

@@ -22,6 +22,7 @@ pub mod ops;
 pub mod order;
 pub mod pipe;
 pub mod plan;
+pub mod rewrite;
 pub mod smem;
 pub mod tma;
 
@@ -86,8 +87,32 @@ fn plan_dependent_launches(
     }
 }
 
-/// Plans a validated graph.
+/// Plans a validated graph. Kernel-level matmuls whose only reader is a customized operator
+/// are first fused into it where that plans ([`rewrite::fuse_matmuls`], unless
+/// [`Options::fuse_matmuls`] is off); the plan is then that of the rewritten graph
+/// ([`GraphPlan::rewrite`], [`GraphPlan::graph`]).
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
+    let start = Instant::now();
+    let mut rw = rewrite::fuse_matmuls(g, opts.fuse_matmuls);
+    if let Some(g2) = rw.graph.take() {
+        match plan_graph(&g2, opts) {
+            Ok(mut p) => {
+                rw.graph = Some(g2);
+                p.rewrite = rw;
+                p.elapsed = start.elapsed();
+                return Ok(p);
+            }
+            Err(e) => rw.undo(rewrite::KeptMatmul::Plan(e.to_string())),
+        }
+    }
+    let mut p = plan_graph(g, opts)?;
+    p.rewrite = rw;
+    p.elapsed = start.elapsed();
+    Ok(p)
+}
+
+/// Plans a validated graph as it is.
+fn plan_graph(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let target = &opts.target;
     let gpus = g.sharding.num_gpus();
@@ -160,6 +185,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         unfused,
         symbols: opts.symbols.clone(),
         gpus,
+        rewrite: rewrite::Rewrite::default(),
         elapsed: start.elapsed(),
     })
 }

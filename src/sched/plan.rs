@@ -60,6 +60,9 @@ pub struct Options {
     /// Whether the Hopper path may run a register pipe's consumer matmul as `wgmma`
     /// ([`super::ops::MatmulInstr::WgmmaM64K16`]; on by default, `--no-wgmma` turns it off).
     pub wgmma: bool,
+    /// Whether a kernel-level matmul read only by a customized operator may be computed per
+    /// tile inside it ([`super::rewrite`]; on by default, `--no-fuse-matmuls` turns it off).
+    pub fuse_matmuls: bool,
 }
 
 impl Options {
@@ -75,6 +78,7 @@ impl Options {
             cta: CtaChoice::Auto,
             register_pipes: true,
             wgmma: true,
+            fuse_matmuls: true,
         }
     }
 }
@@ -1273,11 +1277,24 @@ pub struct GraphPlan {
     /// GPUs of the graph's mesh: every GPU runs this plan on its own shards, and
     /// `kn_allreduce_op`s are NCCL all-reduces across them (1: one GPU, no NCCL).
     pub gpus: usize,
+    /// The rewrite planned instead of the caller's graph (kernel-level matmuls fused into their
+    /// reader), and the matmuls kept and why; every index in the other fields refers to
+    /// [`GraphPlan::graph`].
+    pub rewrite: super::rewrite::Rewrite,
     /// Time spent planning.
     pub elapsed: Duration,
 }
 
 impl GraphPlan {
+    /// The graph this plan is for: the rewritten graph ([`GraphPlan::rewrite`]) if the planner
+    /// rewrote `original`, else `original` (the graph the plan was made from).
+    pub fn graph<'a>(
+        &'a self,
+        original: &'a crate::graph::kernel::KernelGraph,
+    ) -> &'a crate::graph::kernel::KernelGraph {
+        self.rewrite.graph.as_deref().unwrap_or(original)
+    }
+
     /// Workspace bytes.
     pub fn workspace_bytes(&self) -> usize {
         self.workspace_packing.peak

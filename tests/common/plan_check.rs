@@ -764,6 +764,8 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
     let opts = Options::for_target(target);
     let p = plan(g, &opts).map_err(|e| format!("{what}: {e}"))?;
     let e = mucc::emit::emit(g, &p, what).map_err(|e| format!("{what}: {e}"))?;
+    // The plan's indices refer to the graph it was made for (rewritten or not).
+    let g = p.graph(g);
     if let Some(l) = e.source.lines().find(|l| l.len() > MAX_LINE) {
         return Err(format!("{what}: a line of {} characters: {l}", l.len()));
     }
