@@ -312,6 +312,23 @@ fn matmuls_fuse_into_their_reader_unless_turned_off() {
         "{out}"
     );
     assert!(!out.contains("cuBLAS"), "{out}");
+    // The fused kernel's 208 KB leave an SM one block: on sm_90a it gets 8 warps (sm_80 keeps
+    // the µGraph's 4: measured on Hopper only).
+    assert!(
+        out.contains("CTA: 8 warps (cost model: the grid has 4 or more blocks per SM, but shared memory holds one block of fewer than 8 warps"),
+        "{out}"
+    );
+    let o = mucc(&[
+        "explain",
+        &corpus("mha_bs8.json"),
+        "--graph",
+        "25",
+        "--arch",
+        "sm_80",
+    ]);
+    let (ampere, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!ampere.contains("CTA: 8 warps"), "{ampere}");
     let o = mucc(&[&args[..], &["--no-fuse-matmuls"]].concat());
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");

@@ -114,7 +114,27 @@ pub(super) fn plan_kernel(
             return with(fusion, graph, CtaSource::Model(why));
         }
         Ok(want) => want,
-        Err(why) => return with(fusion, graph, CtaSource::Model(why)),
+        Err(why) => {
+            let first = with(fusion.clone(), graph, CtaSource::Model(why))?;
+            // A large grid gives an SM as many warps as it holds blocks: where shared memory
+            // holds one block of fewer than 8 warps, the SM idles on every stall. mha_bs8's
+            // fused attention (1024 blocks of 4 warps, 208 KB each) took 108.09 µs with 4 warps
+            // per CTA, 103.98 with 8 and 105.58 with 16 (H100, same run, docs/benchmarks.md).
+            let warps_per_sm = first.cta.min_blocks_per_sm * graph / 32;
+            // Measured on the Hopper path only; the Ampere path keeps the µGraph's CTA.
+            let hopper = opts.path.hopper(&opts.target);
+            if !hopper || warps_per_sm >= MIN_RESIDENT_WARPS || graph >= MIN_RESIDENT_WARPS * 32 {
+                return Ok(first);
+            }
+            let why = "the grid has 4 or more blocks per SM, but shared memory holds one block \
+                       of fewer than 8 warps";
+            return Ok(
+                match with(fusion, MIN_RESIDENT_WARPS * 32, CtaSource::Model(why)) {
+                    Ok(p) if p.cta.min_blocks_per_sm >= first.cta.min_blocks_per_sm => p,
+                    _ => first,
+                },
+            );
+        }
     };
     let first = with(fusion.clone(), graph, CtaSource::Graph)?;
     // A register pipe needs its warps to own whole rows: more warps than row tiles turn it
@@ -144,6 +164,10 @@ pub(super) fn plan_kernel(
         )),
     }
 }
+
+/// Warps an SM should hold at least: a kernel whose large grid leaves fewer resident (shared
+/// memory holding one small block) gets CTAs of this many warps.
+const MIN_RESIDENT_WARPS: usize = 8;
 
 /// Iterations of a loop too short to pipeline its loads (the cost model gives such kernels 16
 /// warps, and lets them drop a cluster split).
