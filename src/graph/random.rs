@@ -5,7 +5,9 @@
 //! A graph is drawn from a seed ([`graph`]): a dtype (f16, bf16, f32, f64), optionally a few
 //! kernel-level operators before and after, and usually one customized operator with a random
 //! grid (1–3 axes), block (whole warps or not), for-loop (1–8 iterations), inputs with random
-//! grid maps and for-loop dims and odd tile extents, and a random program over every
+//! grid maps and for-loop dims and odd tile extents (some of them, with kernel-level operators
+//! allowed, the product of a kernel-level matmul that the planner may fuse into the customized
+//! operator), and a random program over every
 //! threadblock operator (unary and binary element-wise operators, matmuls, reductions of all
 //! three kinds, rms_norm, concat) feeding every accumulator kind, then after-loop operators and
 //! outputs. Proposals the builder rejects are skipped, so every operator in the result is one
@@ -71,8 +73,11 @@ fn pick<'a, T>(rng: &mut impl Rng, v: &'a [T]) -> &'a T {
 /// A random valid graph for `seed`.
 pub fn graph(seed: u64, cfg: &GenConfig) -> KernelGraph {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // Which inputs are matmul products, and their k, come from a stream of their own, so that
+    // the main stream draws what it drew before products existed.
+    let mut side = ChaCha8Rng::seed_from_u64(seed ^ 0x6d61_746d_756c);
     for _ in 0..64 {
-        if let Some(g) = attempt(&mut rng, cfg) {
+        if let Some(g) = attempt(&mut rng, &mut side, cfg) {
             return g;
         }
     }
@@ -84,13 +89,13 @@ pub fn graph(seed: u64, cfg: &GenConfig) -> KernelGraph {
     g.build().expect("a valid graph")
 }
 
-fn attempt(rng: &mut ChaCha8Rng, cfg: &GenConfig) -> Option<KernelGraph> {
+fn attempt(rng: &mut ChaCha8Rng, side: &mut ChaCha8Rng, cfg: &GenConfig) -> Option<KernelGraph> {
     let dtype = *pick(rng, &cfg.dtypes);
     let mut g = GraphBuilder::new();
     if cfg.kernel_level && rng.random_bool(0.2) {
         kernel_only(rng, &mut g, dtype)?;
     } else {
-        customized(rng, &mut g, dtype, cfg)?;
+        customized(rng, side, &mut g, dtype, cfg)?;
     }
     g.build().ok()
 }
@@ -145,6 +150,42 @@ fn input(
     dtype: DType,
     in_loop: bool,
 ) -> Option<Handle<STensor>> {
+    let (dims, map, fd) = partition(rng, tb, tile, in_loop);
+    let x: Handle<DTensor> = g.new_input(&dims, dtype).ok()?;
+    tb.new_input(g, x, DimMap::from(map), fd).ok()
+}
+
+/// Like [`input`], but the DTensor is a kernel-level matmul of two fresh inputs over an inner
+/// extent `k` (the planner may fuse it into the customized operator that reads it); returns the
+/// tile and its magnitude bound (inputs are drawn in [−1, 1]).
+fn product_input(
+    rng: &mut ChaCha8Rng,
+    g: &mut GraphBuilder,
+    tb: &mut TbGraphBuilder,
+    tile: &[usize],
+    k: usize,
+    dtype: DType,
+    in_loop: bool,
+) -> Option<(Handle<STensor>, f64)> {
+    let (dims, map, fd) = partition(rng, tb, tile, in_loop);
+    let r = dims.len();
+    let (mut a, mut b) = (dims.clone(), dims);
+    a[r - 1] = k;
+    b[r - 2] = k;
+    let a = g.new_input(&a, dtype).ok()?;
+    let b = g.new_input(&b, dtype).ok()?;
+    let s = g.matmul(a, b).ok()?;
+    let t = tb.new_input(g, s, DimMap::from(map), fd).ok()?;
+    Some((t, (k as f64).min(BOUND)))
+}
+
+/// The global dims of an input whose tiles are `tile`, its grid map and loop dim.
+fn partition(
+    rng: &mut ChaCha8Rng,
+    tb: &TbGraphBuilder,
+    tile: &[usize],
+    in_loop: bool,
+) -> (Vec<usize>, [i32; 3], i32) {
     let (grid, f) = (tb.grid(), tb.graph().forloop_range);
     let mut dims = tile.to_vec();
     let mut map = [-1i32; 3];
@@ -171,8 +212,7 @@ fn input(
     } else {
         -1
     };
-    let x: Handle<DTensor> = g.new_input(&dims, dtype).ok()?;
-    tb.new_input(g, x, DimMap::from(map), fd).ok()
+    (dims, map, fd)
 }
 
 struct Program {
@@ -241,6 +281,7 @@ fn unary(rng: &mut ChaCha8Rng, x: &Tile) -> Option<(UnaryOp, f64, Option<f64>)> 
 /// The body of a customized operator, its accumulators, after-loop operators and outputs.
 fn customized(
     rng: &mut ChaCha8Rng,
+    side: &mut ChaCha8Rng,
     g: &mut GraphBuilder,
     dtype: DType,
     cfg: &GenConfig,
@@ -260,8 +301,17 @@ fn customized(
     let n_in = rng.random_range(1..4);
     for i in 0..n_in {
         let in_loop = i == 0 || rng.random_bool(0.7);
-        let t = input(rng, g, &mut tb, &shape(r, c), dtype, in_loop)?;
-        p.fresh(t);
+        if cfg.kernel_level && side.random_bool(0.15) {
+            let k = *pick(side, &[1, 2, 3, 8, 16, 32]);
+            let (t, bound) = product_input(rng, g, &mut tb, &shape(r, c), k, dtype, in_loop)?;
+            p.fresh(t);
+            if let Some(last) = p.tiles.last_mut() {
+                last.bound = bound;
+            }
+        } else {
+            let t = input(rng, g, &mut tb, &shape(r, c), dtype, in_loop)?;
+            p.fresh(t);
+        }
     }
     // Matmul operands: A [r, k] and B [k, c].
     if rng.random_bool(0.5) {
