@@ -844,6 +844,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         cluster_split: false,
         warps: None,
         dependent_launch: false,
+        fuse_matmuls: true,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {

@@ -31,6 +31,18 @@ pub struct Variant {
     /// Warps per CTA of threadblock kernels (`None`: the planner's cost model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warps: Option<usize>,
+    /// Whether kernel-level matmuls may be fused into their reader (`sched::rewrite`; absent in
+    /// caches written before the fusion existed: on).
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub fuse_matmuls: bool,
+}
+
+fn on() -> bool {
+    true
+}
+
+fn is_on(b: &bool) -> bool {
+    *b
 }
 
 /// The code path of a [`Variant`] (serialised as `auto` / `ampere`).
@@ -50,6 +62,7 @@ impl Variant {
         cluster_split: true,
         dependent_launch: false,
         warps: None,
+        fuse_matmuls: true,
     };
 
     /// `base` with this variant's knobs.
@@ -65,6 +78,7 @@ impl Variant {
                 Some(w) => CtaChoice::Warps(w),
                 None => CtaChoice::Auto,
             },
+            fuse_matmuls: self.fuse_matmuls,
             ..base.clone()
         }
     }
@@ -81,10 +95,13 @@ impl fmt::Display for Variant {
                 if self.dependent_launch { "on" } else { "off" }
             )?,
         }
-        match self.warps {
-            Some(w) => write!(f, " warps={w}"),
-            None => Ok(()),
+        if let Some(w) = self.warps {
+            write!(f, " warps={w}")?;
         }
+        if !self.fuse_matmuls {
+            f.write_str(" fuse=off")?;
+        }
+        Ok(())
     }
 }
 
@@ -92,9 +109,9 @@ impl fmt::Display for Variant {
 pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
 
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
-/// per CTA; on sm_90a also the Hopper path with and without the cluster split and programmatic
-/// launches, and the Ampere path. Variants that plan to the same code as an earlier one are
-/// measured once (`mucc tune`).
+/// per CTA and without matmul fusion; on sm_90a also the Hopper path with and without the
+/// cluster split and programmatic launches, and the Ampere path. Variants that plan to the same
+/// code as an earlier one are measured once (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
     let mut v = vec![Variant::DEFAULT];
     for w in TUNED_WARPS {
@@ -103,20 +120,24 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
             ..Variant::DEFAULT
         });
     }
+    v.push(Variant {
+        fuse_matmuls: false,
+        ..Variant::DEFAULT
+    });
     if arch == Arch::Sm90a {
         for (cluster_split, dependent_launch) in [(true, true), (false, false), (false, true)] {
             v.push(Variant {
                 path: VariantPath::Auto,
                 cluster_split,
                 dependent_launch,
-                warps: None,
+                ..Variant::DEFAULT
             });
         }
         v.push(Variant {
             path: VariantPath::Ampere,
             cluster_split: false,
             dependent_launch: false,
-            warps: None,
+            ..Variant::DEFAULT
         });
     }
     v
@@ -519,8 +540,16 @@ mod tests {
             d.dedup();
             assert_eq!(d.len(), v.len(), "{arch}");
         }
-        assert_eq!(variants(Arch::Sm80).len(), 1 + TUNED_WARPS.len());
-        assert_eq!(variants(Arch::Sm90a).len(), 5 + TUNED_WARPS.len());
+        assert_eq!(variants(Arch::Sm80).len(), 2 + TUNED_WARPS.len());
+        assert_eq!(variants(Arch::Sm90a).len(), 6 + TUNED_WARPS.len());
+        // One variant keeps every kernel-level matmul a step.
+        let unfused = variants(Arch::Sm80)[1 + TUNED_WARPS.len()];
+        assert_eq!(unfused.to_string(), "path=auto split=on pdl=off fuse=off");
+        assert!(
+            !unfused
+                .apply(&Options::for_target(Target::new(Arch::Sm80)))
+                .fuse_matmuls
+        );
         // A warps variant plans with that CTA shape; the default leaves it to the cost model.
         let w8 = variants(Arch::Sm80)[2];
         assert_eq!(w8.warps, Some(8));
@@ -532,8 +561,13 @@ mod tests {
         let base = Options::for_target(Target::new(Arch::Sm90a));
         let o = Variant::DEFAULT.apply(&base);
         assert_eq!(
-            (o.path, o.cluster_split, o.dependent_launch),
-            (base.path, base.cluster_split, base.dependent_launch)
+            (o.path, o.cluster_split, o.dependent_launch, o.fuse_matmuls),
+            (
+                base.path,
+                base.cluster_split,
+                base.dependent_launch,
+                base.fuse_matmuls
+            )
         );
         assert_eq!(Variant::DEFAULT.to_string(), "path=auto split=on pdl=off");
     }
@@ -547,7 +581,7 @@ mod tests {
             path: VariantPath::Ampere,
             cluster_split: false,
             dependent_launch: false,
-            warps: None,
+            ..Variant::DEFAULT
         };
         let e = entry("abc", "NVIDIA H200", Arch::Sm90a, fast);
         let p = cache.store(&e).unwrap();
