@@ -1,6 +1,7 @@
 //! The planner's matmul fusion (`sched::rewrite`) on random graphs: a kernel-level matmul
 //! S = A·B read by one customized operator, partitioned along any of S's dims by the grid and the
-//! for-loop. Every such graph is rewritten, the rewritten graph computes what the caller's
+//! for-loop. Every such graph is rewritten unless its blocks would load more operand bytes than
+//! the matmul and the product's loads move; the rewritten graph computes what the caller's
 //! computes (the f64 interpreter, exactly and with storage rounding), and it plans on both
 //! targets with the plan's indices referring to it.
 
@@ -88,6 +89,11 @@ proptest! {
     fn fused_products_compute_the_same_function_and_plan(c in case()) {
         let g = build(&c).expect("every case is a valid graph");
         let rw = mucc::sched::rewrite::fuse_matmuls(&g, true);
+        if let [(_, mucc::sched::rewrite::KeptMatmul::Traffic { fused, kept })] = rw.kept[..] {
+            // Operand tiles re-read by many blocks: the matmul stays, for the traffic alone.
+            prop_assert!(fused > kept && rw.graph.is_none());
+            return Ok(());
+        }
         prop_assert_eq!(rw.kept.len(), 0, "{:?}", rw.kept);
         prop_assert_eq!(rw.fused.len(), 1);
         let g2 = rw.graph.as_deref().expect("rewritten");

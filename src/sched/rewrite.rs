@@ -16,6 +16,11 @@
 //! splits B's columns and replicates A. The inner dim k is never split. The threadblock matmul
 //! needs leading dims of 1, so every batch dim must be split down to one element per block.
 //!
+//! It is declined where the blocks would load more operand bytes than the matmul and the
+//! product's loads move ([`KeptMatmul::Traffic`]): a tile of few rows of A against many columns
+//! of B makes every row block re-read B (measured 9× slower on mha_bs8 candidates whose second
+//! reader has such tiles).
+//!
 //! The rewrite applies to every such matmul at once; when the rewritten graph does not plan (the
 //! operand tiles exceed shared memory, say), the caller's graph is planned instead and the plan
 //! says why ([`KeptMatmul::Plan`]).
@@ -80,6 +85,14 @@ pub enum KeptMatmul {
     },
     /// The product's tile does not decompose into operand tiles a threadblock matmul takes.
     Tile(String),
+    /// The blocks would load more operand bytes than the matmul and the product's loads move
+    /// (operand tiles re-read by many blocks: few rows of A against many columns of B).
+    Traffic {
+        /// Bytes the fused form loads.
+        fused: u64,
+        /// Bytes the matmul and the loads of its product move.
+        kept: u64,
+    },
     /// The rewritten graph did not plan or validate; the caller's graph is planned instead.
     Plan(String),
 }
@@ -109,6 +122,13 @@ impl fmt::Display for KeptMatmul {
                  columns of B"
             ),
             KeptMatmul::Tile(why) => write!(f, "its tiles do not decompose: {why}"),
+            KeptMatmul::Traffic { fused, kept } => write!(
+                f,
+                "its blocks would load {} of operand tiles against the {} the matmul and the \
+                 loads of its product move",
+                crate::graph::interp::budget::format_bytes(*fused as f64),
+                crate::graph::interp::budget::format_bytes(*kept as f64)
+            ),
             KeptMatmul::Plan(why) => write!(f, "the fused graph does not plan: {why}"),
         }
     }
@@ -233,6 +253,23 @@ fn candidate(g: &KernelGraph, m: Handle<KnOp>) -> Result<Candidate, KeptMatmul> 
             "the operand tiles {} and {} multiply to {product}, not the loaded tile {loaded}",
             tiles[0], tiles[1]
         )));
+    }
+    // Bytes each form moves: fused, every block loads its operand tiles (once, or every
+    // iteration for a tile the loop walks); kept, the matmul reads A and B and writes S, and the
+    // blocks load S's tiles.
+    let blocks = tb.num_blocks() as f64;
+    let loads = |shape: &crate::graph::shape::Shape, walked: bool| {
+        let per = if walked { tb.forloop_range as f64 } else { 1.0 };
+        (shape.numel() * t(s).dtype.bytes()) as f64 * blocks * per
+    };
+    let bytes = |h: Handle<DTensor>| (t(h).shape.numel() * t(h).dtype.bytes()) as f64;
+    let fused = loads(&tiles[0], maps[0].1.is_some()) + loads(&tiles[1], maps[1].1.is_some());
+    let kept = bytes(a) + bytes(b) + bytes(s) + loads(&loaded, forloop_dim.is_some());
+    if fused > kept {
+        return Err(KeptMatmul::Traffic {
+            fused: fused as u64,
+            kept: kept as u64,
+        });
     }
     Ok(Candidate {
         fused: FusedMatmul {
@@ -462,6 +499,23 @@ mod tests {
         let rw = fuse_matmuls(&g, true);
         assert_eq!(rw.kept, vec![(2, KeptMatmul::LongK { k: 512 })]);
         assert!(rw.graph.is_none());
+        // Few rows of A per block against all of B's columns: every row block re-reads B.
+        let mut g = GraphBuilder::new();
+        let a = g.new_input(&[4, 16, 64], DType::F16).unwrap();
+        let b = g.new_input(&[4, 64, 1024], DType::F16).unwrap();
+        let s = g.matmul(a, b).unwrap();
+        let mut tb = TbGraphBuilder::new([4, 4, 1], [128, 1, 1], 4);
+        let t = tb.new_input(&g, s, [0, 1, -1], 2).unwrap();
+        let e = tb.exp(t).unwrap();
+        let e = tb.forloop_accum(e, AccumKind::RedLdSum).unwrap();
+        tb.new_output(e, [0, 1, -1]).unwrap();
+        let o = g.customized(tb).unwrap()[0];
+        g.mark_output(o).unwrap();
+        let rw = fuse_matmuls(&g.build().unwrap(), true);
+        assert!(
+            matches!(rw.kept[..], [(2, KeptMatmul::Traffic { fused, kept })] if fused > kept),
+            "{rw:?}"
+        );
         let off = fuse_matmuls(&attention(), false);
         assert_eq!(off.kept, vec![(3, KeptMatmul::Off)]);
         assert!(off.graph.is_none());
