@@ -120,10 +120,10 @@ pub(super) fn plan_kernel(
             // holds one block of fewer than 8 warps, the SM idles on every stall. mha_bs8's
             // fused attention (1024 blocks of 4 warps, 208 KB each) took 108.09 µs with 4 warps
             // per CTA, 103.98 with 8 and 105.58 with 16 (H100, same run, docs/benchmarks.md).
-            let warps_per_sm = first.cta.min_blocks_per_sm * graph / 32;
             // Measured on the Hopper path only; the Ampere path keeps the µGraph's CTA.
             let hopper = opts.path.hopper(&opts.target);
-            if !hopper || warps_per_sm >= MIN_RESIDENT_WARPS || graph >= MIN_RESIDENT_WARPS * 32 {
+            let one_small = first.cta.min_blocks_per_sm == 1 && graph < MIN_RESIDENT_WARPS * 32;
+            if !hopper || !one_small {
                 return Ok(first);
             }
             let why = "the grid has 4 or more blocks per SM, but shared memory holds one block \
