@@ -34,6 +34,39 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     for (m, why) in &p.rewrite.kept {
         let _ = writeln!(s, "matmul: kernel op {m} stays a separate step ({why})");
     }
+    let matmuls_fused = !p.rewrite.fused.is_empty();
+    let numbering = if matmuls_fused {
+        "kernel ops numbered as after the matmul fusion"
+    } else {
+        "kernel ops numbered as in the file"
+    };
+    for a in &p.rewrite.softmax.applied {
+        let replaced: Vec<String> = a.replaced.iter().map(|r| r.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "online softmax: kernel op {} ({} key split{}) keeps a running row max m, \
+             exponentiates S - m and rescales its sums; it also writes l and m per split, and a \
+             combining kernel (grid {:?}, {} row{} per block, the for-loop over the splits) \
+             rescales the partials by exp(m - max m) and divides, in place of kernel op{} {} \
+             ({numbering}; the ops below are numbered as in the rewritten graph; \
+             --no-online-softmax keeps the graph's form)",
+            a.kernel,
+            a.splits,
+            if a.splits == 1 { "" } else { "s" },
+            a.combine_grid,
+            a.combine_rows,
+            if a.combine_rows == 1 { "" } else { "s" },
+            if replaced.len() == 1 { "" } else { "s" },
+            replaced.join(", ")
+        );
+    }
+    for (k, why) in &p.rewrite.softmax.declined {
+        let _ = writeln!(
+            s,
+            "softmax: kernel op {k} exponentiates a matmul product as the graph writes it, \
+             without a running max ({why}; {numbering})"
+        );
+    }
     let g = p.graph(g);
     if p.gpus > 1 {
         let _ = writeln!(
@@ -357,6 +390,21 @@ fn pipes(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                     op_name(tb, p.matmul),
                     p.warps
                 );
+                if let Some(o) = &p.online {
+                    let _ = writeln!(
+                        s,
+                        "  online softmax in the pipe: with {}'s running max (per row by warp \
+                         shuffles, kept in registers), s{} is exp(S - m); {} rows are rescaled \
+                         in the fragment, {} and {} are written per row by its first lane; \
+                         tiles {:?} stay in registers",
+                        op_name(tb, o.max),
+                        p.tile,
+                        op_name(tb, o.out_acc),
+                        op_name(tb, o.sum_acc),
+                        op_name(tb, o.max_acc),
+                        o.registers
+                    );
+                }
             }
             PipeDecision::Off { tile, why } => {
                 let _ = writeln!(s, "  register pipe: none for s{tile} ({why})");

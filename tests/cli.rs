@@ -294,6 +294,68 @@ fn explain_all_prints_every_graph_in_order() {
 }
 
 #[test]
+fn attention_softmax_is_online_where_it_pipes() {
+    // gqa_bs8 graph 8: 16 key splits, 64-row tiles on 4 warps: the rewritten kernel keeps its
+    // scores in an online register pipe, and a combining kernel replaces kernel op 4.
+    let args = [
+        "explain",
+        &corpus("gqa_bs8.json"),
+        "--graph",
+        "8",
+        "--arch",
+        "sm_90a",
+    ];
+    let o = mucc(&args);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("online softmax: kernel op 3 (16 key splits) keeps a running row max m"),
+        "{out}"
+    );
+    assert!(out.contains("in place of kernel op 4"), "{out}");
+    assert!(
+        out.contains("with op4 reduction_2_max's running max"),
+        "{out}"
+    );
+    // mha_bs8 graph 25: 16 query rows on 8 warps cannot pipe; `always` rewrites it anyway.
+    let mha = [
+        "explain",
+        &corpus("mha_bs8.json"),
+        "--graph",
+        "25",
+        "--arch",
+        "sm_90a",
+    ];
+    let o = mucc(&mha);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("softmax: kernel op 3 exponentiates a matmul product as the graph writes it, without a running max (the rewritten kernel would rescale through shared memory"),
+        "{out}"
+    );
+    let o = mucc(&[&mha[..], &["--online-softmax", "always"]].concat());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("online softmax: kernel op 3 (4 key splits)"),
+        "{out}"
+    );
+    let o = mucc(&[&args[..], &["--online-softmax", "off"]].concat());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains(
+            "(the online-softmax rewrite is turned off; kernel ops numbered as in the file)"
+        ),
+        "{out}"
+    );
+    let o = mucc(&[&args[..], &["--online-softmax", "sometimes"]].concat());
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("expected off, piped or always"), "{err}");
+}
+
+#[test]
 fn matmuls_fuse_into_their_reader_unless_turned_off() {
     // mha_bs8 graph 25: S = Q·K (a kernel-level matmul) read by one customized operator.
     let args = [

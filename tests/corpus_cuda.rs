@@ -107,6 +107,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 register_pipes: true,
                 wgmma: true,
                 fuse_matmuls: true,
+                online_softmax: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

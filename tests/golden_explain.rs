@@ -22,6 +22,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         register_pipes: true,
         wgmma: true,
         fuse_matmuls: true,
+        online_softmax: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

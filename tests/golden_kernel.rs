@@ -258,6 +258,7 @@ fn kernel_level_goldens() {
             register_pipes: true,
             wgmma: true,
             fuse_matmuls: true,
+            online_softmax: Default::default(),
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

@@ -266,6 +266,7 @@ fn opts(arch: Arch) -> Options {
         register_pipes: true,
         wgmma: true,
         fuse_matmuls: true,
+        online_softmax: Default::default(),
     }
 }
 

@@ -76,7 +76,7 @@ fn check(g: &mucc::KernelGraph, p: &GraphPlan) -> Result<(), String> {
             return Err("over the shared-memory limit".into());
         }
         no_overlap(&kp.smem.buffers, &kp.smem.packing.offsets)?;
-        let piped: Vec<usize> = kp.register_pipes().map(|p| p.tile).collect();
+        let piped: Vec<usize> = kp.register_pipes().flat_map(|p| p.tiles()).collect();
         ordered(tb, &kp.fusion, &kp.schedule, &piped)?;
         if kp.smem.packing.peak < kp.smem.packing.lower_bound {
             return Err("peak below the lower bound".into());
@@ -119,6 +119,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         register_pipes: true,
                         wgmma: true,
                         fuse_matmuls: true,
+                        online_softmax: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -192,6 +193,7 @@ fn plans_are_deterministic() {
                 register_pipes: true,
                 wgmma: true,
                 fuse_matmuls: true,
+                online_softmax: Default::default(),
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

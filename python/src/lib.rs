@@ -1061,7 +1061,7 @@ fn _bench(
                     Some(&s.gpu.name),
                     &s.opts,
                 );
-                let (emitted, cubin, _) = s
+                let (emitted, cubin, _, _) = s
                     .compile_with(&lg.graph, origin, i, &opts)
                     .map_err(|e| format!("{origin}: {e}"))?;
                 Ok::<_, String>((emitted, cubin, own))

@@ -69,6 +69,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_register_pipes: a.path.no_register_pipes,
         no_wgmma: a.path.no_wgmma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
+        online_softmax: a.path.online_softmax,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

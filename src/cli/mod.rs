@@ -181,6 +181,14 @@ pub struct PathArg {
     /// same function.
     #[arg(long)]
     pub no_fuse_matmuls: bool,
+    /// Where split attention kernels compute their softmax online: they keep a running row
+    /// max, rescale their sums and write the max, and a combining kernel rescales the partials
+    /// of the key splits, so that no exponential overflows. `piped`: where the rewritten
+    /// kernel keeps its scores in registers (the rescaling then costs little); `always`: also
+    /// through shared memory (slower); `off`: the graph's form everywhere. `explain` says which
+    /// kernels and why not. The function is the same up to rounding.
+    #[arg(long = "online-softmax", value_name = "off|piped|always", default_value = "piped", value_parser = |s: &str| s.parse::<mucc::sched::softmax::SoftmaxChoice>())]
+    pub online_softmax: mucc::sched::softmax::SoftmaxChoice,
 }
 
 impl PathArg {
@@ -190,6 +198,7 @@ impl PathArg {
             && !self.no_register_pipes
             && !self.no_wgmma
             && !self.no_fuse_matmuls
+            && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -212,6 +221,7 @@ impl PathArg {
         opts.register_pipes = !self.no_register_pipes;
         opts.wgmma = !self.no_wgmma;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
+        opts.online_softmax = self.online_softmax;
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -94,7 +94,7 @@ fn tune_graph(
         bar.inc(1);
         let (us, note) = match c {
             Err(e) => (None, Some(format!("does not compile: {e}"))),
-            Ok((emitted, cubin, _)) => {
+            Ok((emitted, cubin, _, _)) => {
                 let key = format!(
                     "{}\n{}",
                     emitted.source,

@@ -48,6 +48,8 @@ pub struct SessionOptions {
     /// Keep every kernel-level matmul a separate step (no fusion into its reader, for
     /// comparison).
     pub no_fuse_matmuls: bool,
+    /// Where attention kernels compute their softmax online (`--online-softmax`).
+    pub online_softmax: crate::sched::softmax::SoftmaxChoice,
 }
 
 /// Why a session could not open.
@@ -111,6 +113,7 @@ impl Session {
             register_pipes: !a.no_register_pipes,
             wgmma: !a.no_wgmma,
             fuse_matmuls: !a.no_fuse_matmuls,
+            online_softmax: a.online_softmax,
         };
         Ok(Session {
             gpu,
@@ -164,22 +167,28 @@ impl Session {
                         )));
                     }
                 }
-                let drawn = if inputs.check {
-                    Some(
-                        inputs_and_reference(&lg.graph, inputs.seed, inputs.scale, &inputs.budget)
-                            .map_err(PrepareError::Reference)?,
-                    )
-                } else {
-                    None
-                };
                 let (opts, tuned) = tuned_options(
                     self.tune.as_ref(),
                     &lg.graph,
                     Some(&self.gpu.name),
                     &self.opts,
                 );
-                let (emitted, cubin, transpile_seconds) =
+                let (emitted, cubin, transpile_seconds, runs) =
                     self.compile_with(&lg.graph, name, i, &opts)?;
+                let drawn = if inputs.check {
+                    Some(
+                        inputs_and_reference_for(
+                            &lg.graph,
+                            runs.as_deref(),
+                            inputs.seed,
+                            inputs.scale,
+                            &inputs.budget,
+                        )
+                        .map_err(PrepareError::Reference)?,
+                    )
+                } else {
+                    None
+                };
                 Ok(Prepared {
                     emitted,
                     cubin,
@@ -194,17 +203,18 @@ impl Session {
 
 impl Session {
     /// Transpiles graph `i` of `name` with `opts` and compiles it for the session's GPU; also
-    /// returns the seconds spent planning and emitting.
+    /// returns the seconds spent planning and emitting, and the graph the planner rewrote `g`
+    /// into, if it did.
     pub fn compile_with(
         &self,
         g: &KernelGraph,
         name: &str,
         i: usize,
         opts: &Options,
-    ) -> Result<(Emitted, Cubin, f64), PrepareError> {
+    ) -> Result<Compiled, PrepareError> {
         let arch = self.gpu.arch;
         let t0 = Instant::now();
-        let (_, emitted) = crate::transpile::transpile(g, opts, &format!("{name}, graph {i}"))?;
+        let (plan, emitted) = crate::transpile::transpile(g, opts, &format!("{name}, graph {i}"))?;
         let transpile_seconds = t0.elapsed().as_secs_f64();
         let path = crate::emit::cxx::comment_safe(&format!("{name}#graph{i}.{arch}.cu"));
         let cubin = self.compiler.compile(&Source {
@@ -212,7 +222,7 @@ impl Session {
             text: &emitted.source,
             arch,
         })?;
-        Ok((emitted, cubin, transpile_seconds))
+        Ok((emitted, cubin, transpile_seconds, plan.rewrite.graph))
     }
 
     /// Runs a compiled graph on `inputs`: with `drawn`, once checked against its reference;
@@ -321,6 +331,10 @@ pub struct Prepared {
     pub tuned: Option<TuneEntry>,
 }
 
+/// What [`Session::compile_with`] returns: the generated code, its binary, the seconds spent
+/// planning and emitting, and the graph the planner rewrote the caller's into (if it did).
+pub type Compiled = (Emitted, Cubin, f64, Option<Box<KernelGraph>>);
+
 /// Inputs drawn once for consecutive graphs with the same input signature (shapes, dtypes,
 /// strides), as the candidates of one file have: drawing them is the costliest host step of
 /// a run without `--check` on large graphs.
@@ -407,11 +421,33 @@ pub fn inputs_and_reference(
     scale: f64,
     budget: &interp::Budget,
 ) -> Result<Drawn, String> {
+    inputs_and_reference_for(g, None, seed, scale, budget)
+}
+
+/// Like [`inputs_and_reference`] for a graph the planner rewrote into `runs`
+/// ([`crate::sched::GraphPlan::graph`]): the reference is still `g`'s, but the scale is halved
+/// only while a tensor of `runs` (what the GPU stores) would overflow: the online-softmax
+/// rewrite stores bounded values where `g` stores exponentials that overflow.
+pub fn inputs_and_reference_for(
+    g: &KernelGraph,
+    runs: Option<&KernelGraph>,
+    seed: u64,
+    scale: f64,
+    budget: &interp::Budget,
+) -> Result<Drawn, String> {
     interp::estimate(g).check(g, budget)?;
+    if let Some(r) = runs {
+        interp::estimate(r).check(r, budget)?;
+    }
     let ((inputs, reference), scale, note) = draw_in_range(scale, |scale| {
         let inputs = interp::random_inputs(g, InputSpec { seed, scale });
-        let (outs, excess) =
+        let (outs, mut excess) =
             interp::evaluate_ranged(g, inputs.clone()).map_err(|e| e.to_string())?;
+        if let Some(r) = runs {
+            excess = interp::evaluate_ranged(r, inputs.clone())
+                .map_err(|e| format!("the rewritten graph: {e}"))?
+                .1;
+        }
         Ok(((inputs, outs), excess))
     })?;
     Ok(Drawn {

@@ -651,6 +651,45 @@ impl TbGraphBuilder {
         )[0])
     }
 
+    /// Like [`TbGraphBuilder::new_input`] for a tensor given by its shape and type rather than
+    /// by a [`GraphBuilder`] (rewrites that build a threadblock graph over an existing kernel
+    /// graph; [`TbGraphBuilder::into_parts`] returns what the customized operator reads).
+    pub(crate) fn new_input_of(
+        &mut self,
+        dtensor: Handle<DTensor>,
+        shape: Shape,
+        dtype: DType,
+        imap: DimMap,
+        forloop_dim: Option<usize>,
+    ) -> R<Handle<STensor>> {
+        let s = infer::tb_input(
+            &shape,
+            self.tb.grid,
+            imap,
+            forloop_dim,
+            self.tb.forloop_range,
+        )
+        .map_err(|e| err(self.here("input"), e))?;
+        let input = self.inputs.len();
+        self.inputs.push((dtensor, shape, dtype));
+        Ok(self.push(
+            TbOpKind::Input {
+                input,
+                imap,
+                forloop_dim,
+            },
+            vec![],
+            vec![(s, dtype, false)],
+        )[0])
+    }
+
+    /// The threadblock graph, the tensors its inputs read (in input order) and the shapes and
+    /// types of its outputs (in output order).
+    pub(crate) fn into_parts(self) -> (TbGraph, Vec<Handle<DTensor>>, Vec<(Shape, DType)>) {
+        let inputs = self.inputs.iter().map(|&(t, _, _)| t).collect();
+        (self.tb, inputs, self.outputs)
+    }
+
     /// Stores the after-loop tile `s`; grid axes place it along the dims `omap` names.
     pub fn new_output(&mut self, s: Handle<STensor>, omap: impl Into<DimMap>) -> R<()> {
         let t = self.tile(s, "output")?;

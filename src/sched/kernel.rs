@@ -150,6 +150,15 @@ pub(super) fn plan_kernel(
              turn off (the grid has a block per SM or more)",
         ));
     }
+    // Without its pipe, an online-softmax kernel rescales through shared memory, several times
+    // the instructions (H100: 1.8-5x the time): the pipe wins at any grid size.
+    if first.register_pipes().any(|p| p.online.is_some()) {
+        return Ok(kept(
+            first,
+            "block_dim kept: its warps own whole rows of an online-softmax register pipe, which \
+             more warps would turn off",
+        ));
+    }
     match with(fusion, warps * 32, CtaSource::Model(why)) {
         // A loop longer than a pipeline's worth pays for its split: more warps must not shrink
         // the cluster (measured 1.06–3.19× slower where they did).
@@ -223,7 +232,9 @@ fn plan_kernel_with(
     let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     // A piped tile never reaches shared memory.
     for p in pipes.iter().filter_map(PipeDecision::on) {
-        tiles[p.tile] = None;
+        for t in p.tiles() {
+            tiles[t] = None;
+        }
     }
     demote_copies(tb, &tiles, &mut ops);
     plan_operand_loads(tb, &tiles, &mut ops, target);
@@ -278,6 +289,16 @@ fn plan_kernel_with(
     // `plan_chains` already takes as the store's.)
     for p in pipes.iter().filter_map(PipeDecision::on) {
         chains[p.producer].matmul = Some(MatmulLowering::Pipe);
+        if let Some(o) = &p.online {
+            // The consumer's product goes straight into the rescaled accumulator's fragment;
+            // the exponentials are the pipe's own (`Mma::online_pack`), not chain members.
+            let c2 = fusion.chain_of[p.matmul.index()];
+            chains[c2].matmul = Some(MatmulLowering::IntoFragment);
+            chains[c2].sink = super::plan::Sink::Accum(o.out_acc);
+            for op in [o.sub, o.rescale] {
+                chains[fusion.chain_of[op.index()]].approx_exp = None;
+            }
+        }
     }
     // An accumulator in shared memory keeps its state there anyway; one in registers makes a
     // round trip (write-back, then its reader loads it) that a direct store would avoid.

@@ -24,6 +24,7 @@ pub mod pipe;
 pub mod plan;
 pub mod rewrite;
 pub mod smem;
+pub mod softmax;
 pub mod tma;
 
 use std::collections::BTreeMap;
@@ -89,15 +90,17 @@ fn plan_dependent_launches(
 
 /// Plans a validated graph. Kernel-level matmuls whose only reader is a customized operator
 /// are first fused into it where that plans ([`rewrite::fuse_matmuls`], unless
-/// [`Options::fuse_matmuls`] is off); the plan is then that of the rewritten graph
-/// ([`GraphPlan::rewrite`], [`GraphPlan::graph`]).
+/// [`Options::fuse_matmuls`] is off), then split attention kernels compute their softmax online
+/// where that plans ([`softmax::online_softmax`], unless [`Options::online_softmax`] is off);
+/// the plan is that of the rewritten graph ([`GraphPlan::rewrite`], [`GraphPlan::graph`]).
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let mut rw = rewrite::fuse_matmuls(g, opts.fuse_matmuls);
     if let Some(g2) = rw.graph.take() {
-        match plan_graph(&g2, opts) {
-            Ok(mut p) => {
-                rw.graph = Some(g2);
+        match plan_with_softmax(&g2, opts) {
+            Ok((mut p, sm, g3)) => {
+                rw.graph = Some(g3.unwrap_or(g2));
+                rw.softmax = sm;
                 p.rewrite = rw;
                 p.elapsed = start.elapsed();
                 return Ok(p);
@@ -105,10 +108,70 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
             Err(e) => rw.undo(rewrite::KeptMatmul::Plan(e.to_string())),
         }
     }
-    let mut p = plan_graph(g, opts)?;
+    let (mut p, sm, g3) = plan_with_softmax(g, opts)?;
+    rw.graph = g3;
+    rw.softmax = sm;
     p.rewrite = rw;
     p.elapsed = start.elapsed();
     Ok(p)
+}
+
+/// Plans `g` with its attention kernels' softmax computed online where that plans (and, with
+/// [`softmax::SoftmaxChoice::Piped`], where the rewritten kernel keeps its scores in a register
+/// pipe), else `g` as it is; returns the plan, what the softmax rewrite did and the graph
+/// planned if it is not `g`.
+fn plan_with_softmax(
+    g: &KernelGraph,
+    opts: &Options,
+) -> Result<(GraphPlan, softmax::SoftmaxRewrite, Option<Box<KernelGraph>>), PlanError> {
+    use softmax::{NoOnlineSoftmax, SoftmaxChoice};
+    let on = opts.online_softmax != SoftmaxChoice::Off;
+    let mut sm = softmax::online_softmax(g, on);
+    let mut vetoed: BTreeMap<usize, NoOnlineSoftmax> = BTreeMap::new();
+    // At most twice: the second time without the kernels that did not pipe.
+    for _ in 0..2 {
+        let Some(g3) = sm.graph.take() else { break };
+        let p = match plan_graph(&g3, opts) {
+            Ok(p) => p,
+            Err(e) => {
+                sm.undo(NoOnlineSoftmax::Plan(e.to_string()));
+                break;
+            }
+        };
+        if opts.online_softmax == SoftmaxChoice::Piped {
+            for a in &sm.applied {
+                if let Some(why) = not_piped(&p, a.rewritten) {
+                    vetoed.insert(a.kernel, NoOnlineSoftmax::NotPiped(why));
+                }
+            }
+            if !vetoed.is_empty() {
+                sm = softmax::online_softmax_where(g, on, &|k| vetoed.get(&k).cloned());
+                continue;
+            }
+        }
+        return Ok((p, sm, Some(g3)));
+    }
+    Ok((plan_graph(g, opts)?, sm, None))
+}
+
+/// Why kernel `k` of plan `p` does not keep its rescaled scores in an online register pipe,
+/// or `None` when it does.
+fn not_piped(p: &GraphPlan, k: usize) -> Option<String> {
+    let Some(kp) = p.kernels.get(&k) else {
+        return Some("it is not a threadblock kernel".into());
+    };
+    if kp.register_pipes().any(|r| r.online.is_some()) {
+        return None;
+    }
+    Some(
+        kp.pipes
+            .iter()
+            .find_map(|d| match d {
+                plan::PipeDecision::Off { why, .. } => Some(why.to_string()),
+                plan::PipeDecision::On(_) => None,
+            })
+            .unwrap_or_else(|| "no register pipe recognises the running max".into()),
+    )
 }
 
 /// Plans a validated graph as it is.

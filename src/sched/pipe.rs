@@ -18,11 +18,11 @@
 
 use super::ops::{AccumStorage, OpPlan, fragment_registers, operand_load_count, tile_dtypes};
 use super::order::{Schedule, schedule_with_pipes};
-use super::plan::{PipeDecision, PipeOff, RegisterPipe};
+use super::plan::{OnlinePipe, PipeDecision, PipeOff, RegisterPipe};
 use crate::graph::arena::Handle;
 use crate::graph::fusion::FusionPlan;
-use crate::graph::ops::AccumKind;
-use crate::graph::threadblock::{TbGraph, TbOp, TbOpKind};
+use crate::graph::ops::{AccumKind, BinaryOp, TbReduction, UnaryOp};
+use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 
 /// fp32 registers per thread the producer's and the consumer's fragments may take together (the
 /// rest of the 255 hold operand fragments, addresses and the loop's state).
@@ -61,7 +61,7 @@ pub fn plan_pipes(
         let piped: Vec<usize> = decisions
             .iter()
             .filter_map(PipeDecision::on)
-            .map(|p| p.tile)
+            .flat_map(|p| p.tiles())
             .collect();
         let sched = schedule_with_pipes(tb, fusion, &piped);
         let mut changed = false;
@@ -104,6 +104,23 @@ pub fn plan_pipes(
                 *rows = None;
             }
         }
+        if let Some(o) = &p.online {
+            // O in the consumer's fragment; l and the final m in shared memory, written per
+            // row by the row's first lane.
+            if let OpPlan::Accum { storage, rows, .. } = &mut ops[o.out_acc.index()] {
+                *storage = AccumStorage::Registers {
+                    per_thread: fragment_registers(m2, n2, (p.warps, 1)),
+                    fragment_of: Some(p.matmul),
+                };
+                *rows = None;
+            }
+            for a in [o.sum_acc, o.max_acc] {
+                if let OpPlan::Accum { storage, rows, .. } = &mut ops[a.index()] {
+                    *storage = AccumStorage::Shared;
+                    *rows = None;
+                }
+            }
+        }
     }
     (decisions, sched)
 }
@@ -134,6 +151,30 @@ fn candidates(
             .filter(|(_, op)| op.inputs.contains(&tile))
             .map(|(h, _)| h)
             .collect();
+        let running_max = readers.iter().any(|&r| {
+            matches!(
+                tb.ops[r].kind,
+                TbOpKind::Reduction {
+                    kind: TbReduction::Max,
+                    ..
+                }
+            )
+        });
+        if running_max && chain.ops.len() == 1 {
+            let decision = if enabled {
+                online(tb, fusion, ops, threads, c, &stored)
+            } else {
+                Err(PipeOff::TurnedOff)
+            };
+            decisions.push(match decision {
+                Ok(p) => PipeDecision::On(p),
+                Err(why) => PipeDecision::Off {
+                    tile: tile.index(),
+                    why,
+                },
+            });
+            continue;
+        }
         let Some(&consumer) = readers
             .iter()
             .find(|&&r| matches!(tb.ops[r].kind, TbOpKind::Matmul) && tb.ops[r].inputs[0] == tile)
@@ -230,6 +271,7 @@ fn candidates(
                 matmul: consumer,
                 row_sums,
                 warps,
+                online: None,
             })
         })();
         decisions.push(match decision {
@@ -238,6 +280,161 @@ fn candidates(
         });
     }
     decisions
+}
+
+/// The online-softmax form of a pipe led by chain `c` (a lone matmul giving the scores S; see
+/// [`OnlinePipe`]), or why it cannot run in registers.
+fn online(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    ops: &[OpPlan],
+    threads: usize,
+    c: usize,
+    stored: &[crate::graph::dtype::DType],
+) -> Result<RegisterPipe, PipeOff> {
+    let shape = |why: &str| PipeOff::Online(why.to_string());
+    let readers = |t: Handle<STensor>| -> Vec<Handle<TbOp>> {
+        tb.ops
+            .iter()
+            .filter(|(_, op)| op.inputs.contains(&t))
+            .map(|(h, _)| h)
+            .collect()
+    };
+    let alone = |o: Handle<TbOp>| fusion.is_leader(o) && fusion.chain(o).ops.len() == 1;
+    let mm1 = fusion.chains[c].leader();
+    let s = tb.ops[mm1].outputs[0];
+    let rs = readers(s);
+    let find = |hs: &[Handle<TbOp>], f: &dyn Fn(&TbOp) -> bool| {
+        hs.iter().copied().find(|&h| f(&tb.ops[h]))
+    };
+    let (Some(max), Some(sub)) = (
+        find(&rs, &|o| {
+            matches!(
+                o.kind,
+                TbOpKind::Reduction {
+                    kind: TbReduction::Max,
+                    ..
+                }
+            )
+        }),
+        find(&rs, &|o| {
+            o.kind == TbOpKind::Binary(BinaryOp::Sub) && o.inputs[0] == s
+        }),
+    ) else {
+        return Err(shape("the scores are not read by a running max and S - m"));
+    };
+    if rs.len() != 2 || !alone(max) {
+        return Err(shape("the scores have other readers"));
+    }
+    let r = tb.tensors[s].shape.rank();
+    if !matches!(tb.ops[max].kind, TbOpKind::Reduction { dim, .. } if dim == r - 1) {
+        return Err(shape("the running max is not over the rows"));
+    }
+    let (m, d) = (tb.ops[max].outputs[0], tb.ops[max].outputs[1]);
+    let sub_chain = fusion.chain(sub);
+    if tb.ops[sub].inputs[1] != m
+        || !fusion.is_leader(sub)
+        || sub_chain.ops.len() != 2
+        || tb.ops[sub_chain.tail()].kind != TbOpKind::Unary(UnaryOp::Exp)
+    {
+        return Err(shape("S - m does not lead a chain into exp"));
+    }
+    let e = tb.ops[sub_chain.tail()].outputs[0];
+    let rd = readers(d);
+    let (Some(max_acc), &[rescale]) = (
+        find(&readers(m), &|o| o.kind == TbOpKind::Accum(AccumKind::Max)),
+        &rd[..],
+    ) else {
+        return Err(shape(
+            "the running max is not accumulated, or its change read twice",
+        ));
+    };
+    if readers(m).len() != 2
+        || tb.ops[rescale].kind != TbOpKind::Unary(UnaryOp::Exp)
+        || !alone(rescale)
+        || !alone(max_acc)
+    {
+        return Err(shape("the running max or its change have other readers"));
+    }
+    let rf = tb.ops[rescale].outputs[0];
+    let re = readers(e);
+    let (Some(mm2), Some(sum_acc)) = (
+        find(&re, &|o| {
+            o.kind == TbOpKind::Matmul && o.inputs[0] == e && o.inputs[1] != e
+        }),
+        find(&re, &|o| {
+            o.kind == TbOpKind::Accum(AccumKind::RedLdSumRescale) && o.inputs == [e, rf]
+        }),
+    ) else {
+        return Err(shape(
+            "exp(S - m) is not read by a matmul and a rescaled row sum",
+        ));
+    };
+    let p = tb.ops[mm2].outputs[0];
+    let (Some(out_acc), 2, true, true) = (
+        find(&readers(p), &|o| {
+            o.kind == TbOpKind::Accum(AccumKind::NoredRescale) && o.inputs == [p, rf]
+        }),
+        re.len(),
+        alone(mm2) && alone(sum_acc),
+        readers(rf).len() == 2 && readers(p).len() == 1,
+    ) else {
+        return Err(shape(
+            "the product is not accumulated by one accum_nored_rescale",
+        ));
+    };
+    if !alone(out_acc) {
+        return Err(shape("the rescaled accumulator leads a longer chain"));
+    }
+    if !is_mma(ops, mm1) || !is_mma(ops, mm2) {
+        return Err(PipeOff::ConsumerNotMma { op: mm2.index() });
+    }
+    if tb.tensors[e].dtype != stored[e.index()] {
+        return Err(PipeOff::Widened);
+    }
+    let (mr, n, _) = mnk(tb, mm1);
+    let (m2, n2, k2) = mnk(tb, mm2);
+    if m2 != mr || k2 != n {
+        return Err(PipeOff::ShapeMismatch);
+    }
+    if mr % 16 != 0 || n % 16 != 0 {
+        return Err(PipeOff::NotWhole16 { m: mr, n });
+    }
+    let warps = (threads / 32).max(1);
+    if (mr / 16) % warps != 0 {
+        return Err(PipeOff::UnevenRows {
+            row_tiles: mr / 16,
+            warps,
+        });
+    }
+    let regs = fragment_registers(mr, n, (warps, 1)) + fragment_registers(m2, n2, (warps, 1));
+    if regs > PIPE_REGISTERS {
+        return Err(PipeOff::Registers { regs });
+    }
+    let x = tb.ops[sub].outputs[0];
+    Ok(RegisterPipe {
+        producer: c,
+        tile: e.index(),
+        matmul: mm2,
+        row_sums: Vec::new(),
+        warps,
+        online: Some(OnlinePipe {
+            max,
+            sub,
+            rescale,
+            max_acc,
+            sum_acc,
+            out_acc,
+            registers: vec![
+                s.index(),
+                m.index(),
+                d.index(),
+                x.index(),
+                rf.index(),
+                p.index(),
+            ],
+        }),
+    })
 }
 
 /// Puts matmul `mm` on `warps` × 1 warps (A from registers when `a_from_registers`).

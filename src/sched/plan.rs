@@ -63,6 +63,10 @@ pub struct Options {
     /// Whether a kernel-level matmul read only by a customized operator may be computed per
     /// tile inside it ([`super::rewrite`]; on by default, `--no-fuse-matmuls` turns it off).
     pub fuse_matmuls: bool,
+    /// Where split attention kernels compute their softmax online, rescaling by a running max
+    /// ([`super::softmax`]; by default where the rescaling stays in registers,
+    /// `--online-softmax` chooses).
+    pub online_softmax: super::softmax::SoftmaxChoice,
 }
 
 impl Options {
@@ -79,6 +83,7 @@ impl Options {
             register_pipes: true,
             wgmma: true,
             fuse_matmuls: true,
+            online_softmax: super::softmax::SoftmaxChoice::Piped,
         }
     }
 }
@@ -992,12 +997,57 @@ pub struct RegisterPipe {
     pub row_sums: Vec<Handle<TbOp>>,
     /// Warps along M of both matmuls (one along N).
     pub warps: usize,
+    /// The running-max form (the online-softmax rewrite's attention kernel), if it is one.
+    pub online: Option<OnlinePipe>,
+}
+
+/// A register pipe with a running row max ([`super::softmax`]): the producer's matmul gives the
+/// scores S; per row, the warp's lanes meet by shuffles for the max of S, the running max m
+/// (kept in registers across the loop, rounded to the tile type as the graph stores it) moves
+/// to max(m, rowmax), the product's rows are rescaled by r = exp(m_old − m_new), and the pipe's
+/// tile is exp(S − m) (packed in the tile's type, summed per row into l ← l·r + Σ). Every tile
+/// between (S, m, m_old − m_new, S − m, r and the consumer's product) stays in registers; l
+/// and the final m are written per row by the row's first lane. Its exponentials are
+/// `ex2.approx.ftz` of one FFMA each (their values are rounded to the 16-bit tile type right
+/// after, or are the rescale factors of fp32 state); the chains of `sub` and of the rescale
+/// factor plan none of their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnlinePipe {
+    /// The running-max reduction (outputs m and m_old − m_new).
+    pub max: Handle<TbOp>,
+    /// The subtraction S − m, which leads the chain ending in the pipe's exp.
+    pub sub: Handle<TbOp>,
+    /// exp(m_old − m_new), the rescale factor r.
+    pub rescale: Handle<TbOp>,
+    /// The max accumulator of m (the final running max, a graph output).
+    pub max_acc: Handle<TbOp>,
+    /// l ← l·r + Σ (`accum_red_ld_sum_rescale`).
+    pub sum_acc: Handle<TbOp>,
+    /// O ← O·r + P (`accum_nored_rescale`), in the consumer matmul's fragment.
+    pub out_acc: Handle<TbOp>,
+    /// Every tile the pipe keeps in registers besides [`RegisterPipe::tile`].
+    pub registers: Vec<usize>,
 }
 
 impl RegisterPipe {
     /// The operators whose chains run inside the producer's.
     pub fn consumers(&self) -> impl Iterator<Item = Handle<TbOp>> + '_ {
-        std::iter::once(self.matmul).chain(self.row_sums.iter().copied())
+        let online = self
+            .online
+            .iter()
+            .flat_map(|o| [o.max, o.sub, o.rescale, o.max_acc, o.sum_acc, o.out_acc]);
+        std::iter::once(self.matmul)
+            .chain(self.row_sums.iter().copied())
+            .chain(online)
+    }
+
+    /// Every tile the pipe keeps in registers.
+    pub fn tiles(&self) -> Vec<usize> {
+        let mut v = vec![self.tile];
+        if let Some(o) = &self.online {
+            v.extend(o.registers.iter().copied());
+        }
+        v
     }
 }
 
@@ -1090,6 +1140,8 @@ pub enum PipeOff {
         /// Its kind's name.
         kind: String,
     },
+    /// The scores feed a running max, but not in the online-softmax form ([`OnlinePipe`]).
+    Online(String),
 }
 
 impl fmt::Display for PipeOff {
@@ -1135,6 +1187,7 @@ impl fmt::Display for PipeOff {
                 "op{op} {kind} would still run after the producer's level (it reads another \
                  tile written there, or runs in another phase)"
             ),
+            PipeOff::Online(why) => write!(f, "online softmax: {why}"),
         }
     }
 }

@@ -145,6 +145,9 @@ pub struct Rewrite {
     /// The kernel-level matmuls kept as separate steps, and why (kernel op index in the caller's
     /// graph).
     pub kept: Vec<(usize, KeptMatmul)>,
+    /// The attention kernels whose softmax is computed online, and those that keep their form
+    /// and why ([`super::softmax`]; kernel indices of the graph after the matmul fusion).
+    pub softmax: super::softmax::SoftmaxRewrite,
 }
 
 impl Rewrite {

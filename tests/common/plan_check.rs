@@ -266,19 +266,23 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     {
         use mucc::sched::plan::PipeDecision;
         let on: Vec<_> = kp.register_pipes().collect();
+        let online = on.iter().filter(|p| p.online.is_some()).count();
         want(
             text.matches("::run_from<").count() == on.len()
                 && text.matches("::row_sums(pk_, ").count()
                     == on.iter().map(|p| p.row_sums.len()).sum::<usize>()
-                && text.matches("::pack(pk_, p_, ").count() == on.len(),
-            format!("{} register pipes", on.len()),
+                && text.matches("::pack(pk_, p_, ").count() == on.len() - online
+                && text.matches("::online_pack(pk_, p_, ").count() == online
+                && text.matches("::scale_rows(acc").count() == online,
+            format!("{} register pipes ({online} online)", on.len()),
         );
         for p in &on {
-            want(
-                kp.tiles[p.tile].is_none()
-                    && !text.contains(&format!(" s{} = reinterpret_cast", p.tile)),
-                format!("piped s{} has no shared memory", p.tile),
-            );
+            for t in p.tiles() {
+                want(
+                    kp.tiles[t].is_none() && !text.contains(&format!(" s{t} = reinterpret_cast")),
+                    format!("piped s{t} has no shared memory"),
+                );
+            }
         }
         for d in &kp.pipes {
             if let PipeDecision::Off { tile, .. } = d {

@@ -5,6 +5,7 @@
 #include "../arch/sm80.h"
 #include "../arch/sm90_wgmma.h"
 #include "../layout.h"
+#include "../ops.h"
 
 namespace mucc {
 namespace tb {
@@ -542,6 +543,90 @@ struct Mma {
         if (row + 8 < M) g(row + 8, hi);
       }
     }
+  }
+
+  // Online softmax over this warp's whole rows (the plan's OnlinePipe; WN == 1). Per fragment
+  // row (i, h: row (warp + i·WM)·16 + gid + 8h), the row's four lanes meet by shuffles for the
+  // max of f; the running max m moves to max(m, T(rowmax)) (rounded to T as the graph stores
+  // m), r = exp(m_old − m_new) (0 while m_old is −∞), p = T(exp(f − m_new)) packed as `pack`
+  // does, and s = the row sum of the packed values. Every lane of a row holds m, r and s.
+  __device__ __forceinline__ static void online_pack(Packed& p, const Frag& f, float (&m)[PM][2], float (&r)[PM][2],
+                                                     float (&s)[PM][2], int warp, int lane) {
+    static_assert(WN == 1, "online softmax needs whole rows per warp");
+    if (warp >= WM) return;
+    const int gid = lane >> 2, tig = lane & 3;
+    const float ninf = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int i = 0; i < PM; ++i) {
+      float mx[2] = {ninf, ninf};
+#pragma unroll
+      for (int j = 0; j < PN; ++j) {
+        const int col = j * 8 + tig * 2;
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (col + (q & 1) < N) mx[q >> 1] = fmaxf(mx[q >> 1], f.v[i][j][q]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(m[i][h], to_compute(from_compute<T>(mx[h])));
+        r[i][h] = m[i][h] == ninf ? 0.0f : op::exp_approx_ftz(m[i][h] - mn);
+        m[i][h] = mn;
+      }
+      float sum[2] = {0.0f, 0.0f};
+      // exp(v − m) = 2^(v·log2 e − m·log2 e): one FFMA and one MUFU.EX2 per value (results
+      // under 2^-126 flush to zero; they round to zero in T anyway).
+      const float ml[2] = {m[i][0] * 1.44269504088896341f, m[i][1] * 1.44269504088896341f};
+      const auto ex = [](float v, float mlh) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(v, 1.44269504088896341f, -mlh)));
+        return y;
+      };
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (warp + i * WM) * 16 + gid + h * 8;
+          const int col = j * 8 + tig * 2;
+          const float a = row < M && col < N ? ex(f.v[i][j][2 * h], ml[h]) : 0.0f;
+          const float b = row < M && col + 1 < N ? ex(f.v[i][j][2 * h + 1], ml[h]) : 0.0f;
+          p.v[i][j][h] = sm80::pack2<T>(a, b);
+          const float2 u = sm80::unpack2<T>(p.v[i][j][h]);
+          sum[h] += u.x + u.y;
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+        s[i][h] = sum[h];
+      }
+    }
+  }
+
+  // f's rows times r (the fragment rows of `online_pack` on the same warps along M).
+  __device__ __forceinline__ static void scale_rows(Frag& f, const float (&r)[PM][2], int warp) {
+    static_assert(WN == 1, "row scaling needs whole rows per warp");
+    if (warp >= WM) return;
+#pragma unroll
+    for (int i = 0; i < PM; ++i)
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) f.v[i][j][q] *= r[i][q >> 1];
+  }
+
+  // g(row, i, h) once per fragment row inside M, by the row's first lane (whole rows per warp).
+  template <class G> __device__ __forceinline__ static void each_row(int warp, int lane, G g) {
+    static_assert(WN == 1, "rows need whole rows per warp");
+    if (warp >= WM || (lane & 3) != 0) return;
+#pragma unroll
+    for (int i = 0; i < PM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = (warp + i * WM) * 16 + (lane >> 2) + h * 8;
+        if (row < M) g(row, i, h);
+      }
   }
 
   // f += P·B, where P (M × K) is the packed product `p` of matmul type `P` on the same warps

@@ -11,7 +11,7 @@ use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
 use crate::graph::threadblock::{TbOp, TbOpKind};
 use crate::sched::ops::{OpPlan, OperandLoad};
-use crate::sched::plan::{ChainPlan, MatmulLowering, RegisterPipe, Sink};
+use crate::sched::plan::{ChainPlan, MatmulLowering, OnlinePipe, RegisterPipe, Sink};
 
 impl Ctx<'_> {
     /// The `Mma` helper type of matmul `mm` (which the plan runs on tensor cores).
@@ -179,6 +179,9 @@ impl Ctx<'_> {
                 lead.index()
             )));
         }
+        if let Some(online) = &pipe.online {
+            return self.online_pipe_chain(lead, pipe, online);
+        }
         let lop = self.tb.ops[lead].clone();
         let (pa, pb) = (self.tile_ref(lop.inputs[0]), self.tile_ref(lop.inputs[1]));
         let mt = self.matmul_type(lead)?;
@@ -224,6 +227,72 @@ impl Ctx<'_> {
                     |w| lines(w, sink),
                 );
             }
+            w.line(format!("// op{m2} matmul: A from the packed product"));
+            w.line(format!(
+                "{mt2}::run_from<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
+            ));
+        });
+        Ok(())
+    }
+
+    /// The producer's chain of an online-softmax register pipe ([`OnlinePipe`]): the scores
+    /// into a fragment, the running max, the packed exp(S − m) with its row sums, the rows of
+    /// the output accumulator rescaled, l and m written per row, and the consumer matmul.
+    fn online_pipe_chain(
+        &mut self,
+        lead: Handle<TbOp>,
+        pipe: &RegisterPipe,
+        o: &OnlinePipe,
+    ) -> Result<(), EmitError> {
+        let lop = self.tb.ops[lead].clone();
+        let (pa, pb) = (self.tile_ref(lop.inputs[0]), self.tile_ref(lop.inputs[1]));
+        let mt = self.matmul_type(lead)?;
+        let mt2 = self.matmul_type(pipe.matmul)?;
+        let b2 = self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]);
+        let acc = o.out_acc.index();
+        let ty = ctype(self.tb.tensors[Handle::from_index(pipe.tile)].dtype);
+        let row_store =
+            |ctx: &mut Self, a: Handle<TbOp>| -> Result<(usize, String, &'static str), EmitError> {
+                let out = ctx.tb.ops[a].outputs[0];
+                let s = ctx.tb.tensors[out].shape;
+                let l = ctx.tile_layout(out, &natural(&s))?;
+                Ok((out.index(), l, ctx.tile_ctype(out)))
+            };
+        let (ls, ll, lty) = row_store(self, o.sum_acc)?;
+        let (ms, ml, mty) = row_store(self, o.max_acc)?;
+        let (t, m2, mx) = (pipe.tile, pipe.matmul.index(), o.max.index());
+        let (sa, xa) = (o.sum_acc.index(), o.max_acc.index());
+        self.w.block("", "", |w| {
+            w.line(format!(
+                "// s{t} stays in registers: exp(S - m) with op{mx}'s running max m, packed in {ty}"
+            ));
+            w.line(format!("{mt}::Packed pk_;"));
+            w.line(format!("float r_[{mt}::PM][2], l_[{mt}::PM][2];"));
+            w.block("", "", |w| {
+                w.line(format!("{mt}::Frag p_;"));
+                w.line(format!("{mt}::zero(p_);"));
+                w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
+                w.line(format!(
+                    "{mt}::online_pack(pk_, p_, rm{mx}_, r_, l_, warp, lane);"
+                ));
+            });
+            w.line(format!("// op{acc} accum_nored_rescale: O <- O * r, rows of the fragment"));
+            w.line(format!("{mt2}::scale_rows(acc{acc}, r_, warp);"));
+            w.line(format!(
+                "// op{sa} accum_red_ld_sum_rescale and op{xa} accum_max: per row, by its first lane"
+            ));
+            w.block(
+                format!("{mt}::each_row(warp, lane, [&](int row, int i, int h)"),
+                ");",
+                |w| {
+                    w.line(format!(
+                        "s{ls}[{ll}::offset(row)] = mucc::from_compute<{lty}>(mucc::to_compute(s{ls}[{ll}::offset(row)]) * r_[i][h] + l_[i][h]);"
+                    ));
+                    w.line(format!(
+                        "s{ms}[{ml}::offset(row)] = mucc::from_compute<{mty}>(rm{mx}_[i][h]);"
+                    ));
+                },
+            );
             w.line(format!("// op{m2} matmul: A from the packed product"));
             w.line(format!(
                 "{mt2}::run_from<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"

@@ -414,7 +414,26 @@ fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
 /// plan's barrier when shared memory was written.
 fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
     let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
+    for p in kp.register_pipes() {
+        if let Some(o) = &p.online {
+            let mt = ctx.matmul_type(kp.fusion.chains[p.producer].leader())?;
+            let mx = o.max.index();
+            ctx.w.line(format!(
+                "// op{mx} reduction_max: the running max of each fragment row, in registers"
+            ));
+            ctx.w.line(format!("float rm{mx}_[{mt}::PM][2];"));
+            ctx.w.line(format!(
+                "for (int i = 0; i < {mt}::PM; ++i) rm{mx}_[i][0] = rm{mx}_[i][1] = -__int_as_float(0x7f800000);"
+            ));
+        }
+    }
     for (h, top) in tb.ops.iter() {
+        if kp
+            .register_pipes()
+            .any(|p| p.online.as_ref().is_some_and(|o| o.max == h))
+        {
+            continue;
+        }
         let init = match top.kind {
             TbOpKind::Accum(AccumKind::Max)
             | TbOpKind::Reduction {

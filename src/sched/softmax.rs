@@ -1,0 +1,1208 @@
+//! **Online softmax for split attention** (flash decoding), a rewrite the planner makes before
+//! it plans; the caller's graph is never changed.
+//!
+//! The attention candidates of Mirage's search compute, per block of keys, S = Q·K, E = exp(S),
+//! and accumulate E·V and Σ E over the for-loop; grid blocks split the keys, write their
+//! partials, and a combining step sums the partials and divides. exp(S) of unnormalised scores
+//! overflows 16-bit floats (|S| ≈ 11 already gives 60 000), so on real inputs the partials are
+//! infinite. The rewrite computes the same function without overflow:
+//!
+//! * the attention kernel keeps a running row max m (`reduction_max`, which also gives the
+//!   change d = m_old − m_new), exponentiates S − m, and rescales both accumulators by e^d each
+//!   iteration (`accum_*_rescale`); it writes three partials per block: O = Σ e^(S−m)·V,
+//!   l = Σ e^(S−m) and its final m;
+//! * a new combining kernel replaces the original one (and any kernel-level division after it):
+//!   its for-loop walks the partials of one row group, keeps the running max M of the m's and
+//!   sums e^(m−M)·O and e^(m−M)·l with the same rescaling, and divides.
+//!
+//! Exactly: O_final = Σₚ e^(mₚ−M)·Oₚ / Σₚ e^(mₚ−M)·lₚ = Σ e^S·V / Σ e^S. Only the rounding
+//! differs; every stored value is bounded (e^(S−m) ≤ 1, lₚ ≤ keys per block).
+//!
+//! The attention kernel is recognised by structure (one matmul, its exp read by one sum
+//! accumulator and by a matmul whose product one `accum_nored` sums; the keys split by at most
+//! one grid axis and the for-loop); the combining step, whatever operators it uses, is checked
+//! by value: the interpreter runs it on test partials and its result must equal Σ O / Σ l
+//! (relative difference ≤ [`COMBINE_TOLERANCE`]). Where either does not hold, the plan says
+//! why ([`NoOnlineSoftmax`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::graph::arena::Handle;
+use crate::graph::builder::TbGraphBuilder;
+use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
+use crate::graph::ops::{AccumKind, BinaryOp, DimMap, UnaryOp};
+use crate::graph::shape::Shape;
+use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
+
+/// The largest relative difference between the combining step's result on test partials and
+/// Σ O / Σ l for the rewrite to replace it (the interpreter computes both in f64).
+pub const COMBINE_TOLERANCE: f64 = 1e-9;
+
+/// The most partial elements the combining step is checked on (larger graphs keep their form).
+pub const MAX_CHECKED_PARTIALS: usize = 1 << 24;
+
+/// Threads per block of the combining kernel.
+const COMBINE_THREADS: usize = 128;
+
+/// The combining kernel's row blocks are halved until there are at least this many blocks (about
+/// one per SM: each block's loop is latency-bound, one iteration per key split, so more rows per
+/// block cost little and more waves cost a loop each) ...
+const COMBINE_MIN_BLOCKS: usize = 128;
+
+/// ... or a block would hold fewer rows than this: its l and m tiles (a value per row) then stay
+/// 16-byte copies that the ring pipelines (fewer rows are element loads every iteration).
+const COMBINE_MIN_ROWS: usize = 8;
+
+/// Where the planner applies the rewrite (`--online-softmax`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SoftmaxChoice {
+    /// Nowhere: every kernel keeps the graph's form.
+    Off,
+    /// Where the rewritten attention kernel keeps its scores in registers (a register pipe
+    /// with the running max: the rescaling costs a few instructions per element); elsewhere
+    /// the graph's form stays, and the plan says why.
+    #[default]
+    Piped,
+    /// Wherever the pattern is recognised, also where the rescaling goes through shared memory
+    /// (several times the instructions of the graph's form; measured 1.8–5× the time).
+    Always,
+}
+
+impl std::str::FromStr for SoftmaxChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(SoftmaxChoice::Off),
+            "piped" => Ok(SoftmaxChoice::Piped),
+            "always" => Ok(SoftmaxChoice::Always),
+            _ => Err(format!(
+                "unknown online-softmax choice `{}` (expected off, piped or always)",
+                crate::graph::error::clip(s)
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SoftmaxChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SoftmaxChoice::Off => "off",
+            SoftmaxChoice::Piped => "piped",
+            SoftmaxChoice::Always => "always",
+        })
+    }
+}
+
+/// An attention kernel whose softmax the plan computes online.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnlineSoftmax {
+    /// The attention kernel (kernel operator index in the graph the rewrite was applied to).
+    pub kernel: usize,
+    /// Its index in the rewritten graph.
+    pub rewritten: usize,
+    /// The kernel operators the new combining kernel replaces (same numbering).
+    pub replaced: Vec<usize>,
+    /// Blocks that split the keys of one row (1: the for-loop alone walks them).
+    pub splits: usize,
+    /// The combining kernel's grid.
+    pub combine_grid: [usize; 3],
+    /// Rows (query positions) per combining block.
+    pub combine_rows: usize,
+}
+
+/// Why an attention-like kernel keeps the softmax as the graph computes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NoOnlineSoftmax {
+    /// Turned off (`--online-softmax off`).
+    Off,
+    /// The rewritten kernel would rescale through shared memory (`--online-softmax piped`).
+    NotPiped(String),
+    /// More than one exponential of a matmul product in the kernel.
+    SeveralExps,
+    /// The scores are loaded (computed by another operator), not a matmul in this kernel.
+    ScoresLoaded,
+    /// The scores S are read by something besides exp.
+    ScoresReadTwice,
+    /// exp(S) is not read by exactly one sum accumulator and one matmul E·V.
+    ExpReaders(String),
+    /// The product E·V is not summed by one `accum_nored`.
+    ProductNotAccumulated,
+    /// The kernel computes something besides the pattern.
+    OtherOp(String),
+    /// The kernel's outputs are not exactly the two partials.
+    Outputs(String),
+    /// The keys are not partitioned as the rewrite needs.
+    Keys(String),
+    /// The operators after the kernel are not only a combining step.
+    Downstream(String),
+    /// The combining step does not compute Σ O / Σ l.
+    Combine(String),
+    /// The rewritten graph does not validate or plan.
+    Plan(String),
+}
+
+impl fmt::Display for NoOnlineSoftmax {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoOnlineSoftmax::Off => f.write_str("the online-softmax rewrite is turned off"),
+            NoOnlineSoftmax::NotPiped(why) => write!(
+                f,
+                "the rewritten kernel would rescale through shared memory, not in registers \
+                 ({why}; --online-softmax always applies it anyway)"
+            ),
+            NoOnlineSoftmax::SeveralExps => {
+                f.write_str("it exponentiates more than one matmul product")
+            }
+            NoOnlineSoftmax::ScoresLoaded => f.write_str(
+                "it loads its scores S (another operator computes Q·K; their max is not known \
+                 here)",
+            ),
+            NoOnlineSoftmax::ScoresReadTwice => {
+                f.write_str("its scores S = Q·K are read by more than exp")
+            }
+            NoOnlineSoftmax::ExpReaders(why) => write!(f, "exp(S) is read by {why}"),
+            NoOnlineSoftmax::ProductNotAccumulated => {
+                f.write_str("the product exp(S)·V is not summed by one accum_nored")
+            }
+            NoOnlineSoftmax::OtherOp(name) => write!(f, "it also computes {name}"),
+            NoOnlineSoftmax::Outputs(why) => write!(f, "its outputs {why}"),
+            NoOnlineSoftmax::Keys(why) => write!(f, "its keys {why}"),
+            NoOnlineSoftmax::Downstream(why) => write!(f, "after it, {why}"),
+            NoOnlineSoftmax::Combine(why) => write!(f, "the combining step {why}"),
+            NoOnlineSoftmax::Plan(why) => write!(f, "the rewritten graph does not plan: {why}"),
+        }
+    }
+}
+
+/// What [`online_softmax`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SoftmaxRewrite {
+    /// The rewritten graph, when some kernel was rewritten.
+    pub graph: Option<Box<KernelGraph>>,
+    /// The kernels rewritten.
+    pub applied: Vec<OnlineSoftmax>,
+    /// Kernels that exponentiate a matmul product but keep their form, and why (kernel
+    /// operator index in the graph the rewrite was tried on).
+    pub declined: Vec<(usize, NoOnlineSoftmax)>,
+}
+
+impl SoftmaxRewrite {
+    /// Keeps every rewritten kernel's form after all, with `why` (the rewritten graph did not
+    /// plan).
+    pub fn undo(&mut self, why: NoOnlineSoftmax) {
+        self.graph = None;
+        for a in self.applied.drain(..) {
+            self.declined.push((a.kernel, why.clone()));
+        }
+        self.declined.sort_by_key(|(k, _)| *k);
+    }
+}
+
+/// One recognised attention kernel.
+struct Found {
+    op: Handle<KnOp>,
+    exp: Handle<TbOp>,
+    sum: Handle<TbOp>,
+    acc: Handle<TbOp>,
+    out_o: Handle<TbOp>,
+    out_l: Handle<TbOp>,
+    splits: usize,
+    o: Handle<DTensor>,
+    l: Handle<DTensor>,
+    omap: DimMap,
+    /// The non-output kernel operators after it that compute the final result.
+    downstream: Vec<Handle<KnOp>>,
+    /// The final result (what the graph outputs).
+    result: Handle<DTensor>,
+}
+
+/// Tries the rewrite on every customized operator of `g` that exponentiates a matmul product
+/// or multiplies an exponential by a matrix.
+/// `on` false declines each with [`NoOnlineSoftmax::Off`].
+pub fn online_softmax(g: &KernelGraph, on: bool) -> SoftmaxRewrite {
+    online_softmax_where(g, on, &|_| None)
+}
+
+/// [`online_softmax`], declining the kernels for which `veto` gives a reason.
+pub fn online_softmax_where(
+    g: &KernelGraph,
+    on: bool,
+    veto: &dyn Fn(usize) -> Option<NoOnlineSoftmax>,
+) -> SoftmaxRewrite {
+    let mut rw = SoftmaxRewrite::default();
+    let mut found = Vec::new();
+    for (h, op) in g.ops.iter() {
+        let KnOpKind::Customized(tb) = &op.kind else {
+            continue;
+        };
+        let exps = exps_of_products(tb);
+        if exps.is_empty() {
+            continue;
+        }
+        if !on {
+            rw.declined.push((h.index(), NoOnlineSoftmax::Off));
+            continue;
+        }
+        if let Some(why) = veto(h.index()) {
+            rw.declined.push((h.index(), why));
+            continue;
+        }
+        match recognise(g, h, tb, &exps).and_then(|f| check_combine(g, tb, f)) {
+            Ok(f) => found.push(f),
+            Err(why) => rw.declined.push((h.index(), why)),
+        }
+    }
+    // Two kernels whose combining steps overlap cannot both be replaced; keep the first.
+    let mut taken: BTreeSet<Handle<KnOp>> = BTreeSet::new();
+    found.retain(|f| {
+        let clash = f.downstream.iter().any(|d| taken.contains(d)) || taken.contains(&f.op);
+        if clash {
+            rw.declined.push((
+                f.op.index(),
+                NoOnlineSoftmax::Downstream(
+                    "its combining step is shared with another attention kernel".into(),
+                ),
+            ));
+        } else {
+            taken.extend(f.downstream.iter().copied());
+            taken.insert(f.op);
+        }
+        !clash
+    });
+    if found.is_empty() {
+        return rw;
+    }
+    match rebuild(g, &found) {
+        Ok((g2, applied)) => {
+            rw.graph = Some(Box::new(g2));
+            rw.applied = applied;
+        }
+        Err(why) => {
+            for f in &found {
+                rw.declined.push((f.op.index(), why.clone()));
+            }
+        }
+    }
+    rw.declined.sort_by_key(|(k, _)| *k);
+    rw
+}
+
+/// The threadblock exp operators that look like attention's: their input is a threadblock
+/// matmul's product, or their result is a matmul's left operand. None in a kernel that keeps
+/// a running max already (its softmax is online as written).
+fn exps_of_products(tb: &TbGraph) -> Vec<Handle<TbOp>> {
+    let online = tb.ops.iter().any(|(_, op)| {
+        matches!(
+            op.kind,
+            TbOpKind::Reduction {
+                kind: crate::graph::ops::TbReduction::Max,
+                ..
+            }
+        )
+    });
+    if online {
+        return Vec::new();
+    }
+    let producers = tb.producers();
+    tb.ops
+        .iter()
+        .filter(|(_, op)| matches!(op.kind, TbOpKind::Unary(UnaryOp::Exp)))
+        .filter(|(_, op)| {
+            let of_product = producers[op.inputs[0].index()]
+                .is_some_and(|p| matches!(tb.ops[p].kind, TbOpKind::Matmul));
+            let into_matmul = tb
+                .ops
+                .iter()
+                .any(|(_, r)| matches!(r.kind, TbOpKind::Matmul) && r.inputs[0] == op.outputs[0]);
+            of_product || into_matmul
+        })
+        .map(|(h, _)| h)
+        .collect()
+}
+
+/// For every tile, the operators that read it.
+fn readers(tb: &TbGraph) -> Vec<Vec<Handle<TbOp>>> {
+    let mut r = vec![Vec::new(); tb.tensors.len()];
+    for (h, op) in tb.ops.iter() {
+        for t in &op.inputs {
+            if !r[t.index()].contains(&h) {
+                r[t.index()].push(h);
+            }
+        }
+    }
+    r
+}
+
+/// The threadblock input operator that loads `t`, if an input loads it.
+fn input_of(tb: &TbGraph, t: Handle<STensor>) -> Option<(usize, DimMap, Option<usize>)> {
+    let p = tb.producer(t)?;
+    match tb.ops[p].kind {
+        TbOpKind::Input {
+            input,
+            imap,
+            forloop_dim,
+        } => Some((input, imap, forloop_dim)),
+        _ => None,
+    }
+}
+
+fn recognise(
+    g: &KernelGraph,
+    h: Handle<KnOp>,
+    tb: &TbGraph,
+    exps: &[Handle<TbOp>],
+) -> Result<Found, NoOnlineSoftmax> {
+    let [exp] = exps[..] else {
+        return Err(NoOnlineSoftmax::SeveralExps);
+    };
+    let rd = readers(tb);
+    let producers = tb.producers();
+    let s = tb.ops[exp].inputs[0];
+    let mm1 = match producers[s.index()] {
+        Some(p) if matches!(tb.ops[p].kind, TbOpKind::Matmul) => p,
+        _ => return Err(NoOnlineSoftmax::ScoresLoaded),
+    };
+    if rd[s.index()] != [exp] {
+        return Err(NoOnlineSoftmax::ScoresReadTwice);
+    }
+    let e = tb.ops[exp].outputs[0];
+    let names = |hs: &[Handle<TbOp>]| {
+        hs.iter()
+            .map(|&r| format!("op {} ({})", r.index(), tb.ops[r].kind.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut sum = None;
+    let mut mm2 = None;
+    for &r in &rd[e.index()] {
+        match tb.ops[r].kind {
+            TbOpKind::Accum(AccumKind::RedLdSum | AccumKind::Nored | AccumKind::RedtoxLdSum)
+                if sum.is_none() =>
+            {
+                sum = Some(r)
+            }
+            TbOpKind::Matmul if mm2.is_none() && tb.ops[r].inputs[0] == e => mm2 = Some(r),
+            _ => {}
+        }
+    }
+    let (Some(sum), Some(mm2)) = (sum, mm2) else {
+        let what = if rd[e.index()].is_empty() {
+            "nothing".to_string()
+        } else {
+            names(&rd[e.index()])
+        };
+        return Err(NoOnlineSoftmax::ExpReaders(format!(
+            "{what} (the pattern: one sum accumulator and one matmul exp(S)·V; a denominator \
+             computed elsewhere is not rescaled)"
+        )));
+    };
+    if rd[e.index()].len() != 2 {
+        return Err(NoOnlineSoftmax::ExpReaders(format!(
+            "{} (the pattern: one sum accumulator and one matmul exp(S)·V)",
+            names(&rd[e.index()])
+        )));
+    }
+    let p = tb.ops[mm2].outputs[0];
+    let acc = match rd[p.index()][..] {
+        [a] if tb.ops[a].kind == TbOpKind::Accum(AccumKind::Nored) => a,
+        _ => return Err(NoOnlineSoftmax::ProductNotAccumulated),
+    };
+    let pattern = [mm1, exp, sum, mm2, acc];
+    for (oh, op) in tb.ops.iter() {
+        if !pattern.contains(&oh)
+            && !matches!(op.kind, TbOpKind::Input { .. } | TbOpKind::Output { .. })
+        {
+            return Err(NoOnlineSoftmax::OtherOp(format!(
+                "op {} ({})",
+                oh.index(),
+                op.kind.name()
+            )));
+        }
+    }
+    let (o_tile, l_tile) = (tb.ops[acc].outputs[0], tb.ops[sum].outputs[0]);
+    let outputs: Vec<(Handle<TbOp>, &TbOp)> = tb
+        .ops
+        .iter()
+        .filter(|(_, op)| matches!(op.kind, TbOpKind::Output { .. }))
+        .collect();
+    let find = |t: Handle<STensor>| {
+        outputs
+            .iter()
+            .find(|(_, op)| op.inputs[0] == t)
+            .map(|&(oh, op)| match op.kind {
+                TbOpKind::Output { output, omap } => (oh, output, omap),
+                _ => unreachable!(),
+            })
+    };
+    let (Some((out_o, o_slot, omap)), Some((out_l, l_slot, lmap))) = (find(o_tile), find(l_tile))
+    else {
+        return Err(NoOnlineSoftmax::Outputs(
+            "do not store both partials (Σ exp(S)·V and Σ exp(S))".into(),
+        ));
+    };
+    if outputs.len() != 2 || rd[o_tile.index()].len() != 1 || rd[l_tile.index()].len() != 1 {
+        return Err(NoOnlineSoftmax::Outputs(
+            "are more than the two partials Σ exp(S)·V and Σ exp(S)".into(),
+        ));
+    }
+    // Keys: S's last dim; K's (mm1 B) last dim, V's (mm2 B) second to last.
+    let r = tb.tensors[s].shape.rank();
+    if r < 2 {
+        return Err(NoOnlineSoftmax::Keys("are not a matrix dim".into()));
+    }
+    let (Some(q_in), Some(k_in), Some(v_in)) = (
+        input_of(tb, tb.ops[mm1].inputs[0]),
+        input_of(tb, tb.ops[mm1].inputs[1]),
+        input_of(tb, tb.ops[mm2].inputs[1]),
+    ) else {
+        return Err(NoOnlineSoftmax::Keys(
+            "come from a computed tile (Q, K and V must be loaded tiles)".into(),
+        ));
+    };
+    let splitting = |imap: DimMap, dim: usize| -> Vec<usize> {
+        (0..3)
+            .filter(|&a| tb.grid[a] > 1 && imap.axis(a) == Some(dim))
+            .collect()
+    };
+    let split_v = splitting(v_in.1, r - 2);
+    let split_k = splitting(k_in.1, r - 1);
+    if split_v != split_k {
+        return Err(NoOnlineSoftmax::Keys(
+            "are split differently in K and V".into(),
+        ));
+    }
+    let split = match split_v[..] {
+        [] => None,
+        [a] => Some(a),
+        _ => {
+            return Err(NoOnlineSoftmax::Keys(
+                "are split by more than one grid axis".into(),
+            ));
+        }
+    };
+    if tb.forloop_range > 1 && (k_in.2 != Some(r - 1) || v_in.2 != Some(r - 2)) {
+        return Err(NoOnlineSoftmax::Keys(
+            "are not what the for-loop walks in K and V".into(),
+        ));
+    }
+    if q_in.2.is_some() {
+        return Err(NoOnlineSoftmax::Keys(
+            "come with a Q that changes over the for-loop".into(),
+        ));
+    }
+    if let Some(a) = split
+        && q_in.1.axis(a).is_some()
+    {
+        return Err(NoOnlineSoftmax::Keys(format!(
+            "are split by grid axis {}, which also splits Q",
+            crate::graph::ops::AXIS_NAMES[a]
+        )));
+    }
+    // Partials: the split axis places them along the last dim, the other axes identically.
+    let op = &g.ops[h];
+    let (o, l) = (op.outputs[o_slot], op.outputs[l_slot]);
+    let (ot, lt) = (&tb.tensors[o_tile].shape, &tb.tensors[l_tile].shape);
+    if g.tensors[o].shape.rank() != r || ot.dims()[..r - 1] != lt.dims()[..r - 1] {
+        return Err(NoOnlineSoftmax::Outputs("have different row tiles".into()));
+    }
+    for a in 0..3 {
+        if tb.grid[a] <= 1 {
+            continue;
+        }
+        let want_last = Some(a) == split;
+        for (m, what) in [(omap, "Σ exp(S)·V"), (lmap, "Σ exp(S)")] {
+            if (m.axis(a) == Some(r - 1)) != want_last {
+                return Err(NoOnlineSoftmax::Outputs(format!(
+                    "place {what} along its last dim by grid axis {} (the partials of the key \
+                     splits go there, and only they)",
+                    crate::graph::ops::AXIS_NAMES[a]
+                )));
+            }
+        }
+        if omap.axis(a) != lmap.axis(a) {
+            return Err(NoOnlineSoftmax::Outputs(format!(
+                "are placed differently by grid axis {}",
+                crate::graph::ops::AXIS_NAMES[a]
+            )));
+        }
+    }
+    let splits = split.map_or(1, |a| tb.grid[a]);
+    let (downstream, result) = downstream(g, h, o, l)?;
+    let want = g.tensors[o].shape.with_dim(r - 1, ot.dim(r - 1));
+    if g.tensors[result].shape != want || g.tensors[result].dtype != g.tensors[o].dtype {
+        return Err(NoOnlineSoftmax::Downstream(format!(
+            "the result %{} is not a {} {want:?} tensor",
+            result.index(),
+            g.tensors[o].dtype
+        )));
+    }
+    Ok(Found {
+        op: h,
+        exp,
+        sum,
+        acc,
+        out_o,
+        out_l,
+        splits,
+        o,
+        l,
+        omap,
+        downstream,
+        result,
+    })
+}
+
+/// The operators after `h` that read its partials `o` and `l` (transitively), up to the one
+/// graph output: (the non-output operators, the result).
+fn downstream(
+    g: &KernelGraph,
+    h: Handle<KnOp>,
+    o: Handle<DTensor>,
+    l: Handle<DTensor>,
+) -> Result<(Vec<Handle<KnOp>>, Handle<DTensor>), NoOnlineSoftmax> {
+    let mut set: BTreeSet<Handle<DTensor>> = [o, l].into();
+    let mut ops = Vec::new();
+    let mut result = None;
+    for (oh, op) in g.ops.iter().skip(h.index() + 1) {
+        if !op.inputs.iter().any(|t| set.contains(t)) {
+            continue;
+        }
+        if let Some(t) = op.inputs.iter().find(|t| !set.contains(t)) {
+            return Err(NoOnlineSoftmax::Downstream(format!(
+                "kernel op {} ({}) combines the partials with %{}",
+                oh.index(),
+                op.kind.name(),
+                t.index()
+            )));
+        }
+        match &op.kind {
+            KnOpKind::Output { .. } => {
+                let t = op.inputs[0];
+                if t == o || t == l || result.is_some() {
+                    return Err(NoOnlineSoftmax::Downstream(
+                        "the partials or more than one result are graph outputs".into(),
+                    ));
+                }
+                result = Some(t);
+            }
+            KnOpKind::Input { .. } | KnOpKind::AllReduce { .. } => {
+                return Err(NoOnlineSoftmax::Downstream(format!(
+                    "kernel op {} ({}) reads the partials",
+                    oh.index(),
+                    op.kind.name()
+                )));
+            }
+            _ => {
+                ops.push(oh);
+                set.extend(op.outputs.iter().copied());
+            }
+        }
+    }
+    let Some(result) = result else {
+        return Err(NoOnlineSoftmax::Downstream(
+            "no graph output depends on the partials".into(),
+        ));
+    };
+    // The result must be read by its output alone (nothing else would see the new kernel).
+    let readers = g
+        .ops
+        .iter()
+        .filter(|(_, op)| op.inputs.contains(&result))
+        .count();
+    if readers != 1 || ops.is_empty() {
+        return Err(NoOnlineSoftmax::Downstream(format!(
+            "the result %{} is read by more than its graph output",
+            result.index()
+        )));
+    }
+    Ok((ops, result))
+}
+
+/// Per-dim offsets of the tile that block `c` places with `map` (tile `tile`).
+fn offsets(c: [usize; 3], map: DimMap, tile: &Shape) -> Vec<usize> {
+    let mut off = vec![0; tile.rank()];
+    for (a, &ca) in c.iter().enumerate() {
+        if let Some(d) = map.axis(a) {
+            off[d] += ca * tile.dim(d);
+        }
+    }
+    off
+}
+
+/// Row-major strides of a shape.
+fn strides(s: &Shape) -> Vec<usize> {
+    s.row_major_strides().0
+}
+
+/// A deterministic test value in [1, 2), exact in every 16-bit float type.
+fn test_value(i: usize, salt: usize) -> f64 {
+    let x = (i.wrapping_add(salt.wrapping_mul(0x9e37_79b9)))
+        .wrapping_mul(0x2545_f491)
+        .rotate_right(11);
+    1.0 + (x % 64) as f64 / 64.0
+}
+
+/// Runs the combining step (the operators after the kernel) on test partials in the
+/// interpreter and compares its result with Σ O / Σ l.
+fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnlineSoftmax> {
+    let (os, ls) = (g.tensors[f.o].shape, g.tensors[f.l].shape);
+    if os.numel() + ls.numel() > MAX_CHECKED_PARTIALS {
+        return Err(NoOnlineSoftmax::Combine(format!(
+            "is not checked: its partials have more than {MAX_CHECKED_PARTIALS} elements"
+        )));
+    }
+    // The combining step alone: the partials as inputs, its operators, its result.
+    let mut mini = KernelGraph::new();
+    let mut tmap: BTreeMap<Handle<DTensor>, Handle<DTensor>> = BTreeMap::new();
+    let mut inputs = Vec::new();
+    for (i, t) in [f.o, f.l].into_iter().enumerate() {
+        let d = g.tensors[t].clone();
+        let shape = d.shape;
+        let n = mini.tensors.append(d);
+        tmap.insert(t, n);
+        mini.ops.append(KnOp {
+            kind: KnOpKind::Input {
+                strides: shape.row_major_strides(),
+            },
+            inputs: vec![],
+            outputs: vec![n],
+        });
+        inputs.push(crate::graph::interp::HostTensor {
+            shape,
+            strides: shape.row_major_strides(),
+            data: (0..shape.numel()).map(|j| test_value(j, i)).collect(),
+        });
+    }
+    for &oh in &f.downstream {
+        let mut op = g.ops[oh].clone();
+        for t in &op.outputs {
+            let n = mini.tensors.append(g.tensors[*t].clone());
+            tmap.insert(*t, n);
+        }
+        op.inputs = op.inputs.iter().map(|t| tmap[t]).collect();
+        op.outputs = op.outputs.iter().map(|t| tmap[t]).collect();
+        mini.ops.append(op);
+    }
+    mini.ops.append(KnOp {
+        kind: KnOpKind::Output { strides: None },
+        inputs: vec![tmap[&f.result]],
+        outputs: vec![],
+    });
+    if let Err(e) = crate::graph::validate::validate(&mini, None) {
+        return Err(NoOnlineSoftmax::Combine(format!(
+            "does not stand alone: {e}"
+        )));
+    }
+    let got = match crate::graph::interp::evaluate(&mini, &inputs) {
+        Ok(mut v) => v.remove(0),
+        Err(e) => return Err(NoOnlineSoftmax::Combine(format!("does not evaluate: {e}"))),
+    };
+    // Σ O / Σ l, block by block of the attention kernel.
+    let rank = os.rank();
+    let o_tile = tile_of(tb, f.acc);
+    let l_tile = tile_of(tb, f.sum);
+    let rs = g.tensors[f.result].shape;
+    let (so, sl, sr) = (strides(&os), strides(&ls), strides(&rs));
+    let rows: usize = o_tile.dims()[..rank - 1].iter().product();
+    let (dv, w) = (o_tile.dim(rank - 1), l_tile.dim(rank - 1));
+    let mut num = vec![0.0; rs.numel()];
+    let mut den = vec![0.0; rs.numel() / dv];
+    let lead = |idx: usize, tile: &Shape| -> Vec<usize> {
+        // Multi-index of row `idx` among the tile's leading (all but last) dims.
+        let mut v = vec![0; rank];
+        let mut rem = idx;
+        for d in (0..rank - 1).rev() {
+            v[d] = rem % tile.dim(d);
+            rem /= tile.dim(d);
+        }
+        v
+    };
+    for cz in 0..tb.grid[2] {
+        for cy in 0..tb.grid[1] {
+            for cx in 0..tb.grid[0] {
+                let c = [cx, cy, cz];
+                let oo = offsets(c, f.omap, &o_tile);
+                let ol = offsets(c, f.omap, &l_tile);
+                for row in 0..rows {
+                    let v = lead(row, &o_tile);
+                    let base_o: usize = (0..rank - 1).map(|d| (oo[d] + v[d]) * so[d]).sum();
+                    let base_l: usize = (0..rank - 1).map(|d| (ol[d] + v[d]) * sl[d]).sum();
+                    let base_r: usize = (0..rank - 1).map(|d| (oo[d] + v[d]) * sr[d]).sum();
+                    let (lo, ll) = (oo[rank - 1], ol[rank - 1]);
+                    for j in 0..dv {
+                        num[base_r + j] += inputs[0].data[base_o + lo + j];
+                    }
+                    let s: f64 = (0..w).map(|k| inputs[1].data[base_l + ll + k]).sum();
+                    den[base_r / dv] += s;
+                }
+            }
+        }
+    }
+    let mut worst = 0.0f64;
+    let mut scale = 0.0f64;
+    for (i, &x) in got.data.iter().enumerate() {
+        let want = num[i] / den[i / dv];
+        if !x.is_finite() {
+            worst = f64::INFINITY;
+        }
+        worst = worst.max((x - want).abs());
+        scale = scale.max(want.abs());
+    }
+    let rel = worst / scale.max(f64::MIN_POSITIVE);
+    if rel.is_nan() || rel > COMBINE_TOLERANCE {
+        return Err(NoOnlineSoftmax::Combine(format!(
+            "does not compute Σ O / Σ l over the key splits (relative difference {rel:.2e} on \
+             test partials)"
+        )));
+    }
+    Ok(f)
+}
+
+/// The after-loop tile an accumulator writes.
+fn tile_of(tb: &TbGraph, acc: Handle<TbOp>) -> Shape {
+    tb.tensors[tb.ops[acc].outputs[0]].shape
+}
+
+/// The rewritten graph and what was applied.
+fn rebuild(
+    g: &KernelGraph,
+    found: &[Found],
+) -> Result<(KernelGraph, Vec<OnlineSoftmax>), NoOnlineSoftmax> {
+    let plan_err = |e: crate::graph::error::GraphError| NoOnlineSoftmax::Plan(e.to_string());
+    let mut tensors = g.tensors.clone();
+    // Old op → replacement ops (empty: dropped).
+    let mut replace: BTreeMap<Handle<KnOp>, Vec<KnOp>> = BTreeMap::new();
+    let mut applied = Vec::new();
+    for f in found {
+        let KnOpKind::Customized(tb) = &g.ops[f.op].kind else {
+            unreachable!()
+        };
+        let (body, ins, outs) = attention_body(g, f, tb).map_err(plan_err)?;
+        let mut outputs = vec![f.o];
+        for &(shape, dtype) in &outs[1..] {
+            outputs.push(tensors.append(DTensor {
+                shape,
+                dtype,
+                guid: None,
+            }));
+        }
+        debug_assert_eq!(outs[0].0, g.tensors[f.o].shape);
+        let (l2, m2) = (outputs[1], outputs[2]);
+        replace.insert(
+            f.op,
+            vec![KnOp {
+                kind: KnOpKind::Customized(Box::new(body)),
+                inputs: ins,
+                outputs,
+            }],
+        );
+        let (combine, cins, grid, rows) = combine_body(g, f, tb, l2, m2).map_err(plan_err)?;
+        let mut first = true;
+        for &d in &f.downstream {
+            let v = if first {
+                vec![KnOp {
+                    kind: KnOpKind::Customized(Box::new(combine.clone())),
+                    inputs: cins.clone(),
+                    outputs: vec![f.result],
+                }]
+            } else {
+                vec![]
+            };
+            first = false;
+            replace.insert(d, v);
+        }
+        applied.push(OnlineSoftmax {
+            kernel: f.op.index(),
+            rewritten: 0,
+            replaced: f.downstream.iter().map(|h| h.index()).collect(),
+            splits: f.splits,
+            combine_grid: grid,
+            combine_rows: rows,
+        });
+    }
+    // New op list, then only the tensors still referenced.
+    let mut ops: Vec<(Option<Handle<KnOp>>, KnOp)> = Vec::new();
+    for (h, op) in g.ops.iter() {
+        match replace.get(&h) {
+            Some(v) => {
+                if let Some(a) = applied.iter_mut().find(|a| a.kernel == h.index()) {
+                    a.rewritten = ops.len();
+                }
+                ops.extend(v.iter().cloned().map(|o| (None, o)))
+            }
+            None => ops.push((Some(h), op.clone())),
+        }
+    }
+    let mut out = KernelGraph::new();
+    let mut tmap: BTreeMap<Handle<DTensor>, Handle<DTensor>> = BTreeMap::new();
+    for (h, t) in tensors.iter() {
+        if ops
+            .iter()
+            .any(|(_, op)| op.inputs.contains(&h) || op.outputs.contains(&h))
+        {
+            tmap.insert(h, out.tensors.append(t.clone()));
+        }
+    }
+    out.sharding.mesh = g.sharding.mesh;
+    for (old, mut op) in ops {
+        op.inputs = op.inputs.iter().map(|t| tmap[t]).collect();
+        op.outputs = op.outputs.iter().map(|t| tmap[t]).collect();
+        let n = out.ops.append(op);
+        if let Some(m) = old.and_then(|o| g.sharding.maps.get(&o)) {
+            out.sharding.maps.insert(n, *m);
+        }
+    }
+    if let Err(e) = crate::graph::validate::validate(&out, None) {
+        return Err(NoOnlineSoftmax::Plan(e.to_string()));
+    }
+    Ok((out, applied))
+}
+
+type Body = (
+    TbGraph,
+    Vec<Handle<DTensor>>,
+    Vec<(Shape, crate::graph::dtype::DType)>,
+);
+
+/// The attention kernel with a running max: replays `tb` through a builder, replacing exp and
+/// the two accumulators, and stores O, l and m.
+fn attention_body(
+    g: &KernelGraph,
+    f: &Found,
+    tb: &TbGraph,
+) -> Result<Body, crate::graph::error::GraphError> {
+    let kn = &g.ops[f.op];
+    let mut b = TbGraphBuilder::new(tb.grid, tb.block, tb.forloop_range)
+        .with_reduction_dimx(tb.reduction_dimx);
+    let mut map: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
+    let mut rescale = None;
+    let mut running_max = None;
+    for (h, op) in tb.ops.iter() {
+        let new = match &op.kind {
+            TbOpKind::Input {
+                input,
+                imap,
+                forloop_dim,
+            } => {
+                let t = kn.inputs[*input];
+                let d = &g.tensors[t];
+                b.new_input_of(t, d.shape, d.dtype, *imap, *forloop_dim)?
+            }
+            TbOpKind::Matmul => b.matmul(map[&op.inputs[0]], map[&op.inputs[1]])?,
+            TbOpKind::Unary(UnaryOp::Exp) if h == f.exp => {
+                let s = map[&op.inputs[0]];
+                let last = b.tile_shape(s).expect("tile").rank() - 1;
+                let (m, d) = b.reduction_max(s, last)?;
+                let x = b.binary(BinaryOp::Sub, s, m)?;
+                let e = b.unary(UnaryOp::Exp, x)?;
+                rescale = Some(b.unary(UnaryOp::Exp, d)?);
+                running_max = Some(b.forloop_accum(m, AccumKind::Max)?);
+                e
+            }
+            TbOpKind::Accum(_) if h == f.sum => b.forloop_accum_rescale(
+                map[&op.inputs[0]],
+                rescale.expect("exp comes first"),
+                AccumKind::RedLdSumRescale,
+            )?,
+            TbOpKind::Accum(_) if h == f.acc => b.forloop_accum_rescale(
+                map[&op.inputs[0]],
+                rescale.expect("exp comes first"),
+                AccumKind::NoredRescale,
+            )?,
+            TbOpKind::Output { .. } if h == f.out_o || h == f.out_l => continue,
+            other => unreachable!("recognised kernels hold no {}", other.name()),
+        };
+        map.insert(op.outputs[0], new);
+    }
+    let o = map[&tb.ops[f.acc].outputs[0]];
+    let l = map[&tb.ops[f.sum].outputs[0]];
+    b.new_output(o, f.omap)?;
+    b.new_output(l, f.omap)?;
+    b.new_output(running_max.expect("exp seen"), f.omap)?;
+    Ok(b.into_parts())
+}
+
+/// The combining kernel: one block per row group, the for-loop over the key splits' partials.
+/// Returns its body, inputs, grid and rows per block.
+#[allow(clippy::type_complexity)]
+fn combine_body(
+    g: &KernelGraph,
+    f: &Found,
+    tb: &TbGraph,
+    l2: Handle<DTensor>,
+    m2: Handle<DTensor>,
+) -> Result<(TbGraph, Vec<Handle<DTensor>>, [usize; 3], usize), crate::graph::error::GraphError> {
+    let os = g.tensors[f.o].shape;
+    let rank = os.rank();
+    let o_tile = tile_of(tb, f.acc);
+    // Blocks per leading dim, as the attention kernel has them; then more row blocks.
+    let mut blocks = vec![1usize; rank - 1];
+    for (a, blocks_a) in tb.grid.iter().enumerate() {
+        if let Some(d) = f.omap.axis(a)
+            && d < rank - 1
+        {
+            blocks[d] *= blocks_a;
+        }
+    }
+    let row = rank - 2;
+    let mut rows = o_tile.dim(row);
+    while blocks.iter().product::<usize>() < COMBINE_MIN_BLOCKS
+        && rows.is_multiple_of(2)
+        && rows / 2 >= COMBINE_MIN_ROWS
+    {
+        rows /= 2;
+        blocks[row] *= 2;
+    }
+    let mut grid = [1usize; 3];
+    let mut imap = [None; 3];
+    let mut axis = 0;
+    for (d, &n) in blocks.iter().enumerate() {
+        if n > 1 {
+            grid[axis] = n;
+            imap[axis] = Some(d);
+            axis += 1;
+        }
+    }
+    let imap = DimMap(imap);
+    let last = Some(rank - 1);
+    let mut b = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], f.splits);
+    let load = |b: &mut TbGraphBuilder, t: Handle<DTensor>, shape: Shape| {
+        b.new_input_of(t, shape, g.tensors[f.o].dtype, imap, last)
+    };
+    let ls = os.with_dim(rank - 1, f.splits);
+    // Before the loop: every split's m of the block's rows, and their max M.
+    let dtype = g.tensors[f.o].dtype;
+    let m_all = b.new_input_of(m2, ls, dtype, imap, None)?;
+    let (mx, _) = b.reduction_max(m_all, rank - 1)?;
+    // Per split: w = exp(m - M), O·w and l·w summed (plain accumulators: M is fixed).
+    let o = load(&mut b, f.o, os)?;
+    let l = load(&mut b, l2, ls)?;
+    let m = load(&mut b, m2, ls)?;
+    let x = b.binary(BinaryOp::Sub, m, mx)?;
+    let w = b.unary(UnaryOp::Exp, x)?;
+    let ow = b.binary(BinaryOp::Mul, o, w)?;
+    let lw = b.binary(BinaryOp::Mul, l, w)?;
+    let oa = b.forloop_accum(ow, AccumKind::Nored)?;
+    let la = b.forloop_accum(lw, AccumKind::Nored)?;
+    let y = b.binary(BinaryOp::Div, oa, la)?;
+    b.new_output(y, imap)?;
+    let (body, ins, _) = b.into_parts();
+    Ok((body, ins, grid, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::builder::GraphBuilder;
+    use crate::graph::dtype::DType;
+    use crate::graph::interp::{InputSpec, evaluate, random_inputs};
+
+    /// gqa_bs8's form at small sizes: per (batch, key split, row block), S = Q·K, exp, its sum
+    /// (by `sum`) and E·V accumulated over the for-loop; a combining kernel sums the partials
+    /// and divides (inside it, or by a kernel-level division after it).
+    pub(crate) fn attention(sum: AccumKind, div_in_kernel: bool) -> KernelGraph {
+        attention_sized(sum, div_in_kernel, (2, 16, 8, 64, 2), 2)
+    }
+
+    /// [`attention`] with (batch, rows, head dim, keys, key splits), the row blocks.
+    fn attention_sized(
+        sum: AccumKind,
+        div_in_kernel: bool,
+        (b, rows, d, keys, splits): (usize, usize, usize, usize, usize),
+        row_blocks: usize,
+    ) -> KernelGraph {
+        let f = 2;
+        let mut g = GraphBuilder::new();
+        let q = g.new_input(&[b, rows, d], DType::F16).unwrap();
+        let k = g.new_input(&[b, d, keys], DType::F16).unwrap();
+        let v = g.new_input(&[b, keys, d], DType::F16).unwrap();
+        let mut t =
+            TbGraphBuilder::new([b, splits, row_blocks], [128, 1, 1], f).with_reduction_dimx(d);
+        let tq = t.new_input(&g, q, [0, -1, 1], -1).unwrap();
+        let tk = t.new_input(&g, k, [0, 2, -1], 2).unwrap();
+        let tv = t.new_input(&g, v, [0, 1, -1], 1).unwrap();
+        let s = t.matmul(tq, tk).unwrap();
+        let e = t.exp(s).unwrap();
+        let l = t.forloop_accum(e, sum).unwrap();
+        let p = t.matmul(e, tv).unwrap();
+        let o = t.forloop_accum(p, AccumKind::Nored).unwrap();
+        t.new_output(l, [0, 2, 1]).unwrap();
+        t.new_output(o, [0, 2, 1]).unwrap();
+        let parts = g.customized(t).unwrap();
+        let (lp, op) = (parts[0], parts[1]);
+        let mut c = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1).with_reduction_dimx(d);
+        let cl = c.new_input(&g, lp, [0, 1, -1], -1).unwrap();
+        let co = c.new_input(&g, op, [0, 1, -1], -1).unwrap();
+        let sl = c.forloop_accum(cl, AccumKind::RedLdSum).unwrap();
+        let so = c.forloop_accum(co, AccumKind::RedtoxLdSum).unwrap();
+        if div_in_kernel {
+            let y = c.div(so, sl).unwrap();
+            c.new_output(y, [0, 1, -1]).unwrap();
+            let y = g.customized(c).unwrap()[0];
+            g.mark_output(y).unwrap();
+        } else {
+            c.new_output(so, [0, 1, -1]).unwrap();
+            c.new_output(sl, [0, 1, -1]).unwrap();
+            let v = g.customized(c).unwrap();
+            let y = g.div(v[0], v[1]).unwrap();
+            g.mark_output(y).unwrap();
+        }
+        g.build().unwrap()
+    }
+
+    fn max_rel(a: &crate::graph::interp::Array, b: &crate::graph::interp::Array) -> f64 {
+        let worst = a
+            .data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        worst / b.data.iter().map(|x| x.abs()).fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn every_sum_form_is_rewritten_and_computes_the_same_function() {
+        for sum in [
+            AccumKind::RedLdSum,
+            AccumKind::Nored,
+            AccumKind::RedtoxLdSum,
+        ] {
+            for div_in_kernel in [true, false] {
+                let g = attention(sum, div_in_kernel);
+                let rw = online_softmax(&g, true);
+                assert!(rw.declined.is_empty(), "{sum:?}: {:?}", rw.declined);
+                let g2 = rw.graph.expect("rewritten");
+                assert_eq!(rw.applied.len(), 1);
+                assert_eq!(rw.applied[0].kernel, 3);
+                assert_eq!(rw.applied[0].splits, 2);
+                assert_eq!(
+                    rw.applied[0].replaced.len(),
+                    if div_in_kernel { 1 } else { 2 }
+                );
+                // Scores large enough that exp overflows fp16 (|S| up to 8·16 = 128).
+                for scale in [0.5, 4.0] {
+                    let inputs = random_inputs(&g, InputSpec { seed: 3, scale });
+                    let want = evaluate(&g, &inputs).unwrap();
+                    let got = evaluate(&g2, &inputs).unwrap();
+                    let rel = max_rel(&got[0], &want[0]);
+                    assert!(
+                        rel < 1e-12,
+                        "{sum:?} {div_in_kernel} scale {scale}: {rel:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// 64 query rows per block on 4 warps, 32 keys per iteration: the rewritten kernel keeps
+    /// S, m, exp(S − m), the rescale factor and E·V in an online register pipe on both targets
+    /// (the default `piped` applies the rewrite), and the generated code packs online.
+    #[test]
+    fn the_rewritten_kernel_pipes_its_running_max() {
+        use crate::sched::plan::{CtaChoice, Options};
+        use crate::target::{Arch, Target};
+        let g = attention_sized(AccumKind::RedLdSum, true, (2, 64, 16, 128, 2), 1);
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let opts = Options {
+                cta: CtaChoice::Graph,
+                ..Options::for_target(Target::new(arch))
+            };
+            let p = crate::sched::plan(&g, &opts).unwrap();
+            let sm = &p.rewrite.softmax;
+            assert_eq!(sm.applied.len(), 1, "{arch:?}: {:?}", sm.declined);
+            let kp = &p.kernels[&sm.applied[0].rewritten];
+            let pipe = kp.register_pipes().next().expect("a register pipe");
+            let online = pipe.online.as_ref().expect("the online form");
+            for t in pipe.tiles() {
+                assert!(
+                    kp.tiles[t].is_none(),
+                    "{arch:?}: tile s{t} reaches shared memory"
+                );
+            }
+            assert_eq!(online.registers.len(), 6);
+            // `off` keeps the graph; `always` and `piped` agree here.
+            let off = crate::sched::plan(
+                &g,
+                &Options {
+                    online_softmax: SoftmaxChoice::Off,
+                    ..opts.clone()
+                },
+            )
+            .unwrap();
+            assert!(off.rewrite.graph.is_none());
+            assert_eq!(
+                off.rewrite.softmax.declined,
+                vec![(3, NoOnlineSoftmax::Off)]
+            );
+        }
+        // 16 rows per block on 4 warps cannot pipe: `piped` declines and says why.
+        let g = attention_sized(AccumKind::RedLdSum, true, (2, 16, 16, 128, 2), 1);
+        let opts = Options {
+            cta: CtaChoice::Graph,
+            ..Options::for_target(Target::new(Arch::Sm80))
+        };
+        let p = crate::sched::plan(&g, &opts).unwrap();
+        assert!(p.rewrite.graph.is_none());
+        assert!(
+            matches!(&p.rewrite.softmax.declined[..], [(3, NoOnlineSoftmax::NotPiped(why))] if why.contains("row tiles of 16")),
+            "{:?}",
+            p.rewrite.softmax.declined
+        );
+        let always = Options {
+            online_softmax: SoftmaxChoice::Always,
+            ..opts
+        };
+        let p = crate::sched::plan(&g, &always).unwrap();
+        assert_eq!(p.rewrite.softmax.applied.len(), 1);
+    }
+
+    #[test]
+    fn the_rewritten_kernel_stores_bounded_partials() {
+        let g = attention(AccumKind::RedLdSum, true);
+        let g2 = online_softmax(&g, true).graph.unwrap();
+        let inputs = random_inputs(
+            &g,
+            InputSpec {
+                seed: 1,
+                scale: 4.0,
+            },
+        );
+        let (_, excess) = crate::graph::interp::evaluate_ranged(&g, inputs.clone()).unwrap();
+        assert!(
+            !excess.is_empty(),
+            "the original overflows fp16 at this scale"
+        );
+        let (_, excess) = crate::graph::interp::evaluate_ranged(&g2, inputs).unwrap();
+        assert!(excess.is_empty(), "{excess:?}");
+    }
+
+    #[test]
+    fn off_and_unrecognised_forms_say_why() {
+        let g = attention(AccumKind::RedLdSum, true);
+        let rw = online_softmax(&g, false);
+        assert!(rw.graph.is_none());
+        assert_eq!(rw.declined, vec![(3, NoOnlineSoftmax::Off)]);
+        // A combining step that does not divide: found by value.
+        let mut g3 = g.clone();
+        let last = g3.ops.handles().nth(4).unwrap();
+        if let KnOpKind::Customized(tb) = &mut g3.ops[last].kind {
+            let hs: Vec<_> = tb.ops.handles().collect();
+            for h in hs {
+                if tb.ops[h].kind == TbOpKind::Binary(BinaryOp::Div) {
+                    tb.ops[h].kind = TbOpKind::Binary(BinaryOp::Mul);
+                }
+            }
+        } else {
+            panic!("kernel op 4 is the combining kernel");
+        }
+        let rw = online_softmax(&g3, true);
+        assert!(rw.graph.is_none());
+        assert!(
+            matches!(&rw.declined[..], [(3, NoOnlineSoftmax::Combine(_))]),
+            "{:?}",
+            rw.declined
+        );
+        assert!(rw.declined[0].1.to_string().contains("does not compute"));
+    }
+}
