@@ -11,9 +11,10 @@
 //!   change d = m_old − m_new), exponentiates S − m, and rescales both accumulators by e^d each
 //!   iteration (`accum_*_rescale`); it writes three partials per block: O = Σ e^(S−m)·V,
 //!   l = Σ e^(S−m) and its final m;
-//! * a new combining kernel replaces the original one (and any kernel-level division after it):
-//!   its for-loop walks the partials of one row group, keeps the running max M of the m's and
-//!   sums e^(m−M)·O and e^(m−M)·l with the same rescaling, and divides.
+//! * two new combining kernels replace the original step (and any kernel-level division after
+//!   it): the first takes M, the max of the splits' m per row; the second's for-loop walks the
+//!   splits' partials of one row group, sums e^(m−M)·O and e^(m−M)·l (plain sums: M is known
+//!   before the loop, so the Hopper path may split the loop over a cluster) and divides.
 //!
 //! Exactly: O_final = Σₚ e^(mₚ−M)·Oₚ / Σₚ e^(mₚ−M)·lₚ = Σ e^S·V / Σ e^S. Only the rounding
 //! differs; every stored value is bounded (e^(S−m) ≤ 1, lₚ ≤ keys per block).
@@ -42,10 +43,10 @@ pub const COMBINE_TOLERANCE: f64 = 1e-9;
 /// The most partial elements the combining step is checked on (larger graphs keep their form).
 pub const MAX_CHECKED_PARTIALS: usize = 1 << 24;
 
-/// Threads per block of the combining kernel.
+/// Threads per block of the combining kernels.
 const COMBINE_THREADS: usize = 128;
 
-/// The combining kernel's row blocks are halved until there are at least this many blocks (about
+/// The combining kernels' row blocks are halved until there are at least this many blocks (about
 /// one per SM: each block's loop is latency-bound, one iteration per key split, so more rows per
 /// block cost little and more waves cost a loop each) ...
 const COMBINE_MIN_BLOCKS: usize = 128;
@@ -101,11 +102,11 @@ pub struct OnlineSoftmax {
     pub kernel: usize,
     /// Its index in the rewritten graph.
     pub rewritten: usize,
-    /// The kernel operators the new combining kernel replaces (same numbering).
+    /// The kernel operators the two new combining kernels replace (same numbering).
     pub replaced: Vec<usize>,
     /// Blocks that split the keys of one row (1: the for-loop alone walks them).
     pub splits: usize,
-    /// The combining kernel's grid.
+    /// The combining kernels' grid.
     pub combine_grid: [usize; 3],
     /// Rows (query positions) per combining block.
     pub combine_rows: usize,
@@ -797,18 +798,25 @@ fn rebuild(
                 outputs,
             }],
         );
-        let (combine, cins, grid, rows) = combine_body(g, f, tb, l2, m2).map_err(plan_err)?;
+        let os = g.tensors[f.o].shape;
+        let mx = tensors.append(DTensor {
+            shape: os.with_dim(os.rank() - 1, 1),
+            dtype: g.tensors[f.o].dtype,
+            guid: None,
+        });
+        let (kernels, grid, rows) = combine_body(g, f, tb, l2, m2, mx).map_err(plan_err)?;
+        let combine: Vec<KnOp> = kernels
+            .into_iter()
+            .zip([vec![mx], vec![f.result]])
+            .map(|((body, ins), outputs)| KnOp {
+                kind: KnOpKind::Customized(Box::new(body)),
+                inputs: ins,
+                outputs,
+            })
+            .collect();
         let mut first = true;
         for &d in &f.downstream {
-            let v = if first {
-                vec![KnOp {
-                    kind: KnOpKind::Customized(Box::new(combine.clone())),
-                    inputs: cins.clone(),
-                    outputs: vec![f.result],
-                }]
-            } else {
-                vec![]
-            };
+            let v = if first { combine.clone() } else { vec![] };
             first = false;
             replace.insert(d, v);
         }
@@ -923,8 +931,11 @@ fn attention_body(
     Ok(b.into_parts())
 }
 
-/// The combining kernel: one block per row group, the for-loop over the key splits' partials.
-/// Returns its body, inputs, grid and rows per block.
+/// The combining kernels, one block per row group each: the first takes the max M of the
+/// splits' m per row (written to `mx`); the second's for-loop walks the key splits and sums
+/// O·w and l·w with w = exp(m − M), then divides. With M known before the loop its accumulators
+/// are plain sums, so the Hopper path may split the loop over a cluster. Returns the kernels
+/// (body, inputs), the grid and rows per block.
 #[allow(clippy::type_complexity)]
 fn combine_body(
     g: &KernelGraph,
@@ -932,7 +943,11 @@ fn combine_body(
     tb: &TbGraph,
     l2: Handle<DTensor>,
     m2: Handle<DTensor>,
-) -> Result<(TbGraph, Vec<Handle<DTensor>>, [usize; 3], usize), crate::graph::error::GraphError> {
+    mx: Handle<DTensor>,
+) -> Result<
+    (Vec<(TbGraph, Vec<Handle<DTensor>>)>, [usize; 3], usize),
+    crate::graph::error::GraphError,
+> {
     let os = g.tensors[f.o].shape;
     let rank = os.rank();
     let o_tile = tile_of(tb, f.acc);
@@ -966,20 +981,23 @@ fn combine_body(
     }
     let imap = DimMap(imap);
     let last = Some(rank - 1);
-    let mut b = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], f.splits);
-    let load = |b: &mut TbGraphBuilder, t: Handle<DTensor>, shape: Shape| {
-        b.new_input_of(t, shape, g.tensors[f.o].dtype, imap, last)
-    };
-    let ls = os.with_dim(rank - 1, f.splits);
-    // Before the loop: every split's m of the block's rows, and their max M.
     let dtype = g.tensors[f.o].dtype;
-    let m_all = b.new_input_of(m2, ls, dtype, imap, None)?;
-    let (mx, _) = b.reduction_max(m_all, rank - 1)?;
-    // Per split: w = exp(m - M), O·w and l·w summed (plain accumulators: M is fixed).
-    let o = load(&mut b, f.o, os)?;
-    let l = load(&mut b, l2, ls)?;
-    let m = load(&mut b, m2, ls)?;
-    let x = b.binary(BinaryOp::Sub, m, mx)?;
+    let ls = os.with_dim(rank - 1, f.splits);
+    let ms = os.with_dim(rank - 1, 1);
+    // M: every split's m of the block's rows at once, their max.
+    let mut a = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], 1);
+    let m_all = a.new_input_of(m2, ls, dtype, imap, None)?;
+    let (m_max, _) = a.reduction_max(m_all, rank - 1)?;
+    let m_out = a.forloop_accum(m_max, AccumKind::Max)?;
+    a.new_output(m_out, imap)?;
+    let (body_a, ins_a, _) = a.into_parts();
+    // Per split: w = exp(m - M), O·w and l·w summed; then the quotient.
+    let mut b = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], f.splits);
+    let m_top = b.new_input_of(mx, ms, dtype, imap, None)?;
+    let o = b.new_input_of(f.o, os, dtype, imap, last)?;
+    let l = b.new_input_of(l2, ls, dtype, imap, last)?;
+    let m = b.new_input_of(m2, ls, dtype, imap, last)?;
+    let x = b.binary(BinaryOp::Sub, m, m_top)?;
     let w = b.unary(UnaryOp::Exp, x)?;
     let ow = b.binary(BinaryOp::Mul, o, w)?;
     let lw = b.binary(BinaryOp::Mul, l, w)?;
@@ -987,8 +1005,8 @@ fn combine_body(
     let la = b.forloop_accum(lw, AccumKind::Nored)?;
     let y = b.binary(BinaryOp::Div, oa, la)?;
     b.new_output(y, imap)?;
-    let (body, ins, _) = b.into_parts();
-    Ok((body, ins, grid, rows))
+    let (body_b, ins_b, _) = b.into_parts();
+    Ok((vec![(body_a, ins_a), (body_b, ins_b)], grid, rows))
 }
 
 #[cfg(test)]
