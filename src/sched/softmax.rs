@@ -1175,6 +1175,29 @@ mod tests {
         assert_eq!(p.rewrite.softmax.applied.len(), 1);
     }
 
+    /// One key split (the for-loop alone walks the keys) and four: the same function.
+    #[test]
+    fn any_number_of_key_splits_is_rewritten() {
+        for splits in [1, 4] {
+            let g = attention_sized(AccumKind::Nored, false, (2, 16, 8, 64, splits), 2);
+            let rw = online_softmax(&g, true);
+            assert!(rw.declined.is_empty(), "{splits}: {:?}", rw.declined);
+            assert_eq!(rw.applied[0].splits, splits);
+            let g2 = rw.graph.expect("rewritten");
+            let inputs = random_inputs(
+                &g,
+                InputSpec {
+                    seed: 5,
+                    scale: 4.0,
+                },
+            );
+            let want = evaluate(&g, &inputs).unwrap();
+            let got = evaluate(&g2, &inputs).unwrap();
+            let rel = max_rel(&got[0], &want[0]);
+            assert!(rel < 1e-12, "{splits} splits: {rel:e}");
+        }
+    }
+
     #[test]
     fn the_rewritten_kernel_stores_bounded_partials() {
         let g = attention(AccumKind::RedLdSum, true);
