@@ -1048,22 +1048,29 @@ fn _bench(
             .map(|(i, (origin, lg))| {
                 lg.validate()
                     .map_err(|e| format!("{origin}: invalid: {}", e.first()))?;
-                let own = match shared {
-                    Some(_) => None,
-                    None => Some(
-                        mucc::cuda::session::inputs_and_reference(&lg.graph, seed, scale, &budget)
-                            .map_err(|e| format!("{origin}: {e}"))?,
-                    ),
-                };
                 let (opts, _) = mucc::cuda::tune::tuned_options(
                     s.tune.as_ref(),
                     &lg.graph,
                     Some(&s.gpu.name),
                     &s.opts,
                 );
-                let (emitted, cubin, _, _) = s
+                let (emitted, cubin, _, runs) = s
                     .compile_with(&lg.graph, origin, i, &opts)
                     .map_err(|e| format!("{origin}: {e}"))?;
+                // The scale is judged by what the GPU stores (the rewritten graph, if any).
+                let own = match shared {
+                    Some(_) => None,
+                    None => Some(
+                        mucc::cuda::session::inputs_and_reference_for(
+                            &lg.graph,
+                            runs.as_deref(),
+                            seed,
+                            scale,
+                            &budget,
+                        )
+                        .map_err(|e| format!("{origin}: {e}"))?,
+                    ),
+                };
                 Ok::<_, String>((emitted, cubin, own))
             })
             .collect();
