@@ -45,17 +45,25 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
         let _ = writeln!(
             s,
             "online softmax: kernel op {} ({} key split{}) keeps a running row max m, \
-             exponentiates S - m and rescales its sums; it also writes l and m per split, and two \
-             combining kernels (grid {:?}, {} row{} per block: max M of the splits' m, then a \
-             for-loop over the splits) sum the partials times exp(m - M) and divide, in place \
-             of kernel op{} {} ({numbering}; the ops below are numbered as in the rewritten \
-             graph; --online-softmax off keeps the graph's form)",
+             exponentiates S - m and rescales its sums; it also writes l and m per split, and {} \
+             (grid {:?}, {} row{} per block: max M of the splits' m, {}a for-loop over the \
+             splits) sum{} the partials times exp(m - M) and divide{}, in place of kernel op{} {} \
+             ({numbering}; the ops below are numbered as in the rewritten graph; \
+             --online-softmax off keeps the graph's form)",
             a.kernel,
             a.splits,
             if a.splits == 1 { "" } else { "s" },
+            if a.combine_kernels == 2 {
+                "two combining kernels"
+            } else {
+                "a combining kernel"
+            },
             a.combine_grid,
             a.combine_rows,
             if a.combine_rows == 1 { "" } else { "s" },
+            if a.combine_kernels == 2 { "then " } else { "" },
+            if a.combine_kernels == 2 { "" } else { "s" },
+            if a.combine_kernels == 2 { "" } else { "s" },
             if replaced.len() == 1 { "" } else { "s" },
             replaced.join(", ")
         );

@@ -11,10 +11,11 @@
 //!   change d = m_old − m_new), exponentiates S − m, and rescales both accumulators by e^d each
 //!   iteration (`accum_*_rescale`); it writes three partials per block: O = Σ e^(S−m)·V,
 //!   l = Σ e^(S−m) and its final m;
-//! * two new combining kernels replace the original step (and any kernel-level division after
-//!   it): the first takes M, the max of the splits' m per row; the second's for-loop walks the
-//!   splits' partials of one row group, sums e^(m−M)·O and e^(m−M)·l (plain sums: M is known
-//!   before the loop, so the Hopper path may split the loop over a cluster) and divides.
+//! * a new combining step replaces the original one (and any kernel-level division after it):
+//!   M, the max of the splits' m per row, then a for-loop over the splits' partials of one row
+//!   group summing e^(m−M)·O and e^(m−M)·l and dividing; from [`TWO_KERNEL_MIN_SPLITS`] splits
+//!   M is a kernel of its own, so that the loop's sums are plain and the Hopper path may split
+//!   the loop over a cluster.
 //!
 //! Exactly: O_final = Σₚ e^(mₚ−M)·Oₚ / Σₚ e^(mₚ−M)·lₚ = Σ e^S·V / Σ e^S. Only the rounding
 //! differs; every stored value is bounded (e^(S−m) ≤ 1, lₚ ≤ keys per block).
@@ -42,6 +43,14 @@ pub const COMBINE_TOLERANCE: f64 = 1e-9;
 
 /// The most partial elements the combining step is checked on (larger graphs keep their form).
 pub const MAX_CHECKED_PARTIALS: usize = 1 << 24;
+
+/// Key splits from which the combining step is two kernels (the max M of the splits' m first,
+/// then the loop with plain accumulators, which the cluster split may spread) rather than one
+/// (M taken in the loop by a running max, which keeps the loop on one CTA). H100, same binary
+/// (docs/benchmarks.md): with 16 splits two kernels took 0.54× (gqa_bs1 g19) and 0.85×
+/// (gqa_bs8 g8) the one kernel's time; with 8 splits 1.13× (mqa_bs1 g3) and 1.33× (mqa_bs8
+/// g4): the max kernel costs about 1.7 µs, the cluster split saves in proportion to the loop.
+pub const TWO_KERNEL_MIN_SPLITS: usize = 16;
 
 /// Threads per block of the combining kernels.
 const COMBINE_THREADS: usize = 128;
@@ -110,6 +119,9 @@ pub struct OnlineSoftmax {
     pub combine_grid: [usize; 3],
     /// Rows (query positions) per combining block.
     pub combine_rows: usize,
+    /// Combining kernels: 2 (the splits' max first, then a loop with plain sums) from
+    /// [`TWO_KERNEL_MIN_SPLITS`] splits up, else 1 (the max taken in the loop).
+    pub combine_kernels: usize,
 }
 
 /// Why an attention-like kernel keeps the softmax as the graph computes it.
@@ -805,9 +817,15 @@ fn rebuild(
             guid: None,
         });
         let (kernels, grid, rows) = combine_body(g, f, tb, l2, m2, mx).map_err(plan_err)?;
+        let combine_kernels = kernels.len();
+        let outputs = if combine_kernels == 2 {
+            vec![vec![mx], vec![f.result]]
+        } else {
+            vec![vec![f.result]]
+        };
         let combine: Vec<KnOp> = kernels
             .into_iter()
-            .zip([vec![mx], vec![f.result]])
+            .zip(outputs)
             .map(|((body, ins), outputs)| KnOp {
                 kind: KnOpKind::Customized(Box::new(body)),
                 inputs: ins,
@@ -827,6 +845,7 @@ fn rebuild(
             splits: f.splits,
             combine_grid: grid,
             combine_rows: rows,
+            combine_kernels,
         });
     }
     // New op list, then only the tensors still referenced.
@@ -931,11 +950,12 @@ fn attention_body(
     Ok(b.into_parts())
 }
 
-/// The combining kernels, one block per row group each: the first takes the max M of the
-/// splits' m per row (written to `mx`); the second's for-loop walks the key splits and sums
-/// O·w and l·w with w = exp(m − M), then divides. With M known before the loop its accumulators
-/// are plain sums, so the Hopper path may split the loop over a cluster. Returns the kernels
-/// (body, inputs), the grid and rows per block.
+/// The combining kernels, one block per row group each: from [`TWO_KERNEL_MIN_SPLITS`] splits
+/// up, the first takes the max M of the splits' m per row (written to `mx`) and the second's
+/// for-loop walks the key splits and sums O·w and l·w with w = exp(m − M), then divides (with M
+/// known before the loop its accumulators are plain sums, so the Hopper path may split the loop
+/// over a cluster); with fewer, one kernel takes M in its loop. Returns the kernels (body,
+/// inputs), the grid and rows per block.
 #[allow(clippy::type_complexity)]
 fn combine_body(
     g: &KernelGraph,
@@ -984,6 +1004,19 @@ fn combine_body(
     let dtype = g.tensors[f.o].dtype;
     let ls = os.with_dim(rank - 1, f.splits);
     let ms = os.with_dim(rank - 1, 1);
+    if f.splits < TWO_KERNEL_MIN_SPLITS {
+        // One kernel: M by a running max over every split's m (the same each iteration).
+        let mut b = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], f.splits);
+        let m_all = b.new_input_of(m2, ls, dtype, imap, None)?;
+        let (m_top, _) = b.reduction_max(m_all, rank - 1)?;
+        let o = b.new_input_of(f.o, os, dtype, imap, last)?;
+        let l = b.new_input_of(l2, ls, dtype, imap, last)?;
+        let m = b.new_input_of(m2, ls, dtype, imap, last)?;
+        let y = weighted_quotient(&mut b, o, l, m, m_top)?;
+        b.new_output(y, imap)?;
+        let (body, ins, _) = b.into_parts();
+        return Ok((vec![(body, ins)], grid, rows));
+    }
     // M: every split's m of the block's rows at once, their max.
     let mut a = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], 1);
     let m_all = a.new_input_of(m2, ls, dtype, imap, None)?;
@@ -997,16 +1030,28 @@ fn combine_body(
     let o = b.new_input_of(f.o, os, dtype, imap, last)?;
     let l = b.new_input_of(l2, ls, dtype, imap, last)?;
     let m = b.new_input_of(m2, ls, dtype, imap, last)?;
+    let y = weighted_quotient(&mut b, o, l, m, m_top)?;
+    b.new_output(y, imap)?;
+    let (body_b, ins_b, _) = b.into_parts();
+    Ok((vec![(body_a, ins_a), (body_b, ins_b)], grid, rows))
+}
+
+/// Σ O·w / Σ l·w over the loop, w = exp(m − M) per split (plain sums: M is the same every
+/// iteration).
+fn weighted_quotient(
+    b: &mut TbGraphBuilder,
+    o: Handle<STensor>,
+    l: Handle<STensor>,
+    m: Handle<STensor>,
+    m_top: Handle<STensor>,
+) -> Result<Handle<STensor>, crate::graph::error::GraphError> {
     let x = b.binary(BinaryOp::Sub, m, m_top)?;
     let w = b.unary(UnaryOp::Exp, x)?;
     let ow = b.binary(BinaryOp::Mul, o, w)?;
     let lw = b.binary(BinaryOp::Mul, l, w)?;
     let oa = b.forloop_accum(ow, AccumKind::Nored)?;
     let la = b.forloop_accum(lw, AccumKind::Nored)?;
-    let y = b.binary(BinaryOp::Div, oa, la)?;
-    b.new_output(y, imap)?;
-    let (body_b, ins_b, _) = b.into_parts();
-    Ok((vec![(body_a, ins_a), (body_b, ins_b)], grid, rows))
+    b.binary(BinaryOp::Div, oa, la)
 }
 
 #[cfg(test)]
@@ -1175,15 +1220,24 @@ mod tests {
         assert_eq!(p.rewrite.softmax.applied.len(), 1);
     }
 
-    /// One key split (the for-loop alone walks the keys) and four: the same function.
+    /// One key split (the for-loop alone walks the keys), four and sixteen (two combining
+    /// kernels): the same function.
     #[test]
     fn any_number_of_key_splits_is_rewritten() {
-        for splits in [1, 4] {
+        for splits in [1, 4, 16] {
             let g = attention_sized(AccumKind::Nored, false, (2, 16, 8, 64, splits), 2);
             let rw = online_softmax(&g, true);
             assert!(rw.declined.is_empty(), "{splits}: {:?}", rw.declined);
             assert_eq!(rw.applied[0].splits, splits);
+            let kernels = if splits >= TWO_KERNEL_MIN_SPLITS {
+                2
+            } else {
+                1
+            };
+            assert_eq!(rw.applied[0].combine_kernels, kernels);
             let g2 = rw.graph.expect("rewritten");
+            // The attention kernel, the combining kernel(s), nothing else besides I/O.
+            assert_eq!(g2.num_kernels(), 1 + kernels);
             let inputs = random_inputs(
                 &g,
                 InputSpec {
