@@ -150,6 +150,21 @@ impl TbGraph {
             .map(|(h, _)| h)
     }
 
+    /// For every tile (by index), the operators that read it, in order, each once.
+    pub fn readers(&self) -> Vec<Vec<Handle<TbOp>>> {
+        let mut r = vec![Vec::new(); self.tensors.len()];
+        for (h, op) in self.ops.iter() {
+            for t in &op.inputs {
+                if let Some(v) = r.get_mut(t.index())
+                    && !v.contains(&h)
+                {
+                    v.push(h);
+                }
+            }
+        }
+        r
+    }
+
     /// For every tile (by index), the operator that defines it — the first, as
     /// [`TbGraph::producer`] answers — in one pass over the operators.
     pub fn producers(&self) -> Vec<Option<Handle<TbOp>>> {

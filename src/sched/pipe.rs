@@ -242,29 +242,7 @@ fn candidates(
                     op: consumer.index(),
                 });
             }
-            if tb.tensors[tile].dtype != stored[tile.index()] {
-                return Err(PipeOff::Widened);
-            }
-            let (m, n, _) = mnk(tb, lead);
-            let (m2, n2, k2) = mnk(tb, consumer);
-            if m2 != m || k2 != n {
-                return Err(PipeOff::ShapeMismatch);
-            }
-            if m % 16 != 0 || n % 16 != 0 {
-                return Err(PipeOff::NotWhole16 { m, n });
-            }
-            let warps = (threads / 32).max(1);
-            if (m / 16) % warps != 0 {
-                return Err(PipeOff::UnevenRows {
-                    row_tiles: m / 16,
-                    warps,
-                });
-            }
-            let regs =
-                fragment_registers(m, n, (warps, 1)) + fragment_registers(m2, n2, (warps, 1));
-            if regs > PIPE_REGISTERS {
-                return Err(PipeOff::Registers { regs });
-            }
+            let warps = fragment_fit(tb, lead, consumer, tile, &stored, threads)?;
             Ok(RegisterPipe {
                 producer: c,
                 tile: tile.index(),
@@ -282,6 +260,43 @@ fn candidates(
     decisions
 }
 
+/// Whether the product of matmul `lead`, kept in tile `tile` (its 16-bit type), can pass in
+/// registers into `consumer`'s A operand on the CTA's warps along M: the shapes chain, the
+/// tiles are whole 16 × 16 tiles, the row tiles split evenly over the warps, and both
+/// fragments fit [`PIPE_REGISTERS`]. Returns the warps.
+fn fragment_fit(
+    tb: &TbGraph,
+    lead: Handle<TbOp>,
+    consumer: Handle<TbOp>,
+    tile: Handle<STensor>,
+    stored: &[crate::graph::dtype::DType],
+    threads: usize,
+) -> Result<usize, PipeOff> {
+    if tb.tensors[tile].dtype != stored[tile.index()] {
+        return Err(PipeOff::Widened);
+    }
+    let (m, n, _) = mnk(tb, lead);
+    let (m2, n2, k2) = mnk(tb, consumer);
+    if m2 != m || k2 != n {
+        return Err(PipeOff::ShapeMismatch);
+    }
+    if m % 16 != 0 || n % 16 != 0 {
+        return Err(PipeOff::NotWhole16 { m, n });
+    }
+    let warps = (threads / 32).max(1);
+    if (m / 16) % warps != 0 {
+        return Err(PipeOff::UnevenRows {
+            row_tiles: m / 16,
+            warps,
+        });
+    }
+    let regs = fragment_registers(m, n, (warps, 1)) + fragment_registers(m2, n2, (warps, 1));
+    if regs > PIPE_REGISTERS {
+        return Err(PipeOff::Registers { regs });
+    }
+    Ok(warps)
+}
+
 /// The online-softmax form of a pipe led by chain `c` (a lone matmul giving the scores S; see
 /// [`OnlinePipe`]), or why it cannot run in registers.
 fn online(
@@ -293,13 +308,8 @@ fn online(
     stored: &[crate::graph::dtype::DType],
 ) -> Result<RegisterPipe, PipeOff> {
     let shape = |why: &str| PipeOff::Online(why.to_string());
-    let readers = |t: Handle<STensor>| -> Vec<Handle<TbOp>> {
-        tb.ops
-            .iter()
-            .filter(|(_, op)| op.inputs.contains(&t))
-            .map(|(h, _)| h)
-            .collect()
-    };
+    let all_readers = tb.readers();
+    let readers = |t: Handle<STensor>| all_readers[t.index()].clone();
     let alone = |o: Handle<TbOp>| fusion.is_leader(o) && fusion.chain(o).ops.len() == 1;
     let mm1 = fusion.chains[c].leader();
     let s = tb.ops[mm1].outputs[0];
@@ -389,28 +399,7 @@ fn online(
     if !is_mma(ops, mm1) || !is_mma(ops, mm2) {
         return Err(PipeOff::ConsumerNotMma { op: mm2.index() });
     }
-    if tb.tensors[e].dtype != stored[e.index()] {
-        return Err(PipeOff::Widened);
-    }
-    let (mr, n, _) = mnk(tb, mm1);
-    let (m2, n2, k2) = mnk(tb, mm2);
-    if m2 != mr || k2 != n {
-        return Err(PipeOff::ShapeMismatch);
-    }
-    if mr % 16 != 0 || n % 16 != 0 {
-        return Err(PipeOff::NotWhole16 { m: mr, n });
-    }
-    let warps = (threads / 32).max(1);
-    if (mr / 16) % warps != 0 {
-        return Err(PipeOff::UnevenRows {
-            row_tiles: mr / 16,
-            warps,
-        });
-    }
-    let regs = fragment_registers(mr, n, (warps, 1)) + fragment_registers(m2, n2, (warps, 1));
-    if regs > PIPE_REGISTERS {
-        return Err(PipeOff::Registers { regs });
-    }
+    let warps = fragment_fit(tb, mm1, mm2, e, stored, threads)?;
     let x = tb.ops[sub].outputs[0];
     Ok(RegisterPipe {
         producer: c,

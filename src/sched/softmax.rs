@@ -334,19 +334,6 @@ fn exps_of_products(tb: &TbGraph) -> Vec<Handle<TbOp>> {
         .collect()
 }
 
-/// For every tile, the operators that read it.
-fn readers(tb: &TbGraph) -> Vec<Vec<Handle<TbOp>>> {
-    let mut r = vec![Vec::new(); tb.tensors.len()];
-    for (h, op) in tb.ops.iter() {
-        for t in &op.inputs {
-            if !r[t.index()].contains(&h) {
-                r[t.index()].push(h);
-            }
-        }
-    }
-    r
-}
-
 /// The threadblock input operator that loads `t`, if an input loads it.
 fn input_of(tb: &TbGraph, t: Handle<STensor>) -> Option<(usize, DimMap, Option<usize>)> {
     let p = tb.producer(t)?;
@@ -369,7 +356,7 @@ fn recognise(
     let [exp] = exps[..] else {
         return Err(NoOnlineSoftmax::SeveralExps);
     };
-    let rd = readers(tb);
+    let rd = tb.readers();
     let producers = tb.producers();
     let s = tb.ops[exp].inputs[0];
     let mm1 = match producers[s.index()] {
@@ -862,12 +849,13 @@ fn rebuild(
         }
     }
     let mut out = KernelGraph::new();
+    let used: BTreeSet<Handle<DTensor>> = ops
+        .iter()
+        .flat_map(|(_, op)| op.inputs.iter().chain(&op.outputs).copied())
+        .collect();
     let mut tmap: BTreeMap<Handle<DTensor>, Handle<DTensor>> = BTreeMap::new();
     for (h, t) in tensors.iter() {
-        if ops
-            .iter()
-            .any(|(_, op)| op.inputs.contains(&h) || op.outputs.contains(&h))
-        {
+        if used.contains(&h) {
             tmap.insert(h, out.tensors.append(t.clone()));
         }
     }
