@@ -9,6 +9,7 @@ use crate::graph::kernel::{KernelGraph, KnOpKind};
 use crate::graph::mirage_json::names;
 use crate::graph::threadblock::TbGraph;
 use crate::layout::solve::SolveMethod;
+use crate::sched::exchange::AllReduceForm;
 use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan};
 use crate::sched::memory;
 use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
@@ -79,12 +80,19 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     if p.gpus > 1 {
         let _ = writeln!(
             s,
-            "GPUs: {} (mesh {}): every GPU runs this plan on its own shards; \
-             kn_allreduce_op is an NCCL all-reduce, and the host entry takes the rank's \
-             communicator",
+            "GPUs: {} (mesh {}): every GPU runs this plan on its own shards; the host entry \
+             takes the rank's NCCL communicator",
             p.gpus,
             g.sharding.mesh_or_single()
         );
+        if p.exchange_bytes > 0 {
+            let _ = writeln!(
+                s,
+                "exchange buffers: {} bytes per GPU, which every GPU addresses (the host entry \
+                 takes them; run and bench allocate them with peer access)",
+                p.exchange_bytes
+            );
+        }
     }
     if !p.symbols.is_default() {
         let _ = writeln!(
@@ -316,6 +324,25 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
             ""
         };
         let _ = writeln!(s, "  dependent launch: {launch}{trigger}");
+    }
+    if let Some(x) = &kp.exchange {
+        let _ = writeln!(
+            s,
+            "  all-reduce op {} fused: op{} output's stores also go to this GPU's slot in the \
+             other {} GPUs' exchange buffers (region at byte {}, {} B per slot, 2 parities); \
+             the last of the {} blocks to finish on each GPU flags the others, waits for their \
+             flags and sums the {} GPUs' {} elements in rank order into the all-reduce's \
+             output ({}-element accesses)",
+            x.all_reduce,
+            x.output_op,
+            x.gpus - 1,
+            x.region,
+            x.slot_bytes,
+            x.blocks,
+            x.gpus,
+            x.count,
+            x.vector
+        );
     }
     for line in kp.fusion.dump(tb).lines() {
         let _ = writeln!(s, "  {line}");
@@ -649,10 +676,24 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
             }
             r @ KnOpPlan::Reduction { .. } => reduction_text(r),
             KnOpPlan::AllReduce {
-                count, dtype, gpus, ..
+                fused: AllReduceForm::Fused { kernel },
+                count,
+                gpus,
+                ..
+            } => format!(
+                "all-reduce (sum) over {gpus} GPUs of the {count}-element span that input and \
+                 output share, fused into kernel op {kernel} (no step of its own)"
+            ),
+            KnOpPlan::AllReduce {
+                count,
+                dtype,
+                gpus,
+                fused: AllReduceForm::Nccl(why),
+                ..
             } => format!(
                 "NCCL all-reduce (sum) over {gpus} GPUs of the {count}-element span ({}) that \
-                 input and output share (padding included), on the graph's stream",
+                 input and output share (padding included), on the graph's stream; not fused: \
+                 {why}",
                 dtype.c_name()
             ),
             KnOpPlan::RmsNorm {

@@ -23,9 +23,17 @@
 // being the current one (cudaSetDevice); an NCCL failure returns MUCC_NCCL_ERROR_BASE + an
 // ncclResult_t.
 {% endif -%}
+{% if exchange > 0 -%}
+// A kernel sums over the GPUs itself: `exchange[r]` is GPU r's exchange buffer of
+// {{ exchange }} bytes as this device addresses it (peer memory: cudaIpc handles or an NCCL
+// symmetric window), zeroed before the first call and used for nothing else.
+{% endif -%}
 {{ entry_signature }}
   const mucc::host::Buffers buf{inputs, outputs, workspace};
   (void)buf;
+{% if exchange > 0 -%}
+{{ "  " }}unsigned long long rank = 0;
+{% endif -%}
 {% for s in steps %}
   // {{ s.comment }}
   {

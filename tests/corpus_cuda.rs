@@ -108,6 +108,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 wgmma: true,
                 fuse_matmuls: true,
                 online_softmax: Default::default(),
+                all_reduce: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

@@ -224,7 +224,8 @@ fn nvrtc(home: &Path, src: &str, arch: &'static str) -> Result<f64, String> {
 
 /// Fused tensor-parallel workloads of the multi-GPU check (`mucc::graph::workloads::tp_graphs`,
 /// 2 GPUs, Qwen2.5-7B sizes: cluster-split customized kernels and an NCCL all-reduce in the host
-/// entry), emitted for sm_90a, compile with nvcc (no warning, no spill) and NVRTC.
+/// entry, or the all-reduce fused into the last kernel), emitted for sm_90a, compile with nvcc
+/// (no warning, no spill) and NVRTC.
 #[test]
 fn fused_tensor_parallel_workloads_compile_for_sm90a() {
     use mucc::target::{Arch, Target};
@@ -233,24 +234,32 @@ fn fused_tensor_parallel_workloads_compile_for_sm90a() {
         unsafe { cudarc::nvrtc::sys::is_culib_present() },
         "libnvrtc.so.13 is not loadable: run `source scripts/cuda-toolchain.sh` (it sets LD_LIBRARY_PATH)"
     );
+    // (name, the all-reduce fused into the kernel writing its input)
     let picked = [
-        "tp2_fmlp_m1_f16",
-        "tp2_fmlp_m8_bf16",
-        "tp2_fattn_m1_bf16",
-        "tp2_fattn_m8_f16",
+        ("tp2_fmlp_m1_f16", false),
+        ("tp2_fmlp_m8_bf16", false),
+        ("tp2_fattn_m1_bf16", false),
+        ("tp2_fattn_m8_f16", false),
+        ("tp2_fmlp_m8_bf16", true),
+        ("tp2_fattn_m1_f16", true),
     ];
     let dir = std::env::temp_dir().join(format!("mucc-tp-fused-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let opts = mucc::sched::Options::for_target(Target::new(Arch::Sm90a));
-    let sources: Vec<(PathBuf, String)> = mucc::graph::workloads::tp_graphs(2)
-        .unwrap()
-        .into_iter()
-        .filter(|(name, _)| picked.contains(&name.as_str()))
-        .map(|(name, g)| {
-            let p = mucc::sched::plan(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let e = mucc::emit::emit(&g, &p, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert!(e.source.contains("ncclAllReduce"), "{name}");
-            let path = dir.join(format!("{name}.sm_90a.cu"));
+    let graphs = mucc::graph::workloads::tp_graphs(2).unwrap();
+    let sources: Vec<(PathBuf, String)> = picked
+        .iter()
+        .map(|&(name, fused)| {
+            let g = &graphs.iter().find(|(n, _)| n == name).unwrap().1;
+            let mut opts = mucc::sched::Options::for_target(Target::new(Arch::Sm90a));
+            if fused {
+                opts.all_reduce = mucc::sched::exchange::AllReduceChoice::Fused;
+            }
+            let p = mucc::sched::plan(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let e = mucc::emit::emit(g, &p, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(e.source.contains("ncclAllReduce"), !fused, "{name}");
+            assert_eq!(e.source.contains("arrive_and_sum"), fused, "{name}");
+            let form = if fused { "fused." } else { "" };
+            let path = dir.join(format!("{name}.{form}sm_90a.cu"));
             std::fs::write(&path, &e.source).unwrap();
             (path, e.source)
         })

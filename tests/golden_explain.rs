@@ -23,6 +23,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
+        all_reduce: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -259,6 +259,7 @@ fn kernel_level_goldens() {
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
+            all_reduce: Default::default(),
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

@@ -267,6 +267,7 @@ fn opts(arch: Arch) -> Options {
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
+        all_reduce: Default::default(),
     }
 }
 

@@ -554,6 +554,110 @@ fn fused_tensor_parallel_files_are_customized_kernels_that_plan_and_emit() {
     }
 }
 
+/// `--all-reduce fused`: the all-reduce of every fused file moves into the kernel writing its
+/// input (no NCCL step; the kernel takes every GPU's exchange buffer and the rank; its output
+/// stores are mirrored and its end sums), the host entry takes the exchange buffers, and the
+/// launch plan says how many bytes they hold. A kernel-level producer (cuBLAS) keeps NCCL and
+/// says why.
+#[test]
+fn a_fused_all_reduce_runs_in_the_kernel_writing_its_input() {
+    use mucc::emit::launch::{Binding, Step};
+    use mucc::sched::KnOpPlan;
+    use mucc::sched::exchange::{AllReduceChoice, AllReduceForm};
+    let mut opts =
+        mucc::sched::Options::for_target(mucc::target::Target::new(mucc::target::Arch::Sm90a));
+    opts.all_reduce = AllReduceChoice::Fused;
+    for (name, g) in tp_graphs(2).unwrap() {
+        let p = mucc::sched::plan(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let forms: Vec<&AllReduceForm> = p
+            .kernel_ops
+            .iter()
+            .filter_map(|k| match k {
+                KnOpPlan::AllReduce { fused, .. } => Some(fused),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(forms.len(), 1, "{name}");
+        let e = mucc::emit::emit(&g, &p, &name).unwrap();
+        let nccl_steps = e
+            .launch
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::AllReduce(_)))
+            .count();
+        if !(name.contains("_fmlp_") || name.contains("_fattn_")) {
+            let AllReduceForm::Nccl(why) = forms[0] else {
+                panic!("{name}: a cuBLAS product fused");
+            };
+            assert!(why.contains("not a threadblock kernel"), "{name}: {why}");
+            assert_eq!((nccl_steps, e.launch.exchange_bytes), (1, 0), "{name}");
+            continue;
+        }
+        let &AllReduceForm::Fused { kernel } = forms[0] else {
+            panic!("{name}: not fused: {:?}", forms[0]);
+        };
+        let x = p.kernels[&kernel].exchange.as_ref().unwrap();
+        assert_eq!((x.gpus, x.region), (2, 0), "{name}");
+        let m = if name.contains("_m1_") { 1 } else { 8 };
+        assert_eq!(x.count, m * QWEN7B_HIDDEN, "{name}");
+        // The header, two parities of one slot per GPU.
+        assert_eq!(p.exchange_bytes, 256 + 4 * x.slot_bytes, "{name}");
+        assert!(
+            x.slot_bytes >= x.count * 2 && x.slot_bytes.is_multiple_of(256),
+            "{name}"
+        );
+        assert_eq!(nccl_steps, 0, "{name}");
+        assert_eq!(e.launch.exchange_bytes, p.exchange_bytes, "{name}");
+        let k = e
+            .launch
+            .steps
+            .iter()
+            .find_map(|s| match s {
+                Step::Kernel(k) if k.name == format!("k{kernel}_customized") => Some(k),
+                _ => None,
+            })
+            .unwrap();
+        let tail = &k.args[k.args.len() - 4..];
+        assert_eq!(tail[0], x.recv, "{name}");
+        assert_eq!(
+            &tail[1..],
+            [
+                Binding::Exchange { rank: 0 },
+                Binding::Exchange { rank: 1 },
+                Binding::Rank
+            ],
+            "{name}"
+        );
+        for needle in [
+            "#include \"mucc/threadblock/exchange.h\"",
+            "mucc::xchg::arrive_and_sum<",
+            "for (int r = 0; r < 2; ++r) if (r != xr) mucc::tb::copy_",
+            "void* const* exchange, ncclComm_t comm, cudaStream_t stream) {",
+            "MUCC_CHECK_NCCL(ncclCommUserRank(comm, &r));",
+            "exchange[0],",
+            "mucc::host::value_arg(rank)",
+        ] {
+            assert!(e.source.contains(needle), "{name}: no {needle}");
+        }
+        let text = mucc::explain::explain(&g, &p);
+        assert!(
+            text.contains(&format!(
+                "fused into kernel op {kernel} (no step of its own)"
+            )),
+            "{name}"
+        );
+        let h = mucc::cuda::nvcc::header("TP_H", &name, &e.launch);
+        assert!(h.contains(&format!("#define MUCC_EXCHANGE_BYTES {}", p.exchange_bytes)));
+        assert!(
+            h.contains("void* const* exchange, void* comm, void* stream);"),
+            "{h}"
+        );
+        let back: mucc::emit::launch::LaunchPlan =
+            serde_json::from_str(&serde_json::to_string(&e.launch).unwrap()).unwrap();
+        assert_eq!(back, e.launch);
+    }
+}
+
 /// The fused attention files at their real sizes (Qwen2.5-7B, 1024 keys), M = 1 and 8, in both
 /// 16-bit types at the check's input scale (1.0): on 2 GPUs with every stored tensor, tile and
 /// accumulator rounded to its type, no value leaves the type's range and the gathered output is
@@ -1288,6 +1392,7 @@ mod random_sharded {
                         Binding::Input { index, .. } => e.launch.inputs[index].alloc_bytes(),
                         Binding::Output { index, .. } => e.launch.outputs[index].alloc_bytes(),
                         Binding::Workspace { .. } => e.launch.workspace_bytes,
+                        Binding::Exchange { .. } | Binding::Rank => 0,
                     };
                     prop_assert!(end <= limit, "{buf}: all-reduce ends at byte {end} of {limit}");
                 }

@@ -120,6 +120,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         wgmma: true,
                         fuse_matmuls: true,
                         online_softmax: Default::default(),
+                        all_reduce: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -194,6 +195,7 @@ fn plans_are_deterministic() {
                 wgmma: true,
                 fuse_matmuls: true,
                 online_softmax: Default::default(),
+                all_reduce: Default::default(),
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

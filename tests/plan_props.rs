@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -187,6 +187,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
+        all_reduce: Default::default(),
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -285,6 +286,7 @@ fn shared_memory_overflow_is_an_error() {
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
+            all_reduce: Default::default(),
         },
     )
     .unwrap_err();
@@ -330,6 +332,7 @@ fn workspace_reuses_dead_intermediates() {
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
+            all_reduce: Default::default(),
         },
     )
     .unwrap();
@@ -445,6 +448,7 @@ fn plan_for(
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
+        all_reduce: Default::default(),
     };
     mucc::sched::plan(g, &opts)
 }
@@ -572,6 +576,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             // The first kernel follows a cuBLAS call: the matmul stays one.
             fuse_matmuls: false,
             online_softmax: Default::default(),
+            all_reduce: Default::default(),
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

@@ -39,6 +39,10 @@ struct Buffers {
   void* ws(unsigned long long bytes) const { return static_cast<char*>(workspace) + bytes; }
 };
 
+// A 64-bit value argument of a kernel whose other arguments are pointers (launch passes the
+// address of each element of its array).
+inline void* value_arg(unsigned long long v) { return reinterpret_cast<void*>(v); }
+
 // Launches `kernel` with the argument addresses `args`; `programmatic`: with programmatic stream
 // serialisation (sm_90a), so that it may start before the previous kernel on `stream` ends (it
 // waits for it with griddepcontrol.wait).

@@ -70,6 +70,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_wgmma: a.path.no_wgmma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
         online_softmax: a.path.online_softmax,
+        all_reduce: a.path.all_reduce,
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -83,6 +83,10 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         include_str!("../../runtime-headers/mucc/threadblock/cluster.h"),
     ),
     (
+        "mucc/threadblock/exchange.h",
+        include_str!("../../runtime-headers/mucc/threadblock/exchange.h"),
+    ),
+    (
         "mucc/threadblock/accum.h",
         include_str!("../../runtime-headers/mucc/threadblock/accum.h"),
     ),

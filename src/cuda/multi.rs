@@ -883,6 +883,87 @@ impl Drop for Windows {
     }
 }
 
+/// The exchange buffers of a plan's fused all-reduces: one zeroed buffer per rank, which every
+/// rank addresses directly (peer access between every pair of GPUs; one process, one address
+/// space).
+struct ExchangeBuffers {
+    /// Rank r's buffer, in rank order (the same address from every GPU).
+    addresses: Vec<u64>,
+    _buffers: PerRank<DeviceAlloc>,
+}
+
+/// Device memory from `cuMemAlloc` (not the stream-ordered pool cudarc allocates from, whose
+/// memory other GPUs cannot address without pool access rights), freed on drop with its
+/// context current ([`PerRank`]).
+struct DeviceAlloc(cudarc::driver::sys::CUdeviceptr);
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in the current context; no work uses it any more
+        // (the ranks' streams are idle when the buffers go).
+        let _ = unsafe { cudarc::driver::sys::cuMemFree_v2(self.0) };
+    }
+}
+
+/// Allocates `bytes` of zeroed exchange buffer on every rank and lets every GPU address the
+/// others' memory; `None` when the plan needs none.
+fn exchange_buffers(gpus: &[&mut Gpu], bytes: usize) -> Result<Option<ExchangeBuffers>, RunError> {
+    use cudarc::driver::sys::{self, CUresult};
+    if bytes == 0 {
+        return Ok(None);
+    }
+    for (i, a) in gpus.iter().enumerate() {
+        for (j, b) in gpus.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let mut can = 0;
+            // SAFETY: both devices are open; `can` is written by the call.
+            unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.ctx.cu_device(), b.ctx.cu_device()) }
+                .result()
+                .map_err(super::run::driver("asking for peer access"))?;
+            if can == 0 {
+                return Err(RunError::Plan(format!(
+                    "rank {i}'s GPU cannot address rank {j}'s memory (no peer access), which \
+                     a fused all-reduce needs: run with --all-reduce nccl"
+                )));
+            }
+            make_current(&a.ctx);
+            // SAFETY: `b`'s context is alive; enabling access twice is reported and ignored.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
+            if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            {
+                return Err(RunError::Plan(format!(
+                    "enabling rank {i}'s access to rank {j}'s memory: {r:?}"
+                )));
+            }
+        }
+    }
+    let mut buffers = PerRank { items: Vec::new() };
+    let mut addresses = Vec::new();
+    for (r, gpu) in gpus.iter().enumerate() {
+        make_current(&gpu.ctx);
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: the rank's context is current; `p` is written by the call.
+        unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }
+            .result()
+            .map_err(super::run::driver(format!(
+                "allocating rank {r}'s exchange buffer ({bytes} bytes)"
+            )))?;
+        buffers.items.push((gpu.ctx.clone(), DeviceAlloc(p)));
+        // SAFETY: `p` holds `bytes` bytes of this context's memory. Synchronous: zeroed before
+        // any rank's kernel stores into it.
+        unsafe { sys::cuMemsetD8_v2(p, 0, bytes) }
+            .result()
+            .map_err(super::run::driver("zeroing an exchange buffer"))?;
+        addresses.push(p);
+    }
+    Ok(Some(ExchangeBuffers {
+        addresses,
+        _buffers: buffers,
+    }))
+}
+
 /// Loads `cubin` on every GPU, allocates its buffers (outputs and workspace in NCCL windows
 /// when `placement` asks for it and the plan all-reduces), uploads `inputs[r]` to rank `r` and
 /// poisons the outputs, then calls `f` with the ranks and a description of where the
@@ -917,10 +998,12 @@ fn with_ranks<T>(
                 Err(why) => (None, format!("plain allocations (no NCCL window: {why})")),
             }
         }
-        (AllReduceBuffers::Symmetric, false) => (None, "no all-reduce".to_string()),
+        (AllReduceBuffers::Symmetric, false) => (None, "no NCCL all-reduce step".to_string()),
         (AllReduceBuffers::Plain, _) => (None, "plain allocations".to_string()),
     };
     let mut windows = windows;
+    // Before the buffers, dropped after them: the fused all-reduces' exchange buffers.
+    let exchange = exchange_buffers(gpus, launch.exchange_bytes)?;
     let mut progs = PerRank { items: Vec::new() };
     let mut bufs = PerRank { items: Vec::new() };
     for (r, gpu) in gpus.iter_mut().enumerate() {
@@ -936,6 +1019,9 @@ fn with_ranks<T>(
         super::session::upload_inputs(gpu, &mut b, launch, &inputs[r])
             .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))?;
         gpu.poison_outputs(&mut b, 0xff)?;
+        if let Some(x) = &exchange {
+            b.exchange = Some((x.addresses.clone(), r));
+        }
         bufs.items.push((gpu.ctx.clone(), b));
     }
     let ranks: Vec<RankRun<'_>> = gpus
@@ -944,6 +1030,14 @@ fn with_ranks<T>(
         .zip(&bufs.items)
         .map(|((gpu, (_, prog)), (_, bufs))| RankRun { gpu, prog, bufs })
         .collect();
+    let placed = match &exchange {
+        Some(_) => format!(
+            "{placed}; all-reduce fused into a kernel, through exchange buffers of {} bytes per \
+             GPU (peer access)",
+            launch.exchange_bytes
+        ),
+        None => placed,
+    };
     let result = f(&ranks, &placed);
     let usable = ranks
         .iter()

@@ -435,11 +435,35 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
         lines.push(format!("#define MUCC_NUM_GPUS {}", plan.gpus));
         lines.push(format!("#define MUCC_NCCL_ERROR_BASE {NCCL_ERROR_BASE}"));
     }
+    if plan.uses_exchange() {
+        lines.push(format!(
+            "#define MUCC_EXCHANGE_BYTES {}",
+            plan.exchange_bytes
+        ));
+    }
     lines.push(String::new());
     lines.push("#ifdef __cplusplus".to_string());
     lines.push("extern \"C\" {".to_string());
     lines.push("#endif".to_string());
-    if plan.uses_nccl() {
+    if plan.uses_exchange() {
+        lines.push(
+            "/* `exchange[r]`: GPU r's exchange buffer of MUCC_EXCHANGE_BYTES bytes as this device"
+                .to_string(),
+        );
+        lines.push(
+            "   addresses it, zeroed before the first call; `comm` is the rank's ncclComm_t,"
+                .to_string(),
+        );
+        lines.push("   `stream` a cudaStream_t of its device. */".to_string());
+        lines.push(format!(
+            "int {}(const void* const* inputs, void* const* outputs, void* workspace,",
+            plan.entry
+        ));
+        lines.push(format!(
+            "{}void* const* exchange, void* comm, void* stream);",
+            " ".repeat(plan.entry.len() + 5)
+        ));
+    } else if plan.uses_nccl() {
         lines.push(
             "/* `comm` is the rank's ncclComm_t, `stream` a cudaStream_t of its device. */"
                 .to_string(),

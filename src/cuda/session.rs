@@ -50,6 +50,8 @@ pub struct SessionOptions {
     pub no_fuse_matmuls: bool,
     /// Where attention kernels compute their softmax online (`--online-softmax`).
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
+    /// How multi-GPU plans run their all-reduces (`--all-reduce`).
+    pub all_reduce: crate::sched::exchange::AllReduceChoice,
 }
 
 /// Why a session could not open.
@@ -114,6 +116,7 @@ impl Session {
             wgmma: !a.no_wgmma,
             fuse_matmuls: !a.no_fuse_matmuls,
             online_softmax: a.online_softmax,
+            all_reduce: a.all_reduce,
         };
         Ok(Session {
             gpu,

@@ -219,13 +219,15 @@ pub fn cluster_kernel_signature(
 
 /// The host entry's signature up to the opening brace (lines at level 0): the parameters
 /// continue under the parenthesis when the first line fits, else on the next line. `nccl`:
-/// the graph runs on several GPUs and the entry takes the caller's NCCL communicator.
-pub fn host_entry_signature(entry: &str, nccl: bool) -> String {
+/// the graph runs on several GPUs and the entry takes the caller's NCCL communicator;
+/// `exchange`: a kernel performs an all-reduce and the entry also takes every GPU's exchange
+/// buffer.
+pub fn host_entry_signature(entry: &str, nccl: bool, exchange: bool) -> String {
     let head = format!("extern \"C\" int {entry}(");
-    let last = if nccl {
-        "ncclComm_t comm, cudaStream_t stream) {"
-    } else {
-        "cudaStream_t stream) {"
+    let last = match (nccl, exchange) {
+        (true, true) => "void* const* exchange, ncclComm_t comm, cudaStream_t stream) {",
+        (true, false) => "ncclComm_t comm, cudaStream_t stream) {",
+        _ => "cudaStream_t stream) {",
     };
     let first = format!("{head}const void* const* inputs, void* const* outputs, void* workspace,");
     if first.len() <= MAX_LINE {

@@ -34,6 +34,8 @@ fn address(plan: &LaunchPlan, b: Binding) -> String {
         Some((BufferRef::Input(i), off)) => format!("buf.in({i}, {off})"),
         Some((BufferRef::Output(j), off)) => format!("buf.out({j}, {off})"),
         Some((BufferRef::Workspace, off)) => format!("buf.ws({off})"),
+        Some((BufferRef::Exchange(r), _)) => format!("exchange[{r}]"),
+        Some((BufferRef::Rank, _)) => "mucc::host::value_arg(rank)".into(),
         // The emitter only binds buffers the plan has.
         None => "nullptr".into(),
     }
@@ -173,11 +175,19 @@ fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<String> {
     )]
 }
 
-/// The steps of the host entry, one per launch-plan step.
+/// The steps of the host entry, one per launch-plan step (first this GPU's rank, when a
+/// kernel performs an all-reduce).
 pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
-    plan.steps
-        .iter()
-        .map(|s| match s {
+    let rank = plan.uses_exchange().then(|| HostStep {
+        comment: "this GPU's rank (kernels that all-reduce exchange tiles with the others)".into(),
+        lines: vec![
+            "int r = 0;".into(),
+            "MUCC_CHECK_NCCL(ncclCommUserRank(comm, &r));".into(),
+            "rank = static_cast<unsigned long long>(r);".into(),
+        ],
+    });
+    rank.into_iter()
+        .chain(plan.steps.iter().map(|s| match s {
             Step::Kernel(k) => HostStep {
                 comment: format!("launch {}", k.name),
                 lines: kernel_step(plan, k),
@@ -198,6 +208,6 @@ pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
                 ),
                 lines: all_reduce_step(plan, c),
             },
-        })
+        }))
         .collect()
 }

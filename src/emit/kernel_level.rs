@@ -236,6 +236,11 @@ pub(super) fn emit(
     let k = h.index();
     let (view, step) = match plan {
         KnOpPlan::Nothing | KnOpPlan::Customized => return (None, Vec::new()),
+        // The kernel writing the input performs it.
+        KnOpPlan::AllReduce {
+            fused: crate::sched::exchange::AllReduceForm::Fused { .. },
+            ..
+        } => return (None, Vec::new()),
         KnOpPlan::Gemm { calls, .. } => {
             return (None, calls.iter().cloned().map(Step::Gemm).collect());
         }

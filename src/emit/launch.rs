@@ -123,6 +123,10 @@ pub enum BufferRef {
     Output(usize),
     /// The workspace.
     Workspace,
+    /// GPU `rank`'s exchange buffer as this GPU addresses it (fused all-reduces).
+    Exchange(usize),
+    /// Not a buffer: this GPU's rank, passed as a 64-bit value.
+    Rank,
 }
 
 /// The launch plan of a generated file.
@@ -142,6 +146,11 @@ pub struct LaunchPlan {
     /// NCCL communicator and the all-reduce steps use it).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub gpus: usize,
+    /// Bytes of the exchange buffer every GPU provides for the all-reduces fused into kernels
+    /// (zeroed before the first execution, used by nothing else; 0: none). The host entry then
+    /// takes every GPU's buffer, as this GPU addresses it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub exchange_bytes: usize,
     /// The host entry's name in the generated file (`mucc_execute` unless the plan's symbols
     /// say otherwise).
     #[serde(default = "default_entry", skip_serializing_if = "is_default_entry")]
@@ -154,6 +163,10 @@ fn one() -> usize {
 
 fn is_one(n: &usize) -> bool {
     *n == 1
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn default_entry() -> String {
@@ -182,6 +195,11 @@ impl LaunchPlan {
                 elem_offset,
                 elem_bytes,
             } => (BufferRef::Workspace, byte_offset + elem_offset * elem_bytes),
+            Binding::Exchange { rank } if rank < self.gpus && self.exchange_bytes > 0 => {
+                (BufferRef::Exchange(rank), 0)
+            }
+            Binding::Exchange { .. } => return None,
+            Binding::Rank => (BufferRef::Rank, 0),
         })
     }
 
@@ -193,6 +211,12 @@ impl LaunchPlan {
     /// Whether the plan runs on several GPUs (its host entry takes an NCCL communicator).
     pub fn uses_nccl(&self) -> bool {
         self.gpus > 1
+    }
+
+    /// Whether a kernel performs an all-reduce itself (its host entry takes the exchange
+    /// buffers of every GPU).
+    pub fn uses_exchange(&self) -> bool {
+        self.exchange_bytes > 0
     }
 }
 

@@ -100,6 +100,8 @@ struct FileView {
     entry_signature: String,
     /// GPUs of the graph's mesh (more than one: the entry takes an NCCL communicator).
     gpus: usize,
+    /// Bytes of each GPU's exchange buffer (0: the entry takes none).
+    exchange: usize,
 }
 
 /// The caller's buffers and the workspace, as the header comment lists them, and as launch
@@ -178,6 +180,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         workspace_bytes: plan.workspace_bytes(),
         steps,
         gpus: plan.gpus,
+        exchange_bytes: plan.exchange_bytes,
         entry: plan.symbols.entry().to_string(),
     };
     // Header comment lines (the template prints "// " before each): wrapped to the line limit,
@@ -217,13 +220,21 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             if launch.uses_nccl() {
                 v.push("mucc/nccl.h");
             }
+            if plan.kernels.values().any(|k| k.exchange.is_some()) {
+                v.push("mucc/threadblock/exchange.h");
+            }
             v
         },
         kernels,
         steps: host::steps(&launch),
         workspace: plan.workspace_bytes(),
-        entry_signature: cxx::host_entry_signature(&launch.entry, launch.uses_nccl()),
+        entry_signature: cxx::host_entry_signature(
+            &launch.entry,
+            launch.uses_nccl(),
+            launch.uses_exchange(),
+        ),
         gpus: launch.gpus,
+        exchange: launch.exchange_bytes,
     };
     let mut source = view
         .render()

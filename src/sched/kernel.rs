@@ -391,6 +391,7 @@ fn plan_kernel_with(
         unfused,
         pipes,
         no_wgmma,
+        exchange: None,
     })
 }
 

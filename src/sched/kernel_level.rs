@@ -236,6 +236,9 @@ pub enum KnOpPlan {
         dtype: NcclDataType,
         /// GPUs taking part.
         gpus: usize,
+        /// Whether the kernel writing the input performs the all-reduce itself (then this
+        /// operator runs no step), or why it stays an NCCL call.
+        fused: super::exchange::AllReduceForm,
     },
     /// cuBLAS calls.
     Gemm {
@@ -513,6 +516,7 @@ impl Planner<'_> {
             count: span,
             dtype,
             gpus: self.gpus,
+            fused: super::exchange::AllReduceForm::Nccl("not yet decided".into()),
         })
     }
 }

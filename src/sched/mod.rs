@@ -14,6 +14,7 @@
 //!    calls ([`kernel_level`], [`gemm`]).
 
 pub mod dtensors;
+pub mod exchange;
 pub mod gemm;
 pub mod kernel;
 pub mod kernel_level;
@@ -60,6 +61,10 @@ fn plan_dependent_launches(
         match op {
             KnOpPlan::Nothing => {}
             KnOpPlan::Gemm { calls, .. } if calls.is_empty() => {}
+            KnOpPlan::AllReduce {
+                fused: exchange::AllReduceForm::Fused { .. },
+                ..
+            } => {}
             KnOpPlan::Gemm { .. } | KnOpPlan::AllReduce { .. } => prev = Prev::Library,
             KnOpPlan::Customized => {
                 let Some(kp) = kernels.get_mut(&i) else {
@@ -231,7 +236,9 @@ fn plan_graph(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
             arch: target.arch.to_string(),
         });
     }
-    let kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
+    let mut kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
+    let exchange_bytes =
+        exchange::fuse_all_reduces(g, &mut kernel_ops, &mut kernels, opts.all_reduce);
     plan_dependent_launches(&kernel_ops, &mut kernels, opts);
     let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {
@@ -248,6 +255,7 @@ fn plan_graph(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
         unfused,
         symbols: opts.symbols.clone(),
         gpus,
+        exchange_bytes,
         rewrite: rewrite::Rewrite::default(),
         elapsed: start.elapsed(),
     })

@@ -67,6 +67,10 @@ pub struct Options {
     /// ([`super::softmax`]; by default where the rescaling stays in registers,
     /// `--online-softmax` chooses).
     pub online_softmax: super::softmax::SoftmaxChoice,
+    /// Whether all-reduces stay NCCL calls or are fused into the kernel writing their input
+    /// ([`super::exchange`]; NCCL by default: the fused form needs exchange buffers from the
+    /// caller).
+    pub all_reduce: super::exchange::AllReduceChoice,
 }
 
 impl Options {
@@ -84,6 +88,7 @@ impl Options {
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: super::softmax::SoftmaxChoice::Piped,
+            all_reduce: super::exchange::AllReduceChoice::Nccl,
         }
     }
 }
@@ -379,6 +384,15 @@ pub enum Binding {
         /// Bytes per element of the tensor.
         elem_bytes: usize,
     },
+    /// The exchange buffer of GPU `rank` as this GPU addresses it (peer memory for a fused
+    /// all-reduce, [`super::exchange`]): the runner or the caller of the host entry provides one
+    /// per GPU.
+    Exchange {
+        /// The GPU whose buffer it is.
+        rank: usize,
+    },
+    /// This GPU's rank in the mesh: a value (passed as a 64-bit integer), not an address.
+    Rank,
 }
 
 impl Binding {
@@ -401,7 +415,7 @@ impl Binding {
         }
     }
 
-    /// The same buffer, `extra` elements further.
+    /// The same buffer, `extra` elements further (an exchange buffer or the rank: unchanged).
     pub fn offset_by(self, extra: usize) -> Binding {
         match self {
             Binding::Input { index, elem_offset } => Binding::Input {
@@ -421,15 +435,17 @@ impl Binding {
                 elem_offset: elem_offset + extra,
                 elem_bytes,
             },
+            Binding::Exchange { .. } | Binding::Rank => self,
         }
     }
 
-    /// The element offset.
+    /// The element offset (0 for an exchange buffer or the rank).
     pub fn elem_offset(self) -> usize {
         match self {
             Binding::Input { elem_offset, .. }
             | Binding::Output { elem_offset, .. }
             | Binding::Workspace { elem_offset, .. } => elem_offset,
+            Binding::Exchange { .. } | Binding::Rank => 0,
         }
     }
 }
@@ -899,6 +915,8 @@ pub struct KernelPlan {
     /// Per tensor-core matmul (operator index) on the Hopper path that keeps `mma.sync`: why it
     /// does not take `wgmma` (empty off the Hopper path).
     pub no_wgmma: Vec<(usize, &'static str)>,
+    /// The all-reduce this kernel performs itself (multi-GPU plans, [`super::exchange`]).
+    pub exchange: Option<super::exchange::Exchange>,
 }
 
 impl KernelPlan {
@@ -1330,6 +1348,9 @@ pub struct GraphPlan {
     /// GPUs of the graph's mesh: every GPU runs this plan on its own shards, and
     /// `kn_allreduce_op`s are NCCL all-reduces across them (1: one GPU, no NCCL).
     pub gpus: usize,
+    /// Bytes of the exchange buffer every GPU needs for the all-reduces fused into kernels
+    /// ([`super::exchange`]; 0: none).
+    pub exchange_bytes: usize,
     /// The rewrite planned instead of the caller's graph (kernel-level matmuls fused into their
     /// reader), and the matmuls kept and why; every index in the other fields refers to
     /// [`GraphPlan::graph`].

@@ -262,6 +262,9 @@ pub struct Buffers {
     /// The outputs and the workspace lie in memory the caller owns ([`Gpu::alloc_placed`]):
     /// they are never freed here.
     placed: bool,
+    /// For a plan with fused all-reduces: every GPU's exchange buffer as this GPU addresses it
+    /// (rank order) and this GPU's rank ([`super::multi`] sets them).
+    pub(crate) exchange: Option<(Vec<u64>, usize)>,
 }
 
 impl Drop for Buffers {
@@ -475,6 +478,7 @@ impl Gpu {
             outputs,
             workspace,
             placed: false,
+            exchange: None,
         })
     }
 
@@ -643,6 +647,13 @@ impl Gpu {
             RunError::Plan(format!("the plan binds a buffer it does not have: {b:?}"))
         })?;
         let missing = || RunError::Plan(format!("no buffer given for {buffer:?}"));
+        let no_exchange = || {
+            RunError::Plan(
+                "the plan fuses an all-reduce into a kernel, which needs every GPU's exchange \
+                 buffer: run it with --gpus N (or plan it with --all-reduce nccl)"
+                    .into(),
+            )
+        };
         let base = match bufs {
             Bufs::Owned(bufs) => {
                 let base = |s: &CudaSlice<u8>| -> u64 {
@@ -655,12 +666,21 @@ impl Gpu {
                     BufferRef::Workspace => base(bufs.workspace.as_ref().ok_or_else(|| {
                         RunError::Plan("the plan binds the workspace but has none".into())
                     })?),
+                    BufferRef::Exchange(r) => match &bufs.exchange {
+                        Some((ptrs, _)) => *ptrs.get(r).ok_or_else(missing)?,
+                        None => return Err(no_exchange()),
+                    },
+                    BufferRef::Rank => match &bufs.exchange {
+                        Some((_, rank)) => *rank as u64,
+                        None => return Err(no_exchange()),
+                    },
                 }
             }
             Bufs::Raw(r) => match buffer {
                 BufferRef::Input(i) => *r.inputs.get(i).ok_or_else(missing)?,
                 BufferRef::Output(j) => *r.outputs.get(j).ok_or_else(missing)?,
                 BufferRef::Workspace => r.workspace,
+                BufferRef::Exchange(_) | BufferRef::Rank => return Err(no_exchange()),
             },
         };
         Ok(base + offset as u64)

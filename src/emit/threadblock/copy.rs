@@ -142,8 +142,35 @@ impl Ctx<'_> {
             ),
             _ => format!("mucc::tb::copy_elems<{nt}, {n}, {gl}, {sl}>(tid, {p}, {src});"),
         };
-        self.w.line(line);
+        self.w.line(line.clone());
+        if let Some(x) = self
+            .kp
+            .exchange
+            .as_ref()
+            .filter(|x| x.output_op == op.index())
+        {
+            // The same stores into this GPU's slot on every other GPU (fused all-reduce).
+            let t = self.t();
+            let j = self.exchange_output(x);
+            let peer = format!(
+                "mucc::xchg::slot<{t}, {}, {}>(xb[r], {}, xe & 1, xr) + ({p} - out{j})",
+                x.gpus, x.slot_bytes, x.region
+            );
+            let mirrored = line.replacen(&format!("(tid, {p}, "), &format!("(tid, {peer}, "), 1);
+            self.w.line(format!(
+                "for (int r = 0; r < {}; ++r) if (r != xr) {mirrored}",
+                x.gpus
+            ));
+        }
         Ok(())
+    }
+
+    /// The kernel output (index) an exchange's all-reduce sums.
+    pub(super) fn exchange_output(&self, x: &crate::sched::exchange::Exchange) -> usize {
+        match self.tb.ops[Handle::from_index(x.output_op)].kind {
+            TbOpKind::Output { output, .. } => output,
+            _ => 0,
+        }
     }
 
     /// Whether input `op` is loaded by TMA.

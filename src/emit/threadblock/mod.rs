@@ -269,6 +269,9 @@ pub(super) fn emit(
             Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
         }
     }
+    if let Some(x) = &kp.exchange {
+        exchange_end(&mut ctx, x);
+    }
     let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
     let mut body = Writer::at(1);
     for d in &ctx.alias_defs {
@@ -334,6 +337,17 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
         params.push(format!("const {t}* __restrict__ in{i}"));
         args.push(plan.binding(x, g.tensors[x].dtype.bytes()));
     }
+    if let Some(x) = &ctx.kp.exchange {
+        use crate::sched::plan::Binding;
+        params.push(format!("{t}* xrecv"));
+        args.push(x.recv);
+        for r in 0..x.gpus {
+            params.push(format!("unsigned char* x{r}"));
+            args.push(Binding::Exchange { rank: r });
+        }
+        params.push("unsigned long long xrank".into());
+        args.push(Binding::Rank);
+    }
     for l in &ctx.kp.tma.loads {
         params.push(format!(
             "const __grid_constant__ mucc::sm90::TensorMap tm{}",
@@ -341,6 +355,46 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
         ));
     }
     (params, args)
+}
+
+/// The exchange's names for a kernel performing an all-reduce (`mucc/threadblock/exchange.h`):
+/// every GPU's buffer, this GPU's rank and the epoch of this execution.
+fn exchange_start(w: &mut Writer, x: &crate::sched::exchange::Exchange) {
+    let bufs: Vec<String> = (0..x.gpus).map(|r| format!("x{r}")).collect();
+    w.line(format!(
+        "// all-reduce op {} fused: every GPU's exchange buffer, this GPU's rank, the epoch",
+        x.all_reduce
+    ));
+    w.line(format!(
+        "unsigned char* const xb[{}] = {{{}}};",
+        x.gpus,
+        bufs.join(", ")
+    ));
+    w.line("const int xr = static_cast<int>(xrank);");
+    w.line(format!(
+        "const mucc::u64 xe = mucc::xchg::epoch(xb, xr, {});",
+        x.region
+    ));
+}
+
+/// The end of a kernel performing an all-reduce: the last block to finish on this GPU meets
+/// the other GPUs' last blocks and sums.
+fn exchange_end(ctx: &mut Ctx, x: &crate::sched::exchange::Exchange) {
+    let (t, nt) = (ctx.t(), ctx.nt);
+    ctx.w.line(format!(
+        "// all-reduce op {}: the last block sums the {} GPUs' {} elements into its output",
+        x.all_reduce, x.gpus, x.count
+    ));
+    ctx.w.line(format!(
+        "mucc::xchg::arrive_and_sum<{t}, {}, {nt}, {}, {}, {}, {}>(tid, xb, xr, {}, xe, out{}, xrecv);",
+        x.gpus,
+        x.blocks,
+        x.count,
+        x.vector,
+        x.slot_bytes,
+        x.region,
+        ctx.exchange_output(x),
+    ));
 }
 
 /// Thread indices, the zero page, tile pointers at the plan's offsets, block offsets of every
@@ -372,6 +426,9 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     }
     if !kp.tma.loads.is_empty() {
         tma_barriers(&mut ctx.w, kp);
+    }
+    if let Some(x) = &kp.exchange {
+        exchange_start(&mut ctx.w, x);
     }
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
         let tile = kind.tile();
