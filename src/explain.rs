@@ -328,20 +328,20 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     if let Some(x) = &kp.exchange {
         let _ = writeln!(
             s,
-            "  all-reduce op {} fused: op{} output's stores also go to this GPU's slot in the \
-             other {} GPUs' exchange buffers (region at byte {}, {} B per slot, 2 parities); \
-             the last of the {} blocks to finish on each GPU flags the others, waits for their \
-             flags and sums the {} GPUs' {} elements in rank order into the all-reduce's \
-             output ({}-element accesses)",
+            "  all-reduce op {} fused: op{} output's stores also go, as (value, flag) words, to \
+             this GPU's slot in all {} GPUs' exchange buffers (region at byte {}, {} B per slot, \
+             2 parities); the last {} of the {} blocks to count themselves on each GPU sum the \
+             {} GPUs' {} elements in rank order into the all-reduce's output, each a share, \
+             re-reading a word until it carries the execution's flag (no fences)",
             x.all_reduce,
             x.output_op,
-            x.gpus - 1,
+            x.gpus,
             x.region,
             x.slot_bytes,
+            x.helpers,
             x.blocks,
             x.gpus,
             x.count,
-            x.vector
         );
     }
     for line in kp.fusion.dump(tb).lines() {

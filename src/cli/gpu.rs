@@ -70,7 +70,11 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_wgmma: a.path.no_wgmma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
         online_softmax: a.path.online_softmax,
-        all_reduce: a.path.all_reduce,
+        // The runner provides the exchange buffers the fused form needs.
+        all_reduce: a
+            .path
+            .all_reduce
+            .unwrap_or(mucc::sched::exchange::AllReduceChoice::Fused),
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -189,15 +189,15 @@ pub struct PathArg {
     /// kernels and why not. The function is the same up to rounding.
     #[arg(long = "online-softmax", value_name = "off|piped|always", default_value = "piped", value_parser = |s: &str| s.parse::<mucc::sched::softmax::SoftmaxChoice>())]
     pub online_softmax: mucc::sched::softmax::SoftmaxChoice,
-    /// How a graph on several GPUs runs its all-reduces: `nccl` (default): an `ncclAllReduce`
-    /// step; `fused`: the kernel writing an all-reduce's input performs it, where `explain`
-    /// shows the rules hold (its blocks store their tiles into the other GPUs' exchange
-    /// buffers, the last block on each GPU waits for the others' blocks and sums). `run` and
-    /// `bench` provide the exchange buffers; the host entry of `transpile`/`build` then takes
-    /// them as an argument. Measured 0.5-2.4 us slower than NCCL on 2 x H100
-    /// (docs/multi-gpu.md). Both compute the same function.
-    #[arg(long = "all-reduce", value_name = "nccl|fused", default_value = "nccl", value_parser = |s: &str| s.parse::<mucc::sched::exchange::AllReduceChoice>())]
-    pub all_reduce: mucc::sched::exchange::AllReduceChoice,
+    /// How a graph on several GPUs runs its all-reduces: `fused`: the kernel writing an
+    /// all-reduce's input performs it where `explain` shows the rules hold (its blocks store
+    /// their tiles as (value, flag) words into every GPU's exchange buffer, its last blocks
+    /// sum them), 2-4 us faster than NCCL on 2 x H100 (docs/multi-gpu.md); `nccl`: an
+    /// `ncclAllReduce` step. Default: `fused` for `run` and `bench`, which provide the exchange
+    /// buffers; `nccl` for `transpile`, `build` and `explain`, whose host entry would otherwise
+    /// take the buffers as an argument. Both compute the same function.
+    #[arg(long = "all-reduce", value_name = "nccl|fused", value_parser = |s: &str| s.parse::<mucc::sched::exchange::AllReduceChoice>())]
+    pub all_reduce: Option<mucc::sched::exchange::AllReduceChoice>,
 }
 
 impl PathArg {
@@ -231,7 +231,7 @@ impl PathArg {
         opts.wgmma = !self.no_wgmma;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.online_softmax = self.online_softmax;
-        opts.all_reduce = self.all_reduce;
+        opts.all_reduce = self.all_reduce.unwrap_or_default();
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -142,24 +142,24 @@ impl Ctx<'_> {
             ),
             _ => format!("mucc::tb::copy_elems<{nt}, {n}, {gl}, {sl}>(tid, {p}, {src});"),
         };
-        self.w.line(line.clone());
+        self.w.line(line);
         if let Some(x) = self
             .kp
             .exchange
             .as_ref()
             .filter(|x| x.output_op == op.index())
         {
-            // The same stores into this GPU's slot on every other GPU (fused all-reduce).
+            // The same values, with this execution's flag, into this GPU's slot on every GPU
+            // (fused all-reduce).
             let t = self.t();
             let j = self.exchange_output(x);
             let peer = format!(
-                "mucc::xchg::slot<{t}, {}, {}>(xb[r], {}, xe & 1, xr) + ({p} - out{j})",
+                "mucc::xchg::slot<{}, {}>(xb[r], {}, xe & 1, xr) + ({p} - out{j})",
                 x.gpus, x.slot_bytes, x.region
             );
-            let mirrored = line.replacen(&format!("(tid, {p}, "), &format!("(tid, {peer}, "), 1);
+            self.w.line(format!("for (int r = 0; r < {}; ++r)", x.gpus));
             self.w.line(format!(
-                "for (int r = 0; r < {}; ++r) if (r != xr) {mirrored}",
-                x.gpus
+                "  mucc::xchg::copy_ll<{nt}, {n}, {gl}, {sl}, {t}>(tid, {peer}, {src}, static_cast<unsigned>(xe + 1));"
             ));
         }
         Ok(())

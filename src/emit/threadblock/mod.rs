@@ -372,8 +372,8 @@ fn exchange_start(w: &mut Writer, x: &crate::sched::exchange::Exchange) {
     ));
     w.line("const int xr = static_cast<int>(xrank);");
     w.line(format!(
-        "const mucc::u64 xe = mucc::xchg::epoch(xb, xr, {});",
-        x.region
+        "const mucc::u64 xe = mucc::xchg::epoch<{}>(xb, xr, {});",
+        x.blocks, x.region
     ));
 }
 
@@ -382,18 +382,12 @@ fn exchange_start(w: &mut Writer, x: &crate::sched::exchange::Exchange) {
 fn exchange_end(ctx: &mut Ctx, x: &crate::sched::exchange::Exchange) {
     let (t, nt) = (ctx.t(), ctx.nt);
     ctx.w.line(format!(
-        "// all-reduce op {}: the last block sums the {} GPUs' {} elements into its output",
-        x.all_reduce, x.gpus, x.count
+        "// all-reduce op {}: the last {} blocks sum the {} GPUs' {} elements into its output",
+        x.all_reduce, x.helpers, x.gpus, x.count
     ));
     ctx.w.line(format!(
-        "mucc::xchg::arrive_and_sum<{t}, {}, {nt}, {}, {}, {}, {}>(tid, xb, xr, {}, xe, out{}, xrecv);",
-        x.gpus,
-        x.blocks,
-        x.count,
-        x.vector,
-        x.slot_bytes,
-        x.region,
-        ctx.exchange_output(x),
+        "mucc::xchg::arrive_and_sum<{t}, {}, {nt}, {}, {}, {}, {}>(tid, xb, xr, {}, xe, xrecv);",
+        x.gpus, x.blocks, x.helpers, x.count, x.slot_bytes, x.region,
     ));
 }
 
