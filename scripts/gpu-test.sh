@@ -15,8 +15,9 @@
 #   multi     on CARRY/multi/tpN_*.json (N >= 2), the builder-made tensor-parallel MLP and
 #             attention blocks, kernel-level (tpN_mlp_*, tpN_attention_*) and fused (tpN_fmlp_*,
 #             tpN_fattn_*) (`cargo run --release --example tp_graphs -- CARRY/multi`): `mucc
-#             run --gpus N --check`, `mucc bench --gpus N --check`, and `mucc bench --check` of
-#             the unsharded tp1_* twin on one GPU (the speed-up's baseline); not a default step;
+#             run --gpus N --check` and `mucc bench --gpus N --check` with the fused all-reduce
+#             (their default) and with `--all-reduce nccl`, and `mucc bench --check` of the
+#             unsharded tp1_* twin on one GPU (the speed-up's baseline); not a default step;
 #             needs N GPUs; NCCL is taken from PyTorch's nvidia-nccl wheel when no libnccl.so is
 #             found;
 #   faults    a kernel fault (`mucc run --inject-fault`, a test hook) and a device-memory limit
@@ -139,8 +140,12 @@ if [[ "$steps" == *" multi "* ]]; then
         fi
         "$carry/mucc" run "$f" --gpus "$n" --check > "$out/$name.run.log" 2>&1 || status=1
         printf '%-30s %s\n' "$name" "$(tail -1 "$out/$name.run.log")"
+        "$carry/mucc" run "$f" --gpus "$n" --check --all-reduce nccl > "$out/$name.run-nccl.log" 2>&1 || status=1
+        printf '%-30s %s\n' "  NCCL all-reduce" "$(tail -1 "$out/$name.run-nccl.log")"
         "$carry/mucc" bench "$f" --gpus "$n" --check > "$out/$name.bench.txt" 2>&1 || status=1
         printf '%-30s %s\n' "  bench" "$(grep -E '^ +0 ' "$out/$name.bench.txt" | head -1)"
+        "$carry/mucc" bench "$f" --gpus "$n" --check --all-reduce nccl > "$out/$name.bench-nccl.txt" 2>&1 || status=1
+        printf '%-30s %s\n' "  bench, NCCL all-reduce" "$(grep -E '^ +0 ' "$out/$name.bench-nccl.txt" | head -1)"
         one="$carry/multi/tp1_${name#tp*_}.json"
         if [ -f "$one" ]; then
             # --check: the same input scale as the sharded run (lowered where fp16 overflows).
