@@ -378,9 +378,14 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
         " *".to_string(),
     ];
     if plan.uses_nccl() {
+        let exchange = if plan.uses_exchange() {
+            "exchange, "
+        } else {
+            ""
+        };
         lines.extend([
             format!(
-                " * int {}(inputs, outputs, workspace, comm, stream) runs the graph on `stream` (a",
+                " * int {}(inputs, outputs, workspace, {exchange}comm, stream) runs the graph on `stream` (a",
                 plan.entry
             ),
             " * cudaStream_t) as one rank of `comm` (the rank's blocking ncclComm_t) on its own"
