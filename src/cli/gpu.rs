@@ -91,13 +91,25 @@ pub fn open_ranks(
         exit_if_stuck(&e);
         Failure::User(e.to_string())
     })?;
-    let line = format!(
+    let mut line = format!(
         "GPUs: {n} x {} (devices {}..{}), NCCL {}",
         session.describe(),
         a.device,
         a.device + n - 1,
         multi::nccl_version().unwrap_or_else(|| "(version unknown)".into()),
     );
+    // The fused all-reduce needs every GPU to address the others' memory; without that, the
+    // default falls back to NCCL (an explicit --all-reduce fused fails with the reason later).
+    if a.path.all_reduce.is_none() {
+        let all: Vec<&mucc::cuda::Gpu> = std::iter::once(&session.gpu).chain(&others).collect();
+        let missing = multi::missing_peer_access(&all).map_err(|e| Failure::User(e.to_string()))?;
+        if let Some((i, j)) = missing {
+            session.opts.all_reduce = mucc::sched::exchange::AllReduceChoice::Nccl;
+            line.push_str(&format!(
+                "; all-reduces through NCCL (rank {i}'s GPU cannot address rank {j}'s memory)"
+            ));
+        }
+    }
     Ok((session, others, line))
 }
 

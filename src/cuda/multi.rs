@@ -883,6 +883,33 @@ impl Drop for Windows {
     }
 }
 
+/// The first pair of GPUs (ranks, in order) where one cannot address the other's memory, or
+/// `None` when every GPU can address every other's (what a fused all-reduce needs).
+pub fn missing_peer_access(gpus: &[&Gpu]) -> Result<Option<(usize, usize)>, RunError> {
+    for (i, a) in gpus.iter().enumerate() {
+        for (j, b) in gpus.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let mut can = 0;
+            // SAFETY: both devices are open; `can` is written by the call.
+            unsafe {
+                cudarc::driver::sys::cuDeviceCanAccessPeer(
+                    &mut can,
+                    a.ctx.cu_device(),
+                    b.ctx.cu_device(),
+                )
+            }
+            .result()
+            .map_err(super::run::driver("asking for peer access"))?;
+            if can == 0 {
+                return Ok(Some((i, j)));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// The exchange buffers of a plan's fused all-reduces: one zeroed buffer per rank, which every
 /// rank addresses directly (peer access between every pair of GPUs; one process, one address
 /// space).
@@ -912,21 +939,17 @@ fn exchange_buffers(gpus: &[&mut Gpu], bytes: usize) -> Result<Option<ExchangeBu
     if bytes == 0 {
         return Ok(None);
     }
+    let all: Vec<&Gpu> = gpus.iter().map(|g| &**g).collect();
+    if let Some((i, j)) = missing_peer_access(&all)? {
+        return Err(RunError::Plan(format!(
+            "rank {i}'s GPU cannot address rank {j}'s memory (no peer access), which a fused \
+             all-reduce needs: run with --all-reduce nccl"
+        )));
+    }
     for (i, a) in gpus.iter().enumerate() {
         for (j, b) in gpus.iter().enumerate() {
             if i == j {
                 continue;
-            }
-            let mut can = 0;
-            // SAFETY: both devices are open; `can` is written by the call.
-            unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.ctx.cu_device(), b.ctx.cu_device()) }
-                .result()
-                .map_err(super::run::driver("asking for peer access"))?;
-            if can == 0 {
-                return Err(RunError::Plan(format!(
-                    "rank {i}'s GPU cannot address rank {j}'s memory (no peer access), which \
-                     a fused all-reduce needs: run with --all-reduce nccl"
-                )));
             }
             make_current(&a.ctx);
             // SAFETY: `b`'s context is alive; enabling access twice is reported and ignored.
