@@ -658,6 +658,71 @@ fn a_fused_all_reduce_runs_in_the_kernel_writing_its_input() {
     }
 }
 
+/// A row-parallel product on 2 GPUs: a customized kernel writes P = X·W (W split by rows), then
+/// (`between`: an element-wise step on another input), then P is all-reduced.
+fn row_parallel(dtype: DType, between: bool) -> KernelGraph {
+    let mut g = GraphBuilder::new();
+    g.set_gpu_mesh(GpuMesh::line(2)).unwrap();
+    let x = g.new_input_sharded(&[M, H], dtype, [1, -1, -1]).unwrap();
+    let w = g.new_input_sharded(&[H, N], dtype, [0, -1, -1]).unwrap();
+    let z = g.new_input(&[M, N], dtype).unwrap();
+    let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 4);
+    let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+    let tw = tb.new_input(&g, w, [-1, -1, -1], 0).unwrap();
+    let mm = tb.matmul(tx, tw).unwrap();
+    let acc = tb.forloop_accum(mm, AccumKind::Nored).unwrap();
+    tb.new_output(acc, [-1, -1, -1]).unwrap();
+    let p = g.customized(tb).unwrap()[0];
+    if between {
+        let e = g.unary(mucc::graph::UnaryOp::Exp, z).unwrap();
+        g.mark_output(e).unwrap();
+    }
+    let y = g.all_reduce(p).unwrap();
+    g.mark_output_sharded(y, [-1, -1, -1]).unwrap();
+    g.build().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fused all-reduce's rules, each refusal with its reason on the all-reduce's plan: an
+/// unsupported element type, another step between the producing kernel and the all-reduce; and
+/// the same graph without that step fuses.
+#[test]
+fn a_fused_all_reduce_says_why_it_stays_nccl() {
+    use mucc::sched::KnOpPlan;
+    use mucc::sched::exchange::{AllReduceChoice, AllReduceForm};
+    let mut opts =
+        mucc::sched::Options::for_target(mucc::target::Target::new(mucc::target::Arch::Sm90a));
+    opts.all_reduce = AllReduceChoice::Fused;
+    let form = |g: &KernelGraph| -> AllReduceForm {
+        let p = mucc::sched::plan(g, &opts).unwrap_or_else(|e| panic!("{e}"));
+        p.kernel_ops
+            .iter()
+            .find_map(|k| match k {
+                KnOpPlan::AllReduce { fused, .. } => Some(fused.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert!(matches!(
+        form(&row_parallel(DType::BF16, false)),
+        AllReduceForm::Fused { .. }
+    ));
+    let why = |f: AllReduceForm| match f {
+        AllReduceForm::Nccl(why) => why,
+        f => panic!("fused: {f:?}"),
+    };
+    let w = why(form(&row_parallel(DType::F64, false)));
+    assert!(w.contains("sums f16, bf16 and f32, not f64"), "{w}");
+    let w = why(form(&row_parallel(DType::F16, true)));
+    assert!(w.contains("runs between kernel op"), "{w}");
+    // The default keeps NCCL and says so.
+    let p = plan_for(&row_parallel(DType::BF16, false)).unwrap();
+    assert!(p.kernel_ops.iter().any(|k| matches!(
+        k,
+        KnOpPlan::AllReduce { fused: AllReduceForm::Nccl(w), .. } if w == "--all-reduce nccl"
+    )));
+    assert_eq!(p.exchange_bytes, 0);
+}
+
 /// The fused attention files at their real sizes (Qwen2.5-7B, 1024 keys), M = 1 and 8, in both
 /// 16-bit types at the check's input scale (1.0): on 2 GPUs with every stored tensor, tile and
 /// accumulator rounded to its type, no value leaves the type's range and the gathered output is
