@@ -152,7 +152,9 @@ impl Ctx<'_> {
             // The same values, with this execution's flag, into this GPU's slot on every GPU
             // (fused all-reduce).
             let t = self.t();
-            let j = self.exchange_output(x);
+            let TbOpKind::Output { output: j, .. } = self.tb.ops[op].kind else {
+                return Err(self.internal("an exchange mirrors an operator that is no output"));
+            };
             let peer = format!(
                 "mucc::xchg::slot<{}, {}>(xb[r], {}, xe & 1, xr) + ({p} - out{j})",
                 x.gpus, x.slot_bytes, x.region
@@ -163,14 +165,6 @@ impl Ctx<'_> {
             ));
         }
         Ok(())
-    }
-
-    /// The kernel output (index) an exchange's all-reduce sums.
-    pub(super) fn exchange_output(&self, x: &crate::sched::exchange::Exchange) -> usize {
-        match self.tb.ops[Handle::from_index(x.output_op)].kind {
-            TbOpKind::Output { output, .. } => output,
-            _ => 0,
-        }
     }
 
     /// Whether input `op` is loaded by TMA.
