@@ -93,14 +93,11 @@ pub struct Exchange {
     /// The threadblock output operator writing the all-reduce's input: its stores also go to
     /// the other GPUs' slots.
     pub output_op: usize,
-    /// The all-reduce's input (this kernel's output) and output, which share one layout.
-    pub send: Binding,
-    /// See [`Exchange::send`].
+    /// The all-reduce's output (its input is the kernel's output that `output_op` writes; both
+    /// share one layout).
     pub recv: Binding,
     /// Elements summed: the span of that layout.
     pub count: usize,
-    /// Element type (sums in f32).
-    pub dtype: DType,
     /// GPUs of the mesh.
     pub gpus: usize,
     /// Blocks that take a ticket: the µGraph's grid (a cluster's CTAs arrive as one).
@@ -137,18 +134,12 @@ pub(super) fn fuse_all_reduces(
     let mut bytes = 0;
     for i in 0..kernel_ops.len() {
         let KnOpPlan::AllReduce {
-            send,
-            recv,
-            count,
-            gpus,
-            ..
+            recv, count, gpus, ..
         } = kernel_ops[i].clone()
         else {
             continue;
         };
-        let decided = decide(
-            g, kernel_ops, kernels, choice, i, send, recv, count, gpus, bytes,
-        );
+        let decided = decide(g, kernel_ops, kernels, choice, i, recv, count, gpus, bytes);
         let form = match decided {
             Ok((k, x)) => {
                 bytes += x.region_bytes();
@@ -174,7 +165,6 @@ fn decide(
     kernels: &BTreeMap<usize, KernelPlan>,
     choice: AllReduceChoice,
     ar: usize,
-    send: Binding,
     recv: Binding,
     count: usize,
     gpus: usize,
@@ -257,10 +247,8 @@ fn decide(
     let x = Exchange {
         all_reduce: ar,
         output_op: out,
-        send,
         recv,
         count,
-        dtype,
         gpus,
         blocks,
         region: round_up(region, ALIGN),

@@ -371,6 +371,11 @@ fn exchange_start(w: &mut Writer, x: &crate::sched::exchange::Exchange) {
         bufs.join(", ")
     ));
     w.line("const int xr = static_cast<int>(xrank);");
+    // The plan sized the regions with its header size; the runtime places slots after its own.
+    w.line(format!(
+        "static_assert(mucc::xchg::HEADER == {}, \"the plan's exchange layout\");",
+        crate::sched::exchange::HEADER
+    ));
     w.line(format!(
         "const mucc::u64 xe = mucc::xchg::epoch<{}>(xb, xr, {});",
         x.blocks, x.region
