@@ -458,6 +458,18 @@ fn fused_tensor_parallel_workloads_equal_the_kernel_level_ones() {
             }),
             Box::new(|n, m| tp_attention(n, m, 16, (4, 8), 24, DType::F32).unwrap()),
         ),
+        (
+            "attention with one key split",
+            vec![1, 2],
+            Box::new(|n, m| {
+                let tiles = FusedAttentionTiles {
+                    key_splits: 1,
+                    ..SMALL_ATTENTION_TILES
+                };
+                tp_fused_attention(n, m, 16, (4, 8), 24, tiles, DType::F32).unwrap()
+            }),
+            Box::new(|n, m| tp_attention(n, m, 16, (4, 8), 24, DType::F32).unwrap()),
+        ),
     ];
     for (what, ms, fused, plain) in &makes {
         for &m in ms {
@@ -738,7 +750,7 @@ fn fused_attention_at_qwen_sizes_matches_its_one_gpu_twin_in_16_bit_storage() {
                     1024,
                     QWEN7B_HEADS,
                     QWEN7B_HIDDEN,
-                    FusedAttentionTiles::qwen7b(gpus),
+                    FusedAttentionTiles::qwen7b(),
                     dtype,
                 )
                 .unwrap()

@@ -318,7 +318,8 @@ pub fn tp_fused_gated_mlp(
 /// How the fused tensor-parallel attention block ([`tp_fused_attention`]) cuts its work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusedAttentionTiles {
-    /// Kernel 1: blocks per head along the keys (grid y); kernel 2 sums their partial results.
+    /// Kernel 1: blocks per head along the keys (grid y). With one, kernel 1 divides and
+    /// kernel 2 is a plain linear; with more, kernel 2 sums their partial results first.
     pub key_splits: usize,
     /// Kernel 1: keys per for-loop iteration.
     pub key_step: usize,
@@ -327,18 +328,18 @@ pub struct FusedAttentionTiles {
 }
 
 impl FusedAttentionTiles {
-    /// The tiles of the Qwen2.5-7B fused attention files (1024 keys) on `gpus` GPUs, chosen so
-    /// that one and two GPUs run kernels of the same shape (grids under the 132 SMs of an
-    /// H100/H200, left to the sm_90a cluster split): kernel 1 splits each head's keys over
-    /// 2 × `gpus` blocks (56 blocks: 28 heads × 2 on one GPU, 14 × 4 on each of two) of 8
-    /// iterations (64 keys each on one GPU, 32 on two); kernel 2 has 64 / `gpus` output columns
-    /// per block (56 blocks on one GPU, 112 on each of two) looping over the GPU's heads.
-    pub fn qwen7b(gpus: usize) -> FusedAttentionTiles {
-        let gpus = gpus.max(1);
+    /// The tiles of the Qwen2.5-7B fused attention files (1024 keys), the same on any number of
+    /// GPUs: kernel 1 has one block per head (28 on one GPU, 14 on each of two), 16 iterations
+    /// of 64 keys, which the sm_90a plan spreads over a cluster of 8 CTAs; kernel 2 has 56
+    /// blocks of 64 output columns looping over the GPU's heads. Measured on 2 × H100 against
+    /// key splits (2 or 4 blocks per head, kernel 2 summing them in every block: that kernel
+    /// then re-reads all splits' partials per block and did not scale, 20.1 µs on each of two
+    /// GPUs against 19.6 on one) and against 16- and 32-key steps (docs/multi-gpu.md §5).
+    pub fn qwen7b() -> FusedAttentionTiles {
         FusedAttentionTiles {
-            key_splits: 2 * gpus,
-            key_step: (64 / gpus).max(16),
-            hidden_cols: (64 / gpus).max(16),
+            key_splits: 1,
+            key_step: 64,
+            hidden_cols: 64,
         }
     }
 }
@@ -347,11 +348,13 @@ impl FusedAttentionTiles {
 /// function: exp without the running max, the µGraph form) built from two customized operators
 /// per GPU:
 /// - kernel 1: a grid of (local heads, key splits); each block loops over its keys, computing
-///   E = exp(Q·Kᵀ/√d) per key tile and accumulating E·V (`Nored`) and ΣE (`RedLdSum`); its
-///   partial sums land side by side, [heads, m, splits·d] and [heads, m, splits];
+///   E = exp(Q·Kᵀ/√d) per key tile and accumulating E·V (`Nored`) and ΣE (`RedLdSum`). With one
+///   split it divides after the loop and writes the heads' outputs [heads, m, d]; with more,
+///   its partial sums land side by side, [heads, m, splits·d] and [heads, m, splits];
 /// - kernel 2: a grid over the output columns, a for-loop over the GPU's heads: per head it
-///   sums the splits' partials (a reduction to `d` columns and a row sum), divides, and
-///   multiplies by the head's W_o tile, accumulating the partial output [1, m, hidden];
+///   (with several splits: sums the splits' partials — a reduction to `d` columns and a row
+///   sum — and divides, then) multiplies by the head's W_o tile, accumulating the partial
+///   output [1, m, hidden];
 ///
 /// then one all-reduce of the partial outputs. Blocks of 128 threads; `tiles` sets the tile
 /// sizes.
@@ -385,11 +388,27 @@ pub fn tp_fused_attention(
     let sum = tb.forloop_accum(e, AccumKind::RedLdSum)?;
     let o = tb.matmul(e, tv)?;
     let o = tb.forloop_accum(o, AccumKind::Nored)?;
+    let blocks = count("hidden columns per block", hidden, tiles.hidden_cols)?;
+    if splits == 1 {
+        // One block per head: it divides after its loop, and kernel 2 is a plain linear.
+        let p = tb.div(o, sum)?;
+        tb.new_output(p, [0, -1, -1])?;
+        let p = g.customized(tb)?[0];
+        let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local);
+        let tp = tb.new_input(&g, p, [-1, -1, -1], 0)?;
+        let tw = tb.new_input(&g, wo, [2, -1, -1], 0)?;
+        let z = tb.matmul(tp, tw)?;
+        let acc = tb.forloop_accum(z, AccumKind::Nored)?;
+        tb.new_output(acc, [2, -1, -1])?;
+        let partial = g.customized(tb)?[0];
+        let y = g.all_reduce(partial)?;
+        g.mark_output_sharded(y, [-1, -1, -1])?;
+        return Ok(g.build()?);
+    }
     tb.new_output(o, [0, 2, -1])?;
     tb.new_output(sum, [0, 2, -1])?;
     let outs = g.customized(tb)?;
     let (o, sum) = (outs[0], outs[1]);
-    let blocks = count("hidden columns per block", hidden, tiles.hidden_cols)?;
     let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local).with_reduction_dimx(d);
     let to = tb.new_input(&g, o, [-1, -1, -1], 0)?;
     let ts = tb.new_input(&g, sum, [-1, -1, -1], 0)?;
@@ -436,7 +455,7 @@ pub fn tp_graphs(gpus: usize) -> Result<Vec<(String, KernelGraph)>, WorkloadErro
                     1024,
                     QWEN7B_HEADS,
                     QWEN7B_HIDDEN,
-                    FusedAttentionTiles::qwen7b(gpus),
+                    FusedAttentionTiles::qwen7b(),
                     dtype,
                 )?,
             ));
@@ -469,8 +488,8 @@ mod tests {
             match (gpus, name.contains("fmlp")) {
                 (2, true) => vec![([74, 1, 1], 56), ([56, 1, 1], 148)],
                 (1, true) => vec![([74, 1, 1], 112), ([56, 1, 1], 148)],
-                (2, false) => vec![([14, 4, 1], 8), ([112, 1, 1], 14)],
-                _ => vec![([28, 2, 1], 8), ([56, 1, 1], 28)],
+                (2, false) => vec![([14, 1, 1], 16), ([56, 1, 1], 14)],
+                _ => vec![([28, 1, 1], 16), ([56, 1, 1], 28)],
             }
         };
         for gpus in [1, 2] {
