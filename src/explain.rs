@@ -46,25 +46,14 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
         let _ = writeln!(
             s,
             "online softmax: kernel op {} ({} key split{}) keeps a running row max m, \
-             exponentiates S - m and rescales its sums; it also writes l and m per split, and {} \
-             (grid {:?}, {} row{} per block: max M of the splits' m, {}a for-loop over the \
-             splits) sum{} the partials times exp(m - M) and divide{}, in place of kernel op{} {} \
-             ({numbering}; the ops below are numbered as in the rewritten graph; \
-             --online-softmax off keeps the graph's form)",
+             exponentiates S - m and rescales its sums; it also writes l and m per split, and \
+             kernel op {} (softmax_combine) sums the partials times exp(m - max m) and divides, \
+             in place of kernel op{} {} ({numbering}; the ops below are numbered as in the \
+             rewritten graph; --online-softmax off keeps the graph's form)",
             a.kernel,
             a.splits,
             if a.splits == 1 { "" } else { "s" },
-            if a.combine_kernels == 2 {
-                "two combining kernels"
-            } else {
-                "a combining kernel"
-            },
-            a.combine_grid,
-            a.combine_rows,
-            if a.combine_rows == 1 { "" } else { "s" },
-            if a.combine_kernels == 2 { "then " } else { "" },
-            if a.combine_kernels == 2 { "" } else { "s" },
-            if a.combine_kernels == 2 { "" } else { "s" },
+            a.combine,
             if replaced.len() == 1 { "" } else { "s" },
             replaced.join(", ")
         );
@@ -704,6 +693,24 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
             } => format!(
                 "rms_norm of {rows} groups of {group}, a warp per group, {} blocks x {} threads",
                 launch.blocks, launch.threads
+            ),
+            KnOpPlan::SoftmaxCombine {
+                rows,
+                splits,
+                d,
+                vector,
+                group,
+                split_lanes,
+                launch,
+                ..
+            } => format!(
+                "softmax combination of {splits} key splits for {rows} rows of {d}: {} threads \
+                 per row ({group} along the outputs with {vector}-element vectors x \
+                 {split_lanes} along the splits, summed by warp shuffles), weights \
+                 exp(m - max m) in registers, no shared memory; {} blocks x {} threads",
+                group * split_lanes,
+                launch.blocks,
+                launch.threads
             ),
             KnOpPlan::Parts {
                 concat,

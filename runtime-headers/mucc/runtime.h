@@ -5,7 +5,7 @@
 //   layout.h              Shape, Stride, Layout, Swizzle, SwizzledLayout
 //   ops.h                 scalar operators (op::exp, op::silu, op::gelu, …)
 //   kernel/elementwise.h  kn::unary, kn::binary, kn::copy
-//   kernel/reduction.h    kn::reduce, kn::rms_norm
+//   kernel/reduction.h    kn::reduce, kn::rms_norm, kn::softmax_combine
 //   arch/sm80.h           cp.async, mma.sync m16n8k16 (fp32 accumulators)
 //   arch/sm90.h           Hopper: mbarriers, TMA loads/stores/multicast, clusters, setmaxnreg,
 //                         programmatic dependent launch (sm_90a only: not included here;

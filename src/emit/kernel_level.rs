@@ -197,21 +197,27 @@ fn parts(
     (view, launch(name, l, args))
 }
 
-/// A kernel over `out` and `x` whose body is one runtime call.
-fn unary_view_kernel(
+/// A kernel over `views` (the first written, the others read) whose body is one runtime call
+/// on `v0, v1, …` with layouts `L0, L1, …`.
+fn views_kernel(
     name: &str,
     comment: String,
-    (out, x): (&View, &View),
+    views: &[&View],
     dtype: DType,
     l: GridStride,
     call: String,
 ) -> (KernelView, Step) {
+    let named: Vec<(String, &View)> = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("L{i}"), *v))
+        .collect();
     let mut pre = Writer::new();
-    aliases(&mut pre, name, &[("L0".into(), out), ("L1".into(), x)]);
+    aliases(&mut pre, name, &named);
     let mut body = Writer::at(1);
     body.line(format!("using namespace {name}_l;"));
     body.line(call);
-    let params = view_params(ctype(dtype), 2);
+    let params = view_params(ctype(dtype), views.len());
     let threads = l.threads.to_string();
     let view = KernelView::new(
         &comment,
@@ -221,7 +227,19 @@ fn unary_view_kernel(
         &params,
         body.finish(),
     );
-    (view, launch(name, l, vec![out.at, x.at]))
+    (view, launch(name, l, views.iter().map(|v| v.at).collect()))
+}
+
+/// A kernel over `out` and `x` whose body is one runtime call.
+fn unary_view_kernel(
+    name: &str,
+    comment: String,
+    (out, x): (&View, &View),
+    dtype: DType,
+    l: GridStride,
+    call: String,
+) -> (KernelView, Step) {
+    views_kernel(name, comment, &[out, x], dtype, l, call)
 }
 
 /// The kernel (if any) and steps of kernel-level operator `h`.
@@ -302,6 +320,28 @@ pub(super) fn emit(
             let t = ctype(*dtype);
             let call = format!("mucc::kn::rms_norm<{t}, L0, L1, {rows}, {group}>(v0, v1);");
             unary_view_kernel(&name, comment, (out, x), *dtype, *l, call)
+        }
+        KnOpPlan::SoftmaxCombine {
+            out,
+            o,
+            l,
+            m,
+            dtype,
+            rows,
+            splits,
+            d,
+            vector,
+            group,
+            split_lanes,
+            launch,
+        } => {
+            let name = symbols.kernel(&format!("k{k}_softmax_combine"));
+            let t = ctype(*dtype);
+            let call = format!(
+                "mucc::kn::softmax_combine<{t}, L0, L1, L2, L3, {rows}, {splits}, {d}, {vector}, \
+                 {group}, {split_lanes}>(v0, v1, v2, v3);"
+            );
+            views_kernel(&name, comment, &[out, o, l, m], *dtype, *launch, call)
         }
         KnOpPlan::Parts {
             concat,

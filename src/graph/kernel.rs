@@ -75,6 +75,14 @@ pub enum KnOpKind {
     },
     /// A fused operator whose body is a threadblock graph.
     Customized(Box<TbGraph>),
+    /// mucc-internal (never in a Mirage file; the online-softmax rewrite makes it): combines
+    /// the partial results of attention split over `splits` key blocks. Inputs O
+    /// `[…, rows, splits·d]`, l and m `[…, rows, splits]`; output `[…, rows, d]`: per row, with
+    /// M = maxₛ m[s] and wₛ = exp(m[s] − M), y[j] = Σₛ wₛ·O[s·d + j] / Σₛ wₛ·l[s].
+    SoftmaxCombine {
+        /// Key splits.
+        splits: usize,
+    },
 }
 
 impl KnOpKind {
@@ -93,6 +101,7 @@ impl KnOpKind {
             KnOpKind::Chunk { dim, .. } => format!("chunk_{dim}"),
             KnOpKind::AllReduce { .. } => "allreduce".into(),
             KnOpKind::Customized(_) => "customized".into(),
+            KnOpKind::SoftmaxCombine { .. } => "softmax_combine".into(),
         }
     }
 }

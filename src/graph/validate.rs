@@ -397,6 +397,32 @@ impl<'a> Validator<'a> {
                     self.expect_shape(h, 0, t(op.outputs[0]), r);
                 }
             }
+            KnOpKind::SoftmaxCombine { splits } => {
+                if self.arity(h, op, (3, 3), (1, 1)) {
+                    let (o, l, m) = (
+                        t(op.inputs[0]).shape,
+                        t(op.inputs[1]).shape,
+                        t(op.inputs[2]).shape,
+                    );
+                    let r = o.rank();
+                    let d = o.dim(r - 1) / (*splits).max(1);
+                    let fits = *splits >= 1
+                        && o.dim(r - 1) == splits * d
+                        && l == o.with_dim(r - 1, *splits)
+                        && m == l;
+                    if fits {
+                        self.expect_shape(h, 0, t(op.outputs[0]), Ok(o.with_dim(r - 1, d)));
+                    } else {
+                        self.push(
+                            self.kn_loc(h, Slot::Op),
+                            ErrorKind::BadValue(format!(
+                                "softmax_combine of {splits} splits takes O [.., rows, splits·d] \
+                                 and l, m [.., rows, splits]; got {o}, {l}, {m}"
+                            )),
+                        );
+                    }
+                }
+            }
             KnOpKind::RmsNorm { normalized_dims } => {
                 if self.arity(h, op, (1, 1), (1, 1)) {
                     let x = t(op.inputs[0]).shape;

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 /// Threads per block of kernel-level kernels.
 pub const THREADS: u32 = 256;
+/// Threads per block of the softmax combination (smaller blocks than [`THREADS`] spread its
+/// rows over more SMs).
+const COMBINE_THREADS: u32 = 128;
 /// Most blocks a grid-stride kernel launches.
 const MAX_BLOCKS: usize = 65535;
 /// Reduction lengths from which a warp (not a thread) computes each output.
@@ -205,6 +208,38 @@ pub enum KnOpPlan {
         rows: usize,
         /// Elements per group.
         group: usize,
+        /// Launch.
+        launch: GridStride,
+    },
+    /// The online-softmax combination of split-attention partials
+    /// (`mucc::kn::softmax_combine`, [`KnOpKind::SoftmaxCombine`]): `group` threads per row,
+    /// each summing `vector`-element slices of the row's `d` outputs over the splits from
+    /// registers, with no shared memory and no barrier.
+    SoftmaxCombine {
+        /// The result `[…, rows, d]`.
+        out: View,
+        /// The partial outputs O `[…, rows, splits·d]`.
+        o: View,
+        /// The partial sums l `[…, rows, splits]`.
+        l: View,
+        /// The partial maxima m `[…, rows, splits]`.
+        m: View,
+        /// Element type.
+        dtype: DType,
+        /// Rows (the product of every dim but the last).
+        rows: usize,
+        /// Key splits.
+        splits: usize,
+        /// Outputs per row.
+        d: usize,
+        /// Vector width (elements) of the O loads and the stores.
+        vector: usize,
+        /// Threads per row that share its outputs (`vector` elements each at a time).
+        group: usize,
+        /// Groups per row that share its key splits (split p, p + this, …), their sums added
+        /// by warp shuffles: the largest power of two dividing `splits` with `group` × this ≤ 32
+        /// (1 when `group` is no power of two).
+        split_lanes: usize,
         /// Launch.
         launch: GridStride,
     },
@@ -435,6 +470,43 @@ impl Planner<'_> {
             }
             KnOpKind::Concat { dim } | KnOpKind::Split { dim } | KnOpKind::Chunk { dim, .. } => {
                 self.parts(op, *dim)
+            }
+            KnOpKind::SoftmaxCombine { splits } => {
+                let y = op.outputs[0];
+                let ys = g.tensors[y].shape;
+                let d = ys.dim(ys.rank() - 1);
+                let out = self.full_view(y);
+                let o = self.full_view(op.inputs[0]);
+                let dtype = g.tensors[y].dtype;
+                let vector = vector_len(&[&out, &o], dtype);
+                let group = (d / vector).clamp(1, 32);
+                let mut split_lanes = 1;
+                while group.is_power_of_two()
+                    && group * split_lanes * 2 <= 32
+                    && splits.is_multiple_of(split_lanes * 2)
+                {
+                    split_lanes *= 2;
+                }
+                let rows = ys.numel() / d;
+                KnOpPlan::SoftmaxCombine {
+                    out,
+                    o,
+                    l: self.full_view(op.inputs[1]),
+                    m: self.full_view(op.inputs[2]),
+                    dtype,
+                    rows,
+                    splits: *splits,
+                    d,
+                    vector,
+                    group,
+                    split_lanes,
+                    launch: GridStride {
+                        blocks: (rows * group * split_lanes)
+                            .div_ceil(COMBINE_THREADS as usize)
+                            .clamp(1, MAX_BLOCKS) as u32,
+                        threads: COMBINE_THREADS,
+                    },
+                }
             }
         })
     }

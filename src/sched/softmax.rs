@@ -44,26 +44,6 @@ pub const COMBINE_TOLERANCE: f64 = 1e-9;
 /// The most partial elements the combining step is checked on (larger graphs keep their form).
 pub const MAX_CHECKED_PARTIALS: usize = 1 << 24;
 
-/// Key splits from which the combining step is two kernels (the max M of the splits' m first,
-/// then the loop with plain accumulators, which the cluster split may spread) rather than one
-/// (M taken in the loop by a running max, which keeps the loop on one CTA). H100, same binary
-/// (docs/benchmarks.md): with 16 splits two kernels took 0.54× (gqa_bs1 g19) and 0.85×
-/// (gqa_bs8 g8) the one kernel's time; with 8 splits 1.13× (mqa_bs1 g3) and 1.33× (mqa_bs8
-/// g4): the max kernel costs about 1.7 µs, the cluster split saves in proportion to the loop.
-pub const TWO_KERNEL_MIN_SPLITS: usize = 16;
-
-/// Threads per block of the combining kernels.
-const COMBINE_THREADS: usize = 128;
-
-/// The combining kernels' row blocks are halved until there are at least this many blocks (about
-/// one per SM: each block's loop is latency-bound, one iteration per key split, so more rows per
-/// block cost little and more waves cost a loop each) ...
-const COMBINE_MIN_BLOCKS: usize = 128;
-
-/// ... or a block would hold fewer rows than this: its l and m tiles (a value per row) then stay
-/// 16-byte copies that the ring pipelines (fewer rows are element loads every iteration).
-const COMBINE_MIN_ROWS: usize = 8;
-
 /// Where the planner applies the rewrite (`--online-softmax`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SoftmaxChoice {
@@ -111,17 +91,12 @@ pub struct OnlineSoftmax {
     pub kernel: usize,
     /// Its index in the rewritten graph.
     pub rewritten: usize,
-    /// The kernel operators the two new combining kernels replace (same numbering).
+    /// The kernel operators the combining operator replaces (same numbering).
     pub replaced: Vec<usize>,
     /// Blocks that split the keys of one row (1: the for-loop alone walks them).
     pub splits: usize,
-    /// The combining kernels' grid.
-    pub combine_grid: [usize; 3],
-    /// Rows (query positions) per combining block.
-    pub combine_rows: usize,
-    /// Combining kernels: 2 (the splits' max first, then a loop with plain sums) from
-    /// [`TWO_KERNEL_MIN_SPLITS`] splits up, else 1 (the max taken in the loop).
-    pub combine_kernels: usize,
+    /// The combining operator ([`KnOpKind::SoftmaxCombine`]) in the rewritten graph.
+    pub combine: usize,
 }
 
 /// Why an attention-like kernel keeps the softmax as the graph computes it.
@@ -774,6 +749,8 @@ fn rebuild(
     // Old op → replacement ops (empty: dropped).
     let mut replace: BTreeMap<Handle<KnOp>, Vec<KnOp>> = BTreeMap::new();
     let mut applied = Vec::new();
+    // The downstream op that the combining operator takes the place of → its `applied` entry.
+    let mut combine_at: BTreeMap<Handle<KnOp>, usize> = BTreeMap::new();
     for f in found {
         let KnOpKind::Customized(tb) = &g.ops[f.op].kind else {
             unreachable!()
@@ -797,31 +774,17 @@ fn rebuild(
                 outputs,
             }],
         );
-        let os = g.tensors[f.o].shape;
-        let mx = tensors.append(DTensor {
-            shape: os.with_dim(os.rank() - 1, 1),
-            dtype: g.tensors[f.o].dtype,
-            guid: None,
-        });
-        let (kernels, grid, rows) = combine_body(g, f, tb, l2, m2, mx).map_err(plan_err)?;
-        let combine_kernels = kernels.len();
-        let outputs = if combine_kernels == 2 {
-            vec![vec![mx], vec![f.result]]
-        } else {
-            vec![vec![f.result]]
-        };
-        let combine: Vec<KnOp> = kernels
-            .into_iter()
-            .zip(outputs)
-            .map(|((body, ins), outputs)| KnOp {
-                kind: KnOpKind::Customized(Box::new(body)),
-                inputs: ins,
-                outputs,
-            })
-            .collect();
+        let combine = vec![KnOp {
+            kind: KnOpKind::SoftmaxCombine { splits: f.splits },
+            inputs: vec![f.o, l2, m2],
+            outputs: vec![f.result],
+        }];
         let mut first = true;
         for &d in &f.downstream {
             let v = if first { combine.clone() } else { vec![] };
+            if first {
+                combine_at.insert(d, applied.len());
+            }
             first = false;
             replace.insert(d, v);
         }
@@ -830,9 +793,7 @@ fn rebuild(
             rewritten: 0,
             replaced: f.downstream.iter().map(|h| h.index()).collect(),
             splits: f.splits,
-            combine_grid: grid,
-            combine_rows: rows,
-            combine_kernels,
+            combine: 0,
         });
     }
     // New op list, then only the tensors still referenced.
@@ -842,6 +803,9 @@ fn rebuild(
             Some(v) => {
                 if let Some(a) = applied.iter_mut().find(|a| a.kernel == h.index()) {
                     a.rewritten = ops.len();
+                }
+                if let Some(&i) = combine_at.get(&h) {
+                    applied[i].combine = ops.len();
                 }
                 ops.extend(v.iter().cloned().map(|o| (None, o)))
             }
@@ -936,110 +900,6 @@ fn attention_body(
     b.new_output(l, f.omap)?;
     b.new_output(running_max.expect("exp seen"), f.omap)?;
     Ok(b.into_parts())
-}
-
-/// The combining kernels, one block per row group each: from [`TWO_KERNEL_MIN_SPLITS`] splits
-/// up, the first takes the max M of the splits' m per row (written to `mx`) and the second's
-/// for-loop walks the key splits and sums O·w and l·w with w = exp(m − M), then divides (with M
-/// known before the loop its accumulators are plain sums, so the Hopper path may split the loop
-/// over a cluster); with fewer, one kernel takes M in its loop. Returns the kernels (body,
-/// inputs), the grid and rows per block.
-#[allow(clippy::type_complexity)]
-fn combine_body(
-    g: &KernelGraph,
-    f: &Found,
-    tb: &TbGraph,
-    l2: Handle<DTensor>,
-    m2: Handle<DTensor>,
-    mx: Handle<DTensor>,
-) -> Result<
-    (Vec<(TbGraph, Vec<Handle<DTensor>>)>, [usize; 3], usize),
-    crate::graph::error::GraphError,
-> {
-    let os = g.tensors[f.o].shape;
-    let rank = os.rank();
-    let o_tile = tile_of(tb, f.acc);
-    // Blocks per leading dim, as the attention kernel has them; then more row blocks.
-    let mut blocks = vec![1usize; rank - 1];
-    for (a, blocks_a) in tb.grid.iter().enumerate() {
-        if let Some(d) = f.omap.axis(a)
-            && d < rank - 1
-        {
-            blocks[d] *= blocks_a;
-        }
-    }
-    let row = rank - 2;
-    let mut rows = o_tile.dim(row);
-    while blocks.iter().product::<usize>() < COMBINE_MIN_BLOCKS
-        && rows.is_multiple_of(2)
-        && rows / 2 >= COMBINE_MIN_ROWS
-    {
-        rows /= 2;
-        blocks[row] *= 2;
-    }
-    let mut grid = [1usize; 3];
-    let mut imap = [None; 3];
-    let mut axis = 0;
-    for (d, &n) in blocks.iter().enumerate() {
-        if n > 1 {
-            grid[axis] = n;
-            imap[axis] = Some(d);
-            axis += 1;
-        }
-    }
-    let imap = DimMap(imap);
-    let last = Some(rank - 1);
-    let dtype = g.tensors[f.o].dtype;
-    let ls = os.with_dim(rank - 1, f.splits);
-    let ms = os.with_dim(rank - 1, 1);
-    if f.splits < TWO_KERNEL_MIN_SPLITS {
-        // One kernel: M by a running max over every split's m (the same each iteration).
-        let mut b = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], f.splits);
-        let m_all = b.new_input_of(m2, ls, dtype, imap, None)?;
-        let (m_top, _) = b.reduction_max(m_all, rank - 1)?;
-        let o = b.new_input_of(f.o, os, dtype, imap, last)?;
-        let l = b.new_input_of(l2, ls, dtype, imap, last)?;
-        let m = b.new_input_of(m2, ls, dtype, imap, last)?;
-        let y = weighted_quotient(&mut b, o, l, m, m_top)?;
-        b.new_output(y, imap)?;
-        let (body, ins, _) = b.into_parts();
-        return Ok((vec![(body, ins)], grid, rows));
-    }
-    // M: every split's m of the block's rows at once, their max.
-    let mut a = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], 1);
-    let m_all = a.new_input_of(m2, ls, dtype, imap, None)?;
-    let (m_max, _) = a.reduction_max(m_all, rank - 1)?;
-    let m_out = a.forloop_accum(m_max, AccumKind::Max)?;
-    a.new_output(m_out, imap)?;
-    let (body_a, ins_a, _) = a.into_parts();
-    // Per split: w = exp(m - M), O·w and l·w summed; then the quotient.
-    let mut b = TbGraphBuilder::new(grid, [COMBINE_THREADS, 1, 1], f.splits);
-    let m_top = b.new_input_of(mx, ms, dtype, imap, None)?;
-    let o = b.new_input_of(f.o, os, dtype, imap, last)?;
-    let l = b.new_input_of(l2, ls, dtype, imap, last)?;
-    let m = b.new_input_of(m2, ls, dtype, imap, last)?;
-    let y = weighted_quotient(&mut b, o, l, m, m_top)?;
-    b.new_output(y, imap)?;
-    let (body_b, ins_b, _) = b.into_parts();
-    Ok((vec![(body_a, ins_a), (body_b, ins_b)], grid, rows))
-}
-
-/// Σ O·w / Σ l·w over the loop, w = exp(m − M) per split (plain sums: M is the same every
-/// iteration).
-fn weighted_quotient(
-    b: &mut TbGraphBuilder,
-    o: Handle<STensor>,
-    l: Handle<STensor>,
-    m: Handle<STensor>,
-    m_top: Handle<STensor>,
-) -> Result<Handle<STensor>, crate::graph::error::GraphError> {
-    let x = b.binary(BinaryOp::Sub, m, m_top)?;
-    let w = b.unary(UnaryOp::Exp, x)?;
-    let ow = b.binary(BinaryOp::Mul, o, w)?;
-    let lw = b.binary(BinaryOp::Mul, l, w)?;
-    let oa = b.forloop_accum(ow, AccumKind::Nored)?;
-    let la = b.forloop_accum(lw, AccumKind::Nored)?;
-    b.binary(BinaryOp::Div, oa, la)
 }
 
 #[cfg(test)]
@@ -1208,8 +1068,8 @@ mod tests {
         assert_eq!(p.rewrite.softmax.applied.len(), 1);
     }
 
-    /// One key split (the for-loop alone walks the keys), four and sixteen (two combining
-    /// kernels): the same function.
+    /// One key split (the for-loop alone walks the keys), four and sixteen: the same function,
+    /// the attention kernel followed by one `softmax_combine`.
     #[test]
     fn any_number_of_key_splits_is_rewritten() {
         for splits in [1, 4, 16] {
@@ -1217,15 +1077,11 @@ mod tests {
             let rw = online_softmax(&g, true);
             assert!(rw.declined.is_empty(), "{splits}: {:?}", rw.declined);
             assert_eq!(rw.applied[0].splits, splits);
-            let kernels = if splits >= TWO_KERNEL_MIN_SPLITS {
-                2
-            } else {
-                1
-            };
-            assert_eq!(rw.applied[0].combine_kernels, kernels);
             let g2 = rw.graph.expect("rewritten");
-            // The attention kernel, the combining kernel(s), nothing else besides I/O.
-            assert_eq!(g2.num_kernels(), 1 + kernels);
+            // The attention kernel, the combining operator, nothing else besides I/O.
+            assert_eq!(g2.num_kernels(), 2);
+            let (_, combine) = g2.ops.iter().nth(rw.applied[0].combine).unwrap();
+            assert_eq!(combine.kind, KnOpKind::SoftmaxCombine { splits });
             let inputs = random_inputs(
                 &g,
                 InputSpec {

@@ -709,6 +709,34 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 ],
                 (launch.blocks, launch.threads),
             )?,
+            KnOpPlan::SoftmaxCombine {
+                dtype,
+                rows,
+                splits,
+                d,
+                vector,
+                group,
+                split_lanes,
+                launch,
+                ..
+            } => check(
+                format!("k{k}_softmax_combine"),
+                "mucc::kn::softmax_combine<",
+                vec![
+                    ctype(*dtype).into(),
+                    "L0".into(),
+                    "L1".into(),
+                    "L2".into(),
+                    "L3".into(),
+                    rows.to_string(),
+                    splits.to_string(),
+                    d.to_string(),
+                    vector.to_string(),
+                    group.to_string(),
+                    split_lanes.to_string(),
+                ],
+                (launch.blocks, launch.threads),
+            )?,
             KnOpPlan::Parts { parts, .. } => {
                 let text = kernel_text(&e.source, &format!("k{k}_{}", op.kind.name()));
                 let v: Vec<usize> = template_args(&text, "mucc::kn::copy<")

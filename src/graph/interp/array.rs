@@ -222,6 +222,36 @@ impl Array {
         }
     }
 
+    /// The combination of split-attention partials ([`KnOpKind::SoftmaxCombine`]): `self` is
+    /// O `[…, rows, splits·d]`, `l` and `m` are `[…, rows, splits]`; per row, with M the max of
+    /// its m and wₛ = exp(mₛ − M), the result `[…, rows, d]` is Σₛ wₛ·Oₛ / Σₛ wₛ·lₛ.
+    ///
+    /// [`KnOpKind::SoftmaxCombine`]: crate::graph::kernel::KnOpKind::SoftmaxCombine
+    pub fn softmax_combine(&self, l: &Array, m: &Array, splits: usize, out: Shape) -> Array {
+        let d = out.dim(out.rank() - 1);
+        let rows = out.numel() / d.max(1);
+        let mut data = vec![0.0; out.numel()];
+        for r in 0..rows {
+            let ms = &m.data[r * splits..(r + 1) * splits];
+            let ls = &l.data[r * splits..(r + 1) * splits];
+            let top = ms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut den = 0.0;
+            let y = &mut data[r * d..(r + 1) * d];
+            for s in 0..splits {
+                let w = (ms[s] - top).exp();
+                den += w * ls[s];
+                let o = &self.data[(r * splits + s) * d..(r * splits + s + 1) * d];
+                for (acc, x) in y.iter_mut().zip(o) {
+                    *acc += w * x;
+                }
+            }
+            for v in y.iter_mut() {
+                *v /= den;
+            }
+        }
+        Array { shape: out, data }
+    }
+
     /// The sub-array of `shape` starting at `origin` (all within bounds).
     pub fn slice(&self, origin: &[usize], shape: Shape) -> Array {
         let src = dims4(&self.shape);

@@ -296,6 +296,12 @@ impl<'g> Walk<'g> {
             KnOpKind::RmsNorm { normalized_dims } => {
                 vec![val(op.inputs[0]).rms_norm(*normalized_dims)]
             }
+            KnOpKind::SoftmaxCombine { splits } => vec![val(op.inputs[0]).softmax_combine(
+                &val(op.inputs[1]),
+                &val(op.inputs[2]),
+                *splits,
+                shape(0),
+            )],
             KnOpKind::Concat { dim } => {
                 let parts: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
                 let refs: Vec<&Array> = parts.iter().map(|p| p.as_ref()).collect();

@@ -244,6 +244,14 @@ impl Exporter<'_> {
                 KnOpKind::Customized(tb) => {
                     m.insert("bgraph".into(), self.bgraph(tb, &op.inputs, &op.outputs)?);
                 }
+                KnOpKind::SoftmaxCombine { .. } => {
+                    return Err(GraphError::new(ErrorKind::Unsupported(format!(
+                        "kernel op {} is mucc's internal {}, which Mirage's format has no \
+                         operator for",
+                        h.index(),
+                        op.kind.name()
+                    ))));
+                }
                 KnOpKind::Matmul
                 | KnOpKind::Binary(_)
                 | KnOpKind::Reduction { .. }
