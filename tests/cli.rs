@@ -296,7 +296,7 @@ fn explain_all_prints_every_graph_in_order() {
 #[test]
 fn attention_softmax_is_online_where_it_pipes() {
     // gqa_bs8 graph 8: 16 key splits, 64-row tiles on 4 warps: the rewritten kernel keeps its
-    // scores in an online register pipe, and a combining kernel replaces kernel op 4.
+    // scores in an online register pipe, and one softmax_combine operator replaces kernel op 4.
     let args = [
         "explain",
         &corpus("gqa_bs8.json"),
@@ -313,6 +313,14 @@ fn attention_softmax_is_online_where_it_pipes() {
         "{out}"
     );
     assert!(out.contains("in place of kernel op 4"), "{out}");
+    assert!(
+        out.contains(
+            "kernel op 4 (kn_softmax_combine_op): softmax combination of 16 key splits for 4096 \
+             rows of 64: 32 threads per row (8 along the outputs with 8-element vectors x 4 \
+             along the splits, summed by warp shuffles)"
+        ),
+        "{out}"
+    );
     assert!(
         out.contains("with op4 reduction_2_max's running max"),
         "{out}"

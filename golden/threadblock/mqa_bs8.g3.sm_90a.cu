@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
   using L8 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 512, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<64, 64, 1>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1024, 1>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1, 8>>;
   extern __shared__ __align__(1024) unsigned char smem_1024[];
   unsigned char* const smem = smem_1024;
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -61,10 +61,10 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 65536 + static_cast<mucc::i64>(blockIdx.z) * 4096;
   mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 524288 + static_cast<mucc::i64>(blockIdx.y) * 64
       + static_cast<mucc::i64>(blockIdx.z) * 32768;
-  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 1024
-      + static_cast<mucc::i64>(blockIdx.z) * 64;
-  mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 1024
-      + static_cast<mucc::i64>(blockIdx.z) * 64;
+  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 1
+      + static_cast<mucc::i64>(blockIdx.z) * 512;
+  mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 1
+      + static_cast<mucc::i64>(blockIdx.z) * 512;
   // op0 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
@@ -147,7 +147,6 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     // runs in op3's chain: s7 stays in registers (register pipe)
     __syncthreads();
   }
-  mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch
   L7::each(acc11, warp, lane, [&](int row, int col, float v, int, int, int) {
     s12[L8::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
@@ -160,164 +159,24 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
   mucc::tb::copy_elems<128, 64, L11, L10>(tid, go14, s9);
 }
 
-// kernel op 4: kn_customized_op grid (8, 16, 1), block (256, 1, 1), forloop 8, 43008 bytes of shared memory
-// schedule 0 | 1,2,3,4 5 7,8 | 11
-extern "C" __global__ void __launch_bounds__(256, 1) k4_customized(
-    mucc::f16* __restrict__ out0,
-    const mucc::f16* __restrict__ in0,
-    const mucc::f16* __restrict__ in1,
-    const mucc::f16* __restrict__ in2,
-    const mucc::f16* __restrict__ in3,
-    const __grid_constant__ mucc::sm90::TensorMap tm0,
-    const __grid_constant__ mucc::sm90::TensorMap tm1,
-    const __grid_constant__ mucc::sm90::TensorMap tm2) {
-  using L0 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<8192, 1024, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 64, 1>, mucc::Stride<64, 1, 64>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 64, 8>, mucc::Stride<512, 1, 64>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<64, 64, 1>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<64, 1, 0>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<65536, 64, 1>>;
-  extern __shared__ __align__(1024) unsigned char smem_1024[];
-  unsigned char* const smem = smem_1024;
-  const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
-  const int tid = tid_k;
-  const int warp = tid / 32, lane = tid % 32;
-  (void)warp;
-  (void)lane;
-  mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible
-  if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + 16);  // TMA stage barriers
-  if (tid == 0) {
-    if (mucc::sm90::smem_u32(smem) % 1024 != 0) __trap();
-    for (int s = 0; s < 4; ++s) mucc::sm90::mbar_init(full + s, 1);
-    mucc::sm90::fence_mbarrier_init();
-    mucc::sm90::prefetch_tensormap(&tm0);
-    mucc::sm90::prefetch_tensormap(&tm1);
-    mucc::sm90::prefetch_tensormap(&tm2);
-  }
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 128);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 1152);  // s1 (tb_reduction_2_max_op)
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 1280);  // s2 (tb_reduction_2_max_op)
-  mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 2048);  // s3 (tb_input_op) x4 stages
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 34816);  // s4 (tb_input_op) x4 stages
-  mucc::f16* s5 = reinterpret_cast<mucc::f16*>(smem + 38912);  // s5 (tb_input_op) x4 stages
-  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 1280);  // s7 (tb_exp_op)
-  float* s10 = reinterpret_cast<float*>(smem + 128);  // s10 (tb_forloop_accum_nored_op)
-  float* s11 = reinterpret_cast<float*>(smem + 16512);  // s11 (tb_forloop_accum_nored_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 64;
-  mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 65536 + static_cast<mucc::i64>(blockIdx.y) * 4096;
-  // op0 input
-  mucc::tb::copy_chunks<256, 512, 8, L0, L1>(tid, s0, gi0);
-  __syncthreads();
-  mucc::tb::fill<256, 64, L2>(tid, s1, mucc::neg_inf<float>());
-  float acc9[16];
-  #pragma unroll
-  for (int r = 0; r < 16; ++r) acc9[r] = float(0.0);
-  float acc10[1];
-  #pragma unroll
-  for (int r = 0; r < 1; ++r) acc10[r] = float(0.0);
-  __syncthreads();
-  // software pipeline: 4 stages
-  if (tid == 0) {
-    mucc::sm90::mbar_arrive_expect_tx(full + 0, 8448);
-    mucc::sm90::tma_load(s3 + 0 * 4096, &tm0, full + 0, (0) * 64, static_cast<int>(blockIdx.y) * 64,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s4 + 0 * 512, &tm1, full + 0, static_cast<int>(blockIdx.y) * 64, (0) * 1,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s5 + 0 * 512, &tm2, full + 0, static_cast<int>(blockIdx.y) * 64, (0) * 1,
-        static_cast<int>(blockIdx.x) * 1);
-  }
-  if (tid == 0) {
-    mucc::sm90::mbar_arrive_expect_tx(full + 1, 8448);
-    mucc::sm90::tma_load(s3 + 1 * 4096, &tm0, full + 1, (1) * 64, static_cast<int>(blockIdx.y) * 64,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s4 + 1 * 512, &tm1, full + 1, static_cast<int>(blockIdx.y) * 64, (1) * 1,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s5 + 1 * 512, &tm2, full + 1, static_cast<int>(blockIdx.y) * 64, (1) * 1,
-        static_cast<int>(blockIdx.x) * 1);
-  }
-  if (tid == 0) {
-    mucc::sm90::mbar_arrive_expect_tx(full + 2, 8448);
-    mucc::sm90::tma_load(s3 + 2 * 4096, &tm0, full + 2, (2) * 64, static_cast<int>(blockIdx.y) * 64,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s4 + 2 * 512, &tm1, full + 2, static_cast<int>(blockIdx.y) * 64, (2) * 1,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s5 + 2 * 512, &tm2, full + 2, static_cast<int>(blockIdx.y) * 64, (2) * 1,
-        static_cast<int>(blockIdx.x) * 1);
-  }
-  for (int it = 0; it < 8; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp;
-    (void)lane;
-    mucc::f16* s3_cur = s3 + (it % 4) * 4096;
-    mucc::f16* s4_cur = s4 + (it % 4) * 512;
-    mucc::f16* s5_cur = s5 + (it % 4) * 512;
-    mucc::sm90::mbar_wait(full + (it % 4), static_cast<unsigned>(it / 4) & 1u);
-    // op1 reduction_2_max
-    mucc::tb::running_max<256, 64, 8, 1, L3, L2, L2>(tid, s0, s1, s2);
-    // op2 input
-    // issued ahead by the pipeline
-    // op3 input
-    // issued ahead by the pipeline
-    // op4 input
-    // issued ahead by the pipeline
-    __syncthreads();
-    {
-      const int pf = it + 3;
-      if (pf < 8) {
-        if (tid == 0) {
-          mucc::sm90::mbar_arrive_expect_tx(full + (pf % 4), 8448);
-          mucc::sm90::tma_load(s3 + (pf % 4) * 4096, &tm0, full + (pf % 4), (pf) * 64,
-            static_cast<int>(blockIdx.y) * 64,
-              static_cast<int>(blockIdx.x) * 1);
-          mucc::sm90::tma_load(s4 + (pf % 4) * 512, &tm1, full + (pf % 4), static_cast<int>(blockIdx.y) * 64, (pf) * 1,
-              static_cast<int>(blockIdx.x) * 1);
-          mucc::sm90::tma_load(s5 + (pf % 4) * 512, &tm2, full + (pf % 4), static_cast<int>(blockIdx.y) * 64, (pf) * 1,
-              static_cast<int>(blockIdx.x) * 1);
-        }
-      }
-    }
-    // op5 sub -> op6 exp
-    mucc::tb::for_each<256, 64>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s5_cur[L4::offset(e)]);
-      const float x1 = mucc::to_compute(s1[L4::offset(e)]);
-      float v = mucc::op::sub(x0, x1);
-      v = mucc::op::exp_approx_ftz(v);
-      s7[L4::offset(e)] = mucc::from_compute<mucc::f16>(v);
-    });
-    __syncthreads();
-    // op7 mul -> op9 accum_nored
-    mucc::tb::for_each_unrolled<256, 4096>(tid, [&](int e, int r) {
-      const float x0 = mucc::to_compute(s3_cur[L5::offset(e)]);
-      const float x1 = mucc::to_compute(s7[L6::offset(e)]);
-      float v = mucc::op::mul(x0, x1);
-      acc9[r] += v;
-    });
-    // op8 mul -> op10 accum_nored
-    mucc::tb::for_each_unrolled<256, 64>(tid, [&](int e, int r) {
-      const float x0 = mucc::to_compute(s4_cur[L4::offset(e)]);
-      const float x1 = mucc::to_compute(s7[L4::offset(e)]);
-      float v = mucc::op::mul(x0, x1);
-      acc10[r] += v;
-    });
-    __syncthreads();
-  }
-  mucc::tb::for_each_unrolled<256, 4096>(tid, [&](int e, int r) {
-    s10[L5::offset(e)] = mucc::from_compute<float>(acc9[r]);
-  });
-  mucc::tb::for_each_unrolled<256, 64>(tid, [&](int e, int r) {
-    s11[L4::offset(e)] = mucc::from_compute<float>(acc10[r]);
-  });
-  __syncthreads();
-  // op11 div -> op12 output
-  mucc::tb::for_each<256, 4096>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s10[L5::offset(e)]);
-    const float x1 = mucc::to_compute(s11[L6::offset(e)]);
-    float v = mucc::op::div(x0, x1);
-    go12[L7::offset(e)] = mucc::from_compute<mucc::f16>(v);
-  });
+// kernel op 4: kn_softmax_combine_op(%3, %5, %6) -> %4 [8, 1024, 64] f16
+namespace k4_softmax_combine_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<8, 1024, 64>, mucc::Stride<65536, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<8, 1024, 512>, mucc::Stride<524288, 512, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<8, 1024, 8>, mucc::Stride<8192, 8, 1>>;
+  using L3 =
+    mucc::Layout<mucc::Shape<8, 1024, 8>, mucc::Stride<8192, 8, 1>>;
+}
+extern "C" __global__ void __launch_bounds__(128) k4_softmax_combine(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2,
+    const mucc::f16* __restrict__ v3) {
+  using namespace k4_softmax_combine_l;
+  mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 8192, 8, 64, 8, 8, 4>(v0, v1, v2, v3);
 }
 
 #ifndef __CUDACC_RTC__
@@ -355,36 +214,11 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     MUCC_CHECK(mucc::host::launch(kernel, dim3(8, 8, 16), dim3(128, 1, 1), 74752, stream, args, maps));
   }
 
-  // launch k4_customized
+  // launch k4_softmax_combine
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
-    void* const args[] = {buf.out(0, 0), buf.ws(8519680), buf.ws(0), buf.ws(8388608), buf.ws(8519680)};
-    static thread_local mucc::host::CachedTensorMap tm0;
-    {
-      const cuuint64_t dims[] = {512ull, 1024ull, 8ull};
-      const cuuint64_t strides[] = {1024ull, 1048576ull};
-      const cuuint32_t box[] = {64u, 64u, 1u};
-      MUCC_CHECK(mucc::host::tensor_map(tm0, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.ws(0), dims, strides, box,
-          CU_TENSOR_MAP_SWIZZLE_NONE));
-    }
-    static thread_local mucc::host::CachedTensorMap tm1;
-    {
-      const cuuint64_t dims[] = {1024ull, 8ull, 8ull};
-      const cuuint64_t strides[] = {2048ull, 16384ull};
-      const cuuint32_t box[] = {64u, 1u, 1u};
-      MUCC_CHECK(mucc::host::tensor_map(tm1, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.ws(8388608), dims, strides, box,
-          CU_TENSOR_MAP_SWIZZLE_NONE));
-    }
-    static thread_local mucc::host::CachedTensorMap tm2;
-    {
-      const cuuint64_t dims[] = {1024ull, 8ull, 8ull};
-      const cuuint64_t strides[] = {2048ull, 16384ull};
-      const cuuint32_t box[] = {64u, 1u, 1u};
-      MUCC_CHECK(mucc::host::tensor_map(tm2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.ws(8519680), dims, strides, box,
-          CU_TENSOR_MAP_SWIZZLE_NONE));
-    }
-    const CUtensorMap* const maps[] = {&tm0.map, &tm1.map, &tm2.map};
-    MUCC_CHECK(mucc::host::launch_programmatic(kernel, dim3(8, 16, 1), dim3(256, 1, 1), 43008, stream, args, maps));
+    const void* kernel = reinterpret_cast<const void*>(&k4_softmax_combine);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(8388608), buf.ws(8519680)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2048, 1, 1), dim3(128, 1, 1), 0, stream, args));
   }
 
   return 0;

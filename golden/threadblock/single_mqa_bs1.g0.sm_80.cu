@@ -36,7 +36,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   using L10 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
   using L11 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<524288, 512, 1>>;
   using L12 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<64, 64, 1>>;
-  using L13 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1024, 1>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 1, 64>, mucc::Stride<8192, 1, 8>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -54,8 +54,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.y) * 512;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.y) * 32768;
   mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.y) * 64 + static_cast<mucc::i64>(blockIdx.z) * 32768;
-  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.y) * 1024 + static_cast<mucc::i64>(blockIdx.z) * 64;
-  mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.y) * 1024 + static_cast<mucc::i64>(blockIdx.z) * 64;
+  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.y) * 1 + static_cast<mucc::i64>(blockIdx.z) * 512;
+  mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.y) * 1 + static_cast<mucc::i64>(blockIdx.z) * 512;
   // op0 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
@@ -148,133 +148,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   mucc::tb::copy_elems<128, 64, L13, L12>(tid, go14, s9);
 }
 
-// kernel op 4: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 8, 4384 bytes of shared memory
-// schedule 0 | 1,2,3,4 5 7,8 | 11
-extern "C" __global__ void __launch_bounds__(256, 1) k4_customized(
-    mucc::f16* __restrict__ out0,
-    const mucc::f16* __restrict__ in0,
-    const mucc::f16* __restrict__ in1,
-    const mucc::f16* __restrict__ in2,
-    const mucc::f16* __restrict__ in3) {
-  using L0 = mucc::Layout<mucc::Shape<1, 8, 8>, mucc::Stride<64, 8, 1>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 8, 8>, mucc::Stride<8192, 1024, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 8, 1>, mucc::Stride<8, 1, 8>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<524288, 512, 1>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<8, 8, 1>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<8192, 1024, 1>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 8, 8>, mucc::Stride<64, 1, 8>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<8, 1, 0>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<65536, 64, 1>>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
-  const int tid = tid_k;
-  const int warp = tid / 32, lane = tid % 32;
-  (void)warp;
-  (void)lane;
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 4352);  // s1 (tb_reduction_2_max_op)
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 4368);  // s2 (tb_reduction_2_max_op)
-  mucc::f16* s3 = reinterpret_cast<mucc::f16*>(smem + 128);  // s3 (tb_input_op) x4 stages
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 4224);  // s4 (tb_input_op) x4 stages
-  mucc::f16* s5 = reinterpret_cast<mucc::f16*>(smem + 4288);  // s5 (tb_input_op) x4 stages
-  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 4368);  // s7 (tb_exp_op)
-  float* s10 = reinterpret_cast<float*>(smem + 0);  // s10 (tb_forloop_accum_nored_op)
-  float* s11 = reinterpret_cast<float*>(smem + 2048);  // s11 (tb_forloop_accum_nored_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 8;
-  const mucc::f16* gi2 = in1 + static_cast<mucc::i64>(blockIdx.x) * 4096;
-  const mucc::f16* gi3 = in2 + static_cast<mucc::i64>(blockIdx.x) * 8;
-  const mucc::f16* gi4 = in3 + static_cast<mucc::i64>(blockIdx.x) * 8;
-  mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 512;
-  // op0 input
-  mucc::tb::copy_chunks<256, 64, 8, L0, L1>(tid, s0, gi0);
-  __syncthreads();
-  mucc::tb::fill<256, 8, L2>(tid, s1, mucc::neg_inf<float>());
-  float acc9[2];
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) acc9[r] = float(0.0);
-  float acc10[1];
-  #pragma unroll
-  for (int r = 0; r < 1; ++r) acc10[r] = float(0.0);
-  __syncthreads();
-  // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<256, 512, 8, L3, L4>(tid, s3 + 0, gi2);
-  mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s4 + 0, gi3);
-  mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s5 + 0, gi4);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<256, 512, 8, L3, L4>(tid, s3 + 512, gi2 + static_cast<mucc::i64>(1) * 64);
-  mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s4 + 8, gi3 + static_cast<mucc::i64>(1) * 1024);
-  mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s5 + 8, gi4 + static_cast<mucc::i64>(1) * 1024);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<256, 512, 8, L3, L4>(tid, s3 + 1024, gi2 + static_cast<mucc::i64>(2) * 64);
-  mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s4 + 16, gi3 + static_cast<mucc::i64>(2) * 1024);
-  mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s5 + 16, gi4 + static_cast<mucc::i64>(2) * 1024);
-  mucc::sm80::cp_async_commit();
-  for (int it = 0; it < 8; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp;
-    (void)lane;
-    mucc::f16* s3_cur = s3 + (it % 4) * 512;
-    mucc::f16* s4_cur = s4 + (it % 4) * 8;
-    mucc::f16* s5_cur = s5 + (it % 4) * 8;
-    mucc::sm80::cp_async_wait<2>();
-    // op1 reduction_2_max
-    mucc::tb::running_max<256, 8, 8, 1, L7, L2, L2>(tid, s0, s1, s2);
-    // op2 input
-    // issued ahead by the pipeline
-    // op3 input
-    // issued ahead by the pipeline
-    // op4 input
-    // issued ahead by the pipeline
-    __syncthreads();
-    {
-      const int pf = it + 3;
-      if (pf < 8) {
-        mucc::tb::cp_async_chunks<256, 512, 8, L3, L4>(tid, s3 + (pf % 4) * 512, gi2 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s4 + (pf % 4) * 8, gi3 + static_cast<mucc::i64>(pf) * 1024);
-        mucc::tb::cp_async_chunks<256, 8, 8, L5, L6>(tid, s5 + (pf % 4) * 8, gi4 + static_cast<mucc::i64>(pf) * 1024);
-      }
-      mucc::sm80::cp_async_commit();
-    }
-    // op5 sub -> op6 exp
-    mucc::tb::for_each<256, 8>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s5_cur[L5::offset(e)]);
-      const float x1 = mucc::to_compute(s1[L5::offset(e)]);
-      float v = mucc::op::sub(x0, x1);
-      v = mucc::op::exp_approx_ftz(v);
-      s7[L5::offset(e)] = mucc::from_compute<mucc::f16>(v);
-    });
-    __syncthreads();
-    // op7 mul -> op9 accum_nored
-    mucc::tb::for_each_unrolled<256, 512>(tid, [&](int e, int r) {
-      const float x0 = mucc::to_compute(s3_cur[L3::offset(e)]);
-      const float x1 = mucc::to_compute(s7[L8::offset(e)]);
-      float v = mucc::op::mul(x0, x1);
-      acc9[r] += v;
-    });
-    // op8 mul -> op10 accum_nored
-    mucc::tb::for_each_unrolled<256, 8>(tid, [&](int e, int r) {
-      const float x0 = mucc::to_compute(s4_cur[L5::offset(e)]);
-      const float x1 = mucc::to_compute(s7[L5::offset(e)]);
-      float v = mucc::op::mul(x0, x1);
-      acc10[r] += v;
-    });
-    __syncthreads();
-  }
-  mucc::tb::for_each_unrolled<256, 512>(tid, [&](int e, int r) {
-    s10[L3::offset(e)] = mucc::from_compute<float>(acc9[r]);
-  });
-  mucc::tb::for_each_unrolled<256, 8>(tid, [&](int e, int r) {
-    s11[L5::offset(e)] = mucc::from_compute<float>(acc10[r]);
-  });
-  __syncthreads();
-  // op11 div -> op12 output
-  mucc::tb::for_each<256, 512>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s10[L3::offset(e)]);
-    const float x1 = mucc::to_compute(s11[L8::offset(e)]);
-    float v = mucc::op::div(x0, x1);
-    go12[L9::offset(e)] = mucc::from_compute<mucc::f16>(v);
-  });
+// kernel op 4: kn_softmax_combine_op(%3, %5, %6) -> %4 [1, 1024, 64] f16
+namespace k4_softmax_combine_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<1, 1024, 64>, mucc::Stride<65536, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<1, 1024, 512>, mucc::Stride<524288, 512, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<1, 1024, 8>, mucc::Stride<8192, 8, 1>>;
+  using L3 =
+    mucc::Layout<mucc::Shape<1, 1024, 8>, mucc::Stride<8192, 8, 1>>;
+}
+extern "C" __global__ void __launch_bounds__(128) k4_softmax_combine(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2,
+    const mucc::f16* __restrict__ v3) {
+  using namespace k4_softmax_combine_l;
+  mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 1024, 8, 64, 8, 8, 4>(v0, v1, v2, v3);
 }
 
 #ifndef __CUDACC_RTC__
@@ -295,11 +186,11 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     MUCC_CHECK(mucc::host::launch(kernel, dim3(1, 8, 16), dim3(128, 1, 1), 139904, stream, args));
   }
 
-  // launch k4_customized
+  // launch k4_softmax_combine
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
-    void* const args[] = {buf.out(0, 0), buf.ws(1064960), buf.ws(0), buf.ws(1048576), buf.ws(1064960)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 4384, stream, args));
+    const void* kernel = reinterpret_cast<const void*>(&k4_softmax_combine);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(1048576), buf.ws(1064960)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(128, 1, 1), 0, stream, args));
   }
 
   return 0;
