@@ -78,7 +78,7 @@ pub enum KnOpKind {
     /// mucc-internal (never in a Mirage file; the online-softmax rewrite makes it): combines
     /// the partial results of attention split over `splits` key blocks. Inputs O
     /// `[…, rows, splits·d]`, l and m `[…, rows, splits]`; output `[…, rows, d]`: per row, with
-    /// M = maxₛ m[s] and wₛ = exp(m[s] − M), y[j] = Σₛ wₛ·O[s·d + j] / Σₛ wₛ·l[s].
+    /// `M = maxₛ m[s]` and `wₛ = exp(m[s] − M)`, `y[j] = Σₛ wₛ·O[s·d + j] / Σₛ wₛ·l[s]`.
     SoftmaxCombine {
         /// Key splits.
         splits: usize,

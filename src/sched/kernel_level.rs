@@ -17,6 +17,7 @@ use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::mirage_json::names;
 use crate::graph::ops::{BinaryOp, UnaryOp};
 use crate::graph::shape::Shape;
+use crate::target::Target;
 use serde::{Deserialize, Serialize};
 
 /// Threads per block of kernel-level kernels.
@@ -24,6 +25,12 @@ pub const THREADS: u32 = 256;
 /// Threads per block of the softmax combination (smaller blocks than [`THREADS`] spread its
 /// rows over more SMs).
 const COMBINE_THREADS: u32 = 128;
+/// The softmax combination's split lanes double while its threads stay within this many per
+/// SM (half the resident maximum). H100, combine alone (µs) for 1, 2 and 4 lanes: gqa_bs8 g8
+/// (4096 rows × 8 threads, 16 splits) 5.0, 3.6, 3.5; mqa_bs8 g4 (8192 rows, 8 splits) 3.8,
+/// 3.5, 4.2 (4 lanes: 2 threads per SM slot, over the limit); gqa_bs1 g19 (512 rows) 4.6, 2.8,
+/// 2.1; mqa_bs1 g3 (1024 rows) 3.2, 2.0, 1.8.
+const COMBINE_THREADS_PER_SM: usize = 1024;
 /// Most blocks a grid-stride kernel launches.
 const MAX_BLOCKS: usize = 65535;
 /// Reduction lengths from which a warp (not a thread) computes each output.
@@ -323,6 +330,8 @@ struct Planner<'a> {
     outputs: &'a [IoPlan],
     /// GPUs of the graph's mesh.
     gpus: usize,
+    /// SMs of the target.
+    sms: usize,
 }
 
 impl Planner<'_> {
@@ -480,14 +489,15 @@ impl Planner<'_> {
                 let dtype = g.tensors[y].dtype;
                 let vector = vector_len(&[&out, &o], dtype);
                 let group = (d / vector).clamp(1, 32);
+                let rows = ys.numel() / d;
                 let mut split_lanes = 1;
                 while group.is_power_of_two()
                     && group * split_lanes * 2 <= 32
                     && splits.is_multiple_of(split_lanes * 2)
+                    && rows * group * split_lanes * 2 <= self.sms * COMBINE_THREADS_PER_SM
                 {
                     split_lanes *= 2;
                 }
-                let rows = ys.numel() / d;
                 KnOpPlan::SoftmaxCombine {
                     out,
                     o,
@@ -598,6 +608,7 @@ pub(super) fn plan_kernel_ops(
     g: &KernelGraph,
     dt: &[DTensorGeometry],
     outputs: &[IoPlan],
+    target: &Target,
 ) -> Result<Vec<KnOpPlan>, PlanError> {
     let gpus = g.sharding.num_gpus();
     let p = Planner {
@@ -605,6 +616,7 @@ pub(super) fn plan_kernel_ops(
         dt,
         outputs,
         gpus,
+        sms: target.typical_sms,
     };
     g.ops.iter().map(|(h, op)| p.plan(h, op)).collect()
 }

@@ -236,7 +236,7 @@ fn plan_graph(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
             arch: target.arch.to_string(),
         });
     }
-    let mut kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs)?;
+    let mut kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs, target)?;
     let exchange_bytes =
         exchange::fuse_all_reduces(g, &mut kernel_ops, &mut kernels, opts.all_reduce);
     plan_dependent_launches(&kernel_ops, &mut kernels, opts);

@@ -11,11 +11,10 @@
 //!   change d = m_old − m_new), exponentiates S − m, and rescales both accumulators by e^d each
 //!   iteration (`accum_*_rescale`); it writes three partials per block: O = Σ e^(S−m)·V,
 //!   l = Σ e^(S−m) and its final m;
-//! * a new combining step replaces the original one (and any kernel-level division after it):
-//!   M, the max of the splits' m per row, then a for-loop over the splits' partials of one row
-//!   group summing e^(m−M)·O and e^(m−M)·l and dividing; from [`TWO_KERNEL_MIN_SPLITS`] splits
-//!   M is a kernel of its own, so that the loop's sums are plain and the Hopper path may split
-//!   the loop over a cluster.
+//! * one kernel-level operator, [`KnOpKind::SoftmaxCombine`], replaces the original combining
+//!   step (and any kernel-level division after it): per row, M, the max of the splits' m, then
+//!   the sums of e^(m−M)·O and e^(m−M)·l over the splits, and their quotient (runtime
+//!   `kn::softmax_combine`, planned in `sched::kernel_level`).
 //!
 //! Exactly: O_final = Σₚ e^(mₚ−M)·Oₚ / Σₚ e^(mₚ−M)·lₚ = Σ e^S·V / Σ e^S. Only the rounding
 //! differs; every stored value is bounded (e^(S−m) ≤ 1, lₚ ≤ keys per block).
