@@ -1095,6 +1095,28 @@ mod tests {
         }
     }
 
+    /// The combining operator is checked like any operator (a wrong split count is an error
+    /// naming it), and a rewritten graph cannot be written as Mirage JSON (the format has no
+    /// such operator): the export says so instead of writing something Mirage cannot read.
+    #[test]
+    fn the_combining_operator_validates_and_is_never_exported() {
+        let g = attention_sized(AccumKind::Nored, false, (2, 16, 8, 64, 4), 2);
+        let rw = online_softmax(&g, true);
+        let mut g2 = *rw.graph.expect("rewritten");
+        let at = rw.applied[0].combine;
+        let h = g2.ops.handles().nth(at).unwrap();
+        assert_eq!(g2.ops[h].kind, KnOpKind::SoftmaxCombine { splits: 4 });
+        assert!(crate::graph::validate::validate(&g2, None).is_ok());
+        let e = crate::graph::mirage_json::graph_to_json(&g2, &Default::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("mucc's internal softmax_combine"),
+            "{e}"
+        );
+        g2.ops[h].kind = KnOpKind::SoftmaxCombine { splits: 3 };
+        let e = crate::graph::validate::validate(&g2, None).unwrap_err();
+        assert!(e.to_string().contains("softmax_combine of 3 splits"), "{e}");
+    }
+
     #[test]
     fn the_rewritten_kernel_stores_bounded_partials() {
         let g = attention(AccumKind::RedLdSum, true);
