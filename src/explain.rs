@@ -705,10 +705,14 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 ..
             } => format!(
                 "softmax combination of {splits} key splits for {rows} rows of {d}: {} threads \
-                 per row ({group} along the outputs with {vector}-element vectors x \
-                 {split_lanes} along the splits, summed by warp shuffles), weights \
+                 per row ({group} along the outputs with {vector}-element vectors{}), weights \
                  exp(m - max m) in registers, no shared memory; {} blocks x {} threads",
                 group * split_lanes,
+                if *split_lanes == 1 {
+                    ", each summing every split".to_string()
+                } else {
+                    format!(" x {split_lanes} along the splits, summed by warp shuffles")
+                },
                 launch.blocks,
                 launch.threads
             ),

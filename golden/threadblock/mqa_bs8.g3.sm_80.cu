@@ -162,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128) k4_softmax_combine(
     const mucc::f16* __restrict__ v2,
     const mucc::f16* __restrict__ v3) {
   using namespace k4_softmax_combine_l;
-  mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 8192, 8, 64, 8, 8, 4>(v0, v1, v2, v3);
+  mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 8192, 8, 64, 8, 8, 1>(v0, v1, v2, v3);
 }
 
 #ifndef __CUDACC_RTC__
@@ -187,7 +187,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k4_softmax_combine);
     void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(8388608), buf.ws(8519680)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2048, 1, 1), dim3(128, 1, 1), 0, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(512, 1, 1), dim3(128, 1, 1), 0, stream, args));
   }
 
   return 0;
