@@ -730,7 +730,7 @@ fn a_fused_all_reduce_says_why_it_stays_nccl() {
     let p = plan_for(&row_parallel(DType::BF16, false)).unwrap();
     assert!(p.kernel_ops.iter().any(|k| matches!(
         k,
-        KnOpPlan::AllReduce { fused: AllReduceForm::Nccl(w), .. } if w == "--all-reduce nccl"
+        KnOpPlan::AllReduce { fused: AllReduceForm::Nccl(w), .. } if w == mucc::sched::exchange::NCCL_CHOSEN
     )));
     assert_eq!(p.exchange_bytes, 0);
 }

@@ -157,6 +157,12 @@ pub(super) fn fuse_all_reduces(
     bytes
 }
 
+/// Why an all-reduce stays NCCL when the options ask for it (the default of `transpile`,
+/// `build` and `explain`; `run` and `bench` default to the fused form, which this names so that
+/// `explain` does not mislead about what a run does).
+pub const NCCL_CHOSEN: &str = "--all-reduce nccl (the default of transpile, build and explain; run \
+     and bench default to --all-reduce fused, whose plan `explain --all-reduce fused` shows)";
+
 /// The kernel that performs all-reduce `ar` and its exchange, or why none does.
 #[allow(clippy::too_many_arguments)]
 fn decide(
@@ -171,7 +177,7 @@ fn decide(
     region: usize,
 ) -> Result<(usize, Exchange), String> {
     if choice == AllReduceChoice::Nccl {
-        return Err("--all-reduce nccl".into());
+        return Err(NCCL_CHOSEN.into());
     }
     if gpus > MAX_GPUS {
         return Err(format!(
