@@ -230,18 +230,6 @@ fn views_kernel(
     (view, launch(name, l, views.iter().map(|v| v.at).collect()))
 }
 
-/// A kernel over `out` and `x` whose body is one runtime call.
-fn unary_view_kernel(
-    name: &str,
-    comment: String,
-    (out, x): (&View, &View),
-    dtype: DType,
-    l: GridStride,
-    call: String,
-) -> (KernelView, Step) {
-    views_kernel(name, comment, &[out, x], dtype, l, call)
-}
-
 /// The kernel (if any) and steps of kernel-level operator `h`.
 pub(super) fn emit(
     g: &KernelGraph,
@@ -306,7 +294,7 @@ pub(super) fn emit(
             let call = format!(
                 "mucc::kn::reduce<{t}, L0, L1, {to}, {len}, {inner}, {stride}, {warp_per_output}>(v0, v1);"
             );
-            unary_view_kernel(&name, comment, (out, x), *dtype, *l, call)
+            views_kernel(&name, comment, &[out, x], *dtype, *l, call)
         }
         KnOpPlan::RmsNorm {
             out,
@@ -319,7 +307,7 @@ pub(super) fn emit(
             let name = symbols.kernel(&format!("k{k}_rms_norm"));
             let t = ctype(*dtype);
             let call = format!("mucc::kn::rms_norm<{t}, L0, L1, {rows}, {group}>(v0, v1);");
-            unary_view_kernel(&name, comment, (out, x), *dtype, *l, call)
+            views_kernel(&name, comment, &[out, x], *dtype, *l, call)
         }
         KnOpPlan::SoftmaxCombine {
             out,

@@ -389,37 +389,32 @@ pub fn tp_fused_attention(
     let o = tb.matmul(e, tv)?;
     let o = tb.forloop_accum(o, AccumKind::Nored)?;
     let blocks = count("hidden columns per block", hidden, tiles.hidden_cols)?;
-    if splits == 1 {
-        // One block per head: it divides after its loop, and kernel 2 is a plain linear.
+    // Kernel 2 starts from each head's output: written by kernel 1 (one split: it divides
+    // after its loop), or the splits' partials summed and divided here.
+    let (mut k2, p) = if splits == 1 {
         let p = tb.div(o, sum)?;
         tb.new_output(p, [0, -1, -1])?;
         let p = g.customized(tb)?[0];
-        let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local);
-        let tp = tb.new_input(&g, p, [-1, -1, -1], 0)?;
-        let tw = tb.new_input(&g, wo, [2, -1, -1], 0)?;
-        let z = tb.matmul(tp, tw)?;
-        let acc = tb.forloop_accum(z, AccumKind::Nored)?;
-        tb.new_output(acc, [2, -1, -1])?;
-        let partial = g.customized(tb)?[0];
-        let y = g.all_reduce(partial)?;
-        g.mark_output_sharded(y, [-1, -1, -1])?;
-        return Ok(g.build()?);
-    }
-    tb.new_output(o, [0, 2, -1])?;
-    tb.new_output(sum, [0, 2, -1])?;
-    let outs = g.customized(tb)?;
-    let (o, sum) = (outs[0], outs[1]);
-    let mut tb = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local).with_reduction_dimx(d);
-    let to = tb.new_input(&g, o, [-1, -1, -1], 0)?;
-    let ts = tb.new_input(&g, sum, [-1, -1, -1], 0)?;
-    let tw = tb.new_input(&g, wo, [2, -1, -1], 0)?;
-    let o = tb.reduction_to_dimx(to, 2)?;
-    let sum = tb.reduction(ts, 2)?;
-    let p = tb.div(o, sum)?;
-    let z = tb.matmul(p, tw)?;
-    let acc = tb.forloop_accum(z, AccumKind::Nored)?;
-    tb.new_output(acc, [2, -1, -1])?;
-    let partial = g.customized(tb)?[0];
+        let mut k2 = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local);
+        let tp = k2.new_input(&g, p, [-1, -1, -1], 0)?;
+        (k2, tp)
+    } else {
+        tb.new_output(o, [0, 2, -1])?;
+        tb.new_output(sum, [0, 2, -1])?;
+        let outs = g.customized(tb)?;
+        let mut k2 = TbGraphBuilder::new([blocks, 1, 1], [128, 1, 1], local).with_reduction_dimx(d);
+        let to = k2.new_input(&g, outs[0], [-1, -1, -1], 0)?;
+        let ts = k2.new_input(&g, outs[1], [-1, -1, -1], 0)?;
+        let o = k2.reduction_to_dimx(to, 2)?;
+        let sum = k2.reduction(ts, 2)?;
+        let p = k2.div(o, sum)?;
+        (k2, p)
+    };
+    let tw = k2.new_input(&g, wo, [2, -1, -1], 0)?;
+    let z = k2.matmul(p, tw)?;
+    let acc = k2.forloop_accum(z, AccumKind::Nored)?;
+    k2.new_output(acc, [2, -1, -1])?;
+    let partial = g.customized(k2)?[0];
     let y = g.all_reduce(partial)?;
     g.mark_output_sharded(y, [-1, -1, -1])?;
     Ok(g.build()?)

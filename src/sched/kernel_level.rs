@@ -245,7 +245,8 @@ pub enum KnOpPlan {
         group: usize,
         /// Groups per row that share its key splits (split p, p + this, …), their sums added
         /// by warp shuffles: the largest power of two dividing `splits` with `group` × this ≤ 32
-        /// (1 when `group` is no power of two).
+        /// and at most 1024 threads per SM in all (`COMBINE_THREADS_PER_SM`; 1 when `group` is no
+        /// power of two).
         split_lanes: usize,
         /// Launch.
         launch: GridStride,
