@@ -75,6 +75,9 @@ struct Cfg {
   int ws;      // 1: producer warp
   int delay;   // consumer delay per iteration (ns)
   int ef;      // evict-first hint
+  int fixed;   // > 0: exactly this many CTAs per column block (else one wave of `split` per SM)
+  int cluster; // 1: the CTAs of a column block form a cluster (as mucc's cluster split), which
+               // ends with a cluster barrier
 };
 
 __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total, Cfg c, float* sink) {
@@ -144,7 +147,28 @@ __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total,
       if (tid % 32 == 0) mbar_arrive(empty + i % c.stages);
     }
   }
+  if (c.cluster) asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
   if (acc == 12345.678f) sink[0] = acc;
+}
+
+// One launch, with a cluster of `split` CTAs when c.cluster is set.
+static void launch(dim3 grid, int threads, int smem, cudaStream_t st, const CUtensorMap& map, int iters,
+                   Cfg c, float* sink) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  if (c.cluster) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = c.split;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  CK(cudaLaunchKernelEx(&cfg, stream, map, iters, c, sink));
 }
 
 typedef CUresult (*EncodeFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -187,7 +211,10 @@ int main() {
   struct Shape {
     int k, n;
   };
-  const Shape shapes[] = {{11008, 2048}, {18944, 3584}};
+  // MUCC_TMA_QUICK=1: the four decode shapes, a few configurations without delay.
+  const bool quick = std::getenv("MUCC_TMA_QUICK") != nullptr;
+  std::vector<Shape> shapes = {{11008, 2048}, {18944, 3584}};
+  if (quick) shapes = {{3584, 4608}, {11008, 2048}, {2048, 22016}, {18944, 3584}};
   for (Shape sh : shapes) {
     const size_t bytes = size_t(sh.k) * sh.n * 2;
     const int copies = 4;  // rotated, past the L2
@@ -197,16 +224,32 @@ int main() {
       CK(cudaMemset(p, 1, bytes));
     }
     std::printf("\nW %d x %d bf16 (%.1f MB)\n", sh.k, sh.n, bytes / 1e6);
-    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s\n", "bk", "boxes", "stages", "ctas", "ws",
-                "delay", "ef", "smem", "us", "GB/s");
+    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s %3s\n", "bk", "boxes", "stages", "ctas", "ws",
+                "delay", "ef", "smem", "us", "GB/s", "cl");
     std::vector<Cfg> cfgs;
+    if (quick) {
+      for (int ws : {0, 1})
+        for (int bk : {56, 172})
+          for (int stages : {3, 4})
+            for (int per_sm : {1, 2, 3}) cfgs.push_back({bk, 1, stages, per_sm, ws, 0, 0, 0, 0});
+      // mucc's decode plans (box rows, stages, CTAs per column block), with and without a
+      // cluster: 3584 x 4608 in clusters of 4 (16 iterations of 56 rows, 4 stages), 11008 x
+      // 2048 in clusters of 8 (8 iterations of 172 rows, 2 stages).
+      const int bk = sh.k == 3584 ? 56 : 172, split = sh.k == 3584 ? 4 : 8;
+      for (int cl : {0, 1})
+        if (sh.k == 3584 || sh.k == 11008)
+        for (int stages : {2, 3, 4}) cfgs.push_back({bk, 1, stages, 0, 0, 0, 0, split, cl});
+    }
     for (int ws : {0, 1})
+      if (!quick)
       for (int delay : {0, 600})
         for (int bk : {172, 86, 256})
           for (int stages : {2, 3, 4, 6, 8})
-            for (int per_sm : {1, 2, 3}) cfgs.push_back({bk, 1, stages, per_sm, ws, delay, 0});
-    for (int ef : {1}) cfgs.push_back({172, 1, 4, 2, 1, 0, ef});
-    for (int stages : {2, 4}) cfgs.push_back({172, 2, stages, 2, 1, 0, 0});
+            for (int per_sm : {1, 2, 3}) cfgs.push_back({bk, 1, stages, per_sm, ws, delay, 0, 0, 0});
+    if (!quick)
+      for (int ef : {1}) cfgs.push_back({172, 1, 4, 2, 1, 0, ef, 0, 0});
+    if (!quick)
+      for (int stages : {2, 4}) cfgs.push_back({172, 2, stages, 2, 1, 0, 0, 0, 0});
     for (Cfg c : cfgs) {
       const int col_blocks = sh.n / (64 * c.boxes);
       const int per_sm = c.split;  // reinterpret: CTAs per SM wanted
@@ -214,10 +257,11 @@ int main() {
       c.split = want / col_blocks > 0 ? want / col_blocks : 1;  // one wave
       const int iters = (sh.k + c.bk - 1) / c.bk;
       if (c.split > iters) c.split = iters;
+      if (c.fixed > 0) c.split = c.fixed;
       const int ctas = col_blocks * c.split;
       const int ring = c.stages * c.bk * 128 * c.boxes;
       int smem = 1024 + ring;
-      const int slot = 228 * 1024 / per_sm - 1024 - 1024;
+      const int slot = per_sm > 0 ? 228 * 1024 / per_sm - 1024 - 1024 : 0;
       if (smem < slot) smem = slot;  // force the residency
       if (1024 + ring > 227 * 1024) continue;
       if (smem > 227 * 1024) smem = 227 * 1024;
@@ -236,7 +280,7 @@ int main() {
       }
       const int threads = c.ws ? 160 : 128;
       for (int i = 0; i < 8; ++i)
-        stream<<<ctas, threads, smem>>>(maps[i % copies], iters, c, sink);
+        launch(dim3(ctas), threads, smem, 0, maps[i % copies], iters, c, sink);
       CK(cudaGetLastError());
       CK(cudaDeviceSynchronize());
       // Timed as CUDA-graph replays (as `mucc bench`): 40 launches per replay, 5 replays.
@@ -246,7 +290,7 @@ int main() {
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      for (int i = 0; i < reps; ++i) stream<<<ctas, threads, smem, st>>>(maps[i % copies], iters, c, sink);
+      for (int i = 0; i < reps; ++i) launch(dim3(ctas), threads, smem, st, maps[i % copies], iters, c, sink);
       CK(cudaStreamEndCapture(st, &graph));
       CK(cudaGraphInstantiate(&exec, graph, 0));
       CK(cudaGraphLaunch(exec, st));
@@ -268,8 +312,8 @@ int main() {
       cudaGraphDestroy(graph);
       cudaStreamDestroy(st);
       const double us = ms * 1e3 / reps;
-      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f\n", c.bk, c.boxes, c.stages, ctas, c.ws,
-                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9);
+      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f %3d\n", c.bk, c.boxes, c.stages, ctas, c.ws,
+                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9, c.cluster);
     }
     for (auto p : w) cudaFree(p);
   }
