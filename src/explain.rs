@@ -21,7 +21,16 @@ use crate::sched::plan::{
 /// The plan as stable text (what `mucc explain` prints).
 pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "target {}", p.target.arch);
+    let _ = write!(s, "target {}", p.target.arch);
+    let full = crate::target::Target::new(p.target.arch).max_pipeline_stages;
+    if p.target.max_pipeline_stages < full {
+        let _ = write!(
+            s,
+            " (pipeline rings of at most {} stages: --max-stages or a tuned variant)",
+            p.target.max_pipeline_stages
+        );
+    }
+    let _ = writeln!(s);
     for f in &p.rewrite.fused {
         let _ = writeln!(
             s,

@@ -915,6 +915,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         warps: None,
         dependent_launch: false,
         fuse_matmuls: true,
+        stages: None,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {

@@ -109,6 +109,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 fuse_matmuls: true,
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
+                max_stages: None,
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

@@ -24,6 +24,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         fuse_matmuls: true,
         online_softmax: Default::default(),
         all_reduce: Default::default(),
+        max_stages: None,
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -260,6 +260,7 @@ fn kernel_level_goldens() {
             fuse_matmuls: true,
             online_softmax: Default::default(),
             all_reduce: Default::default(),
+            max_stages: None,
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

@@ -268,6 +268,7 @@ fn opts(arch: Arch) -> Options {
         fuse_matmuls: true,
         online_softmax: Default::default(),
         all_reduce: Default::default(),
+        max_stages: None,
     }
 }
 

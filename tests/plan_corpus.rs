@@ -121,6 +121,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         fuse_matmuls: true,
                         online_softmax: Default::default(),
                         all_reduce: Default::default(),
+                        max_stages: None,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -196,6 +197,7 @@ fn plans_are_deterministic() {
                 fuse_matmuls: true,
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
+                max_stages: None,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -188,6 +188,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         fuse_matmuls: true,
         online_softmax: Default::default(),
         all_reduce: Default::default(),
+        max_stages: None,
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -287,6 +288,7 @@ fn shared_memory_overflow_is_an_error() {
             fuse_matmuls: true,
             online_softmax: Default::default(),
             all_reduce: Default::default(),
+            max_stages: None,
         },
     )
     .unwrap_err();
@@ -333,6 +335,7 @@ fn workspace_reuses_dead_intermediates() {
             fuse_matmuls: true,
             online_softmax: Default::default(),
             all_reduce: Default::default(),
+            max_stages: None,
         },
     )
     .unwrap();
@@ -449,6 +452,7 @@ fn plan_for(
         fuse_matmuls: true,
         online_softmax: Default::default(),
         all_reduce: Default::default(),
+        max_stages: None,
     };
     mucc::sched::plan(g, &opts)
 }
@@ -577,6 +581,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             fuse_matmuls: false,
             online_softmax: Default::default(),
             all_reduce: Default::default(),
+            max_stages: None,
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

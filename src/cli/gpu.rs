@@ -75,6 +75,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
             .path
             .all_reduce
             .unwrap_or(mucc::sched::exchange::AllReduceChoice::Fused),
+        max_stages: a.path.max_stages.map(|s| s as usize),
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -198,6 +198,12 @@ pub struct PathArg {
     /// take the buffers as an argument. Both compute the same function.
     #[arg(long = "all-reduce", value_name = "nccl|fused", value_parser = |s: &str| s.parse::<mucc::sched::exchange::AllReduceChoice>())]
     pub all_reduce: Option<mucc::sched::exchange::AllReduceChoice>,
+    /// The deepest pipeline ring (stages of a for-loop's streamed inputs) a threadblock kernel
+    /// may get, 1 to 4 (default: 4, the planner's choice below it). A shallower ring takes less
+    /// shared memory, so that more CTAs stream at once; `mucc tune` tries 2 and 3. Any depth
+    /// computes the same function.
+    #[arg(long = "max-stages", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub max_stages: Option<u32>,
 }
 
 impl PathArg {
@@ -208,6 +214,7 @@ impl PathArg {
             && !self.no_wgmma
             && !self.no_fuse_matmuls
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
+            && self.max_stages.is_none()
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -232,6 +239,9 @@ impl PathArg {
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.online_softmax = self.online_softmax;
         opts.all_reduce = self.all_reduce.unwrap_or_default();
+        if self.max_stages.is_some() {
+            opts.max_stages = self.max_stages.map(|s| s as usize);
+        }
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -52,6 +52,8 @@ pub struct SessionOptions {
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
     /// How multi-GPU plans run their all-reduces (`--all-reduce`).
     pub all_reduce: crate::sched::exchange::AllReduceChoice,
+    /// The deepest pipeline ring a threadblock kernel may get (`--max-stages`).
+    pub max_stages: Option<usize>,
 }
 
 /// Why a session could not open.
@@ -117,6 +119,7 @@ impl Session {
             fuse_matmuls: !a.no_fuse_matmuls,
             online_softmax: a.online_softmax,
             all_reduce: a.all_reduce,
+            max_stages: a.max_stages,
         };
         Ok(Session {
             gpu,

@@ -35,6 +35,9 @@ pub struct Variant {
     /// caches written before the fusion existed: on).
     #[serde(default = "on", skip_serializing_if = "is_on")]
     pub fuse_matmuls: bool,
+    /// The deepest pipeline ring threadblock kernels may get (`None`: the target's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages: Option<usize>,
 }
 
 fn on() -> bool {
@@ -63,6 +66,7 @@ impl Variant {
         dependent_launch: false,
         warps: None,
         fuse_matmuls: true,
+        stages: None,
     };
 
     /// `base` with this variant's knobs.
@@ -79,6 +83,7 @@ impl Variant {
                 None => CtaChoice::Auto,
             },
             fuse_matmuls: self.fuse_matmuls,
+            max_stages: self.stages,
             ..base.clone()
         }
     }
@@ -101,6 +106,9 @@ impl fmt::Display for Variant {
         if !self.fuse_matmuls {
             f.write_str(" fuse=off")?;
         }
+        if let Some(s) = self.stages {
+            write!(f, " stages={s}")?;
+        }
         Ok(())
     }
 }
@@ -108,8 +116,14 @@ impl fmt::Display for Variant {
 /// Warps per CTA tried besides the cost model's choice.
 pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
 
+/// Shallower pipeline rings tried (stages, warps): a ring of 4 stages leaves an SM room for
+/// fewer CTAs than one of 2 or 3. Measured (NVIDIA H100, docs/benchmarks.md): decode_m8
+/// 2048×22016 with 8 warps and 3 stages (clusters of 2) 34.6 µs against 37.3 with the default
+/// plan (4 warps, 4 stages, clusters of 4).
+pub const TUNED_STAGES: [(usize, Option<usize>); 3] = [(2, None), (3, None), (3, Some(8))];
+
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
-/// per CTA and without matmul fusion; on sm_90a also the Hopper path with and without the
+/// per CTA, without matmul fusion and with the shallower rings of [`TUNED_STAGES`]; on sm_90a also the Hopper path with and without the
 /// cluster split and programmatic launches, and the Ampere path. Variants that plan to the same
 /// code as an earlier one are measured once (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
@@ -124,6 +138,13 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
         fuse_matmuls: false,
         ..Variant::DEFAULT
     });
+    for (stages, warps) in TUNED_STAGES {
+        v.push(Variant {
+            stages: Some(stages),
+            warps,
+            ..Variant::DEFAULT
+        });
+    }
     if arch == Arch::Sm90a {
         for (cluster_split, dependent_launch) in [(true, true), (false, false), (false, true)] {
             v.push(Variant {
@@ -344,12 +365,14 @@ fn load_entry(p: &Path, hash: &str, gpu: Option<&str>) -> Result<Option<TuneEntr
 }
 
 impl Variant {
-    /// Whether the variant can be planned: a CTA of 1 to [`MAX_WARPS`] warps.
+    /// Whether the variant can be planned: a CTA of 1 to [`MAX_WARPS`] warps, rings of 1 to 4
+    /// stages.
     fn check(&self) -> Result<(), String> {
-        match self.warps {
-            Some(w) if !(1..=MAX_WARPS).contains(&w) => {
+        match (self.warps, self.stages) {
+            (Some(w), _) if !(1..=MAX_WARPS).contains(&w) => {
                 Err(format!("{w} warps per CTA (a CTA has 1 to {MAX_WARPS})"))
             }
+            (_, Some(s)) if !(1..=4).contains(&s) => Err(format!("rings of {s} stages (1 to 4)")),
             _ => Ok(()),
         }
     }
@@ -540,8 +563,18 @@ mod tests {
             d.dedup();
             assert_eq!(d.len(), v.len(), "{arch}");
         }
-        assert_eq!(variants(Arch::Sm80).len(), 2 + TUNED_WARPS.len());
-        assert_eq!(variants(Arch::Sm90a).len(), 6 + TUNED_WARPS.len());
+        let n = TUNED_WARPS.len() + TUNED_STAGES.len();
+        assert_eq!(variants(Arch::Sm80).len(), 2 + n);
+        assert_eq!(variants(Arch::Sm90a).len(), 6 + n);
+        // The shallower rings follow the unfused variant; one plans 8 warps.
+        let shallow = variants(Arch::Sm90a)[2 + TUNED_WARPS.len() + 2];
+        assert_eq!(
+            shallow.to_string(),
+            "path=auto split=on pdl=off warps=8 stages=3"
+        );
+        let opts = shallow.apply(&Options::for_target(Target::new(Arch::Sm90a)));
+        assert_eq!(opts.max_stages, Some(3));
+        assert_eq!(opts.with_stage_cap().target.max_pipeline_stages, 3);
         // One variant keeps every kernel-level matmul a step.
         let unfused = variants(Arch::Sm80)[1 + TUNED_WARPS.len()];
         assert_eq!(unfused.to_string(), "path=auto split=on pdl=off fuse=off");

@@ -1699,6 +1699,44 @@ mod tests {
         assert_eq!(kp.pipeline_stages(), 4);
     }
 
+    /// `Options::max_stages` caps the ring (a tuning variant, `--max-stages`): the decode
+    /// kernel of 2048 × 22016 keeps 4 stages by default, 2 or 3 under the cap, with less shared
+    /// memory; the cap leaves the function alone (same operators, same split).
+    #[test]
+    fn max_stages_caps_the_ring() {
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        let g = decode_gated_linear(8, 2048, 22016, 86, 64, DType::BF16).unwrap();
+        let opts = Options::for_target(Target::new(Arch::Sm90a));
+        let plan_with = |s: Option<usize>| {
+            let o = Options {
+                max_stages: s,
+                ..opts.clone()
+            };
+            let p = crate::sched::plan(&g, &o).unwrap();
+            p.kernels.values().next().unwrap().clone()
+        };
+        let (base, two, three) = (plan_with(None), plan_with(Some(2)), plan_with(Some(3)));
+        assert_eq!(base.pipeline_stages(), 4);
+        assert_eq!(two.pipeline_stages(), 2);
+        assert_eq!(three.pipeline_stages(), 3);
+        assert!(two.smem.total < three.smem.total && three.smem.total < base.smem.total);
+        assert_eq!(plan_with(Some(9)).pipeline_stages(), 4);
+        // `explain` says where the cap came from.
+        let o = Options {
+            max_stages: Some(2),
+            ..opts.clone()
+        };
+        let text = crate::explain::explain(&g, &crate::sched::plan(&g, &o).unwrap());
+        assert!(
+            text.contains("target sm_90a (pipeline rings of at most 2 stages"),
+            "{text}"
+        );
+        let text = crate::explain::explain(&g, &crate::sched::plan(&g, &opts).unwrap());
+        assert!(text.contains("target sm_90a\n"), "{text}");
+    }
+
     /// Decode at M = 8: silu ⊙ Y is one fused chain into the matmul's A tile, which the layout
     /// lays out by rows (`TB_FEW_ROWS_A_BY_COLUMNS`), so the pass takes vector steps and A
     /// loads by 32-bit pairs.

@@ -100,6 +100,8 @@ fn plan_dependent_launches(
 /// the plan is that of the rewritten graph ([`GraphPlan::rewrite`], [`GraphPlan::graph`]).
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
+    let capped = opts.with_stage_cap();
+    let opts = &capped;
     let mut rw = rewrite::fuse_matmuls(g, opts.fuse_matmuls);
     if let Some(g2) = rw.graph.take() {
         match plan_with_softmax(&g2, opts) {

@@ -67,6 +67,10 @@ pub struct Options {
     /// ([`super::softmax`]; by default where the rescaling stays in registers,
     /// `--online-softmax` chooses).
     pub online_softmax: super::softmax::SoftmaxChoice,
+    /// The deepest pipeline ring (stages) a threadblock kernel may get, below the target's
+    /// maximum (`None`: the target's, 4). A tuning variant and `--max-stages` lower it: a
+    /// shallower ring takes less shared memory, so more CTAs stream at once.
+    pub max_stages: Option<usize>,
     /// Whether all-reduces stay NCCL calls or are fused into the kernel writing their input
     /// ([`super::exchange`]; NCCL by default: the fused form needs exchange buffers from the
     /// caller).
@@ -89,7 +93,17 @@ impl Options {
             fuse_matmuls: true,
             online_softmax: super::softmax::SoftmaxChoice::Piped,
             all_reduce: super::exchange::AllReduceChoice::Nccl,
+            max_stages: None,
         }
+    }
+
+    /// These options with the target's pipeline depth capped at [`Options::max_stages`].
+    pub fn with_stage_cap(&self) -> Options {
+        let mut o = self.clone();
+        if let Some(s) = self.max_stages {
+            o.target.max_pipeline_stages = o.target.max_pipeline_stages.min(s.max(1));
+        }
+        o
     }
 }
 
