@@ -273,6 +273,34 @@ fn a_closed_stdout_is_not_an_error() {
     assert_ne!(o.status.code(), Some(2));
 }
 
+/// `--max-stages` caps every ring (explain's target line and operator lines say so); values
+/// outside 1–4 are refused by the argument parser.
+#[test]
+fn max_stages_caps_the_rings_and_explain_says_so() {
+    let file = corpus("single_gated_mlp.json");
+    let o = mucc(&["explain", &file, "--arch", "sm_90a", "--max-stages", "2"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("target sm_90a (pipeline rings of at most 2 stages"),
+        "{out}"
+    );
+    assert!(out.contains("pipelined x2"), "{out}");
+    assert!(
+        !out.contains("pipelined x3") && !out.contains("pipelined x4"),
+        "{out}"
+    );
+    let o = mucc(&["explain", &file, "--arch", "sm_90a"]);
+    let (out, _) = text(&o);
+    assert!(out.contains("target sm_90a\n"), "{out}");
+    for bad in ["0", "5"] {
+        let o = mucc(&["explain", &file, "--max-stages", bad]);
+        let (_, err) = text(&o);
+        assert_ne!(o.status.code(), Some(0), "{err}");
+        assert!(err.contains("--max-stages"), "{err}");
+    }
+}
+
 #[test]
 fn explain_all_prints_every_graph_in_order() {
     let o = mucc(&["explain", &corpus("lora.json"), "--all", "--arch", "sm_90a"]);

@@ -1723,18 +1723,6 @@ mod tests {
         assert_eq!(three.pipeline_stages(), 3);
         assert!(two.smem.total < three.smem.total && three.smem.total < base.smem.total);
         assert_eq!(plan_with(Some(9)).pipeline_stages(), 4);
-        // `explain` says where the cap came from.
-        let o = Options {
-            max_stages: Some(2),
-            ..opts.clone()
-        };
-        let text = crate::explain::explain(&g, &crate::sched::plan(&g, &o).unwrap());
-        assert!(
-            text.contains("target sm_90a (pipeline rings of at most 2 stages"),
-            "{text}"
-        );
-        let text = crate::explain::explain(&g, &crate::sched::plan(&g, &opts).unwrap());
-        assert!(text.contains("target sm_90a\n"), "{text}");
     }
 
     /// Decode at M = 8: silu ⊙ Y is one fused chain into the matmul's A tile, which the layout
