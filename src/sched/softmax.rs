@@ -292,17 +292,20 @@ fn exps_of_products(tb: &TbGraph) -> Vec<Handle<TbOp>> {
         return Vec::new();
     }
     let producers = tb.producers();
+    // The tiles some matmul takes as A, found once (a scan per exp made long chains quadratic).
+    let mut a_of_matmul = vec![false; tb.tensors.len()];
+    for (_, r) in tb.ops.iter() {
+        if matches!(r.kind, TbOpKind::Matmul) {
+            a_of_matmul[r.inputs[0].index()] = true;
+        }
+    }
     tb.ops
         .iter()
         .filter(|(_, op)| matches!(op.kind, TbOpKind::Unary(UnaryOp::Exp)))
         .filter(|(_, op)| {
             let of_product = producers[op.inputs[0].index()]
                 .is_some_and(|p| matches!(tb.ops[p].kind, TbOpKind::Matmul));
-            let into_matmul = tb
-                .ops
-                .iter()
-                .any(|(_, r)| matches!(r.kind, TbOpKind::Matmul) && r.inputs[0] == op.outputs[0]);
-            of_product || into_matmul
+            of_product || a_of_matmul[op.outputs[0].index()]
         })
         .map(|(h, _)| h)
         .collect()
