@@ -239,8 +239,8 @@ impl PathArg {
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.online_softmax = self.online_softmax;
         opts.all_reduce = self.all_reduce.unwrap_or_default();
-        if self.max_stages.is_some() {
-            opts.max_stages = self.max_stages.map(|s| s as usize);
+        if let Some(s) = self.max_stages {
+            opts.max_stages = Some(s as usize);
         }
         if let Some(e) = entry {
             eprintln!(

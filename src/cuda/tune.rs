@@ -123,9 +123,10 @@ pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
 pub const TUNED_STAGES: [(usize, Option<usize>); 3] = [(2, None), (3, None), (3, Some(8))];
 
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
-/// per CTA, without matmul fusion and with the shallower rings of [`TUNED_STAGES`]; on sm_90a also the Hopper path with and without the
-/// cluster split and programmatic launches, and the Ampere path. Variants that plan to the same
-/// code as an earlier one are measured once (`mucc tune`).
+/// per CTA, without matmul fusion and with the shallower rings of [`TUNED_STAGES`]; on sm_90a
+/// also the Hopper path with and without the cluster split and programmatic launches, and the
+/// Ampere path. Variants that plan to the same code as an earlier one are measured once
+/// (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
     let mut v = vec![Variant::DEFAULT];
     for w in TUNED_WARPS {
