@@ -21,7 +21,7 @@ from ._builder import (DTensor, KNGraph, STensor, TBGraph, new_kernel_graph,
 from ._dtypes import (bfloat16, convert_dtype_to_torch_type, convert_torch_type_to_dtype,
                       dtype, float16, float32, float64, int8, int16, int32, int64, uint8,
                       uint16, uint32, uint64)
-from ._kernel import Kernel, Optimized, best, compile
+from ._kernel import Graphed, Kernel, Optimized, OptimizedGraphed, best, compile
 from ._mucc import (CompileError, CudaError, Graph, GraphError, MuccError, driver_available,
                     nvrtc_version)
 
@@ -29,7 +29,7 @@ __version__: str = _mucc.__version__
 
 __all__ = [
     "load", "Graph", "GraphError", "MuccError", "CompileError", "CudaError", "Kernel",
-    "Optimized", "compile", "best", "KNGraph", "TBGraph", "DTensor", "STensor",
+    "Graphed", "Optimized", "OptimizedGraphed", "compile", "best", "KNGraph", "TBGraph", "DTensor", "STensor",
     "new_kernel_graph", "new_threadblock_graph", "dtype", "float16", "bfloat16", "float32",
     "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "convert_dtype_to_torch_type", "convert_torch_type_to_dtype", "driver_available",

@@ -11,7 +11,7 @@ from . import _mucc
 from ._builder import row_major
 from ._dtypes import convert_dtype_to_torch_type
 
-__all__ = ["Kernel", "compile", "best", "Optimized"]
+__all__ = ["Kernel", "Graphed", "compile", "best", "Optimized"]
 
 # (shape, strides in elements, mucc dtype name, elements to allocate) of an input or output.
 _Spec = tuple[list[int], list[int], str, int]
@@ -60,7 +60,6 @@ class Kernel:
         self._in: list[_Spec] = list(raw.input_specs)
         self._out: list[_Spec] = list(raw.output_specs)
         self._ws_bytes = raw.workspace_bytes
-        self._ws: dict[int, Any] = {}
         self._torch_dtypes: list[Any] | None = None
         self._facts: _TorchFacts | None = None
 
@@ -112,6 +111,71 @@ class Kernel:
 
     def __call__(self, *inputs: Any, out: Sequence[Any] | None = None,
                  stream: Any = None) -> list[Any]:
+        if self._facts is not None or self._torch_ready(inputs):
+            outs = self._raw._call_torch(inputs, out, False, stream, False)
+            if outs is not None:
+                return outs
+        ptrs, outs, optrs, ws, s = self._args(inputs, out, stream, False)
+        self._raw._run(ptrs, optrs, ws, s, False)
+        return outs
+
+    @property
+    def auto_replay(self) -> bool:
+        """Whether plain calls replay CUDA graphs: a call over the same addresses (inputs,
+        outputs, workspace) as the call before it captures its execution, and later calls over
+        them replay it with one driver call (the same kernels over the same buffers). Default
+        on; a failed capture turns it off (:attr:`capture_error` says why)."""
+        return self._raw.auto_replay
+
+    @auto_replay.setter
+    def auto_replay(self, on: bool) -> None:
+        self._raw.auto_replay = bool(on)
+
+    @property
+    def captures(self) -> int:
+        """CUDA-graph captures made so far (plain calls and :meth:`graphed` ones)."""
+        return self._raw.captures
+
+    @property
+    def replays(self) -> int:
+        """Captures kept: the most recently used, at most :attr:`keep`."""
+        return self._raw.replays
+
+    @property
+    def keep(self) -> int:
+        """How many captures are kept (default 8)."""
+        return self._raw.keep
+
+    @keep.setter
+    def keep(self, n: int) -> None:
+        if int(n) < 1:
+            raise ValueError(f"keep must be at least 1, got {n}")
+        self._raw.keep = int(n)
+
+    @property
+    def capture_error(self) -> str | None:
+        """Why a plain call's capture failed (plain calls then stopped capturing), or None."""
+        return self._raw.capture_error
+
+    def _torch_ready(self, inputs: Sequence[Any]) -> bool:
+        """Sets up the fast path (the facts it compares with) at the first call on torch
+        tensors."""
+        torch = sys.modules.get("torch")
+        if torch is None or not inputs or not isinstance(inputs[0], torch.Tensor):
+            return False
+        self._torch_facts(torch)
+        return True
+
+    def graphed(self) -> "Graphed":
+        """This kernel called through CUDA-graph replays with outputs of its own: see
+        :class:`Graphed`."""
+        return Graphed(self)
+
+    def _args(self, inputs: Sequence[Any], out: Sequence[Any] | None, stream: Any,
+              trusted: bool) -> tuple[list[int], list[Any], list[int], int, int]:
+        """Checks a call's arguments; returns (input addresses, outputs, output addresses,
+        workspace address, stream). ``trusted``: ``out`` are outputs this package allocated for
+        this kernel (no checks)."""
         if len(inputs) != len(self._in):
             raise ValueError(f"{self._raw.origin}: the graph has {len(self._in)} inputs, "
                              f"{len(inputs)} were given")
@@ -119,8 +183,8 @@ class Kernel:
         first = inputs[0] if inputs else None
         if (torch is None or not isinstance(first, torch.Tensor)) and first is not None and \
                 hasattr(first, "__cuda_array_interface__"):
-            return self._call_cai(inputs, out, stream)
-        return self._call_torch(inputs, out, stream)
+            return self._args_cai(inputs, out, stream, trusted)
+        return self._args_torch(inputs, out, stream, trusted)
 
     def _check(self, i: int, kind: str, spec: tuple, shape: tuple, strides: tuple, dt_ok: bool,
                dt_name: str, ptr: int, dev: int) -> None:
@@ -165,8 +229,8 @@ class Kernel:
                     t.data_ptr(), t.device.index)
         return t
 
-    def _call_torch(self, inputs: Sequence[Any], out: Sequence[Any] | None,
-                    stream: Any) -> list[Any]:
+    def _args_torch(self, inputs: Sequence[Any], out: Sequence[Any] | None, stream: Any,
+                    trusted: bool) -> tuple[list[int], list[Any], list[int], int, int]:
         torch: Any = sys.modules.get("torch")
         if torch is None:
             import torch as imported
@@ -189,6 +253,8 @@ class Kernel:
         n_in = len(ptrs)
         if out is None:
             outs = [f.alloc(j) for j in range(len(self._out))]
+        elif trusted:
+            outs = list(out)
         else:
             outs = list(out)
             if len(outs) != len(self._out):
@@ -214,19 +280,11 @@ class Kernel:
             s = f.current_stream(dev)
         else:
             s = int(getattr(stream, "cuda_stream", stream))
-        ws = 0
-        if self._ws_bytes:
-            buf = self._ws.get(s)
-            if buf is None:
-                buf = torch.empty(self._ws_bytes, dtype=torch.uint8,
-                                  device=torch.device("cuda", dev))
-                self._ws[s] = buf
-            ws = buf.data_ptr()
-        self._raw._launch(ptrs, [o.data_ptr() for o in outs], ws, s)
-        return outs
+        ws = self._raw._workspace(s) if self._ws_bytes else 0
+        return ptrs, outs, [o.data_ptr() for o in outs], ws, s
 
-    def _call_cai(self, inputs: Sequence[Any], out: Sequence[Any] | None,
-                  stream: Any) -> list[Any]:
+    def _args_cai(self, inputs: Sequence[Any], out: Sequence[Any] | None, stream: Any,
+                  trusted: bool) -> tuple[list[int], list[Any], list[int], int, int]:
         import numpy as np
 
         if self._ws_bytes:
@@ -265,8 +323,52 @@ class Kernel:
             s = int(cp.cuda.get_current_stream().ptr) if cp is not None else 0
         else:
             s = int(getattr(stream, "ptr", stream))
-        self._raw._launch(ptrs, optrs, 0, s)
+        return ptrs, outs, optrs, 0, s
+
+
+class Graphed:
+    """A :class:`Kernel` called through CUDA-graph replays with outputs of its own
+    (``kernel.graphed()``): the first call over a set of input addresses runs the kernel and
+    captures that execution into a CUDA graph; later calls over the same addresses replay it
+    with one driver call, however many kernels and cuBLAS calls the graph has. Inputs are
+    checked on every call as :class:`Kernel` checks them; the data in them may change freely
+    between calls.
+
+    Outputs: without ``out=``, every call returns the same output tensors, allocated by the
+    first call and overwritten by each later one (as ``torch.cuda.graph``'s static outputs
+    are): ``clone()`` what must be kept. With ``out=``, those tensors are written.
+
+    The kernel keeps its :attr:`Kernel.keep` most recently used captures; addresses not among
+    them cost a capture. A call on a stream that is itself capturing (inside
+    ``torch.cuda.graph``) queues a plain execution into that capture."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self._outs: list[Any] | None = None
+
+    def __call__(self, *inputs: Any, out: Sequence[Any] | None = None,
+                 stream: Any = None) -> list[Any]:
+        k = self.kernel
+        mine = out is None and self._outs is not None
+        given = self._outs if mine else out
+        outs = None
+        if k._facts is not None or k._torch_ready(inputs):
+            outs = k._raw._call_torch(inputs, given, mine, stream, True)
+        if outs is None:
+            ptrs, outs, optrs, ws, s = k._args(inputs, given, stream, mine)
+            k._raw._run(ptrs, optrs, ws, s, True)
+        if out is None:
+            self._outs = outs
         return outs
+
+    def reset(self) -> None:
+        """Drops the kernel's captures and the outputs of earlier calls."""
+        self.kernel._raw._drop_replays()
+        self._outs = None
+
+    def __repr__(self) -> str:
+        return (f"<mucc.Graphed {self.kernel._raw.origin}: {self.kernel.replays} capture(s) "
+                f"kept>")
 
 
 class _TorchFacts:
@@ -294,6 +396,14 @@ class _TorchFacts:
             self.current_stream = raw
         else:
             self.current_stream = lambda d: torch.cuda.current_stream(d).cuda_stream
+        # The extension's fast path compares with the same facts and allocates outputs from
+        # templates (`new_empty` parses fewer arguments than `torch.empty`).
+        k._raw._torch_setup(
+            torch.Tensor, [(sz, st, dt, roomy, list(st) == row_major(list(sz)))
+                           for sz, st, dt, roomy in self.facts],
+            [(torch.empty(0, dtype=dt, device=self._dev), torch.Size(shape), tuple(strides),
+              alloc, dense) for shape, strides, alloc, dt, dense in self._outs],
+            k.device, self.current_stream, torch.empty(0, dtype=torch.uint8, device=self._dev))
 
     def alloc(self, j: int) -> Any:
         shape, strides, alloc, dt, dense = self._outs[j]
@@ -374,15 +484,46 @@ class Optimized:
         self.kernel = kernel
         self.graph = candidate
         self.timings = timings
+        self._fast: Any = None
+
+    def __call__(self, inputs: Sequence[Any] | None = None, stream: Any = None,
+                 **ignored: Any) -> list[Any]:
+        fast = self._fast
+        if fast is not None and inputs is not None:
+            outs = fast(inputs, None, False, stream, False)
+            if outs is not None:
+                return outs
+        if inputs is None:
+            raise TypeError("call it as optimized(inputs=[...])")
+        outs = self.kernel(*inputs, stream=stream)
+        if self.kernel._facts is not None:
+            # The extension's fast path is set up: later calls go to it directly.
+            self._fast = self.kernel._raw._call_torch
+        return outs
+
+    def graphed(self) -> "OptimizedGraphed":
+        """The same call through CUDA-graph replays (see :class:`Graphed`): every call returns
+        the same output tensors, overwritten by the next call."""
+        return OptimizedGraphed(self.kernel.graphed())
+
+    def __repr__(self) -> str:
+        return f"<mucc.Optimized {self.graph.origin}>"
+
+
+class OptimizedGraphed:
+    """:meth:`Optimized.graphed`: called as ``outputs = g(inputs=[tensors])``."""
+
+    def __init__(self, graphed: Graphed) -> None:
+        self.graphed = graphed
 
     def __call__(self, inputs: Sequence[Any] | None = None, stream: Any = None,
                  **ignored: Any) -> list[Any]:
         if inputs is None:
-            raise TypeError("call it as optimized(inputs=[...])")
-        return self.kernel(*inputs, stream=stream)
+            raise TypeError("call it as graphed(inputs=[...])")
+        return self.graphed(*inputs, stream=stream)
 
     def __repr__(self) -> str:
-        return f"<mucc.Optimized {self.graph.origin}>"
+        return f"<mucc.OptimizedGraphed {self.graphed.kernel._raw.origin}>"
 
 
 def _index_or(index: int | None, default: int) -> int:

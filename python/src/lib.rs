@@ -2,6 +2,8 @@
 //! wraps these classes in the documented API (`mucc.load`, the Mirage-style builder,
 //! `mucc.compile`, …); nothing here is meant to be called directly.
 
+mod call;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -58,7 +60,7 @@ fn compile_err(e: impl std::fmt::Display) -> PyErr {
     CompileError::new_err(e.to_string())
 }
 
-fn cuda_err(e: impl std::fmt::Display) -> PyErr {
+pub(crate) fn cuda_err(e: impl std::fmt::Display) -> PyErr {
     CudaError::new_err(e.to_string())
 }
 
@@ -830,6 +832,9 @@ impl TbBuilder {
 /// A graph compiled for one GPU: launches on caller-owned buffers and streams.
 #[pyclass(module = "mucc", name = "_Kernel", unsendable)]
 struct Kernel {
+    /// The calling state (torch facts, workspaces, captured replays). First, so that the
+    /// replays are dropped before the program and the GPU.
+    calls: std::cell::RefCell<call::Calls>,
     gpu: Gpu,
     prog: Program,
     source: String,
@@ -932,6 +937,137 @@ impl Kernel {
         .map_err(cuda_err)
     }
 
+    /// Queues one execution over these addresses (checked by the Python wrapper) through the
+    /// kernel's launcher: a kept CUDA-graph replay of them, else plain launches, captured
+    /// afterwards when `capture` or when the previous call had the same addresses.
+    fn _run(
+        &self,
+        inputs: Vec<u64>,
+        outputs: Vec<u64>,
+        workspace: u64,
+        stream: usize,
+        capture: bool,
+    ) -> PyResult<()> {
+        let bufs = RawBuffers {
+            inputs: &inputs,
+            outputs: &outputs,
+            workspace,
+        };
+        // SAFETY: as for `_launch`; replays are keyed by their addresses and dropped with the
+        // kernel before its program (field order).
+        unsafe {
+            self.calls.borrow_mut().launcher.run(
+                &self.gpu,
+                &self.prog,
+                bufs,
+                stream as cudarc::driver::sys::CUstream,
+                capture,
+            )
+        }
+        .map_err(cuda_err)
+    }
+
+    /// Records the facts torch calls are compared with: the tensor type, per input and output
+    /// (torch.Size, strides, torch dtype, whether the plan writes within that span, whether the
+    /// strides are row-major), per output
+    /// (template tensor, torch.Size, strides, elements to allocate, dense), the device, the
+    /// current-stream query and a `uint8` template for the workspace.
+    fn _torch_setup(
+        &self,
+        tensor_type: Py<pyo3::types::PyType>,
+        args: Vec<call::ArgTuple>,
+        outs: Vec<call::OutTuple>,
+        device: i64,
+        raw_stream: Py<PyAny>,
+        bytes_template: Py<PyAny>,
+    ) {
+        self.calls.borrow_mut().set_torch(
+            tensor_type,
+            args,
+            outs,
+            device,
+            raw_stream,
+            bytes_template,
+        );
+    }
+
+    /// One call on torch tensors on the fast path (see `call::Calls::call_torch`); `None` when
+    /// an argument needs the wrapper's slow path (nothing was queued).
+    #[pyo3(signature = (inputs, out, trusted, stream, capture))]
+    fn _call_torch<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+        trusted: bool,
+        stream: Option<&Bound<'py, PyAny>>,
+        capture: bool,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyList>>> {
+        self.calls.borrow_mut().call_torch(
+            py, &self.gpu, &self.prog, inputs, out, trusted, stream, capture,
+        )
+    }
+
+    /// The workspace's address for `stream` (allocated once per stream; 0 without one).
+    fn _workspace(&self, py: Python<'_>, stream: usize) -> PyResult<u64> {
+        let bytes = self.plan().workspace_bytes;
+        self.calls
+            .borrow_mut()
+            .workspace(py, bytes, stream)?
+            .ok_or_else(|| {
+                cuda_err("the workspace is allocated through torch, which is not set up")
+            })
+    }
+
+    /// Whether plain calls capture recurring addresses into CUDA graphs (default true).
+    #[getter]
+    fn get_auto_replay(&self) -> bool {
+        self.calls.borrow().launcher.auto
+    }
+
+    #[setter]
+    fn set_auto_replay(&self, on: bool) {
+        let mut c = self.calls.borrow_mut();
+        c.launcher.auto = on;
+        if on {
+            c.launcher.capture_error = None;
+        }
+    }
+
+    /// How many captures are kept (the most recently used; default 8).
+    #[getter]
+    fn get_keep(&self) -> usize {
+        self.calls.borrow().launcher.keep
+    }
+
+    #[setter]
+    fn set_keep(&self, keep: usize) {
+        self.calls.borrow_mut().launcher.keep = keep.max(1);
+    }
+
+    /// Captures kept.
+    #[getter]
+    fn replays(&self) -> usize {
+        self.calls.borrow().launcher.kept()
+    }
+
+    /// Captures made so far.
+    #[getter]
+    fn captures(&self) -> usize {
+        self.calls.borrow().launcher.captures
+    }
+
+    /// Why a plain call's capture failed, which stopped plain calls capturing.
+    #[getter]
+    fn capture_error(&self) -> Option<String> {
+        self.calls.borrow().launcher.capture_error.clone()
+    }
+
+    /// Drops every capture.
+    fn _drop_replays(&self) {
+        self.calls.borrow_mut().launcher.clear();
+    }
+
     /// Waits for the GPU's work (for errors that surface only when the work ends).
     fn _synchronize(&self) -> PyResult<()> {
         self.gpu.ctx_synchronize().map_err(cuda_err)
@@ -997,6 +1133,7 @@ fn compile(
             origin: graph.origin.clone(),
             device,
             tuned,
+            calls: Default::default(),
         })
     })
 }

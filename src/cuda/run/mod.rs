@@ -12,9 +12,11 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 mod blas;
+mod replay;
 mod tensor_map;
 
 pub(crate) use blas::{Blas, compute_type, cuda_data_type};
+pub use replay::Replay;
 use tensor_map::TensorMapArg;
 
 use crate::emit::launch::{Binding, BufferRef, LaunchPlan, Step, TensorDirective};
@@ -737,26 +739,8 @@ impl Gpu {
         bufs: RawBuffers<'_>,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), RunError> {
-        let plan = &prog.plan;
-        if bufs.inputs.len() != plan.inputs.len() || bufs.outputs.len() != plan.outputs.len() {
-            return Err(RunError::Plan(format!(
-                "{} inputs and {} outputs given, the plan has {} and {}",
-                bufs.inputs.len(),
-                bufs.outputs.len(),
-                plan.inputs.len(),
-                plan.outputs.len()
-            )));
-        }
-        if plan.workspace_bytes > 0 && bufs.workspace == 0 {
-            return Err(RunError::Plan(format!(
-                "the plan needs {} bytes of workspace and none was given",
-                plan.workspace_bytes
-            )));
-        }
-        if let Some(i) = bufs.inputs.iter().chain(bufs.outputs).position(|&a| a == 0) {
-            return Err(RunError::Plan(format!("buffer {i} has a null address")));
-        }
-        self.execute_steps(prog, Bufs::Raw(bufs), 0..plan.steps.len(), stream)
+        check_raw(&prog.plan, bufs)?;
+        self.execute_steps(prog, Bufs::Raw(bufs), 0..prog.plan.steps.len(), stream)
     }
 
     pub(crate) fn execute_steps(
@@ -795,4 +779,28 @@ impl Gpu {
         }
         Ok(())
     }
+}
+
+/// The checks every execution over caller-owned addresses passes: one address per input and
+/// output, none null, and a workspace where the plan needs one.
+pub(super) fn check_raw(plan: &LaunchPlan, bufs: RawBuffers<'_>) -> Result<(), RunError> {
+    if bufs.inputs.len() != plan.inputs.len() || bufs.outputs.len() != plan.outputs.len() {
+        return Err(RunError::Plan(format!(
+            "{} inputs and {} outputs given, the plan has {} and {}",
+            bufs.inputs.len(),
+            bufs.outputs.len(),
+            plan.inputs.len(),
+            plan.outputs.len()
+        )));
+    }
+    if plan.workspace_bytes > 0 && bufs.workspace == 0 {
+        return Err(RunError::Plan(format!(
+            "the plan needs {} bytes of workspace and none was given",
+            plan.workspace_bytes
+        )));
+    }
+    if let Some(i) = bufs.inputs.iter().chain(bufs.outputs).position(|&a| a == 0) {
+        return Err(RunError::Plan(format!("buffer {i} has a null address")));
+    }
+    Ok(())
 }
