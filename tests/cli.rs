@@ -530,8 +530,17 @@ fn explain_prints_the_plan_and_draws_it() {
         out.contains("grid (8, 1, 1), 512 threads, forloop 1"),
         "{out}"
     );
+    // Its operators are element-wise and row norms over one iteration: register rows, a
+    // thread per 16-byte run of a row of 4096.
     assert!(
-        out.contains("CTA: 16 warps (cost model: the grid leaves SMs short of warps"),
+        out.contains("CTA: 16 warps (cost model: register rows: a thread per 16-byte run")
+            && out.contains("body: register rows: 1 row(s) of 4096, 512 threads"),
+        "{out}"
+    );
+    let (_, out, _) = cta(&["--no-register-rows"]);
+    assert!(
+        out.contains("CTA: 16 warps (cost model: the grid leaves SMs short of warps")
+            && out.contains("body: shared-memory tiles (register rows: turned off"),
         "{out}"
     );
     let (_, out, _) = cta(&["--warps", "2"]);

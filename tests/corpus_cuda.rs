@@ -105,6 +105,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 cluster_split: true,
                 cta: Default::default(),
                 register_pipes: true,
+                register_rows: true,
                 wgmma: true,
                 fuse_matmuls: true,
                 online_softmax: Default::default(),

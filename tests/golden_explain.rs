@@ -20,6 +20,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        register_rows: true,
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),

@@ -256,6 +256,7 @@ fn kernel_level_goldens() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            register_rows: true,
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),

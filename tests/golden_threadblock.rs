@@ -264,6 +264,7 @@ fn opts(arch: Arch) -> Options {
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        register_rows: true,
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),

@@ -126,3 +126,40 @@ fn attention_blocks_follow_their_plan_with_register_pipes() {
     // 64), TMA-loaded, on the µGraph's 4 warps — all ten, fp16 and bf16.
     assert_eq!(wgmma, blocks.len(), "attention blocks with wgmma");
 }
+
+/// Every builder-made row block (`graph::workloads::row_graphs`) keeps its tiles in registers
+/// on both targets and its code follows the plan; with `--no-register-rows` the same graphs
+/// plan over shared-memory tiles and say so.
+#[test]
+fn row_blocks_follow_their_plan_in_registers() {
+    use mucc::sched::plan::Body;
+    let graphs = mucc::graph::workloads::row_graphs().unwrap();
+    for (name, g) in &graphs {
+        for target in Target::all() {
+            let p = plan(g, &Options::for_target(target)).unwrap();
+            let e = mucc::emit::emit(g, &p, name).unwrap();
+            for (&k, kp) in &p.kernels {
+                let r = kp
+                    .rows()
+                    .unwrap_or_else(|| panic!("{name} {}: {:?}", target.arch, kp.body));
+                assert_eq!(kp.smem.total, 0, "{name}");
+                assert!(r.threads * r.runs * r.vec == r.cols && r.threads.is_multiple_of(32));
+                check_kernel(g, &e, k, kp).unwrap_or_else(|m| panic!("{name}: {m}"));
+            }
+            check_graph(g, target, name).unwrap();
+            let off = Options {
+                register_rows: false,
+                ..Options::for_target(target)
+            };
+            let p = plan(g, &off).unwrap();
+            for kp in p.kernels.values() {
+                assert!(
+                    matches!(&kp.body, Body::Tiles(why) if why.contains("turned off")),
+                    "{name}: {:?}",
+                    kp.body
+                );
+            }
+            check_graph(g, target, name).unwrap();
+        }
+    }
+}

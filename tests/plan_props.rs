@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -184,6 +184,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        register_rows: true,
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
@@ -284,6 +285,7 @@ fn shared_memory_overflow_is_an_error() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            register_rows: true,
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
@@ -331,6 +333,7 @@ fn workspace_reuses_dead_intermediates() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            register_rows: true,
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
@@ -448,6 +451,7 @@ fn plan_for(
         cluster_split: true,
         cta: Default::default(),
         register_pipes: true,
+        register_rows: true,
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
@@ -576,6 +580,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             cluster_split: true,
             cta: Default::default(),
             register_pipes: true,
+            register_rows: true,
             wgmma: true,
             // The first kernel follows a cuBLAS call: the matmul stays one.
             fuse_matmuls: false,

@@ -67,6 +67,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         cta: a.path.warps,
         no_tune: !a.path.tunable(),
         no_register_pipes: a.path.no_register_pipes,
+        no_register_rows: a.path.no_register_rows,
         no_wgmma: a.path.no_wgmma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
         online_softmax: a.path.online_softmax,

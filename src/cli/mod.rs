@@ -170,6 +170,12 @@ pub struct PathArg {
     /// allows; `explain` says which and why). For comparison: both compute the same function.
     #[arg(long)]
     pub no_register_pipes: bool,
+    /// Keep every threadblock kernel's tiles in shared memory: no register rows (a kernel whose
+    /// operators are all element-wise or row norms over a one-iteration loop otherwise keeps
+    /// every tile in registers; `explain` says which and why). For comparison: both compute the
+    /// same function.
+    #[arg(long)]
+    pub no_register_rows: bool,
     /// Run every tensor-core matmul with `mma.sync`: no `wgmma` on the Hopper path (a register
     /// pipe's consumer matmul otherwise issues warpgroup MMAs where its B tile allows; `explain`
     /// says which and why). For comparison: both compute the same function.
@@ -211,6 +217,7 @@ impl PathArg {
     pub fn tunable(&self) -> bool {
         !self.no_tune
             && !self.no_register_pipes
+            && !self.no_register_rows
             && !self.no_wgmma
             && !self.no_fuse_matmuls
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
@@ -235,6 +242,7 @@ impl PathArg {
             self.tunable(),
         );
         opts.register_pipes = !self.no_register_pipes;
+        opts.register_rows = !self.no_register_rows;
         opts.wgmma = !self.no_wgmma;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.online_softmax = self.online_softmax;

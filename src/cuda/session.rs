@@ -43,6 +43,9 @@ pub struct SessionOptions {
     pub no_tune: bool,
     /// Keep every matmul product in shared memory (no register pipes, for comparison).
     pub no_register_pipes: bool,
+    /// Keep every threadblock kernel's tiles in shared memory (no register rows, for
+    /// comparison).
+    pub no_register_rows: bool,
     /// Run every tensor-core matmul with `mma.sync` (no `wgmma`, for comparison).
     pub no_wgmma: bool,
     /// Keep every kernel-level matmul a separate step (no fusion into its reader, for
@@ -115,6 +118,7 @@ impl Session {
             cluster_split: true,
             cta: a.cta,
             register_pipes: !a.no_register_pipes,
+            register_rows: !a.no_register_rows,
             wgmma: !a.no_wgmma,
             fuse_matmuls: !a.no_fuse_matmuls,
             online_softmax: a.online_softmax,

@@ -4,9 +4,11 @@
 //! register pipes serve (the corpus has them only split over two kernels); and tensor-parallel
 //! (multi-GPU) MLP and attention blocks at Qwen2.5-7B sizes, each in two forms: kernel-level
 //! operators (cuBLAS matmuls and element-wise kernels) and fused customized operators
-//! (threadblock graphs).
+//! (threadblock graphs); and row blocks of element-wise operators and RMS norms over a loop of
+//! one iteration in the shapes register rows cover (`crate::sched::rows`).
 
 use super::builder::{GraphBuilder, TbGraphBuilder};
+use super::ops::{BinaryOp, UnaryOp};
 use super::{AccumKind, DType, GraphError, KernelGraph, ValidationErrors};
 
 /// Why a workload graph could not be built (a bug in this module, not a user error).
@@ -457,6 +459,114 @@ pub fn tp_graphs(gpus: usize) -> Result<Vec<(String, KernelGraph)>, WorkloadErro
         }
     }
     Ok(v)
+}
+
+/// A row block: inputs A, B of `shape` in `dtype`; one customized operator over `grid` blocks
+/// (each grid axis partitions the dim `imap` names) with a loop of one iteration computing
+/// rms(mul(unary(rms(A) + B), A)) through a summing accumulator, where `unary` is `op`.
+pub fn row_block(
+    shape: &[usize],
+    grid: [usize; 3],
+    imap: [i32; 3],
+    op: UnaryOp,
+    dtype: DType,
+) -> Result<KernelGraph, WorkloadError> {
+    let mut g = GraphBuilder::new();
+    let a = g.new_input(shape, dtype)?;
+    let b = g.new_input(shape, dtype)?;
+    let mut tb = TbGraphBuilder::new(grid, [128, 1, 1], 1);
+    let ta = tb.new_input(&g, a, imap, -1)?;
+    let tbb = tb.new_input(&g, b, imap, -1)?;
+    let na = tb.rms_norm(ta)?;
+    let x = tb.binary(BinaryOp::Add, na, tbb)?;
+    let y = tb.unary(op, x)?;
+    let z = tb.binary(BinaryOp::Mul, y, ta)?;
+    let w = tb.rms_norm(z)?;
+    let acc = tb.forloop_accum(w, AccumKind::Nored)?;
+    tb.new_output(acc, imap)?;
+    let outs = g.customized(tb)?;
+    g.mark_output(outs[0])?;
+    Ok(g.build()?)
+}
+
+/// (file stem, shape, grid, input and output map, unary operator, element type) of a row block.
+type RowCase = (
+    &'static str,
+    &'static [usize],
+    [usize; 3],
+    [i32; 3],
+    UnaryOp,
+    DType,
+);
+
+/// The row blocks GPU checks run, as (file stem, graph): one row of 4096 per block (nTrans's
+/// shape), two and four rows per block, rows of 16,384 (two 16-byte runs per thread), f32
+/// rows (4 elements per run), rank-3 tensors cut along two grid axes, in f16, bf16 and f32.
+pub fn row_graphs() -> Result<Vec<(String, KernelGraph)>, WorkloadError> {
+    let cases: [RowCase; 7] = [
+        (
+            "rows_f16_16x4096",
+            &[16, 4096],
+            [16, 1, 1],
+            [0, -1, -1],
+            UnaryOp::Silu,
+            DType::F16,
+        ),
+        (
+            "rows_bf16_64x2048_r2",
+            &[64, 2048],
+            [32, 1, 1],
+            [0, -1, -1],
+            UnaryOp::Sigmoid,
+            DType::BF16,
+        ),
+        (
+            "rows_f32_8x4096",
+            &[8, 4096],
+            [8, 1, 1],
+            [0, -1, -1],
+            UnaryOp::Square,
+            DType::F32,
+        ),
+        (
+            "rows_f16_4x16384",
+            &[4, 16384],
+            [4, 1, 1],
+            [0, -1, -1],
+            UnaryOp::Gelu,
+            DType::F16,
+        ),
+        (
+            "rows_f16_32x512_r4",
+            &[32, 512],
+            [8, 1, 1],
+            [0, -1, -1],
+            UnaryOp::MulScalar(0.5),
+            DType::F16,
+        ),
+        (
+            "rows_bf16_4x8x1024",
+            &[4, 8, 1024],
+            [4, 4, 1],
+            [0, 1, -1],
+            UnaryOp::Relu,
+            DType::BF16,
+        ),
+        (
+            "rows_f16_2x6x768",
+            &[2, 6, 768],
+            [3, 2, 1],
+            [1, 0, -1],
+            UnaryOp::Exp,
+            DType::F16,
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(name, shape, grid, imap, op, dtype)| {
+            Ok((name.to_string(), row_block(shape, grid, imap, op, dtype)?))
+        })
+        .collect()
 }
 
 #[cfg(test)]

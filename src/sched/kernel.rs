@@ -95,8 +95,80 @@ pub(super) fn plan_kernel(
     dt: &[DTensorGeometry],
     opts: &Options,
 ) -> Result<KernelPlan, PlanError> {
+    let op = &g.ops[Handle::from_index(k)];
+    let geometry = |hs: &[Handle<DTensor>]| -> Vec<&DTensorGeometry> {
+        hs.iter().map(|t| &dt[t.index()]).collect()
+    };
+    // Register rows load nothing by TMA: every input and output has its block region.
+    let regions = plan_regions(g, op, tb, dt, &TmaPlan::default());
+    let rows = if g.sharding.num_gpus() > 1 {
+        Err("the graph runs on several GPUs".to_string())
+    } else if opts.cta != CtaChoice::Auto {
+        Err("the CTA was asked for (--warps)".to_string())
+    } else if !opts.register_rows {
+        Err("turned off (--no-register-rows)".to_string())
+    } else {
+        super::rows::plan_rows(
+            tb,
+            &regions,
+            &geometry(&op.inputs),
+            &geometry(&op.outputs),
+            g.tensors[op.outputs[0]].dtype,
+        )
+    };
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(why) => {
+            let mut p = plan_kernel_tiles(g, k, tb, fusion, kl, dt, opts)?;
+            p.body = super::plan::Body::Tiles(why);
+            return Ok(p);
+        }
+    };
+    let why = "register rows: a thread per 16-byte run of a row";
+    // The tile plan only fills the fields the body does not use (its shared memory may well
+    // exceed the GPU's: the rows need none).
+    let mut p = plan_kernel_with(
+        g,
+        k,
+        tb,
+        fusion,
+        kl,
+        dt,
+        opts,
+        rows.threads,
+        CtaSource::Model(why),
+        true,
+    )?;
+    p.tiles = vec![None; p.tiles.len()];
+    p.smem = SmemPlan {
+        buffers: Vec::new(),
+        kinds: Vec::new(),
+        packing: super::memory::pack(&[]),
+        base: 0,
+        total: 0,
+    };
+    p.unfused.clear();
+    p.split = Split::Off("register rows".into());
+    p.tma = TmaPlan::default();
+    p.regions = regions;
+    p.cta.min_blocks_per_sm = 1;
+    p.cta.resident_blocks = 1;
+    p.body = super::plan::Body::Rows(rows);
+    Ok(p)
+}
+
+/// [`plan_kernel`] over shared-memory tiles: the CTA shape by the cost model (or as asked).
+fn plan_kernel_tiles(
+    g: &KernelGraph,
+    k: usize,
+    tb: &TbGraph,
+    fusion: FusionPlan,
+    kl: &KernelLayout,
+    dt: &[DTensorGeometry],
+    opts: &Options,
+) -> Result<KernelPlan, PlanError> {
     let with = |fusion: FusionPlan, threads: usize, source: CtaSource| {
-        plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source)
+        plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source, false)
     };
     let graph = tb.num_threads().max(1);
     match opts.cta {
@@ -210,7 +282,8 @@ fn more_warps(tb: &TbGraph, target: &Target) -> Result<(usize, &'static str), &'
     }
 }
 
-/// [`plan_kernel`] for CTAs of `threads` threads.
+/// [`plan_kernel`] for CTAs of `threads` threads; for a register-rows body (`rows`), shared
+/// memory that the tiles would overflow is no error (the rows keep none of them).
 #[allow(clippy::too_many_arguments)]
 fn plan_kernel_with(
     g: &KernelGraph,
@@ -222,6 +295,7 @@ fn plan_kernel_with(
     opts: &Options,
     threads: usize,
     source: CtaSource,
+    rows: bool,
 ) -> Result<KernelPlan, PlanError> {
     let target = &opts.target;
     let hopper = opts.path.hopper(target);
@@ -266,7 +340,7 @@ fn plan_kernel_with(
     let mut resident_blocks = resident_blocks_wanted(tb, threads, target, piped);
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
-    let mut smem = plan_pipeline(
+    let mut smem = match plan_pipeline(
         tb,
         &fusion,
         &sched,
@@ -275,7 +349,10 @@ fn plan_kernel_with(
         &mut tma,
         resident_blocks,
         target,
-    )
+    ) {
+        Err(s) if rows => Ok(s),
+        planned => planned,
+    }
     .map_err(|s| PlanError::SharedMemory {
         kernel: k,
         needed: s.total,
@@ -392,6 +469,7 @@ fn plan_kernel_with(
         pipes,
         no_wgmma,
         exchange: None,
+        body: super::plan::Body::Tiles("not planned".into()),
     })
 }
 

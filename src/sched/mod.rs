@@ -24,6 +24,7 @@ pub mod order;
 pub mod pipe;
 pub mod plan;
 pub mod rewrite;
+pub mod rows;
 pub mod smem;
 pub mod softmax;
 pub mod tma;

@@ -501,6 +501,7 @@ mod tests {
         let opts = Options {
             cta,
             register_pipes: pipes,
+            register_rows: true,
             ..Options::for_target(Target::new(Arch::Sm80))
         };
         let p = crate::sched::plan(g, &opts).unwrap();

@@ -57,6 +57,10 @@ pub struct Options {
     /// Whether a matmul's product that another matmul takes as A may stay in registers
     /// ([`RegisterPipe`]; on by default, `--no-register-pipes` turns it off for comparison).
     pub register_pipes: bool,
+    /// Whether kernels whose every operator is element-wise or a row norm over a one-iteration
+    /// loop may keep every tile in registers ([`super::rows`]; on by default,
+    /// `--no-register-rows` turns it off).
+    pub register_rows: bool,
     /// Whether the Hopper path may run a register pipe's consumer matmul as `wgmma`
     /// ([`super::ops::MatmulInstr::WgmmaM64K16`]; on by default, `--no-wgmma` turns it off).
     pub wgmma: bool,
@@ -89,6 +93,7 @@ impl Options {
             cluster_split: true,
             cta: CtaChoice::Auto,
             register_pipes: true,
+            register_rows: true,
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: super::softmax::SoftmaxChoice::Piped,
@@ -582,6 +587,9 @@ pub enum Feature {
     Cluster,
     /// Programmatic dependent launch (`griddepcontrol`).
     ProgrammaticLaunch,
+    /// Every tile in registers: 16-byte loads and stores, row sums by warp shuffles
+    /// ([`Body::Rows`]).
+    RegisterRows,
 }
 
 impl fmt::Display for Feature {
@@ -596,6 +604,7 @@ impl fmt::Display for Feature {
             Feature::RegisterPipe => "register pipe",
             Feature::Cluster => "cluster",
             Feature::ProgrammaticLaunch => "griddepcontrol",
+            Feature::RegisterRows => "register rows",
         })
     }
 }
@@ -931,6 +940,29 @@ pub struct KernelPlan {
     pub no_wgmma: Vec<(usize, &'static str)>,
     /// The all-reduce this kernel performs itself (multi-GPU plans, [`super::exchange`]).
     pub exchange: Option<super::exchange::Exchange>,
+    /// How the body computes: through the schedule's shared-memory tiles, or every tile in
+    /// registers ([`super::rows`]).
+    pub body: Body,
+}
+
+/// How a threadblock kernel's body computes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// The schedule's chains over shared-memory tiles; why register rows do not apply.
+    Tiles(String),
+    /// Every tile in registers, one element-to-thread map for all (the schedule, tiles and
+    /// operator plans are then not used).
+    Rows(super::rows::RegisterRows),
+}
+
+impl KernelPlan {
+    /// The register-rows form of the body, if it has it.
+    pub fn rows(&self) -> Option<&super::rows::RegisterRows> {
+        match &self.body {
+            Body::Rows(r) => Some(r),
+            Body::Tiles(_) => None,
+        }
+    }
 }
 
 impl KernelPlan {
@@ -940,6 +972,13 @@ impl KernelPlan {
     pub fn features(&self) -> Vec<Feature> {
         use super::ops::{CopyEngine, MatmulInstr, OperandLoad};
         let mut f = Vec::new();
+        if self.rows().is_some() {
+            f.push(Feature::RegisterRows);
+            if self.dependent.is_programmatic() || self.triggers_next {
+                f.push(Feature::ProgrammaticLaunch);
+            }
+            return f;
+        }
         let mut add = |on: bool, x: Feature| {
             if on {
                 f.push(x);

@@ -17,6 +17,92 @@ use mucc::sched::plan::{ApproxExp, GraphPlan, KernelPlan};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 
+/// A register-rows kernel against its plan: no dynamic shared memory and no tile copies, one
+/// 16-byte load per run of every input and one store per run of every output at the plan's
+/// row offsets, one block sum (the only barrier) per row norm, the plan's CTA.
+fn check_rows(
+    tb: &mucc::graph::threadblock::TbGraph,
+    text: &str,
+    kp: &KernelPlan,
+    r: &mucc::sched::rows::RegisterRows,
+    want: &mut impl FnMut(bool, String),
+) {
+    want(
+        !text.contains("extern __shared__") && kp.smem.total == 0,
+        "register rows use no dynamic shared memory".into(),
+    );
+    want(
+        !text.contains("__syncthreads()") && !text.contains("copy_chunks<"),
+        "register rows: no barrier but the row sums', no tile copies".into(),
+    );
+    want(
+        kp.cta.threads == r.threads && r.threads * r.runs * r.vec == r.cols,
+        format!(
+            "{} threads × {} runs × {} = a row of {}",
+            r.threads, r.runs, r.vec, r.cols
+        ),
+    );
+    let norms = tb
+        .ops
+        .iter()
+        .filter(|(_, o)| matches!(o.kind, TbOpKind::RmsNorm))
+        .count();
+    want(
+        r.row_sums == norms
+            && text.matches("mucc::tb::block_sums<").count() == norms
+            && text.contains(&format!("block_sums<{}, {}>", r.threads, r.rows)) == (norms > 0),
+        format!("{norms} row norms, one block sum each"),
+    );
+    for (h, op) in tb.ops.iter() {
+        let (load, prefix) = match op.kind {
+            TbOpKind::Input { .. } => (true, format!("gi{}", h.index())),
+            TbOpKind::Output { .. } => (false, format!("go{}", h.index())),
+            _ => continue,
+        };
+        let offsets = r
+            .row_offsets
+            .iter()
+            .find(|(o, _)| *o == h.index())
+            .map(|(_, o)| {
+                o.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+        let access = if load {
+            format!(
+                "mucc::tb::load_run<{}, float>({prefix} + row_at[r] + col)",
+                r.vec
+            )
+        } else {
+            format!(
+                "mucc::tb::store_run<{}>({prefix} + row_at[r] + col, y)",
+                r.vec
+            )
+        };
+        want(
+            offsets.is_some_and(|o| {
+                text.contains(&access)
+                    && text.contains(&format!(
+                        "constexpr mucc::i64 row_at[{}] = {{{o}}};",
+                        r.rows
+                    ))
+            }),
+            format!(
+                "op{} reads or writes its runs at the plan's row offsets",
+                h.index()
+            ),
+        );
+    }
+    want(
+        text.contains(&format!(
+            "const mucc::i64 col = (k * {} + tid) * {};",
+            r.threads, r.vec
+        )),
+        "runs of consecutive threads are consecutive".into(),
+    );
+}
+
 /// The text of kernel `name`: from its signature to the closing brace at column 0, with every
 /// run of whitespace collapsed to one space (statements broken over lines read as one).
 pub fn kernel_text(source: &str, name: &str) -> String {
@@ -127,6 +213,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             l.grid, l.block, l.dynamic_smem
         ),
     );
+    if let Some(r) = kp.rows() {
+        check_rows(tb, &text, kp, r, &mut want);
+        return if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("; "))
+        };
+    }
     // Barriers: exactly the schedule's and the body's own (each loop barrier printed once).
     let (pre, body, post) = kp.schedule.barrier_counts();
     let planned = pre + body + post + kp.barriers.reasons().len();
@@ -192,6 +286,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 text.contains("mucc::sm90::grid_dependency_wait()")
                     || text.contains("mucc::sm90::launch_dependents()")
             }
+            F::RegisterRows => text.contains("mucc::tb::block_sums<") || text.contains("row_at["),
         };
         for f in [
             F::CpAsync,
@@ -203,6 +298,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             F::RegisterPipe,
             F::Cluster,
             F::ProgrammaticLaunch,
+            F::RegisterRows,
         ] {
             want(
                 has.contains(&f) == uses(f),

@@ -106,6 +106,30 @@ template <int NT, int TPR, class C> __device__ __forceinline__ C block_group_sum
   }
 }
 
+// Sums each of R values over a whole block of NT threads (NT a multiple of 32): warp shuffles,
+// then the warps' partials meet in `scratch` (R · NT/32 values, used by this call only) after
+// one barrier; every thread gets the R sums, all in the same order. Every thread of the block
+// calls it in uniform control flow.
+template <int NT, int R, class C>
+__device__ __forceinline__ void block_sums(C (&x)[R], C* scratch, int tid) {
+  constexpr int NW = NT / 32;
+  static_assert(NT % 32 == 0, "whole warps");
+#pragma unroll
+  for (int r = 0; r < R; ++r) x[r] = group_sum<32>(x[r]);
+  if (tid % 32 == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) scratch[r * NW + tid / 32] = x[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    C s = C(0);
+#pragma unroll
+    for (int w = 0; w < NW; ++w) s += scratch[r * NW + w];
+    x[r] = s;
+  }
+}
+
 // Row reductions: groups of TPR threads take rows; for each row, s = Σ_j elem(row, j) over
 // j < LEN, then sink(row, s) on the group's first thread.
 // Preconditions: TPR is a power of two; NT a multiple of 32 when TPR > 1; with TPR > 32 every

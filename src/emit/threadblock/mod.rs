@@ -15,6 +15,7 @@
 mod chain;
 mod copy;
 mod matmul;
+mod rows;
 
 use std::collections::BTreeMap;
 
@@ -247,30 +248,10 @@ pub(super) fn emit(
         }
     }
     let (params, args) = signature(&ctx);
-    prologue(&mut ctx)?;
-    for st in kp.schedule.pre_loop.clone() {
-        match st {
-            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
-            Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
-        }
-    }
-    // After the pre-loop phase: the memory of tiles that died there may hold loop state.
-    accumulator_state(&mut ctx)?;
-    ctx.for_loop()?;
-    if kp.triggers_next {
-        ctx.w.line(
-            "mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch",
-        );
-    }
-    after_loop(&mut ctx)?;
-    for st in kp.schedule.post_loop.clone() {
-        match st {
-            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
-            Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
-        }
-    }
-    if let Some(x) = &kp.exchange {
-        exchange_end(&mut ctx, x);
+    if let Some(r) = kp.rows() {
+        ctx.rows_body(r)?;
+    } else {
+        tile_body(&mut ctx)?;
     }
     let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
     let mut body = Writer::at(1);
@@ -322,6 +303,38 @@ pub(super) fn emit(
         programmatic: kp.dependent.is_programmatic(),
     };
     Ok((view, launch))
+}
+
+/// The body over the schedule's shared-memory tiles: prologue, pre-loop steps, accumulators,
+/// the for-loop, and the post-loop steps.
+fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
+    let kp = ctx.kp;
+    prologue(ctx)?;
+    for st in kp.schedule.pre_loop.clone() {
+        match st {
+            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
+            Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
+        }
+    }
+    // After the pre-loop phase: the memory of tiles that died there may hold loop state.
+    accumulator_state(ctx)?;
+    ctx.for_loop()?;
+    if kp.triggers_next {
+        ctx.w.line(
+            "mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch",
+        );
+    }
+    after_loop(ctx)?;
+    for st in kp.schedule.post_loop.clone() {
+        match st {
+            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
+            Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
+        }
+    }
+    if let Some(x) = &kp.exchange {
+        exchange_end(ctx, x);
+    }
+    Ok(())
 }
 
 /// Parameters (outputs, then inputs, as typed pointers) and their launch bindings.
