@@ -26,6 +26,10 @@ const MAX_VALUES_PER_TILE: usize = 32;
 /// The largest CTA.
 const MAX_THREADS: usize = 1024;
 
+/// Bytes of static shared memory the row sums may take (one array of the warps' partial sums
+/// per row norm; a CTA's static shared memory is at most 48 KB).
+const MAX_ROW_SUM_BYTES: usize = 32 * 1024;
+
 /// How a register-rows kernel maps elements to threads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterRows {
@@ -179,6 +183,13 @@ pub(super) fn plan_rows(
         for t in &op.outputs {
             defined[t.index()] = true;
         }
+    }
+    let scratch = row_sums * rows * (threads / 32) * 4;
+    if scratch > MAX_ROW_SUM_BYTES {
+        return Err(format!(
+            "its {row_sums} row norms would need {scratch} bytes of partial sums (at most \
+             {MAX_ROW_SUM_BYTES})"
+        ));
     }
     Ok(RegisterRows {
         rows,
