@@ -327,15 +327,12 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         let _ = writeln!(s, "  body: {r}");
         let _ = writeln!(s, "  operators:");
         for (h, op) in tb.ops.iter() {
-            let at = r.row_offsets.iter().find(|(o, _)| *o == h.index()).map_or(
-                String::new(),
-                |(_, o)| {
-                    let region = kp.regions[h.index()]
-                        .as_ref()
-                        .map_or("0".to_string(), |r| r.to_string());
-                    format!(": block region at element {region}, rows at {}", list(o))
-                },
-            );
+            let at = r.offsets_of(h.index()).map_or(String::new(), |o| {
+                let region = kp.regions[h.index()]
+                    .as_ref()
+                    .map_or("0".to_string(), |r| r.to_string());
+                format!(": block region at element {region}, rows at {}", list(o))
+            });
             let _ = writeln!(s, "    op{} {}{at}", h.index(), op.kind.name());
         }
         return;

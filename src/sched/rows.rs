@@ -50,6 +50,16 @@ pub struct RegisterRows {
     pub row_sums: usize,
 }
 
+impl RegisterRows {
+    /// The row offsets of input or output operator `op` (threadblock operator index).
+    pub fn offsets_of(&self, op: usize) -> Option<&[usize]> {
+        self.row_offsets
+            .iter()
+            .find(|(o, _)| *o == op)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
 impl fmt::Display for RegisterRows {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -59,16 +59,7 @@ fn check_rows(
             TbOpKind::Output { .. } => (false, format!("go{}", h.index())),
             _ => continue,
         };
-        let offsets = r
-            .row_offsets
-            .iter()
-            .find(|(o, _)| *o == h.index())
-            .map(|(_, o)| {
-                o.iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            });
+        let offsets = r.offsets_of(h.index()).map(mucc::emit::cxx::list);
         let access = if load {
             format!(
                 "mucc::tb::load_run<{}, float>({prefix} + row_at[r] + col)",

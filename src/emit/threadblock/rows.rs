@@ -48,13 +48,10 @@ impl Ctx<'_> {
             self.w
                 .line(format!("// op{} {}", h.index(), op.kind.name()));
             let offsets = |h: usize| -> Result<String, EmitError> {
-                let (_, o) = r
-                    .row_offsets
-                    .iter()
-                    .find(|(op, _)| *op == h)
+                let o = r
+                    .offsets_of(h)
                     .ok_or_else(|| self.internal(&format!("op{h} has no row offsets")))?;
-                let o: Vec<String> = o.iter().map(|x| x.to_string()).collect();
-                Ok(o.join(", "))
+                Ok(cxx::list(o))
             };
             match &op.kind {
                 TbOpKind::Input { .. } => {
