@@ -953,6 +953,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         dependent_launch: false,
         fuse_matmuls: true,
         stages: None,
+        register_rows: true,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {

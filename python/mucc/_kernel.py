@@ -17,6 +17,10 @@ __all__ = ["Kernel", "Graphed", "compile", "best", "Optimized"]
 _Spec = tuple[list[int], list[int], str, int]
 
 _ALIGN = 16  # bytes: the generated kernels copy 16-byte chunks and TMA needs aligned bases
+# Whether calls allocate outputs with torch's private helper for compiled code
+# (`torch._C._dynamo.guards._empty_strided_cuda`) where present; the tests turn it off to run
+# the fallback on the public API.
+_HELPERS = True
 
 
 def _as_graph(graph: Any) -> "_mucc.Graph":
@@ -396,14 +400,18 @@ class _TorchFacts:
             self.current_stream = raw
         else:
             self.current_stream = lambda d: torch.cuda.current_stream(d).cuda_stream
-        # The extension's fast path compares with the same facts and allocates outputs from
-        # templates (`new_empty` parses fewer arguments than `torch.empty`).
+        # The extension's fast path compares with the same facts and allocates outputs with
+        # torch's own allocation helper for compiled code where this torch has it (no
+        # dispatcher), else from templates (`new_empty` parses fewer arguments than
+        # `torch.empty`).
+        guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
         k._raw._torch_setup(
-            torch.Tensor, [(sz, st, dt, roomy, list(st) == row_major(list(sz)))
+            torch.Tensor, [(tuple(sz), st, dt, roomy, list(st) == row_major(list(sz)))
                            for sz, st, dt, roomy in self.facts],
-            [(torch.empty(0, dtype=dt, device=self._dev), torch.Size(shape), tuple(strides),
+            [(torch.empty(0, dtype=dt, device=self._dev), tuple(shape), tuple(strides), dt,
               alloc, dense) for shape, strides, alloc, dt, dense in self._outs],
-            k.device, self.current_stream, torch.empty(0, dtype=torch.uint8, device=self._dev))
+            k.device, self.current_stream, torch.empty(0, dtype=torch.uint8, device=self._dev),
+            getattr(guards, "_empty_strided_cuda", None) if _HELPERS else None)
 
     def alloc(self, j: int) -> Any:
         shape, strides, alloc, dt, dense = self._outs[j]
@@ -515,12 +523,21 @@ class OptimizedGraphed:
 
     def __init__(self, graphed: Graphed) -> None:
         self.graphed = graphed
+        self._fast = graphed.kernel._raw._call_torch
 
     def __call__(self, inputs: Sequence[Any] | None = None, stream: Any = None,
                  **ignored: Any) -> list[Any]:
+        g = self.graphed
+        mine = g._outs
+        if mine is not None and inputs is not None:
+            # Straight to the extension once the first call has set up the facts and outputs.
+            outs = self._fast(inputs, mine, True, stream, True)
+            if outs is not None:
+                g._outs = outs
+                return outs
         if inputs is None:
             raise TypeError("call it as graphed(inputs=[...])")
-        return self.graphed(*inputs, stream=stream)
+        return g(*inputs, stream=stream)
 
     def __repr__(self) -> str:
         return f"<mucc.OptimizedGraphed {self.graphed.kernel._raw.origin}>"

@@ -15,8 +15,8 @@ use pyo3::types::{PyList, PyTuple, PyType};
 
 use mucc::cuda::run::{Gpu, Program, RawBuffers, Replay, RunError};
 
-/// What one torch argument must be: its `torch.Size`, strides tuple and torch dtype; for an
-/// output, whether the plan writes only within the span of that shape and those strides.
+/// What one torch argument must be: its shape and strides (plain tuples) and torch dtype; for
+/// an output, whether the plan writes only within the span of that shape and those strides.
 pub(crate) struct ArgFacts {
     shape: Py<PyAny>,
     strides: Py<PyAny>,
@@ -27,23 +27,38 @@ pub(crate) struct ArgFacts {
     row_major: bool,
 }
 
-/// How one output is allocated: `template.new_empty(shape)` when dense, else a flat
+/// How one output is allocated: when dense, by torch's allocation helper
+/// (`TorchHelpers::empty_strided`) or `template.new_empty(shape)`; else a flat
 /// `new_empty((elements,))` viewed with the plan's strides.
 pub(crate) struct OutAlloc {
     template: Py<PyAny>,
     shape: Py<PyAny>,
     strides: Py<PyAny>,
+    dtype: Py<PyAny>,
     elements: usize,
     dense: bool,
 }
 
-/// An input's or output's facts as the wrapper passes them: (torch.Size, strides tuple, torch
+/// An input's or output's facts as the wrapper passes them: (shape tuple, strides tuple, torch
 /// dtype, writes within the span, row-major strides).
 pub(crate) type ArgTuple = (Py<PyAny>, Py<PyAny>, Py<PyAny>, bool, bool);
 
-/// An output's allocation as the wrapper passes it: (template tensor, torch.Size, strides
-/// tuple, elements, dense).
-pub(crate) type OutTuple = (Py<PyAny>, Py<PyAny>, Py<PyAny>, usize, bool);
+/// An output's allocation as the wrapper passes it: (template tensor, shape tuple, strides
+/// tuple, torch dtype, elements, dense).
+pub(crate) type OutTuple = (Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyAny>, usize, bool);
+
+/// The torch functions a call uses besides the tensors' methods.
+pub(crate) struct TorchHelpers {
+    /// `torch._C._cuda_getCurrentRawStream` (or a function of the device doing the same).
+    pub(crate) raw_stream: Py<PyAny>,
+    /// `_empty_strided_cuda(shape, strides, dtype)`: a tensor on torch's current CUDA device
+    /// from its caching allocator without the dispatcher (≈ 0.5 µs less host time than
+    /// `new_empty` on an H100 host). Turned off for a kernel once it allocated on another
+    /// device.
+    /// (One of torch's own C-level helpers for compiled code, `torch._C._dynamo.guards`;
+    /// `None` where this torch lacks it, and calls allocate with `new_empty`.)
+    pub(crate) empty_strided: Option<Py<PyAny>>,
+}
 
 /// The facts a torch call is compared with, computed once by the Python wrapper.
 pub(crate) struct TorchFacts {
@@ -51,10 +66,9 @@ pub(crate) struct TorchFacts {
     args: Vec<ArgFacts>,
     outs: Vec<OutAlloc>,
     device: i64,
-    /// `torch._C._cuda_getCurrentRawStream` (or a function of the device doing the same).
-    raw_stream: Py<PyAny>,
     /// A `uint8` tensor of the device: the workspace's template.
     bytes_template: Py<PyAny>,
+    helpers: TorchHelpers,
 }
 
 /// Captured executions and the policy that makes them.
@@ -190,8 +204,8 @@ impl Calls {
         args: Vec<ArgTuple>,
         outs: Vec<OutTuple>,
         device: i64,
-        raw_stream: Py<PyAny>,
         bytes_template: Py<PyAny>,
+        helpers: TorchHelpers,
     ) {
         self.torch = Some(TorchFacts {
             tensor_type,
@@ -207,17 +221,20 @@ impl Calls {
                 .collect(),
             outs: outs
                 .into_iter()
-                .map(|(template, shape, strides, elements, dense)| OutAlloc {
-                    template,
-                    shape,
-                    strides,
-                    elements,
-                    dense,
-                })
+                .map(
+                    |(template, shape, strides, dtype, elements, dense)| OutAlloc {
+                        template,
+                        shape,
+                        strides,
+                        dtype,
+                        elements,
+                        dense,
+                    },
+                )
                 .collect(),
             device,
-            raw_stream,
             bytes_template,
+            helpers,
         });
     }
 
@@ -230,7 +247,12 @@ impl Calls {
     ) -> PyResult<Option<usize>> {
         let t = or_slow!(self.torch.as_ref());
         Ok(Some(match stream {
-            None => t.raw_stream.bind(py).call1((t.device,))?.extract()?,
+            None => t
+                .helpers
+                .raw_stream
+                .bind(py)
+                .call1((t.device,))?
+                .extract()?,
             Some(s) => match s.getattr_opt(intern!(py, "cuda_stream"))? {
                 Some(v) => v.extract()?,
                 None => s.extract()?,
@@ -269,7 +291,10 @@ impl Calls {
         let a = &f.args[i];
         if !t.is_instance(f.tensor_type.bind(py))?
             || !t.getattr(intern!(py, "dtype"))?.is(a.dtype.bind(py))
-            || !t.getattr(intern!(py, "shape"))?.eq(a.shape.bind(py))?
+        {
+            return Ok(None);
+        }
+        if !t.getattr(intern!(py, "shape"))?.eq(a.shape.bind(py))?
             || t.call_method0(intern!(py, "get_device"))?
                 .extract::<i64>()?
                 != f.device
@@ -284,6 +309,40 @@ impl Calls {
         }
         let p: u64 = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
         Ok(p.is_multiple_of(16).then_some(p))
+    }
+
+    /// A new output `j`: dense ones by torch's allocation helper where it allocates on this
+    /// kernel's device (else the helper is turned off for this kernel), or from the template.
+    fn allocate<'py>(&mut self, py: Python<'py>, j: usize) -> PyResult<Bound<'py, PyAny>> {
+        let f = self.torch.as_mut().expect("called with torch facts");
+        let a = &f.outs[j];
+        if !a.dense {
+            return a
+                .template
+                .bind(py)
+                .call_method1(intern!(py, "new_empty"), ((a.elements.max(1),),))?
+                .call_method1(
+                    intern!(py, "as_strided"),
+                    (a.shape.bind(py), a.strides.bind(py)),
+                );
+        }
+        if let Some(empty) = &f.helpers.empty_strided {
+            let t =
+                empty
+                    .bind(py)
+                    .call1((a.shape.bind(py), a.strides.bind(py), a.dtype.bind(py)))?;
+            if t.call_method0(intern!(py, "get_device"))?
+                .extract::<i64>()?
+                == f.device
+            {
+                return Ok(t);
+            }
+            // torch's current device is another one: allocate from the template from now on.
+            f.helpers.empty_strided = None;
+        }
+        a.template
+            .bind(py)
+            .call_method1(intern!(py, "new_empty"), (a.shape.bind(py),))
     }
 
     /// One torch call on the fast path: checks `inputs` (a tuple or a list; and `out`, unless
@@ -336,23 +395,9 @@ impl Calls {
                 list
             }
             None => {
-                let f = self.torch.as_ref().expect("checked above");
                 let list = PyList::empty(py);
-                for a in &f.outs {
-                    let t = if a.dense {
-                        a.template
-                            .bind(py)
-                            .call_method1(intern!(py, "new_empty"), (a.shape.bind(py),))?
-                    } else {
-                        a.template
-                            .bind(py)
-                            .call_method1(intern!(py, "new_empty"), ((a.elements.max(1),),))?
-                            .call_method1(
-                                intern!(py, "as_strided"),
-                                (a.shape.bind(py), a.strides.bind(py)),
-                            )?
-                    };
-                    list.append(t)?;
+                for j in 0..n_out {
+                    list.append(self.allocate(py, j)?)?;
                 }
                 list
             }

@@ -968,10 +968,12 @@ impl Kernel {
     }
 
     /// Records the facts torch calls are compared with: the tensor type, per input and output
-    /// (torch.Size, strides, torch dtype, whether the plan writes within that span, whether the
-    /// strides are row-major), per output
-    /// (template tensor, torch.Size, strides, elements to allocate, dense), the device, the
-    /// current-stream query and a `uint8` template for the workspace.
+    /// (shape tuple, strides tuple, torch dtype, whether the plan writes within that span,
+    /// whether the strides are row-major), per output (template tensor, shape tuple, strides
+    /// tuple, torch dtype, elements to allocate, dense), the device, the current-stream query,
+    /// a `uint8` template for the workspace, and torch's `_empty_strided_cuda` where this torch
+    /// has it.
+    #[allow(clippy::too_many_arguments)]
     fn _torch_setup(
         &self,
         tensor_type: Py<pyo3::types::PyType>,
@@ -980,14 +982,18 @@ impl Kernel {
         device: i64,
         raw_stream: Py<PyAny>,
         bytes_template: Py<PyAny>,
+        empty_strided: Option<Py<PyAny>>,
     ) {
         self.calls.borrow_mut().set_torch(
             tensor_type,
             args,
             outs,
             device,
-            raw_stream,
             bytes_template,
+            call::TorchHelpers {
+                raw_stream,
+                empty_strided,
+            },
         );
     }
 

@@ -150,6 +150,34 @@ def test_arguments_off_the_fast_path():
         k(x, y, w, out=[want, want])
 
 
+def test_calls_with_and_without_torch_helpers():
+    # Calls allocate outputs with torch's private helper for compiled code where present, else
+    # with its public API: both give the same results and take the same checks.
+    x, y, w = inputs()
+    with_helpers = mucc.compile(small_gated())
+    try:
+        mucc._kernel._HELPERS = False
+        without = mucc.compile(small_gated())
+        (o2,) = without(x, y, w)
+    finally:
+        mucc._kernel._HELPERS = True
+    (o1,) = with_helpers(x, y, w)
+    assert torch.equal(o1, o2) and o1.stride() == o2.stride() and o1.device == o2.device
+    for k in (with_helpers, without):
+        # Both take the extension's fast path on matching tensors.
+        assert k._raw._call_torch((x, y, w), None, False, None, False) is not None
+        (o,) = k(x, y, w)
+        assert torch.equal(o, o1)
+        with raises(ValueError, match="shape"):
+            k(x[:4], y, w)
+        with raises(ValueError, match="strides"):
+            k(x, y, w.t().contiguous().t())
+        with raises(TypeError, match="dtype"):
+            k(x.half(), y, w)
+        with raises(ValueError, match="CUDA"):
+            k(x.cpu(), y, w)
+
+
 def test_side_stream_and_cuda_graph_capture():
     k = mucc.compile(small_gated())
     x, y, w = inputs()

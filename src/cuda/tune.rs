@@ -38,6 +38,10 @@ pub struct Variant {
     /// The deepest pipeline ring threadblock kernels may get (`None`: the target's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stages: Option<usize>,
+    /// Whether element-wise and row-norm blocks may keep their rows in registers
+    /// (`sched::rows`; absent in caches written before register rows existed: on).
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub register_rows: bool,
 }
 
 fn on() -> bool {
@@ -67,6 +71,7 @@ impl Variant {
         warps: None,
         fuse_matmuls: true,
         stages: None,
+        register_rows: true,
     };
 
     /// `base` with this variant's knobs.
@@ -84,6 +89,7 @@ impl Variant {
             },
             fuse_matmuls: self.fuse_matmuls,
             max_stages: self.stages,
+            register_rows: self.register_rows,
             ..base.clone()
         }
     }
@@ -109,6 +115,9 @@ impl fmt::Display for Variant {
         if let Some(s) = self.stages {
             write!(f, " stages={s}")?;
         }
+        if !self.register_rows {
+            f.write_str(" rows=off")?;
+        }
         Ok(())
     }
 }
@@ -123,7 +132,8 @@ pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
 pub const TUNED_STAGES: [(usize, Option<usize>); 3] = [(2, None), (3, None), (3, Some(8))];
 
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
-/// per CTA, without matmul fusion and with the shallower rings of [`TUNED_STAGES`]; on sm_90a
+/// per CTA (shared-memory tiles, as any asked CTA), without matmul fusion, without register
+/// rows (tiles with the cost model's CTA) and with the shallower rings of [`TUNED_STAGES`]; on sm_90a
 /// also the Hopper path with and without the cluster split and programmatic launches, and the
 /// Ampere path. Variants that plan to the same code as an earlier one are measured once
 /// (`mucc tune`).
@@ -137,6 +147,10 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
     }
     v.push(Variant {
         fuse_matmuls: false,
+        ..Variant::DEFAULT
+    });
+    v.push(Variant {
+        register_rows: false,
         ..Variant::DEFAULT
     });
     for (stages, warps) in TUNED_STAGES {
@@ -570,10 +584,10 @@ mod tests {
             assert_eq!(d.len(), v.len(), "{arch}");
         }
         let n = TUNED_WARPS.len() + TUNED_STAGES.len();
-        assert_eq!(variants(Arch::Sm80).len(), 2 + n);
-        assert_eq!(variants(Arch::Sm90a).len(), 6 + n);
-        // The shallower rings follow the unfused variant; one plans 8 warps.
-        let shallow = variants(Arch::Sm90a)[2 + TUNED_WARPS.len() + 2];
+        assert_eq!(variants(Arch::Sm80).len(), 3 + n);
+        assert_eq!(variants(Arch::Sm90a).len(), 7 + n);
+        // The shallower rings follow the unfused and the tiles-only variants; one plans 8 warps.
+        let shallow = variants(Arch::Sm90a)[3 + TUNED_WARPS.len() + 2];
         assert_eq!(
             shallow.to_string(),
             "path=auto split=on pdl=off warps=8 stages=3"
@@ -589,6 +603,18 @@ mod tests {
                 .apply(&Options::for_target(Target::new(Arch::Sm80)))
                 .fuse_matmuls
         );
+        // One variant plans shared-memory tiles where the default keeps rows in registers.
+        let tiles = variants(Arch::Sm80)[2 + TUNED_WARPS.len()];
+        assert_eq!(tiles.to_string(), "path=auto split=on pdl=off rows=off");
+        assert!(
+            !tiles
+                .apply(&Options::for_target(Target::new(Arch::Sm80)))
+                .register_rows
+        );
+        let json = serde_json::to_string(&Variant::DEFAULT).unwrap();
+        assert!(!json.contains("register_rows"), "{json}");
+        let back: Variant = serde_json::from_str(&serde_json::to_string(&tiles).unwrap()).unwrap();
+        assert_eq!(back, tiles);
         // A warps variant plans with that CTA shape; the default leaves it to the cost model.
         let w8 = variants(Arch::Sm80)[2];
         assert_eq!(w8.warps, Some(8));
