@@ -74,6 +74,20 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
              without a running max ({why}; {numbering})"
         );
     }
+    let loops = &p.rewrite.loops;
+    for r in &loops.refined {
+        let _ = writeln!(
+            s,
+            "loop: kernel op {} refined by {}: {} iterations over tiles of {} along the loop \
+             instead of {} over {} ({numbering}; --refine-loops)",
+            r.kernel, loops.factor, r.forloop[1], r.tile[1], r.forloop[0], r.tile[0]
+        );
+    }
+    if loops.factor > 1 {
+        for (k, why) in &loops.kept {
+            let _ = writeln!(s, "loop: kernel op {k} not refined ({why})");
+        }
+    }
     let g = p.graph(g);
     if p.gpus > 1 {
         let _ = writeln!(

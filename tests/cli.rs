@@ -553,6 +553,43 @@ fn explain_prints_the_plan_and_draws_it() {
     let (code, _, err) = cta(&["--warps", "33"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("unknown warp count `33`"), "{err}");
+    // Loop refinement: asked for, each customized operator's loop is refined or says why not;
+    // the refined kernel stages thinner tiles (mha_bs8 graph 25: two CTAs per SM instead of one).
+    let refine = |extra: &[&str]| {
+        let file = corpus("mha_bs8.json");
+        let mut args = vec![
+            "explain",
+            "--arch",
+            "sm_90a",
+            "--graph",
+            "25",
+            file.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let o = mucc(&args);
+        let (out, err) = text(&o);
+        (o.status.code(), out, err)
+    };
+    let (code, out, err) = refine(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("loop: kernel op"), "{out}");
+    assert!(out.contains("launch bounds (256, 1)"), "{out}");
+    let (code, out, err) = refine(&["--refine-loops", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "loop: kernel op 3 refined by 2: 8 iterations over tiles of 128 along the loop \
+             instead of 4 over 256"
+        ) && out.contains("loop: kernel op 4 not refined (the loop runs once)")
+            && out.contains("grid (256, 4, 1), 128 threads, forloop 8")
+            && out.contains("2 resident block(s) per SM budgeted"),
+        "{out}"
+    );
+    for bad in ["0", "9", "x"] {
+        let (code, _, err) = refine(&["--refine-loops", bad]);
+        assert_eq!(code, Some(1), "{bad}: {err}");
+        assert!(err.contains("--refine-loops"), "{err}");
+    }
     let drawing = std::fs::read_to_string(&svg).unwrap();
     assert!(drawing.starts_with("<svg") && drawing.contains("s1 (tb_input_op)"));
     let again = mucc(&["explain", &corpus("single_gated_mlp.json"), "--svg", s]);
@@ -954,6 +991,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         fuse_matmuls: true,
         stages: None,
         register_rows: true,
+        refine: None,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {

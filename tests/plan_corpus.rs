@@ -123,6 +123,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         online_softmax: Default::default(),
                         all_reduce: Default::default(),
                         max_stages: None,
+                        refine_loops: 1,
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -200,6 +201,7 @@ fn plans_are_deterministic() {
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
                 max_stages: None,
+                refine_loops: 1,
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

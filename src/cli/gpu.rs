@@ -77,6 +77,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
             .all_reduce
             .unwrap_or(mucc::sched::exchange::AllReduceChoice::Fused),
         max_stages: a.path.max_stages.map(|s| s as usize),
+        refine_loops: a.path.refine_loops.map_or(1, |r| r as usize),
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -210,6 +210,12 @@ pub struct PathArg {
     /// computes the same function.
     #[arg(long = "max-stages", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
     pub max_stages: Option<u32>,
+    /// Refine customized operators' for-loops by N (1 to 8) where their bodies allow: N times
+    /// the iterations over tiles N times thinner along the loop, so that each CTA takes less
+    /// shared memory and more of them stream at once (`explain` says which loops and why not;
+    /// `mucc tune` tries 2 and 4). Default 1: none. The function is the same up to rounding.
+    #[arg(long = "refine-loops", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub refine_loops: Option<u32>,
 }
 
 impl PathArg {
@@ -222,6 +228,7 @@ impl PathArg {
             && !self.no_fuse_matmuls
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
             && self.max_stages.is_none()
+            && self.refine_loops.is_none()
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -249,6 +256,9 @@ impl PathArg {
         opts.all_reduce = self.all_reduce.unwrap_or_default();
         if let Some(s) = self.max_stages {
             opts.max_stages = Some(s as usize);
+        }
+        if let Some(r) = self.refine_loops {
+            opts.refine_loops = r as usize;
         }
         if let Some(e) = entry {
             eprintln!(

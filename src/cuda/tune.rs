@@ -42,6 +42,10 @@ pub struct Variant {
     /// (`sched::rows`; absent in caches written before register rows existed: on).
     #[serde(default = "on", skip_serializing_if = "is_on")]
     pub register_rows: bool,
+    /// The factor customized operators' for-loops are refined by where their bodies allow
+    /// (`sched::refine`; `None`: 1, none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refine: Option<usize>,
 }
 
 fn on() -> bool {
@@ -72,6 +76,7 @@ impl Variant {
         fuse_matmuls: true,
         stages: None,
         register_rows: true,
+        refine: None,
     };
 
     /// `base` with this variant's knobs.
@@ -90,6 +95,7 @@ impl Variant {
             fuse_matmuls: self.fuse_matmuls,
             max_stages: self.stages,
             register_rows: self.register_rows,
+            refine_loops: self.refine.unwrap_or(1),
             ..base.clone()
         }
     }
@@ -118,6 +124,9 @@ impl fmt::Display for Variant {
         if !self.register_rows {
             f.write_str(" rows=off")?;
         }
+        if let Some(r) = self.refine {
+            write!(f, " refine={r}")?;
+        }
         Ok(())
     }
 }
@@ -131,9 +140,16 @@ pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
 /// plan (4 warps, 4 stages, clusters of 4).
 pub const TUNED_STAGES: [(usize, Option<usize>); 3] = [(2, None), (3, None), (3, Some(8))];
 
+/// Loop refinements tried (factor, stages): thinner iterations take less shared memory per
+/// stage, so that more CTAs stream at once. Measured (NVIDIA H200, docs/benchmarks.md): mha_bs8
+/// graph 25 87.35 µs, 77.09 refined by 2, 73.30 refined by 2 with rings of 2 stages, 79.45
+/// refined by 4; the decode linears and gated_mlp slower refined.
+pub const TUNED_REFINE: [(usize, Option<usize>); 3] = [(2, None), (2, Some(2)), (4, None)];
+
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
 /// per CTA (shared-memory tiles, as any asked CTA), without matmul fusion, without register
-/// rows (tiles with the cost model's CTA) and with the shallower rings of [`TUNED_STAGES`]; on sm_90a
+/// rows (tiles with the cost model's CTA), with the shallower rings of [`TUNED_STAGES`] and the
+/// loop refinements of [`TUNED_REFINE`]; on sm_90a
 /// also the Hopper path with and without the cluster split and programmatic launches, and the
 /// Ampere path. Variants that plan to the same code as an earlier one are measured once
 /// (`mucc tune`).
@@ -157,6 +173,13 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
         v.push(Variant {
             stages: Some(stages),
             warps,
+            ..Variant::DEFAULT
+        });
+    }
+    for (refine, stages) in TUNED_REFINE {
+        v.push(Variant {
+            refine: Some(refine),
+            stages,
             ..Variant::DEFAULT
         });
     }
@@ -381,13 +404,19 @@ fn load_entry(p: &Path, hash: &str, gpu: Option<&str>) -> Result<Option<TuneEntr
 
 impl Variant {
     /// Whether the variant can be planned: a CTA of 1 to [`MAX_WARPS`] warps, rings of 1 to 4
-    /// stages.
+    /// stages, loops refined by 2 to [`crate::sched::refine::MAX_REFINE`].
     fn check(&self) -> Result<(), String> {
-        match (self.warps, self.stages) {
-            (Some(w), _) if !(1..=MAX_WARPS).contains(&w) => {
+        use crate::sched::refine::MAX_REFINE;
+        match (self.warps, self.stages, self.refine) {
+            (Some(w), _, _) if !(1..=MAX_WARPS).contains(&w) => {
                 Err(format!("{w} warps per CTA (a CTA has 1 to {MAX_WARPS})"))
             }
-            (_, Some(s)) if !(1..=4).contains(&s) => Err(format!("rings of {s} stages (1 to 4)")),
+            (_, Some(s), _) if !(1..=4).contains(&s) => {
+                Err(format!("rings of {s} stages (1 to 4)"))
+            }
+            (_, _, Some(r)) if !(2..=MAX_REFINE).contains(&r) => {
+                Err(format!("loops refined by {r} (2 to {MAX_REFINE})"))
+            }
             _ => Ok(()),
         }
     }
@@ -583,7 +612,7 @@ mod tests {
             d.dedup();
             assert_eq!(d.len(), v.len(), "{arch}");
         }
-        let n = TUNED_WARPS.len() + TUNED_STAGES.len();
+        let n = TUNED_WARPS.len() + TUNED_STAGES.len() + TUNED_REFINE.len();
         assert_eq!(variants(Arch::Sm80).len(), 3 + n);
         assert_eq!(variants(Arch::Sm90a).len(), 7 + n);
         // The shallower rings follow the unfused and the tiles-only variants; one plans 8 warps.

@@ -23,6 +23,7 @@ pub mod ops;
 pub mod order;
 pub mod pipe;
 pub mod plan;
+pub mod refine;
 pub mod rewrite;
 pub mod rows;
 pub mod smem;
@@ -109,6 +110,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
             Ok((mut p, sm, g3)) => {
                 rw.graph = Some(g3.unwrap_or(g2));
                 rw.softmax = sm;
+                rw.loops = std::mem::take(&mut p.rewrite.loops);
                 p.rewrite = rw;
                 p.elapsed = start.elapsed();
                 return Ok(p);
@@ -119,6 +121,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let (mut p, sm, g3) = plan_with_softmax(g, opts)?;
     rw.graph = g3;
     rw.softmax = sm;
+    rw.loops = std::mem::take(&mut p.rewrite.loops);
     p.rewrite = rw;
     p.elapsed = start.elapsed();
     Ok(p)
@@ -126,8 +129,8 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
 
 /// Plans `g` with its attention kernels' softmax computed online where that plans (and, with
 /// [`softmax::SoftmaxChoice::Piped`], where the rewritten kernel keeps its scores in a register
-/// pipe), else `g` as it is; returns the plan, what the softmax rewrite did and the graph
-/// planned if it is not `g`.
+/// pipe), else `g` as it is, each with its loops refined where asked ([`plan_refined`]);
+/// returns the plan, what the softmax rewrite did and the graph planned if it is not `g`.
 fn plan_with_softmax(
     g: &KernelGraph,
     opts: &Options,
@@ -139,7 +142,7 @@ fn plan_with_softmax(
     // At most twice: the second time without the kernels that did not pipe.
     for _ in 0..2 {
         let Some(g3) = sm.graph.take() else { break };
-        let p = match plan_graph(&g3, opts) {
+        let (p, g4) = match plan_refined(&g3, opts) {
             Ok(p) => p,
             Err(e) => {
                 sm.undo(NoOnlineSoftmax::Plan(e.to_string()));
@@ -157,9 +160,33 @@ fn plan_with_softmax(
                 continue;
             }
         }
-        return Ok((p, sm, Some(g3)));
+        return Ok((p, sm, Some(g4.unwrap_or(g3))));
     }
-    Ok((plan_graph(g, opts)?, sm, None))
+    let (p, g4) = plan_refined(g, opts)?;
+    Ok((p, sm, g4))
+}
+
+/// Plans `g` with its customized operators' loops refined by [`Options::refine_loops`] where
+/// their bodies allow and the refined graph plans ([`refine::refine_loops`]), else as it is;
+/// returns the plan (what was refined in its [`GraphPlan::rewrite`]'s `loops`) and the refined
+/// graph if one was planned.
+fn plan_refined(
+    g: &KernelGraph,
+    opts: &Options,
+) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
+    let mut lr = refine::refine_loops(g, opts.refine_loops);
+    if let Some(g2) = lr.graph.take() {
+        match plan_graph(&g2, opts) {
+            Ok(mut p) => {
+                p.rewrite.loops = lr;
+                return Ok((p, Some(g2)));
+            }
+            Err(e) => lr.undo(refine::NotRefined::Plan(e.to_string())),
+        }
+    }
+    let mut p = plan_graph(g, opts)?;
+    p.rewrite.loops = lr;
+    Ok((p, None))
 }
 
 /// Why kernel `k` of plan `p` does not keep its rescaled scores in an online register pipe,

@@ -75,6 +75,10 @@ pub struct Options {
     /// maximum (`None`: the target's, 4). A tuning variant and `--max-stages` lower it: a
     /// shallower ring takes less shared memory, so more CTAs stream at once.
     pub max_stages: Option<usize>,
+    /// The factor by which customized operators' for-loops are refined where their bodies
+    /// allow ([`super::refine`]; 1, the default, refines none; `--refine-loops` and tuning
+    /// variants raise it): R times the iterations over tiles R times thinner along the loop.
+    pub refine_loops: usize,
     /// Whether all-reduces stay NCCL calls or are fused into the kernel writing their input
     /// ([`super::exchange`]; NCCL by default: the fused form needs exchange buffers from the
     /// caller).
@@ -99,6 +103,7 @@ impl Options {
             online_softmax: super::softmax::SoftmaxChoice::Piped,
             all_reduce: super::exchange::AllReduceChoice::Nccl,
             max_stages: None,
+            refine_loops: 1,
         }
     }
 

@@ -148,6 +148,10 @@ pub struct Rewrite {
     /// The attention kernels whose softmax is computed online, and those that keep their form
     /// and why ([`super::softmax`]; kernel indices of the graph after the matmul fusion).
     pub softmax: super::softmax::SoftmaxRewrite,
+    /// The customized operators whose for-loops were refined, and those kept and why
+    /// ([`super::refine`]; kernel indices of the graph after the matmul fusion, unchanged by the
+    /// softmax rewrite).
+    pub loops: super::refine::LoopRewrite,
 }
 
 impl Rewrite {

@@ -1,0 +1,498 @@
+//! **Loop refinement**, a rewrite the planner makes before it plans when asked
+//! (`--refine-loops R`, [`super::Options::refine_loops`]); the caller's graph is never changed.
+//!
+//! A customized operator's for-loop of F iterations over tiles of extent t along the loop
+//! becomes R·F iterations over tiles of t / R: every input the loop walks loads a tile R times
+//! thinner, in the same order. Each block then stages R times less shared memory per ring stage,
+//! so that more blocks fit on an SM and one block's start (its first loads, an idle ring) is
+//! covered by the others' streaming — the attention candidates with a few long iterations hold
+//! one 200 KB block per SM otherwise.
+//!
+//! The function is the same where every per-iteration value reaches the accumulators linearly.
+//! The rewrite tracks what each tile holds ([`Role`]): a loop-invariant tile, a tile that
+//! carries the loop's dim (a slice of it per iteration), or a partial sum over the iteration's
+//! slice (a matmul over the carried dim, a sum reduction over it). It applies when
+//! - element-wise operators, row norms, reductions and matmuls only ever combine a carried tile
+//!   with tiles that carry the same dim or broadcast along it, and never reduce over the carried
+//!   dim other than by a sum;
+//! - partial sums only reach sum reductions and sum accumulators (`accum_nored`,
+//!   `accum_red_ld_sum`), whose totals over R·F thinner iterations are the totals over F;
+//! - a carried tile reaches an accumulator only where it reduces the carried dim away: the
+//!   last-dim sum, mean and RMS accumulators (the mean divides by the last dim's extent times
+//!   the iteration count, a product the rewrite keeps), and the strided to-dimx sums where the
+//!   thinner tile still holds whole groups;
+//! - no accumulator rescales (online softmax) and no running max is kept.
+//!
+//! Only the summation order changes. Where a kernel's body breaks a rule, the plan says which
+//! ([`NotRefined`]); where the refined graph does not plan, the caller's is planned.
+
+use std::fmt;
+
+use crate::graph::kernel::{KernelGraph, KnOpKind};
+use crate::graph::ops::{AccumKind, TbReduction};
+use crate::graph::threadblock::{TbGraph, TbOpKind};
+
+/// The largest refinement factor (`--refine-loops`).
+pub const MAX_REFINE: usize = 8;
+
+/// A customized operator whose for-loop was refined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefinedLoop {
+    /// The customized operator (kernel op index).
+    pub kernel: usize,
+    /// Iterations before and after.
+    pub forloop: [usize; 2],
+    /// The extent along the loop of the tiles that carry it, before and after (the first such
+    /// tile's).
+    pub tile: [usize; 2],
+}
+
+/// What a tile holds, for the rules of the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// The same tile every iteration (or a tile after the loop).
+    Invariant,
+    /// One slice per iteration of the loop's dim, carried in tile dim `.0`.
+    Carries(usize),
+    /// A per-iteration sum over the iteration's slice of the loop's dim.
+    Partial,
+}
+
+/// Why a customized operator's loop is not refined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotRefined {
+    /// The loop runs once: nothing to refine (such kernels may keep their rows in registers).
+    Once,
+    /// No input tile is walked by the loop.
+    NoWalkedInput,
+    /// A tile's extent along the loop does not divide by the factor.
+    Indivisible {
+        /// The threadblock op whose tile it is.
+        op: usize,
+        /// The tile's extent along the loop.
+        extent: usize,
+    },
+    /// An operator combines per-iteration tiles in a way that thinner iterations would change.
+    Operator {
+        /// The threadblock op.
+        op: usize,
+        /// Its name (`accum_nored`, `reduction_2_max`, …).
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// The refined graph does not validate or plan; the caller's is planned.
+    Plan(String),
+}
+
+impl fmt::Display for NotRefined {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotRefined::Once => f.write_str("the loop runs once"),
+            NotRefined::NoWalkedInput => f.write_str("no input tile is walked by the loop"),
+            NotRefined::Indivisible { op, extent } => write!(
+                f,
+                "op{op}'s tile has {extent} elements along the loop, which the factor does not \
+                 divide"
+            ),
+            NotRefined::Operator { op, name, why } => write!(f, "op{op} {name}: {why}"),
+            NotRefined::Plan(why) => write!(f, "the refined graph does not plan: {why}"),
+        }
+    }
+}
+
+/// What [`refine_loops`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoopRewrite {
+    /// The refinement factor asked for (1: off).
+    pub factor: usize,
+    /// The refined graph, when a loop was refined (the same operators, numbered alike).
+    pub graph: Option<Box<KernelGraph>>,
+    /// The refined loops.
+    pub refined: Vec<RefinedLoop>,
+    /// The customized operators whose loops stay, and why.
+    pub kept: Vec<(usize, NotRefined)>,
+}
+
+impl LoopRewrite {
+    /// Keeps every loop after all, with `why` (the refined graph did not plan).
+    pub fn undo(&mut self, why: NotRefined) {
+        self.graph = None;
+        for r in self.refined.drain(..) {
+            self.kept.push((r.kernel, why.clone()));
+        }
+        self.kept.sort_by_key(|(k, _)| *k);
+    }
+}
+
+/// Refines by `factor` the for-loop of every customized operator of `g` whose body allows it
+/// (see the module documentation); `factor` 1 refines nothing.
+pub fn refine_loops(g: &KernelGraph, factor: usize) -> LoopRewrite {
+    let mut lr = LoopRewrite {
+        factor,
+        ..LoopRewrite::default()
+    };
+    if factor <= 1 {
+        return lr;
+    }
+    let mut out = g.clone();
+    for (h, op) in g.ops.iter() {
+        let KnOpKind::Customized(tb) = &op.kind else {
+            continue;
+        };
+        match refine_body(tb, factor) {
+            Ok((body, tile)) => {
+                lr.refined.push(RefinedLoop {
+                    kernel: h.index(),
+                    forloop: [tb.forloop_range, body.forloop_range],
+                    tile,
+                });
+                out.ops[h].kind = KnOpKind::Customized(Box::new(body));
+            }
+            Err(why) => lr.kept.push((h.index(), why)),
+        }
+    }
+    if lr.refined.is_empty() {
+        return lr;
+    }
+    if let Err(e) = crate::graph::validate::validate(&out, None) {
+        lr.undo(NotRefined::Plan(e.to_string()));
+        return lr;
+    }
+    lr.graph = Some(Box::new(out));
+    lr
+}
+
+/// `tb` with its loop refined by `r`, and the first walked tile's extent along the loop before
+/// and after.
+fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefined> {
+    if tb.forloop_range <= 1 {
+        return Err(NotRefined::Once);
+    }
+    let mut roles = vec![Role::Invariant; tb.tensors.len()];
+    let mut out = tb.clone();
+    out.forloop_range = tb.forloop_range * r;
+    let mut tile = None;
+    for (h, op) in tb.ops.iter() {
+        let i = h.index();
+        let bad = |why: &'static str| NotRefined::Operator {
+            op: i,
+            name: op.kind.name(),
+            why,
+        };
+        let role = |k: usize| roles[op.inputs[k].index()];
+        let shape = |k: usize| tb.tensors[op.inputs[k]].shape;
+        // Operators after the loop read accumulated tiles only.
+        let after = !op.inputs.is_empty() && op.inputs.iter().all(|t| tb.tensors[*t].after_accum);
+        let produced = match &op.kind {
+            TbOpKind::Input { forloop_dim, .. } => match forloop_dim {
+                Some(d) => Role::Carries(*d),
+                None => Role::Invariant,
+            },
+            TbOpKind::Output { .. } => continue,
+            _ if after => Role::Invariant,
+            TbOpKind::Unary(_) => match role(0) {
+                Role::Partial => return Err(bad("it applies a function to a partial sum")),
+                r0 => r0,
+            },
+            TbOpKind::Binary(_) => match (role(0), role(1)) {
+                (Role::Invariant, Role::Invariant) => Role::Invariant,
+                (Role::Carries(d), Role::Carries(e)) if d == e => Role::Carries(d),
+                (Role::Carries(d), Role::Invariant) if shape(1).dim(d) == 1 => Role::Carries(d),
+                (Role::Invariant, Role::Carries(d)) if shape(0).dim(d) == 1 => Role::Carries(d),
+                (Role::Partial, _) | (_, Role::Partial) => {
+                    return Err(bad("it combines a partial sum element-wise"));
+                }
+                _ => {
+                    return Err(bad(
+                        "it combines a tile walked by the loop with one that does not step along",
+                    ));
+                }
+            },
+            TbOpKind::Matmul => {
+                let rank = shape(0).rank();
+                match (role(0), role(1)) {
+                    (Role::Invariant, Role::Invariant) => Role::Invariant,
+                    (Role::Carries(a), Role::Carries(b)) if a == rank - 1 && b == rank - 2 => {
+                        Role::Partial
+                    }
+                    (Role::Carries(a), Role::Invariant) if a == rank - 2 => Role::Carries(a),
+                    (Role::Invariant, Role::Carries(b)) if b == rank - 1 => Role::Carries(b),
+                    (Role::Partial, _) | (_, Role::Partial) => {
+                        return Err(bad("it multiplies a partial sum"));
+                    }
+                    _ => return Err(bad("the loop walks its operands along different dims")),
+                }
+            }
+            TbOpKind::Reduction { dim, kind } => match (role(0), kind) {
+                (Role::Invariant, _) => Role::Invariant,
+                (_, TbReduction::Max) => return Err(bad("it keeps a running max")),
+                (Role::Carries(d), TbReduction::Sum) if d == *dim => Role::Partial,
+                // Strided groups of the carried dim stay the same groups in thinner tiles whose
+                // extent the group count divides.
+                (Role::Carries(d), TbReduction::ToDimx)
+                    if d == *dim && (shape(0).dim(d) / r).is_multiple_of(tb.reduction_dimx) =>
+                {
+                    Role::Partial
+                }
+                (Role::Carries(d), _) if d == *dim => {
+                    return Err(bad(
+                        "it groups the loop's dim by strides into more groups than a thinner tile holds whole",
+                    ));
+                }
+                (Role::Carries(d), _) => Role::Carries(d),
+                (Role::Partial, TbReduction::Sum) => Role::Partial,
+                (Role::Partial, _) => return Err(bad("it groups a partial sum by strides")),
+            },
+            TbOpKind::RmsNorm => match role(0) {
+                Role::Invariant => Role::Invariant,
+                Role::Carries(d) if d + 1 < shape(0).rank() => Role::Carries(d),
+                Role::Carries(_) => return Err(bad("it normalises along the loop's dim")),
+                Role::Partial => return Err(bad("it normalises a partial sum")),
+            },
+            TbOpKind::Concat { dim } => match (role(0), role(1)) {
+                (Role::Invariant, Role::Invariant) => Role::Invariant,
+                (Role::Carries(d), Role::Carries(e)) if d == e && d != *dim => Role::Carries(d),
+                _ => {
+                    return Err(bad(
+                        "it concatenates per-iteration tiles along the loop's dim, or with tiles that do not step along",
+                    ));
+                }
+            },
+            TbOpKind::Accum(kind) => {
+                let last = shape(0).rank() - 1;
+                match (role(0), kind) {
+                    (Role::Partial, AccumKind::Nored | AccumKind::RedLdSum) => {}
+                    (
+                        Role::Carries(d),
+                        AccumKind::RedLdSum | AccumKind::RedLdMean | AccumKind::RedLdRms,
+                    ) if d == last => {}
+                    (Role::Carries(d), AccumKind::RedtoxLdSum)
+                        if d == last && (shape(0).dim(d) / r).is_multiple_of(tb.reduction_dimx) => {
+                    }
+                    (Role::Invariant, AccumKind::Max) => {}
+                    (_, AccumKind::NoredRescale | AccumKind::RedLdSumRescale) => {
+                        return Err(bad("it rescales per iteration"));
+                    }
+                    (Role::Invariant, _) => {
+                        return Err(bad("it sums a loop-invariant tile once per iteration"));
+                    }
+                    (Role::Partial, _) => {
+                        return Err(bad("it accumulates a partial sum other than by a sum"));
+                    }
+                    (Role::Carries(_), _) => {
+                        return Err(bad("its accumulator would hold a thinner tile"));
+                    }
+                }
+                Role::Invariant
+            }
+        };
+        for &t in &op.outputs {
+            roles[t.index()] = produced;
+            if let Role::Carries(d) = produced {
+                let extent = tb.tensors[t].shape.dim(d);
+                if !extent.is_multiple_of(r) || extent < r {
+                    return Err(NotRefined::Indivisible { op: i, extent });
+                }
+                if matches!(op.kind, TbOpKind::Input { .. }) && tile.is_none() {
+                    tile = Some([extent, extent / r]);
+                }
+                let s = &mut out.tensors[t].shape;
+                *s = s.with_dim(d, extent / r);
+            }
+        }
+    }
+    let tile = tile.ok_or(NotRefined::NoWalkedInput)?;
+    Ok((out, tile))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+    use crate::graph::dtype::DType;
+    use crate::graph::interp::{InputSpec, Rounding, evaluate_rounded, random_inputs};
+
+    /// mha_bs8's fused attention form at small sizes: per (batch, key split) block, S = Q·K
+    /// per tile of keys, E = exp(S), Σ E and Σ E·V over the loop.
+    fn attention(forloop: usize) -> KernelGraph {
+        let mut g = GraphBuilder::new();
+        let q = g.new_input(&[4, 16, 64], DType::F16).unwrap();
+        let k = g.new_input(&[4, 64, 512], DType::F16).unwrap();
+        let v = g.new_input(&[4, 512, 64], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([4, 2, 1], [128, 1, 1], forloop);
+        let tq = tb.new_input(&g, q, [0, -1, -1], -1).unwrap();
+        let tk = tb.new_input(&g, k, [0, 2, -1], 2).unwrap();
+        let tv = tb.new_input(&g, v, [0, 1, -1], 1).unwrap();
+        let s = tb.matmul(tq, tk).unwrap();
+        let e = tb.exp(s).unwrap();
+        let sum = tb.forloop_accum(e, AccumKind::RedLdSum).unwrap();
+        let o = tb.matmul(e, tv).unwrap();
+        let o = tb.forloop_accum(o, AccumKind::Nored).unwrap();
+        tb.new_output(o, [0, 2, -1]).unwrap();
+        tb.new_output(sum, [0, 2, -1]).unwrap();
+        let outs = g.customized(tb).unwrap();
+        g.mark_output(outs[0]).unwrap();
+        g.mark_output(outs[1]).unwrap();
+        g.build().unwrap()
+    }
+
+    fn assert_same_function(g: &KernelGraph, g2: &KernelGraph) {
+        let inputs = random_inputs(
+            g,
+            InputSpec {
+                seed: 3,
+                scale: 0.5,
+            },
+        );
+        let (want, _) = evaluate_rounded(g, inputs.clone(), Rounding::Exact).unwrap();
+        let (got, _) = evaluate_rounded(g2, inputs, Rounding::Exact).unwrap();
+        for (w, o) in want.iter().zip(&got) {
+            assert_eq!(w.shape, o.shape);
+            let worst = w
+                .data
+                .iter()
+                .zip(&o.data)
+                .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-9, "relative difference {worst}");
+        }
+    }
+
+    #[test]
+    fn attention_loops_refine_to_the_same_function() {
+        let g = attention(4);
+        for r in [2, 4, 8] {
+            let lr = refine_loops(&g, r);
+            assert_eq!(lr.kept, vec![], "{r}");
+            assert_eq!(
+                lr.refined,
+                vec![RefinedLoop {
+                    kernel: 3,
+                    forloop: [4, 4 * r],
+                    tile: [64, 64 / r],
+                }]
+            );
+            let g2 = lr.graph.expect("refined");
+            let KnOpKind::Customized(tb) = &g2.ops.iter().nth(3).unwrap().1.kind else {
+                panic!("kernel 3 is customized")
+            };
+            let shapes: Vec<String> = tb
+                .tensors
+                .iter()
+                .map(|(_, t)| t.shape.to_string())
+                .collect();
+            assert_eq!(shapes[1], format!("[1, 64, {}]", 64 / r));
+            assert_eq!(shapes[2], format!("[1, {}, 64]", 64 / r));
+            assert_same_function(&g, &g2);
+        }
+        assert_eq!(
+            refine_loops(&g, 1),
+            LoopRewrite {
+                factor: 1,
+                ..LoopRewrite::default()
+            }
+        );
+        // 64 keys per iteration do not split 3 ways.
+        let lr = refine_loops(&g, 3);
+        assert!(lr.graph.is_none());
+        assert!(
+            matches!(
+                lr.kept[..],
+                [(3, NotRefined::Indivisible { extent: 64, .. })]
+            ),
+            "{lr:?}"
+        );
+    }
+
+    #[test]
+    fn what_does_not_refine_is_said() {
+        // A loop-invariant tile summed every iteration.
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[64, 64], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([4, 1, 1], [128, 1, 1], 4);
+        let t = tb.new_input(&g, x, [0, -1, -1], -1).unwrap();
+        let a = tb.forloop_accum(t, AccumKind::Nored).unwrap();
+        tb.new_output(a, [0, -1, -1]).unwrap();
+        let o = g.customized(tb).unwrap()[0];
+        g.mark_output(o).unwrap();
+        let lr = refine_loops(&g.build().unwrap(), 2);
+        assert!(lr.graph.is_none());
+        let [(1, why)] = &lr.kept[..] else {
+            panic!("{lr:?}")
+        };
+        assert_eq!(
+            why.to_string(),
+            "op1 accum_nored: it sums a loop-invariant tile once per iteration"
+        );
+        // A walked tile accumulated element-wise: the accumulator would be thinner.
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[64, 256], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([4, 1, 1], [128, 1, 1], 4);
+        let t = tb.new_input(&g, x, [0, -1, -1], 1).unwrap();
+        let e = tb.exp(t).unwrap();
+        let a = tb.forloop_accum(e, AccumKind::Nored).unwrap();
+        tb.new_output(a, [0, -1, -1]).unwrap();
+        let o = g.customized(tb).unwrap()[0];
+        g.mark_output(o).unwrap();
+        let lr = refine_loops(&g.build().unwrap(), 2);
+        assert!(
+            matches!(&lr.kept[..], [(1, NotRefined::Operator { op: 2, .. })]),
+            "{lr:?}"
+        );
+        // A row mean over the walked last dim keeps its divisor (extent × iterations).
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[64, 256], DType::F32).unwrap();
+        let mut tb = TbGraphBuilder::new([4, 1, 1], [128, 1, 1], 4);
+        let t = tb.new_input(&g, x, [0, -1, -1], 1).unwrap();
+        let sq = tb.unary(crate::graph::ops::UnaryOp::Square, t).unwrap();
+        let a = tb.forloop_accum(sq, AccumKind::RedLdMean).unwrap();
+        tb.new_output(a, [0, -1, -1]).unwrap();
+        let o = g.customized(tb).unwrap()[0];
+        g.mark_output(o).unwrap();
+        let g = g.build().unwrap();
+        let lr = refine_loops(&g, 2);
+        assert_eq!(lr.kept, vec![]);
+        assert_same_function(&g, &lr.graph.expect("refined"));
+        // A one-iteration loop stays.
+        let lr = refine_loops(&attention(1), 2);
+        assert_eq!(lr.kept, vec![(3, NotRefined::Once)]);
+    }
+}
+
+#[cfg(test)]
+mod random_tests {
+    use super::*;
+    use crate::graph::interp::{InputSpec, Rounding, evaluate_rounded, random_inputs};
+    use crate::graph::random::{GenConfig, graph};
+
+    /// On the random graphs of `mucc::graph::random`: every refined graph validates and computes
+    /// what the original does (the interpreter, exactly).
+    #[test]
+    fn refined_random_graphs_compute_the_same_function() {
+        let cfg = GenConfig::default();
+        let mut refined = 0;
+        for seed in 0..1500 {
+            let g = graph(seed, &cfg);
+            for r in [2, 4] {
+                let lr = refine_loops(&g, r);
+                let Some(g2) = lr.graph else { continue };
+                refined += 1;
+                let inputs = random_inputs(&g, InputSpec { seed, scale: 0.5 });
+                let (want, _) = evaluate_rounded(&g, inputs.clone(), Rounding::Exact).unwrap();
+                let (got, _) = evaluate_rounded(&g2, inputs, Rounding::Exact).unwrap();
+                for (w, o) in want.iter().zip(&got) {
+                    assert_eq!(w.shape, o.shape, "seed {seed}");
+                    for (a, b) in w.data.iter().zip(&o.data) {
+                        let tol = 1e-9 * a.abs().max(1.0);
+                        assert!(
+                            (a - b).abs() <= tol || (a.is_nan() && b.is_nan()) || a == b,
+                            "seed {seed}, refined by {r}: {a} against {b}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(refined >= 10, "only {refined} refined graphs");
+    }
+}
