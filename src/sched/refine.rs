@@ -311,7 +311,7 @@ mod tests {
     use super::*;
     use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
     use crate::graph::dtype::DType;
-    use crate::graph::interp::{InputSpec, Rounding, evaluate_rounded, random_inputs};
+    use crate::graph::interp::{Rounding, output_difference};
 
     /// mha_bs8's fused attention form at small sizes: per (batch, key split) block, S = Q·K
     /// per tile of keys, E = exp(S), Σ E and Σ E·V over the loop.
@@ -338,25 +338,8 @@ mod tests {
     }
 
     fn assert_same_function(g: &KernelGraph, g2: &KernelGraph) {
-        let inputs = random_inputs(
-            g,
-            InputSpec {
-                seed: 3,
-                scale: 0.5,
-            },
-        );
-        let (want, _) = evaluate_rounded(g, inputs.clone(), Rounding::Exact).unwrap();
-        let (got, _) = evaluate_rounded(g2, inputs, Rounding::Exact).unwrap();
-        for (w, o) in want.iter().zip(&got) {
-            assert_eq!(w.shape, o.shape);
-            let worst = w
-                .data
-                .iter()
-                .zip(&o.data)
-                .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
-                .fold(0.0, f64::max);
-            assert!(worst < 1e-9, "relative difference {worst}");
-        }
+        let worst = output_difference(g, g2, 3, Rounding::Exact);
+        assert!(worst < 1e-9, "relative difference {worst}");
     }
 
     #[test]
@@ -463,7 +446,7 @@ mod tests {
 #[cfg(test)]
 mod random_tests {
     use super::*;
-    use crate::graph::interp::{InputSpec, Rounding, evaluate_rounded, random_inputs};
+    use crate::graph::interp::{Rounding, output_difference};
     use crate::graph::random::{GenConfig, graph};
 
     /// On the random graphs of `mucc::graph::random`: every refined graph validates and computes
@@ -478,19 +461,8 @@ mod random_tests {
                 let lr = refine_loops(&g, r);
                 let Some(g2) = lr.graph else { continue };
                 refined += 1;
-                let inputs = random_inputs(&g, InputSpec { seed, scale: 0.5 });
-                let (want, _) = evaluate_rounded(&g, inputs.clone(), Rounding::Exact).unwrap();
-                let (got, _) = evaluate_rounded(&g2, inputs, Rounding::Exact).unwrap();
-                for (w, o) in want.iter().zip(&got) {
-                    assert_eq!(w.shape, o.shape, "seed {seed}");
-                    for (a, b) in w.data.iter().zip(&o.data) {
-                        let tol = 1e-9 * a.abs().max(1.0);
-                        assert!(
-                            (a - b).abs() <= tol || (a.is_nan() && b.is_nan()) || a == b,
-                            "seed {seed}, refined by {r}: {a} against {b}"
-                        );
-                    }
-                }
+                let worst = output_difference(&g, &g2, seed, Rounding::Exact);
+                assert!(worst < 1e-9, "seed {seed}, refined by {r}: {worst}");
             }
         }
         assert!(refined >= 10, "only {refined} refined graphs");

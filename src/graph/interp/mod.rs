@@ -172,6 +172,34 @@ pub fn evaluate_rounded(
     Ok((rank.outputs, excess))
 }
 
+/// The largest relative difference between the outputs of `g` and `g2` (graphs with the same
+/// inputs and outputs, such as a graph and the planner's rewrite of it) on the same random
+/// inputs (`seed`, scale 0.5), rounded as `rounding` says: |a − b| / max(|a|, 10⁻³), 0 where
+/// both are equal (infinities too) or both NaN. For the rewrites' tests.
+#[cfg(test)]
+pub(crate) fn output_difference(
+    g: &KernelGraph,
+    g2: &KernelGraph,
+    seed: u64,
+    rounding: Rounding,
+) -> f64 {
+    let inputs = random_inputs(g, InputSpec { seed, scale: 0.5 });
+    let (want, _) = evaluate_rounded(g, inputs.clone(), rounding).expect("g evaluates");
+    let (got, _) = evaluate_rounded(g2, inputs, rounding).expect("g2 evaluates");
+    assert_eq!(want.len(), got.len(), "output counts");
+    let mut worst: f64 = 0.0;
+    for (w, o) in want.iter().zip(&got) {
+        assert_eq!(w.shape, o.shape, "output shapes");
+        for (a, b) in w.data.iter().zip(&o.data) {
+            if a == b || (a.is_nan() && b.is_nan()) {
+                continue;
+            }
+            worst = worst.max((a - b).abs() / a.abs().max(1e-3));
+        }
+    }
+    worst
+}
+
 /// Checks the caller's buffers for one rank against the graph's inputs.
 fn check_inputs(g: &KernelGraph, inputs: &[HostTensor]) -> Result<(), GraphError> {
     let graph_inputs = g.inputs();
