@@ -98,7 +98,8 @@ fn plan_dependent_launches(
 /// Plans a validated graph. Kernel-level matmuls whose only reader is a customized operator
 /// are first fused into it where that plans ([`rewrite::fuse_matmuls`], unless
 /// [`Options::fuse_matmuls`] is off), then split attention kernels compute their softmax online
-/// where that plans ([`softmax::online_softmax`], unless [`Options::online_softmax`] is off);
+/// where that plans ([`softmax::online_softmax`], unless [`Options::online_softmax`] is off),
+/// then loops are refined where asked ([`refine::refine_loops`], [`Options::refine_loops`]);
 /// the plan is that of the rewritten graph ([`GraphPlan::rewrite`], [`GraphPlan::graph`]).
 pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
