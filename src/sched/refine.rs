@@ -9,7 +9,7 @@
 //! one 200 KB block per SM otherwise.
 //!
 //! The function is the same where every per-iteration value reaches the accumulators linearly.
-//! The rewrite tracks what each tile holds ([`Role`]): a loop-invariant tile, a tile that
+//! The rewrite tracks what each tile holds: a loop-invariant tile, a tile that
 //! carries the loop's dim (a slice of it per iteration), or a partial sum over the iteration's
 //! slice (a matmul over the carried dim, a sum reduction over it). It applies when
 //! - element-wise operators, row norms, reductions and matmuls only ever combine a carried tile
