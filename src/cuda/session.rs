@@ -3,8 +3,10 @@
 //! drawing inputs and references, uploading inputs and reading outputs. `mucc run` and
 //! `mucc bench` are built on it.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -156,6 +158,9 @@ impl Session {
         indices: &[usize],
         inputs: InputChoice,
     ) -> Vec<Result<Prepared, PrepareError>> {
+        // Candidates of one file share their input signature: one copy of the inputs per
+        // signature and scale, not one per graph (mha_bs8's 38 candidates would hold 41 GB).
+        let pool = InputPool::default();
         indices
             .par_iter()
             .map(|&i| {
@@ -191,12 +196,13 @@ impl Session {
                     self.compile_with(&lg.graph, name, i, &opts)?;
                 let drawn = if inputs.check {
                     Some(
-                        inputs_and_reference_for(
+                        drawn_with(
                             &lg.graph,
                             runs.as_deref(),
                             inputs.seed,
                             inputs.scale,
                             &inputs.budget,
+                            Some(&pool),
                         )
                         .map_err(PrepareError::Reference)?,
                     )
@@ -361,20 +367,55 @@ pub struct InputCache {
 impl InputCache {
     /// The inputs of `g` drawn at `seed` and `scale` (the same for every call of one cache).
     pub fn get(&mut self, g: &KernelGraph, seed: u64, scale: f64) -> Rc<Vec<HostTensor>> {
-        let key: Vec<_> = g
-            .inputs()
-            .into_iter()
-            .map(|(_, t)| {
-                let d = &g.tensors[t];
-                let strides = g.input_strides(t).map(|s| s.0.clone()).unwrap_or_default();
-                (d.shape.dims().to_vec(), d.dtype, strides)
-            })
-            .collect();
+        let key = signature(g);
         if key != self.key || self.inputs.is_empty() {
             self.inputs = Rc::new(interp::random_inputs(g, InputSpec { seed, scale }));
             self.key = key;
         }
         self.inputs.clone()
+    }
+}
+
+/// A graph's input signature: per input its shape, dtype and strides.
+type Signature = Vec<(Vec<usize>, DType, Vec<usize>)>;
+
+fn signature(g: &KernelGraph) -> Signature {
+    g.inputs()
+        .into_iter()
+        .map(|(_, t)| {
+            let d = &g.tensors[t];
+            let strides = g.input_strides(t).map(|s| s.0.clone()).unwrap_or_default();
+            (d.shape.dims().to_vec(), d.dtype, strides)
+        })
+        .collect()
+}
+
+/// Drawn inputs by (seed, scale's bits, input signature).
+type Pooled = HashMap<(u64, u64, Signature), Arc<Vec<HostTensor>>>;
+
+/// Inputs drawn once per (seed, scale, input signature) and shared by the graphs prepared
+/// together (they are a function of these alone), across threads.
+#[derive(Default)]
+pub struct InputPool {
+    drawn: Mutex<Pooled>,
+}
+
+impl InputPool {
+    /// The inputs of `g` drawn as `spec` says, shared with every earlier caller of the same
+    /// seed, scale and signature.
+    pub fn get(&self, g: &KernelGraph, spec: InputSpec) -> Arc<Vec<HostTensor>> {
+        let key = (spec.seed, spec.scale.to_bits(), signature(g));
+        if let Some(x) = self.lock().get(&key) {
+            return x.clone();
+        }
+        // Drawn outside the lock (two threads may draw the same inputs; the first kept wins).
+        let x = Arc::new(interp::random_inputs(g, spec));
+        self.lock().entry(key).or_insert(x).clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pooled> {
+        // A panic elsewhere cannot leave the map half-written: entries are inserted whole.
+        self.drawn.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -418,8 +459,8 @@ impl Prepared {
 
 /// Inputs, reference outputs, the input scale used, and why it was lowered (if it was).
 pub struct Drawn {
-    /// The inputs.
-    pub inputs: Vec<HostTensor>,
+    /// The inputs (shared with the other graphs of a [`Session::prepare`] drawn alike).
+    pub inputs: Arc<Vec<HostTensor>>,
     /// The interpreter's outputs on them.
     pub reference: Vec<Array>,
     /// The scale the inputs were drawn at.
@@ -449,16 +490,32 @@ pub fn inputs_and_reference_for(
     scale: f64,
     budget: &interp::Budget,
 ) -> Result<Drawn, String> {
+    drawn_with(g, runs, seed, scale, budget, None)
+}
+
+/// [`inputs_and_reference_for`] with the inputs taken from `pool` when given.
+fn drawn_with(
+    g: &KernelGraph,
+    runs: Option<&KernelGraph>,
+    seed: u64,
+    scale: f64,
+    budget: &interp::Budget,
+    pool: Option<&InputPool>,
+) -> Result<Drawn, String> {
     interp::estimate(g).check(g, budget)?;
     if let Some(r) = runs {
         interp::estimate(r).check(r, budget)?;
     }
     let ((inputs, reference), scale, note) = draw_in_range(scale, |scale| {
-        let inputs = interp::random_inputs(g, InputSpec { seed, scale });
+        let spec = InputSpec { seed, scale };
+        let inputs = match pool {
+            Some(p) => p.get(g, spec),
+            None => Arc::new(interp::random_inputs(g, spec)),
+        };
         let (outs, mut excess) =
-            interp::evaluate_ranged(g, inputs.clone()).map_err(|e| e.to_string())?;
+            interp::evaluate_ranged(g, inputs.to_vec()).map_err(|e| e.to_string())?;
         if let Some(r) = runs {
-            excess = interp::evaluate_ranged(r, inputs.clone())
+            excess = interp::evaluate_ranged(r, inputs.to_vec())
                 .map_err(|e| format!("the rewritten graph: {e}"))?
                 .1;
         }
@@ -522,7 +579,7 @@ pub fn check_outputs(
         .collect();
     if !widen.is_empty() {
         let (stored, _) =
-            interp::evaluate_rounded(g, drawn.inputs.clone(), interp::Rounding::Stored)
+            interp::evaluate_rounded(g, drawn.inputs.to_vec(), interp::Rounding::Stored)
                 .map_err(|e| format!("the storage-rounding reference: {e}"))?;
         for j in widen {
             cmp[j].widen(data::sensitivity(&stored[j], &drawn.reference[j]));
@@ -572,4 +629,50 @@ pub fn read_outputs(
             Ok((dt, data::gather(shape, &Strides(d.strides.clone()), &buf)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::GraphBuilder;
+
+    fn graph(rows: usize, exp: bool) -> KernelGraph {
+        let mut b = GraphBuilder::new();
+        let x = b.new_input(&[rows, 64], DType::F16).unwrap();
+        let y = if exp {
+            b.exp(x).unwrap()
+        } else {
+            b.sqrt(x).unwrap()
+        };
+        b.mark_output(y).unwrap();
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn graphs_of_one_signature_share_their_drawn_inputs() {
+        let pool = InputPool::default();
+        let (a, b, c) = (graph(8, true), graph(8, false), graph(16, true));
+        let spec = InputSpec {
+            seed: 5,
+            scale: 0.5,
+        };
+        let (ia, ib) = (pool.get(&a, spec), pool.get(&b, spec));
+        assert!(Arc::ptr_eq(&ia, &ib), "same signature, seed and scale");
+        assert_eq!(*ia, interp::random_inputs(&a, spec));
+        assert!(!Arc::ptr_eq(&ia, &pool.get(&c, spec)), "another shape");
+        let half = InputSpec {
+            scale: 0.25,
+            ..spec
+        };
+        assert!(!Arc::ptr_eq(&ia, &pool.get(&a, half)), "another scale");
+        // Drawn through the pool: the same inputs, each graph its own reference.
+        let budget = interp::Budget::default();
+        let da = drawn_with(&a, None, 5, 0.5, &budget, Some(&pool)).unwrap();
+        let db = drawn_with(&b, None, 5, 0.5, &budget, Some(&pool)).unwrap();
+        assert!(Arc::ptr_eq(&da.inputs, &db.inputs));
+        assert_ne!(da.reference[0].data, db.reference[0].data);
+        let alone = inputs_and_reference(&a, 5, 0.5, &budget).unwrap();
+        assert_eq!(*alone.inputs, *da.inputs);
+        assert_eq!(alone.reference[0].data, da.reference[0].data);
+    }
 }
