@@ -149,8 +149,9 @@ impl Session {
     }
 
     /// Validates, transpiles and compiles the graphs `indices` of `file`, and draws their inputs
-    /// (with the interpreter's reference when `inputs.check`), on all cores; results in the
-    /// order of `indices`.
+    /// (with the interpreter's reference when `inputs.check`), on all cores — with a check, in
+    /// groups of as many graphs as the budget's memory holds references of at once
+    /// ([`concurrent_references`]); results in the order of `indices`.
     pub fn prepare(
         &self,
         file: &MirageFile,
@@ -161,6 +162,32 @@ impl Session {
         // Candidates of one file share their input signature: one copy of the inputs per
         // signature and scale, not one per graph (mha_bs8's 38 candidates would hold 41 GB).
         let pool = InputPool::default();
+        let width = if inputs.check {
+            // Only graphs that validate are estimated (the others fail at once).
+            let valid = indices
+                .iter()
+                .filter_map(|&i| file.graphs.get(i))
+                .filter(|lg| lg.validate().is_ok())
+                .map(|lg| &lg.graph);
+            concurrent_references(valid, &inputs.budget, rayon::current_num_threads())
+        } else {
+            indices.len()
+        };
+        indices
+            .chunks(width.max(1))
+            .flat_map(|group| self.prepare_group(file, name, group, inputs, &pool))
+            .collect()
+    }
+
+    /// [`Session::prepare`] of one group of graphs, in parallel.
+    fn prepare_group(
+        &self,
+        file: &MirageFile,
+        name: &str,
+        indices: &[usize],
+        inputs: InputChoice,
+        pool: &InputPool,
+    ) -> Vec<Result<Prepared, PrepareError>> {
         indices
             .par_iter()
             .map(|&i| {
@@ -202,7 +229,7 @@ impl Session {
                             inputs.seed,
                             inputs.scale,
                             &inputs.budget,
-                            Some(&pool),
+                            Some(pool),
                         )
                         .map_err(PrepareError::Reference)?,
                     )
@@ -374,6 +401,27 @@ impl InputCache {
         }
         self.inputs.clone()
     }
+}
+
+/// How many of `graphs` may evaluate their references at once: as many as the budget's
+/// memory holds of the largest one's estimate (inputs included), at least one and at most
+/// `threads`. Each evaluation stays within the budget alone (it is refused otherwise); all at
+/// once they would multiply it by the cores.
+pub fn concurrent_references<'a>(
+    graphs: impl IntoIterator<Item = &'a KernelGraph>,
+    budget: &interp::Budget,
+    threads: usize,
+) -> usize {
+    let largest = graphs
+        .into_iter()
+        .map(|g| interp::estimate(g).bytes)
+        .fold(0.0, f64::max);
+    let fit = if largest > 0.0 {
+        (budget.max_bytes as f64 / largest).floor() as usize
+    } else {
+        threads
+    };
+    fit.clamp(1, threads.max(1))
 }
 
 /// A graph's input signature: per input its shape, dtype and strides.
@@ -646,6 +694,26 @@ mod tests {
         };
         b.mark_output(y).unwrap();
         b.build().unwrap()
+    }
+
+    #[test]
+    fn references_run_as_many_at_once_as_the_budget_holds() {
+        let (small, large) = (graph(8, true), graph(4096, true));
+        let each = interp::estimate(&large).bytes;
+        let budget = |bytes: f64| interp::Budget {
+            max_bytes: bytes as u64,
+            ..interp::Budget::default()
+        };
+        assert_eq!(
+            concurrent_references([&small, &large], &budget(each * 3.5), 16),
+            3
+        );
+        assert_eq!(
+            concurrent_references([&large], &budget(each * 100.0), 16),
+            16
+        );
+        assert_eq!(concurrent_references([&large], &budget(each / 2.0), 16), 1);
+        assert_eq!(concurrent_references([], &budget(1.0), 8), 8);
     }
 
     #[test]
