@@ -76,15 +76,29 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     }
     let loops = &p.rewrite.loops;
     for r in &loops.refined {
+        let by = match r.rule {
+            Some(why) => format!("{why}; --refine-loops 1 keeps the loop"),
+            None => "--refine-loops".to_string(),
+        };
         let _ = writeln!(
             s,
             "loop: kernel op {} refined by {}: {} iterations over tiles of {} along the loop \
-             instead of {} over {} ({numbering}; --refine-loops)",
+             instead of {} over {} ({by}; {numbering})",
             r.kernel, loops.factor, r.forloop[1], r.tile[1], r.forloop[0], r.tile[0]
         );
     }
     if loops.factor > 1 {
         for (k, why) in &loops.kept {
+            // Under the rule, reasons that hold for every kernel of the graph go unsaid.
+            use crate::sched::refine::{NotRefined, RuleKept};
+            if loops.rule
+                && matches!(
+                    why,
+                    NotRefined::Once | NotRefined::Rule(RuleKept::AmperePath | RuleKept::CtaAsked)
+                )
+            {
+                continue;
+            }
             let _ = writeln!(s, "loop: kernel op {k} not refined ({why})");
         }
     }

@@ -410,8 +410,16 @@ fn matmuls_fuse_into_their_reader_unless_turned_off() {
         "{out}"
     );
     assert!(!out.contains("cuBLAS"), "{out}");
-    // The fused kernel's 208 KB leave an SM one block: on sm_90a it gets 8 warps (sm_80 keeps
-    // the µGraph's 4: measured on Hopper only).
+    // The fused kernel's 208 KB leave an SM one block: on sm_90a the planner's rule refines its
+    // loop so that three fit (below); unrefined, it gets 8 warps (sm_80 keeps the µGraph's 4:
+    // measured on Hopper only).
+    assert!(
+        out.contains("CTA: 4 warps (cost model: block_dim kept: the loop was refined so that more blocks of it fit per SM"),
+        "{out}"
+    );
+    let o = mucc(&[&args[..], &["--refine-loops", "1"]].concat());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
         out.contains("CTA: 8 warps (cost model: the grid has 4 or more blocks per SM, but shared memory holds one block of fewer than 8 warps"),
         "{out}"
@@ -553,8 +561,9 @@ fn explain_prints_the_plan_and_draws_it() {
     let (code, _, err) = cta(&["--warps", "33"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("unknown warp count `33`"), "{err}");
-    // Loop refinement: asked for, each customized operator's loop is refined or says why not;
-    // the refined kernel stages thinner tiles (mha_bs8 graph 25: two CTAs per SM instead of one).
+    // Loop refinement: by the planner's rule (mha_bs8 graph 25: its 208 KB CTA holds one block
+    // per SM; refined by 2, three fit), none with `--refine-loops 1`; asked for, each customized
+    // operator's loop is refined or says why not, and the refined kernel stages thinner tiles.
     let refine = |extra: &[&str]| {
         let file = corpus("mha_bs8.json");
         let mut args = vec![
@@ -572,8 +581,36 @@ fn explain_prints_the_plan_and_draws_it() {
     };
     let (code, out, err) = refine(&[]);
     assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "loop: kernel op 3 refined by 2: 8 iterations over tiles of 128 along the loop \
+             instead of 4 over 256 (the planner's rule"
+        ) && out.contains("launch bounds (128, 3); 3 resident block(s) per SM budgeted")
+            && out.contains("pipelined x2")
+            && !out.contains("loop: kernel op 4"),
+        "{out}"
+    );
+    let (code, out, err) = refine(&["--refine-loops", "1"]);
+    assert_eq!(code, Some(0), "{err}");
     assert!(!out.contains("loop: kernel op"), "{out}");
     assert!(out.contains("launch bounds (256, 1)"), "{out}");
+    // Where the rule does not apply, explain says why (mha_bs8 graph 32's division kernel holds
+    // two blocks per SM).
+    let file = corpus("mha_bs8.json");
+    let o = mucc(&[
+        "explain",
+        "--arch",
+        "sm_90a",
+        "--graph",
+        "32",
+        file.as_str(),
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("loop: kernel op 4 not refined (the planner's rule refines the loops of a large grid's kernel holding one block per SM and the short loops of a small grid's, and shared memory holds 2 of its blocks per SM already)"),
+        "{out}"
+    );
     let (code, out, err) = refine(&["--refine-loops", "2"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(

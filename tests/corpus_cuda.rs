@@ -111,7 +111,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
                 max_stages: None,
-                refine_loops: 1,
+                refine_loops: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));
             let t = Instant::now();

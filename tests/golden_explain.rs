@@ -26,7 +26,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         online_softmax: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
-        refine_loops: 1,
+        refine_loops: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();
     format!("{file} graph {graph}\n{}", mucc::explain::explain(g, &plan))

@@ -262,7 +262,7 @@ fn kernel_level_goldens() {
             online_softmax: Default::default(),
             all_reduce: Default::default(),
             max_stages: None,
-            refine_loops: 1,
+            refine_loops: Default::default(),
         };
         let (_, e) =
             mucc::transpile::transpile(g, &opts, &format!("golden/kernel/{name}.json, graph 0"))

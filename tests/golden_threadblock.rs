@@ -270,7 +270,7 @@ fn opts(arch: Arch) -> Options {
         online_softmax: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
-        refine_loops: 1,
+        refine_loops: Default::default(),
     }
 }
 

@@ -123,7 +123,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         online_softmax: Default::default(),
                         all_reduce: Default::default(),
                         max_stages: None,
-                        refine_loops: 1,
+                        refine_loops: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
                         Ok(p) => {
@@ -201,7 +201,7 @@ fn plans_are_deterministic() {
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
                 max_stages: None,
-                refine_loops: 1,
+                refine_loops: Default::default(),
             };
             let a =
                 mucc::explain::explain(&lg.graph, &mucc::sched::plan(&lg.graph, &opts).unwrap());

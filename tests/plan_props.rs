@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None, refine_loops: 1 };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None, refine_loops: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -190,7 +190,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         online_softmax: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
-        refine_loops: 1,
+        refine_loops: Default::default(),
     };
     let e = mucc::sched::plan(&g, &opts).unwrap_err();
     let PlanError::Layout(le) = &e else {
@@ -292,7 +292,7 @@ fn shared_memory_overflow_is_an_error() {
             online_softmax: Default::default(),
             all_reduce: Default::default(),
             max_stages: None,
-            refine_loops: 1,
+            refine_loops: Default::default(),
         },
     )
     .unwrap_err();
@@ -341,7 +341,7 @@ fn workspace_reuses_dead_intermediates() {
             online_softmax: Default::default(),
             all_reduce: Default::default(),
             max_stages: None,
-            refine_loops: 1,
+            refine_loops: Default::default(),
         },
     )
     .unwrap();
@@ -460,7 +460,7 @@ fn plan_for(
         online_softmax: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
-        refine_loops: 1,
+        refine_loops: Default::default(),
     };
     mucc::sched::plan(g, &opts)
 }
@@ -591,7 +591,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             online_softmax: Default::default(),
             all_reduce: Default::default(),
             max_stages: None,
-            refine_loops: 1,
+            refine_loops: Default::default(),
         };
         mucc::sched::plan(g, &opts).unwrap()
     };

@@ -12,111 +12,142 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 3: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 4, 149632 bytes of shared memory
+// kernel op 3: kn_customized_op grid (32, 2, 1), block (256, 1, 1), forloop 8, 142336 bytes of shared memory
 // schedule 1 | 0,2 3 5,6 | 8,9
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) k3_customized(
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
-    const mucc::f16* __restrict__ in2) {
+    const mucc::f16* __restrict__ in2,
+    const __grid_constant__ mucc::sm90::TensorMap tm0) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
   using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
   using L2 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 512, 1>>, mucc::Swizzle<3,
-      3, 6>>;
-  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 512, 64>, mucc::Stride<32768, 64, 1>>, mucc::Swizzle<3,
+  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 256>, mucc::Stride<4096, 256, 1>>, mucc::Swizzle<3,
+      3, 5>>;
+  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 256, 64>, mucc::Stride<16384, 64, 1>>, mucc::Swizzle<3,
       3, 3>>;
-  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 512, 1, 8, mucc::tb::Load::Ldmatrix,
+  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 256, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L6 = mucc::Layout<mucc::Shape<1, 512, 64>, mucc::Stride<262144, 64, 1>>;
-  using L7 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 512>, mucc::Stride<32768, 512, 1>>, mucc::Swizzle<3,
-      3, 6>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 64, 512>, mucc::Stride<262144, 4096, 1>>;
-  using L9 = mucc::tb::Mma<mucc::f16, L0, L7, 16, 512, 64, 1, 16, mucc::tb::Load::Ldmatrix,
+  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<16384, 256, 1>>, mucc::Swizzle<3,
+      3, 5>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<262144, 4096, 1>>;
+  using L8 = mucc::tb::Mma<mucc::f16, L0, L6, 16, 256, 64, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 2,
+  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 2,
       4>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
-  using L12 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<32, 16, 1>>;
-  using L13 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<2048, 128, 1>>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  using L10 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<32, 16, 1>>;
+  using L12 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<2048, 128, 1>>;
+  extern __shared__ __align__(1024) unsigned char smem_1024[];
+  unsigned char* const smem = smem_1024;
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 2176);  // s0 (tb_input_op)
+  mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + 16);  // TMA stage barriers
+  if (tid == 0) {
+    if (mucc::sm90::smem_u32(smem) % 1024 != 0) __trap();
+    for (int s = 0; s < 2; ++s) mucc::sm90::mbar_init(full + s, 1);
+    mucc::sm90::fence_mbarrier_init();
+    mucc::sm90::prefetch_tensormap(&tm0);
+  }
+  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 3072);  // s0 (tb_input_op) x2 stages
   mucc::f16* s6 = reinterpret_cast<mucc::f16*>(smem + 128);  // s6 (tb_input_op)
-  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 67712);  // s7 (tb_input_op)
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 133248);  // s2 (tb_exp_op)
-  float* s3 = reinterpret_cast<float*>(smem + 16);  // s3 (tb_forloop_accum_red_ld_sum_op)
+  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 68608);  // s7 (tb_input_op) x2 stages
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 134144);  // s2 (tb_exp_op)
+  float* s3 = reinterpret_cast<float*>(smem + 32);  // s3 (tb_forloop_accum_red_ld_sum_op)
   float* s5 = reinterpret_cast<float*>(smem + 128);  // s5 (tb_forloop_accum_nored_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x / 2) * 262144
-      + static_cast<mucc::i64>(blockIdx.y) * 131072;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 2) * 1024;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x / 2) * 262144
       + static_cast<mucc::i64>(blockIdx.y) * 2048;
   mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 32 + static_cast<mucc::i64>(blockIdx.y) * 16;
   mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 64;
   // op1 input
-  mucc::tb::copy_chunks<512, 1024, 8, L0, L1>(tid, s6, gi1);
+  mucc::tb::copy_chunks<256, 1024, 8, L0, L1>(tid, s6, gi1);
   __syncthreads();
-  mucc::tb::fill<512, 16, L2>(tid, s3, float(0.0));
+  mucc::tb::fill<256, 16, L2>(tid, s3, float(0.0));
   L5::Frag acc7;
   L5::fill(acc7, float(0.0));
   __syncthreads();
-  // cluster split: CTA r of the cluster runs iterations [r·2, (r + 1)·2)
-  const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 2;
-  for (int it = it0; it < it0 + 2; ++it) {
+  // cluster split: CTA r of the cluster runs iterations [r·4, (r + 1)·4)
+  const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 4;
+  // software pipeline: 2 stages
+  mucc::tb::cp_async_chunks<256, 16384, 8, L6, L7>(tid, s7 + 0, gi2 + static_cast<mucc::i64>(it0) * 256);
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 0, 32768);
+    mucc::sm90::tma_load(s0 + 0 * 16384, &tm0, full + 0, 0, static_cast<int>(blockIdx.y) * 2048 + (it0) * 256,
+        static_cast<int>(blockIdx.x / 2) * 1);
+  }
+  mucc::sm80::cp_async_commit();
+  for (int it = it0; it < it0 + 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
+    mucc::f16* s0_cur = s0 + ((it - it0) % 2) * 16384;
+    mucc::f16* s7_cur = s7 + ((it - it0) % 2) * 16384;
+    mucc::sm80::cp_async_wait<0>();
+    mucc::sm90::mbar_wait(full + ((it - it0) % 2), static_cast<unsigned>((it - it0) / 2) & 1u);
     // op0 input
-    mucc::tb::copy_chunks<512, 32768, 8, L4, L6>(tid, s0, gi0 + static_cast<mucc::i64>(it) * 32768);
+    // issued ahead by the pipeline
     // op2 input
-    mucc::tb::copy_chunks<512, 32768, 8, L7, L8>(tid, s7, gi2 + static_cast<mucc::i64>(it) * 512);
+    // issued ahead by the pipeline
     __syncthreads();
+    {
+      const int pf = it + 1;
+      if (pf < it0 + 4) {
+        mucc::tb::cp_async_chunks<256, 16384, 8, L6, L7>(tid, s7 + ((pf - it0) % 2) * 16384,
+            gi2 + static_cast<mucc::i64>(pf) * 256);
+        if (tid == 0) {
+          mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 2), 32768);
+          mucc::sm90::tma_load(s0 + ((pf - it0) % 2) * 16384, &tm0, full + ((pf - it0) % 2), 0,
+              static_cast<int>(blockIdx.y) * 2048 + (pf) * 256, static_cast<int>(blockIdx.x / 2) * 1);
+        }
+      }
+      mucc::sm80::cp_async_commit();
+    }
     // op3 matmul -> op4 exp
-    L9::apply(s6, s7, smem, warp, lane, [&](int row, int col, float v) {
+    L8::apply(s6, s7_cur, smem, warp, lane, [&](int row, int col, float v) {
       v = mucc::op::exp_approx_ftz(v);
-      s2[L3::offset(row * 512 + col)] = mucc::from_compute<mucc::f16>(v);
+      s2[L3::offset(row * 256 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();
     // op5 accum_red_ld_sum
     {
       auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s2[L3::offset(row * 512 + j)]);
+        float v = mucc::to_compute(s2[L3::offset(row * 256 + j)]);
         return v;
       };
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s3[L2::offset(row)], s);
       };
-      mucc::tb::for_each_row<512, 32, 16, 512, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 16, 16, 256, float>(tid, elem, sink);
     }
     // op6 matmul -> op7 accum_nored
-    L5::run(acc7, s2, s0, smem, warp, lane);
+    L5::run(acc7, s2, s0_cur, smem, warp, lane);
     __syncthreads();
   }
   mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch
   L5::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s5[L10::offset(row * 64 + col)] = mucc::from_compute<float>(v);
+    s5[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
   // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<512, 16, 2, mucc::tb::FoldSum, L2, float>(tid, s3);
-    mucc::tb::cluster_fold<512, 1024, 2, mucc::tb::FoldSum, L10, float>(tid, s5);
+    mucc::tb::cluster_fold<256, 16, 2, mucc::tb::FoldSum, L2, float>(tid, s3);
+    mucc::tb::cluster_fold<256, 1024, 2, mucc::tb::FoldSum, L9, float>(tid, s5);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
   // op8 output
-  mucc::tb::copy_elems<512, 16, L12, L11>(tid, go8, s3);
+  mucc::tb::copy_elems<256, 16, L11, L10>(tid, go8, s3);
   // op9 output
-  mucc::tb::copy_elems<512, 1024, L13, L10>(tid, go9, s5);
+  mucc::tb::copy_elems<256, 1024, L12, L9>(tid, go9, s5);
 }
 
 // kernel op 4: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 1, 4160 bytes of shared memory
@@ -228,9 +259,18 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 149632, smem_set));
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 142336, smem_set));
     void* const args[] = {buf.ws(131072), buf.ws(0), buf.in(2, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 2, 1), dim3(512, 1, 1), 149632, stream, args));
+    static thread_local mucc::host::CachedTensorMap tm0;
+    {
+      const cuuint64_t dims[] = {64ull, 4096ull, 32ull};
+      const cuuint64_t strides[] = {128ull, 524288ull};
+      const cuuint32_t box[] = {64u, 256u, 1u};
+      MUCC_CHECK(mucc::host::tensor_map(tm0, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, buf.in(2, 0), dims, strides, box,
+          CU_TENSOR_MAP_SWIZZLE_128B));
+    }
+    const CUtensorMap* const maps[] = {&tm0.map};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 2, 1), dim3(256, 1, 1), 142336, stream, args, maps));
   }
 
   // launch k4_customized

@@ -77,7 +77,12 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
             .all_reduce
             .unwrap_or(mucc::sched::exchange::AllReduceChoice::Fused),
         max_stages: a.path.max_stages.map(|s| s as usize),
-        refine_loops: a.path.refine_loops.map_or(1, |r| r as usize),
+        refine_loops: a
+            .path
+            .refine_loops
+            .map_or(mucc::sched::RefineChoice::Auto, |r| {
+                mucc::sched::RefineChoice::Factor(r as usize)
+            }),
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

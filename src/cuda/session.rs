@@ -59,9 +59,8 @@ pub struct SessionOptions {
     pub all_reduce: crate::sched::exchange::AllReduceChoice,
     /// The deepest pipeline ring a threadblock kernel may get (`--max-stages`).
     pub max_stages: Option<usize>,
-    /// The factor customized operators' loops are refined by where they allow
-    /// (`--refine-loops`; 0 and 1 refine none).
-    pub refine_loops: usize,
+    /// Which customized operators' loops are refined, and by how much (`--refine-loops`).
+    pub refine_loops: crate::sched::RefineChoice,
 }
 
 /// Why a session could not open.
@@ -129,7 +128,7 @@ impl Session {
             online_softmax: a.online_softmax,
             all_reduce: a.all_reduce,
             max_stages: a.max_stages,
-            refine_loops: a.refine_loops.max(1),
+            refine_loops: a.refine_loops,
         };
         Ok(Session {
             gpu,

@@ -43,7 +43,7 @@ pub struct Variant {
     #[serde(default = "on", skip_serializing_if = "is_on")]
     pub register_rows: bool,
     /// The factor customized operators' for-loops are refined by where their bodies allow
-    /// (`sched::refine`; `None`: 1, none).
+    /// (`sched::refine`; `None`: the planner's rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<usize>,
 }
@@ -95,7 +95,10 @@ impl Variant {
             fuse_matmuls: self.fuse_matmuls,
             max_stages: self.stages,
             register_rows: self.register_rows,
-            refine_loops: self.refine.unwrap_or(1),
+            refine_loops: self.refine.map_or(
+                crate::sched::RefineChoice::Auto,
+                crate::sched::RefineChoice::Factor,
+            ),
             ..base.clone()
         }
     }
@@ -140,11 +143,13 @@ pub const TUNED_WARPS: [usize; 3] = [4, 8, 16];
 /// plan (4 warps, 4 stages, clusters of 4).
 pub const TUNED_STAGES: [(usize, Option<usize>); 3] = [(2, None), (3, None), (3, Some(8))];
 
-/// Loop refinements tried (factor, stages): thinner iterations take less shared memory per
-/// stage, so that more CTAs stream at once. Measured (NVIDIA H200, docs/benchmarks.md): mha_bs8
-/// graph 25 87.35 µs, 77.09 refined by 2, 73.30 refined by 2 with rings of 2 stages, 79.45
-/// refined by 4; the decode linears and gated_mlp slower refined.
-pub const TUNED_REFINE: [(usize, Option<usize>); 3] = [(2, None), (2, Some(2)), (4, None)];
+/// Loop refinements tried (factor, stages; factor 1: none, where the planner's rule refines):
+/// thinner iterations take less shared memory per stage, so that more CTAs stream at once.
+/// Measured (NVIDIA H200, docs/benchmarks.md): mha_bs8 graph 25 87.35 µs, 77.09 refined by 2,
+/// 73.30 refined by 2 with rings of 2 stages, 79.45 refined by 4; the decode linears and
+/// gated_mlp slower refined.
+pub const TUNED_REFINE: [(usize, Option<usize>); 4] =
+    [(1, None), (2, None), (2, Some(2)), (4, None)];
 
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
 /// per CTA (shared-memory tiles, as any asked CTA), without matmul fusion, without register
@@ -404,7 +409,7 @@ fn load_entry(p: &Path, hash: &str, gpu: Option<&str>) -> Result<Option<TuneEntr
 
 impl Variant {
     /// Whether the variant can be planned: a CTA of 1 to [`MAX_WARPS`] warps, rings of 1 to 4
-    /// stages, loops refined by 2 to [`crate::sched::refine::MAX_REFINE`].
+    /// stages, loops refined by 1 (none) to [`crate::sched::refine::MAX_REFINE`].
     fn check(&self) -> Result<(), String> {
         use crate::sched::refine::MAX_REFINE;
         match (self.warps, self.stages, self.refine) {
@@ -414,8 +419,8 @@ impl Variant {
             (_, Some(s), _) if !(1..=4).contains(&s) => {
                 Err(format!("rings of {s} stages (1 to 4)"))
             }
-            (_, _, Some(r)) if !(2..=MAX_REFINE).contains(&r) => {
-                Err(format!("loops refined by {r} (2 to {MAX_REFINE})"))
+            (_, _, Some(r)) if !(1..=MAX_REFINE).contains(&r) => {
+                Err(format!("loops refined by {r} (1 to {MAX_REFINE})"))
             }
             _ => Ok(()),
         }

@@ -86,6 +86,11 @@ fn side(g: &KernelGraph, dt: &[DTensorGeometry], hs: &[Handle<DTensor>]) -> Side
 /// the CTA `opts.cta` asks for; with [`CtaChoice::Auto`], the µGraph's CTA is planned first and
 /// the kernel planned again with the warps [`more_warps`] asks for, if any (the first plan is
 /// kept when the second fails, e.g. on shared memory).
+///
+/// `occupancy`: the kernel's loop was refined by the planner's rule ([`super::refine`],
+/// [`rule_refinement`]) so that [`super::refine::AUTO_BLOCKS`] blocks of the µGraph's CTA
+/// fit per SM; it is planned for that many.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn plan_kernel(
     g: &KernelGraph,
     k: usize,
@@ -94,6 +99,7 @@ pub(super) fn plan_kernel(
     kl: &KernelLayout,
     dt: &[DTensorGeometry],
     opts: &Options,
+    occupancy: bool,
 ) -> Result<KernelPlan, PlanError> {
     let op = &g.ops[Handle::from_index(k)];
     let geometry = |hs: &[Handle<DTensor>]| -> Vec<&DTensorGeometry> {
@@ -119,7 +125,7 @@ pub(super) fn plan_kernel(
     let rows = match rows {
         Ok(rows) => rows,
         Err(why) => {
-            let mut p = plan_kernel_tiles(g, k, tb, fusion, kl, dt, opts)?;
+            let mut p = plan_kernel_tiles(g, k, tb, fusion, kl, dt, opts, occupancy)?;
             p.body = super::plan::Body::Tiles(why);
             return Ok(p);
         }
@@ -138,6 +144,7 @@ pub(super) fn plan_kernel(
         rows.threads,
         CtaSource::Model(why),
         true,
+        None,
     )?;
     p.tiles = vec![None; p.tiles.len()];
     p.smem = SmemPlan {
@@ -158,6 +165,7 @@ pub(super) fn plan_kernel(
 }
 
 /// [`plan_kernel`] over shared-memory tiles: the CTA shape by the cost model (or as asked).
+#[allow(clippy::too_many_arguments)]
 fn plan_kernel_tiles(
     g: &KernelGraph,
     k: usize,
@@ -166,14 +174,32 @@ fn plan_kernel_tiles(
     kl: &KernelLayout,
     dt: &[DTensorGeometry],
     opts: &Options,
+    occupancy: bool,
 ) -> Result<KernelPlan, PlanError> {
     let with = |fusion: FusionPlan, threads: usize, source: CtaSource| {
-        plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source, false)
+        plan_kernel_with(g, k, tb, fusion, kl, dt, opts, threads, source, false, None)
     };
     let graph = tb.num_threads().max(1);
     match opts.cta {
         CtaChoice::Warps(w) => return with(fusion, w * 32, CtaSource::Asked),
         CtaChoice::Graph => return with(fusion, graph, CtaSource::Graph),
+        CtaChoice::Auto if occupancy => {
+            let why = "block_dim kept: the loop was refined so that more blocks of it fit per SM";
+            let resident = Some(super::refine::AUTO_BLOCKS);
+            return plan_kernel_with(
+                g,
+                k,
+                tb,
+                fusion,
+                kl,
+                dt,
+                opts,
+                graph,
+                CtaSource::Model(why),
+                false,
+                resident,
+            );
+        }
         CtaChoice::Auto => {}
     }
     let kept = |mut p: KernelPlan, why: &'static str| {
@@ -250,6 +276,74 @@ fn plan_kernel_tiles(
 /// memory holding one small block) gets CTAs of this many warps.
 const MIN_RESIDENT_WARPS: usize = 8;
 
+/// Whether the planner's loop-refinement rule ([`super::refine`], [`Options::refine_loops`]
+/// auto) asks for kernel `tb`, planned as `kp` with its loop as the µGraph writes it, and why.
+/// Only on the Hopper path with the CTA left to the cost model (measured there), for two
+/// shapes:
+/// - [`RuleRefinement::Occupancy`]: a grid of 4 or more blocks per SM (where [`more_warps`]
+///   keeps the µGraph's CTA) whose blocks of fewer than 8 warps shared memory holds only one of
+///   per SM. Measured (H100, `mucc bench`, docs/benchmarks.md): mha_bs8 graph 25's fused
+///   attention, 1024 blocks of 4 warps holding 208 KB, took 100.06 µs as one 8-warp CTA per SM,
+///   98.43 refined by 2 (two blocks of 3 stages), 95.11 refined by 2 in three blocks of 2
+///   stages, 104.52 by 4 with 2 stages;
+/// - [`RuleRefinement::Pipeline`]: a grid of fewer than 4 blocks per SM whose loop of at most
+///   [`SHORT_LOOP`] iterations is planned without a ring (too short to pipeline), and refined
+///   runs more than [`SHORT_LOOP`]: mha_bs1's attention candidates (64 blocks, 4 iterations)
+///   took 0.85–0.87× the time refined by 2 with rings of 2 (22.11 → 19.07 µs for graph 10),
+///   gqa_bs1's unrefined-softmax candidates 0.77–0.83×.
+///
+/// The loops of kernels that hold several blocks per SM or pipeline already lost when refined
+/// (gated_mlp, rmsnorm, decode linears: 1.01–1.77×).
+pub(super) fn rule_refinement(
+    tb: &TbGraph,
+    kp: &KernelPlan,
+    opts: &Options,
+) -> Result<super::refine::RuleRefinement, super::refine::RuleKept> {
+    use super::refine::{AUTO_FACTOR, RuleKept, RuleRefinement};
+    let target = &opts.target;
+    let warps = tb.num_threads().div_ceil(32);
+    if !opts.path.hopper(target) {
+        return Err(RuleKept::AmperePath);
+    }
+    if opts.cta != CtaChoice::Auto {
+        return Err(RuleKept::CtaAsked);
+    }
+    if tb.num_blocks() < 4 * target.typical_sms {
+        if has_ring(kp) {
+            return Err(RuleKept::Pipelined {
+                blocks: tb.num_blocks(),
+            });
+        }
+        if tb.forloop_range > SHORT_LOOP {
+            return Err(RuleKept::NotShort {
+                forloop: tb.forloop_range,
+            });
+        }
+        if tb.forloop_range * AUTO_FACTOR <= SHORT_LOOP {
+            return Err(RuleKept::TooShort {
+                forloop: tb.forloop_range,
+            });
+        }
+        return Ok(RuleRefinement::Pipeline);
+    }
+    if warps >= MIN_RESIDENT_WARPS {
+        return Err(RuleKept::WideCta { warps });
+    }
+    let fit =
+        target.smem_per_sm / (kp.smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM).max(1);
+    if fit > 1 {
+        return Err(RuleKept::Resident { blocks: fit });
+    }
+    Ok(RuleRefinement::Occupancy)
+}
+
+/// Whether kernel plan `kp` pipelines any input (a ring of 2 stages or more).
+pub(super) fn has_ring(kp: &KernelPlan) -> bool {
+    kp.ops
+        .iter()
+        .any(|o| matches!(o, OpPlan::Input { stages, .. } if *stages > 1))
+}
+
 /// Iterations of a loop too short to pipeline its loads (the cost model gives such kernels 16
 /// warps, and lets them drop a cluster split).
 const SHORT_LOOP: usize = 4;
@@ -283,7 +377,8 @@ fn more_warps(tb: &TbGraph, target: &Target) -> Result<(usize, &'static str), &'
 }
 
 /// [`plan_kernel`] for CTAs of `threads` threads; for a register-rows body (`rows`), shared
-/// memory that the tiles would overflow is no error (the rows keep none of them).
+/// memory that the tiles would overflow is no error (the rows keep none of them). `resident`:
+/// the blocks per SM to plan for, instead of [`resident_blocks_wanted`]'s.
 #[allow(clippy::too_many_arguments)]
 fn plan_kernel_with(
     g: &KernelGraph,
@@ -296,6 +391,7 @@ fn plan_kernel_with(
     threads: usize,
     source: CtaSource,
     rows: bool,
+    resident: Option<usize>,
 ) -> Result<KernelPlan, PlanError> {
     let target = &opts.target;
     let hopper = opts.path.hopper(target);
@@ -337,7 +433,8 @@ fn plan_kernel_with(
     pad_slots(&tma, &mut tiles);
     pad_ring_slots(tb, &ops, &mut tiles, target);
     let piped = pipes.iter().any(|p| p.on().is_some());
-    let mut resident_blocks = resident_blocks_wanted(tb, threads, target, piped);
+    let mut resident_blocks =
+        resident.unwrap_or_else(|| resident_blocks_wanted(tb, threads, target, piped));
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
     let mut smem = match plan_pipeline(

@@ -38,7 +38,7 @@ use crate::graph::kernel::KernelGraph;
 use crate::layout::solve::resolve;
 
 pub use kernel_level::KnOpPlan;
-pub use plan::{CtaChoice, GraphPlan, KernelPlan, Options, PathChoice, PlanError};
+pub use plan::{CtaChoice, GraphPlan, KernelPlan, Options, PathChoice, PlanError, RefineChoice};
 
 /// Which threadblock kernels launch programmatically (sm_90a, Hopper path): those whose
 /// previous step is a generated kernel (a cuBLAS call or the graph's start keeps a plain
@@ -175,9 +175,13 @@ fn plan_refined(
     g: &KernelGraph,
     opts: &Options,
 ) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
-    let mut lr = refine::refine_loops(g, opts.refine_loops);
+    let none = BTreeMap::new();
+    let Some(factor) = opts.refine_loops.factor() else {
+        return plan_auto_refined(g, opts);
+    };
+    let mut lr = refine::refine_loops(g, factor);
     if let Some(g2) = lr.graph.take() {
-        match plan_graph(&g2, opts) {
+        match plan_graph(&g2, opts, &none) {
             Ok(mut p) => {
                 p.rewrite.loops = lr;
                 return Ok((p, Some(g2)));
@@ -185,9 +189,84 @@ fn plan_refined(
             Err(e) => lr.undo(refine::NotRefined::Plan(e.to_string())),
         }
     }
-    let mut p = plan_graph(g, opts)?;
+    let mut p = plan_graph(g, opts, &none)?;
     p.rewrite.loops = lr;
     Ok((p, None))
+}
+
+/// [`plan_refined`] by the planner's rule ([`plan::RefineChoice::Auto`]): `g` is planned as
+/// it is, then the loops of the kernels [`kernel::rule_refinement`] asks for are refined by
+/// [`refine::AUTO_FACTOR`] and the refined graph planned with each such kernel as its reason
+/// wants ([`plan_graph`]'s `rules`). A refined kernel that does not get what the rule refined
+/// it for ([`refine::AUTO_BLOCKS`] blocks per SM; a ring) keeps its loop, and the others are
+/// refined and planned again without it.
+fn plan_auto_refined(
+    g: &KernelGraph,
+    opts: &Options,
+) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
+    use refine::{NotRefined, RuleKept, RuleRefinement};
+    let mut p = plan_graph(g, opts, &BTreeMap::new())?;
+    let mut vetoed: BTreeMap<usize, RuleKept> = BTreeMap::new();
+    // Each round refines fewer kernels (those vetoed stay), so the loop ends.
+    loop {
+        let rule = |k: usize| -> Result<Option<RuleRefinement>, NotRefined> {
+            if let Some(why) = vetoed.get(&k) {
+                return Err(NotRefined::Rule(why.clone()));
+            }
+            let crate::graph::kernel::KnOpKind::Customized(tb) =
+                &g.ops[crate::graph::arena::Handle::from_index(k)].kind
+            else {
+                return Ok(None);
+            };
+            let Some(kp) = p.kernels.get(&k) else {
+                return Ok(None);
+            };
+            kernel::rule_refinement(tb, kp, opts)
+                .map(Some)
+                .map_err(NotRefined::Rule)
+        };
+        let mut lr = refine::refine_loops_where(g, refine::AUTO_FACTOR, &rule);
+        lr.rule = true;
+        let Some(g2) = lr.graph.take() else {
+            p.rewrite.loops = lr;
+            return Ok((p, None));
+        };
+        let rules: BTreeMap<usize, RuleRefinement> = lr
+            .refined
+            .iter()
+            .filter_map(|r| Some((r.kernel, r.rule?)))
+            .collect();
+        let mut p2 = match plan_graph(&g2, opts, &rules) {
+            Ok(p2) => p2,
+            Err(e) => {
+                lr.undo(NotRefined::Plan(e.to_string()));
+                p.rewrite.loops = lr;
+                return Ok((p, None));
+            }
+        };
+        let short: Vec<(usize, RuleKept)> = rules
+            .iter()
+            .filter_map(|(&k, why)| {
+                let kp = &p2.kernels[&k];
+                match why {
+                    RuleRefinement::Occupancy if kp.cta.min_blocks_per_sm < refine::AUTO_BLOCKS => {
+                        let blocks = kp.cta.min_blocks_per_sm;
+                        Some((k, RuleKept::TooFew { blocks }))
+                    }
+                    RuleRefinement::Pipeline if !kernel::has_ring(kp) => {
+                        Some((k, RuleKept::NoRing))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        if short.is_empty() {
+            p2.rewrite.loops = lr;
+            return Ok((p2, Some(g2)));
+        }
+        // The kernels that got what they were refined for are refined again without the others.
+        vetoed.extend(short);
+    }
 }
 
 /// Why kernel `k` of plan `p` does not keep its rescaled scores in an online register pipe,
@@ -211,7 +290,15 @@ fn not_piped(p: &GraphPlan, k: usize) -> Option<String> {
 }
 
 /// Plans a validated graph as it is.
-fn plan_graph(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
+/// Plans `g`; the kernels in `rules` had their loops refined by the planner's rule, and are
+/// planned for what it refined them for: [`refine::AUTO_BLOCKS`] blocks per SM of the µGraph's
+/// CTA ([`kernel::plan_kernel`]'s `occupancy`), or rings of at most
+/// [`refine::AUTO_PIPELINE_STAGES`] stages.
+fn plan_graph(
+    g: &KernelGraph,
+    opts: &Options,
+    rules: &BTreeMap<usize, refine::RuleRefinement>,
+) -> Result<GraphPlan, PlanError> {
     let start = Instant::now();
     let target = &opts.target;
     let gpus = g.sharding.num_gpus();
@@ -236,7 +323,19 @@ fn plan_graph(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     for (h, tb) in g.customized_ops() {
         let k = h.index();
         let fusion = fusion[&k].clone();
-        let kp = kernel::plan_kernel(g, k, tb, fusion, &layout.kernels[&k], &dt, opts)?;
+        let kl = &layout.kernels[&k];
+        let kp = match rules.get(&k) {
+            None => kernel::plan_kernel(g, k, tb, fusion, kl, &dt, opts, false)?,
+            Some(refine::RuleRefinement::Occupancy) => {
+                kernel::plan_kernel(g, k, tb, fusion, kl, &dt, opts, true)?
+            }
+            Some(refine::RuleRefinement::Pipeline) => {
+                let mut capped = opts.clone();
+                let stages = &mut capped.target.max_pipeline_stages;
+                *stages = (*stages).min(refine::AUTO_PIPELINE_STAGES);
+                kernel::plan_kernel(g, k, tb, fusion, kl, &dt, &capped, false)?
+            }
+        };
         kernels.insert(k, kp);
     }
     let (workspace, workspace_tensors) = dtensors::workspace_buffers(g, &dt);

@@ -75,10 +75,11 @@ pub struct Options {
     /// maximum (`None`: the target's, 4). A tuning variant and `--max-stages` lower it: a
     /// shallower ring takes less shared memory, so more CTAs stream at once.
     pub max_stages: Option<usize>,
-    /// The factor by which customized operators' for-loops are refined where their bodies
-    /// allow ([`super::refine`]; 1, the default, refines none; `--refine-loops` and tuning
-    /// variants raise it): R times the iterations over tiles R times thinner along the loop.
-    pub refine_loops: usize,
+    /// Which customized operators' for-loops are refined, and by how much ([`super::refine`]:
+    /// R times the iterations over tiles R times thinner along the loop). By default the
+    /// planner's rule ([`RefineChoice::Auto`]); `--refine-loops` and tuning variants ask for a
+    /// factor everywhere the bodies allow.
+    pub refine_loops: RefineChoice,
     /// Whether all-reduces stay NCCL calls or are fused into the kernel writing their input
     /// ([`super::exchange`]; NCCL by default: the fused form needs exchange buffers from the
     /// caller).
@@ -103,7 +104,7 @@ impl Options {
             online_softmax: super::softmax::SoftmaxChoice::Piped,
             all_reduce: super::exchange::AllReduceChoice::Nccl,
             max_stages: None,
-            refine_loops: 1,
+            refine_loops: RefineChoice::Auto,
         }
     }
 
@@ -114,6 +115,39 @@ impl Options {
             o.target.max_pipeline_stages = o.target.max_pipeline_stages.min(s.max(1));
         }
         o
+    }
+}
+
+/// Which customized operators' for-loops the planner refines ([`Options::refine_loops`],
+/// [`super::refine`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RefineChoice {
+    /// The planner's rule ([`super::refine::AUTO_FACTOR`]): a loop is refined where its
+    /// kernel's grid has 4 or more blocks per SM but shared memory holds one block of the
+    /// µGraph's CTA, and refined by [`super::refine::AUTO_FACTOR`] it holds
+    /// [`super::refine::AUTO_BLOCKS`] blocks per SM.
+    #[default]
+    Auto,
+    /// Every loop whose body allows it, by this factor (1: none; `--refine-loops N`).
+    Factor(usize),
+}
+
+impl RefineChoice {
+    /// The factor asked for everywhere, if any (`Auto`: none).
+    pub fn factor(self) -> Option<usize> {
+        match self {
+            RefineChoice::Auto => None,
+            RefineChoice::Factor(f) => Some(f),
+        }
+    }
+}
+
+impl fmt::Display for RefineChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RefineChoice::Auto => f.write_str("auto"),
+            RefineChoice::Factor(r) => write!(f, "{r}"),
+        }
     }
 }
 

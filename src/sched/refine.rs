@@ -35,6 +35,124 @@ use crate::graph::threadblock::{TbGraph, TbOpKind};
 /// The largest refinement factor (`--refine-loops`).
 pub const MAX_REFINE: usize = 8;
 
+/// The factor of the planner's rule ([`super::plan::RefineChoice::Auto`]).
+pub const AUTO_FACTOR: usize = 2;
+
+/// The blocks per SM a loop refined by the planner's rule for occupancy must fit (the kernel is
+/// planned for them: rings of 2 stages where deeper ones would not fit), else the loop stays.
+pub const AUTO_BLOCKS: usize = 3;
+
+/// The deepest ring of a loop the planner's rule refines so that it pipelines.
+pub const AUTO_PIPELINE_STAGES: usize = 2;
+
+/// Why the planner's rule ([`super::plan::RefineChoice::Auto`]) refines a loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleRefinement {
+    /// A grid of 4 or more blocks per SM whose blocks shared memory holds one of per SM:
+    /// refined, [`AUTO_BLOCKS`] fit.
+    Occupancy,
+    /// A grid of fewer than 4 blocks per SM whose loop is too short to pipeline: refined, its
+    /// loads pipeline in rings of at most [`AUTO_PIPELINE_STAGES`] stages.
+    Pipeline,
+}
+
+impl fmt::Display for RuleRefinement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleRefinement::Occupancy => write!(
+                f,
+                "the planner's rule: its large grid of small blocks held one block per SM, \
+                 refined {AUTO_BLOCKS} fit"
+            ),
+            RuleRefinement::Pipeline => write!(
+                f,
+                "the planner's rule: its small grid's loop was too short to pipeline, refined its \
+                 loads pipeline in rings of {AUTO_PIPELINE_STAGES}"
+            ),
+        }
+    }
+}
+
+/// Why the planner's rule ([`super::plan::RefineChoice::Auto`]) leaves a refinable loop as it
+/// is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleKept {
+    /// The Ampere path (the rule was measured on the Hopper path).
+    AmperePath,
+    /// The CTA was asked for (`--warps`).
+    CtaAsked,
+    /// The grid has fewer than 4 blocks per SM, and its loads are pipelined already.
+    Pipelined {
+        /// Blocks in the grid.
+        blocks: usize,
+    },
+    /// The grid has fewer than 4 blocks per SM, and its loop refined would still be too short
+    /// to pipeline.
+    TooShort {
+        /// The loop's iterations.
+        forloop: usize,
+    },
+    /// The grid has fewer than 4 blocks per SM, and its loop is longer than the cost model's
+    /// short loops.
+    NotShort {
+        /// The loop's iterations.
+        forloop: usize,
+    },
+    /// Refined, the loads still do not pipeline.
+    NoRing,
+    /// The µGraph's CTA has 8 warps or more.
+    WideCta {
+        /// Its warps.
+        warps: usize,
+    },
+    /// Shared memory holds several blocks per SM already.
+    Resident {
+        /// How many.
+        blocks: usize,
+    },
+    /// Refined, shared memory would hold fewer than [`AUTO_BLOCKS`] blocks per SM.
+    TooFew {
+        /// How many.
+        blocks: usize,
+    },
+}
+
+impl fmt::Display for RuleKept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleKept::AmperePath => f.write_str("the Ampere path"),
+            RuleKept::CtaAsked => f.write_str("the CTA was asked for"),
+            RuleKept::Pipelined { blocks } => write!(
+                f,
+                "its grid of {blocks} blocks has fewer than 4 per SM and its loads pipeline already"
+            ),
+            RuleKept::TooShort { forloop } => write!(
+                f,
+                "its grid has fewer than 4 blocks per SM and refined by {AUTO_FACTOR} its loop of \
+                 {forloop} iterations would still be too short to pipeline"
+            ),
+            RuleKept::NotShort { forloop } => write!(
+                f,
+                "its grid has fewer than 4 blocks per SM and its loop of {forloop} iterations is \
+                 not a short one"
+            ),
+            RuleKept::NoRing => write!(f, "refined by {AUTO_FACTOR}, its loads would not pipeline"),
+            RuleKept::WideCta { warps } => write!(f, "its CTA has {warps} warps"),
+            RuleKept::Resident { blocks } => {
+                write!(
+                    f,
+                    "shared memory holds {blocks} of its blocks per SM already"
+                )
+            }
+            RuleKept::TooFew { blocks } => write!(
+                f,
+                "refined by {AUTO_FACTOR}, shared memory would hold {blocks} of its blocks per \
+                 SM, fewer than {AUTO_BLOCKS}"
+            ),
+        }
+    }
+}
+
 /// A customized operator whose for-loop was refined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefinedLoop {
@@ -45,6 +163,8 @@ pub struct RefinedLoop {
     /// The extent along the loop of the tiles that carry it, before and after (the first such
     /// tile's).
     pub tile: [usize; 2],
+    /// Why the planner's rule refined it (`None`: a factor was asked for).
+    pub rule: Option<RuleRefinement>,
 }
 
 /// What a tile holds, for the rules of the module documentation.
@@ -83,6 +203,8 @@ pub enum NotRefined {
     },
     /// The refined graph does not validate or plan; the caller's is planned.
     Plan(String),
+    /// The planner's rule does not ask for it (`--refine-loops N` refines it anyway).
+    Rule(RuleKept),
 }
 
 impl fmt::Display for NotRefined {
@@ -97,6 +219,11 @@ impl fmt::Display for NotRefined {
             ),
             NotRefined::Operator { op, name, why } => write!(f, "op{op} {name}: {why}"),
             NotRefined::Plan(why) => write!(f, "the refined graph does not plan: {why}"),
+            NotRefined::Rule(why) => write!(
+                f,
+                "the planner's rule refines the loops of a large grid's kernel holding one block \
+                 per SM and the short loops of a small grid's, and {why}"
+            ),
         }
     }
 }
@@ -106,6 +233,8 @@ impl fmt::Display for NotRefined {
 pub struct LoopRewrite {
     /// The refinement factor asked for (1: off).
     pub factor: usize,
+    /// Whether the planner's rule chose the loops ([`super::plan::RefineChoice::Auto`]).
+    pub rule: bool,
     /// The refined graph, when a loop was refined (the same operators, numbered alike).
     pub graph: Option<Box<KernelGraph>>,
     /// The refined loops.
@@ -128,6 +257,17 @@ impl LoopRewrite {
 /// Refines by `factor` the for-loop of every customized operator of `g` whose body allows it
 /// (see the module documentation); `factor` 1 refines nothing.
 pub fn refine_loops(g: &KernelGraph, factor: usize) -> LoopRewrite {
+    refine_loops_where(g, factor, &|_| Ok(None))
+}
+
+/// [`refine_loops`] for the customized operators for which `rule` (given the kernel op index)
+/// says why (`Ok(Some(_))`, the planner's rule) or says nothing (`Ok(None)`); the others, whose
+/// loops would refine, keep their loops with its reason.
+pub fn refine_loops_where(
+    g: &KernelGraph,
+    factor: usize,
+    rule: &dyn Fn(usize) -> Result<Option<RuleRefinement>, NotRefined>,
+) -> LoopRewrite {
     let mut lr = LoopRewrite {
         factor,
         ..LoopRewrite::default()
@@ -140,12 +280,13 @@ pub fn refine_loops(g: &KernelGraph, factor: usize) -> LoopRewrite {
         let KnOpKind::Customized(tb) = &op.kind else {
             continue;
         };
-        match refine_body(tb, factor) {
-            Ok((body, tile)) => {
+        match refine_body(tb, factor).and_then(|(b, t)| Ok((b, t, rule(h.index())?))) {
+            Ok((body, tile, why)) => {
                 lr.refined.push(RefinedLoop {
                     kernel: h.index(),
                     forloop: [tb.forloop_range, body.forloop_range],
                     tile,
+                    rule: why,
                 });
                 out.ops[h].kind = KnOpKind::Customized(Box::new(body));
             }
@@ -316,11 +457,17 @@ mod tests {
     /// mha_bs8's fused attention form at small sizes: per (batch, key split) block, S = Q·K
     /// per tile of keys, E = exp(S), Σ E and Σ E·V over the loop.
     fn attention(forloop: usize) -> KernelGraph {
+        attention_of(4, 512, 2, forloop)
+    }
+
+    /// The attention form for `heads` heads of 16 query rows and `keys` keys (head dim 64),
+    /// the keys split over `splits` blocks per head.
+    fn attention_of(heads: usize, keys: usize, splits: usize, forloop: usize) -> KernelGraph {
         let mut g = GraphBuilder::new();
-        let q = g.new_input(&[4, 16, 64], DType::F16).unwrap();
-        let k = g.new_input(&[4, 64, 512], DType::F16).unwrap();
-        let v = g.new_input(&[4, 512, 64], DType::F16).unwrap();
-        let mut tb = TbGraphBuilder::new([4, 2, 1], [128, 1, 1], forloop);
+        let q = g.new_input(&[heads, 16, 64], DType::F16).unwrap();
+        let k = g.new_input(&[heads, 64, keys], DType::F16).unwrap();
+        let v = g.new_input(&[heads, keys, 64], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([heads, splits, 1], [128, 1, 1], forloop);
         let tq = tb.new_input(&g, q, [0, -1, -1], -1).unwrap();
         let tk = tb.new_input(&g, k, [0, 2, -1], 2).unwrap();
         let tv = tb.new_input(&g, v, [0, 1, -1], 1).unwrap();
@@ -354,6 +501,7 @@ mod tests {
                     kernel: 3,
                     forloop: [4, 4 * r],
                     tile: [64, 64 / r],
+                    rule: None,
                 }]
             );
             let g2 = lr.graph.expect("refined");
@@ -440,6 +588,85 @@ mod tests {
         // A one-iteration loop stays.
         let lr = refine_loops(&attention(1), 2);
         assert_eq!(lr.kept, vec![(3, NotRefined::Once)]);
+    }
+
+    /// The planner's rule (`RefineChoice::Auto`): mha_bs8's attention (1024 blocks of 4 warps,
+    /// 208 KB each: one per SM) is refined by 2 and planned for 3 blocks per SM on the Hopper
+    /// path, mha_bs1's (64 blocks, a loop too short to pipeline) so that it pipelines;
+    /// `--refine-loops 1`, the Ampere path, a loop that stays short and one that pipelines
+    /// already keep the loop.
+    #[test]
+    fn the_rule_refines_one_block_per_sm_and_short_loops() {
+        use crate::sched::plan::{Options, RefineChoice};
+        use crate::target::{Arch, Target};
+        let g = attention_of(256, 4096, 4, 4);
+        let sm90 = Options::for_target(Target::new(Arch::Sm90a));
+        let p = crate::sched::plan(&g, &sm90).unwrap();
+        let loops = &p.rewrite.loops;
+        assert!(loops.rule && loops.factor == AUTO_FACTOR, "{loops:?}");
+        let [r] = &loops.refined[..] else {
+            panic!("{loops:?}")
+        };
+        assert_eq!((r.kernel, r.forloop, r.tile), (3, [4, 8], [256, 128]));
+        assert_eq!(r.rule, Some(RuleRefinement::Occupancy));
+        let kp = &p.kernels[&3];
+        assert_eq!(kp.cta.threads, 128);
+        assert_eq!(kp.cta.min_blocks_per_sm, AUTO_BLOCKS);
+        assert_eq!(p.graph(&g).ops.len(), g.ops.len());
+        // Asked for no refinement: one CTA of 8 warps per SM.
+        let off = Options {
+            refine_loops: RefineChoice::Factor(1),
+            ..sm90.clone()
+        };
+        let p = crate::sched::plan(&g, &off).unwrap();
+        assert!(p.rewrite.loops.refined.is_empty() && !p.rewrite.loops.rule);
+        assert_eq!(p.kernels[&3].cta.min_blocks_per_sm, 1);
+        // mha_bs1's shape (64 blocks, 4 iterations of 512 keys): too short to pipeline as it
+        // is; refined, its loads pipeline in rings of 2.
+        let small = attention_of(32, 4096, 2, 4);
+        let p = crate::sched::plan(&small, &sm90).unwrap();
+        let loops = &p.rewrite.loops;
+        let [r] = &loops.refined[..] else {
+            panic!("{loops:?}")
+        };
+        assert_eq!(
+            (r.forloop, r.rule),
+            ([4, 8], Some(RuleRefinement::Pipeline))
+        );
+        let stages: Vec<usize> = p.kernels[&3]
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                crate::sched::ops::OpPlan::Input { stages, .. } if *stages > 1 => Some(*stages),
+                _ => None,
+            })
+            .collect();
+        assert!(!stages.is_empty() && stages.iter().all(|&s| s == AUTO_PIPELINE_STAGES));
+        // A loop of 2 refined is still short; a small grid that pipelines already stays.
+        let p = crate::sched::plan(&attention_of(32, 2048, 2, 2), &sm90).unwrap();
+        assert_eq!(
+            p.rewrite.loops.kept,
+            vec![(3, NotRefined::Rule(RuleKept::TooShort { forloop: 2 }))]
+        );
+        let p = crate::sched::plan(&attention(4), &sm90).unwrap();
+        assert_eq!(
+            p.rewrite.loops.kept,
+            vec![(3, NotRefined::Rule(RuleKept::Pipelined { blocks: 8 }))]
+        );
+        // The Ampere path keeps the loop, and says why.
+        let sm80 = Options::for_target(Target::new(Arch::Sm80));
+        let p = crate::sched::plan(&g, &sm80).unwrap();
+        assert_eq!(
+            p.rewrite.loops.kept,
+            vec![(3, NotRefined::Rule(RuleKept::AmperePath))]
+        );
+        assert!(
+            NotRefined::Rule(RuleKept::TooFew { blocks: 1 })
+                .to_string()
+                .ends_with(
+                    "refined by 2, shared memory would hold 1 of its blocks per SM, fewer than 3"
+                )
+        );
     }
 }
 
