@@ -237,3 +237,42 @@ fn split_attention_workspaces_keep_the_split_dim_innermost() {
         assert_eq!(p.dtensors[h.index()].innermost, 2, "{file} g{graph}");
     }
 }
+
+/// A kernel with a register pipe gets rings of at most 2 stages on the Hopper path (gqa_bs8's
+/// online-softmax attention: 4 stages of 16 KB otherwise, one block per SM fewer), and keeps
+/// its deeper ring without the pipe and on the Ampere path.
+#[test]
+fn piped_kernels_keep_rings_of_two_stages_on_hopper() {
+    use mucc::target::Arch;
+    let f = read_file(
+        &common::corpus_dir().join("gqa_bs8.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[0].graph;
+    let stages = |opts: &Options| {
+        let p = mucc::sched::plan(g, opts).unwrap();
+        let (piped, kp) = p
+            .kernels
+            .values()
+            .map(|kp| (kp.register_pipes().next().is_some(), kp))
+            .max_by_key(|(_, kp)| kp.pipeline_stages())
+            .unwrap();
+        (piped, kp.pipeline_stages(), kp.smem.total)
+    };
+    let hopper = Options::for_target(Target::new(Arch::Sm90a));
+    let (piped, two, small) = stages(&hopper);
+    assert!(piped);
+    assert_eq!(two, 2);
+    let no_pipe = Options {
+        register_pipes: false,
+        ..hopper.clone()
+    };
+    let (piped, deep, _) = stages(&no_pipe);
+    assert!(!piped && deep > 2);
+    let (piped, deep, large) = stages(&Options::for_target(Target::new(Arch::Sm80)));
+    assert!(
+        piped && deep > 2 && large > small,
+        "{deep} stages, {large} B"
+    );
+}

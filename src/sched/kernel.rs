@@ -58,6 +58,13 @@ fn resident_blocks_wanted(tb: &TbGraph, threads: usize, target: &Target, piped: 
     }
 }
 
+/// The deepest ring of a kernel with a register pipe. Measured (H100, `mucc bench FILE --all
+/// --max-stages 2` against the default's 4 stages, one run, docs/benchmarks.md): gqa_bs8's piped
+/// attention kernels (1024 blocks, 4 iterations of 16 KB stages: 74.7 KB → 42 KB per block, so
+/// that a fourth block fits beside the three budgeted) took 0.87× the time; the piped
+/// candidates of gqa_bs1 (0.99×) and mqa_bs1 (1.00×) did not move, mqa_bs8's had 2 already.
+const PIPED_MAX_STAGES: usize = 2;
+
 /// The share of a piped kernel's waves a third resident block must keep filled, relative to
 /// two blocks' (its gain per block measured at about 10%: 0.89–0.90× the time).
 const THIRD_BLOCK_MIN_FILL: f64 = 0.85;
@@ -435,6 +442,13 @@ fn plan_kernel_with(
     let piped = pipes.iter().any(|p| p.on().is_some());
     let mut resident_blocks =
         resident.unwrap_or_else(|| resident_blocks_wanted(tb, threads, target, piped));
+    // A register pipe's kernel issues its matmuls and softmax back to back (issue-bound): a ring
+    // deeper than [`PIPED_MAX_STAGES`] only takes shared memory another block could use
+    // (measured on the Hopper path).
+    let mut ring_target = *target;
+    if piped && hopper {
+        ring_target.max_pipeline_stages = ring_target.max_pipeline_stages.min(PIPED_MAX_STAGES);
+    }
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
     let mut smem = match plan_pipeline(
@@ -445,7 +459,7 @@ fn plan_kernel_with(
         &tiles,
         &mut tma,
         resident_blocks,
-        target,
+        &ring_target,
     ) {
         Err(s) if rows => Ok(s),
         planned => planned,
@@ -499,7 +513,14 @@ fn plan_kernel_with(
         for r in resident_blocks + 1..=SPLIT_MAX_RESIDENT {
             let (mut ops_r, mut tma_r) = (ops_before.clone(), tma_before.clone());
             let Ok(smem_r) = plan_pipeline(
-                tb, &fusion, &sched, &mut ops_r, &tiles, &mut tma_r, r, target,
+                tb,
+                &fusion,
+                &sched,
+                &mut ops_r,
+                &tiles,
+                &mut tma_r,
+                r,
+                &ring_target,
             ) else {
                 break;
             };
