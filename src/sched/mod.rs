@@ -213,13 +213,16 @@ fn plan_auto_refined(
             if let Some(why) = vetoed.get(&k) {
                 return Err(NotRefined::Rule(why.clone()));
             }
+            // Every customized operator of `g` has a kernel plan in `p`; the rule refines none
+            // without one.
+            let unplanned = || NotRefined::Plan(format!("kernel op {k} has no kernel plan"));
             let crate::graph::kernel::KnOpKind::Customized(tb) =
                 &g.ops[crate::graph::arena::Handle::from_index(k)].kind
             else {
-                return Ok(None);
+                return Err(unplanned());
             };
             let Some(kp) = p.kernels.get(&k) else {
-                return Ok(None);
+                return Err(unplanned());
             };
             kernel::rule_refinement(tb, kp, opts)
                 .map(Some)
