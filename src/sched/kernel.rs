@@ -296,8 +296,7 @@ const MIN_RESIDENT_WARPS: usize = 8;
 /// - [`RuleRefinement::Pipeline`]: a grid of fewer than 4 blocks per SM whose loop of at most
 ///   [`SHORT_LOOP`] iterations is planned without a ring (too short to pipeline), and refined
 ///   runs more than [`SHORT_LOOP`]: mha_bs1's attention candidates (64 blocks, 4 iterations)
-///   took 0.85–0.87× the time refined by 2 with rings of 2 (22.11 → 19.07 µs for graph 10),
-///   gqa_bs1's unrefined-softmax candidates 0.77–0.83×.
+///   took 0.85–0.87× the time refined by 2 with rings of 2 (22.11 → 19.07 µs for graph 10).
 ///
 /// The loops of kernels that hold several blocks per SM or pipeline already lost when refined
 /// (gated_mlp, rmsnorm, decode linears: 1.01–1.77×).

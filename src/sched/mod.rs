@@ -250,7 +250,7 @@ fn plan_auto_refined(
         let short: Vec<(usize, RuleKept)> = rules
             .iter()
             .filter_map(|(&k, why)| {
-                let kp = &p2.kernels[&k];
+                let kp = p2.kernels.get(&k)?;
                 match why {
                     RuleRefinement::Occupancy if kp.cta.min_blocks_per_sm < refine::AUTO_BLOCKS => {
                         let blocks = kp.cta.min_blocks_per_sm;
@@ -292,8 +292,7 @@ fn not_piped(p: &GraphPlan, k: usize) -> Option<String> {
     )
 }
 
-/// Plans a validated graph as it is.
-/// Plans `g`; the kernels in `rules` had their loops refined by the planner's rule, and are
+/// Plans a validated graph as it is; the kernels in `rules` had their loops refined by the planner's rule, and are
 /// planned for what it refined them for: [`refine::AUTO_BLOCKS`] blocks per SM of the µGraph's
 /// CTA ([`kernel::plan_kernel`]'s `occupancy`), or rings of at most
 /// [`refine::AUTO_PIPELINE_STAGES`] stages.
