@@ -213,9 +213,10 @@ pub struct PathArg {
     /// Refine customized operators' for-loops by N (1 to 8) where their bodies allow: N times
     /// the iterations over tiles N times thinner along the loop, so that each CTA takes less
     /// shared memory and more of them stream at once (`explain` says which loops and why not;
-    /// `mucc tune` tries 2 and 4). By default the planner's rule refines by 2 the loops of
-    /// kernels whose large grid of small blocks shared memory holds one per SM, where three
-    /// then fit; 1 refines none. The function is the same up to rounding.
+    /// `mucc tune` tries 2 and 4). By default the planner's rule (Hopper path) refines by 2 the
+    /// loops of kernels whose large grid of small blocks shared memory holds one per SM, where
+    /// three then fit, and the short loops of small grids that do not pipeline, where they then
+    /// do; 1 refines none. The function is the same up to rounding.
     #[arg(long = "refine-loops", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
     pub refine_loops: Option<u32>,
 }
