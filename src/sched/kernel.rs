@@ -315,7 +315,7 @@ pub(super) fn rule_refinement(
         return Err(RuleKept::CtaAsked);
     }
     if tb.num_blocks() < 4 * target.typical_sms {
-        if has_ring(kp) {
+        if kp.pipeline_stages() > 1 {
             return Err(RuleKept::Pipelined {
                 blocks: tb.num_blocks(),
             });
@@ -341,13 +341,6 @@ pub(super) fn rule_refinement(
         return Err(RuleKept::Resident { blocks: fit });
     }
     Ok(RuleRefinement::Occupancy)
-}
-
-/// Whether kernel plan `kp` pipelines any input (a ring of 2 stages or more).
-pub(super) fn has_ring(kp: &KernelPlan) -> bool {
-    kp.ops
-        .iter()
-        .any(|o| matches!(o, OpPlan::Input { stages, .. } if *stages > 1))
 }
 
 /// Iterations of a loop too short to pipeline its loads (the cost model gives such kernels 16

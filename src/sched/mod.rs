@@ -256,7 +256,7 @@ fn plan_auto_refined(
                         let blocks = kp.cta.min_blocks_per_sm;
                         Some((k, RuleKept::TooFew { blocks }))
                     }
-                    RuleRefinement::Pipeline if !kernel::has_ring(kp) => {
+                    RuleRefinement::Pipeline if kp.pipeline_stages() < 2 => {
                         Some((k, RuleKept::NoRing))
                     }
                     _ => None,
