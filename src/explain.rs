@@ -843,6 +843,16 @@ fn copy_text(c: &Copy) -> String {
             dim,
             chunk_elems,
             bytes,
+            tile_bytes,
+        } if tile_bytes != bytes => format!(
+            "chunked copy ({chunk_elems} elements per {bytes} B along dim {dim}, read as \
+             {tile_bytes} B of the tile's wider values and converted in registers)"
+        ),
+        Copy::Chunked {
+            dim,
+            chunk_elems,
+            bytes,
+            ..
         } => {
             format!("chunked copy ({chunk_elems} elements per {bytes} B along dim {dim})")
         }

@@ -276,3 +276,57 @@ fn piped_kernels_keep_rings_of_two_stages_on_hopper() {
         "{deep} stages, {large} B"
     );
 }
+
+/// An output of an fp32 accumulator tile copies in chunks that convert in registers: mqa_bs8's
+/// attention O (64 × 64 fp32 in shared memory, f16 in the workspace) in chunks of 4 elements,
+/// 16 bytes read from the tile and 8 written to the tensor, on both paths; the per-row sums and
+/// maxima, whose tile rows run across the tensor's contiguous dim, stay element copies.
+#[test]
+fn accumulator_outputs_copy_in_converting_chunks() {
+    use mucc::graph::threadblock::TbOpKind;
+    use mucc::sched::ops::{Copy, OpPlan};
+    use mucc::target::Arch;
+    let f = read_file(
+        &common::corpus_dir().join("mqa_bs8.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[13].graph;
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let p = mucc::sched::plan(g, &Options::for_target(Target::new(arch))).unwrap();
+        let planned = p.graph(g);
+        let mut converting = 0;
+        for (k, tb) in planned.customized_ops() {
+            let kp = &p.kernels[&k.index()];
+            for (h, op) in tb.ops.iter() {
+                let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(c) }) =
+                    (&op.kind, &kp.ops[h.index()])
+                else {
+                    continue;
+                };
+                let tile = &kp.tiles[op.inputs[0].index()];
+                let wide = tile
+                    .as_ref()
+                    .is_some_and(|t| t.dtype != tb.tensors[op.inputs[0]].dtype);
+                if tb.tensors[op.inputs[0]].shape.numel() == 64 * 64 {
+                    assert!(wide, "{arch:?}: the O tile is stored in fp32");
+                    assert_eq!(
+                        *c,
+                        Copy::Chunked {
+                            dim: 2,
+                            chunk_elems: 4,
+                            bytes: 8,
+                            tile_bytes: 16
+                        },
+                        "{arch:?}"
+                    );
+                    assert!(c.converts());
+                    converting += 1;
+                } else {
+                    assert!(matches!(c, Copy::Elementwise { .. }), "{arch:?}: {c:?}");
+                }
+            }
+        }
+        assert_eq!(converting, 1, "{arch:?}");
+    }
+}

@@ -133,7 +133,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
     go9[L4::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op8 output
-  mucc::tb::copy_elems<256, 256, L4, L3>(tid, go8, s6);
+  mucc::tb::copy_chunks_cvt<256, 256, 4, L4, L3>(tid, go8, s6);
 }
 
 // kernel op 4: kn_mul_op(%3, %4) -> %5 [8, 4096] f16

@@ -121,9 +121,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   });
   __syncthreads();
   // op8 output
-  mucc::tb::copy_elems<512, 2048, L11, L9>(tid, go8, s5);
+  mucc::tb::copy_chunks_cvt<512, 2048, 4, L11, L9>(tid, go8, s5);
   // op9 output
-  mucc::tb::copy_elems<512, 1024, L12, L10>(tid, go9, s7);
+  mucc::tb::copy_chunks_cvt<512, 1024, 4, L12, L10>(tid, go9, s7);
 }
 
 // kernel op 4: kn_customized_op grid (2, 16, 1), block (512, 1, 1), forloop 1, 53312 bytes of shared memory

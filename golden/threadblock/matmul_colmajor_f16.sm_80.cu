@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   });
   __syncthreads();
   // op4 output
-  mucc::tb::copy_elems<512, 4096, L3, L6>(tid, go4, s3);
+  mucc::tb::copy_chunks_cvt<512, 4096, 4, L3, L6>(tid, go4, s3);
 }
 
 #ifndef __CUDACC_RTC__

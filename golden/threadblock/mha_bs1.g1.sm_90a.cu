@@ -145,9 +145,9 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
   // op8 output
-  mucc::tb::copy_elems<256, 16, L11, L10>(tid, go8, s3);
+  mucc::tb::copy_chunks_cvt<256, 16, 4, L11, L10>(tid, go8, s3);
   // op9 output
-  mucc::tb::copy_elems<256, 1024, L12, L9>(tid, go9, s5);
+  mucc::tb::copy_chunks_cvt<256, 1024, 4, L12, L9>(tid, go9, s5);
 }
 
 // kernel op 4: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 1, 4160 bytes of shared memory
@@ -219,9 +219,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   }
   __syncthreads();
   // op4 output
-  mucc::tb::copy_elems<512, 8, L8, L7>(tid, go4, s2);
+  mucc::tb::copy_chunks_cvt<512, 8, 4, L8, L7>(tid, go4, s2);
   // op5 output
-  mucc::tb::copy_elems<512, 512, L9, L5>(tid, go5, s3);
+  mucc::tb::copy_chunks_cvt<512, 512, 4, L9, L5>(tid, go5, s3);
 }
 
 // kernel op 5: kn_div_op(%6, %5) -> %7 [32, 16, 64] f16

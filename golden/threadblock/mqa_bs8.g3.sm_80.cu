@@ -138,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) k3_customized(
   });
   __syncthreads();
   // op12 output
-  mucc::tb::copy_elems<128, 4096, L11, L10>(tid, go12, s12);
+  mucc::tb::copy_chunks_cvt<128, 4096, 4, L11, L10>(tid, go12, s12);
   // op13 output
   mucc::tb::copy_elems<128, 64, L13, L12>(tid, go13, s10);
   // op14 output

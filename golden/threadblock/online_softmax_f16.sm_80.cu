@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     go12[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op15 output
-  mucc::tb::copy_elems<512, 256, L10, L10>(tid, go15, s14);
+  mucc::tb::copy_chunks_cvt<512, 256, 4, L10, L10>(tid, go15, s14);
 }
 
 #ifndef __CUDACC_RTC__

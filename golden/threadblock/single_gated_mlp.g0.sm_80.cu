@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
     go9[L6::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op8 output
-  mucc::tb::copy_elems<256, 256, L6, L5>(tid, go8, s6);
+  mucc::tb::copy_chunks_cvt<256, 256, 4, L6, L5>(tid, go8, s6);
 }
 
 // kernel op 4: kn_mul_op(%3, %4) -> %5 [8, 4096] f16

@@ -22,7 +22,7 @@ use crate::graph::ops::{AccumKind, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::{KernelLayout, TileLayout};
-use crate::layout::swizzle::{TileGeometry, plan_tile};
+use crate::layout::swizzle::{Swizzle, TileGeometry, plan_tile};
 use crate::target::{RUNTIME_STATIC_SMEM, Target};
 
 /// Shared memory the driver reserves per resident block (bytes).
@@ -1053,20 +1053,81 @@ fn plan_tiles(
         .collect()
 }
 
-/// Chunked copies the tiles cannot serve become element copies: an output of an fp32
-/// accumulator tile converts while it copies, and a chunked copy needs the tile's swizzle to
-/// keep its chunks whole.
+/// Widest chunk a converting copy reads from its tile: one 16-byte vector load (every tile
+/// starts on 16 bytes).
+pub const MAX_TILE_CHUNK_BYTES: usize = 16;
+
+/// Chunked copies the tiles cannot serve become element copies: a chunked copy needs the
+/// tile's swizzle to keep its chunks whole. An output of a tile stored wider than its tensor
+/// (fp32 accumulator values) converts each chunk in registers between one vector load from the
+/// tile and one vector store: its chunks are narrowed so that a chunk takes at most
+/// [`MAX_TILE_CHUNK_BYTES`] of the tile (`tile_bytes`), aligned to its size in an unswizzled
+/// tile and kept whole by a swizzled one.
 fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan]) {
     let stored = tile_dtypes(tb);
     for (h, op) in tb.ops.iter() {
-        if let (TbOpKind::Output { .. }, OpPlan::Output { copy: Some(copy) }) =
-            (&op.kind, &mut ops[h.index()])
-            && copy.is_chunked()
-            && stored[op.inputs[0].index()] != tb.tensors[op.inputs[0]].dtype
-        {
-            *copy = Copy::Elementwise {
-                reason: "the tile holds fp32 accumulator values; the copy converts".into(),
-            };
+        let TbOpKind::Output { .. } = op.kind else {
+            continue;
+        };
+        let OpPlan::Output {
+            copy: Some(copy @ Copy::Chunked { .. }),
+        } = &mut ops[h.index()]
+        else {
+            continue;
+        };
+        let Copy::Chunked {
+            dim, chunk_elems, ..
+        } = *copy
+        else {
+            continue;
+        };
+        let t = op.inputs[0];
+        let (wide, narrow) = (stored[t.index()], tb.tensors[t].dtype);
+        if wide == narrow {
+            continue;
+        }
+        let Some(g) = &tiles[t.index()] else {
+            continue;
+        };
+        // The widest power-of-two chunk (bytes in the tile) that its rows keep whole and aligned.
+        let shape = tb.tensors[t].shape;
+        let whole = |c: usize| {
+            let elems = c / wide.bytes();
+            match g.swizzle {
+                Swizzle::None => {
+                    (0..shape.rank()).all(|d| {
+                        shape.dim(d) == 1
+                            || d == g.layout.innermost
+                            || g.strides.0[d].is_multiple_of(elems)
+                    }) && shape.dim(g.layout.innermost).is_multiple_of(elems)
+                        && g.strides.0[g.layout.innermost] == 1
+                }
+                _ => c <= g.chunk_bytes,
+            }
+        };
+        let fits = (1..=chunk_elems)
+            .rev()
+            .filter(|e| e.is_power_of_two() && *e >= 2)
+            .map(|e| e * wide.bytes())
+            .find(|&c| c <= MAX_TILE_CHUNK_BYTES && whole(c));
+        match fits {
+            Some(c) => {
+                let e = c / wide.bytes();
+                *copy = Copy::Chunked {
+                    dim,
+                    chunk_elems: e,
+                    bytes: e * narrow.bytes(),
+                    tile_bytes: c,
+                };
+            }
+            None => {
+                *copy = Copy::Elementwise {
+                    reason: format!(
+                        "the tile holds {wide} accumulator values in rows that keep no chunk of \
+                         two or more of them whole"
+                    ),
+                };
+            }
         }
     }
     for (h, op) in tb.ops.iter() {
@@ -1079,7 +1140,7 @@ fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan
         let reason = format!("the tile's swizzle keeps only {chunk}-byte chunks whole");
         match &mut ops[h.index()] {
             OpPlan::Input { copy, .. } | OpPlan::Output { copy: Some(copy) }
-                if copy.is_chunked() && chunk < copy.chunk_bytes() =>
+                if copy.is_chunked() && chunk < copy.tile_chunk_bytes() =>
             {
                 *copy = Copy::Elementwise { reason };
             }

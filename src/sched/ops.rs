@@ -40,8 +40,13 @@ pub enum Copy {
         dim: usize,
         /// Elements per chunk.
         chunk_elems: usize,
-        /// Bytes per chunk: the width of each load, store or `cp.async`.
+        /// Bytes per chunk in the device tensor: the width of each load, store or `cp.async`
+        /// there.
         bytes: usize,
+        /// Bytes per chunk in the tile: `bytes`, or more where an output's tile holds a wider
+        /// type (fp32 accumulator values) and each chunk converts in registers between one
+        /// vector load and one vector store.
+        tile_bytes: usize,
     },
     /// One element at a time.
     Elementwise {
@@ -56,12 +61,25 @@ impl Copy {
         matches!(self, Copy::Chunked { .. })
     }
 
-    /// The bytes per chunk of a chunked copy (0 for an element copy).
+    /// The bytes per chunk of a chunked copy in the device tensor (0 for an element copy).
     pub fn chunk_bytes(&self) -> usize {
         match self {
             Copy::Chunked { bytes, .. } => *bytes,
             Copy::Elementwise { .. } => 0,
         }
+    }
+
+    /// The bytes per chunk of a chunked copy in the tile (0 for an element copy).
+    pub fn tile_chunk_bytes(&self) -> usize {
+        match self {
+            Copy::Chunked { tile_bytes, .. } => *tile_bytes,
+            Copy::Elementwise { .. } => 0,
+        }
+    }
+
+    /// Whether a chunked copy converts between a wider tile type and the tensor's.
+    pub fn converts(&self) -> bool {
+        matches!(self, Copy::Chunked { bytes, tile_bytes, .. } if tile_bytes != bytes)
     }
 }
 
@@ -424,6 +442,7 @@ pub fn copy_plan(
                     dim: tile_inner,
                     chunk_elems: bytes / elem,
                     bytes,
+                    tile_bytes: bytes,
                 };
             }
             Err(why) => reason = why,
@@ -915,7 +934,8 @@ mod tests {
             Copy::Chunked {
                 dim: 1,
                 chunk_elems: 8,
-                bytes: 16
+                bytes: 16,
+                tile_bytes: 16
             }
         );
         // A column-major tile of a row-major tensor cannot use 16-byte chunks.
@@ -953,7 +973,8 @@ mod tests {
             Copy::Chunked {
                 dim: 1,
                 chunk_elems: 4,
-                bytes: 8
+                bytes: 8,
+                tile_bytes: 8
             }
         );
         // 4800 / 160 = 30 elements per block: rows and offsets of 4-byte chunks.

@@ -554,6 +554,9 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             (Copy::Chunked { chunk_elems, .. }, CopyEngine::CpAsync) => {
                 ("cp_async_chunks", n, *chunk_elems)
             }
+            (c @ Copy::Chunked { chunk_elems, .. }, CopyEngine::Threads) if c.converts() => {
+                ("copy_chunks_cvt", n, *chunk_elems)
+            }
             (Copy::Chunked { chunk_elems, .. }, CopyEngine::Threads) => {
                 ("copy_chunks", n, *chunk_elems)
             }
@@ -561,7 +564,12 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         });
     }
     let mut copies_code = BTreeSet::new();
-    for f in ["cp_async_chunks", "copy_chunks", "copy_elems"] {
+    for f in [
+        "cp_async_chunks",
+        "copy_chunks",
+        "copy_chunks_cvt",
+        "copy_elems",
+    ] {
         for a in template_args(&text, &format!("mucc::tb::{f}<")) {
             let v = nums(&a, 0..2);
             want(v[0] == nt, format!("{f} with {} threads", v[0]));

@@ -46,6 +46,22 @@ __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
   });
 }
 
+// dst[DL(i)] = src[SL(i)] in chunks of CHUNK elements between types: one vector load of CHUNK
+// source elements (a wider type: an fp32 accumulator tile), each converted through the compute
+// type (rounding once, as copy_elems does), one vector store of CHUNK destination elements.
+// Preconditions: as copy_chunks, each side's chunk contiguous and aligned to its own size
+// (CHUNK·sizeof(TS) at most 32 bytes).
+template <int NT, i64 N, int CHUNK, class DL, class SL, class TD, class TS>
+__device__ __forceinline__ void copy_chunks_cvt(int tid, TD* dst, const TS* src) {
+  for_each_chunk<NT, N, CHUNK, DL, SL>(tid, dst, src, [](TD* d, const TS* s) {
+    const Vec<TS, CHUNK> x = *reinterpret_cast<const Vec<TS, CHUNK>*>(s);
+    Vec<TD, CHUNK> y;
+#pragma unroll
+    for (int c = 0; c < CHUNK; ++c) y.v[c] = from_compute<TD>(to_compute(x.v[c]));
+    *reinterpret_cast<Vec<TD, CHUNK>*>(d) = y;
+  });
+}
+
 // As copy_chunks, global → shared with cp.async (chunks of 16, 8 or 4 bytes): the copies are
 // queued in this thread's current cp.async group. Preconditions: as copy_chunks; dst in shared
 // memory.

@@ -136,10 +136,15 @@ impl Ctx<'_> {
         let src = self.tile_ref(s_t);
         let line = match &self.kp.ops[op.index()] {
             OpPlan::Output {
-                copy: Some(Copy::Chunked { chunk_elems, .. }),
-            } => format!(
-                "mucc::tb::copy_chunks<{nt}, {n}, {chunk_elems}, {gl}, {sl}>(tid, {p}, {src});"
-            ),
+                copy: Some(c @ Copy::Chunked { chunk_elems, .. }),
+            } => {
+                let f = if c.converts() {
+                    "copy_chunks_cvt"
+                } else {
+                    "copy_chunks"
+                };
+                format!("mucc::tb::{f}<{nt}, {n}, {chunk_elems}, {gl}, {sl}>(tid, {p}, {src});")
+            }
             _ => format!("mucc::tb::copy_elems<{nt}, {n}, {gl}, {sl}>(tid, {p}, {src});"),
         };
         self.w.line(line);
