@@ -1090,6 +1090,9 @@ fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan
             continue;
         };
         // The widest power-of-two chunk (bytes in the tile) that its rows keep whole and aligned.
+        // An unswizzled tile's `chunk_bytes` was planned for accesses of its own type, not for
+        // a chunk of the tensor's elements widened to it, so its strides are checked here
+        // (taking `chunk_bytes` alone would chunk 180 more files, none checked on a GPU).
         let shape = tb.tensors[t].shape;
         let whole = |c: usize| {
             let elems = c / wide.bytes();

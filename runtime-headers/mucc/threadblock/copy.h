@@ -50,7 +50,7 @@ __device__ __forceinline__ void copy_chunks(int tid, T* dst, const T* src) {
 // source elements (a wider type: an fp32 accumulator tile), each converted through the compute
 // type (rounding once, as copy_elems does), one vector store of CHUNK destination elements.
 // Preconditions: as copy_chunks, each side's chunk contiguous and aligned to its own size
-// (CHUNK·sizeof(TS) at most 32 bytes).
+// (the plan keeps CHUNK·sizeof(TS) at 16 bytes or less: one vector load).
 template <int NT, i64 N, int CHUNK, class DL, class SL, class TD, class TS>
 __device__ __forceinline__ void copy_chunks_cvt(int tid, TD* dst, const TS* src) {
   for_each_chunk<NT, N, CHUNK, DL, SL>(tid, dst, src, [](TD* d, const TS* s) {
