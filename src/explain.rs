@@ -219,8 +219,11 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                 .iter()
                 .map(|p| {
                     let how = match p.combine {
-                        Combine::Sum => "sum",
-                        Combine::Max => "max",
+                        Combine::Sum => "sum".to_string(),
+                        Combine::Max => "max".to_string(),
+                        Combine::Rescaled { max_tile } => {
+                            format!("rows rescaled to the largest max of s{max_tile}, summed")
+                        }
                     };
                     format!("{} s{} ({how})", op_name(tb, p.accum), p.tile)
                 })
@@ -459,16 +462,47 @@ fn pipes(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                     let verb = if sums.len() == 1 { "sums" } else { "sum" };
                     format!(", {} {verb} its rows by warp shuffles", sums.join(", "))
                 };
+                let grid = if p.keys > 1 {
+                    format!(
+                        "the keys (the product's {}'s K) split over {} warps: {} on 1 x {} warps, \
+                         {} on each warp's keys into its own fragment",
+                        op_name(tb, p.matmul),
+                        p.keys,
+                        op_name(tb, producer),
+                        p.keys,
+                        op_name(tb, p.matmul)
+                    )
+                } else {
+                    format!("both matmuls on {} x 1 warps", p.warps)
+                };
                 let _ = writeln!(
                     s,
                     "  register pipe: s{} ({}'s chain) stays in registers: {} takes it as A{sums}; \
-                     both matmuls on {} x 1 warps, run at one level without a barrier",
+                     {grid}, run at one level without a barrier",
                     p.tile,
                     op_name(tb, producer),
                     op_name(tb, p.matmul),
-                    p.warps
                 );
-                if let Some(o) = &p.online {
+                if let Some(o) = &p.online
+                    && p.keys > 1
+                {
+                    let _ = writeln!(
+                        s,
+                        "  online softmax in the pipe: with {}'s running max over each warp's \
+                         keys (per row by warp shuffles, kept in registers), s{} is exp(S - m); \
+                         each warp rescales the rows of its {} fragment and keeps its {} row \
+                         sums in registers; after the loop the {} warps meet in a buffer of a \
+                         slice per warp: the max of their maxima is {}, their sums and \
+                         fragments are rescaled to it and added; tiles {:?} stay in registers",
+                        op_name(tb, o.max),
+                        p.tile,
+                        op_name(tb, o.out_acc),
+                        op_name(tb, o.sum_acc),
+                        p.keys,
+                        op_name(tb, o.max_acc),
+                        o.registers
+                    );
+                } else if let Some(o) = &p.online {
                     let _ = writeln!(
                         s,
                         "  online softmax in the pipe: with {}'s running max (per row by warp \
@@ -623,9 +657,15 @@ fn op_plan(
             mma_per_warp,
             load_instrs,
         } => format!(
-            "{} x {} warps, {instr}, A by {}, B by {}, per warp {mma_per_warp} mma, {} {} (A), {} {} (B)",
+            "{} x {} warps{}, {instr}, A by {}, B by {}, per warp {mma_per_warp} mma, {} {} (A), {} {} (B)",
             warps.0,
             warps.1,
+            kp.register_pipes()
+                .find(|r| r.matmul == h && r.keys > 1)
+                .map_or(String::new(), |r| format!(
+                    " with K split over {} warps",
+                    r.keys
+                )),
             loads.0,
             loads.1,
             load_instrs.0,

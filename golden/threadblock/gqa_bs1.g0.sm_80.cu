@@ -4,39 +4,39 @@
 // input 0: %0 [2, 256, 64] f16 strides [16384, 64, 1]
 // input 1: %1 [2, 64, 4096] f16 strides [262144, 4096, 1]
 // input 2: %2 [2, 4096, 64] f16 strides [262144, 64, 1]
-// output 0: %5 [2, 256, 64] f16 strides [16384, 64, 1] (32768 elements)
-// workspace: 1572864 bytes
+// output 0: %4 [2, 256, 64] f16 strides [16384, 64, 1] (32768 elements)
+// workspace: 540672 bytes
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 8, 16), block (512, 1, 1), forloop 4, 137344 bytes of shared memory
-// schedule 0 | 1,2 3 5,6 | 8,9
-extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
+// kernel op 3: kn_customized_op grid (2, 8, 16), block (128, 1, 1), forloop 4, 67776 bytes of shared memory
+// schedule 0 | 1,2 3,4,5,7,8,9,10,11 | 12,13,14
+extern "C" __global__ void __launch_bounds__(128, 2) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
+    mucc::f16* __restrict__ out2,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
     const mucc::f16* __restrict__ in2) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
   using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16384, 64, 1>>;
-  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>, mucc::Swizzle<3,
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
       3, 4>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
+  using L3 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L5 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>;
+  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L4 = mucc::tb::Mma<mucc::f16, L2, L3, 16, 64, 128, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
-      3, 4>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L0, L5, 16, 128, 64, 1, 16, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
-  using L9 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>;
-  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 2,
-      4>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<262144, 1024, 1>>;
-  using L12 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<131072, 512, 1>>;
+  using L7 = mucc::tb::Mma<mucc::f16, L5, L6, 16, 64, 128, 1, 1, mucc::tb::Load::Fragment,
+      mucc::tb::Load::LdmatrixTrans, 4>;
+  using L8 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
+  using L9 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
+  using L10 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<131072, 512, 1>>;
+  using L12 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<2048, 1, 8>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -45,163 +45,130 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 128);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2176);  // s1 (tb_input_op) x4 stages
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 67712);  // s2 (tb_input_op) x4 stages
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 133248);  // s4 (tb_exp_op)
-  float* s5 = reinterpret_cast<float*>(smem + 128);  // s5 (tb_forloop_accum_nored_op)
-  float* s7 = reinterpret_cast<float*>(smem + 8320);  // s7 (tb_forloop_accum_nored_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 2176);  // s1 (tb_input_op) x2 stages
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 34944);  // s2 (tb_input_op) x2 stages
+  float* s9 = reinterpret_cast<float*>(smem + 16);  // s9 (tb_forloop_accum_max_op)
+  float* s10 = reinterpret_cast<float*>(smem + 67712);  // s10 (tb_forloop_accum_red_ld_sum_rescale_op)
+  float* s12 = reinterpret_cast<float*>(smem + 128);  // s12 (tb_forloop_accum_nored_rescale_op) x4 warps' slices
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.z) * 1024;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 512;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 32768;
-  mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 128
-      + static_cast<mucc::i64>(blockIdx.z) * 16384;
-  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 64
+  mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 64
       + static_cast<mucc::i64>(blockIdx.z) * 8192;
+  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.x) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 1
+      + static_cast<mucc::i64>(blockIdx.z) * 128;
+  mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.x) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 1
+      + static_cast<mucc::i64>(blockIdx.z) * 128;
   // op0 input
-  mucc::tb::copy_chunks<512, 1024, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::copy_chunks<128, 1024, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
-  float acc5[4];
-  #pragma unroll
-  for (int r = 0; r < 4; ++r) acc5[r] = float(0.0);
-  L4::Frag acc7;
-  L4::fill(acc7, float(0.0));
+  // op4 reduction_max: the running max of each fragment row, in registers
+  float rm4_[L3::PM][2];
+  for (int i = 0; i < L3::PM; ++i) rm4_[i][0] = rm4_[i][1] = -__int_as_float(0x7f800000);
+  // op9 accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)
+  float lw9_[L3::PM][2];
+  for (int i = 0; i < L3::PM; ++i) lw9_[i][0] = lw9_[i][1] = 0.0f;
+  mucc::tb::fill<128, 16, L4>(tid, s9, mucc::neg_inf<float>());
+  mucc::tb::fill<128, 16, L4>(tid, s10, float(0.0));
+  L7::Frag acc11;
+  L7::fill(acc11, float(0.0));
   __syncthreads();
-  // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + 0, gi2);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(1) * 128);
-  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + 8192, gi2 + static_cast<mucc::i64>(1) * 8192);
-  mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + 16384, gi1 + static_cast<mucc::i64>(2) * 128);
-  mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + 16384, gi2 + static_cast<mucc::i64>(2) * 8192);
+  // software pipeline: 2 stages
+  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L8>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L6, L9>(tid, s2 + 0, gi2);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    mucc::f16* s1_cur = s1 + (it % 4) * 8192;
-    mucc::f16* s2_cur = s2 + (it % 4) * 8192;
-    mucc::sm80::cp_async_wait<2>();
+    mucc::f16* s1_cur = s1 + (it % 2) * 8192;
+    mucc::f16* s2_cur = s2 + (it % 2) * 8192;
+    mucc::sm80::cp_async_wait<0>();
     // op1 input
     // issued ahead by the pipeline
     // op2 input
     // issued ahead by the pipeline
     __syncthreads();
     {
-      const int pf = it + 3;
+      const int pf = it + 1;
       if (pf < 4) {
-        mucc::tb::cp_async_chunks<512, 8192, 8, L5, L6>(tid, s1 + (pf % 4) * 8192,
+        mucc::tb::cp_async_chunks<128, 8192, 8, L2, L8>(tid, s1 + (pf % 2) * 8192,
             gi1 + static_cast<mucc::i64>(pf) * 128);
-        mucc::tb::cp_async_chunks<512, 8192, 8, L3, L7>(tid, s2 + (pf % 4) * 8192,
+        mucc::tb::cp_async_chunks<128, 8192, 8, L6, L9>(tid, s2 + (pf % 2) * 8192,
             gi2 + static_cast<mucc::i64>(pf) * 8192);
       }
       mucc::sm80::cp_async_commit();
     }
-    // op3 matmul -> op4 exp
-    L8::apply(s0, s1_cur, smem, warp, lane, [&](int row, int col, float v) {
-      v = mucc::op::exp_approx_ftz(v);
-      s4[L2::offset(row * 128 + col)] = mucc::from_compute<mucc::f16>(v);
-    });
-    __syncthreads();
-    // op5 accum_nored
-    mucc::tb::for_each_unrolled<512, 2048>(tid, [&](int e, int r) {
-      float v = mucc::to_compute(s4[L2::offset(e)]);
-      acc5[r] += v;
-    });
-    // op6 matmul -> op7 accum_nored
-    L4::run(acc7, s4, s2_cur, smem, warp, lane);
+    // op3 matmul
+    {
+      // s7 in registers: exp(S - m), m op4's running max of this warp's keys
+      // (the keys split over 4 warps), packed in mucc::f16
+      L3::Packed pk_;
+      float r_[L3::PM][2], l_[L3::PM][2];
+      {
+        L3::Frag p_;
+        L3::zero(p_);
+        L3::run(p_, s0, s1_cur, smem, warp, lane);
+        L3::online_pack(pk_, p_, rm4_, r_, l_, warp, lane);
+      }
+      // op11 accum_nored_rescale: O <- O * r, rows of this warp's fragment
+      L7::scale_rows(acc11, r_, warp);
+      // op9 accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers
+      #pragma unroll
+      for (int i = 0; i < L3::PM; ++i) for (int h = 0; h < 2; ++h) lw9_[i][h] = lw9_[i][h] * r_[i][h] + l_[i][h];
+      // op10 matmul: A from the packed product, this warp's keys
+      L7::run_from_keys<L3>(acc11, pk_, s2_cur, smem, warp, lane);
+    }
+    // op4 reduction_2_max
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op5 sub -> op6 exp
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op7 exp
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op8 accum_max
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op9 accum_red_ld_sum_rescale
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op10 matmul
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op11 accum_nored_rescale
+    // runs in op3's chain: s7 stays in registers (register pipe)
     __syncthreads();
   }
-  mucc::tb::for_each_unrolled<512, 2048>(tid, [&](int e, int r) {
-    s5[L9::offset(e)] = mucc::from_compute<float>(acc5[r]);
-  });
-  L4::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s7[L10::offset(row * 64 + col)] = mucc::from_compute<float>(v);
-  });
+  // op8, op9 and op11: the 4 warps' maxima, sums and output fragments combined
+  L7::combine_keys<L4, L4, L10, 4224, 4096, 128>(acc11, rm4_, lw9_, s9, s10, s12, tid, warp, lane);
   __syncthreads();
-  // op8 output
-  mucc::tb::copy_chunks_cvt<512, 2048, 4, L11, L9>(tid, go8, s5);
-  // op9 output
-  mucc::tb::copy_chunks_cvt<512, 1024, 4, L12, L10>(tid, go9, s7);
+  // op12 output
+  mucc::tb::copy_chunks_cvt<128, 1024, 4, L11, L10>(tid, go12, s12);
+  // op13 output
+  mucc::tb::copy_elems<128, 16, L13, L12>(tid, go13, s10);
+  // op14 output
+  mucc::tb::copy_elems<128, 16, L13, L12>(tid, go14, s9);
 }
 
-// kernel op 4: kn_customized_op grid (2, 16, 1), block (512, 1, 1), forloop 1, 53312 bytes of shared memory
-// schedule 0,1 | 2,3 | 4
-extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
-    mucc::f16* __restrict__ out0,
-    const mucc::f16* __restrict__ in0,
-    const mucc::f16* __restrict__ in1) {
-  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 1024>, mucc::Stride<16384, 1024, 1>>,
-      mucc::Swizzle<3, 3, 7>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 16, 1024>, mucc::Stride<262144, 1024, 1>>;
-  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<8192, 512, 1>>, mucc::Swizzle<3,
-      3, 6>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 16, 512>, mucc::Stride<131072, 512, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<5, 0,
-      6>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16384, 64, 1>>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
-  const int tid = tid_k;
-  const int warp = tid / 32, lane = tid % 32;
-  (void)warp;
-  (void)lane;
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 0);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s1 (tb_input_op)
-  float* s2 = reinterpret_cast<float*>(smem + 53248);  // s2 (tb_forloop_accum_red_ld_sum_op)
-  float* s3 = reinterpret_cast<float*>(smem + 49152);  // s3 (tb_forloop_accum_redtox_ld_sum_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 16384;
-  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 131072 + static_cast<mucc::i64>(blockIdx.y) * 8192;
-  mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.y) * 1024;
-  // op0 input
-  mucc::tb::copy_chunks<512, 16384, 8, L0, L1>(tid, s0, gi0);
-  // op1 input
-  mucc::tb::copy_chunks<512, 8192, 8, L2, L3>(tid, s1, gi1);
-  __syncthreads();
-  mucc::tb::fill<512, 16, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<512, 1024, L5>(tid, s3, float(0.0));
-  __syncthreads();
-  for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp;
-    (void)lane;
-    // op2 accum_red_ld_sum
-    {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0[L0::offset(row * 1024 + j)]);
-        return v;
-      };
-      auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s2[L4::offset(row)], s);
-      };
-      mucc::tb::for_each_row<512, 32, 16, 1024, float>(tid, elem, sink);
-    }
-    // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<512, 1024>(tid, [&](int o, int) {
-      float s = float(0.0);
-      for (int kk = 0; kk < 8; ++kk) {
-        float v = mucc::to_compute(s1[L2::offset((o / 64) * 512 + kk * 64 + o % 64)]);
-        s += v;
-      }
-      mucc::tb::acc_add(s3[L5::offset(o)], s);
-    });
-  }
-  __syncthreads();
-  // op4 div -> op5 output
-  mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s3[L5::offset(e)]);
-    const float x1 = mucc::to_compute(s2[L6::offset(e)]);
-    float v = mucc::op::div(x0, x1);
-    go5[L7::offset(e)] = mucc::from_compute<mucc::f16>(v);
-  });
+// kernel op 4: kn_softmax_combine_op(%3, %5, %6) -> %4 [2, 256, 64] f16
+namespace k4_softmax_combine_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<2, 256, 64>, mucc::Stride<16384, 64, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<2, 256, 512>, mucc::Stride<131072, 512, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<2, 256, 8>, mucc::Stride<2048, 8, 1>>;
+  using L3 =
+    mucc::Layout<mucc::Shape<2, 256, 8>, mucc::Stride<2048, 8, 1>>;
+}
+extern "C" __global__ void __launch_bounds__(128) k4_softmax_combine(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2,
+    const mucc::f16* __restrict__ v3) {
+  using namespace k4_softmax_combine_l;
+  mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 512, 8, 64, 8, 8, 4>(v0, v1, v2, v3);
 }
 
 #ifndef __CUDACC_RTC__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
-// (16-byte aligned, laid out as the comments above say); `workspace` holds 1572864 bytes
+// (16-byte aligned, laid out as the comments above say); `workspace` holds 540672 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
 extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
                             cudaStream_t stream) {
@@ -212,18 +179,16 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 137344, smem_set));
-    void* const args[] = {buf.ws(0), buf.ws(1048576), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 8, 16), dim3(512, 1, 1), 137344, stream, args));
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 67776, smem_set));
+    void* const args[] = {buf.ws(0), buf.ws(524288), buf.ws(532480), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 8, 16), dim3(128, 1, 1), 67776, stream, args));
   }
 
-  // launch k4_customized
+  // launch k4_softmax_combine
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
-    static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 53312, smem_set));
-    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(1048576)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 16, 1), dim3(512, 1, 1), 53312, stream, args));
+    const void* kernel = reinterpret_cast<const void*>(&k4_softmax_combine);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(524288), buf.ws(532480)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(128, 1, 1), 0, stream, args));
   }
 
   return 0;

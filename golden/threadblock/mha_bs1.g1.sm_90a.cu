@@ -5,18 +5,19 @@
 // input 0: %0 [32, 16, 64] f16 strides [1024, 64, 1]
 // input 1: %1 [32, 64, 4096] f16 strides [262144, 4096, 1]
 // input 2: %2 [32, 4096, 64] f16 strides [262144, 64, 1]
-// output 0: %7 [32, 16, 64] f16 strides [1024, 64, 1] (32768 elements)
-// workspace: 199680 bytes
+// output 0: %4 [32, 16, 64] f16 strides [1024, 64, 1] (32768 elements)
+// workspace: 147456 bytes
 
 #include "mucc/runtime.h"
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 3: kn_customized_op grid (32, 2, 1), block (256, 1, 1), forloop 8, 142336 bytes of shared memory
-// schedule 1 | 0,2 3 5,6 | 8,9
+// kernel op 3: kn_customized_op grid (32, 2, 1), block (256, 1, 1), forloop 8, 134144 bytes of shared memory
+// schedule 1 | 0,2 3,4,5,7,8,9,10,11 | 12,13,14
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
+    mucc::f16* __restrict__ out2,
     const mucc::f16* __restrict__ in0,
     const mucc::f16* __restrict__ in1,
     const mucc::f16* __restrict__ in2,
@@ -24,23 +25,20 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
   using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
-  using L2 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L3 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 256>, mucc::Stride<4096, 256, 1>>, mucc::Swizzle<3,
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<16384, 256, 1>>, mucc::Swizzle<3,
       3, 5>>;
-  using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 256, 64>, mucc::Stride<16384, 64, 1>>, mucc::Swizzle<3,
+  using L3 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 256, 64, 1, 8, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans>;
+  using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L5 = mucc::Layout<mucc::Shape<1, 16, 256>, mucc::Stride<4096, 256, 1>>;
+  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 256, 64>, mucc::Stride<16384, 64, 1>>, mucc::Swizzle<3,
       3, 3>>;
-  using L5 = mucc::tb::Mma<mucc::f16, L3, L4, 16, 64, 256, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
-  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<16384, 256, 1>>, mucc::Swizzle<3,
-      3, 5>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<262144, 4096, 1>>;
-  using L8 = mucc::tb::Mma<mucc::f16, L0, L6, 16, 256, 64, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
-  using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 2,
-      4>>;
+  using L7 = mucc::tb::Mma<mucc::f16, L5, L6, 16, 64, 256, 1, 1, mucc::tb::Load::Fragment,
+      mucc::tb::Load::LdmatrixTrans, 8>;
+  using L8 = mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<262144, 4096, 1>>;
+  using L9 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<2048, 128, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
-  using L11 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<32, 16, 1>>;
-  using L12 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<2048, 128, 1>>;
+  using L11 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<128, 1, 8>>;
   extern __shared__ __align__(1024) unsigned char smem_1024[];
   unsigned char* const smem = smem_1024;
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -57,27 +55,35 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
     mucc::sm90::prefetch_tensormap(&tm0);
   }
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 3072);  // s0 (tb_input_op) x2 stages
-  mucc::f16* s6 = reinterpret_cast<mucc::f16*>(smem + 128);  // s6 (tb_input_op)
-  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 68608);  // s7 (tb_input_op) x2 stages
-  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 134144);  // s2 (tb_exp_op)
-  float* s3 = reinterpret_cast<float*>(smem + 32);  // s3 (tb_forloop_accum_red_ld_sum_op)
-  float* s5 = reinterpret_cast<float*>(smem + 128);  // s5 (tb_forloop_accum_nored_op)
+  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 128);  // s1 (tb_input_op)
+  mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 68608);  // s2 (tb_input_op) x2 stages
+  float* s9 = reinterpret_cast<float*>(smem + 32);  // s9 (tb_forloop_accum_max_op)
+  float* s10 = reinterpret_cast<float*>(smem + 2176);  // s10 (tb_forloop_accum_red_ld_sum_rescale_op)
+  float* s12 = reinterpret_cast<float*>(smem + 2304);  // s12 (tb_forloop_accum_nored_rescale_op) x8 warps' slices
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 2) * 1024;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x / 2) * 262144
       + static_cast<mucc::i64>(blockIdx.y) * 2048;
-  mucc::f16* go8 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 32 + static_cast<mucc::i64>(blockIdx.y) * 16;
-  mucc::f16* go9 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 64;
+  mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x / 2) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 64;
+  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.x / 2) * 128 + static_cast<mucc::i64>(blockIdx.y) * 1;
+  mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.x / 2) * 128 + static_cast<mucc::i64>(blockIdx.y) * 1;
   // op1 input
-  mucc::tb::copy_chunks<256, 1024, 8, L0, L1>(tid, s6, gi1);
+  mucc::tb::copy_chunks<256, 1024, 8, L0, L1>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<256, 16, L2>(tid, s3, float(0.0));
-  L5::Frag acc7;
-  L5::fill(acc7, float(0.0));
+  // op4 reduction_max: the running max of each fragment row, in registers
+  float rm4_[L3::PM][2];
+  for (int i = 0; i < L3::PM; ++i) rm4_[i][0] = rm4_[i][1] = -__int_as_float(0x7f800000);
+  // op9 accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)
+  float lw9_[L3::PM][2];
+  for (int i = 0; i < L3::PM; ++i) lw9_[i][0] = lw9_[i][1] = 0.0f;
+  mucc::tb::fill<256, 16, L4>(tid, s9, mucc::neg_inf<float>());
+  mucc::tb::fill<256, 16, L4>(tid, s10, float(0.0));
+  L7::Frag acc11;
+  L7::fill(acc11, float(0.0));
   __syncthreads();
   // cluster split: CTA r of the cluster runs iterations [r·4, (r + 1)·4)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 4;
   // software pipeline: 2 stages
-  mucc::tb::cp_async_chunks<256, 16384, 8, L6, L7>(tid, s7 + 0, gi2 + static_cast<mucc::i64>(it0) * 256);
+  mucc::tb::cp_async_chunks<256, 16384, 8, L2, L8>(tid, s2 + 0, gi2 + static_cast<mucc::i64>(it0) * 256);
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 0, 32768);
     mucc::sm90::tma_load(s0 + 0 * 16384, &tm0, full + 0, 0, static_cast<int>(blockIdx.y) * 2048 + (it0) * 256,
@@ -89,7 +95,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
     (void)warp;
     (void)lane;
     mucc::f16* s0_cur = s0 + ((it - it0) % 2) * 16384;
-    mucc::f16* s7_cur = s7 + ((it - it0) % 2) * 16384;
+    mucc::f16* s2_cur = s2 + ((it - it0) % 2) * 16384;
     mucc::sm80::cp_async_wait<0>();
     mucc::sm90::mbar_wait(full + ((it - it0) % 2), static_cast<unsigned>((it - it0) / 2) & 1u);
     // op0 input
@@ -100,7 +106,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
     {
       const int pf = it + 1;
       if (pf < it0 + 4) {
-        mucc::tb::cp_async_chunks<256, 16384, 8, L6, L7>(tid, s7 + ((pf - it0) % 2) * 16384,
+        mucc::tb::cp_async_chunks<256, 16384, 8, L2, L8>(tid, s2 + ((pf - it0) % 2) * 16384,
             gi2 + static_cast<mucc::i64>(pf) * 256);
         if (tid == 0) {
           mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 2), 32768);
@@ -110,145 +116,86 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
       }
       mucc::sm80::cp_async_commit();
     }
-    // op3 matmul -> op4 exp
-    L8::apply(s6, s7_cur, smem, warp, lane, [&](int row, int col, float v) {
-      v = mucc::op::exp_approx_ftz(v);
-      s2[L3::offset(row * 256 + col)] = mucc::from_compute<mucc::f16>(v);
-    });
-    __syncthreads();
-    // op5 accum_red_ld_sum
+    // op3 matmul
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s2[L3::offset(row * 256 + j)]);
-        return v;
-      };
-      auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s3[L2::offset(row)], s);
-      };
-      mucc::tb::for_each_row<256, 16, 16, 256, float>(tid, elem, sink);
+      // s7 in registers: exp(S - m), m op4's running max of this warp's keys
+      // (the keys split over 8 warps), packed in mucc::f16
+      L3::Packed pk_;
+      float r_[L3::PM][2], l_[L3::PM][2];
+      {
+        L3::Frag p_;
+        L3::zero(p_);
+        L3::run(p_, s1, s2_cur, smem, warp, lane);
+        L3::online_pack(pk_, p_, rm4_, r_, l_, warp, lane);
+      }
+      // op11 accum_nored_rescale: O <- O * r, rows of this warp's fragment
+      L7::scale_rows(acc11, r_, warp);
+      // op9 accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers
+      #pragma unroll
+      for (int i = 0; i < L3::PM; ++i) for (int h = 0; h < 2; ++h) lw9_[i][h] = lw9_[i][h] * r_[i][h] + l_[i][h];
+      // op10 matmul: A from the packed product, this warp's keys
+      L7::run_from_keys<L3>(acc11, pk_, s0_cur, smem, warp, lane);
     }
-    // op6 matmul -> op7 accum_nored
-    L5::run(acc7, s2, s0_cur, smem, warp, lane);
+    // op4 reduction_2_max
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op5 sub -> op6 exp
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op7 exp
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op8 accum_max
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op9 accum_red_ld_sum_rescale
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op10 matmul
+    // runs in op3's chain: s7 stays in registers (register pipe)
+    // op11 accum_nored_rescale
+    // runs in op3's chain: s7 stays in registers (register pipe)
     __syncthreads();
   }
-  mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch
-  L5::each(acc7, warp, lane, [&](int row, int col, float v, int, int, int) {
-    s5[L9::offset(row * 64 + col)] = mucc::from_compute<float>(v);
-  });
+  // op8, op9 and op11: the 8 warps' maxima, sums and output fragments combined
+  L7::combine_keys<L4, L4, L1, 4224, 4096, 256>(acc11, rm4_, lw9_, s9, s10, s12, tid, warp, lane);
   // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
   if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<256, 16, 2, mucc::tb::FoldSum, L2, float>(tid, s3);
-    mucc::tb::cluster_fold<256, 1024, 2, mucc::tb::FoldSum, L9, float>(tid, s5);
+    mucc::tb::cluster_fold_rescaled<256, 16, 1, 2, L4, L4, float>(tid, s10, s9);
+    mucc::tb::cluster_fold_rescaled<256, 1024, 64, 2, L1, L4, float>(tid, s12, s9);
+    __syncthreads();  // the rescaled partials have read the max tile
+    mucc::tb::cluster_fold<256, 16, 2, mucc::tb::FoldMax, L4, float>(tid, s9);
   }
   mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
   if (mucc::sm90::cluster_rank() != 0) return;
   __syncthreads();
-  // op8 output
-  mucc::tb::copy_chunks_cvt<256, 16, 4, L11, L10>(tid, go8, s3);
-  // op9 output
-  mucc::tb::copy_chunks_cvt<256, 1024, 4, L12, L9>(tid, go9, s5);
+  // op12 output
+  mucc::tb::copy_chunks_cvt<256, 1024, 4, L9, L1>(tid, go12, s12);
+  // op13 output
+  mucc::tb::copy_elems<256, 16, L11, L10>(tid, go13, s10);
+  // op14 output
+  mucc::tb::copy_elems<256, 16, L11, L10>(tid, go14, s9);
 }
 
-// kernel op 4: kn_customized_op grid (32, 2, 1), block (512, 1, 1), forloop 1, 4160 bytes of shared memory
-// schedule 0,1 | 2,3 | 4,5
-extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
-    mucc::f16* __restrict__ out0,
-    mucc::f16* __restrict__ out1,
-    const mucc::f16* __restrict__ in0,
-    const mucc::f16* __restrict__ in1) {
-  using L0 = mucc::Layout<mucc::Shape<1, 2, 8>, mucc::Stride<16, 8, 1>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 2, 8>, mucc::Stride<32, 16, 1>>;
-  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 128>, mucc::Stride<1024, 128, 1>>, mucc::Swizzle<3, 3,
-      4>>;
-  using L3 = mucc::Layout<mucc::Shape<1, 8, 128>, mucc::Stride<2048, 128, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 8, 1>, mucc::Stride<8, 1, 8>>;
-  using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<512, 64, 1>>, mucc::Swizzle<3, 2,
-      4>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 8, 2>, mucc::Stride<16, 1, 8>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<8, 8, 1>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 1, 8>, mucc::Stride<16, 16, 1>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 8, 64>, mucc::Stride<1024, 64, 1>>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
-  const int tid = tid_k;
-  const int warp = tid / 32, lane = tid % 32;
-  (void)warp;
-  (void)lane;
-  mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible
-  mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 4096);  // s0 (tb_input_op)
-  mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 0);  // s1 (tb_input_op)
-  float* s2 = reinterpret_cast<float*>(smem + 4128);  // s2 (tb_forloop_accum_red_ld_sum_op)
-  float* s3 = reinterpret_cast<float*>(smem + 2048);  // s3 (tb_forloop_accum_redtox_ld_sum_op)
-  const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 32 + static_cast<mucc::i64>(blockIdx.y) * 8;
-  const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 2048 + static_cast<mucc::i64>(blockIdx.y) * 1024;
-  mucc::f16* go4 = out0 + static_cast<mucc::i64>(blockIdx.x) * 16 + static_cast<mucc::i64>(blockIdx.y) * 8;
-  mucc::f16* go5 = out1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
-  // op0 input
-  mucc::tb::copy_chunks<512, 16, 8, L0, L1>(tid, s0, gi0);
-  // op1 input
-  mucc::tb::copy_chunks<512, 1024, 8, L2, L3>(tid, s1, gi1);
-  __syncthreads();
-  mucc::tb::fill<512, 8, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<512, 512, L5>(tid, s3, float(0.0));
-  __syncthreads();
-  for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
-    (void)warp;
-    (void)lane;
-    // op2 accum_red_ld_sum
-    {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0[L6::offset(row * 2 + j)]);
-        return v;
-      };
-      auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s2[L4::offset(row)], s);
-      };
-      mucc::tb::for_each_row<512, 32, 8, 2, float>(tid, elem, sink);
-    }
-    // op3 accum_redtox_ld_sum
-    mucc::tb::for_each<512, 512>(tid, [&](int o, int) {
-      float s = float(0.0);
-      for (int kk = 0; kk < 2; ++kk) {
-        float v = mucc::to_compute(s1[L2::offset((o / 64) * 128 + kk * 64 + o % 64)]);
-        s += v;
-      }
-      mucc::tb::acc_add(s3[L5::offset(o)], s);
-    });
-  }
-  __syncthreads();
-  // op4 output
-  mucc::tb::copy_chunks_cvt<512, 8, 4, L8, L7>(tid, go4, s2);
-  // op5 output
-  mucc::tb::copy_chunks_cvt<512, 512, 4, L9, L5>(tid, go5, s3);
-}
-
-// kernel op 5: kn_div_op(%6, %5) -> %7 [32, 16, 64] f16
-namespace k5_div_l {
+// kernel op 4: kn_softmax_combine_op(%3, %5, %6) -> %4 [32, 16, 64] f16
+namespace k4_softmax_combine_l {
   using L0 =
     mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
   using L1 =
-    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
+    mucc::Layout<mucc::Shape<32, 16, 128>, mucc::Stride<2048, 128, 1>>;
   using L2 =
-    mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
+    mucc::Layout<mucc::Shape<32, 16, 2>, mucc::Stride<128, 8, 1>>;
+  using L3 =
+    mucc::Layout<mucc::Shape<32, 16, 2>, mucc::Stride<128, 8, 1>>;
 }
-struct k5_div_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
-    return mucc::op::div(a, b);
-  }
-};
-extern "C" __global__ void __launch_bounds__(256) k5_div(
+extern "C" __global__ void __launch_bounds__(128) k4_softmax_combine(
     mucc::f16* __restrict__ v0,
     const mucc::f16* __restrict__ v1,
-    const mucc::f16* __restrict__ v2) {
-  using namespace k5_div_l;
-  mucc::kn::binary<mucc::f16, 1, L0, L1, L2>(v0, v1, v2, k5_div_op{});
+    const mucc::f16* __restrict__ v2,
+    const mucc::f16* __restrict__ v3) {
+  using namespace k4_softmax_combine_l;
+  mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 512, 2, 64, 8, 8, 2>(v0, v1, v2, v3);
 }
 
 #ifndef __CUDACC_RTC__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
-// (16-byte aligned, laid out as the comments above say); `workspace` holds 199680 bytes
+// (16-byte aligned, laid out as the comments above say); `workspace` holds 147456 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
 extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
                             cudaStream_t stream) {
@@ -259,8 +206,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 142336, smem_set));
-    void* const args[] = {buf.ws(131072), buf.ws(0), buf.in(2, 0), buf.in(0, 0), buf.in(1, 0)};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 134144, smem_set));
+    void* const args[] = {buf.ws(0), buf.ws(131072), buf.ws(139264), buf.in(2, 0), buf.in(0, 0), buf.in(1, 0)};
     static thread_local mucc::host::CachedTensorMap tm0;
     {
       const cuuint64_t dims[] = {64ull, 4096ull, 32ull};
@@ -270,21 +217,14 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_128B));
     }
     const CUtensorMap* const maps[] = {&tm0.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 2, 1), dim3(256, 1, 1), 142336, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 2, 1), dim3(256, 1, 1), 134144, stream, args, maps));
   }
 
-  // launch k4_customized
+  // launch k4_softmax_combine
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
-    void* const args[] = {buf.ws(198656), buf.ws(133120), buf.ws(131072), buf.ws(0)};
-    MUCC_CHECK(mucc::host::launch_programmatic(kernel, dim3(32, 2, 1), dim3(512, 1, 1), 4160, stream, args));
-  }
-
-  // launch k5_div
-  {
-    const void* kernel = reinterpret_cast<const void*>(&k5_div);
-    void* const args[] = {buf.out(0, 0), buf.ws(133120), buf.ws(198656)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream, args));
+    const void* kernel = reinterpret_cast<const void*>(&k4_softmax_combine);
+    void* const args[] = {buf.out(0, 0), buf.ws(0), buf.ws(131072), buf.ws(139264)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(128, 1, 1), 0, stream, args));
   }
 
   return 0;

@@ -24,6 +24,7 @@ use crate::graph::threadblock::{TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::{KernelLayout, TileLayout};
 use crate::layout::swizzle::{Swizzle, TileGeometry, plan_tile};
 use crate::target::{RUNTIME_STATIC_SMEM, Target};
+use std::collections::BTreeMap;
 
 /// Shared memory the driver reserves per resident block (bytes).
 const DRIVER_SMEM_PER_BLOCK: usize = 1024;
@@ -247,7 +248,7 @@ fn plan_kernel_tiles(
     // (H200, builder attention blocks of 256–512 blocks: 0.76–0.93× the time of 8 or 16 warps
     // without the pipe); smaller grids keep the extra warps (8 and 32 blocks: 16 warps without
     // the pipe 0.77–0.85× the pipe's time).
-    let piped = first.register_pipes().next().is_some();
+    let piped = first.register_pipes().any(|p| p.keys == 1);
     if piped && tb.num_blocks() >= opts.target.typical_sms {
         return Ok(kept(
             first,
@@ -256,15 +257,21 @@ fn plan_kernel_tiles(
         ));
     }
     // Without its pipe, an online-softmax kernel rescales through shared memory, several times
-    // the instructions (H100: 1.8-5x the time): the pipe wins at any grid size.
-    if first.register_pipes().any(|p| p.online.is_some()) {
-        return Ok(kept(
-            first,
+    // the instructions (H100: 1.8-5x the time): the pipe wins at any grid size. A key split
+    // keeps its pipe on more warps where its keys split over them.
+    let online = |p: &KernelPlan| p.register_pipes().any(|r| r.online.is_some());
+    let more = with(fusion, warps * 32, CtaSource::Model(why));
+    if online(&first) && !matches!(&more, Ok(p) if online(p)) {
+        let why = if first.register_pipes().any(|p| p.keys > 1) {
+            "block_dim kept: its warps split the keys of an online-softmax register pipe, which \
+             do not split over more warps"
+        } else {
             "block_dim kept: its warps own whole rows of an online-softmax register pipe, which \
-             more warps would turn off",
-        ));
+             more warps would turn off"
+        };
+        return Ok(kept(first, why));
     }
-    match with(fusion, warps * 32, CtaSource::Model(why)) {
+    match more {
         // A loop longer than a pipeline's worth pays for its split: more warps must not shrink
         // the cluster (measured 1.06–3.19× slower where they did).
         Ok(p) if tb.forloop_range > SHORT_LOOP && p.split.ctas() < first.split.ctas() => Ok(kept(
@@ -398,6 +405,13 @@ fn plan_kernel_with(
     let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
     let mut ops = plan_ops(tb, threads, &fusion, kl, &ins, &outs, target);
     let (pipes, sched) = plan_pipes(tb, &fusion, &mut ops, threads, opts.register_pipes);
+    // The output accumulators of key splits, whose write-back holds a slice per warp.
+    let key_splits: BTreeMap<usize, usize> = pipes
+        .iter()
+        .filter_map(PipeDecision::on)
+        .filter(|p| p.keys > 1)
+        .filter_map(|p| Some((p.online.as_ref()?.out_acc.index(), p.keys)))
+        .collect();
     let mut tiles = plan_tiles(tb, &fusion, kl, &ops, target);
     // A piped tile never reaches shared memory.
     for p in pipes.iter().filter_map(PipeDecision::on) {
@@ -406,7 +420,14 @@ fn plan_kernel_with(
         }
     }
     demote_copies(tb, &tiles, &mut ops);
-    plan_operand_loads(tb, &tiles, &mut ops, target);
+    // The consumers of key splits load B for their warp's share of K.
+    let k_splits: BTreeMap<usize, usize> = pipes
+        .iter()
+        .filter_map(PipeDecision::on)
+        .filter(|p| p.keys > 1)
+        .map(|p| (p.matmul.index(), p.keys))
+        .collect();
+    plan_operand_loads(tb, &tiles, &mut ops, target, &k_splits);
     let columns = if hopper && opts.wgmma {
         plan_atom_columns(tb, &fusion, &ops, &pipes, &mut tiles)
     } else {
@@ -452,6 +473,7 @@ fn plan_kernel_with(
         &mut tma,
         resident_blocks,
         &ring_target,
+        &key_splits,
     ) {
         Err(s) if rows => Ok(s),
         planned => planned,
@@ -487,7 +509,9 @@ fn plan_kernel_with(
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
     let mut split = if hopper && opts.cluster_split {
-        plan_split(tb, threads, &fusion, &sched, &ops, &tiles, &smem, target)
+        plan_split(
+            tb, threads, &fusion, &sched, &ops, &tiles, &smem, target, &pipes,
+        )
     } else if hopper {
         Split::Off("cluster split turned off (tuning variant)".into())
     } else {
@@ -513,11 +537,12 @@ fn plan_kernel_with(
                 &mut tma_r,
                 r,
                 &ring_target,
+                &key_splits,
             ) else {
                 break;
             };
             let split_r = plan_split(
-                tb, threads, &fusion, &sched, &ops_r, &tiles, &smem_r, target,
+                tb, threads, &fusion, &sched, &ops_r, &tiles, &smem_r, target, &pipes,
             );
             if ctas(&split_r) > ctas(&split) {
                 (ops, tma, smem, split, resident_blocks) = (ops_r, tma_r, smem_r, split_r, r);
@@ -882,8 +907,18 @@ fn plan_split(
     tiles: &[Option<TileGeometry>],
     smem: &SmemPlan,
     target: &Target,
+    pipes: &[PipeDecision],
 ) -> Split {
     let blocks = tb.num_blocks();
+    // An online-softmax register pipe's running max, rescaled sums and max accumulator combine
+    // as one: the sums rescaled to the CTAs' largest max, then the max. Only for a split of the
+    // keys over the warps (mha_bs1 on an H100: 19.90 µs split, 20.24 not); kernels whose warps
+    // own whole rows ran 1.4x slower split (gqa_bs1's 9.1 -> 14.4 µs, mqa_bs1's 11.2 -> 15.8).
+    let piped = pipes.iter().filter_map(PipeDecision::on);
+    let online = piped
+        .clone()
+        .filter(|p| p.keys > 1)
+        .find_map(|p| p.online.as_ref());
     let f = tb.forloop_range;
     if f < 2 {
         return Split::Off("the for-loop has one iteration".into());
@@ -892,6 +927,13 @@ fn plan_split(
         return Split::Off(format!(
             "the grid's {blocks} blocks fill the {} SMs",
             target.typical_sms
+        ));
+    }
+    if let Some(p) = piped.clone().find(|p| p.keys == 1 && p.online.is_some()) {
+        return Split::Off(format!(
+            "its online-softmax register pipe's warps own whole rows (op {} keeps a running \
+             max): such kernels ran 1.4x slower split",
+            p.online.as_ref().map_or(0, |o| o.max.index())
         ));
     }
     let mut partials = Vec::new();
@@ -904,7 +946,7 @@ fn plan_split(
                     ..
                 },
                 OpPlan::RunningMax,
-            ) => {
+            ) if online.is_none_or(|o| o.max != h) => {
                 return Split::Off(format!(
                     "op {} ({name}) keeps a running max across iterations",
                     h.index()
@@ -923,12 +965,25 @@ fn plan_split(
                     | AccumKind::RedLdRms
                     | AccumKind::RedtoxLdSum => Combine::Sum,
                     AccumKind::Max => Combine::Max,
-                    AccumKind::NoredRescale | AccumKind::RedLdSumRescale => {
-                        return Split::Off(format!(
-                            "op {} ({name}) rescales its state every iteration",
-                            h.index()
-                        ));
-                    }
+                    AccumKind::NoredRescale | AccumKind::RedLdSumRescale => match online {
+                        Some(o) if h == o.out_acc || h == o.sum_acc => {
+                            let max_tile = tb.ops[o.max_acc].outputs[0].index();
+                            if smem.buffer_of(max_tile).is_none() {
+                                return Split::Off(format!(
+                                    "op {} ({name}) rescales to a running max whose tile is not \
+                                     kept",
+                                    h.index()
+                                ));
+                            }
+                            Combine::Rescaled { max_tile }
+                        }
+                        _ => {
+                            return Split::Off(format!(
+                                "op {} ({name}) rescales its state every iteration",
+                                h.index()
+                            ));
+                        }
+                    },
                 };
                 let tile = op.outputs[0].index();
                 if smem.buffer_of(tile).is_none() {
@@ -955,6 +1010,8 @@ fn plan_split(
     if partials.is_empty() {
         return Split::Off("no accumulator to combine".into());
     }
+    // Rescaled partials read every CTA's max tile: they combine before it does.
+    partials.sort_by_key(|p| !matches!(p.combine, Combine::Rescaled { .. }));
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
     let by_threads = 2048 / threads.max(1);
     let regs_per_thread = SPLIT_REGS_PER_THREAD;
@@ -1158,6 +1215,7 @@ fn plan_operand_loads(
     tiles: &[Option<TileGeometry>],
     ops: &mut [OpPlan],
     target: &Target,
+    k_splits: &BTreeMap<usize, usize>,
 ) {
     for (h, op) in tb.ops.iter() {
         let OpPlan::Matmul {
@@ -1183,7 +1241,10 @@ fn plan_operand_loads(
             if piped {
                 loads.0 = OperandLoad::Fragment;
             }
-            *load_instrs = super::ops::operand_load_count(mnk, *warps, *loads);
+            let k = mnk
+                .2
+                .div_ceil(k_splits.get(&h.index()).copied().unwrap_or(1));
+            *load_instrs = super::ops::operand_load_count((mnk.0, mnk.1, k), *warps, *loads);
         }
     }
 }
@@ -1256,6 +1317,7 @@ fn plan_pipeline(
     tma: &mut TmaPlan,
     resident: usize,
     target: &Target,
+    key_splits: &BTreeMap<usize, usize>,
 ) -> Result<SmemPlan, SmemPlan> {
     let pipelined = ring_inputs(tb, ops, target);
     let has_matmul = tb
@@ -1297,7 +1359,16 @@ fn plan_pipeline(
         set_stages(ops, stages);
         attempts.push((
             stages,
-            smem_plan(tb, fusion, sched, ops, tiles, base, target.smem_per_block),
+            smem_plan(
+                tb,
+                fusion,
+                sched,
+                ops,
+                tiles,
+                base,
+                target.smem_per_block,
+                key_splits,
+            ),
         ));
     }
     let occupancy_budget = (target.smem_per_sm / resident)

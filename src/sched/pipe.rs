@@ -87,8 +87,9 @@ pub fn plan_pipes(
         }
     };
     for p in decisions.iter().filter_map(PipeDecision::on) {
-        set_warps(tb, ops, fusion.chains[p.producer].leader(), p.warps, false);
-        set_warps(tb, ops, p.matmul, p.warps, true);
+        let lead = fusion.chains[p.producer].leader();
+        set_warps(tb, ops, lead, (p.warps, p.keys), 1, false);
+        set_warps(tb, ops, p.matmul, (p.warps, 1), p.keys, true);
         let (m2, n2, _) = mnk(tb, p.matmul);
         let acc = fusion.chain(p.matmul).tail();
         if let OpPlan::Accum {
@@ -114,6 +115,8 @@ pub fn plan_pipes(
                 };
                 *rows = None;
             }
+            // (Under a key split, l and m stay in registers per warp and reach their tiles
+            // once, after the loop.)
             for a in [o.sum_acc, o.max_acc] {
                 if let OpPlan::Accum { storage, rows, .. } = &mut ops[a.index()] {
                     *storage = AccumStorage::Shared;
@@ -249,6 +252,7 @@ fn candidates(
                 matmul: consumer,
                 row_sums,
                 warps,
+                keys: 1,
                 online: None,
             })
         })();
@@ -295,6 +299,33 @@ fn fragment_fit(
         return Err(PipeOff::Registers { regs });
     }
     Ok(warps)
+}
+
+/// The key split of an online pipe whose row tiles do not split evenly over the CTA's warps
+/// (`fragment_fit` has checked the shapes and the tile's type): one warp along M, the product's
+/// columns (the consumer's K) over all warps in pairs of 8-column tiles, and the producer's share of the scores and the consumer's whole fragment within
+/// [`PIPE_REGISTERS`]. Returns (1, warps).
+fn key_split_fit(
+    tb: &TbGraph,
+    lead: Handle<TbOp>,
+    consumer: Handle<TbOp>,
+    threads: usize,
+) -> Result<(usize, usize), PipeOff> {
+    let (m, n, _) = mnk(tb, lead);
+    let (m2, n2, _) = mnk(tb, consumer);
+    let warps = (threads / 32).max(1);
+    if warps < 2 || !n.is_multiple_of(16 * warps) {
+        return Err(PipeOff::UnevenKeys {
+            row_tiles: m / 16,
+            cols: n,
+            warps,
+        });
+    }
+    let regs = fragment_registers(m, n, (1, warps)) + fragment_registers(m2, n2, (1, 1));
+    if regs > PIPE_REGISTERS {
+        return Err(PipeOff::Registers { regs });
+    }
+    Ok((1, warps))
 }
 
 /// The online-softmax form of a pipe led by chain `c` (a lone matmul giving the scores S; see
@@ -399,7 +430,11 @@ fn online(
     if !is_mma(ops, mm1) || !is_mma(ops, mm2) {
         return Err(PipeOff::ConsumerNotMma { op: mm2.index() });
     }
-    let warps = fragment_fit(tb, mm1, mm2, e, stored, threads)?;
+    let (warps, keys) = match fragment_fit(tb, mm1, mm2, e, stored, threads) {
+        Ok(w) => (w, 1),
+        Err(PipeOff::UnevenRows { .. }) => key_split_fit(tb, mm1, mm2, threads)?,
+        Err(why) => return Err(why),
+    };
     let x = tb.ops[sub].outputs[0];
     Ok(RegisterPipe {
         producer: c,
@@ -407,6 +442,7 @@ fn online(
         matmul: mm2,
         row_sums: Vec::new(),
         warps,
+        keys,
         online: Some(OnlinePipe {
             max,
             sub,
@@ -426,12 +462,14 @@ fn online(
     })
 }
 
-/// Puts matmul `mm` on `warps` × 1 warps (A from registers when `a_from_registers`).
+/// Puts matmul `mm` on a grid of `warps` (along M, N), its K split over `keys` warps (A from
+/// registers when `a_from_registers`).
 fn set_warps(
     tb: &TbGraph,
     ops: &mut [OpPlan],
     mm: Handle<TbOp>,
-    warps: usize,
+    warps: (usize, usize),
+    keys: usize,
     a_from_registers: bool,
 ) {
     let (m, n, k) = mnk(tb, mm);
@@ -443,10 +481,11 @@ fn set_warps(
         ..
     } = &mut ops[mm.index()]
     {
-        *w = (warps, 1);
+        *w = warps;
         if a_from_registers {
             loads.0 = super::ops::OperandLoad::Fragment;
         }
+        let k = k.div_ceil(keys.max(1));
         *mma_per_warp = super::ops::mma_per_warp(m, n, k, *w);
         *load_instrs = operand_load_count((m, n, k), *w, *loads);
     }

@@ -547,13 +547,28 @@ pub enum SmemKind {
         /// The tile.
         tile: usize,
     },
+    /// The output accumulator of a key split ([`RegisterPipe::keys`]): one slice per warp,
+    /// each the tile followed by the warp's running max and row sum (fp32 per row), where the
+    /// warps' states meet after the loop; the first slice is the tile.
+    KeySplit {
+        /// The tile.
+        tile: usize,
+        /// Slices (the warps of the split).
+        warps: usize,
+        /// Bytes from one slice to the next.
+        slice_bytes: usize,
+        /// Bytes of the tile (where the maxima start in a slice; the sums follow, 4 bytes a row).
+        tile_bytes: usize,
+    },
 }
 
 impl SmemKind {
     /// The tile the buffer holds.
     pub fn tile(self) -> usize {
         match self {
-            SmemKind::Tile { tile, .. } | SmemKind::Writeback { tile } => tile,
+            SmemKind::Tile { tile, .. }
+            | SmemKind::Writeback { tile }
+            | SmemKind::KeySplit { tile, .. } => tile,
         }
     }
 }
@@ -655,6 +670,13 @@ pub enum Combine {
     Sum,
     /// The larger one.
     Max,
+    /// An online-softmax partial (a rescaled row sum or output): each CTA's rows rescaled by
+    /// exp(m − M), its running max m (in tile `max_tile`, per row) against the largest M of the
+    /// CTAs, then added. These partials are combined before the max tile itself is.
+    Rescaled {
+        /// The tile of the running max's accumulator.
+        max_tile: usize,
+    },
 }
 
 /// One accumulator tile that the CTAs of a cluster combine after the loop.
@@ -1105,8 +1127,14 @@ pub struct RegisterPipe {
     pub matmul: Handle<TbOp>,
     /// Row-summing accumulators of the tile, summed inside the producer's chain.
     pub row_sums: Vec<Handle<TbOp>>,
-    /// Warps along M of both matmuls (one along N).
+    /// Warps along M of both matmuls (one along N) when [`RegisterPipe::keys`] is 1.
     pub warps: usize,
+    /// Warps splitting the product's columns (the consumer's K, attention's keys): 1 (whole rows
+    /// per warp), or the CTA's warps when its row tiles do not split evenly over them (online
+    /// form only): the producer then runs on 1 × `keys` warps, each warp keeps its own running
+    /// max, row sum and output fragment over its columns, and the warps combine them after the
+    /// loop (`Mma::run_from_keys`, `Mma::combine_keys`).
+    pub keys: usize,
     /// The running-max form (the online-softmax rewrite's attention kernel), if it is one.
     pub online: Option<OnlinePipe>,
 }
@@ -1230,10 +1258,21 @@ pub enum PipeOff {
         /// Columns.
         n: usize,
     },
-    /// The row tiles of 16 do not split evenly over the CTA's warps.
+    /// The row tiles of 16 do not split evenly over the CTA's warps (and, for the online form,
+    /// the columns do not split into pairs of 8-column tiles per warp either).
     UnevenRows {
         /// Row tiles of 16.
         row_tiles: usize,
+        /// Warps of the CTA.
+        warps: usize,
+    },
+    /// The online form's row tiles do not split evenly over the CTA's warps, and its columns
+    /// (the consumer's K) do not split into pairs of 8-column tiles per warp.
+    UnevenKeys {
+        /// Row tiles of 16.
+        row_tiles: usize,
+        /// Columns of the product.
+        cols: usize,
         /// Warps of the CTA.
         warps: usize,
     },
@@ -1286,6 +1325,15 @@ impl fmt::Display for PipeOff {
             PipeOff::UnevenRows { row_tiles, warps } => write!(
                 f,
                 "the {row_tiles} row tiles of 16 do not split evenly over {warps} warps"
+            ),
+            PipeOff::UnevenKeys {
+                row_tiles,
+                cols,
+                warps,
+            } => write!(
+                f,
+                "the {row_tiles} row tiles of 16 do not split evenly over {warps} warps, nor the \
+                 {cols} columns into pairs of 8-column tiles per warp"
             ),
             PipeOff::Registers { regs } => write!(
                 f,

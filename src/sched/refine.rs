@@ -21,7 +21,12 @@
 //!   last-dim sum, mean and RMS accumulators (the mean divides by the last dim's extent times
 //!   the iteration count, a product the rewrite keeps), and the strided to-dimx sums where the
 //!   thinner tile still holds whole groups;
-//! - no accumulator rescales (online softmax) and no running max is kept.
+//! - a running max and rescaling accumulators appear only in the online-softmax form: the
+//!   running max of a carried tile's rows over the loop's dim, S − m and exp(S − m) carried,
+//!   exp(m_old − m_new) the factor of the accumulators that rescale (a row sum of exp(S − m),
+//!   the product of exp(S − m) with a carried tile), each with the factor of the max its
+//!   summands subtract. The final max is the same over thinner iterations, and so are the
+//!   rescaled sums (up to rounding).
 //!
 //! Only the summation order changes. Where a kernel's body breaks a rule, the plan says which
 //! ([`NotRefined`]); where the refined graph does not plan, the caller's is planned.
@@ -29,7 +34,7 @@
 use std::fmt;
 
 use crate::graph::kernel::{KernelGraph, KnOpKind};
-use crate::graph::ops::{AccumKind, TbReduction};
+use crate::graph::ops::{AccumKind, BinaryOp, TbReduction, UnaryOp};
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 
 /// The largest refinement factor (`--refine-loops`).
@@ -178,6 +183,106 @@ enum Role {
     Partial,
 }
 
+/// What a tile of the online-softmax form holds (module documentation), beside its [`Role`];
+/// each names the running-max reduction (its op index) it derives from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Online {
+    /// The running max m of a carried tile's rows (the reduction's first output).
+    Max(usize),
+    /// m_old − m_new (its second output).
+    Change(usize),
+    /// exp(m_old − m_new), the factor of the rescaling accumulators.
+    Factor(usize),
+    /// S − m, carried in tile dim `.0`.
+    Shifted(usize, usize),
+    /// exp(S − m), carried in tile dim `.0`.
+    Weights(usize, usize),
+    /// A per-iteration product of exp(S − m) with a carried tile (a sum over the slice).
+    Product(usize),
+}
+
+/// A tile's role and, in the online-softmax form, what it holds there.
+type Roles = (Role, Option<Online>);
+
+/// The roles of `op`'s outputs where it takes part in the online-softmax form (reads such a
+/// tile, is a running max of a carried tile, or rescales), `Ok(None)` where it does not. The
+/// form refines because its final m is the max over all iterations however thin, and the
+/// rescaled sums of exp(S − m) equal the sums of exp(S − m_final) whatever the iterations' maxima
+/// (only rounding differs) — as long as every rescaling uses the factor of the max subtracted
+/// from its summands, which these rules check.
+fn online_roles(
+    tb: &TbGraph,
+    i: usize,
+    roles: &[Role],
+    online: &[Option<Online>],
+) -> Result<Option<Vec<Roles>>, &'static str> {
+    let op = &tb.ops[crate::graph::arena::Handle::from_index(i)];
+    let ins: Vec<Roles> = op
+        .inputs
+        .iter()
+        .map(|t| (roles[t.index()], online[t.index()]))
+        .collect();
+    let shape = |k: usize| tb.tensors[op.inputs[k]].shape;
+    let any_online = ins.iter().any(|(_, o)| o.is_some());
+    let rescales = matches!(
+        op.kind,
+        TbOpKind::Accum(AccumKind::NoredRescale | AccumKind::RedLdSumRescale)
+    );
+    let running = matches!(
+        (&op.kind, ins.first()),
+        (TbOpKind::Reduction { kind: TbReduction::Max, dim }, Some((Role::Carries(d), None)))
+            if d == dim && op.outputs.len() == 2
+    );
+    if !any_online && !rescales && !running {
+        return Ok(None);
+    }
+    let reads = "it reads the online softmax's state other than as the online softmax does";
+    let out = match (&op.kind, &ins[..]) {
+        (TbOpKind::Reduction { .. }, _) if running => {
+            vec![
+                (Role::Invariant, Some(Online::Max(i))),
+                (Role::Invariant, Some(Online::Change(i))),
+            ]
+        }
+        (TbOpKind::Unary(UnaryOp::Exp), [(_, Some(Online::Change(x)))]) => {
+            vec![(Role::Invariant, Some(Online::Factor(*x)))]
+        }
+        (TbOpKind::Unary(UnaryOp::Exp), [(r, Some(Online::Shifted(d, x)))]) => {
+            vec![(*r, Some(Online::Weights(*d, *x)))]
+        }
+        (
+            TbOpKind::Binary(BinaryOp::Sub),
+            [(Role::Carries(d), None), (_, Some(Online::Max(x)))],
+        ) if shape(1).dim(*d) == 1 => {
+            vec![(Role::Carries(*d), Some(Online::Shifted(*d, *x)))]
+        }
+        (TbOpKind::Matmul, [(_, Some(Online::Weights(a, x))), (Role::Carries(b), None)])
+            if *a == shape(0).rank() - 1 && *b == shape(0).rank() - 2 =>
+        {
+            vec![(Role::Partial, Some(Online::Product(*x)))]
+        }
+        (TbOpKind::Accum(AccumKind::Max), [(_, Some(Online::Max(_)))]) => {
+            vec![(Role::Invariant, None)]
+        }
+        (
+            TbOpKind::Accum(AccumKind::NoredRescale),
+            [(_, Some(Online::Product(x))), (_, Some(Online::Factor(y)))],
+        ) if x == y => vec![(Role::Invariant, None)],
+        (
+            TbOpKind::Accum(AccumKind::RedLdSumRescale),
+            [
+                (_, Some(Online::Weights(d, x))),
+                (_, Some(Online::Factor(y))),
+            ],
+        ) if x == y && *d == shape(0).rank() - 1 => vec![(Role::Invariant, None)],
+        _ if rescales => {
+            return Err("it rescales by other than the factor of the max its summands subtract");
+        }
+        _ => return Err(reads),
+    };
+    Ok(Some(out))
+}
+
 /// Why a customized operator's loop is not refined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NotRefined {
@@ -311,6 +416,7 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
         return Err(NotRefined::Once);
     }
     let mut roles = vec![Role::Invariant; tb.tensors.len()];
+    let mut online: Vec<Option<Online>> = vec![None; tb.tensors.len()];
     let mut out = tb.clone();
     out.forloop_range = tb.forloop_range * r;
     let mut tile = None;
@@ -325,6 +431,23 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
         let shape = |k: usize| tb.tensors[op.inputs[k]].shape;
         // Operators after the loop read accumulated tiles only.
         let after = !op.inputs.is_empty() && op.inputs.iter().all(|t| tb.tensors[*t].after_accum);
+        let in_loop =
+            !after && !matches!(op.kind, TbOpKind::Input { .. } | TbOpKind::Output { .. });
+        if in_loop && let Some(outs) = online_roles(tb, i, &roles, &online).map_err(bad)? {
+            for (&t, (role, o)) in op.outputs.iter().zip(outs) {
+                roles[t.index()] = role;
+                online[t.index()] = o;
+                if let Role::Carries(d) = role {
+                    let extent = tb.tensors[t].shape.dim(d);
+                    if !extent.is_multiple_of(r) || extent < r {
+                        return Err(NotRefined::Indivisible { op: i, extent });
+                    }
+                    let s = &mut out.tensors[t].shape;
+                    *s = s.with_dim(d, extent / r);
+                }
+            }
+            continue;
+        }
         let produced = match &op.kind {
             TbOpKind::Input { forloop_dim, .. } => match forloop_dim {
                 Some(d) => Role::Carries(*d),
@@ -588,6 +711,56 @@ mod tests {
         // A one-iteration loop stays.
         let lr = refine_loops(&attention(1), 2);
         assert_eq!(lr.kept, vec![(3, NotRefined::Once)]);
+    }
+
+    /// The online-softmax form (the rewrite of `sched::softmax`) refines: its final max is the
+    /// same over thinner iterations and the rescaled sums agree. A rescaling by the factor of
+    /// another max than its summands subtract does not.
+    #[test]
+    fn the_online_form_refines_and_a_mismatched_rescale_does_not() {
+        let g = crate::sched::softmax::tests::attention(AccumKind::RedLdSum, true);
+        let g2 = crate::sched::softmax::online_softmax(&g, true)
+            .graph
+            .expect("rewritten");
+        for r in [2, 4] {
+            let lr = refine_loops(&g2, r);
+            assert_eq!(lr.kept, vec![], "{r}");
+            assert_eq!(lr.refined.len(), 1);
+            assert_same_function(&g2, &lr.graph.expect("refined"));
+        }
+        // S − m with one running max, the sums rescaled by the factor of another.
+        let mut g = GraphBuilder::new();
+        let q = g.new_input(&[2, 16, 64], DType::F16).unwrap();
+        let k = g.new_input(&[2, 64, 128], DType::F16).unwrap();
+        let v = g.new_input(&[2, 128, 64], DType::F16).unwrap();
+        let mut tb = TbGraphBuilder::new([2, 1, 1], [128, 1, 1], 4);
+        let tq = tb.new_input(&g, q, [0, -1, -1], -1).unwrap();
+        let tk = tb.new_input(&g, k, [0, -1, -1], 2).unwrap();
+        let tv = tb.new_input(&g, v, [0, -1, -1], 1).unwrap();
+        let s = tb.matmul(tq, tk).unwrap();
+        let (m, _) = tb.reduction_max(s, 2).unwrap();
+        let s2 = tb.exp(s).unwrap();
+        let (_, d2) = tb.reduction_max(s2, 2).unwrap();
+        let x = tb.sub(s, m).unwrap();
+        let e = tb.exp(x).unwrap();
+        let f = tb.exp(d2).unwrap();
+        let p = tb.matmul(e, tv).unwrap();
+        let o = tb
+            .forloop_accum_rescale(p, f, AccumKind::NoredRescale)
+            .unwrap();
+        tb.new_output(o, [0, -1, -1]).unwrap();
+        let o = g.customized(tb).unwrap()[0];
+        g.mark_output(o).unwrap();
+        let lr = refine_loops(&g.build().unwrap(), 2);
+        assert!(lr.graph.is_none());
+        let [(3, why)] = &lr.kept[..] else {
+            panic!("{lr:?}")
+        };
+        assert!(
+            why.to_string()
+                .contains("rescales by other than the factor"),
+            "{why}"
+        );
     }
 
     /// The planner's rule (`RefineChoice::Auto`): mha_bs8's attention (1024 blocks of 4 warps,

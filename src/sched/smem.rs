@@ -24,10 +24,21 @@ use crate::layout::swizzle::TileGeometry;
 /// size or more.
 pub const SMEM_LINE: usize = 128;
 
+/// Bytes of one warp's slice of a key split's output buffer ([`SmemKind::KeySplit`]): the tile
+/// (`tile_bytes`), then a running max and a row sum per row (fp32), rounded up to a line.
+pub fn key_split_slice_bytes(tile_bytes: usize, rows: usize) -> usize {
+    (tile_bytes + 2 * 4 * rows).next_multiple_of(SMEM_LINE)
+}
+
 /// Shared-memory buffers and their lifetimes in schedule steps (barriers included), packed
 /// from `base`. When `base` plus the lower bound of any packing exceeds `limit` (bytes per
 /// block), the buffers are not packed: the plan's peak is that lower bound and every offset 0,
 /// a plan only fit to be refused.
+///
+/// `key_splits` maps the output accumulator of each key split ([`super::plan::RegisterPipe`]
+/// with `keys` > 1) to its warps: its write-back buffer holds a slice per warp
+/// ([`SmemKind::KeySplit`], [`key_split_slice_bytes`]).
+#[allow(clippy::too_many_arguments)]
 pub fn smem_plan(
     tb: &TbGraph,
     fusion: &FusionPlan,
@@ -36,6 +47,7 @@ pub fn smem_plan(
     tiles: &[Option<TileGeometry>],
     base: usize,
     limit: usize,
+    key_splits: &std::collections::BTreeMap<usize, usize>,
 ) -> SmemPlan {
     let steps: Vec<(Phase, &Step)> = sched.steps().collect();
     let total_steps = steps.len();
@@ -148,6 +160,32 @@ pub fn smem_plan(
                         storage: AccumStorage::Registers { .. },
                         ..
                     },
+                ) if key_splits.contains_key(&h.index()) => {
+                    // The warps' states meet here even if nothing reads the tile (the sum and
+                    // max accumulators are written from it).
+                    let warps = key_splits[&h.index()];
+                    let shape = tb.tensors[t].shape;
+                    let rows = shape.numel() / shape.dim(shape.rank() - 1).max(1);
+                    let slice_bytes = key_split_slice_bytes(geo.bytes, rows);
+                    stages = warps;
+                    align = SMEM_LINE;
+                    (
+                        post_start,
+                        end_of(post_start),
+                        SmemKind::KeySplit {
+                            tile: t.index(),
+                            warps,
+                            slice_bytes,
+                            tile_bytes: geo.bytes,
+                        },
+                    )
+                }
+                (
+                    TbOpKind::Accum(_),
+                    OpPlan::Accum {
+                        storage: AccumStorage::Registers { .. },
+                        ..
+                    },
                 ) => {
                     if readers[t.index()].is_empty() {
                         continue;
@@ -210,14 +248,19 @@ pub fn smem_plan(
                     )
                 }
             };
-            let label = if stages > 1 {
-                format!("{name} x{stages} stages")
-            } else {
-                name
+            let (label, bytes) = match kind {
+                SmemKind::KeySplit {
+                    warps, slice_bytes, ..
+                } => (
+                    format!("{name} x{warps} warps' slices"),
+                    warps * slice_bytes,
+                ),
+                _ if stages > 1 => (format!("{name} x{stages} stages"), geo.bytes * stages),
+                _ => (name, geo.bytes),
             };
             buffers.push(Buffer {
                 name: label,
-                bytes: geo.bytes * stages,
+                bytes,
                 start,
                 end: end.max(start + 1),
                 align,

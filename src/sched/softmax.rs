@@ -905,7 +905,7 @@ fn attention_body(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::graph::builder::GraphBuilder;
     use crate::graph::dtype::DType;
@@ -1068,6 +1068,58 @@ mod tests {
         };
         let p = crate::sched::plan(&g, &always).unwrap();
         assert_eq!(p.rewrite.softmax.applied.len(), 1);
+    }
+
+    /// 16 query rows per block on 4 warps, 64 keys per iteration: the rows do not split over
+    /// the warps, so the keys do (mha's shape): the producer runs on 1 × 4 warps, each warp
+    /// keeps its own running max, sum and output fragment, and the warps combine them after the
+    /// loop through a buffer of one slice per warp; the generated code says so.
+    #[test]
+    fn sixteen_rows_pipe_with_the_keys_split_over_the_warps() {
+        use crate::sched::plan::{CtaChoice, Options, SmemKind};
+        use crate::target::{Arch, Target};
+        let g = attention_sized(AccumKind::RedLdSum, true, (2, 16, 16, 256, 2), 1);
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let opts = Options {
+                cta: CtaChoice::Graph,
+                ..Options::for_target(Target::new(arch))
+            };
+            let p = crate::sched::plan(&g, &opts).unwrap();
+            let sm = &p.rewrite.softmax;
+            assert_eq!(sm.applied.len(), 1, "{arch:?}: {:?}", sm.declined);
+            let kp = &p.kernels[&sm.applied[0].rewritten];
+            let pipe = kp.register_pipes().next().expect("a register pipe");
+            assert_eq!((pipe.warps, pipe.keys), (1, 4), "{arch:?}");
+            let online = pipe.online.as_ref().expect("the online form");
+            let KnOpKind::Customized(tb) = &p.graph(&g).ops
+                [crate::graph::arena::Handle::from_index(sm.applied[0].rewritten)]
+            .kind
+            else {
+                panic!("the attention kernel is customized")
+            };
+            let out = tb.ops[online.out_acc].outputs[0].index();
+            let slices = kp.smem.kinds.iter().find_map(|k| match *k {
+                SmemKind::KeySplit {
+                    tile,
+                    warps,
+                    slice_bytes,
+                    tile_bytes,
+                } if tile == out => Some((warps, slice_bytes, tile_bytes)),
+                _ => None,
+            });
+            // O is 16 × 16 fp32 (1024 bytes), then 16 maxima and 16 sums: 1152 bytes a slice.
+            assert_eq!(slices, Some((4, 1152, 1024)), "{arch:?}");
+            let code = crate::transpile::transpile(&g, &opts, "test")
+                .unwrap()
+                .1
+                .source;
+            assert!(code.contains("::run_from_keys<"), "{arch:?}");
+            assert!(code.contains("::combine_keys<"), "{arch:?}");
+            assert!(
+                code.contains("mucc::tb::Load::LdmatrixTrans, 4>"),
+                "{arch:?}"
+            );
+        }
     }
 
     /// One key split (the for-loop alone walks the keys), four and sixteen: the same function,

@@ -271,7 +271,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             }
             F::Wgmma => text.contains("mucc::tb::Load::Wgmma>"),
             F::FmaMatmul => text.contains("mucc::tb::FmaMatmul<"),
-            F::RegisterPipe => text.contains("::run_from<"),
+            F::RegisterPipe => text.contains("::run_from<") || text.contains("::run_from_keys<"),
             F::Cluster => text.contains("mucc::sm90::cluster_sync()"),
             F::ProgrammaticLaunch => {
                 text.contains("mucc::sm90::grid_dependency_wait()")
@@ -354,14 +354,21 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         use mucc::sched::plan::PipeDecision;
         let on: Vec<_> = kp.register_pipes().collect();
         let online = on.iter().filter(|p| p.online.is_some()).count();
+        // A key split's consumer runs on its warps' keys and combines them after the loop.
+        let keys = on.iter().filter(|p| p.keys > 1).count();
         want(
-            text.matches("::run_from<").count() == on.len()
+            text.matches("::run_from<").count() == on.len() - keys
+                && text.matches("::run_from_keys<").count() == keys
+                && text.matches("::combine_keys<").count() == keys
                 && text.matches("::row_sums(pk_, ").count()
                     == on.iter().map(|p| p.row_sums.len()).sum::<usize>()
                 && text.matches("::pack(pk_, p_, ").count() == on.len() - online
                 && text.matches("::online_pack(pk_, p_, ").count() == online
                 && text.matches("::scale_rows(acc").count() == online,
-            format!("{} register pipes ({online} online)", on.len()),
+            format!(
+                "{} register pipes ({online} online, {keys} splitting the keys)",
+                on.len()
+            ),
         );
         for p in &on {
             for t in p.tiles() {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "../arch/sm90.h"
+#include "../ops.h"
 #include "accum.h"
 #include "loops.h"
 
@@ -46,6 +47,34 @@ template <int NT, i64 N, int CTAS, class F, class L, class T> __device__ __force
     T v = t[o];
 #pragma unroll
     for (int r = 1; r < CTAS; ++r) v = F::apply(v, sm90::ld_peer(t + o, r));
+    t[o] = v;
+  });
+}
+
+// An online-softmax partial (rows of N elements, a rescaled row sum or output): every CTA's
+// rows times exp(m_r − M), m_r that CTA's running max of the row (tile `m`, layout LM, one
+// element per row) and M the largest of them, summed into CTA 0's tile. It reads CTA 0's `m`:
+// the max tile itself is folded after every such partial (and a barrier).
+template <int NT, i64 E, i64 N, int CTAS, class L, class LM, class T>
+__device__ __forceinline__ void cluster_fold_rescaled(int tid, T* t, const T* m) {
+  const T ninf = -T(__int_as_float(0x7f800000));
+  for_each<NT, E>(tid, [&](int e, int) {
+    const auto om = LM::offset(e / static_cast<int>(N));
+    T mr[CTAS];
+    mr[0] = m[om];
+    T mx = mr[0];
+#pragma unroll
+    for (int r = 1; r < CTAS; ++r) {
+      mr[r] = sm90::ld_peer(m + om, r);
+      mx = max_of(mx, mr[r]);
+    }
+    const auto o = L::offset(e);
+    T v = 0;
+#pragma unroll
+    for (int r = 0; r < CTAS; ++r) {
+      const T x = r == 0 ? t[o] : sm90::ld_peer(t + o, r);
+      v += mr[r] == ninf ? T(0) : x * T(op::exp_approx_ftz(mr[r] - mx));
+    }
     t[o] = v;
   });
 }

@@ -46,7 +46,9 @@ struct Load {
   static constexpr int Wgmma = 5;
 };
 
-template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B>
+// WK > 1 (only with A in registers, `run_from_keys`): WK warps split K, each computing the whole
+// M × N product of its share of K into its own `Frag`; `combine_keys` sums them after the loop.
+template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B, int WK = 1>
 struct Mma {
   static constexpr int MT = static_cast<int>((M + 15) / 16);
   static constexpr int NT8 = static_cast<int>((N + 7) / 8);
@@ -55,7 +57,9 @@ struct Mma {
   struct Frag {
     float v[PM][PN][4];
   };
-  static constexpr int kWM = WM, kWN = WN;
+  static constexpr int kWM = WM, kWN = WN, kWK = WK;
+  static_assert(WK == 1 || (WM == 1 && WN == 1 && LOAD_A == Load::Fragment),
+                "a split of K over warps takes A from registers on one warp along M and N");
   static constexpr i64 kM = M, kN = N;
 
   using TA = LayoutTraits<LA>;
@@ -545,15 +549,16 @@ struct Mma {
     }
   }
 
-  // Online softmax over this warp's whole rows (the plan's OnlinePipe; WN == 1). Per fragment
-  // row (i, h: row (warp + i·WM)·16 + gid + 8h), the row's four lanes meet by shuffles for the
-  // max of f; the running max m moves to max(m, T(rowmax)) (rounded to T as the graph stores
-  // m), r = exp(m_old − m_new) (0 while m_old is −∞), p = T(exp(f − m_new)) packed as `pack`
-  // does, and s = the row sum of the packed values. Every lane of a row holds m, r and s.
+  // Online softmax over this warp's columns of its rows (the plan's OnlinePipe: whole rows with
+  // WN == 1; with WN > 1, a key split, each warp's running state covers its own columns). Per
+  // fragment row (i, h: row (wm + i·WM)·16 + gid + 8h), the row's four lanes meet by shuffles
+  // for the max of f; the running max m moves to max(m, T(rowmax)) (rounded to T as the graph
+  // stores m), r = exp(m_old − m_new) (0 while m_old is −∞), p = T(exp(f − m_new)) packed as
+  // `pack` does, and s = the row sum of the packed values. Every lane of a row holds m, r, s.
   __device__ __forceinline__ static void online_pack(Packed& p, const Frag& f, float (&m)[PM][2], float (&r)[PM][2],
                                                      float (&s)[PM][2], int warp, int lane) {
-    static_assert(WN == 1, "online softmax needs whole rows per warp");
-    if (warp >= WM) return;
+    if (warp >= WM * WN) return;
+    const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
     const float ninf = -__int_as_float(0x7f800000);
 #pragma unroll
@@ -561,7 +566,7 @@ struct Mma {
       float mx[2] = {ninf, ninf};
 #pragma unroll
       for (int j = 0; j < PN; ++j) {
-        const int col = j * 8 + tig * 2;
+        const int col = (wn + j * WN) * 8 + tig * 2;
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           if (col + (q & 1) < N) mx[q >> 1] = fmaxf(mx[q >> 1], f.v[i][j][q]);
@@ -587,8 +592,8 @@ struct Mma {
       for (int j = 0; j < PN; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = (warp + i * WM) * 16 + gid + h * 8;
-          const int col = j * 8 + tig * 2;
+          const int row = (wm + i * WM) * 16 + gid + h * 8;
+          const int col = (wn + j * WN) * 8 + tig * 2;
           const float a = row < M && col < N ? ex(f.v[i][j][2 * h], ml[h]) : 0.0f;
           const float b = row < M && col + 1 < N ? ex(f.v[i][j][2 * h + 1], ml[h]) : 0.0f;
           p.v[i][j][h] = sm80::pack2<T>(a, b);
@@ -607,7 +612,7 @@ struct Mma {
   // f's rows times r (the fragment rows of `online_pack` on the same warps along M).
   __device__ __forceinline__ static void scale_rows(Frag& f, const float (&r)[PM][2], int warp) {
     static_assert(WN == 1, "row scaling needs whole rows per warp");
-    if (warp >= WM) return;
+    if (warp >= WM * WK) return;
 #pragma unroll
     for (int i = 0; i < PM; ++i)
 #pragma unroll
@@ -637,6 +642,7 @@ struct Mma {
   __device__ __forceinline__ static void run_from(Frag& f, const typename P::Packed& p, const T* b, const void* zero,
                                                   int warp, int lane) {
     static_assert(LOAD_A == Load::Fragment, "A is not planned from registers");
+    static_assert(WK == 1, "a split of K over warps runs run_from_keys");
     static_assert(WN == 1 && P::kWN == 1 && P::kWM == WM && P::kM == M && P::kN == K && K % 16 == 0 && M % 16 == 0,
                   "the producer's fragment is not this matmul's A operand");
     if (warp >= WM) return;
@@ -683,6 +689,152 @@ struct Mma {
         for (int j = 0; j < PN; ++j)
           if (j < NT8) sm80::mma(f.v[i][j], af, bf[j], T());
       }
+    }
+  }
+
+  // The key split (WK warps along K): f += P·B over this warp's share of K, where P is the packed
+  // product of matmul type `P` on one warp along M and WK along N (this K): warp w holds P's
+  // n-tiles w, w + WK, w + 2·WK, …, so its k-step s pairs n-tiles 2s and 2s + 1, i.e. the keys
+  // (w + 2s·WK)·8 + [0, 8) and (w + (2s + 1)·WK)·8 + [0, 8). The words of the pair are the
+  // m16n8k16 A fragment as in `run_from`; B's lanes address those rows (ldmatrix, one per pair
+  // of n-tiles, or pairs and elements), so the product is the same sum over K in another order.
+  template <class P>
+  __device__ __forceinline__ static void run_from_keys(Frag& f, const typename P::Packed& p, const T* b,
+                                                       const void* zero, int warp, int lane) {
+    static_assert(LOAD_A == Load::Fragment && WK > 1 && P::kWM == 1 && P::kWN == WK && P::kM == M && P::kN == K &&
+                      K % (16 * WK) == 0 && M % 16 == 0 && P::PN == static_cast<int>(K / (8 * WK)),
+                  "the producer's fragment is not this key split's A operand");
+    if (warp >= WK) return;
+    const T* z = static_cast<const T*>(zero);
+#pragma unroll
+    for (int s = 0; s < static_cast<int>(K / (16 * WK)); ++s) {
+      const int klo = (warp + 2 * s * WK) * 8, khi = (warp + (2 * s + 1) * WK) * 8;
+      unsigned bf[PN][2];
+      __syncwarp();
+      if constexpr (!b_n && !b_k) {
+        // B by pairs or elements: this lane's k rows 2·tig, 2·tig + 1 of each half.
+        const int k = (lane & 3) * 2;
+#pragma unroll
+        for (int j = 0; j < PN; ++j) {
+          const int n = j * 8 + (lane >> 2);
+          if constexpr (b_pairs) {
+            bf[j][0] = b_pair(b, klo + k, n);
+            bf[j][1] = b_pair(b, khi + k, n);
+          } else {
+            bf[j][0] = sm80::pack(b_at(b, klo + k, n), b_at(b, klo + k + 1, n));
+            bf[j][1] = sm80::pack(b_at(b, khi + k, n), b_at(b, khi + k + 1, n));
+          }
+        }
+      }
+#pragma unroll
+      for (int jp = 0; jp < (b_n || b_k ? PN / 2 : 0); ++jp) {
+        const int nb = (2 * jp + (lane >> 4)) * 8;
+        int k, n;
+        if constexpr (b_n) {
+          k = ((lane & 8) ? khi : klo) + (lane & 7);
+          n = nb;
+        } else {
+          k = ((lane >> 3) & 1) ? khi : klo;
+          n = nb + (lane & 7);
+        }
+        unsigned r[4];
+        sm80::ldmatrix_x4<b_n>(r, chunk_addr<LB, K, N>(b, z, k, n));
+        bf[2 * jp][0] = r[0];
+        bf[2 * jp][1] = r[1];
+        bf[2 * jp + 1][0] = r[2];
+        bf[2 * jp + 1][1] = r[3];
+      }
+      if constexpr ((b_n || b_k) && PN % 2 == 1) {
+        int k, n;
+        if constexpr (b_n) {
+          k = ((lane & 8) ? khi : klo) + (lane & 7);
+          n = (PN - 1) * 8;
+        } else {
+          k = ((lane >> 3) & 1) ? khi : klo;
+          n = (PN - 1) * 8 + (lane & 7);
+        }
+        sm80::ldmatrix_x2<b_n>(bf[PN - 1], chunk_addr<LB, K, N>(b, z, k, n));
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < PM; ++i) {
+        const unsigned af[4] = {p.v[i][2 * s][0], p.v[i][2 * s][1], p.v[i][2 * s + 1][0], p.v[i][2 * s + 1][1]};
+#pragma unroll
+        for (int j = 0; j < PN; ++j)
+          if (j < NT8) sm80::mma(f.v[i][j], af, bf[j], T());
+      }
+    }
+  }
+
+  // After the loop of a key split: the WK warps' online-softmax states (per fragment row the
+  // running max m and sum l every lane of the row holds, the output partial in f) combine into
+  // the tiles: mt[row] = M = max over the warps of m, lt[row] = Σ l·exp(m − M) and
+  // ot[row, col] = Σ f·exp(m − M). `ot` is the first of WK slices of SLICE bytes, each the tile
+  // (layout LO, TILE bytes) followed by a warp's m and l (fp32 per row): every warp stores its
+  // m and l, then (a barrier) its rescaled fragment into its slice, the first warp l and M, then
+  // (a barrier) the NT threads sum the slices into the first. Every thread of the block calls it.
+  template <class LM, class LL, class LO, int SLICE, int TILE, int NT, class TM, class TL, class TO>
+  __device__ __forceinline__ static void combine_keys(const Frag& f, const float (&m)[PM][2], const float (&l)[PM][2],
+                                                      TM* mt, TL* lt, TO* ot, int tid, int warp, int lane) {
+    static_assert(WK > 1 && SLICE % 16 == 0 && TILE + 8 * M <= SLICE, "combine_keys follows run_from_keys");
+    const int gid = lane >> 2, tig = lane & 3;
+    const float ninf = -__int_as_float(0x7f800000);
+    unsigned char* base = reinterpret_cast<unsigned char*>(ot);
+    const auto slice_m = [&](int w) { return reinterpret_cast<float*>(base + w * SLICE + TILE); };
+    const auto slice_l = [&](int w) { return reinterpret_cast<float*>(base + w * SLICE + TILE) + M; };
+    if (warp < WK && tig == 0) {
+#pragma unroll
+      for (int i = 0; i < PM; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i * 16 + gid + h * 8;
+          if (row < M) {
+            slice_m(warp)[row] = m[i][h];
+            slice_l(warp)[row] = l[i][h];
+          }
+        }
+    }
+    __syncthreads();
+    if (warp < WK) {
+      float sc[PM][2];
+#pragma unroll
+      for (int i = 0; i < PM; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i * 16 + gid + h * 8;
+          float mx = ninf;
+          if (row < M)
+            for (int w = 0; w < WK; ++w) mx = fmaxf(mx, slice_m(w)[row]);
+          sc[i][h] = m[i][h] == ninf ? 0.0f : op::exp_approx_ftz(m[i][h] - mx);
+          if (warp == 0 && tig == 0 && row < M) {
+            float s = 0.0f;
+            for (int w = 0; w < WK; ++w) {
+              const float mw = slice_m(w)[row];
+              s += mw == ninf ? 0.0f : slice_l(w)[row] * op::exp_approx_ftz(mw - mx);
+            }
+            lt[LL::offset(row)] = from_compute<TL>(s);
+            mt[LM::offset(row)] = from_compute<TM>(mx);
+          }
+        }
+      TO* o = reinterpret_cast<TO*>(base + warp * SLICE);
+#pragma unroll
+      for (int i = 0; i < PM; ++i)
+#pragma unroll
+        for (int j = 0; j < PN; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int row = i * 16 + gid + (q >= 2 ? 8 : 0);
+            const int col = j * 8 + tig * 2 + (q & 1);
+            if (row < M && col < N) o[LO::offset(row * static_cast<int>(N) + col)] = f.v[i][j][q] * sc[i][q >> 1];
+          }
+    }
+    __syncthreads();
+    for (int e = tid; e < static_cast<int>(M * N); e += NT) {
+      const int at = LO::offset(e);
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WK; ++w) s += to_compute(reinterpret_cast<const TO*>(base + w * SLICE)[at]);
+      ot[at] = from_compute<TO>(s);
     }
   }
 };

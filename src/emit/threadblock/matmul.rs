@@ -39,8 +39,14 @@ impl Ctx<'_> {
             self.tile_layout(a, &nat)?
         };
         let lb = self.tile_layout(b, &nat)?;
+        // The consumer of a key split ([`RegisterPipe::keys`]) runs its K over that many warps.
+        let keys = self
+            .kp
+            .register_pipes()
+            .find(|p| p.matmul == mm && p.keys > 1)
+            .map_or(String::new(), |p| format!(", {}", p.keys));
         Ok(self.alias(format!(
-            "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}>",
+            "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}{keys}>",
             ctype(dtype),
             crate::emit::cxx::operand_load(load_a),
             crate::emit::cxx::operand_load(load_b)
@@ -262,6 +268,43 @@ impl Ctx<'_> {
         let (ms, ml, mty) = row_store(self, o.max_acc)?;
         let (t, m2, mx) = (pipe.tile, pipe.matmul.index(), o.max.index());
         let (sa, xa) = (o.sum_acc.index(), o.max_acc.index());
+        if pipe.keys > 1 {
+            let keys = pipe.keys;
+            self.w.block("", "", |w| {
+                w.line(format!(
+                    "// s{t} in registers: exp(S - m), m op{mx}'s running max of this warp's keys"
+                ));
+                w.line(format!("// (the keys split over {keys} warps), packed in {ty}"));
+                w.line(format!("{mt}::Packed pk_;"));
+                w.line(format!("float r_[{mt}::PM][2], l_[{mt}::PM][2];"));
+                w.block("", "", |w| {
+                    w.line(format!("{mt}::Frag p_;"));
+                    w.line(format!("{mt}::zero(p_);"));
+                    w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
+                    w.line(format!(
+                        "{mt}::online_pack(pk_, p_, rm{mx}_, r_, l_, warp, lane);"
+                    ));
+                });
+                w.line(format!(
+                    "// op{acc} accum_nored_rescale: O <- O * r, rows of this warp's fragment"
+                ));
+                w.line(format!("{mt2}::scale_rows(acc{acc}, r_, warp);"));
+                w.line(format!(
+                    "// op{sa} accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers"
+                ));
+                w.line("#pragma unroll");
+                w.line(format!(
+                    "for (int i = 0; i < {mt}::PM; ++i) for (int h = 0; h < 2; ++h) lw{sa}_[i][h] = lw{sa}_[i][h] * r_[i][h] + l_[i][h];"
+                ));
+                w.line(format!(
+                    "// op{m2} matmul: A from the packed product, this warp's keys"
+                ));
+                w.line(format!(
+                    "{mt2}::run_from_keys<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
+                ));
+            });
+            return Ok(());
+        }
         self.w.block("", "", |w| {
             w.line(format!(
                 "// s{t} stays in registers: exp(S - m) with op{mx}'s running max m, packed in {ty}"
@@ -298,6 +341,48 @@ impl Ctx<'_> {
                 "{mt2}::run_from<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
             ));
         });
+        Ok(())
+    }
+
+    /// After the loop of a key split ([`RegisterPipe::keys`] > 1): the warps' running maxima,
+    /// row sums and output fragments combine into the tiles of `o`'s max, sum and output
+    /// accumulators (`Mma::combine_keys`, every thread of the block).
+    pub(super) fn combine_keys(
+        &mut self,
+        pipe: &RegisterPipe,
+        o: &OnlinePipe,
+    ) -> Result<(), EmitError> {
+        let mt2 = self.matmul_type(pipe.matmul)?;
+        let mut tile = |a: Handle<TbOp>| -> Result<(usize, String, &'static str), EmitError> {
+            let out = self.tb.ops[a].outputs[0];
+            let s = self.tb.tensors[out].shape;
+            let l = self.tile_layout(out, &natural(&s))?;
+            Ok((out.index(), l, self.tile_ctype(out)))
+        };
+        let (ms, ml, _) = tile(o.max_acc)?;
+        let (ls, ll, _) = tile(o.sum_acc)?;
+        let (os, ol, _) = tile(o.out_acc)?;
+        let (mx, sa, acc) = (o.max.index(), o.sum_acc.index(), o.out_acc.index());
+        let Some((slice, tile_bytes)) = self.kp.smem.kinds.iter().find_map(|k| match *k {
+            crate::sched::plan::SmemKind::KeySplit {
+                tile,
+                slice_bytes,
+                tile_bytes,
+                ..
+            } if tile == os => Some((slice_bytes, tile_bytes)),
+            _ => None,
+        }) else {
+            return Err(self.internal(&format!("the key split of op{acc} has no buffer of slices")));
+        };
+        let nt = self.nt;
+        self.w.line(format!(
+            "// op{}, op{sa} and op{acc}: the {} warps' maxima, sums and output fragments combined",
+            o.max_acc.index(),
+            pipe.keys
+        ));
+        self.w.line(format!(
+            "{mt2}::combine_keys<{ml}, {ll}, {ol}, {slice}, {tile_bytes}, {nt}>(acc{acc}, rm{mx}_, lw{sa}_, s{ms}, s{ls}, s{os}, tid, warp, lane);"
+        ));
         Ok(())
     }
 

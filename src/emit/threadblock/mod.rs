@@ -494,6 +494,16 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
             ctx.w.line(format!(
                 "for (int i = 0; i < {mt}::PM; ++i) rm{mx}_[i][0] = rm{mx}_[i][1] = -__int_as_float(0x7f800000);"
             ));
+            if p.keys > 1 {
+                let sa = o.sum_acc.index();
+                ctx.w.line(format!(
+                    "// op{sa} accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)"
+                ));
+                ctx.w.line(format!("float lw{sa}_[{mt}::PM][2];"));
+                ctx.w.line(format!(
+                    "for (int i = 0; i < {mt}::PM; ++i) lw{sa}_[i][0] = lw{sa}_[i][1] = 0.0f;"
+                ));
+            }
         }
     }
     for (h, top) in tb.ops.iter() {
@@ -568,18 +578,41 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
         };
         let out = top.outputs[0];
         let has_buffer = kp.smem.buffer_of(out.index()).is_some();
+        // A key split's output accumulator: the warps combine their states into the tiles of
+        // the output, sum and max accumulators (all three have buffers: they are read after
+        // the loop).
+        let split = kp.register_pipes().find_map(|p| {
+            p.online
+                .as_ref()
+                .filter(|o| p.keys > 1 && o.out_acc == h)
+                .map(|o| (p, o))
+        });
         if let OpPlan::Accum {
             storage: AccumStorage::Registers { fragment_of, .. },
             ..
         } = &kp.ops[h.index()]
-            && has_buffer
+            && (has_buffer || split.is_some())
         {
             if !barrier {
                 ctx.w
                     .line("__syncthreads();  // the loop body's reads finish before write-backs");
                 barrier = true;
             }
-            ctx.write_back(h, *fragment_of)?;
+            match split {
+                Some((p, o)) => {
+                    let buffered = [o.out_acc, o.sum_acc, o.max_acc]
+                        .iter()
+                        .all(|a| kp.smem.buffer_of(tb.ops[*a].outputs[0].index()).is_some());
+                    if !buffered {
+                        return Err(ctx.internal(&format!(
+                            "the key split of op{} combines into tiles without buffers",
+                            h.index()
+                        )));
+                    }
+                    ctx.combine_keys(p, o)?
+                }
+                None => ctx.write_back(h, *fragment_of)?,
+            }
         }
         let divisor = match &kp.ops[h.index()] {
             OpPlan::Accum { divisor, .. } => *divisor,
@@ -637,16 +670,36 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     ctx.w
         .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
     let mut folds = Vec::new();
+    let mut rescaled = false;
     for p in &c.partials {
+        use crate::sched::plan::Combine;
         let t = Handle::from_index(p.tile);
         let s = tb.tensors[t].shape;
         let natural: Vec<usize> = (0..s.rank()).collect();
         let l = ctx.tile_layout(t, &natural)?;
         let ty = ctx.tile_ctype(t);
         let f = match p.combine {
-            crate::sched::plan::Combine::Sum => "FoldSum",
-            crate::sched::plan::Combine::Max => "FoldMax",
+            Combine::Sum => "FoldSum",
+            Combine::Max => "FoldMax",
+            Combine::Rescaled { max_tile } => {
+                let mt = Handle::from_index(max_tile);
+                let ms = tb.tensors[mt].shape;
+                let lm = ctx.tile_layout(mt, &(0..ms.rank()).collect::<Vec<_>>())?;
+                folds.push(format!(
+                    "mucc::tb::cluster_fold_rescaled<{nt}, {}, {}, {ctas}, {l}, {lm}, {ty}>(tid, s{}, s{max_tile});",
+                    s.numel(),
+                    s.dim(s.rank() - 1),
+                    p.tile
+                ));
+                rescaled = true;
+                continue;
+            }
         };
+        if std::mem::take(&mut rescaled) {
+            folds.push(
+                "__syncthreads();  // the rescaled partials have read the max tile".to_string(),
+            );
+        }
         folds.push(format!(
             "mucc::tb::cluster_fold<{nt}, {}, {ctas}, mucc::tb::{f}, {l}, {ty}>(tid, s{});",
             s.numel(),
