@@ -303,8 +303,9 @@ fn fragment_fit(
 
 /// The key split of an online pipe whose row tiles do not split evenly over the CTA's warps
 /// (`fragment_fit` has checked the shapes and the tile's type): one warp along M, the product's
-/// columns (the consumer's K) over all warps in pairs of 8-column tiles, and the producer's share of the scores and the consumer's whole fragment within
-/// [`PIPE_REGISTERS`]. Returns (1, warps).
+/// columns (the consumer's K) over all warps in pairs of 8-column tiles, and the producer's
+/// share of the scores and the consumer's whole fragment within [`PIPE_REGISTERS`]. Returns
+/// (1, warps).
 fn key_split_fit(
     tb: &TbGraph,
     lead: Handle<TbOp>,

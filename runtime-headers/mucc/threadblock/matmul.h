@@ -634,6 +634,20 @@ struct Mma {
       }
   }
 
+  // f += the k-step s of the packed product `p` (n-tiles 2s and 2s + 1 of type `P`, the
+  // m16n8k16 A fragment) times B's fragments `bf` of that k-step.
+  template <class P>
+  __device__ __forceinline__ static void packed_step(Frag& f, const typename P::Packed& p, int s,
+                                                     const unsigned (&bf)[PN][2]) {
+#pragma unroll
+    for (int i = 0; i < PM; ++i) {
+      const unsigned af[4] = {p.v[i][2 * s][0], p.v[i][2 * s][1], p.v[i][2 * s + 1][0], p.v[i][2 * s + 1][1]};
+#pragma unroll
+      for (int j = 0; j < PN; ++j)
+        if (j < NT8) sm80::mma(f.v[i][j], af, bf[j], T());
+    }
+  }
+
   // f += P·B, where P (M × K) is the packed product `p` of matmul type `P` on the same warps
   // along M and one along N, whose N is this K: the words of n-tiles 2s and 2s + 1 are the
   // m16n8k16 A fragment of k-step s (rows gid and gid + 8, columns 2·tig, 2·tig + 1 and 8
@@ -682,13 +696,7 @@ struct Mma {
         for (int j = 0; j < PN; ++j) load_b(bf[j], b, z, j * 8, s * 16, lane);
       }
       __syncwarp();
-#pragma unroll
-      for (int i = 0; i < PM; ++i) {
-        const unsigned af[4] = {p.v[i][2 * s][0], p.v[i][2 * s][1], p.v[i][2 * s + 1][0], p.v[i][2 * s + 1][1]};
-#pragma unroll
-        for (int j = 0; j < PN; ++j)
-          if (j < NT8) sm80::mma(f.v[i][j], af, bf[j], T());
-      }
+      packed_step<P>(f, p, s, bf);
     }
   }
 
@@ -726,43 +734,24 @@ struct Mma {
           }
         }
       }
+      // This lane's ldmatrix row of the n-tile at column nb: lanes 0–7 (and 16–23) address
+      // the keys at klo, 8–15 (and 24–31) those at khi.
+      const auto addr = [&](int nb) {
+        if constexpr (b_n) return chunk_addr<LB, K, N>(b, z, ((lane & 8) ? khi : klo) + (lane & 7), nb);
+        return chunk_addr<LB, K, N>(b, z, ((lane >> 3) & 1) ? khi : klo, nb + (lane & 7));
+      };
 #pragma unroll
       for (int jp = 0; jp < (b_n || b_k ? PN / 2 : 0); ++jp) {
-        const int nb = (2 * jp + (lane >> 4)) * 8;
-        int k, n;
-        if constexpr (b_n) {
-          k = ((lane & 8) ? khi : klo) + (lane & 7);
-          n = nb;
-        } else {
-          k = ((lane >> 3) & 1) ? khi : klo;
-          n = nb + (lane & 7);
-        }
         unsigned r[4];
-        sm80::ldmatrix_x4<b_n>(r, chunk_addr<LB, K, N>(b, z, k, n));
+        sm80::ldmatrix_x4<b_n>(r, addr((2 * jp + (lane >> 4)) * 8));
         bf[2 * jp][0] = r[0];
         bf[2 * jp][1] = r[1];
         bf[2 * jp + 1][0] = r[2];
         bf[2 * jp + 1][1] = r[3];
       }
-      if constexpr ((b_n || b_k) && PN % 2 == 1) {
-        int k, n;
-        if constexpr (b_n) {
-          k = ((lane & 8) ? khi : klo) + (lane & 7);
-          n = (PN - 1) * 8;
-        } else {
-          k = ((lane >> 3) & 1) ? khi : klo;
-          n = (PN - 1) * 8 + (lane & 7);
-        }
-        sm80::ldmatrix_x2<b_n>(bf[PN - 1], chunk_addr<LB, K, N>(b, z, k, n));
-      }
+      if constexpr ((b_n || b_k) && PN % 2 == 1) sm80::ldmatrix_x2<b_n>(bf[PN - 1], addr((PN - 1) * 8));
       __syncwarp();
-#pragma unroll
-      for (int i = 0; i < PM; ++i) {
-        const unsigned af[4] = {p.v[i][2 * s][0], p.v[i][2 * s][1], p.v[i][2 * s + 1][0], p.v[i][2 * s + 1][1]};
-#pragma unroll
-        for (int j = 0; j < PN; ++j)
-          if (j < NT8) sm80::mma(f.v[i][j], af, bf[j], T());
-      }
+      packed_step<P>(f, p, s, bf);
     }
   }
 

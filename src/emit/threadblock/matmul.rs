@@ -268,23 +268,31 @@ impl Ctx<'_> {
         let (ms, ml, mty) = row_store(self, o.max_acc)?;
         let (t, m2, mx) = (pipe.tile, pipe.matmul.index(), o.max.index());
         let (sa, xa) = (o.sum_acc.index(), o.max_acc.index());
-        if pipe.keys > 1 {
-            let keys = pipe.keys;
-            self.w.block("", "", |w| {
+        let keys = pipe.keys;
+        self.w.block("", "", |w| {
+            if keys > 1 {
                 w.line(format!(
                     "// s{t} in registers: exp(S - m), m op{mx}'s running max of this warp's keys"
                 ));
                 w.line(format!("// (the keys split over {keys} warps), packed in {ty}"));
-                w.line(format!("{mt}::Packed pk_;"));
-                w.line(format!("float r_[{mt}::PM][2], l_[{mt}::PM][2];"));
-                w.block("", "", |w| {
-                    w.line(format!("{mt}::Frag p_;"));
-                    w.line(format!("{mt}::zero(p_);"));
-                    w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
-                    w.line(format!(
-                        "{mt}::online_pack(pk_, p_, rm{mx}_, r_, l_, warp, lane);"
-                    ));
-                });
+            } else {
+                w.line(format!(
+                    "// s{t} stays in registers: exp(S - m) with op{mx}'s running max m, packed in {ty}"
+                ));
+            }
+            w.line(format!("{mt}::Packed pk_;"));
+            w.line(format!("float r_[{mt}::PM][2], l_[{mt}::PM][2];"));
+            w.block("", "", |w| {
+                w.line(format!("{mt}::Frag p_;"));
+                w.line(format!("{mt}::zero(p_);"));
+                w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
+                w.line(format!(
+                    "{mt}::online_pack(pk_, p_, rm{mx}_, r_, l_, warp, lane);"
+                ));
+            });
+            if keys > 1 {
+                // Each warp's l stays in registers; l and m reach their tiles after the loop
+                // (`combine_keys`).
                 w.line(format!(
                     "// op{acc} accum_nored_rescale: O <- O * r, rows of this warp's fragment"
                 ));
@@ -302,23 +310,8 @@ impl Ctx<'_> {
                 w.line(format!(
                     "{mt2}::run_from_keys<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
                 ));
-            });
-            return Ok(());
-        }
-        self.w.block("", "", |w| {
-            w.line(format!(
-                "// s{t} stays in registers: exp(S - m) with op{mx}'s running max m, packed in {ty}"
-            ));
-            w.line(format!("{mt}::Packed pk_;"));
-            w.line(format!("float r_[{mt}::PM][2], l_[{mt}::PM][2];"));
-            w.block("", "", |w| {
-                w.line(format!("{mt}::Frag p_;"));
-                w.line(format!("{mt}::zero(p_);"));
-                w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
-                w.line(format!(
-                    "{mt}::online_pack(pk_, p_, rm{mx}_, r_, l_, warp, lane);"
-                ));
-            });
+                return;
+            }
             w.line(format!("// op{acc} accum_nored_rescale: O <- O * r, rows of the fragment"));
             w.line(format!("{mt2}::scale_rows(acc{acc}, r_, warp);"));
             w.line(format!(
