@@ -353,6 +353,13 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
             ""
         };
         let _ = writeln!(s, "  dependent launch: {launch}{trigger}");
+        if kp.uniform_warp {
+            let _ = writeln!(
+                s,
+                "  warp index: through a warp shuffle in the loop, provably uniform (it issues \
+                 wgmma, which ptxas serialises on a path it considers divergent)"
+            );
+        }
     }
     if let Some(r) = kp.rows() {
         let _ = writeln!(s, "  body: {r}");

@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
         static_cast<int>(blockIdx.x) * 1);
   }
   for (int it = 0; it < 4; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = mucc::opaque(tid_k), warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::f16* s1_cur = s1 + (it % 2) * 8192;

@@ -572,8 +572,22 @@ fn plan_kernel_with(
     } else {
         Vec::new()
     };
-    let barriers = plan_body_barriers(tb, &ops, &smem, &sched);
+    let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched);
+    barriers.after_rescaled_folds = split.cluster().is_some_and(|c| {
+        c.partials
+            .iter()
+            .any(|p| matches!(p.combine, Combine::Rescaled { .. }))
+    });
     let regions = plan_regions(g, op, tb, dt, &tma);
+    let uniform_warp = ops.iter().any(|o| {
+        matches!(
+            o,
+            OpPlan::Matmul {
+                instr: MatmulInstr::WgmmaM64K16 { .. },
+                ..
+            }
+        )
+    });
     Ok(KernelPlan {
         barriers,
         regions,
@@ -605,6 +619,7 @@ fn plan_kernel_with(
         no_wgmma,
         exchange: None,
         body: super::plan::Body::Tiles("not planned".into()),
+        uniform_warp,
     })
 }
 
@@ -852,6 +867,7 @@ fn plan_body_barriers(
         prefetch,
         before_write_back: false,
         before_finalize: false,
+        after_rescaled_folds: false,
     };
     // Register accumulators written back to a shared-memory buffer may share memory with tiles
     // the body reads.

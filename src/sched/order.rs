@@ -66,6 +66,9 @@ pub enum BarrierReason {
     BeforeWriteBack,
     /// After the loop, before mean and RMS accumulators are divided (and rooted).
     BeforeFinalize,
+    /// In CTA 0 of a cluster split, after the rescaled partials' folds read its max tile and
+    /// before that tile is folded.
+    AfterRescaledFolds,
 }
 
 impl std::fmt::Display for BarrierReason {
@@ -87,6 +90,7 @@ impl std::fmt::Display for BarrierReason {
             BarrierReason::BeforeFinalize => {
                 "accumulators complete before mean and RMS are finalised"
             }
+            BarrierReason::AfterRescaledFolds => "the rescaled partials have read the max tile",
         })
     }
 }

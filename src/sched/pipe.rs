@@ -624,7 +624,9 @@ mod tests {
         assert_eq!(load.boxes, [64, 64, 2]);
         assert_eq!(load.strides, [1024, 128]);
         assert!(kp.features().contains(&crate::sched::plan::Feature::Wgmma));
+        assert!(kp.uniform_warp);
         let off = plan_on(Arch::Sm90a, false);
+        assert!(!off.uniform_warp);
         let (op, instr, _, _) = consumer(&off);
         assert!(matches!(instr, MatmulInstr::MmaSyncM16N8K16 { .. }));
         assert!(

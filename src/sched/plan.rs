@@ -1004,6 +1004,11 @@ pub struct KernelPlan {
     /// How the body computes: through the schedule's shared-memory tiles, or every tile in
     /// registers ([`super::rows`]).
     pub body: Body,
+    /// Whether the loop derives its warp index through a warp shuffle, so that ptxas can prove
+    /// it uniform: kernels that issue `wgmma`, which ptxas serialises on a path it considers
+    /// divergent (`if (warp >= …) return;` in the runtime's matmuls). H100: mqa_bs8 g12 39.5 →
+    /// 35.7 µs, gqa_bs8 g0 27.1 → 26.8 (docs/benchmarks.md).
+    pub uniform_warp: bool,
 }
 
 /// How a threadblock kernel's body computes.
@@ -1401,6 +1406,9 @@ pub struct BodyBarriers {
     pub before_write_back: bool,
     /// A barrier before mean and RMS accumulators are finalised.
     pub before_finalize: bool,
+    /// Under a cluster split with rescaled partials ([`Combine::Rescaled`]): a barrier in CTA 0
+    /// after those folds, which read its max tile, before the max tile is folded.
+    pub after_rescaled_folds: bool,
 }
 
 impl BodyBarriers {
@@ -1419,6 +1427,7 @@ impl BodyBarriers {
             (self.prefetch == Prefetch::EndOfBody, R::BeforePrefetch),
             (self.before_write_back, R::BeforeWriteBack),
             (self.before_finalize, R::BeforeFinalize),
+            (self.after_rescaled_folds, R::AfterRescaledFolds),
         ]
         .into_iter()
         .filter_map(|(on, r)| on.then_some(r))

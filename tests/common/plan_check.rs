@@ -194,6 +194,12 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         e.source.contains(&format!("{head} {name}(")),
         format!("launch bounds {head}"),
     );
+    // A kernel that issues wgmma derives its loop's warp index through a shuffle.
+    want(
+        text.contains("warp = __shfl_sync(0xffffffffu, tid / 32, 0)") == kp.uniform_warp
+            && kp.uniform_warp == kp.features().contains(&mucc::sched::plan::Feature::Wgmma),
+        format!("uniform warp index {}", kp.uniform_warp),
+    );
     let l = launch_of(e, &name);
     want(
         l.grid == kp.launch_grid().map(|x| x as u32)
@@ -400,8 +406,16 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 format!("loop share `{share}`"),
             );
             for p in &c.partials {
-                let fold = format!("mucc::tb::cluster_fold<{nt}, ");
-                let tail = format!(">(tid, s{});", p.tile);
+                let (fold, tail) = match p.combine {
+                    mucc::sched::plan::Combine::Rescaled { max_tile } => (
+                        format!("mucc::tb::cluster_fold_rescaled<{nt}, "),
+                        format!(">(tid, s{}, s{max_tile});", p.tile),
+                    ),
+                    _ => (
+                        format!("mucc::tb::cluster_fold<{nt}, "),
+                        format!(">(tid, s{});", p.tile),
+                    ),
+                };
                 want(
                     text.lines().any(|l| l.contains(&fold) && l.contains(&tail)),
                     format!("a fold of s{}", p.tile),

@@ -696,9 +696,13 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
             }
         };
         if std::mem::take(&mut rescaled) {
-            folds.push(
-                "__syncthreads();  // the rescaled partials have read the max tile".to_string(),
-            );
+            if !ctx.kp.barriers.after_rescaled_folds {
+                return Err(ctx.internal("rescaled folds without their barrier in the plan"));
+            }
+            folds.push(format!(
+                "__syncthreads();  // {}",
+                crate::sched::order::BarrierReason::AfterRescaledFolds
+            ));
         }
         folds.push(format!(
             "mucc::tb::cluster_fold<{nt}, {}, {ctas}, mucc::tb::{f}, {l}, {ty}>(tid, s{});",
@@ -781,8 +785,14 @@ impl Ctx<'_> {
         // Thread indices re-derived in every iteration, opaque to the optimiser: address
         // arithmetic is then recomputed where it is used instead of being hoisted out of the
         // loop and held in registers across iterations (which made large bodies spill).
-        self.w
-            .line("const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;");
+        if self.kp.uniform_warp {
+            self.w.line(
+                "const int tid = mucc::opaque(tid_k), warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;",
+            );
+        } else {
+            self.w
+                .line("const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;");
+        }
         self.w.line("(void)warp;");
         self.w.line("(void)lane;");
         if stages > 1 {
