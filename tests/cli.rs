@@ -353,7 +353,8 @@ fn attention_softmax_is_online_where_it_pipes() {
         out.contains("with op4 reduction_2_max's running max"),
         "{out}"
     );
-    // mha_bs8 graph 25: 16 query rows on 8 warps cannot pipe; `always` rewrites it anyway.
+    // mha_bs8 graph 25: 16 query rows do not split over its 4 warps, so its keys do; `off`
+    // keeps the graph's form.
     let mha = [
         "explain",
         &corpus("mha_bs8.json"),
@@ -366,14 +367,18 @@ fn attention_softmax_is_online_where_it_pipes() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
-        out.contains("softmax: kernel op 3 exponentiates a matmul product as the graph writes it, without a running max (the rewritten kernel would rescale through shared memory"),
+        out.contains("online softmax: kernel op 3 (4 key splits)")
+            && out.contains("the keys (the product's op10 matmul's K) split over 4 warps")
+            && out.contains("after the loop the 4 warps meet in a buffer of a slice per warp")
+            && out.contains("op10 matmul: 1 x 1 warps with K split over 4 warps"),
         "{out}"
     );
-    let o = mucc(&[&mha[..], &["--online-softmax", "always"]].concat());
+    let o = mucc(&[&mha[..], &["--online-softmax", "off"]].concat());
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
-        out.contains("online softmax: kernel op 3 (4 key splits)"),
+        out.contains("softmax: kernel op 3 exponentiates a matmul product as the graph writes it, without a running max (the online-softmax rewrite is turned off")
+            && out.contains("register pipe: none for s2 (the 1 row tiles of 16 do not split evenly over 4 warps)"),
         "{out}"
     );
     let o = mucc(&[&args[..], &["--online-softmax", "off"]].concat());
@@ -611,14 +616,23 @@ fn explain_prints_the_plan_and_draws_it() {
         out.contains("loop: kernel op 4 not refined (the planner's rule refines the loops of a large grid's kernel holding one block per SM and the short loops of a small grid's, and shared memory holds 2 of its blocks per SM already)"),
         "{out}"
     );
+    // (Kernel op 4 is the online softmax's combining operator, no customized operator.)
     let (code, out, err) = refine(&["--refine-loops", "2"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
         out.contains(
             "loop: kernel op 3 refined by 2: 8 iterations over tiles of 128 along the loop \
-             instead of 4 over 256"
-        ) && out.contains("loop: kernel op 4 not refined (the loop runs once)")
+             instead of 4 over 256 (--refine-loops"
+        ) && !out.contains("loop: kernel op 4")
             && out.contains("grid (256, 4, 1), 128 threads, forloop 8")
+            && out.contains("3 resident block(s) per SM budgeted"),
+        "{out}"
+    );
+    // The graph's form has a customized division kernel, whose loop runs once.
+    let (code, out, err) = refine(&["--refine-loops", "2", "--online-softmax", "off"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("loop: kernel op 4 not refined (the loop runs once)")
             && out.contains("2 resident block(s) per SM budgeted"),
         "{out}"
     );
