@@ -1073,7 +1073,8 @@ pub(crate) mod tests {
     /// 16 query rows per block on 4 warps, 64 keys per iteration: the rows do not split over
     /// the warps, so the keys do (mha's shape): the producer runs on 1 × 4 warps, each warp
     /// keeps its own running max, sum and output fragment, and the warps combine them after the
-    /// loop through a buffer of one slice per warp; the generated code says so.
+    /// loop through a buffer of one slice per warp (`tests/plan_code.rs` checks the code of the
+    /// corpus's key splits).
     #[test]
     fn sixteen_rows_pipe_with_the_keys_split_over_the_warps() {
         use crate::sched::plan::{CtaChoice, Options, SmemKind};
@@ -1109,16 +1110,6 @@ pub(crate) mod tests {
             });
             // O is 16 × 16 fp32 (1024 bytes), then 16 maxima and 16 sums: 1152 bytes a slice.
             assert_eq!(slices, Some((4, 1152, 1024)), "{arch:?}");
-            let code = crate::transpile::transpile(&g, &opts, "test")
-                .unwrap()
-                .1
-                .source;
-            assert!(code.contains("::run_from_keys<"), "{arch:?}");
-            assert!(code.contains("::combine_keys<"), "{arch:?}");
-            assert!(
-                code.contains("mucc::tb::Load::LdmatrixTrans, 4>"),
-                "{arch:?}"
-            );
         }
     }
 
