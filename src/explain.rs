@@ -618,6 +618,9 @@ fn op_plan(
             let engine = match engine {
                 CopyEngine::Threads => "by the threads".to_string(),
                 CopyEngine::CpAsync => format!("cp.async, pipelined x{stages}"),
+                CopyEngine::CpAsyncWaited => {
+                    "cp.async, waited for before the next barrier".to_string()
+                }
                 CopyEngine::Tma => format!("TMA, pipelined x{stages}"),
             };
             format!("{}, {engine}", copy_text(copy))

@@ -24,8 +24,8 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
       mucc::tb::Load::LdmatrixTrans>;
   using L3 = mucc::Layout<mucc::Shape<16, 1>, mucc::Stride<1, 16>>;
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
-  using L5 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<1, 0>>;
-  using L6 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<128, 1>>;
+  using L5 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<128, 1>>;
+  using L6 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<1, 0>>;
   extern __shared__ __align__(1024) unsigned char smem_1024[];
   unsigned char* const smem = smem_1024;
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -125,11 +125,17 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   });
   __syncthreads();
   // op5 sub -> op6 output
-  mucc::tb::for_each<256, 1024>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s3[L4::offset(e)]);
-    const float x1 = mucc::to_compute(s4[L5::offset(e)]);
-    float v = mucc::op::sub(x0, x1);
-    go6[L6::offset(e)] = mucc::from_compute<mucc::bf16>(v);
+  mucc::tb::for_each_step<256, 1024, 4>(tid, [&](int e) {
+    const auto in0_ = mucc::tb::load_run<4, float>(s3 + L4::offset(e));
+    float out_[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float x0 = in0_[j];
+      const float x1 = mucc::to_compute(s4[L6::offset(e)]);
+      float v = mucc::op::sub(x0, x1);
+      out_[j] = v;
+    }
+    mucc::tb::store_run<4>(go6 + L5::offset(e), out_);
   });
 }
 

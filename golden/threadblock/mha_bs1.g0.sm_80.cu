@@ -53,9 +53,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   mucc::f16* go5 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1024 + static_cast<mucc::i64>(blockIdx.y) * 512;
   // op0 input
-  mucc::tb::copy_chunks<512, 32768, 8, L0, L1>(tid, s0, gi0);
+  mucc::tb::cp_async_chunks<512, 32768, 8, L0, L1>(tid, s0, gi0);
   // op1 input
-  mucc::tb::copy_chunks<512, 512, 8, L2, L3>(tid, s1, gi1);
+  mucc::tb::cp_async_chunks<512, 512, 8, L2, L3>(tid, s1, gi1);
+  mucc::sm80::cp_async_wait_all();
   __syncthreads();
   mucc::tb::fill<512, 8, L4>(tid, s2, float(0.0));
   mucc::tb::fill<512, 512, L2>(tid, s3, float(0.0));

@@ -162,11 +162,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   }
   __syncthreads();
   // op11 div -> op12 output
-  mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s11[L1::offset(e)]);
-    const float x1 = mucc::to_compute(s9[L8::offset(e)]);
-    float v = mucc::op::div(x0, x1);
-    go12[L1::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  mucc::tb::for_each_step<512, 1024, 2>(tid, [&](int e) {
+    const auto in0_ = mucc::tb::load_run<2, float>(s11 + L1::offset(e));
+    float out_[2];
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float x0 = in0_[j];
+      const float x1 = mucc::to_compute(s9[L8::offset(e)]);
+      float v = mucc::op::div(x0, x1);
+      out_[j] = v;
+    }
+    mucc::tb::store_run<2>(go12 + L1::offset(e), out_);
   });
   // op15 output
   mucc::tb::copy_chunks_cvt<512, 256, 4, L10, L10>(tid, go15, s14);

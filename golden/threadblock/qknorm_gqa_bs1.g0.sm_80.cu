@@ -27,9 +27,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
   using L7 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4096, 0, 1>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
-  using L10 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
+  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
+  using L9 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4096, 0, 1>>;
+  using L10 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
   using L11 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -105,11 +105,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   }
   __syncthreads();
   // op7 mul -> op9 output
-  mucc::tb::for_each<512, 16384>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s4[L8::offset(e)]);
-    const float x1 = mucc::to_compute(s6[L9::offset(e)]);
-    float v = mucc::op::mul(x0, x1);
-    go9[L10::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  mucc::tb::for_each_step<512, 16384, 8>(tid, [&](int e) {
+    const auto in0_ = mucc::tb::load_run<8, float>(s4 + L9::offset(e));
+    float out_[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float x0 = in0_[j];
+      const float x1 = mucc::to_compute(s6[L10::offset(e)]);
+      float v = mucc::op::mul(x0, x1);
+      out_[j] = v;
+    }
+    mucc::tb::store_run<8>(go9 + L8::offset(e), out_);
   });
   // op10 output
   mucc::tb::copy_chunks<512, 4096, 8, L5, L11>(tid, go10, s8);
@@ -147,8 +153,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
   using L4 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
   using L5 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 4096, 1>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 4096, 1>>;
+  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
   using L9 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 4096, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -202,11 +208,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
   }
   __syncthreads();
   // op5 div -> op7 output
-  mucc::tb::for_each<512, 16384>(tid, [&](int e, int) {
-    const float x0 = mucc::to_compute(s3[L5::offset(e)]);
-    const float x1 = mucc::to_compute(s4[L7::offset(e)]);
-    float v = mucc::op::div(x0, x1);
-    go7[L8::offset(e)] = mucc::from_compute<mucc::f16>(v);
+  mucc::tb::for_each_step<512, 16384, 8>(tid, [&](int e) {
+    const auto in0_ = mucc::tb::load_run<8, float>(s3 + L5::offset(e));
+    float out_[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float x0 = in0_[j];
+      const float x1 = mucc::to_compute(s4[L8::offset(e)]);
+      float v = mucc::op::div(x0, x1);
+      out_[j] = v;
+    }
+    mucc::tb::store_run<8>(go7 + L7::offset(e), out_);
   });
   // op6 output
   mucc::tb::copy_chunks<512, 4096, 8, L9, L0>(tid, go6, s2);

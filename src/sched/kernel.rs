@@ -486,7 +486,7 @@ fn plan_kernel_with(
         arch: target.arch.to_string(),
     })?;
     let mut chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
-    plan_vectors(tb, &mut chains, &fusion, &tiles, threads);
+    plan_vectors(tb, &mut chains, &fusion, &tiles, threads, &outs);
     // (Its `approx_exp` needs no change: the fragment is packed into the tile's type, which
     // `plan_chains` already takes as the store's.)
     for p in pipes.iter().filter_map(PipeDecision::on) {
@@ -567,6 +567,7 @@ fn plan_kernel_with(
             }
         }
     }
+    plan_waited_copies(tb, &mut ops, &fusion, &sched, threads, target);
     let no_wgmma = if hopper {
         plan_wgmma(tb, &mut ops, &tiles, &fusion, &chains, opts.wgmma)
     } else {
@@ -1553,8 +1554,13 @@ fn plan_chains(
         .collect()
 }
 
-/// Elements per thread step ([`ChainPlan::vector`]) tried, largest first.
+/// Elements per thread step ([`ChainPlan::vector`]) tried, largest first, for chains into
+/// tiles.
 const VECTOR_WIDTHS: [usize; 2] = [4, 2];
+
+/// The same for chains into device tensors (up to one 16-byte store per step: 8 16-bit
+/// elements).
+const DEVICE_VECTOR_WIDTHS: [usize; 3] = [8, 4, 2];
 
 /// Gives element-wise chains (a unary or binary leader, element-wise members, a tile sink) a vector
 /// width V ([`ChainPlan::vector`]) where each of a thread's steps is one vector access per
@@ -1564,7 +1570,10 @@ const VECTOR_WIDTHS: [usize; 2] = [4, 2];
 /// and its slot size a multiple of the vector's bytes (≤ 16), so every step starts aligned;
 /// it is unswizzled, padded (a shift), or keeps V-element chunks whole (an XOR swizzle of
 /// 2^m-element chunks, m ≥ log2 V). Consecutive threads then take consecutive vectors (no more bank conflicts than
-/// scalar accesses). Chains into device tensors keep scalar stores (coalesced across threads).
+/// scalar accesses). A chain into a device tensor takes up to 16 bytes per step (8 16-bit
+/// elements) where the tensor's region is contiguous along the walk's last dim and every step
+/// starts aligned (the conditions of a chunked copy: its strides, block offsets and row length
+/// are multiples of V; device buffers start 16-byte aligned).
 /// An element-wise chain left scalar gets the reason of the narrowest width
 /// ([`ChainPlan::scalar`]).
 fn plan_vectors(
@@ -1573,6 +1582,7 @@ fn plan_vectors(
     fusion: &FusionPlan,
     tiles: &[Option<TileGeometry>],
     threads: usize,
+    outs: &Side,
 ) {
     use super::plan::ScalarSteps;
     use crate::layout::swizzle::Swizzle;
@@ -1585,20 +1595,31 @@ fn plan_vectors(
         let Some(&last) = cp.order.last() else {
             continue;
         };
-        let sink = match cp.sink {
-            Sink::Tile(t) => t,
-            Sink::Global(_) => {
-                cp.scalar = Some(ScalarSteps::DeviceSink);
-                continue;
+        let space = tb.tensors[lop.outputs[0]].shape;
+        let mut touched: Vec<usize> = fusion.reads(tb, c).iter().map(|t| t.index()).collect();
+        // The device tensor a chain stores to: its region must start every step aligned.
+        let mut device = None;
+        let widths: &[usize] = match cp.sink {
+            Sink::Tile(t) => {
+                touched.push(t.index());
+                &VECTOR_WIDTHS
+            }
+            Sink::Global(o) => {
+                let TbOpKind::Output { output, omap } = tb.ops[o].kind else {
+                    continue;
+                };
+                device = Some((
+                    &outs[output],
+                    omap,
+                    tb.tensors[tb.ops[o].inputs[0]].dtype.bytes(),
+                ));
+                &DEVICE_VECTOR_WIDTHS
             }
             _ => {
                 cp.scalar = Some(ScalarSteps::AccumulatorSink);
                 continue;
             }
         };
-        let space = tb.tensors[lop.outputs[0]].shape;
-        let mut touched: Vec<usize> = fusion.reads(tb, c).iter().map(|t| t.index()).collect();
-        touched.push(sink.index());
         // Why width `v` does not fit, if it does not.
         let misfit = |v: usize| -> Option<ScalarSteps> {
             if !space.dim(last).is_multiple_of(v) {
@@ -1611,6 +1632,19 @@ fn plan_vectors(
                     elements: space.numel(),
                     threads,
                 });
+            }
+            if let Some(((ds, dst, dinner), omap, elem)) = device {
+                let bytes = v * elem;
+                if bytes > 16 {
+                    return Some(ScalarSteps::DeviceUnaligned(format!(
+                        "a step of {v} elements is wider than 16 bytes"
+                    )));
+                }
+                if let Err(why) = super::ops::chunk_fits(
+                    ds, dst, *dinner, &space, last, omap, tb.grid, None, v, bytes,
+                ) {
+                    return Some(ScalarSteps::DeviceUnaligned(why));
+                }
             }
             touched.iter().find_map(|&t| {
                 let Some(g) = tiles[t].as_ref() else {
@@ -1642,7 +1676,7 @@ fn plan_vectors(
             })
         };
         let mut why = None;
-        for v in VECTOR_WIDTHS {
+        for &v in widths {
             match misfit(v) {
                 None => {
                     cp.vector = v;
@@ -1653,6 +1687,66 @@ fn plan_vectors(
             }
         }
         cp.scalar = why;
+    }
+}
+
+/// Chunks per thread up to which the copies of one schedule level stay with the threads' loads
+/// (`tb::copy_chunks` unrolls its loop 4 times, and consecutive copies overlap): measured on an
+/// H100 (docs/benchmarks.md, "Copies no ring stages"), `cp.async` made mqa_bs8 g0 (4 chunks
+/// per thread) 2.7% and lora g1 (5) 4% slower, qknorm_gqa_bs8 g54 (9 and 20) 1.2× faster.
+const THREAD_COPY_IN_FLIGHT: usize = 8;
+
+/// Chunked input copies that no ring stages go by `cp.async` ([`CopyEngine::CpAsyncWaited`])
+/// where the target has it, no input of the kernel fills a `cp.async` ring (whose groups the
+/// wait would also wait for), and the copies of one schedule level take a thread more than
+/// [`THREAD_COPY_IN_FLIGHT`] chunks: the threads' loads would then wait for each other in
+/// turns, `cp.async` keeps every chunk in flight at once (qknorm_gqa_bs8 g54's two kernels of
+/// 9 and 20 chunks per thread: 27.1 → 23.3 and 30.5 → 23.8 µs on an H100).
+fn plan_waited_copies(
+    tb: &TbGraph,
+    ops: &mut [OpPlan],
+    fusion: &FusionPlan,
+    sched: &super::order::Schedule,
+    threads: usize,
+    target: &Target,
+) {
+    let ring = ops.iter().any(|p| {
+        matches!(
+            p,
+            OpPlan::Input {
+                engine: CopyEngine::CpAsync,
+                ..
+            }
+        )
+    });
+    if !target.has_cp_async || ring {
+        return;
+    }
+    // Chunks per thread and the inputs of each (phase, level).
+    let mut levels: BTreeMap<(super::order::Phase, usize), (usize, Vec<usize>)> = BTreeMap::new();
+    for (h, op) in tb.ops.iter() {
+        if let OpPlan::Input {
+            copy: Copy::Chunked { chunk_elems, .. },
+            engine: CopyEngine::Threads,
+            ..
+        } = &ops[h.index()]
+        {
+            let c = fusion.chain_of[h.index()];
+            let chunks = tb.tensors[op.outputs[0]].shape.numel() / chunk_elems;
+            let e = levels.entry((sched.phase[c], sched.level[c])).or_default();
+            e.0 += chunks.div_ceil(threads.max(1));
+            e.1.push(h.index());
+        }
+    }
+    for (per_thread, inputs) in levels.into_values() {
+        if per_thread <= THREAD_COPY_IN_FLIGHT {
+            continue;
+        }
+        for i in inputs {
+            if let OpPlan::Input { engine, .. } = &mut ops[i] {
+                *engine = CopyEngine::CpAsyncWaited;
+            }
+        }
     }
 }
 
@@ -1940,14 +2034,15 @@ mod tests {
     }
 
     /// Vector steps go to element-wise chains into a tile that every access reads contiguously
-    /// (the exp feeding a matmul: 4 per step); a chain into a device tensor keeps scalar stores,
-    /// and so does a chain with too few elements to give every thread a step.
+    /// (the exp feeding a matmul: 4 per step) and into a device tensor whose rows keep every
+    /// step aligned (up to 16 bytes: 8 per step); a chain with too few elements to give every
+    /// thread a step keeps scalar steps.
     #[test]
     fn vector_steps_need_contiguous_tiles_and_a_step_per_thread() {
         use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
         use crate::graph::{AccumKind, DType};
         use crate::sched::plan::Options;
-        let vectors = |rows: usize, to_matmul: bool| {
+        let vectors = |rows: usize, to_matmul: bool, out_stride: Option<usize>| {
             let mut g = GraphBuilder::new();
             let x = g.new_input(&[rows, 64], DType::F16).unwrap();
             let y = g.new_input(&[64, 64], DType::F16).unwrap();
@@ -1965,7 +2060,10 @@ mod tests {
             };
             tb.new_output(v, [-1, -1, -1]).unwrap();
             let outs = g.customized(tb).unwrap();
-            g.mark_output(outs[0]).unwrap();
+            match out_stride {
+                Some(s) => g.mark_output_strided(outs[0], &[s, 1]).unwrap(),
+                None => g.mark_output(outs[0]).unwrap(),
+            }
             let g = g.build().unwrap();
             let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm80))).unwrap();
             let kp = p.kernels.values().next().unwrap().clone();
@@ -1978,7 +2076,7 @@ mod tests {
             (kp.chains[exp].vector, kp.chains[exp].scalar.clone(), kp)
         };
         use crate::sched::plan::ScalarSteps;
-        let (v, why, kp) = vectors(64, true);
+        let (v, why, kp) = vectors(64, true, None);
         assert_eq!((v, why), (4, None));
         let Sink::Tile(t) = kp.chains[kp.chains.iter().position(|c| c.vector > 1).unwrap()].sink
         else {
@@ -1986,13 +2084,23 @@ mod tests {
         };
         let g = kp.tiles[t.index()].as_ref().unwrap();
         assert_eq!(g.strides.0[1], 1);
-        // Into the device tensor: scalar (coalesced across threads).
-        let (v, why, kp) = vectors(64, false);
-        assert_eq!((v, why), (1, Some(ScalarSteps::DeviceSink)));
+        // Into a device tensor of rows 128 bytes apart: one 16-byte store per step.
+        let (v, why, kp) = vectors(64, false, None);
+        assert_eq!((v, why), (8, None));
         assert!(kp.chains.iter().any(|c| matches!(c.sink, Sink::Global(_))));
+        // Rows 72 elements apart: every step of 8 starts aligned again.
+        assert_eq!(vectors(64, false, Some(72)).0, 8);
+        // 68 apart: steps of 4; 65 apart (odd): no step stays aligned, scalar stores.
+        assert_eq!(vectors(64, false, Some(68)).0, 4);
+        let (v, why, _) = vectors(64, false, Some(65));
+        assert_eq!(v, 1);
+        assert!(
+            matches!(&why, Some(ScalarSteps::DeviceUnaligned(r)) if r.contains("stride 65")),
+            "{why:?}"
+        );
         // 2 × 64 elements: 32 steps of 4, 64 of 2 — neither gives each of the CTA's threads
         // (128 or more) a step.
-        let (v, why, kp) = vectors(2, true);
+        let (v, why, kp) = vectors(2, true, None);
         assert_eq!(
             (v, why),
             (
@@ -2003,6 +2111,41 @@ mod tests {
                 })
             )
         );
+    }
+
+    /// Copies no ring stages go by `cp.async` where a thread would copy more than
+    /// [`THREAD_COPY_IN_FLIGHT`] chunks of its level, and stay with the threads' loads below.
+    #[test]
+    fn large_unstaged_copies_go_by_cp_async() {
+        use crate::graph::DType;
+        use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+        use crate::sched::plan::Options;
+        let engine = |rows: usize| {
+            let mut g = GraphBuilder::new();
+            let x = g.new_input(&[rows, 512], DType::F16).unwrap();
+            let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], 1);
+            let tx = tb.new_input(&g, x, [-1, -1, -1], -1).unwrap();
+            let a = tb.forloop_accum(tx, AccumKind::Nored).unwrap();
+            let e = tb.exp(a).unwrap();
+            tb.new_output(e, [-1, -1, -1]).unwrap();
+            let outs = g.customized(tb).unwrap();
+            g.mark_output(outs[0]).unwrap();
+            let g = g.build().unwrap();
+            let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm80))).unwrap();
+            let kp = p.kernels.values().next().unwrap().clone();
+            let per_thread = (rows * 512 / 8).div_ceil(kp.cta.threads);
+            let engine = kp.ops.iter().find_map(|o| match o {
+                OpPlan::Input { engine, .. } => Some(*engine),
+                _ => None,
+            });
+            (per_thread, engine.unwrap())
+        };
+        let (n, e) = engine(72);
+        assert!(n > THREAD_COPY_IN_FLIGHT, "{n} chunks per thread");
+        assert_eq!(e, CopyEngine::CpAsyncWaited);
+        let (n, e) = engine(8);
+        assert!(n <= THREAD_COPY_IN_FLIGHT, "{n} chunks per thread");
+        assert_eq!(e, CopyEngine::Threads);
     }
 
     /// Whether op `o` of the graph's customized operator is an exp.

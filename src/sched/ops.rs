@@ -90,6 +90,12 @@ pub enum CopyEngine {
     Threads,
     /// `cp.async` into a ring of pipeline stages, issued ahead of the iteration that reads it.
     CpAsync,
+    /// `cp.async` into a tile no ring stages (loaded before the loop, or in the iteration that
+    /// reads it), in a kernel with no `cp.async` ring, where the copies of its schedule level
+    /// take a thread more chunks than its loads keep in flight: every chunk in flight at once,
+    /// without a round trip through registers; waited for (`cp.async.wait_all`) right before
+    /// the next barrier of its phase (or at the phase's end, where nothing reads it).
+    CpAsyncWaited,
     /// The bulk tensor copy engine (TMA, sm_90a) into a ring of pipeline stages, one thread
     /// issuing each iteration's load ahead of it (see [`super::tma`]).
     Tma,
@@ -454,7 +460,7 @@ pub fn copy_plan(
 /// Whether chunks of `chunk` elements (`bytes` bytes) serve the copy of [`copy_plan`]: `Err`
 /// says why not.
 #[allow(clippy::too_many_arguments)]
-fn chunk_fits(
+pub(super) fn chunk_fits(
     d: &Shape,
     d_strides: &Strides,
     d_inner: usize,

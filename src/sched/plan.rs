@@ -622,7 +622,7 @@ impl fmt::Display for CodePath {
 /// An instruction-level feature the code of a threadblock kernel uses, as its plan decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Feature {
-    /// `cp.async` copies of pipelined inputs.
+    /// `cp.async` copies: of pipelined inputs, or of copies no ring stages ([`super::ops::CopyEngine::CpAsyncWaited`]).
     CpAsync,
     /// Bulk tensor copies (TMA) completing on mbarriers.
     Tma,
@@ -867,8 +867,9 @@ pub struct ChainPlan {
 /// Why an element-wise chain takes one element per thread step ([`ChainPlan::vector`] 1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScalarSteps {
-    /// It stores to a device tensor: scalar stores of consecutive threads stay coalesced.
-    DeviceSink,
+    /// It stores to a device tensor whose region would not start every step aligned (the
+    /// reason, for the narrowest width); scalar stores of consecutive threads stay coalesced.
+    DeviceUnaligned(String),
     /// It accumulates: its elements keep their threads (and registers) across iterations.
     AccumulatorSink,
     /// Neither 4 nor 2 divides the walk's last extent (a step would cross a row).
@@ -901,9 +902,11 @@ pub enum ScalarSteps {
 impl fmt::Display for ScalarSteps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ScalarSteps::DeviceSink => {
-                f.write_str("it stores to a device tensor, coalesced across threads")
-            }
+            ScalarSteps::DeviceUnaligned(why) => write!(
+                f,
+                "it stores to a device tensor whose steps would not start aligned ({why}); \
+                 scalar stores stay coalesced across threads"
+            ),
             ScalarSteps::AccumulatorSink => f.write_str("it accumulates"),
             ScalarSteps::Row { extent } => {
                 write!(f, "neither 4 nor 2 divides its rows of {extent}")
@@ -1061,7 +1064,7 @@ impl KernelPlan {
                 matches!(
                     p,
                     OpPlan::Input {
-                        engine: CopyEngine::CpAsync,
+                        engine: CopyEngine::CpAsync | CopyEngine::CpAsyncWaited,
                         ..
                     }
                 )

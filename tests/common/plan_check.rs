@@ -572,9 +572,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
         copies_plan.insert(match (copy, engine) {
             (Copy::Chunked { .. }, CopyEngine::Tma) => unreachable!(),
-            (Copy::Chunked { chunk_elems, .. }, CopyEngine::CpAsync) => {
-                ("cp_async_chunks", n, *chunk_elems)
-            }
+            (
+                Copy::Chunked { chunk_elems, .. },
+                CopyEngine::CpAsync | CopyEngine::CpAsyncWaited,
+            ) => ("cp_async_chunks", n, *chunk_elems),
             (c @ Copy::Chunked { chunk_elems, .. }, CopyEngine::Threads) if c.converts() => {
                 ("copy_chunks_cvt", n, *chunk_elems)
             }
@@ -623,6 +624,17 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     want(
         any_tma != kp.tma.loads.is_empty(),
         "TMA engines are the plan's TMA loads".into(),
+    );
+    // Waited cp.async copies: waited for in the code exactly where the plan has them, and
+    // never beside a cp.async ring (whose groups the wait would also wait for).
+    let waited = engines.contains(&CopyEngine::CpAsyncWaited);
+    want(
+        text.contains("mucc::sm80::cp_async_wait_all();") == waited,
+        format!("cp.async waits: plan {waited}"),
+    );
+    want(
+        !(waited && any_cp_async),
+        "waited cp.async copies beside a cp.async ring".into(),
     );
     // TMA loads: their tensor-map parameters, the stage barriers, the bytes each stage announces
     // and one load per iteration and input.
@@ -683,8 +695,8 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     } else {
         want(
-            !text.contains("cp_async"),
-            "no cp.async without a ring".into(),
+            !text.contains("cp_async") || waited,
+            "no cp.async without a ring or waited copies".into(),
         );
     }
     // Swizzles of the tiles in shared memory.

@@ -369,10 +369,10 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// A vectorised element-wise chain ([`crate::sched::ChainPlan::vector`] V > 1, a tile
-    /// sink): each thread step loads V consecutive elements of every tile it reads with one
-    /// vector load (a tile broadcast along the step: one scalar), computes them in registers and
-    /// stores them with one vector store.
+    /// A vectorised element-wise chain ([`crate::sched::ChainPlan::vector`] V > 1, a tile or
+    /// device-tensor sink): each thread step loads V consecutive elements of every tile it reads
+    /// with one vector load (a tile broadcast along the step: one scalar), computes them in
+    /// registers and stores them with one vector store.
     fn vector_chain(
         &mut self,
         lop: &TbOp,
@@ -380,8 +380,14 @@ impl Ctx<'_> {
         space: &Shape,
         order: &[usize],
     ) -> Result<(), EmitError> {
-        let Sink::Tile(sink) = cp.sink else {
-            return Err(self.internal("a vectorised chain without a tile sink"));
+        let (p, l) = match cp.sink {
+            Sink::Tile(sink) => (self.tile_ref(sink), self.tile_layout(sink, order)?),
+            Sink::Global(o) => self.global_out(o, space, order)?,
+            _ => {
+                return Err(self.internal(
+                    "a vectorised chain that stores to neither a tile nor a device tensor",
+                ));
+            }
         };
         let (nt, c, v) = (self.nt, self.compute(), cp.vector);
         self.vector_loads = Some((v, Vec::new()));
@@ -389,8 +395,6 @@ impl Ctx<'_> {
         let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
         let mut body = body?;
         body.push("out_[j] = v;".into());
-        let l = self.tile_layout(sink, order)?;
-        let p = self.tile_ref(sink);
         self.w.block(
             format!(
                 "mucc::tb::for_each_step<{nt}, {}, {v}>(tid, [&](int e)",

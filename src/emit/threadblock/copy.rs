@@ -9,7 +9,7 @@ use crate::emit::EmitError;
 use crate::graph::arena::Handle;
 use crate::graph::ops::AXIS_NAMES;
 use crate::graph::threadblock::{TbOp, TbOpKind};
-use crate::sched::ops::{Copy, OpPlan};
+use crate::sched::ops::{Copy, CopyEngine, OpPlan};
 use crate::sched::order::Phase;
 use crate::sched::plan::BlockRegion;
 
@@ -120,8 +120,16 @@ impl Ctx<'_> {
         } else {
             Iteration::First
         };
-        let line = self.input_copy_line(op, &format!("s{}", t.index()), &iter, false)?;
+        let waited = matches!(
+            self.kp.ops[op.index()],
+            OpPlan::Input {
+                engine: CopyEngine::CpAsyncWaited,
+                ..
+            }
+        );
+        let line = self.input_copy_line(op, &format!("s{}", t.index()), &iter, waited)?;
         self.w.line(line);
+        self.copies_in_flight |= waited;
         Ok(())
     }
 

@@ -54,9 +54,29 @@ pub(super) struct Ctx<'a> {
     /// While a vectorised chain is emitted ([`crate::sched::ChainPlan::vector`]): the vector
     /// loads of its step (tile reads then name element `j` of them).
     vector_loads: Option<(usize, Vec<String>)>,
+    /// `cp.async` copies ([`crate::sched::ops::CopyEngine::CpAsyncWaited`]) issued since the
+    /// last barrier: the next one waits for them first.
+    copies_in_flight: bool,
 }
 
 impl Ctx<'_> {
+    /// A schedule barrier: the `cp.async` copies issued since the last one are waited for
+    /// first (their tiles are what the barrier publishes).
+    fn barrier(&mut self) {
+        if std::mem::take(&mut self.copies_in_flight) {
+            self.w.line("mucc::sm80::cp_async_wait_all();");
+        }
+        self.w.line("__syncthreads();");
+    }
+
+    /// The end of a phase: `cp.async` copies issued since its last barrier (tiles nothing
+    /// reads later in the phase) are waited for here.
+    fn copies_waited(&mut self) {
+        if std::mem::take(&mut self.copies_in_flight) {
+            self.w.line("mucc::sm80::cp_async_wait_all();");
+        }
+    }
+
     fn err(&self, reason: String) -> EmitError {
         EmitError::Unsupported {
             op: self.kn.index(),
@@ -238,6 +258,7 @@ pub(super) fn emit(
         alias_defs: Vec::new(),
         stages: BTreeMap::new(),
         vector_loads: None,
+        copies_in_flight: false,
     };
     for (h, top) in tb.ops.iter() {
         if let (TbOpKind::Input { .. }, OpPlan::Input { stages, engine, .. }) =
@@ -312,10 +333,11 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     prologue(ctx)?;
     for st in kp.schedule.pre_loop.clone() {
         match st {
-            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
+            Step::Barrier(_) => ctx.barrier(),
             Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
         }
     }
+    ctx.copies_waited();
     // After the pre-loop phase: the memory of tiles that died there may hold loop state.
     accumulator_state(ctx)?;
     ctx.for_loop()?;
@@ -327,10 +349,11 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     after_loop(ctx)?;
     for st in kp.schedule.post_loop.clone() {
         match st {
-            Step::Barrier(_) => ctx.w.line("__syncthreads();"),
+            Step::Barrier(_) => ctx.barrier(),
             Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
         }
     }
+    ctx.copies_waited();
     if let Some(x) = &kp.exchange {
         exchange_end(ctx, x);
     }
@@ -823,7 +846,7 @@ impl Ctx<'_> {
         for st in self.kp.schedule.body.clone() {
             match st {
                 Step::Barrier(_) => {
-                    self.w.line("__syncthreads();");
+                    self.barrier();
                     if pending {
                         self.prefetch(stages)?;
                         pending = false;
@@ -836,6 +859,7 @@ impl Ctx<'_> {
             self.w.line("__syncthreads();");
             self.prefetch(stages)?;
         }
+        self.copies_waited();
         self.w.close("");
         Ok(())
     }
