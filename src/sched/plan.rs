@@ -622,7 +622,8 @@ impl fmt::Display for CodePath {
 /// An instruction-level feature the code of a threadblock kernel uses, as its plan decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Feature {
-    /// `cp.async` copies: of pipelined inputs, or of copies no ring stages ([`super::ops::CopyEngine::CpAsyncWaited`]).
+    /// `cp.async` copies: of pipelined inputs, or of copies no ring stages
+    /// ([`super::ops::CopyEngine::CpAsyncWaited`]).
     CpAsync,
     /// Bulk tensor copies (TMA) completing on mbarriers.
     Tma,

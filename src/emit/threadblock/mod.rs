@@ -63,9 +63,7 @@ impl Ctx<'_> {
     /// A schedule barrier: the `cp.async` copies issued since the last one are waited for
     /// first (their tiles are what the barrier publishes).
     fn barrier(&mut self) {
-        if std::mem::take(&mut self.copies_in_flight) {
-            self.w.line("mucc::sm80::cp_async_wait_all();");
-        }
+        self.copies_waited();
         self.w.line("__syncthreads();");
     }
 
