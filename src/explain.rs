@@ -645,6 +645,10 @@ fn op_plan(
                     format!("registers ({per_thread} per thread)")
                 }
                 AccumStorage::Shared => "shared memory".into(),
+                AccumStorage::WrittenOnce => {
+                    "shared memory, written once (one iteration: 0 + its input, no initial fill)"
+                        .into()
+                }
             };
             let piped = kp
                 .pipe_into(kp.fusion.chain_of[h.index()])

@@ -96,14 +96,21 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
     L2::run(acc3, s0_cur, s1_cur, smem, warp, lane);
     // op4 accum_red_ld_mean
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0_cur[L0::offset(row * 64 + j)]);
-        return v;
+      auto elem = [&](int row, int j0) {
+        const int e = row * 64 + j0;
+        const auto in0_ = mucc::tb::load_run<8, float>(s0_cur + L0::offset(e));
+        float s_ = float(0.0);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float v = in0_[j];
+          s_ += v;
+        }
+        return s_;
       };
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s4[L3::offset(row)], s);
       };
-      mucc::tb::for_each_row<256, 16, 16, 64, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 16, 16, 64, float, 8>(tid, elem, sink);
     }
     __syncthreads();
   }

@@ -26,14 +26,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   using L5 = mucc::Layout<mucc::Shape<256, 16>, mucc::Stride<16, 1>>;
   using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L7 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
-  using L8 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
-  using L9 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 64, 256, 1, 8, mucc::tb::Load::Ldmatrix,
+  using L8 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 64, 256, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L10 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
+  using L9 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
-  using L11 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L12 = mucc::tb::Mma<mucc::f16, L11, L6, 16, 64, 16, 1, 8, mucc::tb::Load::Ldmatrix,
+  using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
+  using L11 = mucc::tb::Mma<mucc::f16, L10, L6, 16, 64, 16, 1, 8, mucc::tb::Load::Ldmatrix,
       mucc::tb::Load::LdmatrixTrans>;
+  using L12 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -63,37 +63,43 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   // op3 input
   mucc::tb::copy_chunks<512, 1024, 8, L6, L7>(tid, s3, gi3);
   __syncthreads();
-  mucc::tb::fill<512, 1024, L8>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op4 matmul
-    L9::apply(s0, s1, smem, warp, lane, [&](int row, int col, float v) {
+    L8::apply(s0, s1, smem, warp, lane, [&](int row, int col, float v) {
       s4[L6::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     // op5 matmul
-    L10::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) {
-      s5[L11::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v);
+    L9::apply(s0, s2, smem, warp, lane, [&](int row, int col, float v) {
+      s5[L10::offset(row * 16 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();
     // op6 matmul
-    L12::apply(s5, s3, smem, warp, lane, [&](int row, int col, float v) {
+    L11::apply(s5, s3, smem, warp, lane, [&](int row, int col, float v) {
       s6[L6::offset(row * 64 + col)] = mucc::from_compute<mucc::f16>(v);
     });
     __syncthreads();
     // op7 add -> op8 accum_nored
-    mucc::tb::for_each<512, 1024>(tid, [&](int e, int) {
-      const float x0 = mucc::to_compute(s6[L6::offset(e)]);
-      const float x1 = mucc::to_compute(s4[L6::offset(e)]);
-      float v = mucc::op::add(x0, x1);
-      mucc::tb::acc_add(s8[L8::offset(e)], v);
+    mucc::tb::for_each_step<512, 1024, 2>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<2, float>(s6 + L6::offset(e));
+      const auto in1_ = mucc::tb::load_run<2, float>(s4 + L6::offset(e));
+      float out_[2];
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float x0 = in0_[j];
+        const float x1 = in1_[j];
+        float v = mucc::op::add(x0, x1);
+        out_[j] = v + float(0.0);
+      }
+      mucc::tb::store_run<2>(s8 + L12::offset(e), out_);
     });
   }
   __syncthreads();
   // op9 output
-  mucc::tb::copy_chunks<512, 1024, 8, L7, L8>(tid, go9, s8);
+  mucc::tb::copy_chunks<512, 1024, 8, L7, L12>(tid, go9, s8);
 }
 
 #ifndef __CUDACC_RTC__

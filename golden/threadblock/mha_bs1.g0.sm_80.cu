@@ -59,7 +59,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
   mucc::sm80::cp_async_wait_all();
   __syncthreads();
   mucc::tb::fill<512, 8, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<512, 512, L2>(tid, s3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -67,19 +66,26 @@ extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
     (void)lane;
     // op2 accum_red_ld_sum
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0[L0::offset(row * 4096 + j)]);
-        return v;
+      auto elem = [&](int row, int j0) {
+        const int e = row * 4096 + j0;
+        const auto in0_ = mucc::tb::load_run<8, float>(s0 + L0::offset(e));
+        float s_ = float(0.0);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float v = in0_[j];
+          s_ += v;
+        }
+        return s_;
       };
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L4::offset(row)], s);
       };
-      mucc::tb::for_each_row<512, 64, 8, 4096, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 64, 8, 4096, float, 8>(tid, elem, sink);
     }
     // op3 accum_nored
     mucc::tb::for_each<512, 512>(tid, [&](int e, int) {
       float v = mucc::to_compute(s1[L2::offset(e)]);
-      mucc::tb::acc_add(s3[L2::offset(e)], v);
+      s3[L2::offset(e)] = mucc::from_compute<mucc::f16>(v + float(0.0));
     });
   }
   __syncthreads();

@@ -45,7 +45,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   // op2 input
   mucc::tb::copy_chunks<512, 4096, 8, L0, L0>(tid, s2, gi2);
   __syncthreads();
-  mucc::tb::fill<512, 4096, L0>(tid, s7, float(0.0));
   mucc::tb::fill<512, 1, L1>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
@@ -92,20 +91,33 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     });
     __syncthreads();
     // op7 accum_nored
-    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s6[L0::offset(e)]);
-      mucc::tb::acc_add(s7[L0::offset(e)], v);
+    mucc::tb::for_each_step<512, 4096, 4>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<4, float>(s6 + L0::offset(e));
+      float out_[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = in0_[j];
+        out_[j] = v + float(0.0);
+      }
+      mucc::tb::store_run<4>(s7 + L0::offset(e), out_);
     });
     // op8 accum_red_ld_rms
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s6[L0::offset(row * 4096 + j)]);
-        return v * v;
+      auto elem = [&](int row, int j0) {
+        const int e = row * 4096 + j0;
+        const auto in0_ = mucc::tb::load_run<8, float>(s6 + L0::offset(e));
+        float s_ = float(0.0);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float v = in0_[j];
+          s_ += v * v;
+        }
+        return s_;
       };
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s8[L1::offset(row)], s);
       };
-      mucc::tb::for_each_row<512, 512, 1, 4096, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 512, 1, 4096, float, 8>(tid, elem, sink);
     }
   }
   __syncthreads();

@@ -127,15 +127,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     __syncthreads();
     // op8 accum_red_ld_sum_rescale
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s7[L0::offset(row * 64 + j)]);
-        return v;
+      auto elem = [&](int row, int j0) {
+        const int e = row * 64 + j0;
+        const auto in0_ = mucc::tb::load_run<8, float>(s7 + L0::offset(e));
+        float s_ = float(0.0);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float v = in0_[j];
+          s_ += v;
+        }
+        return s_;
       };
       auto sink = [&](int row, float s) {
         const float scale = mucc::to_compute(s8[L2::offset(row)]);
         mucc::tb::acc_rescale(s9[L2::offset(row)], scale, s);
       };
-      mucc::tb::for_each_row<512, 32, 16, 64, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 32, 16, 64, float, 8>(tid, elem, sink);
     }
     // op9 matmul
     L7::apply(s7, s2_cur, smem, warp, lane, [&](int row, int col, float v) {

@@ -55,9 +55,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   // op2 input
   mucc::tb::copy_chunks<512, 4096, 8, L4, L5>(tid, s2, gi2);
   __syncthreads();
-  mucc::tb::fill<512, 4096, L2>(tid, s4, float(0.0));
   mucc::tb::fill<512, 4, L6>(tid, s6, float(0.0));
-  mucc::tb::fill<512, 4096, L7>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
@@ -81,9 +79,15 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
       mucc::tb::rms_rows<512, 32, 4, 64, true, float>(tid, x, out, done);
     }
     // op4 accum_nored
-    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s1[L2::offset(e)]);
-      mucc::tb::acc_add(s4[L2::offset(e)], v);
+    mucc::tb::for_each_step<512, 4096, 4>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<4, float>(s1 + L2::offset(e));
+      float out_[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = in0_[j];
+        out_[j] = v + float(0.0);
+      }
+      mucc::tb::store_run<4>(s4 + L2::offset(e), out_);
     });
     // op5 rms_norm -> op8 accum_nored
     {
@@ -93,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
       auto out = [&](int row, int j, float v) {
         (void)row;
         (void)j;
-        mucc::tb::acc_add(s8[L7::offset(row * 64 + j)], v);
+        s8[L7::offset(row * 64 + j)] = mucc::from_compute<mucc::f16>(v + float(0.0));
         return float(0.0);
       };
       auto done = [&](int row, float s) {
@@ -150,12 +154,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>, mucc::Swizzle<3,
       3, 9>>;
   using L3 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
-  using L4 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
+  using L4 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
   using L5 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>;
-  using L6 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
-  using L7 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 4096, 1>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
-  using L9 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 4096, 1>>;
+  using L6 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 4096, 1>>;
+  using L7 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
+  using L8 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 4096, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -176,34 +179,51 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
   // op1 input
   mucc::tb::copy_chunks<512, 16384, 8, L2, L3>(tid, s1, gi1);
   __syncthreads();
-  mucc::tb::fill<512, 4096, L4>(tid, s2, float(0.0));
-  mucc::tb::fill<512, 16384, L5>(tid, s3, float(0.0));
-  mucc::tb::fill<512, 4, L6>(tid, s4, float(0.0));
+  mucc::tb::fill<512, 4, L4>(tid, s4, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op2 accum_nored
-    mucc::tb::for_each<512, 4096>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s0[L0::offset(e)]);
-      mucc::tb::acc_add(s2[L0::offset(e)], v);
+    mucc::tb::for_each_step<512, 4096, 4>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<4, float>(s0 + L0::offset(e));
+      float out_[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = in0_[j];
+        out_[j] = v + float(0.0);
+      }
+      mucc::tb::store_run<4>(s2 + L0::offset(e), out_);
     });
     // op3 accum_nored
-    mucc::tb::for_each<512, 16384>(tid, [&](int e, int) {
-      float v = mucc::to_compute(s1[L2::offset(e)]);
-      mucc::tb::acc_add(s3[L5::offset(e)], v);
+    mucc::tb::for_each_step<512, 16384, 4>(tid, [&](int e) {
+      const auto in0_ = mucc::tb::load_run<4, float>(s1 + L2::offset(e));
+      float out_[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = in0_[j];
+        out_[j] = v + float(0.0);
+      }
+      mucc::tb::store_run<4>(s3 + L5::offset(e), out_);
     });
     // op4 accum_red_ld_sum
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s1[L2::offset(row * 4096 + j)]);
-        return v;
+      auto elem = [&](int row, int j0) {
+        const int e = row * 4096 + j0;
+        const auto in0_ = mucc::tb::load_run<8, float>(s1 + L2::offset(e));
+        float s_ = float(0.0);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float v = in0_[j];
+          s_ += v;
+        }
+        return s_;
       };
       auto sink = [&](int row, float s) {
-        mucc::tb::acc_add(s4[L6::offset(row)], s);
+        mucc::tb::acc_add(s4[L4::offset(row)], s);
       };
-      mucc::tb::for_each_row<512, 128, 4, 4096, float>(tid, elem, sink);
+      mucc::tb::for_each_row<512, 128, 4, 4096, float, 8>(tid, elem, sink);
     }
   }
   __syncthreads();
@@ -214,14 +234,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
     #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float x0 = in0_[j];
-      const float x1 = mucc::to_compute(s4[L8::offset(e)]);
+      const float x1 = mucc::to_compute(s4[L7::offset(e)]);
       float v = mucc::op::div(x0, x1);
       out_[j] = v;
     }
-    mucc::tb::store_run<8>(go7 + L7::offset(e), out_);
+    mucc::tb::store_run<8>(go7 + L6::offset(e), out_);
   });
   // op6 output
-  mucc::tb::copy_chunks<512, 4096, 8, L9, L0>(tid, go6, s2);
+  mucc::tb::copy_chunks<512, 4096, 8, L8, L0>(tid, go6, s2);
 }
 
 #ifndef __CUDACC_RTC__

@@ -79,14 +79,21 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
     }
     // op2 accum_red_ld_rms
     {
-      auto elem = [&](int row, int j) {
-        float v = mucc::to_compute(s0_cur[L1::offset(row * 128 + j)]);
-        return v * v;
+      auto elem = [&](int row, int j0) {
+        const int e = row * 128 + j0;
+        const auto in0_ = mucc::tb::load_run<8, float>(s0_cur + L1::offset(e));
+        float s_ = float(0.0);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float v = in0_[j];
+          s_ += v * v;
+        }
+        return s_;
       };
       auto sink = [&](int row, float s) {
         mucc::tb::acc_add(s2[L0::offset(row)], s);
       };
-      mucc::tb::for_each_row<256, 32, 2, 128, float>(tid, elem, sink);
+      mucc::tb::for_each_row<256, 32, 2, 128, float, 8>(tid, elem, sink);
     }
     // op3 matmul -> op4 accum_nored
     L3::run(acc4, s0_cur, s1_cur, smem, warp, lane);

@@ -3,7 +3,8 @@
 //! chain runs → the CTA.
 
 use super::ops::{
-    Copy, CopyEngine, MatmulInstr, OpPlan, OperandLoad, operand_loads, plan_ops, tile_dtypes,
+    AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, OperandLoad, operand_loads, plan_ops,
+    tile_dtypes,
 };
 use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
@@ -832,7 +833,7 @@ fn plan_body_barriers(
         .ops
         .iter()
         .any(|(h, op)| match (&op.kind, &ops[h.index()]) {
-            (TbOpKind::Accum(_), OpPlan::Accum { storage, .. }) => !storage.in_registers(),
+            (TbOpKind::Accum(_), OpPlan::Accum { storage, .. }) => *storage == AccumStorage::Shared,
             (TbOpKind::Accum(_), _)
             | (
                 TbOpKind::Reduction {
@@ -1501,6 +1502,21 @@ fn plan_chains(
                 TbOpKind::Accum(_) => (Vec::new(), Sink::Accum(tail)),
                 _ => (chain.ops[1..].to_vec(), Sink::Tile(tb.ops[tail].outputs[0])),
             };
+            // An accumulator written once takes the chain's values as a tile does.
+            let (members, sink) = match sink {
+                Sink::Accum(a)
+                    if matches!(
+                        ops[a.index()],
+                        OpPlan::Accum {
+                            storage: AccumStorage::WrittenOnce,
+                            ..
+                        }
+                    ) =>
+                {
+                    (members, Sink::Tile(tb.ops[a].outputs[0]))
+                }
+                other => (members, other),
+            };
             // The space the leader produces (an accumulator leader: its input's).
             let space = match &lop.kind {
                 TbOpKind::Accum(_) => tb.tensors[lop.inputs[0]].shape,
@@ -1562,6 +1578,10 @@ const VECTOR_WIDTHS: [usize; 2] = [4, 2];
 /// elements).
 const DEVICE_VECTOR_WIDTHS: [usize; 3] = [8, 4, 2];
 
+/// The same for chains summed by rows into an accumulator (`tb::for_each_row`): the tiles'
+/// reads only, up to one 16-byte load per step (8 16-bit elements).
+const ROW_VECTOR_WIDTHS: [usize; 3] = [8, 4, 2];
+
 /// Gives element-wise chains (a unary or binary leader, element-wise members, a tile sink) a vector
 /// width V ([`ChainPlan::vector`]) where each of a thread's steps is one vector access per
 /// tile: V divides the walk's last extent (a step never crosses a row) and leaves every thread
@@ -1574,6 +1594,10 @@ const DEVICE_VECTOR_WIDTHS: [usize; 3] = [8, 4, 2];
 /// elements) where the tensor's region is contiguous along the walk's last dim and every step
 /// starts aligned (the conditions of a chunked copy: its strides, block offsets and row length
 /// are multiples of V; device buffers start 16-byte aligned).
+/// A chain whose row sums an accumulator takes (`sum`, `mean` and `rms` accumulators over the
+/// last dim, led by an element-wise operator or by the accumulator itself) reads up to 16 bytes
+/// per step along its rows, under the same conditions on its tiles, with no bound from the
+/// threads (a row's steps are spread over its group of threads).
 /// An element-wise chain left scalar gets the reason of the narrowest width
 /// ([`ChainPlan::scalar`]).
 fn plan_vectors(
@@ -1589,17 +1613,34 @@ fn plan_vectors(
     for (c, cp) in chains.iter_mut().enumerate() {
         let lead = fusion.chains[c].leader();
         let lop = &tb.ops[lead];
-        if !matches!(lop.kind, TbOpKind::Unary(_) | TbOpKind::Binary(_)) {
-            continue;
-        }
+        // Row sums (`tb::for_each_row`): a reducing accumulator that is not a strided group's.
+        let row_sums = match cp.sink {
+            Sink::Accum(a) => matches!(
+                tb.ops[a].kind,
+                TbOpKind::Accum(k) if k.reduces_last_dim() && k != AccumKind::RedtoxLdSum
+            ),
+            _ => false,
+        };
+        let space = match lop.kind {
+            TbOpKind::Unary(_) | TbOpKind::Binary(_) => tb.tensors[lop.outputs[0]].shape,
+            // Row sums of an accumulator's input, or an accumulator written once (its input
+            // stored to its tile).
+            TbOpKind::Accum(_) if row_sums || matches!(cp.sink, Sink::Tile(_)) => {
+                tb.tensors[lop.inputs[0]].shape
+            }
+            _ => continue,
+        };
         let Some(&last) = cp.order.last() else {
             continue;
         };
-        let space = tb.tensors[lop.outputs[0]].shape;
+        if row_sums && last + 1 != space.rank() {
+            continue;
+        }
         let mut touched: Vec<usize> = fusion.reads(tb, c).iter().map(|t| t.index()).collect();
         // The device tensor a chain stores to: its region must start every step aligned.
         let mut device = None;
         let widths: &[usize] = match cp.sink {
+            _ if row_sums => &ROW_VECTOR_WIDTHS,
             Sink::Tile(t) => {
                 touched.push(t.index());
                 &VECTOR_WIDTHS
@@ -1627,7 +1668,7 @@ fn plan_vectors(
                     extent: space.dim(last),
                 });
             }
-            if space.numel() / v < threads {
+            if !row_sums && space.numel() / v < threads {
                 return Some(ScalarSteps::FewElements {
                     elements: space.numel(),
                     threads,
@@ -2146,6 +2187,69 @@ mod tests {
         let (n, e) = engine(8);
         assert!(n <= THREAD_COPY_IN_FLIGHT, "{n} chunks per thread");
         assert_eq!(e, CopyEngine::Threads);
+    }
+
+    /// A plain sum over a loop of one iteration is written once (its chain stores to its tile,
+    /// by vectors where the tiles allow); over two iterations it accumulates. Row sums read
+    /// their rows by runs of 8 16-bit elements (one 16-byte load per tile and step).
+    #[test]
+    fn one_iteration_sums_are_written_once_and_rows_read_by_vectors() {
+        use crate::graph::DType;
+        use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+        use crate::sched::plan::Options;
+        let plan = |iterations: usize| {
+            let mut g = GraphBuilder::new();
+            let x = g.new_input(&[64, 64 * iterations], DType::F16).unwrap();
+            let mut tb = TbGraphBuilder::new([1, 1, 1], [128, 1, 1], iterations);
+            let fd = if iterations > 1 { 1 } else { -1 };
+            let tx = tb.new_input(&g, x, [-1, -1, -1], fd).unwrap();
+            let a = tb.forloop_accum(tx, AccumKind::Nored).unwrap();
+            let r = tb.forloop_accum(tx, AccumKind::RedLdSum).unwrap();
+            tb.new_output(a, [-1, -1, -1]).unwrap();
+            tb.new_output(r, [-1, -1, -1]).unwrap();
+            let outs = g.customized(tb).unwrap();
+            for o in outs {
+                g.mark_output(o).unwrap();
+            }
+            let g = g.build().unwrap();
+            let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm80))).unwrap();
+            let kp = p.kernels.values().next().unwrap().clone();
+            let (_, tb) = g.customized_ops().next().unwrap();
+            let accs: Vec<_> = tb
+                .ops
+                .iter()
+                .filter(|(_, o)| matches!(o.kind, TbOpKind::Accum(_)))
+                .map(|(h, o)| (h, o.kind.clone(), o.outputs[0]))
+                .collect();
+            (kp, accs)
+        };
+        let (kp, accs) = plan(1);
+        for (h, kind, out) in &accs {
+            let chain = &kp.chains[kp.fusion.chain_of[h.index()]];
+            let OpPlan::Accum { storage, .. } = &kp.ops[h.index()] else {
+                panic!("op{} has no accumulator plan", h.index());
+            };
+            if *kind == TbOpKind::Accum(AccumKind::Nored) {
+                assert_eq!(*storage, AccumStorage::WrittenOnce);
+                assert_eq!(chain.sink, Sink::Tile(*out));
+                assert_eq!((chain.vector, chain.scalar.clone()), (4, None));
+            } else {
+                assert_eq!(*storage, AccumStorage::Shared);
+                assert_eq!(chain.sink, Sink::Accum(*h));
+                assert_eq!((chain.vector, chain.scalar.clone()), (8, None));
+            }
+        }
+        let (kp, accs) = plan(2);
+        for (h, kind, _) in &accs {
+            let OpPlan::Accum { storage, .. } = &kp.ops[h.index()] else {
+                panic!("op{} has no accumulator plan", h.index());
+            };
+            assert_ne!(*storage, AccumStorage::WrittenOnce, "{kind:?}");
+            assert_eq!(
+                kp.chains[kp.fusion.chain_of[h.index()]].sink,
+                Sink::Accum(*h)
+            );
+        }
     }
 
     /// Whether op `o` of the graph's customized operator is an exp.

@@ -122,6 +122,10 @@ pub enum AccumStorage {
     },
     /// In shared memory.
     Shared,
+    /// In shared memory, written once: a plain sum (`accum_nored`, not after a matmul) over a
+    /// loop of one iteration holds 0 + its input, which its chain stores to the tile (as
+    /// `v + 0`, so that −0 becomes +0 as in the sum) — no initial fill, no read-modify-write.
+    WrittenOnce,
 }
 
 impl AccumStorage {
@@ -845,6 +849,7 @@ pub fn plan_ops(
                             fragment_of,
                         }
                     }
+                    _ if single_pass && *kind == AccumKind::Nored => AccumStorage::WrittenOnce,
                     _ => AccumStorage::Shared,
                 };
                 // A row-summing accumulator after an element-wise leader sums the rows of the

@@ -861,7 +861,8 @@ pub struct ChainPlan {
     /// offset once per step and adds the element's index times the dim's stride
     /// (`sched::kernel::plan_vectors` says when that is exact).
     pub vector: usize,
-    /// For an element-wise chain (unary or binary leader) left at one element per step: why.
+    /// For an element-wise chain (unary or binary leader, an accumulator written once, or the
+    /// row sums of an accumulator) left at one element per step: why.
     pub scalar: Option<ScalarSteps>,
 }
 

@@ -147,6 +147,17 @@ pub fn template_args(text: &str, prefix: &str) -> Vec<Vec<String>> {
     out
 }
 
+/// Whether chain `c` ends in an accumulator that sums the rows of its values (a
+/// `tb::for_each_row` call; strided groups apart).
+fn summed_by_rows(
+    tb: &mucc::graph::threadblock::TbGraph,
+    c: &mucc::sched::plan::ChainPlan,
+) -> bool {
+    matches!(c.sink, mucc::sched::plan::Sink::Accum(a)
+        if matches!(tb.ops[a].kind, TbOpKind::Accum(k)
+            if k.reduces_last_dim() && k != mucc::graph::AccumKind::RedtoxLdSum))
+}
+
 fn nums(args: &[String], range: std::ops::Range<usize>) -> Vec<usize> {
     args[range]
         .iter()
@@ -322,13 +333,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             format!("{approx} chains with exp by {kind}"),
         );
     }
-    // Vector steps: one for_each_step<threads, elements, V> per vectorised chain, with the
-    // plan's width; binary members read their side tile (`side<i>`) once per element.
+    // Vector steps: one for_each_step<threads, elements, V> per vectorised chain (row sums
+    // apart: their for_each_row calls are checked below), with the plan's width; binary
+    // members read their side tile (`side<i>`) once per element.
     {
         let mut planned: Vec<usize> = kp
             .chains
             .iter()
-            .filter(|c| c.vector > 1)
+            .filter(|c| c.vector > 1 && !summed_by_rows(tb, c))
             .map(|c| c.vector)
             .collect();
         let mut found: Vec<usize> = template_args(&text, "mucc::tb::for_each_step<")
@@ -493,6 +505,44 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         planned == emitted,
         format!("row splits (tpr, rows, len): plan {planned:?}, code {emitted:?}"),
     );
+    // Row sums by vectors: each for_each_row's run length (a sixth argument above 1) against
+    // the vector widths of the chains summed by rows.
+    let mut row_vectors: Vec<usize> = kp
+        .chains
+        .iter()
+        .filter(|c| summed_by_rows(tb, c))
+        .map(|c| c.vector)
+        .collect();
+    let mut emitted_vectors: Vec<usize> = template_args(&text, "mucc::tb::for_each_row<")
+        .into_iter()
+        .map(|a| a.get(5).map_or(1, |v| v.parse().unwrap_or(0)))
+        .collect();
+    // Rows a register pipe sums by shuffles have no for_each_row call.
+    row_vectors.retain(|&v| v > 1);
+    emitted_vectors.retain(|&v| v != 1);
+    row_vectors.sort();
+    emitted_vectors.sort();
+    want(
+        row_vectors == emitted_vectors,
+        format!("row-sum vectors: plan {row_vectors:?}, code {emitted_vectors:?}"),
+    );
+    // Accumulators written once start from nothing: no fill of their tiles.
+    for (h, op) in tb.ops.iter() {
+        if let OpPlan::Accum {
+            storage: AccumStorage::WrittenOnce,
+            ..
+        } = &kp.ops[h.index()]
+        {
+            let t = op.outputs[0].index();
+            let arg = format!("(tid, s{t}, ");
+            want(
+                !text
+                    .lines()
+                    .any(|l| l.contains("mucc::tb::fill<") && l.contains(&arg)),
+                format!("s{t}, an accumulator written once, is filled"),
+            );
+        }
+    }
     // Matmuls: warp grids and operand loads of tensor-core products; FMA products.
     let mut mma_plan = BTreeSet::new();
     let mut fma_plan = BTreeSet::new();

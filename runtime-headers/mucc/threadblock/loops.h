@@ -131,11 +131,14 @@ __device__ __forceinline__ void block_sums(C (&x)[R], C* scratch, int tid) {
 }
 
 // Row reductions: groups of TPR threads take rows; for each row, s = Σ_j elem(row, j) over
-// j < LEN, then sink(row, s) on the group's first thread.
+// j < LEN, then sink(row, s) on the group's first thread. With V > 1, elem(row, j) gives the
+// sum over the V elements j, …, j + V − 1 (j a multiple of V: one vector load per tile), and
+// consecutive threads of a group take consecutive runs.
 // Preconditions: TPR is a power of two; NT a multiple of 32 when TPR > 1; with TPR > 32 every
-// thread of the block calls it (see block_group_sum).
-template <int NT, int TPR, i64 ROWS, i64 LEN, class C, class E, class S>
+// thread of the block calls it (see block_group_sum); LEN a multiple of V.
+template <int NT, int TPR, i64 ROWS, i64 LEN, class C, int V = 1, class E, class S>
 __device__ __forceinline__ void for_each_row(int tid, E elem, S sink) {
+  static_assert(LEN % V == 0, "whole runs of V elements");
   constexpr int G = NT / TPR;
   const int g = tid / TPR;
   const int lane = tid % TPR;
@@ -144,7 +147,7 @@ __device__ __forceinline__ void for_each_row(int tid, E elem, S sink) {
     C s = C(0);
     if (row < ROWS) {
 #pragma unroll 4
-      for (int j = lane; j < LEN; j += TPR) s += elem(row, j);
+      for (int j = lane * V; j < LEN; j += TPR * V) s += elem(row, j);
     }
     s = block_group_sum<NT, TPR>(s, tid);
     if (row < ROWS && lane == 0) sink(row, s);

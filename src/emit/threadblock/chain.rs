@@ -130,8 +130,9 @@ impl Ctx<'_> {
                 let l = self.tile_layout(t, order)?;
                 let ty = self.tile_ctype(t);
                 let p = self.tile_ref(t);
+                let v = self.stored_value(t, "v");
                 vec![format!(
-                    "{p}[{l}::offset({e})] = mucc::from_compute<{ty}>(v);"
+                    "{p}[{l}::offset({e})] = mucc::from_compute<{ty}>({v});"
                 )]
             }
             Sink::Global(o) => {
@@ -333,11 +334,41 @@ impl Ctx<'_> {
             // Row sums, by the accumulator's row split.
             let split = self.row_split(a)?;
             let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
+            let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
+            let term = if rms { "v * v" } else { "v" };
+            let done = self.row_sink_lines(a, "row")?;
+            let v = cp.vector;
+            if v > 1 {
+                // A run of v elements per call: one vector load per tile, the run's sum.
+                self.vector_loads = Some((v, Vec::new()));
+                let body = self.value_lines(lop, &space, &order, "e", cp);
+                let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
+                let mut body = body?;
+                body.push(format!("s_ += {term};"));
+                let zero = cxx::number(0.0, c);
+                self.w.block("", "", |w| {
+                    w.block("auto elem = [&](int row, int j0)", ";", |w| {
+                        w.line(format!("const int e = row * {len} + j0;"));
+                        lines(w, &loads);
+                        w.line(format!("{c} s_ = {zero};"));
+                        w.line("#pragma unroll");
+                        w.block(format!("for (int j = 0; j < {v}; ++j)"), "", |w| {
+                            lines(w, &body)
+                        });
+                        w.line("return s_;");
+                    });
+                    w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
+                        lines(w, &done)
+                    });
+                    w.line(format!(
+                        "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {len}, {c}, {v}>(tid, elem, sink);"
+                    ));
+                });
+                return Ok(());
+            }
             let mut elem =
                 self.value_lines(lop, &space, &order, &format!("row * {len} + j"), cp)?;
-            let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
-            elem.push(if rms { "return v * v;" } else { "return v;" }.into());
-            let done = self.row_sink_lines(a, "row")?;
+            elem.push(format!("return {term};"));
             self.w.block("", "", |w| {
                 w.block("auto elem = [&](int row, int j)", ";", |w| lines(w, &elem));
                 w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
@@ -394,7 +425,10 @@ impl Ctx<'_> {
         let body = self.value_lines(lop, space, order, "e", cp);
         let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
         let mut body = body?;
-        body.push("out_[j] = v;".into());
+        body.push(match cp.sink {
+            Sink::Tile(t) => format!("out_[j] = {};", self.stored_value(t, "v")),
+            _ => "out_[j] = v;".into(),
+        });
         self.w.block(
             format!(
                 "mucc::tb::for_each_step<{nt}, {}, {v}>(tid, [&](int e)",

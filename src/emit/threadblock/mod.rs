@@ -222,6 +222,25 @@ impl Ctx<'_> {
     }
 
     /// Whether accumulator `a` reduces its tile's last dim.
+    /// The value a chain stores into tile `t`: `v`, or `v + 0` where `t` is an accumulator's
+    /// tile written once (the sum 0 + v, which turns −0 into +0).
+    fn stored_value(&self, t: Handle<STensor>, v: &str) -> String {
+        let once = self.tb.producer(t).is_some_and(|p| {
+            matches!(
+                self.kp.ops[p.index()],
+                OpPlan::Accum {
+                    storage: AccumStorage::WrittenOnce,
+                    ..
+                }
+            )
+        });
+        if once {
+            format!("{v} + {}", cxx::number(0.0, self.compute()))
+        } else {
+            v.to_string()
+        }
+    }
+
     fn accum_reduces(&self, a: Handle<TbOp>) -> bool {
         matches!(self.tb.ops[a].kind, TbOpKind::Accum(k) if k.reduces_last_dim())
     }
@@ -545,6 +564,14 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
         };
         let out = top.outputs[0];
         match (&top.kind, &kp.ops[h.index()]) {
+            // Its chain stores its value; nothing to start from.
+            (
+                TbOpKind::Accum(_),
+                OpPlan::Accum {
+                    storage: AccumStorage::WrittenOnce,
+                    ..
+                },
+            ) => {}
             (
                 TbOpKind::Accum(_),
                 OpPlan::Accum {
