@@ -487,7 +487,7 @@ fn plan_kernel_with(
         arch: target.arch.to_string(),
     })?;
     let mut chains = plan_chains(tb, &fusion, kl, &ops, &ins, &outs);
-    plan_vectors(tb, &mut chains, &fusion, &tiles, threads, &outs);
+    plan_vectors(tb, &mut chains, &fusion, &ops, &tiles, threads, &outs);
     // (Its `approx_exp` needs no change: the fragment is packed into the tile's type, which
     // `plan_chains` already takes as the store's.)
     for p in pipes.iter().filter_map(PipeDecision::on) {
@@ -1604,6 +1604,7 @@ fn plan_vectors(
     tb: &TbGraph,
     chains: &mut [ChainPlan],
     fusion: &FusionPlan,
+    ops: &[OpPlan],
     tiles: &[Option<TileGeometry>],
     threads: usize,
     outs: &Side,
@@ -1613,12 +1614,19 @@ fn plan_vectors(
     for (c, cp) in chains.iter_mut().enumerate() {
         let lead = fusion.chains[c].leader();
         let lop = &tb.ops[lead];
-        // Row sums (`tb::for_each_row`): a reducing accumulator that is not a strided group's.
+        // Row sums (`tb::for_each_row`): a reducing accumulator that is not a strided group's,
+        // with a row split of the CTA (a register pipe's warps sum theirs by shuffles).
         let row_sums = match cp.sink {
-            Sink::Accum(a) => matches!(
-                tb.ops[a].kind,
-                TbOpKind::Accum(k) if k.reduces_last_dim() && k != AccumKind::RedtoxLdSum
-            ),
+            Sink::Accum(a) => {
+                let summed = matches!(
+                    tb.ops[a].kind,
+                    TbOpKind::Accum(k) if k.reduces_last_dim() && k != AccumKind::RedtoxLdSum
+                );
+                if summed && !matches!(ops[a.index()], OpPlan::Accum { rows: Some(_), .. }) {
+                    continue;
+                }
+                summed
+            }
             _ => false,
         };
         let space = match lop.kind {
