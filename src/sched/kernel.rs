@@ -1503,7 +1503,7 @@ fn plan_chains(
                 _ => (chain.ops[1..].to_vec(), Sink::Tile(tb.ops[tail].outputs[0])),
             };
             // An accumulator written once takes the chain's values as a tile does.
-            let (members, sink) = match sink {
+            let sink = match sink {
                 Sink::Accum(a)
                     if matches!(
                         ops[a.index()],
@@ -1513,9 +1513,9 @@ fn plan_chains(
                         }
                     ) =>
                 {
-                    (members, Sink::Tile(tb.ops[a].outputs[0]))
+                    Sink::Tile(tb.ops[a].outputs[0])
                 }
-                other => (members, other),
+                other => other,
             };
             // The space the leader produces (an accumulator leader: its input's).
             let space = match &lop.kind {

@@ -316,6 +316,22 @@ impl Ctx<'_> {
         Ok(lines)
     }
 
+    /// The value lines of a run of `v` elements starting at element `e` (each tile read by one
+    /// vector load, the element `j` of the run in the lines' loop) and those loads.
+    fn vector_values(
+        &mut self,
+        lop: &TbOp,
+        space: &Shape,
+        order: &[usize],
+        cp: &ChainPlan,
+        v: usize,
+    ) -> Result<(Vec<String>, Vec<String>), EmitError> {
+        self.vector_loads = Some((v, Vec::new()));
+        let body = self.value_lines(lop, space, order, "e", cp);
+        let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
+        Ok((loads, body?))
+    }
+
     /// An element-wise chain (unary, binary, concat leaders, or an accumulator as leader).
     fn elementwise_chain(&mut self, lop: &TbOp, cp: &ChainPlan) -> Result<(), EmitError> {
         let (nt, c) = (self.nt, self.compute());
@@ -340,10 +356,7 @@ impl Ctx<'_> {
             let v = cp.vector;
             if v > 1 {
                 // A run of v elements per call: one vector load per tile, the run's sum.
-                self.vector_loads = Some((v, Vec::new()));
-                let body = self.value_lines(lop, &space, &order, "e", cp);
-                let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
-                let mut body = body?;
+                let (loads, mut body) = self.vector_values(lop, &space, &order, cp, v)?;
                 body.push(format!("s_ += {term};"));
                 let zero = cxx::number(0.0, c);
                 self.w.block("", "", |w| {
@@ -421,10 +434,7 @@ impl Ctx<'_> {
             }
         };
         let (nt, c, v) = (self.nt, self.compute(), cp.vector);
-        self.vector_loads = Some((v, Vec::new()));
-        let body = self.value_lines(lop, space, order, "e", cp);
-        let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
-        let mut body = body?;
+        let (loads, mut body) = self.vector_values(lop, space, order, cp, v)?;
         body.push(match cp.sink {
             Sink::Tile(t) => format!("out_[j] = {};", self.stored_value(t, "v")),
             _ => "out_[j] = v;".into(),
