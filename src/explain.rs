@@ -791,7 +791,7 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 "NCCL all-reduce (sum) over {gpus} GPUs of the {count}-element span ({}) that \
                  input and output share (padding included), on the graph's stream; not fused: \
                  {why}",
-                dtype.c_name()
+                dtype
             ),
             KnOpPlan::RmsNorm {
                 rows,
@@ -842,7 +842,7 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
             KnOpPlan::Gemm { calls, transposed } => {
                 let c = &calls[0];
                 format!(
-                    "cuBLAS, {} call(s){}: m {} n {} k {} batch {}, {} / {}",
+                    "cuBLAS, {} call(s){}: m {} n {} k {} batch {}, {} operands, {} accumulation",
                     calls.len(),
                     if *transposed {
                         " (row-major C: computed as Cᵀ = Bᵀ·Aᵀ)"
@@ -853,8 +853,8 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                     c.n,
                     c.k,
                     c.batch,
-                    c.data_type.name(),
-                    c.compute_type.name()
+                    c.data_type,
+                    c.compute_type
                 )
             }
         };

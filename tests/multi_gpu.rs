@@ -217,7 +217,7 @@ fn a_multi_gpu_plan_all_reduces_through_nccl_and_its_entry_takes_a_communicator(
         let call = format!(
             "MUCC_CHECK_NCCL(ncclAllReduce(buf.ws(0), buf.out(0, 0), {}, {}, ncclSum, comm, stream));",
             M * N,
-            nccl.c_name()
+            mucc::emit::cxx::nccl_data_type(nccl)
         );
         assert!(e.source.contains(&call), "{}", e.source);
         // The launch plan round-trips through JSON with its GPU count.
@@ -225,7 +225,7 @@ fn a_multi_gpu_plan_all_reduces_through_nccl_and_its_entry_takes_a_communicator(
             serde_json::from_str(&serde_json::to_string(&e.launch).unwrap()).unwrap();
         assert_eq!(back, e.launch);
         // The library header of `mucc build` declares the communicator parameter.
-        let h = mucc::cuda::nvcc::header("TP_H", "tp_mlp", &e.launch);
+        let h = mucc::emit::header::header("TP_H", "tp_mlp", &e.launch);
         assert!(h.contains("#define MUCC_NUM_GPUS 2\n#define MUCC_NCCL_ERROR_BASE 200000\n"));
         assert!(h.contains(
             "int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace, void* comm,\n                 void* stream);"
@@ -658,7 +658,7 @@ fn a_fused_all_reduce_runs_in_the_kernel_writing_its_input() {
             )),
             "{name}"
         );
-        let h = mucc::cuda::nvcc::header("TP_H", &name, &e.launch);
+        let h = mucc::emit::header::header("TP_H", &name, &e.launch);
         assert!(h.contains(&format!("#define MUCC_EXCHANGE_BYTES {}", p.exchange_bytes)));
         assert!(
             h.contains("void* const* exchange, void* comm, void* stream);"),

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use mucc::cuda::nvcc::{NvccOptions, Stage, build_library, header, prepare};
+use mucc::cuda::nvcc::{NvccOptions, Stage, build_library, prepare};
+use mucc::emit::header::header;
 use mucc::target::Arch;
 
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings};

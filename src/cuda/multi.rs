@@ -184,9 +184,7 @@ pub(crate) fn all_reduce(
     }
     .map_err(nccl_error(format!(
         "ncclAllReduce of {} {} elements on rank {}",
-        c.count,
-        c.dtype.c_name(),
-        r.rank
+        c.count, c.dtype, r.rank
     )))?;
     Ok(())
 }
@@ -1228,7 +1226,10 @@ mod tests {
             NcclDataType::Float64,
         ] {
             // The C name and cudarc's enumerator agree (ncclFloat16 = ncclHalf, …).
-            assert_eq!(format!("{:?}", nccl_type(t)), t.c_name());
+            assert_eq!(
+                format!("{:?}", nccl_type(t)),
+                crate::emit::cxx::nccl_data_type(t)
+            );
         }
     }
 }

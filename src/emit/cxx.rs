@@ -1,5 +1,6 @@
 //! C++ spelling, in one place: element and compute types, literals (finite and infinite),
-//! operator calls, layout types; and [`Writer`], which writes lines at a typed indentation.
+//! operator calls, layout types, the runtime's constants, and the enumerators of cuBLAS, NCCL
+//! and the driver's tensor maps; and [`Writer`], which writes lines at a typed indentation.
 
 use std::fmt::Write as _;
 
@@ -20,6 +21,80 @@ pub fn operand_load(l: crate::sched::ops::OperandLoad) -> &'static str {
         OperandLoad::Elements => "mucc::tb::Load::Elements",
         OperandLoad::Fragment => "mucc::tb::Load::Fragment",
         OperandLoad::WgmmaDescriptor => "mucc::tb::Load::Wgmma",
+    }
+}
+
+/// cuBLAS's `cudaDataType` enumerator of a matmul's element type.
+pub fn cuda_data_type(t: crate::sched::gemm::CudaDataType) -> &'static str {
+    use crate::sched::gemm::CudaDataType as T;
+    match t {
+        T::R16F => "CUDA_R_16F",
+        T::R16BF => "CUDA_R_16BF",
+        T::R32F => "CUDA_R_32F",
+        T::R64F => "CUDA_R_64F",
+    }
+}
+
+/// cuBLAS's `cublasComputeType_t` enumerator.
+pub fn cublas_compute(c: crate::sched::gemm::CublasCompute) -> &'static str {
+    use crate::sched::gemm::CublasCompute as C;
+    match c {
+        C::F32 => "CUBLAS_COMPUTE_32F",
+        C::F64 => "CUBLAS_COMPUTE_64F",
+    }
+}
+
+/// The C++ type of cuBLAS's alpha and beta for an accumulation type.
+pub fn cublas_scalar(c: crate::sched::gemm::CublasCompute) -> &'static str {
+    use crate::sched::gemm::CublasCompute as C;
+    match c {
+        C::F32 => "float",
+        C::F64 => "double",
+    }
+}
+
+/// The driver's `CUtensorMapSwizzle` enumerator.
+pub fn tensor_map_swizzle(s: crate::sched::tma::TmaSwizzle) -> &'static str {
+    use crate::sched::tma::TmaSwizzle as S;
+    match s {
+        S::None => "CU_TENSOR_MAP_SWIZZLE_NONE",
+        S::B32 => "CU_TENSOR_MAP_SWIZZLE_32B",
+        S::B64 => "CU_TENSOR_MAP_SWIZZLE_64B",
+        S::B128 => "CU_TENSOR_MAP_SWIZZLE_128B",
+    }
+}
+
+/// The driver's `CUtensorMapDataType` enumerator.
+pub fn tensor_map_data_type(t: crate::sched::tma::TmaDataType) -> &'static str {
+    use crate::sched::tma::TmaDataType as T;
+    match t {
+        T::U8 => "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+        T::U16 => "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+        T::U32 => "CU_TENSOR_MAP_DATA_TYPE_UINT32",
+        T::I32 => "CU_TENSOR_MAP_DATA_TYPE_INT32",
+        T::U64 => "CU_TENSOR_MAP_DATA_TYPE_UINT64",
+        T::I64 => "CU_TENSOR_MAP_DATA_TYPE_INT64",
+        T::F16 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+        T::F32 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+        T::F64 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
+        T::BF16 => "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+    }
+}
+
+/// NCCL's `ncclDataType_t` enumerator.
+pub fn nccl_data_type(t: crate::sched::kernel_level::NcclDataType) -> &'static str {
+    use crate::sched::kernel_level::NcclDataType as T;
+    match t {
+        T::Int8 => "ncclInt8",
+        T::Uint8 => "ncclUint8",
+        T::Int32 => "ncclInt32",
+        T::Uint32 => "ncclUint32",
+        T::Int64 => "ncclInt64",
+        T::Uint64 => "ncclUint64",
+        T::Float16 => "ncclFloat16",
+        T::Bfloat16 => "ncclBfloat16",
+        T::Float32 => "ncclFloat32",
+        T::Float64 => "ncclFloat64",
     }
 }
 

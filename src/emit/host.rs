@@ -4,11 +4,10 @@
 //! step (graphs on several GPUs) an `ncclAllReduce` on the caller's communicator. The runner of
 //! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
 
-use super::cxx::Writer;
+use super::cxx::{self, Writer};
 use super::launch::{
     AllReduceCall, Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec,
 };
-use crate::sched::gemm::CublasCompute;
 
 /// Value `mucc_execute` adds to a `cublasStatus_t` it returns (the runtime's
 /// `MUCC_CUBLAS_ERROR_BASE`, and the generated library header's).
@@ -104,8 +103,8 @@ fn tensor_map(w: &mut Writer, plan: &LaunchPlan, m: &TensorMapSpec, i: usize) {
     let dims: Vec<String> = m.dims.iter().map(|d| format!("{d}ull")).collect();
     let boxes: Vec<String> = m.boxes.iter().map(|b| format!("{b}u")).collect();
     let strides: Vec<String> = m.strides.iter().map(|s| format!("{s}ull")).collect();
-    let dtype = m.data_type.c_name();
-    let swizzle = m.swizzle.c_name();
+    let dtype = cxx::tensor_map_data_type(m.data_type);
+    let swizzle = cxx::tensor_map_swizzle(m.swizzle);
     w.line(format!(
         "static thread_local mucc::host::CachedTensorMap tm{i};"
     ));
@@ -131,11 +130,8 @@ fn tensor_map(w: &mut Writer, plan: &LaunchPlan, m: &TensorMapSpec, i: usize) {
 fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<String> {
     let mut w = Writer::new();
     let op = |t: bool| if t { "CUBLAS_OP_T" } else { "CUBLAS_OP_N" };
-    let scalar = match c.compute_type {
-        CublasCompute::F32 => "float",
-        CublasCompute::F64 => "double",
-    };
-    let dt = c.data_type.name();
+    let scalar = cxx::cublas_scalar(c.compute_type);
+    let dt = cxx::cuda_data_type(c.data_type);
     w.line("cublasHandle_t handle;");
     w.line("MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));");
     w.line("MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));");
@@ -159,7 +155,7 @@ fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<String> {
         w.line(format!(
             "{}, {}, CUBLAS_GEMM_DEFAULT));",
             c.batch,
-            c.compute_type.name()
+            cxx::cublas_compute(c.compute_type)
         ));
     });
     w.finish().lines().map(str::to_string).collect()
@@ -171,7 +167,7 @@ fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<String> {
         address(plan, c.send),
         address(plan, c.recv),
         c.count,
-        c.dtype.c_name()
+        cxx::nccl_data_type(c.dtype)
     )]
 }
 
@@ -203,7 +199,7 @@ pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
                 comment: format!(
                     "NCCL: sum of {} {} elements over the {} GPUs",
                     c.count,
-                    c.dtype.c_name(),
+                    cxx::nccl_data_type(c.dtype),
                     plan.gpus
                 ),
                 lines: all_reduce_step(plan, c),

@@ -10,6 +10,7 @@
 //! deterministic.
 
 pub mod cxx;
+pub mod header;
 pub mod host;
 mod kernel_level;
 pub mod launch;

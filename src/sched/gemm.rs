@@ -30,15 +30,16 @@ pub enum CudaDataType {
     R64F,
 }
 
-impl CudaDataType {
-    /// The C enumerator.
-    pub fn name(self) -> &'static str {
-        match self {
-            CudaDataType::R16F => "CUDA_R_16F",
-            CudaDataType::R16BF => "CUDA_R_16BF",
-            CudaDataType::R32F => "CUDA_R_32F",
-            CudaDataType::R64F => "CUDA_R_64F",
-        }
+/// The element type's name (`f16`, `bf16`, `f32`, `f64`); the C enumerator is spelled by
+/// `emit::cxx::cuda_data_type`.
+impl std::fmt::Display for CudaDataType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CudaDataType::R16F => "f16",
+            CudaDataType::R16BF => "bf16",
+            CudaDataType::R32F => "f32",
+            CudaDataType::R64F => "f64",
+        })
     }
 }
 
@@ -53,13 +54,14 @@ pub enum CublasCompute {
     F64,
 }
 
-impl CublasCompute {
-    /// The C enumerator.
-    pub fn name(self) -> &'static str {
-        match self {
-            CublasCompute::F32 => "CUBLAS_COMPUTE_32F",
-            CublasCompute::F64 => "CUBLAS_COMPUTE_64F",
-        }
+/// The accumulation type's name (`f32`, `f64`); the C enumerator is spelled by
+/// `emit::cxx::cublas_compute`.
+impl std::fmt::Display for CublasCompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CublasCompute::F32 => "f32",
+            CublasCompute::F64 => "f64",
+        })
     }
 }
 

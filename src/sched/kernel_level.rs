@@ -104,6 +104,25 @@ pub enum NcclDataType {
     Float64,
 }
 
+/// The element type's name (`f16`, `i32`, …); the C enumerator is spelled by
+/// `emit::cxx::nccl_data_type`.
+impl std::fmt::Display for NcclDataType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NcclDataType::Int8 => "i8",
+            NcclDataType::Uint8 => "u8",
+            NcclDataType::Int32 => "i32",
+            NcclDataType::Uint32 => "u32",
+            NcclDataType::Int64 => "i64",
+            NcclDataType::Uint64 => "u64",
+            NcclDataType::Float16 => "f16",
+            NcclDataType::Bfloat16 => "bf16",
+            NcclDataType::Float32 => "f32",
+            NcclDataType::Float64 => "f64",
+        })
+    }
+}
+
 impl NcclDataType {
     /// NCCL's type for `dt`, if it has one (none for 16-bit integers and fp8).
     pub fn of(dt: DType) -> Option<NcclDataType> {
@@ -120,22 +139,6 @@ impl NcclDataType {
             DType::F64 => NcclDataType::Float64,
             _ => return None,
         })
-    }
-
-    /// The C enumerator (`ncclBfloat16`, …).
-    pub fn c_name(self) -> &'static str {
-        match self {
-            NcclDataType::Int8 => "ncclInt8",
-            NcclDataType::Uint8 => "ncclUint8",
-            NcclDataType::Int32 => "ncclInt32",
-            NcclDataType::Uint32 => "ncclUint32",
-            NcclDataType::Int64 => "ncclInt64",
-            NcclDataType::Uint64 => "ncclUint64",
-            NcclDataType::Float16 => "ncclFloat16",
-            NcclDataType::Bfloat16 => "ncclBfloat16",
-            NcclDataType::Float32 => "ncclFloat32",
-            NcclDataType::Float64 => "ncclFloat64",
-        }
     }
 
     /// Bytes per element.

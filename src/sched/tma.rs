@@ -55,16 +55,6 @@ impl TmaSwizzle {
             TmaSwizzle::B128 => Some(128),
         }
     }
-
-    /// The driver's `CUtensorMapSwizzle` enumerator.
-    pub fn c_name(self) -> &'static str {
-        match self {
-            TmaSwizzle::None => "CU_TENSOR_MAP_SWIZZLE_NONE",
-            TmaSwizzle::B32 => "CU_TENSOR_MAP_SWIZZLE_32B",
-            TmaSwizzle::B64 => "CU_TENSOR_MAP_SWIZZLE_64B",
-            TmaSwizzle::B128 => "CU_TENSOR_MAP_SWIZZLE_128B",
-        }
-    }
 }
 
 impl std::fmt::Display for TmaSwizzle {
@@ -121,23 +111,6 @@ impl TmaDataType {
             DType::BF16 => T::BF16,
             DType::F8 | DType::F4 | DType::I4 | DType::U4 => return None,
         })
-    }
-
-    /// The driver's enumerator.
-    pub fn c_name(self) -> &'static str {
-        use TmaDataType as T;
-        match self {
-            T::U8 => "CU_TENSOR_MAP_DATA_TYPE_UINT8",
-            T::U16 => "CU_TENSOR_MAP_DATA_TYPE_UINT16",
-            T::U32 => "CU_TENSOR_MAP_DATA_TYPE_UINT32",
-            T::I32 => "CU_TENSOR_MAP_DATA_TYPE_INT32",
-            T::U64 => "CU_TENSOR_MAP_DATA_TYPE_UINT64",
-            T::I64 => "CU_TENSOR_MAP_DATA_TYPE_INT64",
-            T::F16 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-            T::F32 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
-            T::F64 => "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
-            T::BF16 => "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-        }
     }
 }
 

@@ -958,7 +958,10 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 if !e.launch.steps.contains(&want) {
                     return Err(format!("kernel op {k}: no all-reduce step {want:?}"));
                 }
-                let call = format!(", {count}, {}, ncclSum, comm, stream));", dtype.c_name());
+                let call = format!(
+                    ", {count}, {}, ncclSum, comm, stream));",
+                    mucc::emit::cxx::nccl_data_type(dtype)
+                );
                 if !e.source.contains(&call) {
                     return Err(format!("kernel op {k}: no host call ending {call}"));
                 }
