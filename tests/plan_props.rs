@@ -471,7 +471,7 @@ fn plan_for(
 #[test]
 fn cluster_split_follows_grid_path_and_accumulators() {
     use mucc::sched::PathChoice;
-    use mucc::sched::plan::{Combine, Split};
+    use mucc::sched::plan::{Combine, Split, SplitOff};
     let one = |g: &KernelGraph, arch, path| -> Split {
         let p = plan_for(g, arch, path).unwrap();
         assert_eq!(p.kernels.len(), 1);
@@ -491,11 +491,11 @@ fn cluster_split_follows_grid_path_and_accumulators() {
     // The same graph on the Ampere path, and on sm_80: no split.
     assert_eq!(
         one(&small, Arch::Sm90a, PathChoice::Ampere),
-        Split::Off("Ampere path".into())
+        Split::Off(SplitOff::Ampere)
     );
     assert_eq!(
         one(&small, Arch::Sm80, PathChoice::Auto),
-        Split::Off("Ampere path".into())
+        Split::Off(SplitOff::Ampere)
     );
     // The Hopper path on sm_80 is an error, not a silent fallback.
     let e = plan_for(&small, Arch::Sm80, PathChoice::Hopper).unwrap_err();
@@ -515,7 +515,7 @@ fn cluster_split_follows_grid_path_and_accumulators() {
         Arch::Sm90a,
         PathChoice::Auto,
     ) {
-        Split::Off(why) => assert!(why.contains("rescales"), "{why}"),
+        Split::Off(why) => assert!(matches!(why, SplitOff::Rescales { .. }), "{why}"),
         s => panic!("rescale split: {s:?}"),
     }
     match one(
@@ -523,7 +523,7 @@ fn cluster_split_follows_grid_path_and_accumulators() {
         Arch::Sm90a,
         PathChoice::Auto,
     ) {
-        Split::Off(why) => assert!(why.contains("fill"), "{why}"),
+        Split::Off(why) => assert!(matches!(why, SplitOff::GridFills { .. }), "{why}"),
         s => panic!("a full grid split: {s:?}"),
     }
     // Every CTA resident at once: blocks × CTAs ≤ SMs × CTAs per SM.

@@ -11,7 +11,8 @@ use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta,
     CtaChoice, CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options,
-    Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, ZERO_PAGE,
+    Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
+    ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -164,7 +165,7 @@ pub(super) fn plan_kernel(
         total: 0,
     };
     p.unfused.clear();
-    p.split = Split::Off("register rows".into());
+    p.split = Split::Off(SplitOff::RegisterRows);
     p.tma = TmaPlan::default();
     p.regions = regions;
     p.cta.min_blocks_per_sm = 1;
@@ -514,9 +515,9 @@ fn plan_kernel_with(
             tb, threads, &fusion, &sched, &ops, &tiles, &smem, target, &pipes,
         )
     } else if hopper {
-        Split::Off("cluster split turned off (tuning variant)".into())
+        Split::Off(SplitOff::TurnedOff)
     } else {
-        Split::Off("Ampere path".into())
+        Split::Off(SplitOff::Ampere)
     };
     if hopper && opts.cluster_split && tb.num_blocks() * 4 <= target.typical_sms * 3 {
         // A ring deep enough to keep one CTA per SM can cap the cluster (its CTAs must all be
@@ -689,7 +690,7 @@ fn plan_wgmma(
     fusion: &FusionPlan,
     chains: &[ChainPlan],
     allowed: bool,
-) -> Vec<(usize, &'static str)> {
+) -> Vec<(usize, WgmmaOff)> {
     let mut off = Vec::new();
     for (c, chain) in fusion.chains.iter().enumerate() {
         let mm = chain.leader();
@@ -735,24 +736,22 @@ fn plan_wgmma(
             Some(MatmulLowering::IntoFragment | MatmulLowering::ThroughMembers)
         );
         let why = if !allowed {
-            Some("wgmma turned off (--no-wgmma)")
+            Some(WgmmaOff::TurnedOff)
         } else if loads.0 != OperandLoad::Fragment
             && lowering != Some(MatmulLowering::Pipe)
             && !to_accumulator
         {
-            Some("its product is computed slice by slice, not into one fragment")
+            Some(WgmmaOff::SliceBySlice)
         } else if !matches!(loads.0, OperandLoad::Fragment | OperandLoad::Ldmatrix) {
-            Some("A loads neither from a register pipe nor by ldmatrix with K contiguous")
+            Some(WgmmaOff::ALoad)
         } else {
             match tiles[b.index()].as_ref() {
                 Some(gb) => super::ops::wgmma_b(mnk, *warps, gb, b_by_tma, loads.0),
-                None => Some("B is not in shared memory"),
+                None => Some(WgmmaOff::BNotInSharedMemory),
             }
             .or_else(|| {
-                (loads.0 != OperandLoad::Fragment && to_accumulator).then_some(
-                    "wgmma into a register accumulator's fragment is not checked on a GPU yet \
-                     (only a register pipe's matmuls take it)",
-                )
+                (loads.0 != OperandLoad::Fragment && to_accumulator)
+                    .then_some(WgmmaOff::AccumulatorUnchecked)
             })
         };
         match why {
@@ -768,7 +767,7 @@ fn plan_wgmma(
             }
         }
     }
-    off.sort_unstable();
+    off.sort_unstable_by_key(|&(op, _)| op);
     off
 }
 
@@ -939,20 +938,18 @@ fn plan_split(
         .find_map(|p| p.online.as_ref());
     let f = tb.forloop_range;
     if f < 2 {
-        return Split::Off("the for-loop has one iteration".into());
+        return Split::Off(SplitOff::OneIteration);
     }
     if blocks >= target.typical_sms {
-        return Split::Off(format!(
-            "the grid's {blocks} blocks fill the {} SMs",
-            target.typical_sms
-        ));
+        return Split::Off(SplitOff::GridFills {
+            blocks,
+            sms: target.typical_sms,
+        });
     }
     if let Some(p) = piped.clone().find(|p| p.keys == 1 && p.online.is_some()) {
-        return Split::Off(format!(
-            "its online-softmax register pipe's warps own whole rows (op {} keeps a running \
-             max): such kernels ran 1.4x slower split",
-            p.online.as_ref().map_or(0, |o| o.max.index())
-        ));
+        return Split::Off(SplitOff::OnlineRows {
+            max_op: p.online.as_ref().map_or(0, |o| o.max.index()),
+        });
     }
     let mut partials = Vec::new();
     for (h, op) in tb.ops.iter() {
@@ -965,15 +962,18 @@ fn plan_split(
                 },
                 OpPlan::RunningMax,
             ) if online.is_none_or(|o| o.max != h) => {
-                return Split::Off(format!(
-                    "op {} ({name}) keeps a running max across iterations",
-                    h.index()
-                ));
+                return Split::Off(SplitOff::RunningMax {
+                    op: h.index(),
+                    kind: name,
+                });
             }
             (TbOpKind::Output { .. }, _)
                 if sched.phase[fusion.chain_of[h.index()]] == Phase::Loop =>
             {
-                return Split::Off(format!("op {} ({name}) stores inside the loop", h.index()));
+                return Split::Off(SplitOff::StoresInLoop {
+                    op: h.index(),
+                    kind: name,
+                });
             }
             (TbOpKind::Accum(kind), _) => {
                 let combine = match kind {
@@ -987,19 +987,18 @@ fn plan_split(
                         Some(o) if h == o.out_acc || h == o.sum_acc => {
                             let max_tile = tb.ops[o.max_acc].outputs[0].index();
                             if smem.buffer_of(max_tile).is_none() {
-                                return Split::Off(format!(
-                                    "op {} ({name}) rescales to a running max whose tile is not \
-                                     kept",
-                                    h.index()
-                                ));
+                                return Split::Off(SplitOff::RescaleMaxNotKept {
+                                    op: h.index(),
+                                    kind: name,
+                                });
                             }
                             Combine::Rescaled { max_tile }
                         }
                         _ => {
-                            return Split::Off(format!(
-                                "op {} ({name}) rescales its state every iteration",
-                                h.index()
-                            ));
+                            return Split::Off(SplitOff::Rescales {
+                                op: h.index(),
+                                kind: name,
+                            });
                         }
                     },
                 };
@@ -1010,11 +1009,11 @@ fn plan_split(
                 }
                 let dtype = tiles[tile].as_ref().map(|g| g.dtype);
                 if !matches!(dtype, Some(DType::F32 | DType::F64)) {
-                    return Split::Off(format!(
-                        "op {} ({name}) keeps its tile in {} (partials combine in f32 or f64)",
-                        h.index(),
-                        dtype.map_or("registers".to_string(), |d| d.to_string())
-                    ));
+                    return Split::Off(SplitOff::NarrowPartial {
+                        op: h.index(),
+                        kind: name,
+                        dtype,
+                    });
                 }
                 partials.push(Partial {
                     accum: h,
@@ -1026,7 +1025,7 @@ fn plan_split(
         }
     }
     if partials.is_empty() {
-        return Split::Off("no accumulator to combine".into());
+        return Split::Off(SplitOff::NothingToCombine);
     }
     // Rescaled partials read every CTA's max tile: they combine before it does.
     partials.sort_by_key(|p| !matches!(p.combine, Combine::Rescaled { .. }));
@@ -1055,10 +1054,11 @@ fn plan_split(
             });
         }
     }
-    Split::Off(format!(
-        "no cluster of 2, 4 or 8 CTAs divides the {f} iterations into shares of 2 or more \
-         with {blocks} × CTAs ≤ {slots} resident CTAs"
-    ))
+    Split::Off(SplitOff::NoClusterFits {
+        iterations: f,
+        blocks,
+        slots,
+    })
 }
 
 /// Geometry of every tile that lives in shared memory, with the chunk sizes its accesses need:

@@ -20,6 +20,7 @@
 
 use std::fmt;
 
+use super::plan::WgmmaOff;
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::fusion::FusionPlan;
@@ -616,7 +617,7 @@ pub fn wgmma_b(
     b: &TileGeometry,
     b_by_tma: bool,
     a: OperandLoad,
-) -> Option<&'static str> {
+) -> Option<WgmmaOff> {
     let r = b.strides.0.len();
     let (sk, sn) = (b.strides.0[r - 2], b.strides.0[r - 1]);
     let columns_ok = match b.columns {
@@ -629,20 +630,17 @@ pub fn wgmma_b(
         }
     };
     if warps.1 != 1 || !warps.0.is_multiple_of(4) {
-        Some("its warps are not whole warpgroups along M")
+        Some(WgmmaOff::NotWarpgroups)
     } else if !m.is_multiple_of(16) || !k.is_multiple_of(16) {
-        Some("M or K is not a multiple of 16")
+        Some(WgmmaOff::NotMultipleOf16)
     } else if a == OperandLoad::Ldmatrix && m.div_ceil(16 * warps.0) * (k / 16) > 8 {
-        Some("A's fragments of every k-step would take more than 32 registers per thread")
+        Some(WgmmaOff::AFragmentRegisters)
     } else if b.dtype.bytes() != 2 || !columns_ok || sn != 1 || sk != 64 {
-        Some(
-            "B is neither one 128-byte swizzle atom across (N = 64 contiguous 16-bit elements \
-             per row) nor stored in columns of such atoms",
-        )
+        Some(WgmmaOff::BLayout)
     } else if b.swizzle != (Swizzle::Xor { b: 3, m: 3, s: 3 }) {
-        Some("B's swizzle is not the 128-byte pattern")
+        Some(WgmmaOff::BSwizzle)
     } else if !b_by_tma {
-        Some("B is not loaded by TMA (its slots are not 1024-byte aligned)")
+        Some(WgmmaOff::BNotTma)
     } else {
         None
     }

@@ -631,7 +631,7 @@ mod tests {
         assert!(matches!(instr, MatmulInstr::MmaSyncM16N8K16 { .. }));
         assert!(
             off.no_wgmma
-                .contains(&(op, "wgmma turned off (--no-wgmma)"))
+                .contains(&(op, crate::sched::plan::WgmmaOff::TurnedOff))
         );
         assert_eq!(off.no_wgmma.len(), 2);
         // Without wgmma K keeps its rows.
@@ -738,7 +738,8 @@ mod tests {
         assert!(
             kp.no_wgmma
                 .iter()
-                .any(|&(o, why)| o == producer.index() && why.contains("swizzle atom")),
+                .any(|&(o, why)| o == producer.index()
+                    && why == crate::sched::plan::WgmmaOff::BLayout),
             "{:?}",
             kp.no_wgmma
         );

@@ -734,9 +734,188 @@ impl DependentLaunch {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Split {
     /// Not split, and why.
-    Off(String),
+    Off(SplitOff),
     /// Split.
     Cluster(ClusterSplit),
+}
+
+/// Why a kernel's for-loop is not split over a cluster ([`Split::Off`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SplitOff {
+    /// The Ampere path (no clusters).
+    Ampere,
+    /// Turned off by a tuning variant.
+    TurnedOff,
+    /// The kernel's body is register rows.
+    RegisterRows,
+    /// The loop has one iteration.
+    OneIteration,
+    /// The grid has a block for every SM already.
+    GridFills {
+        /// Blocks of the grid.
+        blocks: usize,
+        /// SMs of the GPU.
+        sms: usize,
+    },
+    /// An online-softmax register pipe whose warps own whole rows (such kernels ran slower
+    /// split); `max_op` keeps the running max.
+    OnlineRows {
+        /// The running max's operator.
+        max_op: usize,
+    },
+    /// An operator keeps a running max across iterations.
+    RunningMax {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An output stores inside the loop.
+    StoresInLoop {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// A rescaling accumulator whose running max's tile is not kept.
+    RescaleMaxNotKept {
+        /// The accumulator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An accumulator rescales its state every iteration (not an online-softmax pipe's).
+    Rescales {
+        /// The accumulator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An accumulator's tile is neither f32 nor f64 (`None`: in registers).
+    NarrowPartial {
+        /// The accumulator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+        /// The tile's type.
+        dtype: Option<crate::graph::dtype::DType>,
+    },
+    /// No accumulator has a tile to combine.
+    NothingToCombine,
+    /// No cluster size divides the loop into shares of 2 or more with every CTA resident.
+    NoClusterFits {
+        /// Iterations of the loop.
+        iterations: usize,
+        /// Blocks of the grid.
+        blocks: usize,
+        /// CTAs the GPU holds at once.
+        slots: usize,
+    },
+}
+
+impl fmt::Display for SplitOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SplitOff::Ampere => f.write_str("Ampere path"),
+            SplitOff::TurnedOff => f.write_str("cluster split turned off (tuning variant)"),
+            SplitOff::RegisterRows => f.write_str("register rows"),
+            SplitOff::OneIteration => f.write_str("the for-loop has one iteration"),
+            SplitOff::GridFills { blocks, sms } => {
+                write!(f, "the grid's {blocks} blocks fill the {sms} SMs")
+            }
+            SplitOff::OnlineRows { max_op } => write!(
+                f,
+                "its online-softmax register pipe's warps own whole rows (op {max_op} keeps a \
+                 running max): such kernels ran 1.4x slower split"
+            ),
+            SplitOff::RunningMax { op, kind } => {
+                write!(f, "op {op} ({kind}) keeps a running max across iterations")
+            }
+            SplitOff::StoresInLoop { op, kind } => {
+                write!(f, "op {op} ({kind}) stores inside the loop")
+            }
+            SplitOff::RescaleMaxNotKept { op, kind } => write!(
+                f,
+                "op {op} ({kind}) rescales to a running max whose tile is not kept"
+            ),
+            SplitOff::Rescales { op, kind } => {
+                write!(f, "op {op} ({kind}) rescales its state every iteration")
+            }
+            SplitOff::NarrowPartial { op, kind, dtype } => write!(
+                f,
+                "op {op} ({kind}) keeps its tile in {} (partials combine in f32 or f64)",
+                dtype.map_or("registers".to_string(), |d| d.to_string())
+            ),
+            SplitOff::NothingToCombine => f.write_str("no accumulator to combine"),
+            SplitOff::NoClusterFits {
+                iterations,
+                blocks,
+                slots,
+            } => write!(
+                f,
+                "no cluster of 2, 4 or 8 CTAs divides the {iterations} iterations into shares of \
+                 2 or more with {blocks} × CTAs ≤ {slots} resident CTAs"
+            ),
+        }
+    }
+}
+
+/// Why a tensor-core matmul keeps `mma.sync` on the Hopper path instead of `wgmma`
+/// ([`KernelPlan::no_wgmma`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgmmaOff {
+    /// `--no-wgmma`.
+    TurnedOff,
+    /// The product is computed slice by slice, not into one fragment.
+    SliceBySlice,
+    /// A loads neither from a register pipe nor by `ldmatrix` with K contiguous.
+    ALoad,
+    /// B is not in shared memory.
+    BNotInSharedMemory,
+    /// Into a register accumulator's fragment: not yet checked on a GPU.
+    AccumulatorUnchecked,
+    /// The warps along M are not whole warpgroups (or some are along N).
+    NotWarpgroups,
+    /// M or K is not a multiple of 16.
+    NotMultipleOf16,
+    /// A's fragments of every k-step would take more than 32 registers per thread.
+    AFragmentRegisters,
+    /// B is neither one 128-byte swizzle atom across nor stored in columns of such atoms.
+    BLayout,
+    /// B's swizzle is not the 128-byte pattern.
+    BSwizzle,
+    /// B is not loaded by TMA (its slots are not 1024-byte aligned).
+    BNotTma,
+}
+
+impl fmt::Display for WgmmaOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WgmmaOff::TurnedOff => "wgmma turned off (--no-wgmma)",
+            WgmmaOff::SliceBySlice => {
+                "its product is computed slice by slice, not into one fragment"
+            }
+            WgmmaOff::ALoad => {
+                "A loads neither from a register pipe nor by ldmatrix with K contiguous"
+            }
+            WgmmaOff::BNotInSharedMemory => "B is not in shared memory",
+            WgmmaOff::AccumulatorUnchecked => {
+                "wgmma into a register accumulator's fragment is not checked on a GPU yet (only \
+                 a register pipe's matmuls take it)"
+            }
+            WgmmaOff::NotWarpgroups => "its warps are not whole warpgroups along M",
+            WgmmaOff::NotMultipleOf16 => "M or K is not a multiple of 16",
+            WgmmaOff::AFragmentRegisters => {
+                "A's fragments of every k-step would take more than 32 registers per thread"
+            }
+            WgmmaOff::BLayout => {
+                "B is neither one 128-byte swizzle atom across (N = 64 contiguous 16-bit \
+                 elements per row) nor stored in columns of such atoms"
+            }
+            WgmmaOff::BSwizzle => "B's swizzle is not the 128-byte pattern",
+            WgmmaOff::BNotTma => "B is not loaded by TMA (its slots are not 1024-byte aligned)",
+        })
+    }
 }
 
 impl Split {
@@ -1003,7 +1182,7 @@ pub struct KernelPlan {
     pub pipes: Vec<PipeDecision>,
     /// Per tensor-core matmul (operator index) on the Hopper path that keeps `mma.sync`: why it
     /// does not take `wgmma` (empty off the Hopper path).
-    pub no_wgmma: Vec<(usize, &'static str)>,
+    pub no_wgmma: Vec<(usize, WgmmaOff)>,
     /// The all-reduce this kernel performs itself (multi-GPU plans, [`super::exchange`]).
     pub exchange: Option<super::exchange::Exchange>,
     /// How the body computes: through the schedule's shared-memory tiles, or every tile in
