@@ -154,7 +154,7 @@ fn row_blocks_follow_their_plan_in_registers() {
             let p = plan(g, &off).unwrap();
             for kp in p.kernels.values() {
                 assert!(
-                    matches!(&kp.body, Body::Tiles(why) if why.contains("turned off")),
+                    matches!(&kp.body, Body::Tiles(mucc::sched::rows::RowsOff::TurnedOff)),
                     "{name}: {:?}",
                     kp.body
                 );

@@ -118,11 +118,11 @@ pub(super) fn plan_kernel(
     // Register rows load nothing by TMA: every input and output has its block region.
     let regions = plan_regions(g, op, tb, dt, &TmaPlan::default());
     let rows = if g.sharding.num_gpus() > 1 {
-        Err("the graph runs on several GPUs".to_string())
+        Err(super::rows::RowsOff::SeveralGpus)
     } else if opts.cta != CtaChoice::Auto {
-        Err("the CTA was asked for (--warps)".to_string())
+        Err(super::rows::RowsOff::CtaAsked)
     } else if !opts.register_rows {
-        Err("turned off (--no-register-rows)".to_string())
+        Err(super::rows::RowsOff::TurnedOff)
     } else {
         super::rows::plan_rows(
             tb,
@@ -597,7 +597,7 @@ fn plan_kernel_with(
         split,
         tma,
         // Decided over the whole graph (`sched::plan_dependent_launches`).
-        dependent: DependentLaunch::Off("not planned".into()),
+        dependent: DependentLaunch::Off(super::plan::PlainLaunch::NotPlanned),
         triggers_next: false,
         path: CodePath::Sm80,
         cta: Cta {
@@ -621,7 +621,7 @@ fn plan_kernel_with(
         pipes,
         no_wgmma,
         exchange: None,
-        body: super::plan::Body::Tiles("not planned".into()),
+        body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
     })
 }

@@ -49,7 +49,7 @@ fn plan_dependent_launches(
     opts: &Options,
 ) {
     use kernel_level::KnOpPlan;
-    use plan::DependentLaunch;
+    use plan::{DependentLaunch, PlainLaunch};
     #[derive(Clone, Copy)]
     enum Prev {
         Start,
@@ -58,7 +58,7 @@ fn plan_dependent_launches(
     }
     let hopper = opts.path.hopper(&opts.target);
     let mut prev = Prev::Start;
-    let off = |why: &str| DependentLaunch::Off(why.into());
+    let off = DependentLaunch::Off;
     for (i, op) in kernel_ops.iter().enumerate() {
         match op {
             KnOpPlan::Nothing => {}
@@ -73,14 +73,10 @@ fn plan_dependent_launches(
                     continue;
                 };
                 kp.dependent = match (hopper, prev) {
-                    (false, _) => off("Ampere path"),
-                    _ if !opts.dependent_launch => {
-                        off("off by default; --dependent-launch turns it on")
-                    }
-                    (true, Prev::Start) => off("the graph's first launch"),
-                    (true, Prev::Library) => {
-                        off("the previous step is a library call (cuBLAS or NCCL)")
-                    }
+                    (false, _) => off(PlainLaunch::Ampere),
+                    _ if !opts.dependent_launch => off(PlainLaunch::OffByDefault),
+                    (true, Prev::Start) => off(PlainLaunch::First),
+                    (true, Prev::Library) => off(PlainLaunch::AfterLibrary),
                     (true, Prev::Generated(_)) => DependentLaunch::Programmatic,
                 };
                 if let (true, Prev::Generated(Some(j))) = (kp.dependent.is_programmatic(), prev)

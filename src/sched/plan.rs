@@ -718,9 +718,36 @@ pub struct ClusterSplit {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DependentLaunch {
     /// A plain launch, and why.
-    Off(String),
+    Off(PlainLaunch),
     /// A programmatic launch after the previous generated kernel.
     Programmatic,
+}
+
+/// Why a threadblock kernel is launched plainly ([`DependentLaunch::Off`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainLaunch {
+    /// Not planned yet (the state `plan_kernel` leaves; the graph's planning decides).
+    NotPlanned,
+    /// The Ampere path.
+    Ampere,
+    /// Programmatic launches are off by default (`--dependent-launch`).
+    OffByDefault,
+    /// The graph's first launch.
+    First,
+    /// The previous step is a library call.
+    AfterLibrary,
+}
+
+impl fmt::Display for PlainLaunch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PlainLaunch::NotPlanned => "not planned",
+            PlainLaunch::Ampere => "Ampere path",
+            PlainLaunch::OffByDefault => "off by default; --dependent-launch turns it on",
+            PlainLaunch::First => "the graph's first launch",
+            PlainLaunch::AfterLibrary => "the previous step is a library call (cuBLAS or NCCL)",
+        })
+    }
 }
 
 impl DependentLaunch {
@@ -1199,7 +1226,7 @@ pub struct KernelPlan {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
     /// The schedule's chains over shared-memory tiles; why register rows do not apply.
-    Tiles(String),
+    Tiles(super::rows::RowsOff),
     /// Every tile in registers, one element-to-thread map for all (the schedule, tiles and
     /// operator plans are then not used).
     Rows(super::rows::RegisterRows),

@@ -72,6 +72,146 @@ impl fmt::Display for RegisterRows {
     }
 }
 
+/// Why a kernel's body does not take register rows ([`super::plan::Body::Tiles`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowsOff {
+    /// Not planned yet (the state before `plan_kernel` decides).
+    NotPlanned,
+    /// `--no-register-rows` (or a tuning variant).
+    TurnedOff,
+    /// The graph runs on several GPUs.
+    SeveralGpus,
+    /// The CTA was asked for (`--warps`).
+    CtaAsked,
+    /// The loop runs more than once.
+    Loop {
+        /// Iterations.
+        iterations: usize,
+    },
+    /// Elements of a type other than f16, bf16 or f32.
+    ElementType(DType),
+    /// The graph has no tiles.
+    NoTiles,
+    /// Its tiles differ in shape.
+    ShapesDiffer,
+    /// Its tiles differ in element type.
+    TypesDiffer,
+    /// A row is no whole number of 16-byte runs.
+    PartialRun {
+        /// Elements per row.
+        cols: usize,
+    },
+    /// A row's 16-byte runs fill no whole warp.
+    NoWholeWarp {
+        /// Runs per row.
+        runs: usize,
+    },
+    /// A thread would keep too many values per tile.
+    TooManyValues {
+        /// Values per thread and tile.
+        values: usize,
+    },
+    /// An operator reads a tile defined after it.
+    ReadsLater {
+        /// The operator.
+        op: usize,
+    },
+    /// An operator is not element-wise, a row norm or a one-input accumulator.
+    NotElementwise {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An input's or output's device tensor has a last dim that is not contiguous.
+    NotContiguous {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An input or output has no block region.
+    NoRegion {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An input's or output's block regions do not start on 16 bytes.
+    RegionUnaligned {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// An input's or output's rows do not start on 16 bytes.
+    RowsUnaligned {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// The row norms' partial sums would take too much shared memory.
+    RowSumBytes {
+        /// Row norms.
+        sums: usize,
+        /// Bytes their partial sums would take.
+        bytes: usize,
+    },
+}
+
+impl fmt::Display for RowsOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RowsOff::NotPlanned => f.write_str("not planned"),
+            RowsOff::TurnedOff => f.write_str("turned off (--no-register-rows)"),
+            RowsOff::SeveralGpus => f.write_str("the graph runs on several GPUs"),
+            RowsOff::CtaAsked => f.write_str("the CTA was asked for (--warps)"),
+            RowsOff::Loop { iterations } => write!(f, "the loop runs {iterations} times"),
+            RowsOff::ElementType(d) => write!(f, "{d} elements"),
+            RowsOff::NoTiles => f.write_str("no tiles"),
+            RowsOff::ShapesDiffer => f.write_str("its tiles differ in shape"),
+            RowsOff::TypesDiffer => f.write_str("its tiles differ in element type"),
+            RowsOff::PartialRun { cols } => {
+                write!(f, "a row of {cols} is no whole number of 16-byte runs")
+            }
+            RowsOff::NoWholeWarp { runs } => {
+                write!(f, "a row's {runs} runs of 16 bytes fill no whole warp")
+            }
+            RowsOff::TooManyValues { values } => write!(
+                f,
+                "a thread would keep {values} values per tile (at most {MAX_VALUES_PER_TILE})"
+            ),
+            RowsOff::ReadsLater { op } => write!(f, "op{op} reads a tile defined after it"),
+            RowsOff::NotElementwise { op, kind } => write!(
+                f,
+                "op{op} {kind} is not element-wise, a row norm or a one-input accumulator"
+            ),
+            RowsOff::NotContiguous { op, kind } => {
+                write!(
+                    f,
+                    "op{op} {kind}: its device tensor's last dim is not contiguous"
+                )
+            }
+            RowsOff::NoRegion { op, kind } => write!(f, "op{op} {kind} has no block region"),
+            RowsOff::RegionUnaligned { op, kind } => {
+                write!(
+                    f,
+                    "op{op} {kind}: its block regions do not start on 16 bytes"
+                )
+            }
+            RowsOff::RowsUnaligned { op, kind } => {
+                write!(f, "op{op} {kind}: its rows do not start on 16 bytes")
+            }
+            RowsOff::RowSumBytes { sums, bytes } => write!(
+                f,
+                "its {sums} row norms would need {bytes} bytes of partial sums (at most \
+                 {MAX_ROW_SUM_BYTES})"
+            ),
+        }
+    }
+}
+
 /// The register-rows form of threadblock graph `tb`, or why it does not apply. `regions` are
 /// the block regions of its inputs and outputs (the plan's), `ins` and `outs` the geometry of
 /// the customized operator's device tensors, `dtype` its element type.
@@ -81,52 +221,51 @@ pub(super) fn plan_rows(
     ins: &[&DTensorGeometry],
     outs: &[&DTensorGeometry],
     dtype: DType,
-) -> Result<RegisterRows, String> {
+) -> Result<RegisterRows, RowsOff> {
     if tb.forloop_range != 1 {
-        return Err(format!("the loop runs {} times", tb.forloop_range));
+        return Err(RowsOff::Loop {
+            iterations: tb.forloop_range,
+        });
     }
     let bytes = dtype.bytes();
     if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
-        return Err(format!("{dtype} elements"));
+        return Err(RowsOff::ElementType(dtype));
     }
     let mut shapes = tb.tensors.iter().map(|(_, t)| t.shape);
     let Some(shape) = shapes.next() else {
-        return Err("no tiles".into());
+        return Err(RowsOff::NoTiles);
     };
     if shapes.any(|s| s != shape) {
-        return Err("its tiles differ in shape".into());
+        return Err(RowsOff::ShapesDiffer);
     }
     if tb.tensors.iter().any(|(_, t)| t.dtype != dtype) {
-        return Err("its tiles differ in element type".into());
+        return Err(RowsOff::TypesDiffer);
     }
     let rank = shape.rank();
     let cols = shape.dim(rank - 1);
     let rows: usize = (0..rank - 1).map(|d| shape.dim(d)).product();
     let vec = 16 / bytes;
     if !cols.is_multiple_of(vec) {
-        return Err(format!(
-            "a row of {cols} is no whole number of 16-byte runs"
-        ));
+        return Err(RowsOff::PartialRun { cols });
     }
     let lanes = cols / vec;
     let threads = (32..=MAX_THREADS.min(lanes))
         .rev()
         .step_by(32)
         .find(|t| t % 32 == 0 && lanes.is_multiple_of(*t))
-        .ok_or_else(|| format!("a row's {lanes} runs of 16 bytes fill no whole warp"))?;
+        .ok_or(RowsOff::NoWholeWarp { runs: lanes })?;
     let runs = lanes / threads;
     if rows * runs * vec > MAX_VALUES_PER_TILE {
-        return Err(format!(
-            "a thread would keep {} values per tile (at most {MAX_VALUES_PER_TILE})",
-            rows * runs * vec
-        ));
+        return Err(RowsOff::TooManyValues {
+            values: rows * runs * vec,
+        });
     }
     let mut defined = vec![false; tb.tensors.len()];
     let mut row_offsets = Vec::new();
     let mut row_sums = 0;
     for (h, op) in tb.ops.iter() {
         if op.inputs.iter().any(|t| !defined[t.index()]) {
-            return Err(format!("op{} reads a tile defined after it", h.index()));
+            return Err(RowsOff::ReadsLater { op: h.index() });
         }
         let geometry = match &op.kind {
             TbOpKind::Input { input, .. } => Some(ins[*input]),
@@ -138,35 +277,35 @@ pub(super) fn plan_rows(
             }
             TbOpKind::Accum(AccumKind::Nored) => None,
             other => {
-                return Err(format!(
-                    "op{} {} is not element-wise, a row norm or a one-input accumulator",
-                    h.index(),
-                    other.name()
-                ));
+                return Err(RowsOff::NotElementwise {
+                    op: h.index(),
+                    kind: other.name(),
+                });
             }
         };
         if let Some(g) = geometry {
             let strides = &g.strides.0;
             if strides[rank - 1] != 1 {
-                return Err(format!(
-                    "op{} {}: its device tensor's last dim is not contiguous",
-                    h.index(),
-                    op.kind.name()
-                ));
+                return Err(RowsOff::NotContiguous {
+                    op: h.index(),
+                    kind: op.kind.name(),
+                });
             }
             let region = regions[h.index()]
                 .as_ref()
-                .ok_or_else(|| format!("op{} {} has no block region", h.index(), op.kind.name()))?;
+                .ok_or_else(|| RowsOff::NoRegion {
+                    op: h.index(),
+                    kind: op.kind.name(),
+                })?;
             if region
                 .steps
                 .iter()
                 .any(|&(_, e)| !(e * bytes).is_multiple_of(16))
             {
-                return Err(format!(
-                    "op{} {}: its block regions do not start on 16 bytes",
-                    h.index(),
-                    op.kind.name()
-                ));
+                return Err(RowsOff::RegionUnaligned {
+                    op: h.index(),
+                    kind: op.kind.name(),
+                });
             }
             // Row r of the tile, unravelled over the leading dims (row-major), at its device
             // tensor's strides.
@@ -182,11 +321,10 @@ pub(super) fn plan_rows(
                 })
                 .collect();
             if offsets.iter().any(|o| !(o * bytes).is_multiple_of(16)) {
-                return Err(format!(
-                    "op{} {}: its rows do not start on 16 bytes",
-                    h.index(),
-                    op.kind.name()
-                ));
+                return Err(RowsOff::RowsUnaligned {
+                    op: h.index(),
+                    kind: op.kind.name(),
+                });
             }
             row_offsets.push((h.index(), offsets));
         }
@@ -196,10 +334,10 @@ pub(super) fn plan_rows(
     }
     let scratch = row_sums * rows * (threads / 32) * 4;
     if scratch > MAX_ROW_SUM_BYTES {
-        return Err(format!(
-            "its {row_sums} row norms would need {scratch} bytes of partial sums (at most \
-             {MAX_ROW_SUM_BYTES})"
-        ));
+        return Err(RowsOff::RowSumBytes {
+            sums: row_sums,
+            bytes: scratch,
+        });
     }
     Ok(RegisterRows {
         rows,
@@ -282,6 +420,7 @@ mod tests {
             Body::Tiles(why) => why,
             Body::Rows(r) => panic!("register rows: {r}"),
         };
+        use super::RowsOff;
         // Too many values per thread: 8 rows of 1024 per block.
         let g = row_block(
             &[8, 1024],
@@ -291,18 +430,22 @@ mod tests {
             DType::F16,
         )
         .unwrap();
-        assert!(why(&g).contains("values per tile"), "{}", why(&g));
+        assert!(
+            matches!(why(&g), RowsOff::TooManyValues { .. }),
+            "{}",
+            why(&g)
+        );
         // A row of 100 f16 elements is no whole number of 16-byte runs.
         let g = row_block(&[4, 100], [4, 1, 1], [0, -1, -1], UnaryOp::Silu, DType::F16).unwrap();
-        assert!(why(&g).contains("16-byte runs"), "{}", why(&g));
+        assert_eq!(why(&g), RowsOff::PartialRun { cols: 100 });
         // A row of 64 f16 runs only 8 threads wide.
         let g = row_block(&[4, 64], [4, 1, 1], [0, -1, -1], UnaryOp::Silu, DType::F16).unwrap();
-        assert!(why(&g).contains("no whole warp"), "{}", why(&g));
+        assert_eq!(why(&g), RowsOff::NoWholeWarp { runs: 8 });
         // A loop of more than one iteration.
         let g = crate::graph::workloads::decode_graphs()
             .unwrap()
             .remove(0)
             .1;
-        assert!(why(&g).contains("the loop runs"), "{}", why(&g));
+        assert!(matches!(why(&g), RowsOff::Loop { .. }), "{}", why(&g));
     }
 }
