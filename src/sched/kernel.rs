@@ -1406,8 +1406,7 @@ fn plan_pipeline(
             set_stages(ops, stages);
             if stages < 2 {
                 for l in tma.loads.drain(..) {
-                    tma.off
-                        .push((l.op, "one pipeline stage fits: no ring to load into".into()));
+                    tma.off.push((l.op, super::tma::TmaOff::NoRing));
                 }
             }
             Ok(plan)

@@ -16,6 +16,8 @@
 //! TMA stage slot starts on a 1024-byte boundary (the swizzle patterns repeat every 1024 bytes
 //! and follow the address), so its tile's bytes are padded to a multiple of 1024.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use super::ops::{Copy, OpPlan};
@@ -161,7 +163,7 @@ pub struct TmaPlan {
     /// Loads (in operator order); empty when the kernel has none.
     pub loads: Vec<TmaLoad>,
     /// (input operator, why not by TMA) for the other in-loop chunked inputs.
-    pub off: Vec<(usize, String)>,
+    pub off: Vec<(usize, TmaOff)>,
     /// Shared-memory byte offset of the stages' `full` mbarriers (8 bytes each).
     pub barriers: usize,
 }
@@ -178,9 +180,175 @@ impl TmaPlan {
     }
 }
 
+/// Why an in-loop chunked input keeps `cp.async` instead of a TMA load ([`TmaPlan::off`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TmaOff {
+    /// The tile's XOR swizzle has no TMA mode (its `b` is not 1, 2 or 3).
+    NoSwizzleMode {
+        /// The swizzle's (b, m, s).
+        xor: (u32, u32, u32),
+    },
+    /// The tile's XOR swizzle permutes other bits than the TMA mode of its width.
+    SwizzleBits {
+        /// The swizzle's (b, m, s).
+        xor: (u32, u32, u32),
+        /// The TMA mode of its width.
+        mode: TmaSwizzle,
+    },
+    /// The box's rows are not the swizzle mode's rows.
+    SwizzleRows {
+        /// Bytes of a box row.
+        row_bytes: usize,
+        /// The TMA mode.
+        mode: TmaSwizzle,
+    },
+    /// The tile's rows are padded (shift swizzle).
+    PaddedRows,
+    /// TMA has no type of this width.
+    NoType(DType),
+    /// The device tensor has one element.
+    OneElement,
+    /// The device tensor has more dims of extent above 1 than TMA takes.
+    TooManyDims {
+        /// Its dims of extent above 1.
+        dims: usize,
+    },
+    /// The device tensor's innermost dim is not contiguous.
+    InnermostStrided,
+    /// A dim of the device tensor overlaps the dims inside it.
+    Overlap {
+        /// The dim.
+        dim: usize,
+    },
+    /// A dim's stride is no multiple of 16 bytes below 2^40.
+    StrideBytes {
+        /// The dim.
+        dim: usize,
+        /// Its stride in bytes.
+        bytes: usize,
+    },
+    /// An extent of the device tensor reaches 2^32.
+    HugeExtent,
+    /// The tile is larger than the device tensor along a dim.
+    TileLarger,
+    /// A box dim exceeds TMA's largest.
+    BoxTooLarge {
+        /// Its elements.
+        elements: usize,
+    },
+    /// The tile is not the dense box.
+    NotDense {
+        /// The dim.
+        dim: usize,
+        /// Its stride in shared memory.
+        stride: usize,
+        /// The box's stride for it.
+        dense: usize,
+    },
+    /// The box's rows are no multiple of 16 bytes.
+    RowBytes {
+        /// Bytes of a box row.
+        row_bytes: usize,
+    },
+    /// A tile in atom columns without exactly two dims of extent above 1.
+    ColumnsShape,
+    /// The columns' dim is not the device tensor's innermost.
+    ColumnsNotInnermost,
+    /// Split into columns, the device tensor's dims exceed TMA's.
+    ColumnsTooManyDims {
+        /// Its dims of extent above 1.
+        dims: usize,
+    },
+    /// The device tensor's innermost dim is not cut into whole columns.
+    ColumnsNotWhole {
+        /// Elements per column.
+        width: usize,
+    },
+    /// The columns are not the dense box.
+    ColumnsNotDense,
+    /// One pipeline stage fits: no ring to load into.
+    NoRing,
+}
+
+impl fmt::Display for TmaOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TmaOff::NoSwizzleMode { xor: (b, m, s) } => {
+                write!(f, "its swizzle xor<{b},{m},{s}> is no TMA pattern")
+            }
+            TmaOff::SwizzleBits {
+                xor: (b, m, s),
+                mode,
+            } => write!(
+                f,
+                "its swizzle xor<{b},{m},{s}> permutes other bits than TMA's {mode} pattern"
+            ),
+            TmaOff::SwizzleRows { row_bytes, mode } => {
+                write!(
+                    f,
+                    "its rows of {row_bytes} B are not the {mode} swizzle's rows"
+                )
+            }
+            TmaOff::PaddedRows => f.write_str("its rows are padded (shift swizzle)"),
+            TmaOff::NoType(d) => write!(f, "TMA has no {d} type"),
+            TmaOff::OneElement => f.write_str("the device tensor has one element"),
+            TmaOff::TooManyDims { dims } => write!(
+                f,
+                "the device tensor has {dims} dims of extent above 1 (TMA takes {TMA_MAX_RANK})"
+            ),
+            TmaOff::InnermostStrided => {
+                f.write_str("the device tensor's innermost dim is not contiguous")
+            }
+            TmaOff::Overlap { dim } => {
+                write!(
+                    f,
+                    "dim {dim} of the device tensor overlaps the dims inside it"
+                )
+            }
+            TmaOff::StrideBytes { dim, bytes } => write!(
+                f,
+                "dim {dim}'s stride of {bytes} B is no multiple of 16 below 2^40"
+            ),
+            TmaOff::HugeExtent => f.write_str("an extent of the device tensor reaches 2^32"),
+            TmaOff::TileLarger => {
+                f.write_str("the tile is larger than the device tensor along a dim")
+            }
+            TmaOff::BoxTooLarge { elements } => write!(
+                f,
+                "a box dim of {elements} elements exceeds TMA's {TMA_MAX_BOX}"
+            ),
+            TmaOff::NotDense { dim, stride, dense } => write!(
+                f,
+                "the tile is not the dense box (dim {dim} has stride {stride} in shared memory, \
+                 the box {dense})"
+            ),
+            TmaOff::RowBytes { row_bytes } => {
+                write!(f, "the box's rows of {row_bytes} B are no multiple of 16")
+            }
+            TmaOff::ColumnsShape => {
+                f.write_str("a tile in atom columns must have two dims of extent above 1")
+            }
+            TmaOff::ColumnsNotInnermost => {
+                f.write_str("the columns' dim is not the device tensor's innermost")
+            }
+            TmaOff::ColumnsTooManyDims { dims } => write!(
+                f,
+                "the device tensor has {dims} dims of extent above 1; split into columns they \
+                 exceed TMA's {TMA_MAX_RANK}"
+            ),
+            TmaOff::ColumnsNotWhole { width } => write!(
+                f,
+                "the device tensor's innermost dim is not cut into whole columns of {width}"
+            ),
+            TmaOff::ColumnsNotDense => f.write_str("the columns are not the dense box"),
+            TmaOff::NoRing => f.write_str("one pipeline stage fits: no ring to load into"),
+        }
+    }
+}
+
 /// The TMA swizzle equal to a tile's swizzle for elements of `elem` bytes and rows of
 /// `row_bytes`, or why none is.
-fn engine_swizzle(sw: Swizzle, elem: usize, row_bytes: usize) -> Result<TmaSwizzle, String> {
+fn engine_swizzle(sw: Swizzle, elem: usize, row_bytes: usize) -> Result<TmaSwizzle, TmaOff> {
     match sw {
         Swizzle::None => Ok(TmaSwizzle::None),
         Swizzle::Xor { b, m, s } => {
@@ -189,21 +357,20 @@ fn engine_swizzle(sw: Swizzle, elem: usize, row_bytes: usize) -> Result<TmaSwizz
                 1 => TmaSwizzle::B32,
                 2 => TmaSwizzle::B64,
                 3 => TmaSwizzle::B128,
-                _ => return Err(format!("its swizzle xor<{b},{m},{s}> is no TMA pattern")),
+                _ => return Err(TmaOff::NoSwizzleMode { xor: (b, m, s) }),
             };
             if m_bytes != 4 || s != 3 {
-                return Err(format!(
-                    "its swizzle xor<{b},{m},{s}> permutes other bits than TMA's {mode} pattern"
-                ));
+                return Err(TmaOff::SwizzleBits {
+                    xor: (b, m, s),
+                    mode,
+                });
             }
             if Some(row_bytes) != mode.span() {
-                return Err(format!(
-                    "its rows of {row_bytes} B are not the {mode} swizzle's rows"
-                ));
+                return Err(TmaOff::SwizzleRows { row_bytes, mode });
             }
             Ok(mode)
         }
-        Swizzle::Shift { .. } => Err("its rows are padded (shift swizzle)".into()),
+        Swizzle::Shift { .. } => Err(TmaOff::PaddedRows),
     }
 }
 
@@ -218,53 +385,46 @@ fn plan_load(
     forloop_dim: Option<usize>,
     device: (&Shape, &Strides),
     geo: &TileGeometry,
-) -> Result<TmaLoad, String> {
+) -> Result<TmaLoad, TmaOff> {
     let (dshape, dstrides) = device;
     let elem = geo.dtype.bytes();
     let shape = tb.tensors[crate::graph::arena::Handle::from_index(tile)].shape;
     let Some(data_type) = TmaDataType::of(geo.dtype) else {
-        return Err(format!("TMA has no {} type", geo.dtype));
+        return Err(TmaOff::NoType(geo.dtype));
     };
     // Dims of the device tensor in stride order, innermost first; extent-1 dims left out.
     let mut order: Vec<usize> = (0..dshape.rank()).filter(|&d| dshape.dim(d) > 1).collect();
     order.sort_by_key(|&d| dstrides.0[d]);
     if order.is_empty() {
-        return Err("the device tensor has one element".into());
+        return Err(TmaOff::OneElement);
     }
     if order.len() > TMA_MAX_RANK {
-        return Err(format!(
-            "the device tensor has {} dims of extent above 1 (TMA takes {TMA_MAX_RANK})",
-            order.len()
-        ));
+        return Err(TmaOff::TooManyDims { dims: order.len() });
     }
     if dstrides.0[order[0]] != 1 {
-        return Err("the device tensor's innermost dim is not contiguous".into());
+        return Err(TmaOff::InnermostStrided);
     }
     let mut strides = Vec::new();
     let mut span = dshape.dim(order[0]);
     for &d in &order[1..] {
         let st = dstrides.0[d];
         if st < span {
-            return Err(format!(
-                "dim {d} of the device tensor overlaps the dims inside it"
-            ));
+            return Err(TmaOff::Overlap { dim: d });
         }
         let bytes = st * elem;
         if !bytes.is_multiple_of(16) || bytes >= 1 << 40 {
-            return Err(format!(
-                "dim {d}'s stride of {bytes} B is no multiple of 16 below 2^40"
-            ));
+            return Err(TmaOff::StrideBytes { dim: d, bytes });
         }
         strides.push(bytes as u64);
         span = st * dshape.dim(d);
     }
     if order.iter().any(|&d| dshape.dim(d) >= 1 << 32) {
-        return Err("an extent of the device tensor reaches 2^32".into());
+        return Err(TmaOff::HugeExtent);
     }
     // The tile's dims of extent 1 that the device tensor lacks cannot be boxed (never the case
     // for a tile of a partition, kept as a guard).
     if (0..shape.rank()).any(|d| shape.dim(d) > 1 && dshape.dim(d) == 1) {
-        return Err("the tile is larger than the device tensor along a dim".into());
+        return Err(TmaOff::TileLarger);
     }
     let coord = |d: usize, unit: usize| TmaCoord {
         dim: d,
@@ -291,27 +451,24 @@ fn plan_load(
     }
     let boxes: Vec<usize> = order.iter().map(|&d| shape.dim(d)).collect();
     if let Some(b) = boxes.iter().find(|&&b| b > TMA_MAX_BOX) {
-        return Err(format!(
-            "a box dim of {b} elements exceeds TMA's {TMA_MAX_BOX}"
-        ));
+        return Err(TmaOff::BoxTooLarge { elements: *b });
     }
     // The tile must be the dense box: stride of each dim (of extent above 1) the product of
     // the box dims inside it.
     let mut dense = 1;
     for (j, &d) in order.iter().enumerate() {
         if boxes[j] > 1 && geo.strides.0[d] != dense {
-            return Err(format!(
-                "the tile is not the dense box (dim {d} has stride {} in shared memory, the box {dense})",
-                geo.strides.0[d]
-            ));
+            return Err(TmaOff::NotDense {
+                dim: d,
+                stride: geo.strides.0[d],
+                dense,
+            });
         }
         dense *= boxes[j];
     }
     let row_bytes = boxes[0] * elem;
     if !row_bytes.is_multiple_of(16) {
-        return Err(format!(
-            "the box's rows of {row_bytes} B are no multiple of 16"
-        ));
+        return Err(TmaOff::RowBytes { row_bytes });
     }
     let swizzle = engine_swizzle(geo.swizzle, elem, row_bytes)?;
     let coords = order.iter().map(|&d| coord(d, 1)).collect();
@@ -348,21 +505,18 @@ fn columns_load(
     c: AtomColumns,
     data_type: TmaDataType,
     coord: impl Fn(usize, usize) -> TmaCoord,
-) -> Result<TmaLoad, String> {
+) -> Result<TmaLoad, TmaOff> {
     let elem = geo.dtype.bytes();
     let n_dim = c.dim;
     let tiled: Vec<usize> = (0..shape.rank()).filter(|&d| shape.dim(d) > 1).collect();
     let [k_dim, n] = tiled[..] else {
-        return Err("a tile in atom columns must have two dims of extent above 1".into());
+        return Err(TmaOff::ColumnsShape);
     };
     if n != n_dim || order.first() != Some(&n_dim) {
-        return Err("the columns' dim is not the device tensor's innermost".into());
+        return Err(TmaOff::ColumnsNotInnermost);
     }
     if order.len() + 1 > TMA_MAX_RANK {
-        return Err(format!(
-            "the device tensor has {} dims of extent above 1; split into columns they exceed TMA's {TMA_MAX_RANK}",
-            order.len()
-        ));
+        return Err(TmaOff::ColumnsTooManyDims { dims: order.len() });
     }
     let (k, w) = (shape.dim(k_dim), c.width);
     let per_block_ok = coord(n_dim, 1)
@@ -371,12 +525,10 @@ fn columns_load(
         .all(|&(_, e)| e.is_multiple_of(w));
     if !dshape.dim(n_dim).is_multiple_of(w) || !shape.dim(n_dim).is_multiple_of(w) || !per_block_ok
     {
-        return Err(format!(
-            "the device tensor's innermost dim is not cut into whole columns of {w}"
-        ));
+        return Err(TmaOff::ColumnsNotWhole { width: w });
     }
     if c.stride != k * w || k > TMA_MAX_BOX || shape.dim(n_dim) / w > TMA_MAX_BOX {
-        return Err("the columns are not the dense box".into());
+        return Err(TmaOff::ColumnsNotDense);
     }
     let swizzle = engine_swizzle(geo.swizzle, elem, w * elem)?;
     // Map dims: inside a column, K, the column index, then the rest in stride order.
