@@ -1200,10 +1200,7 @@ fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan
             }
             None => {
                 *copy = Copy::Elementwise {
-                    reason: format!(
-                        "the tile holds {wide} accumulator values in rows that keep no chunk of \
-                         two or more of them whole"
-                    ),
+                    reason: super::ops::ChunkOff::WideValues { dtype: wide },
                 };
             }
         }
@@ -1215,7 +1212,7 @@ fn demote_copies(tb: &TbGraph, tiles: &[Option<TileGeometry>], ops: &mut [OpPlan
             _ => continue,
         };
         let chunk = tiles[tile.index()].as_ref().map_or(0, |g| g.chunk_bytes);
-        let reason = format!("the tile's swizzle keeps only {chunk}-byte chunks whole");
+        let reason = super::ops::ChunkOff::Swizzle { kept: chunk };
         match &mut ops[h.index()] {
             OpPlan::Input { copy, .. } | OpPlan::Output { copy: Some(copy) }
                 if copy.is_chunked() && chunk < copy.tile_chunk_bytes() =>
@@ -1474,7 +1471,7 @@ fn plan_chains(
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
                     let s = tb.tensors[lop.inputs[0]].shape;
                     let copy = copy.clone().unwrap_or(Copy::Elementwise {
-                        reason: String::new(),
+                        reason: super::ops::ChunkOff::Unplanned,
                     });
                     return ChainPlan {
                         members: Vec::new(),
@@ -1684,9 +1681,9 @@ fn plan_vectors(
             if let Some(((ds, dst, dinner), omap, elem)) = device {
                 let bytes = v * elem;
                 if bytes > 16 {
-                    return Some(ScalarSteps::DeviceUnaligned(format!(
-                        "a step of {v} elements is wider than 16 bytes"
-                    )));
+                    return Some(ScalarSteps::DeviceUnaligned(
+                        super::ops::ChunkOff::WiderThan16 { elements: v },
+                    ));
                 }
                 if let Err(why) = super::ops::chunk_fits(
                     ds, dst, *dinner, &space, last, omap, tb.grid, None, v, bytes,
@@ -2143,7 +2140,12 @@ mod tests {
         let (v, why, _) = vectors(64, false, Some(65));
         assert_eq!(v, 1);
         assert!(
-            matches!(&why, Some(ScalarSteps::DeviceUnaligned(r)) if r.contains("stride 65")),
+            matches!(
+                &why,
+                Some(ScalarSteps::DeviceUnaligned(
+                    super::super::ops::ChunkOff::Stride { stride: 65, .. }
+                ))
+            ),
             "{why:?}"
         );
         // 2 × 64 elements: 32 steps of 4, 64 of 2 — neither gives each of the CTA's threads

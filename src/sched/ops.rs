@@ -52,8 +52,112 @@ pub enum Copy {
     /// One element at a time.
     Elementwise {
         /// Why not chunked.
-        reason: String,
+        reason: ChunkOff,
     },
+}
+
+/// Why a copy or a vector step cannot move chunks of several elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkOff {
+    /// Elements are as wide as the widest chunk.
+    WideElements,
+    /// The tile's innermost dim is not the device tensor's contiguous dim.
+    NotContiguous {
+        /// The tile's innermost dim.
+        dim: usize,
+    },
+    /// Rows are no whole number of chunks.
+    PartialChunks {
+        /// Elements per row.
+        row: usize,
+        /// Bytes per chunk.
+        bytes: usize,
+    },
+    /// A dim's stride is no multiple of the chunk.
+    Stride {
+        /// The dim.
+        dim: usize,
+        /// Its stride in elements.
+        stride: usize,
+        /// Elements per chunk.
+        chunk: usize,
+    },
+    /// The blocks' offsets along a dim are not chunk-aligned.
+    BlockOffsets {
+        /// The dim.
+        dim: usize,
+        /// The offset in elements.
+        offset: usize,
+        /// Bytes per chunk.
+        bytes: usize,
+    },
+    /// The iterations' offsets along a dim are not chunk-aligned.
+    IterationOffsets {
+        /// The dim.
+        dim: usize,
+        /// The offset in elements.
+        offset: usize,
+        /// Bytes per chunk.
+        bytes: usize,
+    },
+    /// A step wider than 16 bytes.
+    WiderThan16 {
+        /// Elements per step.
+        elements: usize,
+    },
+    /// An accumulator tile of wider values whose rows keep no chunk of two or more whole.
+    WideValues {
+        /// The tile's type.
+        dtype: DType,
+    },
+    /// The tile's swizzle keeps smaller chunks whole.
+    Swizzle {
+        /// Bytes it keeps whole.
+        kept: usize,
+    },
+    /// A placeholder where the chain's plan needs only the copy's walk order.
+    Unplanned,
+}
+
+impl fmt::Display for ChunkOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChunkOff::WideElements => f.write_str("elements are as wide as a chunk"),
+            ChunkOff::NotContiguous { dim } => write!(
+                f,
+                "the tile's innermost dim {dim} is not the tensor's contiguous dim"
+            ),
+            ChunkOff::PartialChunks { row, bytes } => write!(
+                f,
+                "rows of {row} elements are not a whole number of {bytes}-byte chunks"
+            ),
+            ChunkOff::Stride { dim, stride, chunk } => write!(
+                f,
+                "stride {stride} of dim {dim} is not a multiple of {chunk} elements"
+            ),
+            ChunkOff::BlockOffsets { dim, offset, bytes } => write!(
+                f,
+                "block offsets along dim {dim} ({offset} elements) are not {bytes}-byte aligned"
+            ),
+            ChunkOff::IterationOffsets { dim, offset, bytes } => write!(
+                f,
+                "iteration offsets along dim {dim} ({offset} elements) are not {bytes}-byte \
+                 aligned"
+            ),
+            ChunkOff::WiderThan16 { elements } => {
+                write!(f, "a step of {elements} elements is wider than 16 bytes")
+            }
+            ChunkOff::WideValues { dtype } => write!(
+                f,
+                "the tile holds {dtype} accumulator values in rows that keep no chunk of two or \
+                 more of them whole"
+            ),
+            ChunkOff::Swizzle { kept } => {
+                write!(f, "the tile's swizzle keeps only {kept}-byte chunks whole")
+            }
+            ChunkOff::Unplanned => f.write_str("no copy planned"),
+        }
+    }
 }
 
 impl Copy {
@@ -431,7 +535,7 @@ pub fn copy_plan(
     // The widest chunk every row start and row end allows: 16 bytes (cp.async.cg, vector
     // loads), else 8 or 4 (rows of 172 bf16 elements, say), as long as a chunk holds two
     // elements or more.
-    let mut reason = String::from("elements are as wide as a chunk");
+    let mut reason = ChunkOff::WideElements;
     for bytes in [target.max_copy_bytes, 8, 4] {
         if bytes > target.max_copy_bytes || bytes / elem <= 1 {
             continue;
@@ -476,42 +580,45 @@ pub(super) fn chunk_fits(
     forloop_dim: Option<usize>,
     chunk: usize,
     bytes: usize,
-) -> Result<(), String> {
+) -> Result<(), ChunkOff> {
     if d_inner != tile_inner || d_strides.0[d_inner] != 1 {
-        return Err(format!(
-            "the tile's innermost dim {tile_inner} is not the tensor's contiguous dim"
-        ));
+        return Err(ChunkOff::NotContiguous { dim: tile_inner });
     }
     if !tile.dim(tile_inner).is_multiple_of(chunk) {
-        return Err(format!(
-            "rows of {} elements are not a whole number of {bytes}-byte chunks",
-            tile.dim(tile_inner),
-        ));
+        return Err(ChunkOff::PartialChunks {
+            row: tile.dim(tile_inner),
+            bytes,
+        });
     }
     for dim in 0..d.rank() {
         if dim != d_inner && tile.dim(dim) > 1 && !d_strides.0[dim].is_multiple_of(chunk) {
-            return Err(format!(
-                "stride {} of dim {dim} is not a multiple of {chunk} elements",
-                d_strides.0[dim]
-            ));
+            return Err(ChunkOff::Stride {
+                dim,
+                stride: d_strides.0[dim],
+                chunk,
+            });
         }
     }
     for a in 0..3 {
         if let (true, Some(dim)) = (grid[a] > 1, map.axis(a)) {
             let off = d.dim(dim) / grid[a] * d_strides.0[dim];
             if !off.is_multiple_of(chunk) {
-                return Err(format!(
-                    "block offsets along dim {dim} ({off} elements) are not {bytes}-byte aligned"
-                ));
+                return Err(ChunkOff::BlockOffsets {
+                    dim,
+                    offset: off,
+                    bytes,
+                });
             }
         }
     }
     if let Some(f) = forloop_dim {
         let off = tile.dim(f) * d_strides.0[f];
         if !off.is_multiple_of(chunk) {
-            return Err(format!(
-                "iteration offsets along dim {f} ({off} elements) are not {bytes}-byte aligned"
-            ));
+            return Err(ChunkOff::IterationOffsets {
+                dim: f,
+                offset: off,
+                bytes,
+            });
         }
     }
     Ok(())
@@ -988,9 +1095,12 @@ mod tests {
         );
         // 4800 / 160 = 30 elements per block: rows and offsets of 4-byte chunks.
         assert_eq!(rows(30, 160).chunk_bytes(), 4);
-        assert!(
-            matches!(rows(25, 192), Copy::Elementwise { reason } if reason.contains("rows of 25 elements are not a whole number of 4-byte chunks"))
-        );
+        assert!(matches!(
+            rows(25, 192),
+            Copy::Elementwise {
+                reason: ChunkOff::PartialChunks { row: 25, bytes: 4 }
+            }
+        ));
         // An odd row stride of the source (50 elements: 4-byte chunks at most); 49: none.
         for (cols, want) in [(50, 4), (49, 0)] {
             let d3 = Shape::new(&[8, cols]).unwrap();

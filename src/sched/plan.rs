@@ -1077,7 +1077,7 @@ pub struct ChainPlan {
 pub enum ScalarSteps {
     /// It stores to a device tensor whose region would not start every step aligned (the
     /// reason, for the narrowest width); scalar stores of consecutive threads stay coalesced.
-    DeviceUnaligned(String),
+    DeviceUnaligned(super::ops::ChunkOff),
     /// It accumulates: its elements keep their threads (and registers) across iterations.
     AccumulatorSink,
     /// Neither 4 nor 2 divides the walk's last extent (a step would cross a row).
