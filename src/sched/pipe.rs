@@ -18,7 +18,7 @@
 
 use super::ops::{AccumStorage, OpPlan, fragment_registers, operand_load_count, tile_dtypes};
 use super::order::{Schedule, schedule_with_pipes};
-use super::plan::{OnlinePipe, PipeDecision, PipeOff, RegisterPipe};
+use super::plan::{OnlinePipe, OnlineShape, PipeDecision, PipeOff, RegisterPipe};
 use crate::graph::arena::Handle;
 use crate::graph::fusion::FusionPlan;
 use crate::graph::ops::{AccumKind, BinaryOp, TbReduction, UnaryOp};
@@ -339,7 +339,7 @@ fn online(
     c: usize,
     stored: &[crate::graph::dtype::DType],
 ) -> Result<RegisterPipe, PipeOff> {
-    let shape = |why: &str| PipeOff::Online(why.to_string());
+    let shape = PipeOff::Online;
     let all_readers = tb.readers();
     let readers = |t: Handle<STensor>| all_readers[t.index()].clone();
     let alone = |o: Handle<TbOp>| fusion.is_leader(o) && fusion.chain(o).ops.len() == 1;
@@ -363,14 +363,14 @@ fn online(
             o.kind == TbOpKind::Binary(BinaryOp::Sub) && o.inputs[0] == s
         }),
     ) else {
-        return Err(shape("the scores are not read by a running max and S - m"));
+        return Err(shape(OnlineShape::ScoresReaders));
     };
     if rs.len() != 2 || !alone(max) {
-        return Err(shape("the scores have other readers"));
+        return Err(shape(OnlineShape::ScoresShared));
     }
     let r = tb.tensors[s].shape.rank();
     if !matches!(tb.ops[max].kind, TbOpKind::Reduction { dim, .. } if dim == r - 1) {
-        return Err(shape("the running max is not over the rows"));
+        return Err(shape(OnlineShape::MaxNotOverRows));
     }
     let (m, d) = (tb.ops[max].outputs[0], tb.ops[max].outputs[1]);
     let sub_chain = fusion.chain(sub);
@@ -379,7 +379,7 @@ fn online(
         || sub_chain.ops.len() != 2
         || tb.ops[sub_chain.tail()].kind != TbOpKind::Unary(UnaryOp::Exp)
     {
-        return Err(shape("S - m does not lead a chain into exp"));
+        return Err(shape(OnlineShape::NoExp));
     }
     let e = tb.ops[sub_chain.tail()].outputs[0];
     let rd = readers(d);
@@ -387,16 +387,14 @@ fn online(
         find(&readers(m), &|o| o.kind == TbOpKind::Accum(AccumKind::Max)),
         &rd[..],
     ) else {
-        return Err(shape(
-            "the running max is not accumulated, or its change read twice",
-        ));
+        return Err(shape(OnlineShape::MaxNotAccumulated));
     };
     if readers(m).len() != 2
         || tb.ops[rescale].kind != TbOpKind::Unary(UnaryOp::Exp)
         || !alone(rescale)
         || !alone(max_acc)
     {
-        return Err(shape("the running max or its change have other readers"));
+        return Err(shape(OnlineShape::MaxShared));
     }
     let rf = tb.ops[rescale].outputs[0];
     let re = readers(e);
@@ -408,9 +406,7 @@ fn online(
             o.kind == TbOpKind::Accum(AccumKind::RedLdSumRescale) && o.inputs == [e, rf]
         }),
     ) else {
-        return Err(shape(
-            "exp(S - m) is not read by a matmul and a rescaled row sum",
-        ));
+        return Err(shape(OnlineShape::ExpReaders));
     };
     let p = tb.ops[mm2].outputs[0];
     let (Some(out_acc), 2, true, true) = (
@@ -421,12 +417,10 @@ fn online(
         alone(mm2) && alone(sum_acc),
         readers(rf).len() == 2 && readers(p).len() == 1,
     ) else {
-        return Err(shape(
-            "the product is not accumulated by one accum_nored_rescale",
-        ));
+        return Err(shape(OnlineShape::ProductNotRescaled));
     };
     if !alone(out_acc) {
-        return Err(shape("the rescaled accumulator leads a longer chain"));
+        return Err(shape(OnlineShape::LongerChain));
     }
     if !is_mma(ops, mm1) || !is_mma(ops, mm2) {
         return Err(PipeOff::ConsumerNotMma { op: mm2.index() });

@@ -1506,7 +1506,51 @@ pub enum PipeOff {
         kind: String,
     },
     /// The scores feed a running max, but not in the online-softmax form ([`OnlinePipe`]).
-    Online(String),
+    Online(OnlineShape),
+}
+
+/// Where a register pipe's scores that feed a running max depart from the online-softmax form
+/// ([`PipeOff::Online`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnlineShape {
+    /// The scores are not read by a running max and S - m.
+    ScoresReaders,
+    /// The scores have other readers.
+    ScoresShared,
+    /// The running max is not over the rows.
+    MaxNotOverRows,
+    /// S - m does not lead a chain into exp.
+    NoExp,
+    /// The running max is not accumulated, or its change is read twice.
+    MaxNotAccumulated,
+    /// The running max or its change have other readers.
+    MaxShared,
+    /// exp(S - m) is not read by a matmul and a rescaled row sum.
+    ExpReaders,
+    /// The product is not accumulated by one `accum_nored_rescale`.
+    ProductNotRescaled,
+    /// The rescaled accumulator leads a longer chain.
+    LongerChain,
+}
+
+impl fmt::Display for OnlineShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OnlineShape::ScoresReaders => "the scores are not read by a running max and S - m",
+            OnlineShape::ScoresShared => "the scores have other readers",
+            OnlineShape::MaxNotOverRows => "the running max is not over the rows",
+            OnlineShape::NoExp => "S - m does not lead a chain into exp",
+            OnlineShape::MaxNotAccumulated => {
+                "the running max is not accumulated, or its change read twice"
+            }
+            OnlineShape::MaxShared => "the running max or its change have other readers",
+            OnlineShape::ExpReaders => "exp(S - m) is not read by a matmul and a rescaled row sum",
+            OnlineShape::ProductNotRescaled => {
+                "the product is not accumulated by one accum_nored_rescale"
+            }
+            OnlineShape::LongerChain => "the rescaled accumulator leads a longer chain",
+        })
+    }
 }
 
 impl fmt::Display for PipeOff {
