@@ -1423,16 +1423,16 @@ fn coalescing_order(shape: &Shape, strides: &[usize]) -> Vec<usize> {
     order
 }
 
-/// The walk order of a copy: a chunked copy walks its chunk dim last; an element copy
-/// coalesces on the device side.
-fn copy_order(copy: &Copy, shape: &Shape, device_strides: &[usize]) -> Vec<usize> {
+/// The walk order of a copy: a chunked copy walks its chunk dim last; an element copy (or an
+/// output with no copy of its own) coalesces on the device side.
+fn copy_order(copy: Option<&Copy>, shape: &Shape, device_strides: &[usize]) -> Vec<usize> {
     match copy {
-        Copy::Chunked { dim, .. } => {
+        Some(Copy::Chunked { dim, .. }) => {
             let mut o: Vec<usize> = (0..shape.rank()).filter(|d| d != dim).collect();
             o.push(*dim);
             o
         }
-        Copy::Elementwise { .. } => coalescing_order(shape, device_strides),
+        Some(Copy::Elementwise { .. }) | None => coalescing_order(shape, device_strides),
     }
 }
 
@@ -1461,7 +1461,7 @@ fn plan_chains(
                     return ChainPlan {
                         members: Vec::new(),
                         sink: Sink::Copy,
-                        order: copy_order(copy, &s, &ins[*input].1.0),
+                        order: copy_order(Some(copy), &s, &ins[*input].1.0),
                         matmul: None,
                         approx_exp: None,
                         vector: 1,
@@ -1470,13 +1470,10 @@ fn plan_chains(
                 }
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
                     let s = tb.tensors[lop.inputs[0]].shape;
-                    let copy = copy.clone().unwrap_or(Copy::Elementwise {
-                        reason: super::ops::ChunkOff::Unplanned,
-                    });
                     return ChainPlan {
                         members: Vec::new(),
                         sink: Sink::Copy,
-                        order: copy_order(&copy, &s, &outs[*output].1.0),
+                        order: copy_order(copy.as_ref(), &s, &outs[*output].1.0),
                         matmul: None,
                         approx_exp: None,
                         vector: 1,

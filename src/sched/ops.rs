@@ -115,8 +115,6 @@ pub enum ChunkOff {
         /// Bytes it keeps whole.
         kept: usize,
     },
-    /// A placeholder where the chain's plan needs only the copy's walk order.
-    Unplanned,
 }
 
 impl fmt::Display for ChunkOff {
@@ -155,7 +153,6 @@ impl fmt::Display for ChunkOff {
             ChunkOff::Swizzle { kept } => {
                 write!(f, "the tile's swizzle keeps only {kept}-byte chunks whole")
             }
-            ChunkOff::Unplanned => f.write_str("no copy planned"),
         }
     }
 }
