@@ -67,11 +67,38 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
             replaced.join(", ")
         );
     }
+    let shift = &p.rewrite.shift;
     for (k, why) in &p.rewrite.softmax.declined {
+        if shift.shifts(*k).is_some() {
+            continue;
+        }
         let _ = writeln!(
             s,
             "softmax: kernel op {k} exponentiates a matmul product as the graph writes it, \
              without a running max ({why}; {numbering})"
+        );
+    }
+    for a in &shift.applied {
+        let readers: Vec<String> = a.readers.iter().map(|r| r.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "softmax: kernel op{} {} exponentiate{} the loaded scores %{} less their row max, \
+             computed once by a row_max operator (kernel op {} of the rewritten graph); the \
+             factor exp(-max) of each row cancels in the division by its sum over every key \
+             ({numbering}; the ops below are numbered as in the rewritten graph; \
+             --online-softmax off keeps the graph's form)",
+            if readers.len() == 1 { "" } else { "s" },
+            readers.join(", "),
+            if readers.len() == 1 { "s" } else { "" },
+            a.scores,
+            a.row_max,
+        );
+    }
+    for (k, why) in &shift.declined {
+        let _ = writeln!(
+            s,
+            "softmax: kernel op {k} exponentiates loaded scores as the graph writes them \
+             ({why}; {numbering})"
         );
     }
     let loops = &p.rewrite.loops;
@@ -764,6 +791,7 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 let what = match ew {
                     ElementwiseOp::Unary(u) => format!("element-wise {}", u.name()),
                     ElementwiseOp::Binary(b) => format!("element-wise {}", b.name()),
+                    ElementwiseOp::ShiftedExp => "element-wise exp(x - m)".into(),
                     ElementwiseOp::Copy => "copy".into(),
                 };
                 format!(
@@ -874,6 +902,7 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
 
 fn reduction_text(p: &KnOpPlan) -> String {
     let KnOpPlan::Reduction {
+        of,
         to,
         k,
         warp_per_output,
@@ -884,7 +913,7 @@ fn reduction_text(p: &KnOpPlan) -> String {
         return String::new();
     };
     format!(
-        "sum of {k} elements into each of {to} per row, a {} per result, {} blocks x {} threads",
+        "{of} of {k} elements into each of {to} per row, a {} per result, {} blocks x {} threads",
         if *warp_per_output { "warp" } else { "thread" },
         launch.blocks,
         launch.threads

@@ -599,8 +599,8 @@ fn explain_prints_the_plan_and_draws_it() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!out.contains("loop: kernel op"), "{out}");
     assert!(out.contains("launch bounds (256, 1)"), "{out}");
-    // Where the rule does not apply, explain says why (mha_bs8 graph 32's division kernel holds
-    // two blocks per SM).
+    // Where the rule does not apply, explain says why (mha_bs8 graph 32's attention kernel,
+    // kernel op 5 after the row max that the score shift adds, holds two blocks per SM).
     let file = corpus("mha_bs8.json");
     let o = mucc(&[
         "explain",
@@ -613,7 +613,7 @@ fn explain_prints_the_plan_and_draws_it() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
-        out.contains("loop: kernel op 4 not refined (the planner's rule refines the loops of a large grid's kernel holding one block per SM and the short loops of a small grid's, and shared memory holds 2 of its blocks per SM already)"),
+        out.contains("loop: kernel op 5 not refined (the planner's rule refines the loops of a large grid's kernel holding one block per SM and the short loops of a small grid's, and shared memory holds 2 of its blocks per SM already)"),
         "{out}"
     );
     // (Kernel op 4 is the online softmax's combining operator, no customized operator.)

@@ -330,3 +330,64 @@ fn accumulator_outputs_copy_in_converting_chunks() {
         assert_eq!(converting, 1, "{arch:?}");
     }
 }
+
+/// The attention candidates that exponentiate loaded scores (mha_bs1's graph-form candidates
+/// and qknorm's softmaxes over whole rows) take them less their row max (`sched::shift`):
+/// the planned graph computes the graph's function (the f64 interpreter, inputs at scale 1/4,
+/// where nothing overflows), and at input scale 1, where the graph's own exponentials leave
+/// f16's range, none of the planned graph's tensors or tiles does.
+#[test]
+fn shifted_scores_compute_the_graphs_function_within_range() {
+    use mucc::graph::interp::{InputSpec, evaluate, evaluate_ranged, random_inputs};
+    use mucc::target::Arch;
+    let mut shifted = 0;
+    // qknorm_gqa_bs1's first 48 candidates (of 190; 65 shifted in all) keep the test short.
+    for (name, first, expected) in [("mha_bs1.json", 21, 7), ("qknorm_gqa_bs1.json", 48, 21)] {
+        let f = read_file(&common::corpus_dir().join(name), &ImportOptions::default()).unwrap();
+        let here: usize = f.graphs[..first]
+            .par_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let g = &c.graph;
+                let opts = Options::for_target(Target::new(Arch::Sm90a));
+                let p = mucc::sched::plan(g, &opts).unwrap();
+                if p.rewrite.shift.applied.is_empty() {
+                    return 0;
+                }
+                let planned = p.graph(g);
+                let small = random_inputs(
+                    g,
+                    InputSpec {
+                        seed: 7,
+                        scale: 0.25,
+                    },
+                );
+                let a = evaluate(g, &small).unwrap();
+                let b = evaluate(planned, &small).unwrap();
+                for (x, y) in a.iter().zip(&b) {
+                    let d: f64 = x
+                        .data
+                        .iter()
+                        .zip(&y.data)
+                        .map(|(u, v)| (u - v).powi(2))
+                        .sum();
+                    let rel = (d / x.norm2().powi(2)).sqrt();
+                    assert!(rel < 1e-9, "{name} graph {i}: relative difference {rel}");
+                }
+                let big = random_inputs(
+                    g,
+                    InputSpec {
+                        seed: 7,
+                        scale: 1.0,
+                    },
+                );
+                let (_, over) = evaluate_ranged(planned, big).unwrap();
+                assert!(over.is_empty(), "{name} graph {i}: {:?}", over.first());
+                1
+            })
+            .sum();
+        assert_eq!(here, expected, "{name}");
+        shifted += here;
+    }
+    assert_eq!(shifted, 28);
+}

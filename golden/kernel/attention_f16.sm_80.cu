@@ -5,43 +5,62 @@
 // input 1: %1 [32, 64, 4096] f16 strides [262144, 4096, 1]
 // input 2: %2 [32, 4096, 64] f16 strides [262144, 64, 1]
 // output 0: %7 [32, 16, 64] f16 strides [1024, 64, 1] (32768 elements)
-// workspace: 8388608 bytes
+// workspace: 8389632 bytes
 
 #include "mucc/runtime.h"
 
-// kernel op 4: kn_exp_op(%3) -> %4 [32, 16, 4096] f16
-namespace k4_exp_l {
-  using L0 =
-    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
-  using L1 =
-    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
-}
-struct k4_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
-    return mucc::op::exp(x);
-  }
-};
-extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  using namespace k4_exp_l;
-  mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
-}
-
-// kernel op 5: kn_reduction_2_op(%4) -> %5 [32, 16, 1] f16
-namespace k5_reduction_2_l {
+// kernel op 4: kn_row_max_op(%3) -> %8 [32, 16, 1] f16
+namespace k4_row_max_l {
   using L0 =
     mucc::Layout<mucc::Shape<32, 16, 1>, mucc::Stride<16, 1, 16>>;
   using L1 =
     mucc::Layout<mucc::Shape<32, 16, 4096>, mucc::Stride<65536, 1, 16>>;
 }
-extern "C" __global__ void __launch_bounds__(256) k5_reduction_2(
+extern "C" __global__ void __launch_bounds__(256) k4_row_max(
     mucc::f16* __restrict__ v0,
     const mucc::f16* __restrict__ v1) {
-  using namespace k5_reduction_2_l;
+  using namespace k4_row_max_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 1, 4096, 1, 16, true, true>(v0, v1);
+}
+
+// kernel op 5: kn_shifted_exp_op(%3, %8) -> %4 [32, 16, 4096] f16
+namespace k5_shifted_exp_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<65536, 16, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<32, 4096, 16>, mucc::Stride<16, 0, 1>>;
+}
+struct k5_shifted_exp_op {
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
+    return mucc::op::exp(mucc::op::sub(a, b));
+  }
+};
+extern "C" __global__ void __launch_bounds__(256) k5_shifted_exp(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2) {
+  using namespace k5_shifted_exp_l;
+  mucc::kn::binary<mucc::f16, 8, L0, L1, L2>(v0, v1, v2, k5_shifted_exp_op{});
+}
+
+// kernel op 6: kn_reduction_2_op(%4) -> %5 [32, 16, 1] f16
+namespace k6_reduction_2_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<32, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<32, 16, 4096>, mucc::Stride<65536, 1, 16>>;
+}
+extern "C" __global__ void __launch_bounds__(256) k6_reduction_2(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k6_reduction_2_l;
   mucc::kn::reduce<mucc::f16, L0, L1, 1, 4096, 1, 16, true>(v0, v1);
 }
 
-// kernel op 7: kn_div_op(%6, %5) -> %7 [32, 16, 64] f16
-namespace k7_div_l {
+// kernel op 8: kn_div_op(%6, %5) -> %7 [32, 16, 64] f16
+namespace k8_div_l {
   using L0 =
     mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<1024, 64, 1>>;
   using L1 =
@@ -49,22 +68,22 @@ namespace k7_div_l {
   using L2 =
     mucc::Layout<mucc::Shape<32, 16, 64>, mucc::Stride<16, 1, 0>>;
 }
-struct k7_div_op {
+struct k8_div_op {
   __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
     return mucc::op::div(a, b);
   }
 };
-extern "C" __global__ void __launch_bounds__(256) k7_div(
+extern "C" __global__ void __launch_bounds__(256) k8_div(
     mucc::f16* __restrict__ v0,
     const mucc::f16* __restrict__ v1,
     const mucc::f16* __restrict__ v2) {
-  using namespace k7_div_l;
-  mucc::kn::binary<mucc::f16, 1, L0, L1, L2>(v0, v1, v2, k7_div_op{});
+  using namespace k8_div_l;
+  mucc::kn::binary<mucc::f16, 1, L0, L1, L2>(v0, v1, v2, k8_div_op{});
 }
 
 #ifndef __CUDACC_RTC__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
-// (16-byte aligned, laid out as the comments above say); `workspace` holds 8388608 bytes
+// (16-byte aligned, laid out as the comments above say); `workspace` holds 8389632 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
 extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
                             cudaStream_t stream) {
@@ -85,17 +104,24 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
       32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // launch k4_exp
+  // launch k4_row_max
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_exp);
+    const void* kernel = reinterpret_cast<const void*>(&k4_row_max);
     void* const args[] = {buf.ws(4194304), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
+
+  // launch k5_shifted_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_shifted_exp);
+    void* const args[] = {buf.ws(4195328), buf.ws(0), buf.ws(4194304)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream, args));
   }
 
-  // launch k5_reduction_2
+  // launch k6_reduction_2
   {
-    const void* kernel = reinterpret_cast<const void*>(&k5_reduction_2);
-    void* const args[] = {buf.ws(0), buf.ws(4194304)};
+    const void* kernel = reinterpret_cast<const void*>(&k6_reduction_2);
+    void* const args[] = {buf.ws(0), buf.ws(4195328)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream, args));
   }
 
@@ -108,14 +134,14 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
       handle, CUBLAS_OP_N, CUBLAS_OP_T, 64, 16, 4096, &alpha,
       buf.in(2, 0), CUDA_R_16F, 64, 262144LL,
-      buf.ws(4194304), CUDA_R_16F, 16, 65536LL, &beta,
+      buf.ws(4195328), CUDA_R_16F, 16, 65536LL, &beta,
       buf.ws(1024), CUDA_R_16F, 64, 1024LL,
       32, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // launch k7_div
+  // launch k8_div
   {
-    const void* kernel = reinterpret_cast<const void*>(&k7_div);
+    const void* kernel = reinterpret_cast<const void*>(&k8_div);
     void* const args[] = {buf.out(0, 0), buf.ws(1024), buf.ws(0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(128, 1, 1), dim3(256, 1, 1), 0, stream, args));
   }

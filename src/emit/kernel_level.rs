@@ -8,7 +8,7 @@ use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
 use crate::graph::mirage_json::names;
-use crate::sched::kernel_level::{ElementwiseOp, GridStride, KnOpPlan, PartCopy, View};
+use crate::sched::kernel_level::{ElementwiseOp, GridStride, KnOpPlan, PartCopy, Reduce, View};
 use crate::sched::plan::Symbols;
 
 fn layout(v: &View) -> String {
@@ -85,6 +85,14 @@ fn functor(w: &mut Writer, name: &str, op: ElementwiseOp, dtype: DType) {
     let (params, expr) = match op {
         ElementwiseOp::Unary(u) => (format!("{c} x"), cxx::unary(&u, "x", &c)),
         ElementwiseOp::Binary(b) => (format!("{c} a, {c} b"), cxx::binary(b, "a", "b")),
+        ElementwiseOp::ShiftedExp => (
+            format!("{c} a, {c} b"),
+            cxx::unary(
+                &crate::graph::ops::UnaryOp::Exp,
+                &cxx::binary(crate::graph::ops::BinaryOp::Sub, "a", "b"),
+                &c,
+            ),
+        ),
         ElementwiseOp::Copy => return,
     };
     w.block(format!("struct {name}_op"), ";", |w| {
@@ -104,6 +112,7 @@ fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Ste
         op,
         out,
         ins,
+        splat,
         dtype,
         vector,
         launch: l,
@@ -121,10 +130,27 @@ fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Ste
     let mut pre = Writer::new();
     aliases(&mut pre, name, &named);
     functor(&mut pre, name, *op, *dtype);
+    let splats = if splat.iter().any(|&s| s) {
+        let flags: Vec<&str> = splat
+            .iter()
+            .map(|&s| if s { "true" } else { "false" })
+            .collect();
+        format!(", {name}_op, {}", flags.join(", "))
+    } else {
+        String::new()
+    };
     let (f, args, tail) = match op {
-        ElementwiseOp::Unary(_) => ("unary", "L0, L1", format!("v0, v1, {name}_op{{}}")),
-        ElementwiseOp::Binary(_) => ("binary", "L0, L1, L2", format!("v0, v1, v2, {name}_op{{}}")),
-        ElementwiseOp::Copy => ("copy", "L0, L1", "v0, v1".to_string()),
+        ElementwiseOp::Unary(_) => (
+            "unary",
+            "L0, L1".to_string(),
+            format!("v0, v1, {name}_op{{}}"),
+        ),
+        ElementwiseOp::Binary(_) | ElementwiseOp::ShiftedExp => (
+            "binary",
+            format!("L0, L1, L2{splats}"),
+            format!("v0, v1, v2, {name}_op{{}}"),
+        ),
+        ElementwiseOp::Copy => ("copy", "L0, L1".to_string(), "v0, v1".to_string()),
     };
     let mut body = Writer::at(1);
     body.line(format!("using namespace {name}_l;"));
@@ -269,12 +295,14 @@ pub(super) fn emit(
             let suffix = match (ew, &op.kind) {
                 (ElementwiseOp::Unary(u), _) => u.name(),
                 (ElementwiseOp::Binary(b), _) => b.name(),
+                (ElementwiseOp::ShiftedExp, _) => "shifted_exp",
                 (ElementwiseOp::Copy, KnOpKind::Output { .. }) => "output_copy",
                 (ElementwiseOp::Copy, _) => "allreduce",
             };
             elementwise(&symbols.kernel(&format!("k{k}_{suffix}")), comment, plan)
         }
         KnOpPlan::Reduction {
+            of,
             out,
             x,
             dtype,
@@ -285,14 +313,15 @@ pub(super) fn emit(
             warp_per_output,
             launch: l,
         } => {
-            let dim = match op.kind {
-                KnOpKind::Reduction { dim } => dim,
-                _ => 0,
+            let (name, max) = match (of, &op.kind) {
+                (Reduce::Sum, KnOpKind::Reduction { dim }) => (format!("k{k}_reduction_{dim}"), ""),
+                (Reduce::Sum, _) => (format!("k{k}_reduction_0"), ""),
+                (Reduce::Max, _) => (format!("k{k}_row_max"), ", true"),
             };
-            let name = symbols.kernel(&format!("k{k}_reduction_{dim}"));
+            let name = symbols.kernel(&name);
             let t = ctype(*dtype);
             let call = format!(
-                "mucc::kn::reduce<{t}, L0, L1, {to}, {len}, {inner}, {stride}, {warp_per_output}>(v0, v1);"
+                "mucc::kn::reduce<{t}, L0, L1, {to}, {len}, {inner}, {stride}, {warp_per_output}{max}>(v0, v1);"
             );
             views_kernel(&name, comment, &[out, x], *dtype, *l, call)
         }

@@ -83,6 +83,12 @@ pub enum KnOpKind {
         /// Key splits.
         splits: usize,
     },
+    /// mucc-internal (never in a Mirage file; the score shift of `sched::shift` makes it): the
+    /// largest element along the last dim, which the output has at extent 1.
+    RowMax,
+    /// mucc-internal (the score shift of `sched::shift` makes it): `exp(x − m)` element by
+    /// element, `m` (the second input) broadcast as in a binary operator.
+    ShiftedExp,
 }
 
 impl KnOpKind {
@@ -102,6 +108,8 @@ impl KnOpKind {
             KnOpKind::AllReduce { .. } => "allreduce".into(),
             KnOpKind::Customized(_) => "customized".into(),
             KnOpKind::SoftmaxCombine { .. } => "softmax_combine".into(),
+            KnOpKind::RowMax => "row_max".into(),
+            KnOpKind::ShiftedExp => "shifted_exp".into(),
         }
     }
 }

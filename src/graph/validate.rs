@@ -382,7 +382,7 @@ impl<'a> Validator<'a> {
                     self.expect_shape(h, 0, t(op.outputs[0]), Ok(t(op.inputs[0]).shape));
                 }
             }
-            KnOpKind::Binary(_) => {
+            KnOpKind::Binary(_) | KnOpKind::ShiftedExp => {
                 if self.arity(h, op, (2, 2), (1, 1)) {
                     let r = infer::binary(&t(op.inputs[0]).shape, &t(op.inputs[1]).shape);
                     self.expect_shape(h, 0, t(op.outputs[0]), r);
@@ -394,6 +394,17 @@ impl<'a> Validator<'a> {
                     let y = t(op.outputs[0]).shape;
                     let to = if *dim < y.rank() { y.dim(*dim) } else { 1 };
                     let r = infer::kn_reduction(&x, *dim, to);
+                    self.expect_shape(h, 0, t(op.outputs[0]), r);
+                }
+            }
+            KnOpKind::RowMax => {
+                if self.arity(h, op, (1, 1), (1, 1)) {
+                    let x = t(op.inputs[0]).shape;
+                    let r = if x.rank() == 0 {
+                        Err(ErrorKind::BadValue("row_max of a scalar".into()))
+                    } else {
+                        Ok(x.with_dim(x.rank() - 1, 1))
+                    };
                     self.expect_shape(h, 0, t(op.outputs[0]), r);
                 }
             }

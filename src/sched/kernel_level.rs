@@ -76,6 +76,26 @@ pub enum ElementwiseOp {
     Binary(BinaryOp),
     /// out = in0 (output copies, single-GPU allreduce).
     Copy,
+    /// out = exp(in0 − in1) ([`KnOpKind::ShiftedExp`]).
+    ShiftedExp,
+}
+
+/// How a kernel-level reduction combines the elements of a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// Their sum ([`KnOpKind::Reduction`]).
+    Sum,
+    /// Their largest ([`KnOpKind::RowMax`]).
+    Max,
+}
+
+impl std::fmt::Display for Reduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reduce::Sum => "sum",
+            Reduce::Max => "max",
+        })
+    }
 }
 
 /// An element type of NCCL (`ncclDataType_t`).
@@ -178,6 +198,10 @@ pub enum KnOpPlan {
         out: View,
         /// The operands.
         ins: Vec<View>,
+        /// Per operand of a shifted exponential: broadcast along the last iteration dim (stride
+        /// 0 there), so one element serves a whole vector and takes no part in the vector
+        /// width (all false for other operators).
+        splat: Vec<bool>,
         /// Element type.
         dtype: DType,
         /// Vector width (elements).
@@ -185,8 +209,10 @@ pub enum KnOpPlan {
         /// Launch.
         launch: GridStride,
     },
-    /// A sum over groups along `dim` (`mucc::kn::reduce`).
+    /// A sum over groups along `dim`, or a max (`mucc::kn::reduce`).
     Reduction {
+        /// What combines the elements.
+        of: Reduce,
         /// The result.
         out: View,
         /// The operand.
@@ -374,13 +400,27 @@ impl Planner<'_> {
     }
 
     fn elementwise(&self, op: ElementwiseOp, out: View, ins: Vec<View>, dtype: DType) -> KnOpPlan {
-        let refs: Vec<&View> = std::iter::once(&out).chain(&ins).collect();
+        // Only the shifted exponential reads its broadcast operand one element per vector: for
+        // the graphs' own binary operators it measured no faster (H100, ntrans_bs1 g2's division
+        // 4.59 → 4.69 µs, qknorm_gqa_bs1 g111 18.1 → 18.4: a quarter of the blocks), while
+        // shifted_exp went from 51.8 µs (one element per thread) to 24.2 on mha_bs8 g1.
+        let splats = matches!(op, ElementwiseOp::ShiftedExp);
+        let splat: Vec<bool> = ins
+            .iter()
+            .map(|v| {
+                splats && v.strides.last() == Some(&0) && v.dims.last().is_some_and(|&d| d > 1)
+            })
+            .collect();
+        let refs: Vec<&View> = std::iter::once(&out)
+            .chain(ins.iter().zip(&splat).filter(|(_, s)| !**s).map(|(v, _)| v))
+            .collect();
         let vector = vector_len(&refs, dtype);
         let work = out.dims.iter().product::<usize>() / vector;
         KnOpPlan::Elementwise {
             op,
             out,
             ins,
+            splat,
             dtype,
             vector,
             launch: GridStride::for_work(work),
@@ -428,6 +468,7 @@ impl Planner<'_> {
             }
             KnOpKind::Unary(u) => self.map(ElementwiseOp::Unary(*u), op.outputs[0], &op.inputs),
             KnOpKind::Binary(b) => self.map(ElementwiseOp::Binary(*b), op.outputs[0], &op.inputs),
+            KnOpKind::ShiftedExp => self.map(ElementwiseOp::ShiftedExp, op.outputs[0], &op.inputs),
             KnOpKind::AllReduce { .. } if self.gpus <= 1 => {
                 self.map(ElementwiseOp::Copy, op.outputs[0], &op.inputs[..1])
             }
@@ -449,23 +490,10 @@ impl Planner<'_> {
                     )?;
                 KnOpPlan::Gemm { calls, transposed }
             }
-            KnOpKind::Reduction { dim } => {
-                let (x, y) = (op.inputs[0], op.outputs[0]);
-                let (xs, ys) = (g.tensors[x].shape, g.tensors[y].shape);
-                let to = ys.dim(*dim);
-                let k = xs.dim(*dim) / to;
-                let warp = k >= WARP_REDUCTION_LEN;
-                KnOpPlan::Reduction {
-                    out: self.full_view(y),
-                    x: self.full_view(x),
-                    dtype: g.tensors[y].dtype,
-                    to,
-                    k,
-                    inner: ys.dims()[dim + 1..].iter().product(),
-                    stride: self.dt[x.index()].strides.0[*dim],
-                    warp_per_output: warp,
-                    launch: GridStride::for_work(ys.numel() * if warp { 32 } else { 1 }),
-                }
+            KnOpKind::Reduction { dim } => self.reduction(op, *dim, Reduce::Sum),
+            KnOpKind::RowMax => {
+                let rank = g.tensors[op.inputs[0]].shape.rank();
+                self.reduction(op, rank - 1, Reduce::Max)
             }
             KnOpKind::RmsNorm { normalized_dims } => {
                 let (x, y) = (op.inputs[0], op.outputs[0]);
@@ -523,6 +551,28 @@ impl Planner<'_> {
                 }
             }
         })
+    }
+
+    /// A reduction over `dim` (its extent in the result: groups of Mirage's strided grouping).
+    fn reduction(&self, op: &KnOp, dim: usize, of: Reduce) -> KnOpPlan {
+        let g = self.g;
+        let (x, y) = (op.inputs[0], op.outputs[0]);
+        let (xs, ys) = (g.tensors[x].shape, g.tensors[y].shape);
+        let to = ys.dim(dim);
+        let k = xs.dim(dim) / to;
+        let warp = k >= WARP_REDUCTION_LEN;
+        KnOpPlan::Reduction {
+            of,
+            out: self.full_view(y),
+            x: self.full_view(x),
+            dtype: g.tensors[y].dtype,
+            to,
+            k,
+            inner: ys.dims()[dim + 1..].iter().product(),
+            stride: self.dt[x.index()].strides.0[dim],
+            warp_per_output: warp,
+            launch: GridStride::for_work(ys.numel() * if warp { 32 } else { 1 }),
+        }
     }
 
     /// One kernel with a copy per part; the whole tensor is addressed at the part's offset

@@ -26,6 +26,7 @@ pub mod plan;
 pub mod refine;
 pub mod rewrite;
 pub mod rows;
+pub mod shift;
 pub mod smem;
 pub mod softmax;
 pub mod tma;
@@ -108,6 +109,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
                 rw.graph = Some(g3.unwrap_or(g2));
                 rw.softmax = sm;
                 rw.loops = std::mem::take(&mut p.rewrite.loops);
+                rw.shift = std::mem::take(&mut p.rewrite.shift);
                 p.rewrite = rw;
                 p.elapsed = start.elapsed();
                 return Ok(p);
@@ -119,6 +121,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
     rw.graph = g3;
     rw.softmax = sm;
     rw.loops = std::mem::take(&mut p.rewrite.loops);
+    rw.shift = std::mem::take(&mut p.rewrite.shift);
     p.rewrite = rw;
     p.elapsed = start.elapsed();
     Ok(p)
@@ -159,8 +162,32 @@ fn plan_with_softmax(
         }
         return Ok((p, sm, Some(g4.unwrap_or(g3))));
     }
-    let (p, g4) = plan_refined(g, opts)?;
+    let (p, g4) = plan_shifted(g, opts)?;
     Ok((p, sm, g4))
+}
+
+/// Plans `g` with the exponentials of its loaded scores taken less their row max where that
+/// computes the same function and plans ([`shift::shift_scores`], unless
+/// [`Options::online_softmax`] is off), else `g` as it is, each with its loops refined where
+/// asked ([`plan_refined`]); what the shift did goes to the plan's [`GraphPlan::rewrite`].
+fn plan_shifted(
+    g: &KernelGraph,
+    opts: &Options,
+) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
+    let on = opts.online_softmax != softmax::SoftmaxChoice::Off;
+    let mut sh = shift::shift_scores(g, on);
+    if let Some(g2) = sh.graph.take() {
+        match plan_refined(&g2, opts) {
+            Ok((mut p, g3)) => {
+                p.rewrite.shift = sh;
+                return Ok((p, Some(g3.unwrap_or(g2))));
+            }
+            Err(e) => sh.undo(shift::NoShift::Plan(e.to_string())),
+        }
+    }
+    let (mut p, g3) = plan_refined(g, opts)?;
+    p.rewrite.shift = sh;
+    Ok((p, g3))
 }
 
 /// Plans `g` with its customized operators' loops refined by [`Options::refine_loops`] where

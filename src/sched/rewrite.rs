@@ -152,6 +152,11 @@ pub struct Rewrite {
     /// ([`super::refine`]; kernel indices of the graph after the matmul fusion, unchanged by the
     /// softmax rewrite).
     pub loops: super::refine::LoopRewrite,
+    /// The loaded scores whose exponentials are taken less their row max, and the kernels that
+    /// exponentiate loaded scores as the graph does and why ([`super::shift`]; kernel indices of
+    /// the graph after the matmul fusion, on graphs the online-softmax rewrite leaves as they
+    /// are).
+    pub shift: super::shift::ShiftRewrite,
 }
 
 impl Rewrite {

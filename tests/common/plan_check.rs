@@ -11,7 +11,7 @@ use mucc::graph::arena::Handle;
 use mucc::graph::kernel::{KernelGraph, KnOpKind};
 use mucc::graph::threadblock::TbOpKind;
 use mucc::layout::swizzle::Swizzle;
-use mucc::sched::kernel_level::{ElementwiseOp, KnOpPlan};
+use mucc::sched::kernel_level::{ElementwiseOp, KnOpPlan, Reduce};
 use mucc::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, OperandLoad};
 use mucc::sched::plan::{ApproxExp, GraphPlan, KernelPlan};
 use mucc::sched::{Options, plan};
@@ -828,6 +828,7 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 let (f, suffix) = match (ew, &op.kind) {
                     (ElementwiseOp::Unary(u), _) => ("unary", u.name().to_string()),
                     (ElementwiseOp::Binary(b), _) => ("binary", b.name().to_string()),
+                    (ElementwiseOp::ShiftedExp, _) => ("binary", "shifted_exp".into()),
                     (ElementwiseOp::Copy, KnOpKind::Output { .. }) => {
                         ("copy", "output_copy".into())
                     }
@@ -841,6 +842,7 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 )?;
             }
             KnOpPlan::Reduction {
+                of,
                 dtype,
                 to,
                 k: len,
@@ -850,22 +852,28 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 launch,
                 ..
             } => {
-                let KnOpKind::Reduction { dim } = op.kind else {
-                    return Err(format!("kernel op {k}: reduction plan"));
+                let (name, max) = match (&op.kind, of) {
+                    (KnOpKind::Reduction { dim }, Reduce::Sum) => {
+                        (format!("k{k}_reduction_{dim}"), None)
+                    }
+                    (KnOpKind::RowMax, Reduce::Max) => (format!("k{k}_row_max"), Some("true")),
+                    _ => return Err(format!("kernel op {k}: reduction plan")),
                 };
+                let mut args = vec![
+                    ctype(*dtype).into(),
+                    "L0".into(),
+                    "L1".into(),
+                    to.to_string(),
+                    len.to_string(),
+                    inner.to_string(),
+                    stride.to_string(),
+                    warp_per_output.to_string(),
+                ];
+                args.extend(max.map(String::from));
                 check(
-                    format!("k{k}_reduction_{dim}"),
+                    name,
                     "mucc::kn::reduce<",
-                    vec![
-                        ctype(*dtype).into(),
-                        "L0".into(),
-                        "L1".into(),
-                        to.to_string(),
-                        len.to_string(),
-                        inner.to_string(),
-                        stride.to_string(),
-                        warp_per_output.to_string(),
-                    ],
+                    args,
                     (launch.blocks, launch.threads),
                 )?;
             }

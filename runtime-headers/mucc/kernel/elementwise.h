@@ -32,17 +32,32 @@ __device__ __forceinline__ void unary(T* __restrict__ out, const T* __restrict__
   }
 }
 
+// One element of `p` in every lane of a vector (an operand broadcast along the last dim).
+template <class T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> splat(const T* p) {
+  Vec<T, VEC> x;
+  const T e = *p;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) x.v[k] = e;
+  return x;
+}
+
 // out = op(a, b), element by element, with broadcasting through stride-0 dims.
-// Preconditions: as for `unary`, for all three layouts.
-template <class T, int VEC, class OutL, class AL, class BL, class Op>
+// Preconditions: as for `unary`, for all three layouts, except that an operand marked
+// A_SPLAT / B_SPLAT (stride 0 along the last iteration dim) is read one element per vector,
+// with no stride or alignment condition.
+template <class T, int VEC, class OutL, class AL, class BL, class Op, bool A_SPLAT = false,
+          bool B_SPLAT = false>
 __device__ __forceinline__ void binary(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, Op op) {
   static_assert(OutL::size == AL::size && OutL::size == BL::size, "operands must cover the same iteration space");
   static_assert(OutL::size % VEC == 0, "VEC must divide the iteration space");
   constexpr i64 n = OutL::size / VEC;
   for (i64 v = global_thread(); v < n; v += global_threads()) {
     const i64 i = v * VEC;
-    const Vec<T, VEC> x = *reinterpret_cast<const Vec<T, VEC>*>(a + AL::offset(i));
-    const Vec<T, VEC> y = *reinterpret_cast<const Vec<T, VEC>*>(b + BL::offset(i));
+    const Vec<T, VEC> x = A_SPLAT ? splat<T, VEC>(a + AL::offset(i))
+                                  : *reinterpret_cast<const Vec<T, VEC>*>(a + AL::offset(i));
+    const Vec<T, VEC> y = B_SPLAT ? splat<T, VEC>(b + BL::offset(i))
+                                  : *reinterpret_cast<const Vec<T, VEC>*>(b + BL::offset(i));
     Vec<T, VEC> z;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) z.v[e] = from_compute<T>(op(to_compute(x.v[e]), to_compute(y.v[e])));

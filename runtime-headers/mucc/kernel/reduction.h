@@ -21,13 +21,25 @@ __device__ __forceinline__ double warp_sum(double x) {
   return x;
 }
 
+template <class C>
+__device__ __forceinline__ C warp_max(C x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const C y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = (y > x || y != y) ? y : x;  // NaN wins, as in the reference
+  }
+  return x;
+}
+
 // Grouped sum over one dim r of extent TO·K down to TO, with Mirage's strided grouping:
-// out[…, j, …] = Σ_{k<K} in[…, k·TO + j, …]  (TO = 1 is a plain sum).
+// out[…, j, …] = Σ_{k<K} in[…, k·TO + j, …]  (TO = 1 is a plain sum); with MAX, the largest
+// element of each group instead of the sum (NaN wins).
 // OutL is over the output shape (dim r of extent TO); InL over the input shape. INNER is the
 // product of the extents after dim r, RSTRIDE the input stride of dim r.
 // WARP = true: one warp per output element (for long reductions), else one thread.
 // Preconditions: blockDim.x is a multiple of 32 when WARP.
-template <class T, class OutL, class InL, i64 TO, i64 K, i64 INNER, i64 RSTRIDE, bool WARP>
+template <class T, class OutL, class InL, i64 TO, i64 K, i64 INNER, i64 RSTRIDE, bool WARP,
+          bool MAX = false>
 __device__ __forceinline__ void reduce(T* __restrict__ out, const T* __restrict__ in) {
   using C = Compute<T>;
   constexpr i64 n = OutL::size;
@@ -38,9 +50,16 @@ __device__ __forceinline__ void reduce(T* __restrict__ out, const T* __restrict_
   for (i64 o = first; o < n; o += step) {
     const i64 in_index = (o / (TO * INNER)) * (TO * K * INNER) + o % (TO * INNER);
     const T* base = in + InL::offset(in_index);
-    C acc = C(0);
-    for (i64 k = lane; k < K; k += lanes) acc += to_compute(base[k * TO * RSTRIDE]);
-    if (WARP) acc = warp_sum(acc);
+    C acc = MAX ? neg_inf<C>() : C(0);
+    for (i64 k = lane; k < K; k += lanes) {
+      const C x = to_compute(base[k * TO * RSTRIDE]);
+      if (MAX) {
+        acc = (x > acc || x != x) ? x : acc;
+      } else {
+        acc += x;
+      }
+    }
+    if (WARP) acc = MAX ? warp_max(acc) : warp_sum(acc);
     if (lane == 0) out[OutL::offset(o)] = from_compute<T>(acc);
   }
 }

@@ -23,6 +23,7 @@ use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::error::{ErrorKind, GraphError};
 use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
+use crate::graph::ops::BinaryOp;
 use crate::graph::shape::{Shape, Strides};
 
 /// A caller buffer: values in physical order, addressed through `strides`.
@@ -323,6 +324,19 @@ impl<'g> Walk<'g> {
             }
             KnOpKind::RmsNorm { normalized_dims } => {
                 vec![val(op.inputs[0]).rms_norm(*normalized_dims)]
+            }
+            KnOpKind::ShiftedExp => vec![
+                Array::binary(
+                    &val(op.inputs[0]),
+                    &val(op.inputs[1]),
+                    BinaryOp::Sub,
+                    shape(0),
+                )
+                .map(f64::exp),
+            ],
+            KnOpKind::RowMax => {
+                let x = val(op.inputs[0]);
+                vec![x.max_over(x.shape.rank() - 1)]
             }
             KnOpKind::SoftmaxCombine { splits } => vec![val(op.inputs[0]).softmax_combine(
                 &val(op.inputs[1]),

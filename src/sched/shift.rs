@@ -1,0 +1,981 @@
+//! **Loaded scores less their row max**, a rewrite the planner makes before it plans; the
+//! caller's graph is never changed.
+//!
+//! Some attention candidates compute the scores S = Q·K in one operator (a kernel-level matmul)
+//! and exponentiate them in others, as loaded: a kernel-level `exp`, or a customized operator
+//! that loads tiles of S and applies `exp`. exp(S) of unnormalised scores overflows 16-bit
+//! floats (|S| ≈ 11 already gives 60 000), and no running max can be kept where S is only
+//! loaded. The rewrite computes M, the max of each row of S over its last dim (the keys), once
+//! ([`KnOpKind::RowMax`], runtime `kn::reduce` with the max), and every reader exponentiates
+//! S − M instead (a kernel-level `exp` becomes [`KnOpKind::ShiftedExp`]; inside a customized
+//! operator, a tile of M loaded beside S's and a `sub` before the `exp`). Every exponential
+//! is then scaled by e^(−M) of its row, at most 1.
+//!
+//! That computes the same function when the factor cancels, which a data-flow check proves
+//! before anything changes: following every value computed from the shifted exponentials, the
+//! factor of its row is kept by row-preserving linear steps (sums along the last dim, matmuls
+//! taking it as A, products with unshifted values, tiles and outputs whose grid axes place the
+//! same rows), and it must vanish in a division whose numerator and denominator both carry it,
+//! the denominator being a sum of exponentials over every key of its row (so at least e⁰ = 1:
+//! it cannot underflow to 0 where the graph's form would not). A shifted value that reaches a
+//! graph output, an operator that does not keep the factor (exp, rms_norm, an all-reduce), a
+//! sum of shifted and unshifted values, or a for-loop walking a row leaves the graph as it is,
+//! and the plan says why ([`NoShift`]).
+//!
+//! Only 16-bit float scores are shifted (bf16, f32 and f64 hold e^S to S ≈ 88), on one GPU.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::graph::arena::Handle;
+use crate::graph::dtype::DType;
+use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
+use crate::graph::ops::{AccumKind, BinaryOp, DimMap, TbReduction, UnaryOp};
+use crate::graph::shape::Shape;
+use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
+
+/// Scores whose exponentials the plan computes less their row max.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShiftedScores {
+    /// The scores S (tensor index in the graph the shift was applied to).
+    pub scores: usize,
+    /// The kernel operators that exponentiate S (operator indices of that graph).
+    pub readers: Vec<usize>,
+    /// The row max operator ([`KnOpKind::RowMax`]) in the rewritten graph.
+    pub row_max: usize,
+}
+
+/// Why a value computed from the shifted exponentials would not keep its row's factor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// It reaches a graph output.
+    Output,
+    /// An operator does not keep the factor of each row (`kind` names it).
+    Op {
+        /// The operator's name.
+        kind: String,
+    },
+    /// Its leading dims are not the scores' rows.
+    Rows,
+    /// A for-loop walks one of its rows.
+    LoopOverRows,
+    /// A grid axis places its rows unlike the value it is combined with (or its output).
+    Placement,
+    /// It is added to, or multiplied by, a value with another factor.
+    Mixed,
+    /// It is divided by a value that is not a sum of exponentials over every key of the row.
+    Denominator,
+    /// It divides a value that does not carry the factor.
+    Divisor,
+}
+
+impl fmt::Display for Flow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Flow::Output => f.write_str("a value scaled by the row max reaches a graph output"),
+            Flow::Op { kind } => {
+                write!(f, "{kind} of a scaled value does not keep the row's factor")
+            }
+            Flow::Rows => f.write_str("a scaled value's leading dims are not the scores' rows"),
+            Flow::LoopOverRows => f.write_str("a for-loop walks the rows of a scaled value"),
+            Flow::Placement => {
+                f.write_str("a grid axis places the rows of a scaled tile unlike its partner's")
+            }
+            Flow::Mixed => f.write_str("a scaled value is combined with one of another factor"),
+            Flow::Denominator => f.write_str(
+                "a scaled value is divided by something other than a sum over every key of its row",
+            ),
+            Flow::Divisor => f.write_str("a scaled value is the divisor of an unscaled one"),
+        }
+    }
+}
+
+/// Why the exponentials of loaded scores keep the graph's form.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NoShift {
+    /// Turned off (`--online-softmax off`).
+    Off,
+    /// The graph runs on several GPUs (a row max across ranks is not planned).
+    Mesh,
+    /// The scores are not 16-bit floats.
+    Dtype(DType),
+    /// A value computed from the exponentials would not keep its row's factor (at kernel op
+    /// `op` of the graph the shift was tried on).
+    Flow {
+        /// The kernel operator where it fails.
+        op: usize,
+        /// What fails.
+        why: Flow,
+    },
+    /// The values computed from these scores meet those of scores shifted already.
+    Shared,
+    /// The rewritten graph does not validate or plan.
+    Plan(String),
+}
+
+impl fmt::Display for NoShift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoShift::Off => f.write_str("the shift by the row max is turned off"),
+            NoShift::Mesh => f.write_str("the graph runs on several GPUs"),
+            NoShift::Dtype(dt) => write!(f, "the scores are {dt}, not f16"),
+            NoShift::Flow { op, why } => {
+                write!(f, "the row max would not cancel: at kernel op {op}, {why}")
+            }
+            NoShift::Shared => f.write_str("its values meet those of other shifted scores"),
+            NoShift::Plan(why) => write!(f, "the shifted graph does not plan: {why}"),
+        }
+    }
+}
+
+/// What [`shift_scores`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShiftRewrite {
+    /// The rewritten graph, when some scores were shifted.
+    pub graph: Option<Box<KernelGraph>>,
+    /// The scores shifted.
+    pub applied: Vec<ShiftedScores>,
+    /// Kernel operators that exponentiate loaded scores as the graph does, and why (operator
+    /// indices of the graph the shift was tried on).
+    pub declined: Vec<(usize, NoShift)>,
+}
+
+impl ShiftRewrite {
+    /// Keeps every exponential's form after all, with `why` (the rewritten graph did not plan).
+    pub fn undo(&mut self, why: NoShift) {
+        self.graph = None;
+        for a in self.applied.drain(..) {
+            for r in a.readers {
+                self.declined.push((r, why.clone()));
+            }
+        }
+        self.declined.sort_by_key(|(k, _)| *k);
+    }
+
+    /// Whether kernel op `k` exponentiates shifted scores.
+    pub fn shifts(&self, k: usize) -> Option<&ShiftedScores> {
+        self.applied.iter().find(|a| a.readers.contains(&k))
+    }
+}
+
+/// Which keys an element-wise value of the shifted exponentials holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keys {
+    /// Every key of its rows (a tile spanning the last dim, a whole tensor).
+    Tile,
+    /// Every key of its rows over the for-loop's iterations (the loop walks the last dim).
+    Loop,
+    /// Fewer (a grid axis splits the keys).
+    Some,
+}
+
+/// What a value computed from the shifted exponentials is, as far as the denominator rule
+/// needs: e^(S − M) element by element, a sum over every key of its row, or anything else that
+/// keeps the factor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cover {
+    Elem(Keys),
+    All,
+    Part,
+}
+
+/// A tile carrying the factor: for each leading (row) dim, the grid axis that places it (none:
+/// the tile spans the dim), and its cover.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TileTag {
+    axes: Vec<Option<usize>>,
+    cover: Cover,
+}
+
+/// What [`Scores::flow`] finds: each tensor's cover (by index; `None`: unscaled) and the kernel
+/// operators that exponentiate S.
+type Flowed = (Vec<Option<Cover>>, Vec<Handle<KnOp>>);
+
+/// Per-row scaling facts for one candidate S.
+struct Scores<'a> {
+    g: &'a KernelGraph,
+    s: Handle<DTensor>,
+    rank: usize,
+}
+
+impl Scores<'_> {
+    /// Whether tensor `t` has the scores' rows as its leading dims.
+    fn rows_match(&self, t: Handle<DTensor>) -> bool {
+        let (a, b) = (self.g.tensors[t].shape, self.g.tensors[self.s].shape);
+        a.rank() == self.rank && a.dims()[..self.rank - 1] == b.dims()[..self.rank - 1]
+    }
+
+    /// The tensors carrying the factor (by index) and the kernel ops that exponentiate S;
+    /// `Err((op, why))` where the factor would not cancel.
+    fn flow(&self) -> Result<Flowed, (usize, Flow)> {
+        let g = self.g;
+        let mut tags: Vec<Option<Cover>> = vec![None; g.tensors.len()];
+        let mut readers = Vec::new();
+        for (h, op) in g.ops.iter() {
+            let at = |why: Flow| (h.index(), why);
+            let tag = |t: Handle<DTensor>| tags[t.index()];
+            if let KnOpKind::Customized(tb) = &op.kind {
+                let reads_s = op.inputs.contains(&self.s) && !exp_sites(tb, op, self.s).is_empty();
+                let tagged_in = op.inputs.iter().any(|&t| tag(t).is_some());
+                if !reads_s && !tagged_in {
+                    continue;
+                }
+                if reads_s {
+                    readers.push(h);
+                }
+                let outs = self.tb_flow(op, tb, &tags).map_err(at)?;
+                for (&t, c) in op.outputs.iter().zip(outs) {
+                    if c.is_some() && !self.rows_match(t) {
+                        return Err(at(Flow::Rows));
+                    }
+                    tags[t.index()] = c;
+                }
+                continue;
+            }
+            if matches!(op.kind, KnOpKind::Unary(UnaryOp::Exp)) && op.inputs[0] == self.s {
+                readers.push(h);
+                tags[op.outputs[0].index()] = Some(Cover::Elem(Keys::Tile));
+                continue;
+            }
+            let ins: Vec<Option<Cover>> = op.inputs.iter().map(|&t| tag(t)).collect();
+            if ins.iter().all(Option::is_none) {
+                continue;
+            }
+            let name = || Flow::Op {
+                kind: op.kind.name(),
+            };
+            let out = match &op.kind {
+                KnOpKind::Unary(UnaryOp::MulScalar(c)) if *c > 0.0 => ins[0],
+                KnOpKind::Unary(UnaryOp::MulScalar(_)) => Some(Cover::Part),
+                KnOpKind::Binary(b) => binary(*b, ins[0], ins[1]).map_err(at)?,
+                KnOpKind::Matmul if ins[1].is_none() => Some(Cover::Part),
+                KnOpKind::Reduction { dim } if *dim == self.rank - 1 => {
+                    let to = g.tensors[op.outputs[0]].shape.dim(*dim);
+                    Some(summed(ins[0].expect("tagged"), to == 1))
+                }
+                KnOpKind::Concat { dim }
+                | KnOpKind::Split { dim }
+                | KnOpKind::Chunk { dim, .. }
+                    if *dim == self.rank - 1 && ins.iter().all(Option::is_some) =>
+                {
+                    Some(Cover::Part)
+                }
+                KnOpKind::Output { .. } => return Err(at(Flow::Output)),
+                _ => return Err(at(name())),
+            };
+            for &t in &op.outputs {
+                if out.is_some() && !self.rows_match(t) {
+                    return Err(at(Flow::Rows));
+                }
+                tags[t.index()] = out;
+            }
+        }
+        Ok((tags, readers))
+    }
+
+    /// The covers of a customized operator's outputs (`None`: unscaled).
+    fn tb_flow(
+        &self,
+        op: &KnOp,
+        tb: &TbGraph,
+        tags: &[Option<Cover>],
+    ) -> Result<Vec<Option<Cover>>, Flow> {
+        let last = self.rank - 1;
+        let mut tiles: Vec<Option<TileTag>> = vec![None; tb.tensors.len()];
+        let mut s_tiles: BTreeMap<usize, TileTag> = BTreeMap::new();
+        let mut outs = vec![None; op.outputs.len()];
+        for (_, t) in tb.ops.iter() {
+            let tin: Vec<Option<TileTag>> =
+                t.inputs.iter().map(|x| tiles[x.index()].clone()).collect();
+            let out: Option<TileTag> = match &t.kind {
+                TbOpKind::Input {
+                    input,
+                    imap,
+                    forloop_dim,
+                } => {
+                    let d = op.inputs[*input];
+                    let cover = tags[d.index()];
+                    let is_s = d == self.s;
+                    if cover.is_none() && !is_s {
+                        None
+                    } else {
+                        if forloop_dim.is_some_and(|f| f < last) {
+                            if cover.is_some() || tb_reads_exp(tb, t.outputs[0]) {
+                                return Err(Flow::LoopOverRows);
+                            }
+                            continue;
+                        }
+                        let axes = row_axes(*imap, tb.grid, last);
+                        let keys = if (0..3).any(|a| tb.grid[a] > 1 && imap.axis(a) == Some(last)) {
+                            Keys::Some
+                        } else if *forloop_dim == Some(last) && tb.forloop_range > 1 {
+                            Keys::Loop
+                        } else {
+                            Keys::Tile
+                        };
+                        if is_s {
+                            s_tiles.insert(
+                                t.outputs[0].index(),
+                                TileTag {
+                                    axes,
+                                    cover: Cover::Elem(keys),
+                                },
+                            );
+                            None
+                        } else {
+                            let cover = match cover.expect("tagged") {
+                                Cover::Elem(_) => Cover::Elem(keys),
+                                c => c,
+                            };
+                            Some(TileTag { axes, cover })
+                        }
+                    }
+                }
+                TbOpKind::Unary(UnaryOp::Exp) if s_tiles.contains_key(&t.inputs[0].index()) => {
+                    Some(s_tiles[&t.inputs[0].index()].clone())
+                }
+                _ if tin.iter().all(Option::is_none) => None,
+                TbOpKind::Output { output, omap } => {
+                    let tag = tin[0].clone().expect("tagged");
+                    for d in 0..last {
+                        let placed = (0..3).find(|&a| tb.grid[a] > 1 && omap.axis(a) == Some(d));
+                        if placed != tag.axes[d] {
+                            return Err(Flow::Placement);
+                        }
+                    }
+                    outs[*output] = Some(match tag.cover {
+                        Cover::Elem(_) => Cover::Part,
+                        c => c,
+                    });
+                    continue;
+                }
+                TbOpKind::Unary(UnaryOp::MulScalar(c)) => {
+                    let mut x = tin[0].clone().expect("tagged");
+                    if *c <= 0.0 {
+                        x.cover = Cover::Part;
+                    }
+                    Some(x)
+                }
+                TbOpKind::Binary(b) => {
+                    let (x, y) = (&tin[0], &tin[1]);
+                    if let (Some(x), Some(y)) = (x, y)
+                        && x.axes != y.axes
+                    {
+                        return Err(Flow::Placement);
+                    }
+                    let axes = x.as_ref().or(y.as_ref()).expect("tagged").axes.clone();
+                    binary(*b, x.as_ref().map(|x| x.cover), y.as_ref().map(|y| y.cover))?
+                        .map(|cover| TileTag { axes, cover })
+                }
+                TbOpKind::Matmul if tin[1].is_none() => Some(TileTag {
+                    cover: Cover::Part,
+                    ..tin[0].clone().expect("tagged")
+                }),
+                TbOpKind::Reduction {
+                    dim,
+                    kind: TbReduction::Sum,
+                } if *dim == last => {
+                    let x = tin[0].clone().expect("tagged");
+                    Some(TileTag {
+                        cover: summed(x.cover, true),
+                        ..x
+                    })
+                }
+                TbOpKind::Reduction {
+                    dim,
+                    kind: TbReduction::ToDimx,
+                } if *dim == last => Some(TileTag {
+                    cover: summed(tin[0].as_ref().expect("tagged").cover, false),
+                    ..tin[0].clone().expect("tagged")
+                }),
+                TbOpKind::Concat { dim } if *dim == last && tin.iter().all(Option::is_some) => {
+                    if tin[0].as_ref().map(|x| &x.axes) != tin[1].as_ref().map(|x| &x.axes) {
+                        return Err(Flow::Placement);
+                    }
+                    Some(TileTag {
+                        cover: Cover::Part,
+                        ..tin[0].clone().expect("tagged")
+                    })
+                }
+                TbOpKind::Accum(kind) => {
+                    let x = tin[0].clone().expect("tagged");
+                    let cover = match (kind, x.cover) {
+                        (AccumKind::Nored, Cover::All) => Cover::All,
+                        (AccumKind::Nored, _) => Cover::Part,
+                        (AccumKind::RedLdSum | AccumKind::RedLdMean, Cover::Elem(Keys::Tile))
+                        | (AccumKind::RedLdSum | AccumKind::RedLdMean, Cover::Elem(Keys::Loop))
+                        | (AccumKind::RedLdSum | AccumKind::RedLdMean, Cover::All) => Cover::All,
+                        (AccumKind::RedLdSum | AccumKind::RedLdMean, _) => Cover::Part,
+                        (AccumKind::RedtoxLdSum, Cover::All) => Cover::All,
+                        (AccumKind::RedtoxLdSum, _) => Cover::Part,
+                        _ => {
+                            return Err(Flow::Op {
+                                kind: t.kind.name(),
+                            });
+                        }
+                    };
+                    Some(TileTag { cover, ..x })
+                }
+                _ => {
+                    return Err(Flow::Op {
+                        kind: t.kind.name(),
+                    });
+                }
+            };
+            for &o in &t.outputs {
+                tiles[o.index()] = out.clone();
+            }
+        }
+        Ok(outs)
+    }
+}
+
+/// The cover of a sum along the last dim of a value with cover `c` (`whole`: to extent 1, not
+/// in groups).
+fn summed(c: Cover, whole: bool) -> Cover {
+    match c {
+        Cover::Elem(Keys::Tile) if whole => Cover::All,
+        Cover::All => Cover::All,
+        _ => Cover::Part,
+    }
+}
+
+/// The cover of a binary operator's result from its operands' (`None`: unscaled).
+fn binary(b: BinaryOp, x: Option<Cover>, y: Option<Cover>) -> Result<Option<Cover>, Flow> {
+    Ok(match (b, x, y) {
+        (_, None, None) => None,
+        (BinaryOp::Div, Some(_), Some(Cover::All)) => None,
+        (BinaryOp::Div, Some(_), Some(_)) => return Err(Flow::Denominator),
+        (BinaryOp::Div, Some(_), None) => Some(Cover::Part),
+        (BinaryOp::Div, None, Some(_)) => return Err(Flow::Divisor),
+        (BinaryOp::Mul, Some(_), None) | (BinaryOp::Mul, None, Some(_)) => Some(Cover::Part),
+        (BinaryOp::Add, Some(Cover::All), Some(Cover::All)) => Some(Cover::All),
+        (BinaryOp::Add | BinaryOp::Sub, Some(_), Some(_)) => Some(Cover::Part),
+        (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul, _, _) => return Err(Flow::Mixed),
+        (BinaryOp::Pow, _, _) => {
+            return Err(Flow::Op {
+                kind: b.name().into(),
+            });
+        }
+    })
+}
+
+/// For each leading dim of a tile (all but `last`), the grid axis that splits it (axes of one
+/// block do not split).
+fn row_axes(map: DimMap, grid: [usize; 3], last: usize) -> Vec<Option<usize>> {
+    (0..last)
+        .map(|d| (0..3).find(|&a| grid[a] > 1 && map.axis(a) == Some(d)))
+        .collect()
+}
+
+/// Whether tile `t` is read by an `exp`.
+fn tb_reads_exp(tb: &TbGraph, t: Handle<STensor>) -> bool {
+    tb.ops.iter().any(|(_, o)| {
+        matches!(o.kind, TbOpKind::Unary(UnaryOp::Exp)) && o.inputs.first() == Some(&t)
+    })
+}
+
+/// The input operators of `tb` that load tiles of `s` read by an `exp`.
+fn exp_sites(tb: &TbGraph, op: &KnOp, s: Handle<DTensor>) -> Vec<Handle<TbOp>> {
+    tb.ops
+        .iter()
+        .filter(|(_, o)| match o.kind {
+            TbOpKind::Input { input, .. } => {
+                op.inputs.get(input) == Some(&s) && tb_reads_exp(tb, o.outputs[0])
+            }
+            _ => false,
+        })
+        .map(|(h, _)| h)
+        .collect()
+}
+
+/// The tensors some operator exponentiates as loaded, in order of first appearance: scores
+/// computed by a matmul or a customized operator (exponentials of inputs and element-wise
+/// results are not attention's and keep their form unreported).
+fn loaded_scores(g: &KernelGraph) -> Vec<Handle<DTensor>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (_, op) in g.ops.iter() {
+        let found: Vec<Handle<DTensor>> = match &op.kind {
+            KnOpKind::Unary(UnaryOp::Exp) => vec![op.inputs[0]],
+            KnOpKind::Customized(tb) => op
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&t| !exp_sites(tb, op, t).is_empty())
+                .collect(),
+            _ => vec![],
+        };
+        for t in found {
+            let computed = g.producer(t).is_some_and(|p| {
+                matches!(g.ops[p].kind, KnOpKind::Matmul | KnOpKind::Customized(_))
+            });
+            if computed && seen.insert(t) {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// Shifts the exponentials of every loaded score tensor of `g` by its row max where the factor
+/// provably cancels ([`ShiftRewrite`]); `on` false declines each with [`NoShift::Off`].
+pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
+    let mut rw = ShiftRewrite::default();
+    let mut taken: BTreeSet<usize> = BTreeSet::new();
+    let mut chosen: Vec<(Handle<DTensor>, Vec<Handle<KnOp>>)> = Vec::new();
+    for s in loaded_scores(g) {
+        let rank = g.tensors[s].shape.rank();
+        if rank == 0 {
+            continue;
+        }
+        let sc = Scores { g, s, rank };
+        let (tags, readers) = match sc.flow() {
+            Ok(x) => x,
+            Err((op, why)) => {
+                // The readers are not known past the failure: name the operators reading S.
+                for r in direct_readers(g, s) {
+                    rw.declined.push((
+                        r.index(),
+                        NoShift::Flow {
+                            op,
+                            why: why.clone(),
+                        },
+                    ));
+                }
+                continue;
+            }
+        };
+        let decline = |why: NoShift, rw: &mut ShiftRewrite| {
+            for r in &readers {
+                rw.declined.push((r.index(), why.clone()));
+            }
+        };
+        if !on {
+            decline(NoShift::Off, &mut rw);
+            continue;
+        }
+        if g.sharding.mesh.is_some_and(|m| m.num_gpus() > 1) {
+            decline(NoShift::Mesh, &mut rw);
+            continue;
+        }
+        let dt = g.tensors[s].dtype;
+        if dt != DType::F16 {
+            decline(NoShift::Dtype(dt), &mut rw);
+            continue;
+        }
+        let flowed: BTreeSet<usize> = (0..tags.len()).filter(|&i| tags[i].is_some()).collect();
+        if !flowed.is_disjoint(&taken) || taken.contains(&s.index()) {
+            decline(NoShift::Shared, &mut rw);
+            continue;
+        }
+        taken.extend(flowed);
+        chosen.push((s, readers));
+    }
+    if !chosen.is_empty() {
+        match rebuild(g, &chosen) {
+            Ok((g2, applied)) => {
+                rw.graph = Some(Box::new(g2));
+                rw.applied = applied;
+            }
+            Err(e) => {
+                for (_, readers) in &chosen {
+                    for r in readers {
+                        rw.declined.push((r.index(), NoShift::Plan(e.clone())));
+                    }
+                }
+            }
+        }
+    }
+    rw.declined.sort_by_key(|(k, _)| *k);
+    rw
+}
+
+/// The kernel operators that exponentiate `s` directly.
+fn direct_readers(g: &KernelGraph, s: Handle<DTensor>) -> Vec<Handle<KnOp>> {
+    g.ops
+        .iter()
+        .filter(|(_, op)| match &op.kind {
+            KnOpKind::Unary(UnaryOp::Exp) => op.inputs[0] == s,
+            KnOpKind::Customized(tb) => !exp_sites(tb, op, s).is_empty(),
+            _ => false,
+        })
+        .map(|(h, _)| h)
+        .collect()
+}
+
+/// The graph with M = row max of each chosen S after S's producer and every exponential of S
+/// taken of S − M.
+fn rebuild(
+    g: &KernelGraph,
+    chosen: &[(Handle<DTensor>, Vec<Handle<KnOp>>)],
+) -> Result<(KernelGraph, Vec<ShiftedScores>), String> {
+    let mut out = KernelGraph::new();
+    out.tensors = g.tensors.clone();
+    out.sharding.mesh = g.sharding.mesh;
+    // S → M.
+    let mut maxes: BTreeMap<Handle<DTensor>, Handle<DTensor>> = BTreeMap::new();
+    for &(s, _) in chosen {
+        let d = &g.tensors[s];
+        let m = out.tensors.append(DTensor {
+            shape: d.shape.with_dim(d.shape.rank() - 1, 1),
+            dtype: d.dtype,
+            guid: None,
+        });
+        maxes.insert(s, m);
+    }
+    let mut row_max_at: BTreeMap<Handle<DTensor>, usize> = BTreeMap::new();
+    let push = |out: &mut KernelGraph, old: Option<Handle<KnOp>>, op: KnOp| {
+        let n = out.ops.append(op);
+        if let Some(m) = old.and_then(|o| g.sharding.maps.get(&o)) {
+            out.sharding.maps.insert(n, *m);
+        }
+        n
+    };
+    // Scores that are graph inputs or defined before any op: M right at the start is wrong (M
+    // reads S); every S has a producer (an input op at least), so M follows it.
+    for (h, op) in g.ops.iter() {
+        match &op.kind {
+            KnOpKind::Unary(UnaryOp::Exp) if maxes.contains_key(&op.inputs[0]) => {
+                let s = op.inputs[0];
+                push(
+                    &mut out,
+                    Some(h),
+                    KnOp {
+                        kind: KnOpKind::ShiftedExp,
+                        inputs: vec![s, maxes[&s]],
+                        outputs: op.outputs.clone(),
+                    },
+                );
+            }
+            KnOpKind::Customized(tb) if op.inputs.iter().any(|t| maxes.contains_key(t)) => {
+                let (tb2, inputs) = shifted_body(&out.tensors, op, tb, &maxes)?;
+                push(
+                    &mut out,
+                    Some(h),
+                    KnOp {
+                        kind: KnOpKind::Customized(Box::new(tb2)),
+                        inputs,
+                        outputs: op.outputs.clone(),
+                    },
+                );
+            }
+            _ => {
+                push(&mut out, Some(h), op.clone());
+            }
+        }
+        for &t in &op.outputs {
+            if let Some(&m) = maxes.get(&t) {
+                let n = push(
+                    &mut out,
+                    None,
+                    KnOp {
+                        kind: KnOpKind::RowMax,
+                        inputs: vec![t],
+                        outputs: vec![m],
+                    },
+                );
+                row_max_at.insert(t, n.index());
+            }
+        }
+    }
+    crate::graph::validate::validate(&out, None).map_err(|e| e.to_string())?;
+    let applied = chosen
+        .iter()
+        .map(|(s, readers)| ShiftedScores {
+            scores: s.index(),
+            readers: readers.iter().map(|r| r.index()).collect(),
+            row_max: row_max_at[s],
+        })
+        .collect();
+    Ok((out, applied))
+}
+
+/// A customized operator's body with a tile of M loaded after each tile of S that an `exp`
+/// reads, and those `exp`s taken of S − M; returns it and the operator's inputs (M appended).
+fn shifted_body(
+    tensors: &crate::graph::arena::Arena<DTensor>,
+    op: &KnOp,
+    tb: &TbGraph,
+    maxes: &BTreeMap<Handle<DTensor>, Handle<DTensor>>,
+) -> Result<(TbGraph, Vec<Handle<DTensor>>), String> {
+    let mut inputs = op.inputs.clone();
+    let mut out = TbGraph::new(tb.grid, tb.block, tb.forloop_range, tb.reduction_dimx);
+    let mut map: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
+    // Tile of S (new handle) → tile of M beside it.
+    let mut beside: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
+    // M tensor → its input index.
+    let mut m_input: BTreeMap<Handle<DTensor>, usize> = BTreeMap::new();
+    for (_, t) in tb.ops.iter() {
+        let ins: Vec<Handle<STensor>> = t.inputs.iter().map(|x| map[x]).collect();
+        if let TbOpKind::Unary(UnaryOp::Exp) = t.kind
+            && let Some(&m) = beside.get(&ins[0])
+        {
+            let st = out.tensors[ins[0]].clone();
+            let diff = out.tensors.append(STensor { guid: None, ..st });
+            out.ops.append(TbOp {
+                kind: TbOpKind::Binary(BinaryOp::Sub),
+                inputs: vec![ins[0], m],
+                outputs: vec![diff],
+            });
+            let e = out.tensors.append(STensor {
+                guid: None,
+                ..tb.tensors[t.outputs[0]].clone()
+            });
+            out.ops.append(TbOp {
+                kind: t.kind.clone(),
+                inputs: vec![diff],
+                outputs: vec![e],
+            });
+            map.insert(t.outputs[0], e);
+            continue;
+        }
+        let outs: Vec<Handle<STensor>> = t
+            .outputs
+            .iter()
+            .map(|&o| out.tensors.append(tb.tensors[o].clone()))
+            .collect();
+        for (&o, &n) in t.outputs.iter().zip(&outs) {
+            map.insert(o, n);
+        }
+        out.ops.append(TbOp {
+            kind: t.kind.clone(),
+            inputs: ins,
+            outputs: outs.clone(),
+        });
+        if let TbOpKind::Input {
+            input,
+            imap,
+            forloop_dim: _,
+        } = t.kind
+            && let Some(&m) = maxes.get(&op.inputs[input])
+            && tb_reads_exp(tb, t.outputs[0])
+        {
+            let last = tensors[m].shape.rank() - 1;
+            let k = *m_input.entry(m).or_insert_with(|| {
+                inputs.push(m);
+                inputs.len() - 1
+            });
+            let mut mm = imap;
+            for a in 0..3 {
+                if mm.0[a] == Some(last) {
+                    mm.0[a] = None;
+                }
+            }
+            let shape: Shape = crate::graph::infer::tb_input(
+                &tensors[m].shape,
+                tb.grid,
+                mm,
+                None,
+                tb.forloop_range,
+            )
+            .map_err(|e| format!("the row max's tile: {e:?}"))?;
+            let mt = out.tensors.append(STensor {
+                shape,
+                dtype: tensors[m].dtype,
+                after_accum: false,
+                guid: None,
+            });
+            out.ops.append(TbOp {
+                kind: TbOpKind::Input {
+                    input: k,
+                    imap: mm,
+                    forloop_dim: None,
+                },
+                inputs: vec![],
+                outputs: vec![mt],
+            });
+            beside.insert(outs[0], mt);
+        }
+    }
+    Ok((out, inputs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+    use crate::graph::interp::{InputSpec, evaluate, evaluate_ranged, random_inputs};
+
+    /// mha_bs8 graph 1's form at small sizes: S = Q·K by a kernel-level matmul; a customized
+    /// operator exponentiates tiles of S (keys split over 2 blocks and the loop) and sums
+    /// exp(S)·V; a kernel-level exp of S; a combining operator sums the partials and exp(S)
+    /// over every key, and divides.
+    fn loaded(denominator_over_all_keys: bool) -> KernelGraph {
+        let (b, q, d, k) = (4, 16, 64, 256);
+        let mut g = GraphBuilder::new();
+        let qt = g.new_input(&[b, q, d], DType::F16).unwrap();
+        let kt = g.new_input(&[b, d, k], DType::F16).unwrap();
+        let vt = g.new_input(&[b, k, d], DType::F16).unwrap();
+        let s = g.matmul(qt, kt).unwrap();
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 2);
+        let v = t.new_input(&g, vt, [0, 1, -1], 1).unwrap();
+        let st = t.new_input(&g, s, [0, 2, -1], 2).unwrap();
+        let e = t.unary(UnaryOp::Exp, st).unwrap();
+        let p = t.matmul(e, v).unwrap();
+        let a = t.forloop_accum(p, AccumKind::Nored).unwrap();
+        t.new_output(a, [0, 2, -1]).unwrap();
+        let o = g.customized(t).unwrap()[0];
+        let es = g.unary(UnaryOp::Exp, s).unwrap();
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1).with_reduction_dimx(d);
+        // Over part of the keys: the grid's y axis splits them, not the rows, and each block
+        // divides by the sum of its half.
+        let rows = if denominator_over_all_keys { 1 } else { -1 };
+        let oi = t.new_input(&g, o, [0, rows, -1], -1).unwrap();
+        let ei = if denominator_over_all_keys {
+            t.new_input(&g, es, [0, 1, -1], -1).unwrap()
+        } else {
+            t.new_input(&g, es, [0, 2, -1], -1).unwrap()
+        };
+        let num = t.forloop_accum(oi, AccumKind::RedtoxLdSum).unwrap();
+        let den = t.forloop_accum(ei, AccumKind::RedLdSum).unwrap();
+        let y = t.binary(BinaryOp::Div, num, den).unwrap();
+        let cols = if denominator_over_all_keys { -1 } else { 2 };
+        t.new_output(y, [0, rows.max(cols), -1]).unwrap();
+        let y = g.customized(t).unwrap()[0];
+        g.mark_output(y).unwrap();
+        g.build().unwrap()
+    }
+
+    fn max_rel(a: &crate::graph::interp::Array, b: &crate::graph::interp::Array) -> f64 {
+        let n: f64 = a.data.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let d: f64 = a
+            .data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f64>()
+            .sqrt();
+        d / n
+    }
+
+    #[test]
+    fn shifted_scores_compute_the_same_function_without_overflow() {
+        let g = loaded(true);
+        let rw = shift_scores(&g, true);
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        assert_eq!(rw.applied.len(), 1);
+        assert_eq!(rw.applied[0].readers.len(), 2);
+        assert!(matches!(
+            g2.ops[Handle::from_index(rw.applied[0].row_max)].kind,
+            KnOpKind::RowMax
+        ));
+        let small = random_inputs(
+            &g,
+            InputSpec {
+                seed: 3,
+                scale: 0.5,
+            },
+        );
+        let a = evaluate(&g, &small).unwrap();
+        let b = evaluate(g2, &small).unwrap();
+        assert!(max_rel(&a[0], &b[0]) < 1e-12);
+        // At scale 2 the graph's exponentials leave f16's range; the shifted ones do not.
+        let big = random_inputs(
+            &g,
+            InputSpec {
+                seed: 3,
+                scale: 2.0,
+            },
+        );
+        let (a, over) = evaluate_ranged(&g, big.to_vec()).unwrap();
+        assert!(!over.is_empty());
+        let (b, over) = evaluate_ranged(g2, big.to_vec()).unwrap();
+        assert!(over.is_empty(), "{over:?}");
+        assert!(max_rel(&a[0], &b[0]) < 1e-9);
+    }
+
+    #[test]
+    fn a_denominator_over_part_of_the_keys_keeps_the_form() {
+        let g = loaded(false);
+        let rw = shift_scores(&g, true);
+        assert!(rw.graph.is_none());
+        assert_eq!(rw.declined.len(), 2);
+        for (_, why) in &rw.declined {
+            assert!(
+                matches!(
+                    why,
+                    NoShift::Flow {
+                        why: Flow::Denominator,
+                        ..
+                    }
+                ),
+                "{why}"
+            );
+        }
+    }
+
+    #[test]
+    fn exponentials_reaching_an_output_keep_the_form() {
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[4, 8], DType::F16).unwrap();
+        let w = g.new_input(&[8, 16], DType::F16).unwrap();
+        let s = g.matmul(x, w).unwrap();
+        let e = g.unary(UnaryOp::Exp, s).unwrap();
+        g.mark_output(e).unwrap();
+        let g = g.build().unwrap();
+        let rw = shift_scores(&g, true);
+        assert!(rw.graph.is_none());
+        assert_eq!(
+            rw.declined,
+            vec![(
+                3,
+                NoShift::Flow {
+                    op: 4,
+                    why: Flow::Output
+                }
+            )]
+        );
+        assert_eq!(
+            rw.declined[0].1.to_string(),
+            "the row max would not cancel: at kernel op 4, a value scaled by the row max \
+             reaches a graph output"
+        );
+    }
+
+    #[test]
+    fn off_declines_and_other_dtypes_keep_the_form() {
+        let rw = shift_scores(&loaded(true), false);
+        assert!(rw.graph.is_none());
+        assert!(rw.declined.iter().all(|(_, w)| *w == NoShift::Off));
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[4, 8], DType::BF16).unwrap();
+        let w = g.new_input(&[8, 16], DType::BF16).unwrap();
+        let s = g.matmul(x, w).unwrap();
+        let e = g.unary(UnaryOp::Exp, s).unwrap();
+        let d = g.reduction(e, 1).unwrap();
+        let y = g.binary(BinaryOp::Div, e, d).unwrap();
+        g.mark_output(y).unwrap();
+        let rw = shift_scores(&g.build().unwrap(), true);
+        assert!(rw.graph.is_none());
+        assert_eq!(rw.declined, vec![(3, NoShift::Dtype(DType::BF16))]);
+    }
+
+    #[test]
+    fn a_kernel_level_softmax_is_shifted() {
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[4, 8], DType::F16).unwrap();
+        let w = g.new_input(&[8, 16], DType::F16).unwrap();
+        let s = g.matmul(x, w).unwrap();
+        let e = g.unary(UnaryOp::Exp, s).unwrap();
+        let d = g.reduction(e, 1).unwrap();
+        let y = g.binary(BinaryOp::Div, e, d).unwrap();
+        g.mark_output(y).unwrap();
+        let g = g.build().unwrap();
+        let rw = shift_scores(&g, true);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        let ins = random_inputs(
+            &g,
+            InputSpec {
+                seed: 1,
+                scale: 4.0,
+            },
+        );
+        let (a, over) = evaluate_ranged(&g, ins.to_vec()).unwrap();
+        assert!(!over.is_empty());
+        let (b, over) = evaluate_ranged(g2, ins.to_vec()).unwrap();
+        assert!(over.is_empty());
+        assert!(max_rel(&a[0], &b[0]) < 1e-9);
+    }
+}
