@@ -363,6 +363,15 @@ impl Scores<'_> {
                     {
                         return Err(Flow::Placement);
                     }
+                    // A scaled tile broadcast along a row would carry one row's factor into
+                    // several rows.
+                    let rows = |h: Handle<STensor>| tb.tensors[h].shape.dims()[..last].to_vec();
+                    let out_rows = rows(t.outputs[0]);
+                    for (k, tag) in tin.iter().enumerate() {
+                        if tag.is_some() && rows(t.inputs[k]) != out_rows {
+                            return Err(Flow::Rows);
+                        }
+                    }
                     let axes = x.as_ref().or(y.as_ref()).expect("tagged").axes.clone();
                     binary(*b, x.as_ref().map(|x| x.cover), y.as_ref().map(|y| y.cover))?
                         .map(|cover| TileTag { axes, cover })
@@ -931,6 +940,37 @@ mod tests {
             rw.declined[0].1.to_string(),
             "the row max would not cancel: at kernel op 4, a value scaled by the row max \
              reaches a graph output"
+        );
+    }
+
+    #[test]
+    fn a_scaled_tile_broadcast_along_its_rows_keeps_the_form() {
+        let mut g = GraphBuilder::new();
+        let x = g.new_input(&[2, 2, 8], DType::F16).unwrap();
+        let w = g.new_input(&[2, 8, 16], DType::F16).unwrap();
+        let u = g.new_input(&[2, 2, 16], DType::F16).unwrap();
+        let s = g.matmul(x, w).unwrap();
+        // Each block's tile of S holds one row; the product spreads it over both rows.
+        let mut t = TbGraphBuilder::new([2, 2, 1], [128, 1, 1], 1);
+        let st = t.new_input(&g, s, [0, 1, -1], -1).unwrap();
+        let e = t.unary(UnaryOp::Exp, st).unwrap();
+        let ut = t.new_input(&g, u, [0, -1, -1], -1).unwrap();
+        let m = t.binary(BinaryOp::Mul, e, ut).unwrap();
+        let a = t.forloop_accum(m, AccumKind::Nored).unwrap();
+        t.new_output(a, [0, 2, -1]).unwrap();
+        let y = g.customized(t).unwrap()[0];
+        g.mark_output(y).unwrap();
+        let rw = shift_scores(&g.build().unwrap(), true);
+        assert!(rw.graph.is_none());
+        assert_eq!(
+            rw.declined,
+            vec![(
+                4,
+                NoShift::Flow {
+                    op: 4,
+                    why: Flow::Rows
+                }
+            )]
         );
     }
 
