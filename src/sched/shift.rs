@@ -22,7 +22,7 @@
 //! sum of shifted and unshifted values, or a for-loop walking a row leaves the graph as it is,
 //! and the plan says why ([`NoShift`]).
 //!
-//! Only 16-bit float scores are shifted (bf16, f32 and f64 hold e^S to S ≈ 88), on one GPU.
+//! Only f16 scores are shifted (bf16, f32 and f64 hold e^S up to S ≈ 88), on one GPU.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
