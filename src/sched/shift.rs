@@ -245,7 +245,8 @@ impl Scores<'_> {
                 kind: op.kind.name(),
             };
             let out = match &op.kind {
-                KnOpKind::Unary(UnaryOp::MulScalar(c)) if *c > 0.0 => ins[0],
+                // A factor below 1 could take a denominator's sum (at least 1) to 0 in f16.
+                KnOpKind::Unary(UnaryOp::MulScalar(c)) if *c >= 1.0 => ins[0],
                 KnOpKind::Unary(UnaryOp::MulScalar(_)) => Some(Cover::Part),
                 KnOpKind::Binary(b) => binary(*b, ins[0], ins[1]).map_err(at)?,
                 KnOpKind::Matmul if ins[1].is_none() => Some(Cover::Part),
@@ -351,7 +352,7 @@ impl Scores<'_> {
                 }
                 TbOpKind::Unary(UnaryOp::MulScalar(c)) => {
                     let mut x = tin[0].clone().expect("tagged");
-                    if *c <= 0.0 {
+                    if *c < 1.0 {
                         x.cover = Cover::Part;
                     }
                     Some(x)
