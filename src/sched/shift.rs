@@ -187,10 +187,6 @@ struct TileTag {
     cover: Cover,
 }
 
-/// What [`Scores::flow`] finds: each tensor's cover (by index; `None`: unscaled) and the kernel
-/// operators that exponentiate S.
-type Flowed = (Vec<Option<Cover>>, Vec<Handle<KnOp>>);
-
 /// Per-row scaling facts for one candidate S.
 struct Scores<'a> {
     g: &'a KernelGraph,
@@ -205,23 +201,18 @@ impl Scores<'_> {
         a.rank() == self.rank && a.dims()[..self.rank - 1] == b.dims()[..self.rank - 1]
     }
 
-    /// The tensors carrying the factor (by index) and the kernel ops that exponentiate S;
-    /// `Err((op, why))` where the factor would not cancel.
-    fn flow(&self) -> Result<Flowed, (usize, Flow)> {
+    /// Each tensor's cover (by index; `None`: unscaled); `Err((op, why))` where the factor
+    /// would not cancel.
+    fn flow(&self) -> Result<Vec<Option<Cover>>, (usize, Flow)> {
         let g = self.g;
         let mut tags: Vec<Option<Cover>> = vec![None; g.tensors.len()];
-        let mut readers = Vec::new();
         for (h, op) in g.ops.iter() {
             let at = |why: Flow| (h.index(), why);
             let tag = |t: Handle<DTensor>| tags[t.index()];
+            let reads_s = exponentiates(op, self.s);
             if let KnOpKind::Customized(tb) = &op.kind {
-                let reads_s = op.inputs.contains(&self.s) && !exp_sites(tb, op, self.s).is_empty();
-                let tagged_in = op.inputs.iter().any(|&t| tag(t).is_some());
-                if !reads_s && !tagged_in {
+                if !reads_s && !op.inputs.iter().any(|&t| tag(t).is_some()) {
                     continue;
-                }
-                if reads_s {
-                    readers.push(h);
                 }
                 let outs = self.tb_flow(op, tb, &tags).map_err(at)?;
                 for (&t, c) in op.outputs.iter().zip(outs) {
@@ -232,8 +223,7 @@ impl Scores<'_> {
                 }
                 continue;
             }
-            if matches!(op.kind, KnOpKind::Unary(UnaryOp::Exp)) && op.inputs[0] == self.s {
-                readers.push(h);
+            if reads_s {
                 tags[op.outputs[0].index()] = Some(Cover::Elem(Keys::Tile));
                 continue;
             }
@@ -271,7 +261,7 @@ impl Scores<'_> {
                 tags[t.index()] = out;
             }
         }
-        Ok((tags, readers))
+        Ok(tags)
     }
 
     /// The covers of a customized operator's outputs (`None`: unscaled).
@@ -506,17 +496,7 @@ fn loaded_scores(g: &KernelGraph) -> Vec<Handle<DTensor>> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for (_, op) in g.ops.iter() {
-        let found: Vec<Handle<DTensor>> = match &op.kind {
-            KnOpKind::Unary(UnaryOp::Exp) => vec![op.inputs[0]],
-            KnOpKind::Customized(tb) => op
-                .inputs
-                .iter()
-                .copied()
-                .filter(|&t| !exp_sites(tb, op, t).is_empty())
-                .collect(),
-            _ => vec![],
-        };
-        for t in found {
+        for &t in op.inputs.iter().filter(|&&t| exponentiates(op, t)) {
             let computed = g.producer(t).is_some_and(|p| {
                 matches!(g.ops[p].kind, KnOpKind::Matmul | KnOpKind::Customized(_))
             });
@@ -539,41 +519,38 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
         if rank == 0 {
             continue;
         }
-        let sc = Scores { g, s, rank };
-        let (tags, readers) = match sc.flow() {
-            Ok(x) => x,
-            Err((op, why)) => {
-                // The readers are not known past the failure: name the operators reading S.
-                for r in direct_readers(g, s) {
-                    rw.declined.push((
-                        r.index(),
-                        NoShift::Flow {
-                            op,
-                            why: why.clone(),
-                        },
-                    ));
-                }
-                continue;
-            }
-        };
+        let readers: Vec<Handle<KnOp>> = g
+            .ops
+            .iter()
+            .filter(|(_, op)| exponentiates(op, s))
+            .map(|(h, _)| h)
+            .collect();
         let decline = |why: NoShift, rw: &mut ShiftRewrite| {
             for r in &readers {
                 rw.declined.push((r.index(), why.clone()));
             }
         };
-        if !on {
-            decline(NoShift::Off, &mut rw);
-            continue;
-        }
-        if g.sharding.mesh.is_some_and(|m| m.num_gpus() > 1) {
-            decline(NoShift::Mesh, &mut rw);
-            continue;
-        }
         let dt = g.tensors[s].dtype;
-        if dt != DType::F16 {
-            decline(NoShift::Dtype(dt), &mut rw);
+        let why = if !on {
+            Some(NoShift::Off)
+        } else if g.sharding.mesh.is_some_and(|m| m.num_gpus() > 1) {
+            Some(NoShift::Mesh)
+        } else if dt != DType::F16 {
+            Some(NoShift::Dtype(dt))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            decline(why, &mut rw);
             continue;
         }
+        let tags = match (Scores { g, s, rank }).flow() {
+            Ok(tags) => tags,
+            Err((op, why)) => {
+                decline(NoShift::Flow { op, why }, &mut rw);
+                continue;
+            }
+        };
         let flowed: BTreeSet<usize> = (0..tags.len()).filter(|&i| tags[i].is_some()).collect();
         if !flowed.is_disjoint(&taken) || taken.contains(&s.index()) {
             decline(NoShift::Shared, &mut rw);
@@ -601,17 +578,14 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
     rw
 }
 
-/// The kernel operators that exponentiate `s` directly.
-fn direct_readers(g: &KernelGraph, s: Handle<DTensor>) -> Vec<Handle<KnOp>> {
-    g.ops
-        .iter()
-        .filter(|(_, op)| match &op.kind {
-            KnOpKind::Unary(UnaryOp::Exp) => op.inputs[0] == s,
-            KnOpKind::Customized(tb) => !exp_sites(tb, op, s).is_empty(),
-            _ => false,
-        })
-        .map(|(h, _)| h)
-        .collect()
+/// Whether kernel operator `op` exponentiates `s` as loaded (a kernel-level `exp` of it, or a
+/// customized operator with an `exp` of a tile of it).
+fn exponentiates(op: &KnOp, s: Handle<DTensor>) -> bool {
+    match &op.kind {
+        KnOpKind::Unary(UnaryOp::Exp) => op.inputs[0] == s,
+        KnOpKind::Customized(tb) => !exp_sites(tb, op, s).is_empty(),
+        _ => false,
+    }
 }
 
 /// The graph with M = row max of each chosen S after S's producer and every exponential of S
@@ -859,6 +833,22 @@ mod tests {
         d / n
     }
 
+    /// At inputs of `scale`, `g` stores values beyond f16's range, the shifted `g2` none, and
+    /// their outputs agree (the f64 interpreter).
+    fn in_range_where_the_graph_overflows(
+        g: &KernelGraph,
+        g2: &KernelGraph,
+        seed: u64,
+        scale: f64,
+    ) {
+        let ins = random_inputs(g, InputSpec { seed, scale });
+        let (a, over) = evaluate_ranged(g, ins.to_vec()).unwrap();
+        assert!(!over.is_empty());
+        let (b, over) = evaluate_ranged(g2, ins).unwrap();
+        assert!(over.is_empty(), "{over:?}");
+        assert!(max_rel(&a[0], &b[0]) < 1e-9);
+    }
+
     #[test]
     fn shifted_scores_compute_the_same_function_without_overflow() {
         let g = loaded(true);
@@ -882,18 +872,7 @@ mod tests {
         let b = evaluate(g2, &small).unwrap();
         assert!(max_rel(&a[0], &b[0]) < 1e-12);
         // At scale 2 the graph's exponentials leave f16's range; the shifted ones do not.
-        let big = random_inputs(
-            &g,
-            InputSpec {
-                seed: 3,
-                scale: 2.0,
-            },
-        );
-        let (a, over) = evaluate_ranged(&g, big.to_vec()).unwrap();
-        assert!(!over.is_empty());
-        let (b, over) = evaluate_ranged(g2, big.to_vec()).unwrap();
-        assert!(over.is_empty(), "{over:?}");
-        assert!(max_rel(&a[0], &b[0]) < 1e-9);
+        in_range_where_the_graph_overflows(&g, g2, 3, 2.0);
     }
 
     #[test]
@@ -1006,17 +985,6 @@ mod tests {
         let g = g.build().unwrap();
         let rw = shift_scores(&g, true);
         let g2 = rw.graph.as_deref().expect("shifted");
-        let ins = random_inputs(
-            &g,
-            InputSpec {
-                seed: 1,
-                scale: 4.0,
-            },
-        );
-        let (a, over) = evaluate_ranged(&g, ins.to_vec()).unwrap();
-        assert!(!over.is_empty());
-        let (b, over) = evaluate_ranged(g2, ins.to_vec()).unwrap();
-        assert!(over.is_empty());
-        assert!(max_rel(&a[0], &b[0]) < 1e-9);
+        in_range_where_the_graph_overflows(&g, g2, 1, 4.0);
     }
 }
