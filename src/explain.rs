@@ -10,7 +10,7 @@ use crate::graph::mirage_json::names;
 use crate::graph::threadblock::TbGraph;
 use crate::layout::solve::SolveMethod;
 use crate::sched::exchange::AllReduceForm;
-use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan};
+use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan, Reduce};
 use crate::sched::memory;
 use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
 use crate::sched::order::Step;
@@ -80,12 +80,29 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     }
     for a in &shift.applied {
         let readers: Vec<String> = a.readers.iter().map(|r| r.to_string()).collect();
+        let (max, cancels) = if a.groups == 1 {
+            (
+                "their row max".to_string(),
+                "the factor exp(-max) of each row cancels in the division by its sum over every \
+                 key"
+                .to_string(),
+            )
+        } else {
+            (
+                format!(
+                    "the max of each of the {} groups of keys per row that one block holds",
+                    a.groups
+                ),
+                "the factor exp(-max) of each group cancels in the block's division by its sum \
+                 over the group"
+                    .to_string(),
+            )
+        };
         let _ = writeln!(
             s,
-            "softmax: kernel op{} {} exponentiate{} the loaded scores %{} less their row max, \
-             computed once by a row_max operator (kernel op {} of the rewritten graph); the \
-             factor exp(-max) of each row cancels in the division by its sum over every key \
-             ({numbering}; the ops below are numbered as in the rewritten graph; \
+            "softmax: kernel op{} {} exponentiate{} the loaded scores %{} less {max}, \
+             computed once by a row_max operator (kernel op {} of the rewritten graph); \
+             {cancels} ({numbering}; the ops below are numbered as in the rewritten graph; \
              --online-softmax off keeps the graph's form)",
             if readers.len() == 1 { "" } else { "s" },
             readers.join(", "),
@@ -912,8 +929,12 @@ fn reduction_text(p: &KnOpPlan) -> String {
     else {
         return String::new();
     };
+    let groups = match of {
+        Reduce::Sum => format!("{k} elements into each of {to} per row"),
+        Reduce::Max => format!("each {k} contiguous elements of the last dim"),
+    };
     format!(
-        "{of} of {k} elements into each of {to} per row, a {} per result, {} blocks x {} threads",
+        "{of} of {groups}, a {} per result, {} blocks x {} threads",
         if *warp_per_output { "warp" } else { "thread" },
         launch.blocks,
         launch.threads

@@ -341,10 +341,16 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
     use mucc::graph::interp::{InputSpec, evaluate, evaluate_ranged, random_inputs};
     use mucc::target::Arch;
     let mut shifted = 0;
-    // qknorm_gqa_bs1's first 48 candidates (of 190; 65 shifted in all) keep the test short.
-    for (name, first, expected) in [("mha_bs1.json", 21, 7), ("qknorm_gqa_bs1.json", 48, 21)] {
+    // qknorm_gqa_bs1's first 48 candidates (of 190; 134 shifted in all, 69 of them by groups of
+    // keys) keep the test short.
+    let mut grouped = 0;
+    // (file, graphs checked, shifted among them, shifted by groups of keys among those)
+    for (name, first, expected, by_groups) in [
+        ("mha_bs1.json", 21, 7, 0),
+        ("qknorm_gqa_bs1.json", 48, 31, 10),
+    ] {
         let f = read_file(&common::corpus_dir().join(name), &ImportOptions::default()).unwrap();
-        let here: usize = f.graphs[..first]
+        let here: (usize, usize) = f.graphs[..first]
             .par_iter()
             .enumerate()
             .map(|(i, c)| {
@@ -352,7 +358,7 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
                 let opts = Options::for_target(Target::new(Arch::Sm90a));
                 let p = mucc::sched::plan(g, &opts).unwrap();
                 if p.rewrite.shift.applied.is_empty() {
-                    return 0;
+                    return (0, 0);
                 }
                 let planned = p.graph(g);
                 let small = random_inputs(
@@ -383,11 +389,13 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
                 );
                 let (_, over) = evaluate_ranged(planned, big).unwrap();
                 assert!(over.is_empty(), "{name} graph {i}: {:?}", over.first());
-                1
+                let groups = p.rewrite.shift.applied.iter().any(|a| a.groups > 1);
+                (1, usize::from(groups))
             })
-            .sum();
-        assert_eq!(here, expected, "{name}");
-        shifted += here;
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        assert_eq!(here, (expected, by_groups), "{name}");
+        shifted += here.0;
+        grouped += here.1;
     }
-    assert_eq!(shifted, 28);
+    assert_eq!((shifted, grouped), (38, 10));
 }

@@ -84,8 +84,12 @@ pub enum KnOpKind {
         splits: usize,
     },
     /// mucc-internal (never in a Mirage file; the score shift of `sched::shift` makes it): the
-    /// largest element along the last dim, which the output has at extent 1.
-    RowMax,
+    /// largest element of each of `groups` contiguous groups of equal length along the last
+    /// dim, which the output has at extent `groups` (1: the largest of the whole row).
+    RowMax {
+        /// Groups per row (dividing the last dim).
+        groups: usize,
+    },
     /// mucc-internal (the score shift of `sched::shift` makes it): `exp(x − m)` element by
     /// element, `m` (the second input) broadcast as in a binary operator.
     ShiftedExp,
@@ -108,7 +112,7 @@ impl KnOpKind {
             KnOpKind::AllReduce { .. } => "allreduce".into(),
             KnOpKind::Customized(_) => "customized".into(),
             KnOpKind::SoftmaxCombine { .. } => "softmax_combine".into(),
-            KnOpKind::RowMax => "row_max".into(),
+            KnOpKind::RowMax { .. } => "row_max".into(),
             KnOpKind::ShiftedExp => "shifted_exp".into(),
         }
     }

@@ -397,13 +397,18 @@ impl<'a> Validator<'a> {
                     self.expect_shape(h, 0, t(op.outputs[0]), r);
                 }
             }
-            KnOpKind::RowMax => {
+            KnOpKind::RowMax { groups } => {
                 if self.arity(h, op, (1, 1), (1, 1)) {
                     let x = t(op.inputs[0]).shape;
                     let r = if x.rank() == 0 {
                         Err(ErrorKind::BadValue("row_max of a scalar".into()))
+                    } else if *groups == 0 || !x.dim(x.rank() - 1).is_multiple_of(*groups) {
+                        Err(ErrorKind::BadValue(format!(
+                            "row_max in {groups} groups of a last dim of {}",
+                            x.dim(x.rank() - 1)
+                        )))
                     } else {
-                        Ok(x.with_dim(x.rank() - 1, 1))
+                        Ok(x.with_dim(x.rank() - 1, *groups))
                     };
                     self.expect_shape(h, 0, t(op.outputs[0]), r);
                 }

@@ -219,9 +219,10 @@ pub enum KnOpPlan {
         x: View,
         /// Element type.
         dtype: DType,
-        /// Result extent along the reduced dim.
+        /// Results along the reduced dim whose groups interleave (Mirage's strided grouping of
+        /// a sum); 1 for a max, whose groups along the last dim are contiguous.
         to: usize,
-        /// Elements summed per result.
+        /// Elements combined per result.
         k: usize,
         /// Elements after the reduced dim.
         inner: usize,
@@ -491,7 +492,7 @@ impl Planner<'_> {
                 KnOpPlan::Gemm { calls, transposed }
             }
             KnOpKind::Reduction { dim } => self.reduction(op, *dim, Reduce::Sum),
-            KnOpKind::RowMax => {
+            KnOpKind::RowMax { .. } => {
                 let rank = g.tensors[op.inputs[0]].shape.rank();
                 self.reduction(op, rank - 1, Reduce::Max)
             }
@@ -553,13 +554,19 @@ impl Planner<'_> {
         })
     }
 
-    /// A reduction over `dim` (its extent in the result: groups of Mirage's strided grouping).
+    /// A reduction over `dim` (its extent in the result: groups of Mirage's strided grouping
+    /// for a sum, contiguous groups for a max).
     fn reduction(&self, op: &KnOp, dim: usize, of: Reduce) -> KnOpPlan {
         let g = self.g;
         let (x, y) = (op.inputs[0], op.outputs[0]);
         let (xs, ys) = (g.tensors[x].shape, g.tensors[y].shape);
-        let to = ys.dim(dim);
-        let k = xs.dim(dim) / to;
+        let k = xs.dim(dim) / ys.dim(dim);
+        // A max over contiguous groups of the last dim: result j of a row starts at its
+        // element j·k, which the runtime's index (o / TO)·TO·K + o % TO gives with TO = 1.
+        let to = match of {
+            Reduce::Sum => ys.dim(dim),
+            Reduce::Max => 1,
+        };
         let warp = k >= WARP_REDUCTION_LEN;
         KnOpPlan::Reduction {
             of,

@@ -43,6 +43,9 @@ pub struct ShiftedScores {
     pub readers: Vec<usize>,
     /// The row max operator ([`KnOpKind::RowMax`]) in the rewritten graph.
     pub row_max: usize,
+    /// Groups of contiguous keys per row that each have their own max (1: the whole row; more
+    /// where every block of the readers holds one group and divides by its sum).
+    pub groups: usize,
 }
 
 /// Why a value computed from the shifted exponentials would not keep its row's factor.
@@ -192,6 +195,11 @@ struct Scores<'a> {
     g: &'a KernelGraph,
     s: Handle<DTensor>,
     rank: usize,
+    /// `Some(len)`: M is the max of each group of `len` contiguous keys, every block of the
+    /// readers holds exactly one group, and no scaled value leaves the operator that computes
+    /// it (the factor of a group must cancel where the group is whole); `None`: M is the max
+    /// of the whole row.
+    group: Option<usize>,
 }
 
 impl Scores<'_> {
@@ -216,6 +224,9 @@ impl Scores<'_> {
                 }
                 let outs = self.tb_flow(op, tb, &tags).map_err(at)?;
                 for (&t, c) in op.outputs.iter().zip(outs) {
+                    if c.is_some() && self.group.is_some() {
+                        return Err(at(Flow::Output));
+                    }
                     if c.is_some() && !self.rows_match(t) {
                         return Err(at(Flow::Rows));
                     }
@@ -224,6 +235,12 @@ impl Scores<'_> {
                 continue;
             }
             if reads_s {
+                if self.group.is_some() {
+                    // Its exponentials hold every group of the row.
+                    return Err(at(Flow::Op {
+                        kind: op.kind.name(),
+                    }));
+                }
                 tags[op.outputs[0].index()] = Some(Cover::Elem(Keys::Tile));
                 continue;
             }
@@ -297,7 +314,13 @@ impl Scores<'_> {
                             continue;
                         }
                         let axes = row_axes(*imap, tb.grid, last);
-                        let keys = if (0..3).any(|a| tb.grid[a] > 1 && imap.axis(a) == Some(last)) {
+                        let split = (0..3).any(|a| tb.grid[a] > 1 && imap.axis(a) == Some(last));
+                        if let Some(len) = self.group
+                            && block_keys(self.g.tensors[d].shape, *imap, tb.grid) != len
+                        {
+                            return Err(Flow::Denominator);
+                        }
+                        let keys = if split && self.group.is_none() {
                             Keys::Some
                         } else if *forloop_dim == Some(last) && tb.forloop_range > 1 {
                             Keys::Loop
@@ -468,6 +491,40 @@ fn row_axes(map: DimMap, grid: [usize; 3], last: usize) -> Vec<Option<usize>> {
         .collect()
 }
 
+/// The keys (elements of the last dim) one block of a grid `grid` holds of a tensor of `shape`
+/// read through `map`, over all its for-loop iterations.
+fn block_keys(shape: Shape, map: DimMap, grid: [usize; 3]) -> usize {
+    let last = shape.rank() - 1;
+    let parts: usize = (0..3)
+        .filter(|&a| map.axis(a) == Some(last))
+        .map(|a| grid[a])
+        .product();
+    shape.dim(last) / parts.max(1)
+}
+
+/// The group length a chunked shift of `s` would use: the keys one block holds, the same at
+/// every site of every reader, fewer than the row's, and every reader a customized operator.
+fn chunk_len(g: &KernelGraph, s: Handle<DTensor>, readers: &[Handle<KnOp>]) -> Option<usize> {
+    let shape = g.tensors[s].shape;
+    let mut len = None;
+    for &r in readers {
+        let op = &g.ops[r];
+        let KnOpKind::Customized(tb) = &op.kind else {
+            return None;
+        };
+        for site in exp_sites(tb, op, s) {
+            let TbOpKind::Input { imap, .. } = tb.ops[site].kind else {
+                return None;
+            };
+            let here = block_keys(shape, imap, tb.grid);
+            if *len.get_or_insert(here) != here {
+                return None;
+            }
+        }
+    }
+    len.filter(|&l| l < shape.dim(shape.rank() - 1))
+}
+
 /// Whether tile `t` is read by an `exp`.
 fn tb_reads_exp(tb: &TbGraph, t: Handle<STensor>) -> bool {
     tb.ops.iter().any(|(_, o)| {
@@ -513,7 +570,10 @@ fn loaded_scores(g: &KernelGraph) -> Vec<Handle<DTensor>> {
 pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
     let mut rw = ShiftRewrite::default();
     let mut taken: BTreeSet<usize> = BTreeSet::new();
-    let mut chosen: Vec<(Handle<DTensor>, Vec<Handle<KnOp>>)> = Vec::new();
+    // Readers of the scores chosen so far, and of those shifted by groups.
+    let mut read: BTreeSet<usize> = BTreeSet::new();
+    let mut read_grouped: BTreeSet<usize> = BTreeSet::new();
+    let mut chosen: Vec<Choice> = Vec::new();
     for s in loaded_scores(g) {
         let rank = g.tensors[s].shape.rank();
         if rank == 0 {
@@ -544,20 +604,45 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
             decline(why, &mut rw);
             continue;
         }
-        let tags = match (Scores { g, s, rank }).flow() {
-            Ok(tags) => tags,
+        let row = Scores {
+            g,
+            s,
+            rank,
+            group: None,
+        };
+        let (tags, groups) = match row.flow() {
+            Ok(tags) => (tags, 1),
             Err((op, why)) => {
-                decline(NoShift::Flow { op, why }, &mut rw);
-                continue;
+                // Where every block of the readers holds one group of keys and divides by
+                // its sum, the max of each group cancels there.
+                let chunked = chunk_len(g, s, &readers).and_then(|len| {
+                    let group = Some(len);
+                    let n = g.tensors[s].shape.dim(rank - 1);
+                    (Scores { group, ..row }).flow().ok().map(|t| (t, n / len))
+                });
+                match chunked {
+                    Some(c) => c,
+                    None => {
+                        decline(NoShift::Flow { op, why }, &mut rw);
+                        continue;
+                    }
+                }
             }
         };
         let flowed: BTreeSet<usize> = (0..tags.len()).filter(|&i| tags[i].is_some()).collect();
-        if !flowed.is_disjoint(&taken) || taken.contains(&s.index()) {
+        let ops: BTreeSet<usize> = readers.iter().map(|r| r.index()).collect();
+        // Values of grouped scores stay inside their readers: two scores meet there.
+        let meet = if groups > 1 { &read } else { &read_grouped };
+        if !flowed.is_disjoint(&taken) || taken.contains(&s.index()) || !ops.is_disjoint(meet) {
             decline(NoShift::Shared, &mut rw);
             continue;
         }
         taken.extend(flowed);
-        chosen.push((s, readers));
+        if groups > 1 {
+            read_grouped.extend(ops.iter().copied());
+        }
+        read.extend(ops);
+        chosen.push((s, readers, groups));
     }
     if !chosen.is_empty() {
         match rebuild(g, &chosen) {
@@ -566,7 +651,7 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
                 rw.applied = applied;
             }
             Err(e) => {
-                for (_, readers) in &chosen {
+                for (_, readers, _) in &chosen {
                     for r in readers {
                         rw.declined.push((r.index(), NoShift::Plan(e.clone())));
                     }
@@ -577,6 +662,9 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
     rw.declined.sort_by_key(|(k, _)| *k);
     rw
 }
+
+/// Scores to shift: S, the operators exponentiating it, and its groups of keys per row.
+type Choice = (Handle<DTensor>, Vec<Handle<KnOp>>, usize);
 
 /// Whether kernel operator `op` exponentiates `s` as loaded (a kernel-level `exp` of it, or a
 /// customized operator with an `exp` of a tile of it).
@@ -592,17 +680,17 @@ fn exponentiates(op: &KnOp, s: Handle<DTensor>) -> bool {
 /// taken of S − M.
 fn rebuild(
     g: &KernelGraph,
-    chosen: &[(Handle<DTensor>, Vec<Handle<KnOp>>)],
+    chosen: &[Choice],
 ) -> Result<(KernelGraph, Vec<ShiftedScores>), String> {
     let mut out = KernelGraph::new();
     out.tensors = g.tensors.clone();
     out.sharding.mesh = g.sharding.mesh;
     // S → M.
     let mut maxes: BTreeMap<Handle<DTensor>, Handle<DTensor>> = BTreeMap::new();
-    for &(s, _) in chosen {
+    for &(s, _, groups) in chosen {
         let d = &g.tensors[s];
         let m = out.tensors.append(DTensor {
-            shape: d.shape.with_dim(d.shape.rank() - 1, 1),
+            shape: d.shape.with_dim(d.shape.rank() - 1, groups),
             dtype: d.dtype,
             guid: None,
         });
@@ -650,11 +738,13 @@ fn rebuild(
         }
         for &t in &op.outputs {
             if let Some(&m) = maxes.get(&t) {
+                let ms = out.tensors[m].shape;
+                let groups = ms.dim(ms.rank() - 1);
                 let n = push(
                     &mut out,
                     None,
                     KnOp {
-                        kind: KnOpKind::RowMax,
+                        kind: KnOpKind::RowMax { groups },
                         inputs: vec![t],
                         outputs: vec![m],
                     },
@@ -666,10 +756,11 @@ fn rebuild(
     crate::graph::validate::validate(&out, None).map_err(|e| e.to_string())?;
     let applied = chosen
         .iter()
-        .map(|(s, readers)| ShiftedScores {
+        .map(|(s, readers, groups)| ShiftedScores {
             scores: s.index(),
             readers: readers.iter().map(|r| r.index()).collect(),
             row_max: row_max_at[s],
+            groups: *groups,
         })
         .collect();
     Ok((out, applied))
@@ -740,10 +831,14 @@ fn shifted_body(
                 inputs.push(m);
                 inputs.len() - 1
             });
+            // The block's max: a row's (the axes splitting S's keys do not split M's one
+            // column), or its group's (they split M's groups as S's keys, one per block).
             let mut mm = imap;
-            for a in 0..3 {
-                if mm.0[a] == Some(last) {
-                    mm.0[a] = None;
+            if tensors[m].shape.dim(last) == 1 {
+                for a in 0..3 {
+                    if mm.0[a] == Some(last) {
+                        mm.0[a] = None;
+                    }
                 }
             }
             let shape: Shape = crate::graph::infer::tb_input(
@@ -859,7 +954,7 @@ mod tests {
         assert_eq!(rw.applied[0].readers.len(), 2);
         assert!(matches!(
             g2.ops[Handle::from_index(rw.applied[0].row_max)].kind,
-            KnOpKind::RowMax
+            KnOpKind::RowMax { groups: 1 }
         ));
         let small = random_inputs(
             &g,
@@ -970,6 +1065,77 @@ mod tests {
         let rw = shift_scores(&g.build().unwrap(), true);
         assert!(rw.graph.is_none());
         assert_eq!(rw.declined, vec![(3, NoShift::Dtype(DType::BF16))]);
+    }
+
+    /// A softmax over each half of the keys: S = Q·K by a kernel-level matmul; a customized
+    /// operator whose blocks each load one half of a row's keys exponentiates its tile and
+    /// divides by the tile's sum (qknorm_gqa_bs8 graph 0's form at small sizes). `leak`: the
+    /// exponentials are also an output of the operator.
+    fn halves(leak: bool) -> KernelGraph {
+        let (b, r, d, n) = (2, 4, 8, 32);
+        let mut g = GraphBuilder::new();
+        let qt = g.new_input(&[b, r, d], DType::F16).unwrap();
+        let kt = g.new_input(&[b, d, n], DType::F16).unwrap();
+        let s = g.matmul(qt, kt).unwrap();
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
+        let st = t.new_input(&g, s, [0, 2, -1], -1).unwrap();
+        let e = t.unary(UnaryOp::Exp, st).unwrap();
+        let num = t.forloop_accum(e, AccumKind::Nored).unwrap();
+        let den = t.forloop_accum(e, AccumKind::RedLdSum).unwrap();
+        let y = t.binary(BinaryOp::Div, num, den).unwrap();
+        t.new_output(y, [0, 2, -1]).unwrap();
+        if leak {
+            t.new_output(num, [0, 2, -1]).unwrap();
+        }
+        for y in g.customized(t).unwrap() {
+            g.mark_output(y).unwrap();
+        }
+        g.build().unwrap()
+    }
+
+    #[test]
+    fn scores_divided_by_each_blocks_sum_are_shifted_by_the_groups_max() {
+        let g = halves(false);
+        let rw = shift_scores(&g, true);
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        assert_eq!(rw.applied.len(), 1);
+        assert_eq!(rw.applied[0].groups, 2);
+        let m = &g2.ops[Handle::from_index(rw.applied[0].row_max)];
+        assert_eq!(m.kind, KnOpKind::RowMax { groups: 2 });
+        assert_eq!(g2.tensors[m.outputs[0]].shape.dims(), &[2, 4, 2]);
+        let small = random_inputs(
+            &g,
+            InputSpec {
+                seed: 5,
+                scale: 0.5,
+            },
+        );
+        let a = evaluate(&g, &small).unwrap();
+        let b = evaluate(g2, &small).unwrap();
+        assert!(max_rel(&a[0], &b[0]) < 1e-12);
+        in_range_where_the_graph_overflows(&g, g2, 5, 4.0);
+    }
+
+    #[test]
+    fn group_scaled_values_leaving_their_operator_keep_the_form() {
+        let rw = shift_scores(&halves(true), true);
+        assert!(rw.graph.is_none());
+        // The whole row's reason is the one reported.
+        assert!(
+            matches!(
+                rw.declined[..],
+                [(
+                    _,
+                    NoShift::Flow {
+                        why: Flow::Denominator,
+                        ..
+                    }
+                )]
+            ),
+            "{:?}",
+            rw.declined
+        );
     }
 
     #[test]

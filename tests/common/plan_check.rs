@@ -856,7 +856,9 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                     (KnOpKind::Reduction { dim }, Reduce::Sum) => {
                         (format!("k{k}_reduction_{dim}"), None)
                     }
-                    (KnOpKind::RowMax, Reduce::Max) => (format!("k{k}_row_max"), Some("true")),
+                    (KnOpKind::RowMax { .. }, Reduce::Max) => {
+                        (format!("k{k}_row_max"), Some("true"))
+                    }
                     _ => return Err(format!("kernel op {k}: reduction plan")),
                 };
                 let mut args = vec![

@@ -36,6 +36,8 @@ __device__ __forceinline__ C warp_max(C x) {
 // element of each group instead of the sum (NaN wins).
 // OutL is over the output shape (dim r of extent TO); InL over the input shape. INNER is the
 // product of the extents after dim r, RSTRIDE the input stride of dim r.
+// Contiguous groups of the last dim (INNER = 1): TO = 1 with an output whose last dim has any
+// extent G; output o combines input elements o·K … o·K + K − 1 (logical indices).
 // WARP = true: one warp per output element (for long reductions), else one thread.
 // Preconditions: blockDim.x is a multiple of 32 when WARP.
 template <class T, class OutL, class InL, i64 TO, i64 K, i64 INNER, i64 RSTRIDE, bool WARP,

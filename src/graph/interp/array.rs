@@ -150,14 +150,16 @@ impl Array {
         }
     }
 
-    /// Maximum over `dim` (the dim becomes 1).
-    pub fn max_over(&self, dim: usize) -> Array {
+    /// Maximum over each of `groups` contiguous groups of equal length along `dim` (which
+    /// becomes `groups`; 1: the maximum over the dim): out[…, j, …] = maxₖ X[…, j·len + k, …].
+    pub fn max_over(&self, dim: usize, groups: usize) -> Array {
         let (outer, ext, inner) = self.around(dim);
-        let mut data = vec![f64::NEG_INFINITY; outer * inner];
+        let len = ext / groups;
+        let mut data = vec![f64::NEG_INFINITY; outer * groups * inner];
         for o in 0..outer {
             for e in 0..ext {
                 let src = &self.data[(o * ext + e) * inner..][..inner];
-                let dst = &mut data[o * inner..][..inner];
+                let dst = &mut data[(o * groups + e / len) * inner..][..inner];
                 for (d, &s) in dst.iter_mut().zip(src) {
                     // NaN propagates, as in IEEE max-with-NaN-awareness of a reference.
                     if s > *d || s.is_nan() {
@@ -167,7 +169,7 @@ impl Array {
             }
         }
         Array {
-            shape: self.shape.with_dim(dim, 1),
+            shape: self.shape.with_dim(dim, groups),
             data,
         }
     }
@@ -329,7 +331,10 @@ mod tests {
         assert_eq!(x.sum_to(1, 1).data, vec![66.]);
         let y = arr(&[2, 2], &[1., 2., 3., 4.]);
         assert_eq!(y.sum_to(0, 1).data, vec![4., 6.]);
-        assert_eq!(y.max_over(1).data, vec![2., 4.]);
+        assert_eq!(y.max_over(1, 1).data, vec![2., 4.]);
+        // Contiguous groups, unlike the sums' strided ones: [1 2 3 | 10 20 30] → [3, 30].
+        assert_eq!(x.max_over(1, 2).data, vec![3., 30.]);
+        assert_eq!(x.max_over(1, 2).shape.dims(), &[1, 2]);
     }
 
     #[test]

@@ -334,9 +334,9 @@ impl<'g> Walk<'g> {
                 )
                 .map(f64::exp),
             ],
-            KnOpKind::RowMax => {
+            KnOpKind::RowMax { groups } => {
                 let x = val(op.inputs[0]);
-                vec![x.max_over(x.shape.rank() - 1)]
+                vec![x.max_over(x.shape.rank() - 1, *groups)]
             }
             KnOpKind::SoftmaxCombine { splits } => vec![val(op.inputs[0]).softmax_combine(
                 &val(op.inputs[1]),

@@ -281,7 +281,7 @@ impl<'a> Block<'a> {
                     self.set(op.outputs[0], y);
                 }
                 TbReduction::Max => {
-                    let m = self.val(op.inputs[0]).max_over(*dim);
+                    let m = self.val(op.inputs[0]).max_over(*dim, 1);
                     let old = self.running_max[h.index()]
                         .take()
                         .unwrap_or_else(|| Array::full(m.shape, f64::NEG_INFINITY));

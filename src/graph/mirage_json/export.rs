@@ -244,7 +244,9 @@ impl Exporter<'_> {
                 KnOpKind::Customized(tb) => {
                     m.insert("bgraph".into(), self.bgraph(tb, &op.inputs, &op.outputs)?);
                 }
-                KnOpKind::SoftmaxCombine { .. } | KnOpKind::RowMax | KnOpKind::ShiftedExp => {
+                KnOpKind::SoftmaxCombine { .. }
+                | KnOpKind::RowMax { .. }
+                | KnOpKind::ShiftedExp => {
                     return Err(GraphError::new(ErrorKind::Unsupported(format!(
                         "kernel op {} is mucc's internal {}, which Mirage's format has no \
                          operator for",
