@@ -22,6 +22,14 @@
 //! sum of shifted and unshifted values, or a for-loop walking a row leaves the graph as it is,
 //! and the plan says why ([`NoShift`]).
 //!
+//! Where the factor of a whole row would not cancel but every reader is a customized operator
+//! whose blocks each hold one contiguous group of a row's keys (a grid axis splits them), M is
+//! the max of each group instead (`RowMax { groups }`, M's last dim the groups), each block
+//! loads its group's M, and the check runs again with two changes: the block's keys count as
+//! the whole row (a sum over them is the group's denominator), and no scaled value may leave
+//! the operator (elsewhere the group of each element is not tracked). The reason reported when
+//! both fail is the whole row's.
+//!
 //! Only f16 scores are shifted (bf16, f32 and f64 hold e^S up to S ≈ 88), on one GPU.
 
 use std::collections::{BTreeMap, BTreeSet};
