@@ -78,6 +78,15 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
              without a running max ({why}; {numbering})"
         );
     }
+    for h in &shift.hoisted {
+        let _ = writeln!(
+            s,
+            "softmax: kernel op {} exponentiates a tile it computes into its output {}: the exp \
+             moves after it (it writes the exponent as %{}, which a kernel-level exp reads) so \
+             that the exponent can be shifted ({numbering})",
+            h.kernel, h.output, h.scores
+        );
+    }
     for a in &shift.applied {
         let readers: Vec<String> = a.readers.iter().map(|r| r.to_string()).collect();
         let (max, cancels) = if a.groups == 1 {

@@ -341,13 +341,13 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
     use mucc::graph::interp::{InputSpec, evaluate, evaluate_ranged, random_inputs};
     use mucc::target::Arch;
     let mut shifted = 0;
-    // qknorm_gqa_bs1's first 48 candidates (of 190; 134 shifted in all, 69 of them by groups of
-    // keys) keep the test short.
+    // qknorm_gqa_bs1's first 48 candidates (of 190, every one shifted: some by groups of keys,
+    // some with their exponentials moved out of the kernel writing them) keep the test short.
     let mut grouped = 0;
     // (file, graphs checked, shifted among them, shifted by groups of keys among those)
     for (name, first, expected, by_groups) in [
         ("mha_bs1.json", 21, 7, 0),
-        ("qknorm_gqa_bs1.json", 48, 31, 10),
+        ("qknorm_gqa_bs1.json", 48, 48, 14),
     ] {
         let f = read_file(&common::corpus_dir().join(name), &ImportOptions::default()).unwrap();
         let here: (usize, usize) = f.graphs[..first]
@@ -397,5 +397,5 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
         shifted += here.0;
         grouped += here.1;
     }
-    assert_eq!((shifted, grouped), (38, 10));
+    assert_eq!((shifted, grouped), (55, 14));
 }

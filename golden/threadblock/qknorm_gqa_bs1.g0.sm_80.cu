@@ -125,26 +125,45 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   mucc::tb::copy_chunks<512, 4096, 8, L5, L11>(tid, go10, s8);
 }
 
-// kernel op 4: kn_exp_op(%3) -> %5 [2, 4, 262144] f16
-namespace k4_exp_l {
+// kernel op 4: kn_row_max_op(%3) -> %9 [2, 4, 64] f16
+namespace k4_row_max_l {
   using L0 =
-    mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
+    mucc::Layout<mucc::Shape<2, 4, 64>, mucc::Stride<256, 64, 1>>;
   using L1 =
     mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
 }
-struct k4_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> x) const {
-    return mucc::op::exp(x);
-  }
-};
-extern "C" __global__ void __launch_bounds__(256) k4_exp(mucc::f16* __restrict__ v0, const mucc::f16* __restrict__ v1) {
-  using namespace k4_exp_l;
-  mucc::kn::unary<mucc::f16, 8, L0, L1>(v0, v1, k4_exp_op{});
+extern "C" __global__ void __launch_bounds__(256) k4_row_max(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1) {
+  using namespace k4_row_max_l;
+  mucc::kn::reduce<mucc::f16, L0, L1, 1, 4096, 1, 1, true, true>(v0, v1);
 }
 
-// kernel op 5: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 81936 bytes of shared memory
+// kernel op 5: kn_shifted_exp_op(%3, %9) -> %5 [2, 4, 262144] f16
+namespace k5_shifted_exp_l {
+  using L0 =
+    mucc::Layout<mucc::Shape<2, 4, 64, 4096>, mucc::Stride<1048576, 262144, 4096, 1>>;
+  using L1 =
+    mucc::Layout<mucc::Shape<2, 4, 64, 4096>, mucc::Stride<1048576, 262144, 4096, 1>>;
+  using L2 =
+    mucc::Layout<mucc::Shape<2, 4, 64, 4096>, mucc::Stride<256, 64, 1, 0>>;
+}
+struct k5_shifted_exp_op {
+  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
+    return mucc::op::exp(mucc::op::sub(a, b));
+  }
+};
+extern "C" __global__ void __launch_bounds__(256) k5_shifted_exp(
+    mucc::f16* __restrict__ v0,
+    const mucc::f16* __restrict__ v1,
+    const mucc::f16* __restrict__ v2) {
+  using namespace k5_shifted_exp_l;
+  mucc::kn::binary<mucc::f16, 8, L0, L1, L2, k5_shifted_exp_op, false, true>(v0, v1, v2, k5_shifted_exp_op{});
+}
+
+// kernel op 6: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 81936 bytes of shared memory
 // schedule 0,1 | 2,3,4 | 5,6
-extern "C" __global__ void __launch_bounds__(512, 1) k5_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -256,23 +275,30 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k3_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
-    void* const args[] = {buf.ws(0), buf.ws(4194304), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    void* const args[] = {buf.ws(0), buf.ws(8388608), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 33296, stream, args));
   }
 
-  // launch k4_exp
+  // launch k4_row_max
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_exp);
-    void* const args[] = {buf.ws(5242880), buf.ws(0)};
+    const void* kernel = reinterpret_cast<const void*>(&k4_row_max);
+    void* const args[] = {buf.ws(9437184), buf.ws(0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream, args));
+  }
+
+  // launch k5_shifted_exp
+  {
+    const void* kernel = reinterpret_cast<const void*>(&k5_shifted_exp);
+    void* const args[] = {buf.ws(4194304), buf.ws(0), buf.ws(9437184)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream, args));
   }
 
-  // launch k5_customized
+  // launch k6_customized
   {
-    const void* kernel = reinterpret_cast<const void*>(&k5_customized);
+    const void* kernel = reinterpret_cast<const void*>(&k6_customized);
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 81936, smem_set));
-    void* const args[] = {buf.ws(9437184), buf.ws(0), buf.ws(4194304), buf.ws(5242880)};
+    void* const args[] = {buf.ws(9437184), buf.ws(0), buf.ws(8388608), buf.ws(4194304)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 81936, stream, args));
   }
 

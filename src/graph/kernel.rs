@@ -91,8 +91,12 @@ pub enum KnOpKind {
         groups: usize,
     },
     /// mucc-internal (the score shift of `sched::shift` makes it): `exp(x − m)` element by
-    /// element, `m` (the second input) broadcast as in a binary operator.
-    ShiftedExp,
+    /// element; with `groups` 1, `m` (the second input) broadcast as in a binary operator, else
+    /// `m` has `x`'s shape but `groups` along the last dim, one value per contiguous group.
+    ShiftedExp {
+        /// Groups of the last dim with their own `m` (1: `m` broadcasts).
+        groups: usize,
+    },
 }
 
 impl KnOpKind {
@@ -113,7 +117,7 @@ impl KnOpKind {
             KnOpKind::Customized(_) => "customized".into(),
             KnOpKind::SoftmaxCombine { .. } => "softmax_combine".into(),
             KnOpKind::RowMax { .. } => "row_max".into(),
-            KnOpKind::ShiftedExp => "shifted_exp".into(),
+            KnOpKind::ShiftedExp { .. } => "shifted_exp".into(),
         }
     }
 }

@@ -382,7 +382,25 @@ impl<'a> Validator<'a> {
                     self.expect_shape(h, 0, t(op.outputs[0]), Ok(t(op.inputs[0]).shape));
                 }
             }
-            KnOpKind::Binary(_) | KnOpKind::ShiftedExp => {
+            KnOpKind::ShiftedExp { groups } if *groups != 1 => {
+                if self.arity(h, op, (2, 2), (1, 1)) {
+                    let (x, m) = (t(op.inputs[0]).shape, t(op.inputs[1]).shape);
+                    let last = x.rank().max(1) - 1;
+                    let r = if x.rank() == 0
+                        || *groups == 0
+                        || !x.dim(last).is_multiple_of(*groups)
+                        || m != x.with_dim(last, *groups)
+                    {
+                        Err(ErrorKind::BadValue(format!(
+                            "shifted_exp in {groups} groups takes m {m} for x {x}"
+                        )))
+                    } else {
+                        Ok(x)
+                    };
+                    self.expect_shape(h, 0, t(op.outputs[0]), r);
+                }
+            }
+            KnOpKind::Binary(_) | KnOpKind::ShiftedExp { .. } => {
                 if self.arity(h, op, (2, 2), (1, 1)) {
                     let r = infer::binary(&t(op.inputs[0]).shape, &t(op.inputs[1]).shape);
                     self.expect_shape(h, 0, t(op.outputs[0]), r);

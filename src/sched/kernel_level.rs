@@ -441,6 +441,45 @@ impl Planner<'_> {
         )
     }
 
+    /// A shifted exponential whose `m` holds one value per contiguous group of `groups` along
+    /// the last dim: every view walks that dim as (groups, length), `m` with stride 0 along the
+    /// length (so that it is read one element per vector).
+    fn map_grouped(&self, op: &KnOp, groups: usize) -> KnOpPlan {
+        let (y, x, m) = (op.outputs[0], op.inputs[0], op.inputs[1]);
+        let s = self.g.tensors[y].shape;
+        let last = s.rank() - 1;
+        let len = s.dim(last) / groups;
+        let order = iteration_order(&s, self.dt[y.index()].innermost);
+        let split = |t: Handle<DTensor>, of_m: bool| {
+            let st = &self.dt[t.index()].strides.0;
+            let (mut dims, mut strides) = (Vec::new(), Vec::new());
+            for &d in &order {
+                if d == last {
+                    dims.extend([groups, len]);
+                    strides.extend(if of_m {
+                        [st[d], 0]
+                    } else {
+                        [len * st[d], st[d]]
+                    });
+                } else {
+                    dims.push(s.dim(d));
+                    strides.push(st[d]);
+                }
+            }
+            View {
+                dims,
+                strides,
+                at: self.at(t),
+            }
+        };
+        self.elementwise(
+            ElementwiseOp::ShiftedExp,
+            split(y, false),
+            vec![split(x, false), split(m, true)],
+            self.g.tensors[y].dtype,
+        )
+    }
+
     fn plan(&self, h: Handle<KnOp>, op: &KnOp) -> Result<KnOpPlan, PlanError> {
         let g = self.g;
         Ok(match &op.kind {
@@ -469,7 +508,10 @@ impl Planner<'_> {
             }
             KnOpKind::Unary(u) => self.map(ElementwiseOp::Unary(*u), op.outputs[0], &op.inputs),
             KnOpKind::Binary(b) => self.map(ElementwiseOp::Binary(*b), op.outputs[0], &op.inputs),
-            KnOpKind::ShiftedExp => self.map(ElementwiseOp::ShiftedExp, op.outputs[0], &op.inputs),
+            KnOpKind::ShiftedExp { groups: 1 } => {
+                self.map(ElementwiseOp::ShiftedExp, op.outputs[0], &op.inputs)
+            }
+            KnOpKind::ShiftedExp { groups } => self.map_grouped(op, *groups),
             KnOpKind::AllReduce { .. } if self.gpus <= 1 => {
                 self.map(ElementwiseOp::Copy, op.outputs[0], &op.inputs[..1])
             }

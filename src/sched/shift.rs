@@ -149,12 +149,29 @@ pub struct ShiftRewrite {
     /// Kernel operators that exponentiate loaded scores as the graph does, and why (operator
     /// indices of the graph the shift was tried on).
     pub declined: Vec<(usize, NoShift)>,
+    /// Exponentials that customized operators took of tiles they computed and wrote, moved
+    /// after them so that their scores could be shifted.
+    pub hoisted: Vec<HoistedExp>,
+}
+
+/// An exponential a customized operator took of a tile it computed and wrote as an output,
+/// moved after the operator: the operator writes the tile (the scores S) to a new tensor and a
+/// kernel-level `exp` of S writes the output, which the shift then takes less the row max of S.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoistedExp {
+    /// The customized operator (operator index in the graph the shift was tried on).
+    pub kernel: usize,
+    /// Its output that held the exponentials.
+    pub output: usize,
+    /// The scores it writes instead (tensor index in the rewritten graph).
+    pub scores: usize,
 }
 
 impl ShiftRewrite {
     /// Keeps every exponential's form after all, with `why` (the rewritten graph did not plan).
     pub fn undo(&mut self, why: NoShift) {
         self.graph = None;
+        self.hoisted.clear();
         for a in self.applied.drain(..) {
             for r in a.readers {
                 self.declined.push((r, why.clone()));
@@ -243,18 +260,18 @@ impl Scores<'_> {
                 continue;
             }
             if reads_s {
-                if self.group.is_some() {
-                    // Its exponentials hold every group of the row.
-                    return Err(at(Flow::Op {
-                        kind: op.kind.name(),
-                    }));
-                }
                 tags[op.outputs[0].index()] = Some(Cover::Elem(Keys::Tile));
                 continue;
             }
             let ins: Vec<Option<Cover>> = op.inputs.iter().map(|&t| tag(t)).collect();
             if ins.iter().all(Option::is_none) {
                 continue;
+            }
+            if self.group.is_some() {
+                // Only blocks holding one group each may read exponentials shifted by groups.
+                return Err(at(Flow::Op {
+                    kind: op.kind.name(),
+                }));
             }
             let name = || Flow::Op {
                 kind: op.kind.name(),
@@ -510,21 +527,32 @@ fn block_keys(shape: Shape, map: DimMap, grid: [usize; 3]) -> usize {
     shape.dim(last) / parts.max(1)
 }
 
-/// The group length a chunked shift of `s` would use: the keys one block holds, the same at
-/// every site of every reader, fewer than the row's, and every reader a customized operator.
+/// The group length a chunked shift of `s` would use: the keys one block holds of S (where a
+/// customized operator exponentiates its tiles) or of exp(S) (where a kernel-level `exp`
+/// computes it), the same at every such load, and fewer than the row's.
 fn chunk_len(g: &KernelGraph, s: Handle<DTensor>, readers: &[Handle<KnOp>]) -> Option<usize> {
     let shape = g.tensors[s].shape;
-    let mut len = None;
+    // S and the kernel-level exponentials of S.
+    let mut held: BTreeSet<Handle<DTensor>> = BTreeSet::from([s]);
     for &r in readers {
-        let op = &g.ops[r];
+        if matches!(g.ops[r].kind, KnOpKind::Unary(UnaryOp::Exp)) {
+            held.insert(g.ops[r].outputs[0]);
+        }
+    }
+    let mut len = None;
+    for (_, op) in g.ops.iter() {
         let KnOpKind::Customized(tb) = &op.kind else {
-            return None;
+            continue;
         };
-        for site in exp_sites(tb, op, s) {
-            let TbOpKind::Input { imap, .. } = tb.ops[site].kind else {
-                return None;
+        for (_, t) in tb.ops.iter() {
+            let TbOpKind::Input { input, imap, .. } = t.kind else {
+                continue;
             };
-            let here = block_keys(shape, imap, tb.grid);
+            let d = op.inputs[input];
+            if !held.contains(&d) || (d == s && !tb_reads_exp(tb, t.outputs[0])) {
+                continue;
+            }
+            let here = block_keys(g.tensors[d].shape, imap, tb.grid);
             if *len.get_or_insert(here) != here {
                 return None;
             }
@@ -574,8 +602,215 @@ fn loaded_scores(g: &KernelGraph) -> Vec<Handle<DTensor>> {
 }
 
 /// Shifts the exponentials of every loaded score tensor of `g` by its row max where the factor
-/// provably cancels ([`ShiftRewrite`]); `on` false declines each with [`NoShift::Off`].
+/// provably cancels ([`ShiftRewrite`]); `on` false declines each with [`NoShift::Off`]. An
+/// exponential a customized operator takes of a tile it computes and writes is first moved
+/// after the operator ([`HoistedExp`]) where its scores then shift by their row max.
 pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
+    let base = shift_loaded(g, on);
+    if !on || g.sharding.mesh.is_some_and(|m| m.num_gpus() > 1) {
+        return base;
+    }
+    // Each site alone: its scores' whole-row flow must hold in the graph with it moved.
+    let kept: Vec<Site> = hoist_sites(g)
+        .into_iter()
+        .filter(|site| {
+            hoist(g, std::slice::from_ref(site)).is_ok_and(|(h, t)| {
+                let rank = h.tensors[t[0]].shape.rank();
+                let row = Scores {
+                    g: &h,
+                    s: t[0],
+                    rank,
+                    group: None,
+                };
+                let readers: Vec<Handle<KnOp>> = h
+                    .ops
+                    .iter()
+                    .filter(|(_, op)| exponentiates(op, t[0]))
+                    .map(|(k, _)| k)
+                    .collect();
+                row.flow().is_ok()
+                    || chunk_len(&h, t[0], &readers).is_some_and(|len| {
+                        (Scores {
+                            group: Some(len),
+                            ..row
+                        })
+                        .flow()
+                        .is_ok()
+                    })
+            })
+        })
+        .collect();
+    if kept.is_empty() {
+        return base;
+    }
+    let Ok((h, scores)) = hoist(g, &kept) else {
+        return base;
+    };
+    let mut rw = shift_loaded(&h, on);
+    if !scores
+        .iter()
+        .all(|t| rw.applied.iter().any(|a| a.scores == t.index()))
+    {
+        return base;
+    }
+    // Operator numbers of `h` → `g`'s: the moved exps are numbered as their operator.
+    let mut old = Vec::with_capacity(h.ops.len());
+    for (k, _) in g.ops.iter() {
+        let moved = kept.iter().filter(|s| s.kernel == k).count();
+        old.extend(std::iter::repeat_n(k.index(), 1 + moved));
+    }
+    for a in &mut rw.applied {
+        for r in &mut a.readers {
+            *r = old[*r];
+        }
+        a.readers.dedup();
+    }
+    for (k, _) in &mut rw.declined {
+        *k = old[*k];
+    }
+    rw.hoisted = kept
+        .iter()
+        .zip(&scores)
+        .map(|(site, t)| HoistedExp {
+            kernel: site.kernel.index(),
+            output: site.output,
+            scores: t.index(),
+        })
+        .collect();
+    rw
+}
+
+/// An exponential (threadblock operator `exp`) a customized operator takes of a tile it
+/// computes and writes as its output `output`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Site {
+    kernel: Handle<KnOp>,
+    output: usize,
+    exp: Handle<TbOp>,
+}
+
+/// The exponentials of f16 tiles computed inside a customized operator (not loaded) whose only
+/// reader is an output operator, once per for-loop (a loop of one iteration or a tile after the
+/// accumulators).
+fn hoist_sites(g: &KernelGraph) -> Vec<Site> {
+    let mut out = Vec::new();
+    for (k, op) in g.ops.iter() {
+        let KnOpKind::Customized(tb) = &op.kind else {
+            continue;
+        };
+        let readers = tb.readers();
+        for (_, o) in tb.ops.iter() {
+            let TbOpKind::Output { output, .. } = o.kind else {
+                continue;
+            };
+            let Some(exp) = tb.producer(o.inputs[0]) else {
+                continue;
+            };
+            if tb.ops[exp].kind != TbOpKind::Unary(UnaryOp::Exp)
+                || readers[o.inputs[0].index()].len() != 1
+                || g.tensors[op.outputs[output]].dtype != DType::F16
+            {
+                continue;
+            }
+            let x = tb.ops[exp].inputs[0];
+            let computed = tb
+                .producer(x)
+                .is_some_and(|p| !matches!(tb.ops[p].kind, TbOpKind::Input { .. }));
+            if computed && (tb.forloop_range == 1 || tb.tensors[x].after_accum) {
+                out.push(Site {
+                    kernel: k,
+                    output,
+                    exp,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// `g` with every site's exponential moved after its operator: the operator writes the
+/// exponent to a new tensor (returned, in site order) and a kernel-level `exp` right after it
+/// writes the output.
+fn hoist(g: &KernelGraph, sites: &[Site]) -> Result<(KernelGraph, Vec<Handle<DTensor>>), String> {
+    let mut out = KernelGraph::new();
+    out.tensors = g.tensors.clone();
+    out.sharding.mesh = g.sharding.mesh;
+    let mut scores = Vec::new();
+    for (k, op) in g.ops.iter() {
+        let here: Vec<&Site> = sites.iter().filter(|s| s.kernel == k).collect();
+        let sharding = g.sharding.maps.get(&k).copied();
+        let KnOpKind::Customized(tb) = &op.kind else {
+            let n = out.ops.append(op.clone());
+            if let Some(m) = sharding {
+                out.sharding.maps.insert(n, m);
+            }
+            continue;
+        };
+        if here.is_empty() {
+            let n = out.ops.append(op.clone());
+            if let Some(m) = sharding {
+                out.sharding.maps.insert(n, m);
+            }
+            continue;
+        }
+        let mut tb2 = TbGraph::new(tb.grid, tb.block, tb.forloop_range, tb.reduction_dimx);
+        let mut map: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
+        for (h, t) in tb.ops.iter() {
+            if here.iter().any(|s| s.exp == h) {
+                // The output operator reads the exponent instead.
+                map.insert(t.outputs[0], map[&t.inputs[0]]);
+                continue;
+            }
+            let ins: Vec<Handle<STensor>> = t.inputs.iter().map(|x| map[x]).collect();
+            let outs: Vec<Handle<STensor>> = t
+                .outputs
+                .iter()
+                .map(|&o| tb2.tensors.append(tb.tensors[o].clone()))
+                .collect();
+            for (&o, &n) in t.outputs.iter().zip(&outs) {
+                map.insert(o, n);
+            }
+            tb2.ops.append(TbOp {
+                kind: t.kind.clone(),
+                inputs: ins,
+                outputs: outs,
+            });
+        }
+        let mut outputs = op.outputs.clone();
+        let mut exps = Vec::new();
+        for s in &here {
+            let orig = op.outputs[s.output];
+            let t = out.tensors.append(DTensor {
+                guid: None,
+                ..g.tensors[orig].clone()
+            });
+            outputs[s.output] = t;
+            scores.push((sites.iter().position(|x| x == *s).expect("a site"), t));
+            exps.push(KnOp {
+                kind: KnOpKind::Unary(UnaryOp::Exp),
+                inputs: vec![t],
+                outputs: vec![orig],
+            });
+        }
+        let n = out.ops.append(KnOp {
+            kind: KnOpKind::Customized(Box::new(tb2)),
+            inputs: op.inputs.clone(),
+            outputs,
+        });
+        if let Some(m) = sharding {
+            out.sharding.maps.insert(n, m);
+        }
+        for e in exps {
+            out.ops.append(e);
+        }
+    }
+    crate::graph::validate::validate(&out, None).map_err(|e| e.to_string())?;
+    scores.sort_by_key(|(i, _)| *i);
+    Ok((out, scores.into_iter().map(|(_, t)| t).collect()))
+}
+
+/// [`shift_scores`] without moving any exponential.
+fn shift_loaded(g: &KernelGraph, on: bool) -> ShiftRewrite {
     let mut rw = ShiftRewrite::default();
     let mut taken: BTreeSet<usize> = BTreeSet::new();
     // Readers of the scores chosen so far, and of those shifted by groups.
@@ -718,11 +953,14 @@ fn rebuild(
         match &op.kind {
             KnOpKind::Unary(UnaryOp::Exp) if maxes.contains_key(&op.inputs[0]) => {
                 let s = op.inputs[0];
+                let ms = out.tensors[maxes[&s]].shape;
                 push(
                     &mut out,
                     Some(h),
                     KnOp {
-                        kind: KnOpKind::ShiftedExp,
+                        kind: KnOpKind::ShiftedExp {
+                            groups: ms.dim(ms.rank() - 1),
+                        },
                         inputs: vec![s, maxes[&s]],
                         outputs: op.outputs.clone(),
                     },
@@ -1144,6 +1382,123 @@ mod tests {
             "{:?}",
             rw.declined
         );
+    }
+
+    /// A customized operator computes S = Q·K for whole rows and writes exp(S); kernel-level
+    /// operators sum it over the keys and divide (qknorm_gqa_bs8 graph 5's form).
+    fn written_exps(sum_over_keys: bool) -> KernelGraph {
+        let (b, r, d, n) = (2, 4, 8, 32);
+        let mut g = GraphBuilder::new();
+        let qt = g.new_input(&[b, r, d], DType::F16).unwrap();
+        let kt = g.new_input(&[b, d, n], DType::F16).unwrap();
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
+        let q = t.new_input(&g, qt, [0, 1, -1], -1).unwrap();
+        let k = t.new_input(&g, kt, [0, -1, -1], -1).unwrap();
+        let st = t.matmul(q, k).unwrap();
+        let a = t.forloop_accum(st, AccumKind::Nored).unwrap();
+        let e = t.unary(UnaryOp::Exp, a).unwrap();
+        t.new_output(e, [0, 1, -1]).unwrap();
+        let e = g.customized(t).unwrap()[0];
+        let den = g.reduction(e, if sum_over_keys { 2 } else { 1 }).unwrap();
+        let y = g.binary(BinaryOp::Div, e, den).unwrap();
+        g.mark_output(y).unwrap();
+        g.build().unwrap()
+    }
+
+    #[test]
+    fn exponentials_a_kernel_writes_move_after_it_and_shift() {
+        let g = written_exps(true);
+        let rw = shift_scores(&g, true);
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        assert_eq!(rw.hoisted.len(), 1);
+        assert_eq!((rw.hoisted[0].kernel, rw.hoisted[0].output), (2, 0));
+        assert_eq!(rw.applied.len(), 1);
+        assert_eq!(rw.applied[0].readers, vec![2]);
+        assert_eq!(rw.applied[0].scores, rw.hoisted[0].scores);
+        // The operator no longer exponentiates: a shifted_exp reads what it writes.
+        let shifted: Vec<_> = g2
+            .ops
+            .iter()
+            .filter(|(_, o)| o.kind == KnOpKind::ShiftedExp { groups: 1 })
+            .collect();
+        assert_eq!(shifted.len(), 1);
+        assert_eq!(shifted[0].1.inputs[0].index(), rw.hoisted[0].scores);
+        let small = random_inputs(
+            &g,
+            InputSpec {
+                seed: 9,
+                scale: 0.5,
+            },
+        );
+        let a = evaluate(&g, &small).unwrap();
+        let b = evaluate(g2, &small).unwrap();
+        assert!(max_rel(&a[0], &b[0]) < 1e-12);
+        in_range_where_the_graph_overflows(&g, g2, 9, 4.0);
+    }
+
+    /// As [`written_exps`], but each block writes its rows' exponentials as one group of the
+    /// last dim of a [b, rows/2, 2·keys] tensor, and a second customized operator divides each
+    /// group by its sum (qknorm_gqa_bs8 graph 19's form).
+    fn written_groups() -> KernelGraph {
+        let (b, r, d, n) = (2, 4, 8, 32);
+        let mut g = GraphBuilder::new();
+        let qt = g.new_input(&[b, r, d], DType::F16).unwrap();
+        let kt = g.new_input(&[b, d, n], DType::F16).unwrap();
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
+        let q = t.new_input(&g, qt, [0, 1, -1], -1).unwrap();
+        let k = t.new_input(&g, kt, [0, -1, -1], -1).unwrap();
+        let st = t.matmul(q, k).unwrap();
+        let a = t.forloop_accum(st, AccumKind::Nored).unwrap();
+        let e = t.unary(UnaryOp::Exp, a).unwrap();
+        t.new_output(e, [0, 2, -1]).unwrap();
+        let e = g.customized(t).unwrap()[0];
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
+        let x = t.new_input(&g, e, [0, 2, -1], -1).unwrap();
+        let num = t.forloop_accum(x, AccumKind::Nored).unwrap();
+        let den = t.forloop_accum(x, AccumKind::RedLdSum).unwrap();
+        let y = t.binary(BinaryOp::Div, num, den).unwrap();
+        t.new_output(y, [0, 2, -1]).unwrap();
+        let y = g.customized(t).unwrap()[0];
+        g.mark_output(y).unwrap();
+        g.build().unwrap()
+    }
+
+    #[test]
+    fn written_exponentials_divided_by_groups_move_and_shift_by_groups() {
+        let g = written_groups();
+        let rw = shift_scores(&g, true);
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        assert_eq!(rw.hoisted.len(), 1);
+        assert_eq!(rw.applied[0].groups, 2);
+        assert!(
+            g2.ops
+                .iter()
+                .any(|(_, o)| o.kind == KnOpKind::ShiftedExp { groups: 2 })
+        );
+        let small = random_inputs(
+            &g,
+            InputSpec {
+                seed: 4,
+                scale: 0.5,
+            },
+        );
+        let a = evaluate(&g, &small).unwrap();
+        let b = evaluate(g2, &small).unwrap();
+        assert!(max_rel(&a[0], &b[0]) < 1e-12);
+        in_range_where_the_graph_overflows(&g, g2, 4, 4.0);
+    }
+
+    #[test]
+    fn written_exponentials_that_would_not_shift_stay_in_their_operator() {
+        // A sum over the rows: no factor cancels, so nothing moves.
+        let g = written_exps(false);
+        let rw = shift_scores(&g, true);
+        assert!(rw.graph.is_none());
+        assert!(rw.hoisted.is_empty());
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        assert!(shift_scores(&written_exps(true), false).hoisted.is_empty());
     }
 
     #[test]

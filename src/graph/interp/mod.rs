@@ -325,7 +325,19 @@ impl<'g> Walk<'g> {
             KnOpKind::RmsNorm { normalized_dims } => {
                 vec![val(op.inputs[0]).rms_norm(*normalized_dims)]
             }
-            KnOpKind::ShiftedExp => vec![
+            KnOpKind::ShiftedExp { groups } if *groups > 1 => {
+                let (x, m) = (val(op.inputs[0]), val(op.inputs[1]));
+                // Row-major: element i of x falls in group i / len of the flattened m.
+                let len = x.shape.dim(x.shape.rank() - 1) / groups;
+                let data = x
+                    .data
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (v - m.data[i / len]).exp())
+                    .collect();
+                vec![Array::from_vec(x.shape, data)]
+            }
+            KnOpKind::ShiftedExp { .. } => vec![
                 Array::binary(
                     &val(op.inputs[0]),
                     &val(op.inputs[1]),

@@ -246,7 +246,7 @@ impl Exporter<'_> {
                 }
                 KnOpKind::SoftmaxCombine { .. }
                 | KnOpKind::RowMax { .. }
-                | KnOpKind::ShiftedExp => {
+                | KnOpKind::ShiftedExp { .. } => {
                     return Err(GraphError::new(ErrorKind::Unsupported(format!(
                         "kernel op {} is mucc's internal {}, which Mirage's format has no \
                          operator for",
