@@ -22,13 +22,19 @@
 //! sum of shifted and unshifted values, or a for-loop walking a row leaves the graph as it is,
 //! and the plan says why ([`NoShift`]).
 //!
-//! Where the factor of a whole row would not cancel but every reader is a customized operator
-//! whose blocks each hold one contiguous group of a row's keys (a grid axis splits them), M is
-//! the max of each group instead (`RowMax { groups }`, M's last dim the groups), each block
-//! loads its group's M, and the check runs again with two changes: the block's keys count as
-//! the whole row (a sum over them is the group's denominator), and no scaled value may leave
-//! the operator (elsewhere the group of each element is not tracked). The reason reported when
-//! both fail is the whole row's.
+//! Where the factor of a whole row would not cancel but every block that loads S (to
+//! exponentiate it) or exp(S) (computed by a kernel-level `exp`) holds one contiguous group of
+//! a row's keys (a grid axis splits them), M is the max of each group instead (`RowMax {
+//! groups }`, M's last dim the groups; `ShiftedExp { groups }` reads one M per group), each
+//! block loads its group's M, and the check runs again with these changes: the block's keys
+//! count as the whole row (a sum over them is the group's denominator), no scaled value may
+//! leave a customized operator, and no kernel-level operator but the `exp` may take one
+//! (elsewhere the group of each element is not tracked). The reason reported when both fail is
+//! the whole row's.
+//!
+//! An `exp` that a customized operator takes of a tile it computes (not loads) and writes as an
+//! output, the tile's only use, first moves after the operator ([`HoistedExp`]): the operator
+//! writes S and a kernel-level `exp` reads it. Only moves after which S shifts are kept.
 //!
 //! Only f16 scores are shifted (bf16, f32 and f64 hold e^S up to S ≈ 88), on one GPU.
 
