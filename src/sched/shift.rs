@@ -1180,6 +1180,16 @@ mod tests {
         d / n
     }
 
+    /// `g` and the shifted `g2` compute the same function at inputs of scale 0.5, and at inputs
+    /// of `scale`, where `g` leaves f16's range, `g2` stays within it.
+    fn same_function_in_range(g: &KernelGraph, g2: &KernelGraph, seed: u64, scale: f64) {
+        let small = random_inputs(g, InputSpec { seed, scale: 0.5 });
+        let a = evaluate(g, &small).unwrap();
+        let b = evaluate(g2, &small).unwrap();
+        assert!(max_rel(&a[0], &b[0]) < 1e-12);
+        in_range_where_the_graph_overflows(g, g2, seed, scale);
+    }
+
     /// At inputs of `scale`, `g` stores values beyond f16's range, the shifted `g2` none, and
     /// their outputs agree (the f64 interpreter).
     fn in_range_where_the_graph_overflows(
@@ -1208,18 +1218,8 @@ mod tests {
             g2.ops[Handle::from_index(rw.applied[0].row_max)].kind,
             KnOpKind::RowMax { groups: 1 }
         ));
-        let small = random_inputs(
-            &g,
-            InputSpec {
-                seed: 3,
-                scale: 0.5,
-            },
-        );
-        let a = evaluate(&g, &small).unwrap();
-        let b = evaluate(g2, &small).unwrap();
-        assert!(max_rel(&a[0], &b[0]) < 1e-12);
         // At scale 2 the graph's exponentials leave f16's range; the shifted ones do not.
-        in_range_where_the_graph_overflows(&g, g2, 3, 2.0);
+        same_function_in_range(&g, g2, 3, 2.0);
     }
 
     #[test]
@@ -1356,17 +1356,7 @@ mod tests {
         let m = &g2.ops[Handle::from_index(rw.applied[0].row_max)];
         assert_eq!(m.kind, KnOpKind::RowMax { groups: 2 });
         assert_eq!(g2.tensors[m.outputs[0]].shape.dims(), &[2, 4, 2]);
-        let small = random_inputs(
-            &g,
-            InputSpec {
-                seed: 5,
-                scale: 0.5,
-            },
-        );
-        let a = evaluate(&g, &small).unwrap();
-        let b = evaluate(g2, &small).unwrap();
-        assert!(max_rel(&a[0], &b[0]) < 1e-12);
-        in_range_where_the_graph_overflows(&g, g2, 5, 4.0);
+        same_function_in_range(&g, g2, 5, 4.0);
     }
 
     #[test]
@@ -1390,9 +1380,9 @@ mod tests {
         );
     }
 
-    /// A customized operator computes S = Q·K for whole rows and writes exp(S); kernel-level
-    /// operators sum it over the keys and divide (qknorm_gqa_bs8 graph 5's form).
-    fn written_exps(sum_over_keys: bool) -> KernelGraph {
+    /// A graph whose customized operator computes S = Q·K ([2, 4, 8] · [2, 8, 32]; each of the
+    /// grid's (2, 2) blocks two rows over all keys) and writes exp(S) through `omap`.
+    fn exps_written(omap: [i32; 3]) -> (GraphBuilder, Handle<DTensor>) {
         let (b, r, d, n) = (2, 4, 8, 32);
         let mut g = GraphBuilder::new();
         let qt = g.new_input(&[b, r, d], DType::F16).unwrap();
@@ -1403,8 +1393,15 @@ mod tests {
         let st = t.matmul(q, k).unwrap();
         let a = t.forloop_accum(st, AccumKind::Nored).unwrap();
         let e = t.unary(UnaryOp::Exp, a).unwrap();
-        t.new_output(e, [0, 1, -1]).unwrap();
+        t.new_output(e, omap).unwrap();
         let e = g.customized(t).unwrap()[0];
+        (g, e)
+    }
+
+    /// A customized operator computes S = Q·K for whole rows and writes exp(S); kernel-level
+    /// operators sum it over the keys and divide (qknorm_gqa_bs8 graph 5's form).
+    fn written_exps(sum_over_keys: bool) -> KernelGraph {
+        let (mut g, e) = exps_written([0, 1, -1]);
         let den = g.reduction(e, if sum_over_keys { 2 } else { 1 }).unwrap();
         let y = g.binary(BinaryOp::Div, e, den).unwrap();
         g.mark_output(y).unwrap();
@@ -1430,35 +1427,15 @@ mod tests {
             .collect();
         assert_eq!(shifted.len(), 1);
         assert_eq!(shifted[0].1.inputs[0].index(), rw.hoisted[0].scores);
-        let small = random_inputs(
-            &g,
-            InputSpec {
-                seed: 9,
-                scale: 0.5,
-            },
-        );
-        let a = evaluate(&g, &small).unwrap();
-        let b = evaluate(g2, &small).unwrap();
-        assert!(max_rel(&a[0], &b[0]) < 1e-12);
-        in_range_where_the_graph_overflows(&g, g2, 9, 4.0);
+        same_function_in_range(&g, g2, 9, 4.0);
     }
 
     /// As [`written_exps`], but each block writes its rows' exponentials as one group of the
     /// last dim of a [b, rows/2, 2·keys] tensor, and a second customized operator divides each
     /// group by its sum (qknorm_gqa_bs8 graph 19's form).
     fn written_groups() -> KernelGraph {
-        let (b, r, d, n) = (2, 4, 8, 32);
-        let mut g = GraphBuilder::new();
-        let qt = g.new_input(&[b, r, d], DType::F16).unwrap();
-        let kt = g.new_input(&[b, d, n], DType::F16).unwrap();
-        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
-        let q = t.new_input(&g, qt, [0, 1, -1], -1).unwrap();
-        let k = t.new_input(&g, kt, [0, -1, -1], -1).unwrap();
-        let st = t.matmul(q, k).unwrap();
-        let a = t.forloop_accum(st, AccumKind::Nored).unwrap();
-        let e = t.unary(UnaryOp::Exp, a).unwrap();
-        t.new_output(e, [0, 2, -1]).unwrap();
-        let e = g.customized(t).unwrap()[0];
+        let (mut g, e) = exps_written([0, 2, -1]);
+        let b = 2;
         let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
         let x = t.new_input(&g, e, [0, 2, -1], -1).unwrap();
         let num = t.forloop_accum(x, AccumKind::Nored).unwrap();
@@ -1483,17 +1460,7 @@ mod tests {
                 .iter()
                 .any(|(_, o)| o.kind == KnOpKind::ShiftedExp { groups: 2 })
         );
-        let small = random_inputs(
-            &g,
-            InputSpec {
-                seed: 4,
-                scale: 0.5,
-            },
-        );
-        let a = evaluate(&g, &small).unwrap();
-        let b = evaluate(g2, &small).unwrap();
-        assert!(max_rel(&a[0], &b[0]) < 1e-12);
-        in_range_where_the_graph_overflows(&g, g2, 4, 4.0);
+        same_function_in_range(&g, g2, 4, 4.0);
     }
 
     #[test]
