@@ -10,8 +10,8 @@ use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta,
-    CtaChoice, CtaSource, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering, Options,
-    Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
+    CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering,
+    Options, Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
     ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
@@ -140,7 +140,7 @@ pub(super) fn plan_kernel(
             return Ok(p);
         }
     };
-    let why = "register rows: a thread per 16-byte run of a row";
+    let why = CtaWhy::RegisterRows;
     // The tile plan only fills the fields the body does not use (its shared memory may well
     // exceed the GPU's: the rows need none).
     let mut p = plan_kernel_with(
@@ -194,7 +194,7 @@ fn plan_kernel_tiles(
         CtaChoice::Warps(w) => return with(fusion, w * 32, CtaSource::Asked),
         CtaChoice::Graph => return with(fusion, graph, CtaSource::Graph),
         CtaChoice::Auto if occupancy => {
-            let why = "block_dim kept: the loop was refined so that more blocks of it fit per SM";
+            let why = CtaWhy::Refined;
             let resident = Some(super::refine::AUTO_BLOCKS);
             return plan_kernel_with(
                 g,
@@ -212,14 +212,13 @@ fn plan_kernel_tiles(
         }
         CtaChoice::Auto => {}
     }
-    let kept = |mut p: KernelPlan, why: &'static str| {
+    let kept = |mut p: KernelPlan, why: CtaWhy| {
         p.cta.source = CtaSource::Model(why);
         p
     };
     let (warps, why) = match more_warps(tb, &opts.target) {
         Ok((w, _)) if w * 32 <= graph => {
-            let why = "block_dim kept: it has as many warps as the grid needs";
-            return with(fusion, graph, CtaSource::Model(why));
+            return with(fusion, graph, CtaSource::Model(CtaWhy::EnoughWarps));
         }
         Ok(want) => want,
         Err(why) => {
@@ -234,14 +233,11 @@ fn plan_kernel_tiles(
             if !hopper || !one_small {
                 return Ok(first);
             }
-            let why = "the grid has 4 or more blocks per SM, but shared memory holds one block \
-                       of fewer than 8 warps";
-            return Ok(
-                match with(fusion, MIN_RESIDENT_WARPS * 32, CtaSource::Model(why)) {
-                    Ok(p) if p.cta.min_blocks_per_sm >= first.cta.min_blocks_per_sm => p,
-                    _ => first,
-                },
-            );
+            let why = CtaSource::Model(CtaWhy::OneSmallBlock);
+            return Ok(match with(fusion, MIN_RESIDENT_WARPS * 32, why) {
+                Ok(p) if p.cta.min_blocks_per_sm >= first.cta.min_blocks_per_sm => p,
+                _ => first,
+            });
         }
     };
     let first = with(fusion.clone(), graph, CtaSource::Graph)?;
@@ -252,11 +248,7 @@ fn plan_kernel_tiles(
     // the pipe 0.77–0.85× the pipe's time).
     let piped = first.register_pipes().any(|p| p.keys == 1);
     if piped && tb.num_blocks() >= opts.target.typical_sms {
-        return Ok(kept(
-            first,
-            "block_dim kept: its warps own whole rows of a register pipe, which more warps would \
-             turn off (the grid has a block per SM or more)",
-        ));
+        return Ok(kept(first, CtaWhy::PipeRows));
     }
     // Without its pipe, an online-softmax kernel rescales through shared memory, several times
     // the instructions (H100: 1.8-5x the time): the pipe wins at any grid size. A key split
@@ -265,26 +257,20 @@ fn plan_kernel_tiles(
     let more = with(fusion, warps * 32, CtaSource::Model(why));
     if online(&first) && !matches!(&more, Ok(p) if online(p)) {
         let why = if first.register_pipes().any(|p| p.keys > 1) {
-            "block_dim kept: its warps split the keys of an online-softmax register pipe, which \
-             do not split over more warps"
+            CtaWhy::OnlineKeys
         } else {
-            "block_dim kept: its warps own whole rows of an online-softmax register pipe, which \
-             more warps would turn off"
+            CtaWhy::OnlineRows
         };
         return Ok(kept(first, why));
     }
     match more {
         // A loop longer than a pipeline's worth pays for its split: more warps must not shrink
         // the cluster (measured 1.06–3.19× slower where they did).
-        Ok(p) if tb.forloop_range > SHORT_LOOP && p.split.ctas() < first.split.ctas() => Ok(kept(
-            first,
-            "block_dim kept: more warps per CTA would shrink the cluster split",
-        )),
+        Ok(p) if tb.forloop_range > SHORT_LOOP && p.split.ctas() < first.split.ctas() => {
+            Ok(kept(first, CtaWhy::ClusterShrinks))
+        }
         Ok(p) => Ok(p),
-        Err(_) => Ok(kept(
-            first,
-            "block_dim kept: the kernel does not plan with more warps",
-        )),
+        Err(_) => Ok(kept(first, CtaWhy::NoPlanWithMore)),
     }
 }
 
@@ -366,21 +352,14 @@ const SHORT_LOOP: usize = 4;
 /// 8 warps made longer loops 0.78–1.02× where the cluster split kept its size (decode
 /// 18944×3584, gated MLP, RMSNorm + linear; 16 warps there were up to 1.18× slower) and
 /// 1.06–3.19× where it shrank; grids of 4 blocks per SM or more gained nothing (1.01–1.15×).
-fn more_warps(tb: &TbGraph, target: &Target) -> Result<(usize, &'static str), &'static str> {
+fn more_warps(tb: &TbGraph, target: &Target) -> Result<(usize, CtaWhy), CtaWhy> {
     if tb.num_blocks() >= 4 * target.typical_sms {
-        return Err("block_dim kept: the grid has 4 or more blocks per SM");
+        return Err(CtaWhy::ManyBlocks);
     }
     if tb.forloop_range <= SHORT_LOOP {
-        Ok((
-            16,
-            "the grid leaves SMs short of warps, and a loop of 4 iterations or fewer is too \
-             short to pipeline",
-        ))
+        Ok((16, CtaWhy::ShortLoop))
     } else {
-        Ok((
-            8,
-            "the grid leaves SMs short of warps (8, not 16: a longer loop pipelines its loads)",
-        ))
+        Ok((8, CtaWhy::LongLoop))
     }
 }
 
@@ -1918,13 +1897,13 @@ mod tests {
         let g = decode_gated_linear(8, 11008, 2048, 32, 64, DType::BF16).unwrap();
         let (threads, source, _, ctas) = plan(&g, Arch::Sm90a, CtaChoice::Auto);
         assert_eq!((threads, ctas), (128, 8));
-        assert!(matches!(source, CtaSource::Model(w) if w.contains("shrink the cluster split")));
+        assert!(matches!(source, CtaSource::Model(CtaWhy::ClusterShrinks)));
         let g56 = decode_gated_linear(8, 18944, 3584, 56, 64, DType::BF16).unwrap();
         assert_eq!(plan(&g56, Arch::Sm90a, CtaChoice::Auto).0, 256);
         assert_eq!(plan(&g56, Arch::Sm90a, CtaChoice::Auto).3, 4);
         let (threads, source, block, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
         assert_eq!((threads, block), (256, [256, 1, 1]));
-        assert!(matches!(source, CtaSource::Model(w) if w.contains("8, not 16")));
+        assert!(matches!(source, CtaSource::Model(CtaWhy::LongLoop)));
         // A short loop (4 iterations) on a small grid: 16 warps.
         let g = decode_gated_linear(8, 256, 2048, 32, 4, DType::F16).unwrap();
         let (threads, _, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
@@ -1947,7 +1926,7 @@ mod tests {
         let g = decode_gated_linear(8, 256, 16384, 1024, 4, DType::F16).unwrap();
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
         assert_eq!(threads, 128);
-        assert!(matches!(source, CtaSource::Model(w) if w.contains("4 or more blocks per SM")));
+        assert!(matches!(source, CtaSource::Model(CtaWhy::ManyBlocks)));
     }
 
     /// Attention blocks whose µGraph CTA keeps a register pipe keep it on grids of a block per
@@ -1966,7 +1945,7 @@ mod tests {
         // 16 heads × 16 row blocks = 256 blocks.
         let kp = plan(&attention_block(16, 64, 16, 64, 8, 128, DType::F16).unwrap());
         assert_eq!(kp.cta.threads, 128);
-        assert!(matches!(kp.cta.source, CtaSource::Model(w) if w.contains("register pipe")));
+        assert!(matches!(kp.cta.source, CtaSource::Model(CtaWhy::PipeRows)));
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
         // 64 × 16 = 1024 blocks: three per SM, promised to ptxas (registers for all three).
         let kp = plan(&attention_block(64, 64, 16, 64, 8, 128, DType::F16).unwrap());

@@ -985,7 +985,77 @@ pub enum CtaSource {
     /// `--warps N` (or a tuned variant).
     Asked,
     /// The planner's cost model, for this reason.
-    Model(&'static str),
+    Model(CtaWhy),
+}
+
+/// Why the cost model chose a kernel's CTA ([`CtaSource::Model`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtaWhy {
+    /// A register-rows body: a thread per 16-byte run of a row.
+    RegisterRows,
+    /// The loop was refined so that more blocks of it fit per SM.
+    Refined,
+    /// The µGraph's block has as many warps as the grid needs.
+    EnoughWarps,
+    /// The grid has 4 or more blocks per SM.
+    ManyBlocks,
+    /// 4 or more blocks per SM, but shared memory holds one block of fewer than 8 warps: 8.
+    OneSmallBlock,
+    /// Its warps own whole rows of a register pipe, and the grid has a block per SM or more.
+    PipeRows,
+    /// Its warps split the keys of an online-softmax register pipe.
+    OnlineKeys,
+    /// Its warps own whole rows of an online-softmax register pipe.
+    OnlineRows,
+    /// More warps per CTA would shrink the cluster split.
+    ClusterShrinks,
+    /// The kernel does not plan with more warps.
+    NoPlanWithMore,
+    /// Few blocks per SM and a loop too short to pipeline: 16 warps.
+    ShortLoop,
+    /// Few blocks per SM and a longer loop: 8 warps.
+    LongLoop,
+}
+
+impl fmt::Display for CtaWhy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CtaWhy::RegisterRows => "register rows: a thread per 16-byte run of a row",
+            CtaWhy::Refined => {
+                "block_dim kept: the loop was refined so that more blocks of it fit per SM"
+            }
+            CtaWhy::EnoughWarps => "block_dim kept: it has as many warps as the grid needs",
+            CtaWhy::ManyBlocks => "block_dim kept: the grid has 4 or more blocks per SM",
+            CtaWhy::OneSmallBlock => {
+                "the grid has 4 or more blocks per SM, but shared memory holds one block of \
+                 fewer than 8 warps"
+            }
+            CtaWhy::PipeRows => {
+                "block_dim kept: its warps own whole rows of a register pipe, which more warps \
+                 would turn off (the grid has a block per SM or more)"
+            }
+            CtaWhy::OnlineKeys => {
+                "block_dim kept: its warps split the keys of an online-softmax register pipe, \
+                 which do not split over more warps"
+            }
+            CtaWhy::OnlineRows => {
+                "block_dim kept: its warps own whole rows of an online-softmax register pipe, \
+                 which more warps would turn off"
+            }
+            CtaWhy::ClusterShrinks => {
+                "block_dim kept: more warps per CTA would shrink the cluster split"
+            }
+            CtaWhy::NoPlanWithMore => "block_dim kept: the kernel does not plan with more warps",
+            CtaWhy::ShortLoop => {
+                "the grid leaves SMs short of warps, and a loop of 4 iterations or fewer is too \
+                 short to pipeline"
+            }
+            CtaWhy::LongLoop => {
+                "the grid leaves SMs short of warps (8, not 16: a longer loop pipelines its \
+                 loads)"
+            }
+        })
+    }
 }
 
 impl fmt::Display for CtaSource {
