@@ -112,19 +112,24 @@ pub enum NoOnlineSoftmax {
     /// The scores S are read by something besides exp.
     ScoresReadTwice,
     /// exp(S) is not read by exactly one sum accumulator and one matmul E·V.
-    ExpReaders(String),
+    ExpReaders(ExpReaders),
     /// The product E·V is not summed by one `accum_nored`.
     ProductNotAccumulated,
-    /// The kernel computes something besides the pattern.
-    OtherOp(String),
+    /// The kernel computes something besides the pattern: threadblock op `op` of kind `kind`.
+    OtherOp {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
     /// The kernel's outputs are not exactly the two partials.
-    Outputs(String),
+    Outputs(OutputsOff),
     /// The keys are not partitioned as the rewrite needs.
-    Keys(String),
+    Keys(KeysOff),
     /// The operators after the kernel are not only a combining step.
-    Downstream(String),
+    Downstream(DownstreamOff),
     /// The combining step does not compute Σ O / Σ l.
-    Combine(String),
+    Combine(CombineOff),
     /// The rewritten graph does not validate or plan.
     Plan(String),
 }
@@ -152,12 +157,264 @@ impl fmt::Display for NoOnlineSoftmax {
             NoOnlineSoftmax::ProductNotAccumulated => {
                 f.write_str("the product exp(S)·V is not summed by one accum_nored")
             }
-            NoOnlineSoftmax::OtherOp(name) => write!(f, "it also computes {name}"),
+            NoOnlineSoftmax::OtherOp { op, kind } => write!(f, "it also computes op {op} ({kind})"),
             NoOnlineSoftmax::Outputs(why) => write!(f, "its outputs {why}"),
             NoOnlineSoftmax::Keys(why) => write!(f, "its keys {why}"),
             NoOnlineSoftmax::Downstream(why) => write!(f, "after it, {why}"),
             NoOnlineSoftmax::Combine(why) => write!(f, "the combining step {why}"),
             NoOnlineSoftmax::Plan(why) => write!(f, "the rewritten graph does not plan: {why}"),
+        }
+    }
+}
+
+/// Who reads exp(S) where the pattern wants one sum accumulator and one matmul exp(S)·V.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpReaders {
+    /// One of the two is missing; `readers` lists the readers there are ("op N (kind)", …).
+    Missing {
+        /// The readers.
+        readers: String,
+    },
+    /// Both are there, and more readers.
+    Extra {
+        /// The readers.
+        readers: String,
+    },
+}
+
+impl fmt::Display for ExpReaders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExpReaders::Missing { readers } => write!(
+                f,
+                "{} (the pattern: one sum accumulator and one matmul exp(S)·V; a denominator \
+                 computed elsewhere is not rescaled)",
+                if readers.is_empty() {
+                    "nothing"
+                } else {
+                    readers
+                }
+            ),
+            ExpReaders::Extra { readers } => write!(
+                f,
+                "{readers} (the pattern: one sum accumulator and one matmul exp(S)·V)"
+            ),
+        }
+    }
+}
+
+/// Which of the two partials an output stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Partial {
+    /// Σ exp(S)·V.
+    O,
+    /// Σ exp(S).
+    L,
+}
+
+impl fmt::Display for Partial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Partial::O => "Σ exp(S)·V",
+            Partial::L => "Σ exp(S)",
+        })
+    }
+}
+
+/// Why the kernel's outputs are not the two partials as the rewrite writes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutputsOff {
+    /// Not both partials are stored.
+    Missing,
+    /// More than the two partials.
+    Extra,
+    /// The two partials have different row tiles.
+    RowTiles,
+    /// Grid axis `axis` places a partial along its last dim (or not) unlike the key split.
+    Placed {
+        /// The partial.
+        what: Partial,
+        /// The grid axis.
+        axis: usize,
+    },
+    /// Grid axis `axis` places the two partials differently.
+    Differently {
+        /// The grid axis.
+        axis: usize,
+    },
+}
+
+impl fmt::Display for OutputsOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = |a: &usize| crate::graph::ops::AXIS_NAMES[*a];
+        match self {
+            OutputsOff::Missing => {
+                f.write_str("do not store both partials (Σ exp(S)·V and Σ exp(S))")
+            }
+            OutputsOff::Extra => {
+                f.write_str("are more than the two partials Σ exp(S)·V and Σ exp(S)")
+            }
+            OutputsOff::RowTiles => f.write_str("have different row tiles"),
+            OutputsOff::Placed { what, axis } => write!(
+                f,
+                "place {what} along its last dim by grid axis {} (the partials of the key \
+                 splits go there, and only they)",
+                name(axis)
+            ),
+            OutputsOff::Differently { axis } => {
+                write!(f, "are placed differently by grid axis {}", name(axis))
+            }
+        }
+    }
+}
+
+/// Why the keys are not partitioned as the rewrite needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeysOff {
+    /// S has fewer than two dims.
+    NotMatrix,
+    /// Q, K or V is a computed tile.
+    Computed,
+    /// K and V split the keys differently.
+    SplitDiffers,
+    /// More than one grid axis splits them.
+    SeveralAxes,
+    /// The for-loop does not walk them in K and V.
+    NotLooped,
+    /// Q changes over the for-loop.
+    QLoops,
+    /// Grid axis `axis` splits the keys and Q.
+    SplitsQ {
+        /// The grid axis.
+        axis: usize,
+    },
+}
+
+impl fmt::Display for KeysOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeysOff::NotMatrix => f.write_str("are not a matrix dim"),
+            KeysOff::Computed => {
+                f.write_str("come from a computed tile (Q, K and V must be loaded tiles)")
+            }
+            KeysOff::SplitDiffers => f.write_str("are split differently in K and V"),
+            KeysOff::SeveralAxes => f.write_str("are split by more than one grid axis"),
+            KeysOff::NotLooped => f.write_str("are not what the for-loop walks in K and V"),
+            KeysOff::QLoops => f.write_str("come with a Q that changes over the for-loop"),
+            KeysOff::SplitsQ { axis } => write!(
+                f,
+                "are split by grid axis {}, which also splits Q",
+                crate::graph::ops::AXIS_NAMES[*axis]
+            ),
+        }
+    }
+}
+
+/// Why the operators after the kernel are not only a combining step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DownstreamOff {
+    /// Its combining step is shared with another attention kernel.
+    Shared,
+    /// The result is not a tensor of the partial O's dtype and `want` shape.
+    Result {
+        /// The result tensor.
+        tensor: usize,
+        /// O's dtype.
+        dtype: crate::graph::dtype::DType,
+        /// The shape it should have.
+        want: Shape,
+    },
+    /// Kernel op `op` combines the partials with another tensor.
+    CombinesWith {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+        /// The other tensor.
+        tensor: usize,
+    },
+    /// The partials or more than one result are graph outputs.
+    Outputs,
+    /// Kernel op `op` (an input or an all-reduce) reads the partials.
+    Reads {
+        /// The operator.
+        op: usize,
+        /// Its kind's name.
+        kind: String,
+    },
+    /// No graph output depends on the partials.
+    NoOutput,
+    /// The result is read by more than its graph output.
+    ResultReadTwice {
+        /// The result tensor.
+        tensor: usize,
+    },
+}
+
+impl fmt::Display for DownstreamOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DownstreamOff::Shared => {
+                f.write_str("its combining step is shared with another attention kernel")
+            }
+            DownstreamOff::Result {
+                tensor,
+                dtype,
+                want,
+            } => write!(f, "the result %{tensor} is not a {dtype} {want:?} tensor"),
+            DownstreamOff::CombinesWith { op, kind, tensor } => {
+                write!(
+                    f,
+                    "kernel op {op} ({kind}) combines the partials with %{tensor}"
+                )
+            }
+            DownstreamOff::Outputs => {
+                f.write_str("the partials or more than one result are graph outputs")
+            }
+            DownstreamOff::Reads { op, kind } => {
+                write!(f, "kernel op {op} ({kind}) reads the partials")
+            }
+            DownstreamOff::NoOutput => f.write_str("no graph output depends on the partials"),
+            DownstreamOff::ResultReadTwice { tensor } => {
+                write!(
+                    f,
+                    "the result %{tensor} is read by more than its graph output"
+                )
+            }
+        }
+    }
+}
+
+/// Why the combining step is not taken as Σ O / Σ l.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CombineOff {
+    /// Its partials have more than [`MAX_CHECKED_PARTIALS`] elements.
+    TooLarge,
+    /// It does not validate alone (the validator's message).
+    NotAlone(String),
+    /// The interpreter cannot evaluate it (its message).
+    NotEvaluated(String),
+    /// Its result on test partials differs from Σ O / Σ l by `rel`.
+    Differs {
+        /// The relative difference.
+        rel: f64,
+    },
+}
+
+impl fmt::Display for CombineOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CombineOff::TooLarge => write!(
+                f,
+                "is not checked: its partials have more than {MAX_CHECKED_PARTIALS} elements"
+            ),
+            CombineOff::NotAlone(e) => write!(f, "does not stand alone: {e}"),
+            CombineOff::NotEvaluated(e) => write!(f, "does not evaluate: {e}"),
+            CombineOff::Differs { rel } => write!(
+                f,
+                "does not compute Σ O / Σ l over the key splits (relative difference {rel:.2e} \
+                 on test partials)"
+            ),
         }
     }
 }
@@ -247,9 +504,7 @@ pub fn online_softmax_where(
         if clash {
             rw.declined.push((
                 f.op.index(),
-                NoOnlineSoftmax::Downstream(
-                    "its combining step is shared with another attention kernel".into(),
-                ),
+                NoOnlineSoftmax::Downstream(DownstreamOff::Shared),
             ));
         } else {
             taken.extend(f.downstream.iter().copied());
@@ -364,21 +619,14 @@ fn recognise(
         }
     }
     let (Some(sum), Some(mm2)) = (sum, mm2) else {
-        let what = if rd[e.index()].is_empty() {
-            "nothing".to_string()
-        } else {
-            names(&rd[e.index()])
-        };
-        return Err(NoOnlineSoftmax::ExpReaders(format!(
-            "{what} (the pattern: one sum accumulator and one matmul exp(S)·V; a denominator \
-             computed elsewhere is not rescaled)"
-        )));
+        return Err(NoOnlineSoftmax::ExpReaders(ExpReaders::Missing {
+            readers: names(&rd[e.index()]),
+        }));
     };
     if rd[e.index()].len() != 2 {
-        return Err(NoOnlineSoftmax::ExpReaders(format!(
-            "{} (the pattern: one sum accumulator and one matmul exp(S)·V)",
-            names(&rd[e.index()])
-        )));
+        return Err(NoOnlineSoftmax::ExpReaders(ExpReaders::Extra {
+            readers: names(&rd[e.index()]),
+        }));
     }
     let p = tb.ops[mm2].outputs[0];
     let acc = match rd[p.index()][..] {
@@ -390,11 +638,10 @@ fn recognise(
         if !pattern.contains(&oh)
             && !matches!(op.kind, TbOpKind::Input { .. } | TbOpKind::Output { .. })
         {
-            return Err(NoOnlineSoftmax::OtherOp(format!(
-                "op {} ({})",
-                oh.index(),
-                op.kind.name()
-            )));
+            return Err(NoOnlineSoftmax::OtherOp {
+                op: oh.index(),
+                kind: op.kind.name(),
+            });
         }
     }
     let (o_tile, l_tile) = (tb.ops[acc].outputs[0], tb.ops[sum].outputs[0]);
@@ -414,28 +661,22 @@ fn recognise(
     };
     let (Some((out_o, o_slot, omap)), Some((out_l, l_slot, lmap))) = (find(o_tile), find(l_tile))
     else {
-        return Err(NoOnlineSoftmax::Outputs(
-            "do not store both partials (Σ exp(S)·V and Σ exp(S))".into(),
-        ));
+        return Err(NoOnlineSoftmax::Outputs(OutputsOff::Missing));
     };
     if outputs.len() != 2 || rd[o_tile.index()].len() != 1 || rd[l_tile.index()].len() != 1 {
-        return Err(NoOnlineSoftmax::Outputs(
-            "are more than the two partials Σ exp(S)·V and Σ exp(S)".into(),
-        ));
+        return Err(NoOnlineSoftmax::Outputs(OutputsOff::Extra));
     }
     // Keys: S's last dim; K's (mm1 B) last dim, V's (mm2 B) second to last.
     let r = tb.tensors[s].shape.rank();
     if r < 2 {
-        return Err(NoOnlineSoftmax::Keys("are not a matrix dim".into()));
+        return Err(NoOnlineSoftmax::Keys(KeysOff::NotMatrix));
     }
     let (Some(q_in), Some(k_in), Some(v_in)) = (
         input_of(tb, tb.ops[mm1].inputs[0]),
         input_of(tb, tb.ops[mm1].inputs[1]),
         input_of(tb, tb.ops[mm2].inputs[1]),
     ) else {
-        return Err(NoOnlineSoftmax::Keys(
-            "come from a computed tile (Q, K and V must be loaded tiles)".into(),
-        ));
+        return Err(NoOnlineSoftmax::Keys(KeysOff::Computed));
     };
     let splitting = |imap: DimMap, dim: usize| -> Vec<usize> {
         (0..3)
@@ -445,74 +686,61 @@ fn recognise(
     let split_v = splitting(v_in.1, r - 2);
     let split_k = splitting(k_in.1, r - 1);
     if split_v != split_k {
-        return Err(NoOnlineSoftmax::Keys(
-            "are split differently in K and V".into(),
-        ));
+        return Err(NoOnlineSoftmax::Keys(KeysOff::SplitDiffers));
     }
     let split = match split_v[..] {
         [] => None,
         [a] => Some(a),
         _ => {
-            return Err(NoOnlineSoftmax::Keys(
-                "are split by more than one grid axis".into(),
-            ));
+            return Err(NoOnlineSoftmax::Keys(KeysOff::SeveralAxes));
         }
     };
     if tb.forloop_range > 1 && (k_in.2 != Some(r - 1) || v_in.2 != Some(r - 2)) {
-        return Err(NoOnlineSoftmax::Keys(
-            "are not what the for-loop walks in K and V".into(),
-        ));
+        return Err(NoOnlineSoftmax::Keys(KeysOff::NotLooped));
     }
     if q_in.2.is_some() {
-        return Err(NoOnlineSoftmax::Keys(
-            "come with a Q that changes over the for-loop".into(),
-        ));
+        return Err(NoOnlineSoftmax::Keys(KeysOff::QLoops));
     }
     if let Some(a) = split
         && q_in.1.axis(a).is_some()
     {
-        return Err(NoOnlineSoftmax::Keys(format!(
-            "are split by grid axis {}, which also splits Q",
-            crate::graph::ops::AXIS_NAMES[a]
-        )));
+        return Err(NoOnlineSoftmax::Keys(KeysOff::SplitsQ { axis: a }));
     }
     // Partials: the split axis places them along the last dim, the other axes identically.
     let op = &g.ops[h];
     let (o, l) = (op.outputs[o_slot], op.outputs[l_slot]);
     let (ot, lt) = (&tb.tensors[o_tile].shape, &tb.tensors[l_tile].shape);
     if g.tensors[o].shape.rank() != r || ot.dims()[..r - 1] != lt.dims()[..r - 1] {
-        return Err(NoOnlineSoftmax::Outputs("have different row tiles".into()));
+        return Err(NoOnlineSoftmax::Outputs(OutputsOff::RowTiles));
     }
     for a in 0..3 {
         if tb.grid[a] <= 1 {
             continue;
         }
         let want_last = Some(a) == split;
-        for (m, what) in [(omap, "Σ exp(S)·V"), (lmap, "Σ exp(S)")] {
+        for (m, what) in [(omap, Partial::O), (lmap, Partial::L)] {
             if (m.axis(a) == Some(r - 1)) != want_last {
-                return Err(NoOnlineSoftmax::Outputs(format!(
-                    "place {what} along its last dim by grid axis {} (the partials of the key \
-                     splits go there, and only they)",
-                    crate::graph::ops::AXIS_NAMES[a]
-                )));
+                return Err(NoOnlineSoftmax::Outputs(OutputsOff::Placed {
+                    what,
+                    axis: a,
+                }));
             }
         }
         if omap.axis(a) != lmap.axis(a) {
-            return Err(NoOnlineSoftmax::Outputs(format!(
-                "are placed differently by grid axis {}",
-                crate::graph::ops::AXIS_NAMES[a]
-            )));
+            return Err(NoOnlineSoftmax::Outputs(OutputsOff::Differently {
+                axis: a,
+            }));
         }
     }
     let splits = split.map_or(1, |a| tb.grid[a]);
     let (downstream, result) = downstream(g, h, o, l)?;
     let want = g.tensors[o].shape.with_dim(r - 1, ot.dim(r - 1));
     if g.tensors[result].shape != want || g.tensors[result].dtype != g.tensors[o].dtype {
-        return Err(NoOnlineSoftmax::Downstream(format!(
-            "the result %{} is not a {} {want:?} tensor",
-            result.index(),
-            g.tensors[o].dtype
-        )));
+        return Err(NoOnlineSoftmax::Downstream(DownstreamOff::Result {
+            tensor: result.index(),
+            dtype: g.tensors[o].dtype,
+            want,
+        }));
     }
     Ok(Found {
         op: h,
@@ -546,29 +774,25 @@ fn downstream(
             continue;
         }
         if let Some(t) = op.inputs.iter().find(|t| !set.contains(t)) {
-            return Err(NoOnlineSoftmax::Downstream(format!(
-                "kernel op {} ({}) combines the partials with %{}",
-                oh.index(),
-                op.kind.name(),
-                t.index()
-            )));
+            return Err(NoOnlineSoftmax::Downstream(DownstreamOff::CombinesWith {
+                op: oh.index(),
+                kind: op.kind.name(),
+                tensor: t.index(),
+            }));
         }
         match &op.kind {
             KnOpKind::Output { .. } => {
                 let t = op.inputs[0];
                 if t == o || t == l || result.is_some() {
-                    return Err(NoOnlineSoftmax::Downstream(
-                        "the partials or more than one result are graph outputs".into(),
-                    ));
+                    return Err(NoOnlineSoftmax::Downstream(DownstreamOff::Outputs));
                 }
                 result = Some(t);
             }
             KnOpKind::Input { .. } | KnOpKind::AllReduce { .. } => {
-                return Err(NoOnlineSoftmax::Downstream(format!(
-                    "kernel op {} ({}) reads the partials",
-                    oh.index(),
-                    op.kind.name()
-                )));
+                return Err(NoOnlineSoftmax::Downstream(DownstreamOff::Reads {
+                    op: oh.index(),
+                    kind: op.kind.name(),
+                }));
             }
             _ => {
                 ops.push(oh);
@@ -577,9 +801,7 @@ fn downstream(
         }
     }
     let Some(result) = result else {
-        return Err(NoOnlineSoftmax::Downstream(
-            "no graph output depends on the partials".into(),
-        ));
+        return Err(NoOnlineSoftmax::Downstream(DownstreamOff::NoOutput));
     };
     // The result must be read by its output alone (nothing else would see the new kernel).
     let readers = g
@@ -588,10 +810,11 @@ fn downstream(
         .filter(|(_, op)| op.inputs.contains(&result))
         .count();
     if readers != 1 || ops.is_empty() {
-        return Err(NoOnlineSoftmax::Downstream(format!(
-            "the result %{} is read by more than its graph output",
-            result.index()
-        )));
+        return Err(NoOnlineSoftmax::Downstream(
+            DownstreamOff::ResultReadTwice {
+                tensor: result.index(),
+            },
+        ));
     }
     Ok((ops, result))
 }
@@ -625,9 +848,7 @@ fn test_value(i: usize, salt: usize) -> f64 {
 fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnlineSoftmax> {
     let (os, ls) = (g.tensors[f.o].shape, g.tensors[f.l].shape);
     if os.numel() + ls.numel() > MAX_CHECKED_PARTIALS {
-        return Err(NoOnlineSoftmax::Combine(format!(
-            "is not checked: its partials have more than {MAX_CHECKED_PARTIALS} elements"
-        )));
+        return Err(NoOnlineSoftmax::Combine(CombineOff::TooLarge));
     }
     // The combining step alone: the partials as inputs, its operators, its result.
     let mut mini = KernelGraph::new();
@@ -667,13 +888,17 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
         outputs: vec![],
     });
     if let Err(e) = crate::graph::validate::validate(&mini, None) {
-        return Err(NoOnlineSoftmax::Combine(format!(
-            "does not stand alone: {e}"
+        return Err(NoOnlineSoftmax::Combine(CombineOff::NotAlone(
+            e.to_string(),
         )));
     }
     let got = match crate::graph::interp::evaluate(&mini, &inputs) {
         Ok(mut v) => v.remove(0),
-        Err(e) => return Err(NoOnlineSoftmax::Combine(format!("does not evaluate: {e}"))),
+        Err(e) => {
+            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(
+                e.to_string(),
+            )));
+        }
     };
     // Σ O / Σ l, block by block of the attention kernel.
     let rank = os.rank();
@@ -728,10 +953,7 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
     }
     let rel = worst / scale.max(f64::MIN_POSITIVE);
     if rel.is_nan() || rel > COMBINE_TOLERANCE {
-        return Err(NoOnlineSoftmax::Combine(format!(
-            "does not compute Σ O / Σ l over the key splits (relative difference {rel:.2e} on \
-             test partials)"
-        )));
+        return Err(NoOnlineSoftmax::Combine(CombineOff::Differs { rel }));
     }
     Ok(f)
 }
@@ -974,6 +1196,48 @@ pub(crate) mod tests {
         worst / b.data.iter().map(|x| x.abs()).fold(0.0, f64::max)
     }
 
+    /// The typed reasons print as `explain` words them.
+    #[test]
+    fn reasons_print_their_case_and_data() {
+        let cases = [
+            (
+                NoOnlineSoftmax::ExpReaders(ExpReaders::Missing {
+                    readers: String::new(),
+                }),
+                "exp(S) is read by nothing (the pattern: one sum accumulator and one matmul \
+                 exp(S)·V; a denominator computed elsewhere is not rescaled)",
+            ),
+            (
+                NoOnlineSoftmax::Keys(KeysOff::SplitsQ { axis: 1 }),
+                "its keys are split by grid axis y, which also splits Q",
+            ),
+            (
+                NoOnlineSoftmax::Outputs(OutputsOff::Placed {
+                    what: Partial::L,
+                    axis: 0,
+                }),
+                "its outputs place Σ exp(S) along its last dim by grid axis x (the partials of \
+                 the key splits go there, and only they)",
+            ),
+            (
+                NoOnlineSoftmax::Downstream(DownstreamOff::CombinesWith {
+                    op: 5,
+                    kind: "kn_add_op".into(),
+                    tensor: 7,
+                }),
+                "after it, kernel op 5 (kn_add_op) combines the partials with %7",
+            ),
+            (
+                NoOnlineSoftmax::Combine(CombineOff::Differs { rel: 0.5 }),
+                "the combining step does not compute Σ O / Σ l over the key splits (relative \
+                 difference 5.00e-1 on test partials)",
+            ),
+        ];
+        for (why, text) in cases {
+            assert_eq!(why.to_string(), text);
+        }
+    }
+
     #[test]
     fn every_sum_form_is_rewritten_and_computes_the_same_function() {
         for sum in [
@@ -1205,7 +1469,10 @@ pub(crate) mod tests {
         let rw = online_softmax(&g3, true);
         assert!(rw.graph.is_none());
         assert!(
-            matches!(&rw.declined[..], [(3, NoOnlineSoftmax::Combine(_))]),
+            matches!(
+                &rw.declined[..],
+                [(3, NoOnlineSoftmax::Combine(CombineOff::Differs { .. }))]
+            ),
             "{:?}",
             rw.declined
         );
