@@ -744,21 +744,13 @@ fn hoist(g: &KernelGraph, sites: &[Site]) -> Result<(KernelGraph, Vec<Handle<DTe
     let mut scores = Vec::new();
     for (k, op) in g.ops.iter() {
         let here: Vec<&Site> = sites.iter().filter(|s| s.kernel == k).collect();
-        let sharding = g.sharding.maps.get(&k).copied();
-        let KnOpKind::Customized(tb) = &op.kind else {
-            let n = out.ops.append(op.clone());
-            if let Some(m) = sharding {
-                out.sharding.maps.insert(n, m);
+        let tb = match &op.kind {
+            KnOpKind::Customized(tb) if !here.is_empty() => tb,
+            _ => {
+                append_op(&mut out, g, Some(k), op.clone());
+                continue;
             }
-            continue;
         };
-        if here.is_empty() {
-            let n = out.ops.append(op.clone());
-            if let Some(m) = sharding {
-                out.sharding.maps.insert(n, m);
-            }
-            continue;
-        }
         let mut tb2 = TbGraph::new(tb.grid, tb.block, tb.forloop_range, tb.reduction_dimx);
         let mut map: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
         for (h, t) in tb.ops.iter() {
@@ -798,21 +790,33 @@ fn hoist(g: &KernelGraph, sites: &[Site]) -> Result<(KernelGraph, Vec<Handle<DTe
                 outputs: vec![orig],
             });
         }
-        let n = out.ops.append(KnOp {
+        let kernel = KnOp {
             kind: KnOpKind::Customized(Box::new(tb2)),
             inputs: op.inputs.clone(),
             outputs,
-        });
-        if let Some(m) = sharding {
-            out.sharding.maps.insert(n, m);
-        }
+        };
+        append_op(&mut out, g, Some(k), kernel);
         for e in exps {
-            out.ops.append(e);
+            append_op(&mut out, g, None, e);
         }
     }
     crate::graph::validate::validate(&out, None).map_err(|e| e.to_string())?;
     scores.sort_by_key(|(i, _)| *i);
     Ok((out, scores.into_iter().map(|(_, t)| t).collect()))
+}
+
+/// Appends `op` to `out`, with the sharding map of `g`'s operator `old` it stands for.
+fn append_op(
+    out: &mut KernelGraph,
+    g: &KernelGraph,
+    old: Option<Handle<KnOp>>,
+    op: KnOp,
+) -> Handle<KnOp> {
+    let n = out.ops.append(op);
+    if let Some(m) = old.and_then(|o| g.sharding.maps.get(&o)) {
+        out.sharding.maps.insert(n, *m);
+    }
+    n
 }
 
 /// [`shift_scores`] without moving any exponential.
@@ -946,13 +950,6 @@ fn rebuild(
         maxes.insert(s, m);
     }
     let mut row_max_at: BTreeMap<Handle<DTensor>, usize> = BTreeMap::new();
-    let push = |out: &mut KernelGraph, old: Option<Handle<KnOp>>, op: KnOp| {
-        let n = out.ops.append(op);
-        if let Some(m) = old.and_then(|o| g.sharding.maps.get(&o)) {
-            out.sharding.maps.insert(n, *m);
-        }
-        n
-    };
     // Scores that are graph inputs or defined before any op: M right at the start is wrong (M
     // reads S); every S has a producer (an input op at least), so M follows it.
     for (h, op) in g.ops.iter() {
@@ -960,8 +957,9 @@ fn rebuild(
             KnOpKind::Unary(UnaryOp::Exp) if maxes.contains_key(&op.inputs[0]) => {
                 let s = op.inputs[0];
                 let ms = out.tensors[maxes[&s]].shape;
-                push(
+                append_op(
                     &mut out,
+                    g,
                     Some(h),
                     KnOp {
                         kind: KnOpKind::ShiftedExp {
@@ -974,8 +972,9 @@ fn rebuild(
             }
             KnOpKind::Customized(tb) if op.inputs.iter().any(|t| maxes.contains_key(t)) => {
                 let (tb2, inputs) = shifted_body(&out.tensors, op, tb, &maxes)?;
-                push(
+                append_op(
                     &mut out,
+                    g,
                     Some(h),
                     KnOp {
                         kind: KnOpKind::Customized(Box::new(tb2)),
@@ -985,15 +984,16 @@ fn rebuild(
                 );
             }
             _ => {
-                push(&mut out, Some(h), op.clone());
+                append_op(&mut out, g, Some(h), op.clone());
             }
         }
         for &t in &op.outputs {
             if let Some(&m) = maxes.get(&t) {
                 let ms = out.tensors[m].shape;
                 let groups = ms.dim(ms.rank() - 1);
-                let n = push(
+                let n = append_op(
                     &mut out,
+                    g,
                     None,
                     KnOp {
                         kind: KnOpKind::RowMax { groups },
