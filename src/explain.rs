@@ -78,7 +78,16 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
              without a running max ({why}; {numbering})"
         );
     }
-    for h in &shift.hoisted {
+    for h in shift.hoisted.iter().filter(|h| h.in_block) {
+        let _ = writeln!(
+            s,
+            "softmax: kernel op {} exponentiates a tile it computes into its output {} less the \
+             max of each row of the tile, which it computes itself (its tile holds whole groups \
+             of the keys the divisions sum over; {numbering})",
+            h.kernel, h.output
+        );
+    }
+    for h in shift.hoisted.iter().filter(|h| !h.in_block) {
         let _ = writeln!(
             s,
             "softmax: kernel op {} exponentiates a tile it computes into its output {}: the exp \
@@ -89,6 +98,29 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     }
     for a in &shift.applied {
         let readers: Vec<String> = a.readers.iter().map(|r| r.to_string()).collect();
+        let moved = shift
+            .hoisted
+            .iter()
+            .any(|h| h.in_block && h.scores == a.scores);
+        match a.folded_into {
+            Some(_) if moved => continue,
+            Some(w) => {
+                let _ = writeln!(
+                    s,
+                    "softmax: the exp{} of kernel op{} {} (of the scores kernel op {w} writes) \
+                     move{} into kernel op {w}, which takes each tile less the max of its rows, \
+                     computed itself (its tile holds whole {} of the keys the divisions sum \
+                     over; {numbering})",
+                    if readers.len() == 1 { "" } else { "s" },
+                    if readers.len() == 1 { "" } else { "s" },
+                    readers.join(", "),
+                    if readers.len() == 1 { "s" } else { "" },
+                    if a.groups == 1 { "rows" } else { "groups" },
+                );
+                continue;
+            }
+            None => {}
+        }
         let (max, cancels) = if a.groups == 1 {
             (
                 "their row max".to_string(),
@@ -107,17 +139,35 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
                     .to_string(),
             )
         };
+        let in_block: Vec<String> = a.in_block.iter().map(|r| r.to_string()).collect();
+        let whole = if a.groups == 1 {
+            "whole rows"
+        } else {
+            "whole groups"
+        };
+        let computed = match (a.row_max, in_block.len()) {
+            (Some(r), 0) => {
+                format!(
+                    "computed once by a row_max operator (kernel op {r} of the rewritten graph)"
+                )
+            }
+            (Some(r), _) => format!(
+                "computed once by a row_max operator (kernel op {r} of the rewritten graph), \
+                 and in each block of kernel op{} {} (their tiles hold {whole})",
+                if in_block.len() == 1 { "" } else { "s" },
+                in_block.join(", "),
+            ),
+            (None, _) => format!("computed in each block (its tiles hold {whole})"),
+        };
         let _ = writeln!(
             s,
             "softmax: kernel op{} {} exponentiate{} the loaded scores %{} less {max}, \
-             computed once by a row_max operator (kernel op {} of the rewritten graph); \
-             {cancels} ({numbering}; the ops below are numbered as in the rewritten graph; \
-             --online-softmax off keeps the graph's form)",
+             {computed}; {cancels} ({numbering}; the ops below are numbered as in the \
+             rewritten graph; --online-softmax off keeps the graph's form)",
             if readers.len() == 1 { "" } else { "s" },
             readers.join(", "),
             if readers.len() == 1 { "s" } else { "" },
             a.scores,
-            a.row_max,
         );
     }
     for (k, why) in &shift.declined {

@@ -790,6 +790,11 @@ impl TbGraphBuilder {
         Ok((v[0], v[1]))
     }
 
+    /// Max over `dim` of this iteration's tile alone (no state across iterations).
+    pub fn reduction_plain_max(&mut self, x: Handle<STensor>, dim: usize) -> R<Handle<STensor>> {
+        Ok(self.reduce(x, dim, TbReduction::PlainMax)?[0])
+    }
+
     /// x / sqrt(mean of x² over the tile's last dim).
     pub fn rms_norm(&mut self, x: Handle<STensor>) -> R<Handle<STensor>> {
         let t = self.tile(x, "rms_norm")?;

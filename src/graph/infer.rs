@@ -189,7 +189,7 @@ pub fn tb_output(s: &Shape, grid: [usize; 3], omap: DimMap) -> R {
 pub fn tb_reduction(x: &Shape, dim: usize, kind: TbReduction, dimx: usize) -> R {
     check_dim(x, dim, "reduction dim")?;
     match kind {
-        TbReduction::Sum | TbReduction::Max => Ok(x.with_dim(dim, 1)),
+        TbReduction::Sum | TbReduction::Max | TbReduction::PlainMax => Ok(x.with_dim(dim, 1)),
         TbReduction::ToDimx => {
             let e = x.dim(dim);
             if dimx == 0 || !e.is_multiple_of(dimx) {

@@ -182,6 +182,36 @@ impl KernelGraph {
         })
     }
 
+    /// The graph without the tensors no operator reads or writes, and each tensor's new index
+    /// (`None`: dropped); the operators and the sharding stay as they are.
+    pub fn without_unused_tensors(&self) -> (KernelGraph, Vec<Option<usize>>) {
+        let mut used = vec![false; self.tensors.len()];
+        for (_, op) in self.ops.iter() {
+            for t in op.inputs.iter().chain(&op.outputs) {
+                used[t.index()] = true;
+            }
+        }
+        let mut out = KernelGraph {
+            sharding: self.sharding.clone(),
+            ..KernelGraph::default()
+        };
+        let mut map = vec![None; self.tensors.len()];
+        for (h, t) in self.tensors.iter() {
+            if used[h.index()] {
+                map[h.index()] = Some(out.tensors.append(t.clone()).index());
+            }
+        }
+        let at = |t: &Handle<DTensor>| Handle::from_index(map[t.index()].expect("used"));
+        for (_, op) in self.ops.iter() {
+            out.ops.append(KnOp {
+                inputs: op.inputs.iter().map(at).collect(),
+                outputs: op.outputs.iter().map(at).collect(),
+                ..op.clone()
+            });
+        }
+        (out, map)
+    }
+
     /// The operator that defines `t`, if any.
     pub fn producer(&self, t: Handle<DTensor>) -> Option<Handle<KnOp>> {
         self.ops

@@ -210,15 +210,20 @@ pub enum TbReduction {
     /// Online-softmax helper with two outputs, both with the dim reduced to 1: the running max
     /// over all iterations so far (out0), and previous running max − new running max (out1).
     Max,
+    /// The max over the dim of this iteration's tile alone (the dim becomes 1): no state
+    /// carries over from one iteration to the next. mucc-internal (the shift of scores whose
+    /// block holds whole rows); Mirage's format has no operator for it.
+    PlainMax,
 }
 
 impl TbReduction {
-    /// Short name (`sum`, `to_dimx`, `max`).
+    /// Short name (`sum`, `to_dimx`, `max`, `plain_max`).
     pub fn name(self) -> &'static str {
         match self {
             TbReduction::Sum => "sum",
             TbReduction::ToDimx => "to_dimx",
             TbReduction::Max => "max",
+            TbReduction::PlainMax => "plain_max",
         }
     }
 }

@@ -76,6 +76,7 @@ impl TbOpKind {
                 TbReduction::Sum => format!("reduction_{dim}"),
                 TbReduction::ToDimx => format!("reduction_{dim}_to_dimx"),
                 TbReduction::Max => format!("reduction_{dim}_max"),
+                TbReduction::PlainMax => format!("reduction_{dim}_plain_max"),
             },
             TbOpKind::RmsNorm => "rms_norm".into(),
             TbOpKind::Concat { dim } => format!("concat_{dim}"),

@@ -491,6 +491,12 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
             TbOpKind::Reduction { dim, kind } => match (role(0), kind) {
                 (Role::Invariant, _) => Role::Invariant,
                 (_, TbReduction::Max) => return Err(bad("it keeps a running max")),
+                (Role::Carries(d), TbReduction::PlainMax) if d == *dim => {
+                    return Err(bad("it takes a max along the loop's dim"));
+                }
+                (Role::Partial, TbReduction::PlainMax) => {
+                    return Err(bad("it takes a max of a partial sum"));
+                }
                 (Role::Carries(d), TbReduction::Sum) if d == *dim => Role::Partial,
                 // Strided groups of the carried dim stay the same groups in thinner tiles whose
                 // extent the group count divides.

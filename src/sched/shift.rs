@@ -55,11 +55,21 @@ pub struct ShiftedScores {
     pub scores: usize,
     /// The kernel operators that exponentiate S (operator indices of that graph).
     pub readers: Vec<usize>,
-    /// The row max operator ([`KnOpKind::RowMax`]) in the rewritten graph.
-    pub row_max: usize,
+    /// The row max operator ([`KnOpKind::RowMax`]) in the rewritten graph; `None` where every
+    /// reader computes the max itself ([`ShiftedScores::in_block`]).
+    pub row_max: Option<usize>,
     /// Groups of contiguous keys per row that each have their own max (1: the whole row; more
     /// where every block of the readers holds one group and divides by its sum).
     pub groups: usize,
+    /// The readers (among `readers`) whose tiles of S each hold whole groups (or whole rows) of
+    /// keys: each block takes the max of its tile itself (a plain max threadblock reduction)
+    /// instead of loading M.
+    pub in_block: Vec<usize>,
+    /// The customized operator writing S that now exponentiates its tile itself, less the
+    /// tile's max (its tile holds whole groups; the kernel-level exp of S, moved there or the
+    /// graph's own, went into it): S is then no tensor of the rewritten graph, and `scores`
+    /// the number it had in the graph the shift was tried on.
+    pub folded_into: Option<usize>,
 }
 
 /// Why a value computed from the shifted exponentials would not keep its row's factor.
@@ -171,6 +181,10 @@ pub struct HoistedExp {
     pub output: usize,
     /// The scores it writes instead (tensor index in the rewritten graph).
     pub scores: usize,
+    /// Whether the operator's tile holds whole groups of keys (or whole rows), so that the
+    /// `exp` went back into it, taken less the tile's max ([`TbReduction::PlainMax`]): the
+    /// move only served the check that the max cancels.
+    pub in_block: bool,
 }
 
 impl ShiftRewrite {
@@ -612,9 +626,21 @@ fn loaded_scores(g: &KernelGraph) -> Vec<Handle<DTensor>> {
 /// exponential a customized operator takes of a tile it computes and writes is first moved
 /// after the operator ([`HoistedExp`]) where its scores then shift by their row max.
 pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
+    let (mut rw, tried) = shift_moving(g, on);
+    let identity: Vec<usize> = (0..g.ops.len()).collect();
+    match &tried {
+        Some((h, old)) => fold(&mut rw, h, old),
+        None => fold(&mut rw, g, &identity),
+    }
+    rw
+}
+
+/// [`shift_scores`] without putting exps back into the operators writing their scores; where
+/// exps moved, also the graph the shift was tried on and its operator numbers in `g`.
+fn shift_moving(g: &KernelGraph, on: bool) -> (ShiftRewrite, Option<(KernelGraph, Vec<usize>)>) {
     let base = shift_loaded(g, on);
     if !on || g.sharding.mesh.is_some_and(|m| m.num_gpus() > 1) {
-        return base;
+        return (base, None);
     }
     // Each site alone: its scores' whole-row flow must hold in the graph with it moved.
     let kept: Vec<Site> = hoist_sites(g)
@@ -647,17 +673,17 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
         })
         .collect();
     if kept.is_empty() {
-        return base;
+        return (base, None);
     }
     let Ok((h, scores)) = hoist(g, &kept) else {
-        return base;
+        return (base, None);
     };
     let mut rw = shift_loaded(&h, on);
     if !scores
         .iter()
         .all(|t| rw.applied.iter().any(|a| a.scores == t.index()))
     {
-        return base;
+        return (base, None);
     }
     // Operator numbers of `h` → `g`'s: the moved exps are numbered as their operator.
     let mut old = Vec::with_capacity(h.ops.len());
@@ -681,9 +707,194 @@ pub fn shift_scores(g: &KernelGraph, on: bool) -> ShiftRewrite {
             kernel: site.kernel.index(),
             output: site.output,
             scores: t.index(),
+            in_block: false,
         })
         .collect();
-    rw
+    (rw, Some((h, old)))
+}
+
+/// Puts the kernel-level exps of shifted scores back into the customized operators that write
+/// the scores, where the operator's tile holds whole groups of keys ([`fold_back`]), and
+/// renumbers what `rw` says: `tried` is the graph the shift was tried on (the scores' and the
+/// moved exps' numbering), `old` its operator numbers in the caller's graph.
+fn fold(rw: &mut ShiftRewrite, tried: &KernelGraph, old: &[usize]) {
+    let Some(g2) = rw.graph.take() else {
+        return;
+    };
+    let scores: Vec<Handle<DTensor>> = rw
+        .applied
+        .iter()
+        .map(|a| Handle::from_index(a.scores))
+        .collect();
+    let (g3, renumber, back) = fold_back(&g2, &scores, &rw.applied);
+    if back.is_empty() {
+        rw.graph = Some(g2);
+        return;
+    }
+    // The folded scores and their maxes are no tensors any more: the rest renumbered.
+    let (g4, at) = g3.without_unused_tensors();
+    for a in &mut rw.applied {
+        let s = Handle::from_index(a.scores);
+        a.row_max = a.row_max.and_then(|r| renumber[r]);
+        if back.contains(&s) {
+            let w = old[tried
+                .producer(s)
+                .expect("folded scores are written")
+                .index()];
+            a.folded_into = Some(w);
+            a.in_block = vec![w];
+        } else {
+            a.scores = at[a.scores].expect("kept scores are read");
+        }
+    }
+    for h in &mut rw.hoisted {
+        let s = Handle::from_index(h.scores);
+        h.in_block = back.contains(&s);
+        if !h.in_block {
+            h.scores = at[h.scores].expect("kept scores are read");
+        }
+    }
+    rw.graph = Some(Box::new(g4));
+}
+
+/// `g` (a shifted graph) with the kernel-level `shifted_exp` of each of `scores` put into the
+/// customized operator writing them, where that operator's output tile holds whole groups of
+/// keys and the `shifted_exp` and the `row_max` are the scores' only readers: the operator
+/// takes its tile less the tile's plain max, exponentiates it and writes the exponentials, and
+/// the two kernel-level operators go. Returns the graph, the new number of each operator of
+/// `g` (`None`: removed) and the scores folded back.
+fn fold_back(
+    g: &KernelGraph,
+    scores: &[Handle<DTensor>],
+    applied: &[ShiftedScores],
+) -> (KernelGraph, Vec<Option<usize>>, BTreeSet<Handle<DTensor>>) {
+    // Writer → (its output index, the exponentials' tensor); the operators that go.
+    let mut back: BTreeMap<Handle<KnOp>, Vec<(usize, Handle<DTensor>)>> = BTreeMap::new();
+    let mut gone: BTreeSet<Handle<KnOp>> = BTreeSet::new();
+    let mut folded = BTreeSet::new();
+    for &s in scores {
+        let Some(a) = applied.iter().find(|a| a.scores == s.index()) else {
+            continue;
+        };
+        let readers: Vec<Handle<KnOp>> = g
+            .ops
+            .iter()
+            .filter(|(_, op)| op.inputs.contains(&s))
+            .map(|(h, _)| h)
+            .collect();
+        let (Some(w), [x, r]) = (g.producer(s), &readers[..]) else {
+            continue;
+        };
+        let (x, r) = match (&g.ops[*x].kind, &g.ops[*r].kind) {
+            (KnOpKind::ShiftedExp { .. }, KnOpKind::RowMax { .. }) => (*x, *r),
+            (KnOpKind::RowMax { .. }, KnOpKind::ShiftedExp { .. }) => (*r, *x),
+            _ => continue,
+        };
+        let m = g.ops[r].outputs[0];
+        let m_read = g
+            .ops
+            .iter()
+            .filter(|(_, op)| op.inputs.contains(&m))
+            .count();
+        let KnOpKind::Customized(tb) = &g.ops[w].kind else {
+            continue;
+        };
+        let k = g.ops[w]
+            .outputs
+            .iter()
+            .position(|&t| t == s)
+            .expect("written");
+        let whole = tb.ops.iter().any(|(_, o)| {
+            matches!(o.kind, TbOpKind::Output { output, .. } if output == k)
+                && holds_groups(tb.tensors[o.inputs[0]].shape, g.tensors[s].shape, a.groups)
+        });
+        if m_read != 1 || g.ops[x].inputs[1] != m || !whole {
+            continue;
+        }
+        back.entry(w).or_default().push((k, g.ops[x].outputs[0]));
+        gone.extend([x, r]);
+        folded.insert(s);
+    }
+    let mut out = KernelGraph::new();
+    out.tensors = g.tensors.clone();
+    out.sharding.mesh = g.sharding.mesh;
+    let mut renumber = vec![None; g.ops.len()];
+    for (h, op) in g.ops.iter() {
+        if gone.contains(&h) {
+            continue;
+        }
+        let op = match (&op.kind, back.get(&h)) {
+            (KnOpKind::Customized(tb), Some(outs)) => {
+                let mut outputs = op.outputs.clone();
+                for &(k, e) in outs {
+                    outputs[k] = e;
+                }
+                let ks: Vec<usize> = outs.iter().map(|&(k, _)| k).collect();
+                KnOp {
+                    kind: KnOpKind::Customized(Box::new(exp_before_outputs(tb, &ks))),
+                    inputs: op.inputs.clone(),
+                    outputs,
+                }
+            }
+            _ => op.clone(),
+        };
+        renumber[h.index()] = Some(append_op(&mut out, g, Some(h), op).index());
+    }
+    (out, renumber, folded)
+}
+
+/// `tb` with the tile each output operator writing one of `outputs` reads taken less its plain
+/// max over the last dim and exponentiated first.
+fn exp_before_outputs(tb: &TbGraph, outputs: &[usize]) -> TbGraph {
+    let mut out = TbGraph::new(tb.grid, tb.block, tb.forloop_range, tb.reduction_dimx);
+    let mut map: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
+    for (_, t) in tb.ops.iter() {
+        let mut ins: Vec<Handle<STensor>> = t.inputs.iter().map(|x| map[x]).collect();
+        if let TbOpKind::Output { output, .. } = t.kind
+            && outputs.contains(&output)
+        {
+            let x = ins[0];
+            let st = out.tensors[x].clone();
+            let last = st.shape.rank() - 1;
+            let mut add = |kind: TbOpKind, inputs: Vec<Handle<STensor>>, shape: Shape| {
+                let y = out.tensors.append(STensor {
+                    shape,
+                    guid: None,
+                    ..st.clone()
+                });
+                out.ops.append(TbOp {
+                    kind,
+                    inputs,
+                    outputs: vec![y],
+                });
+                y
+            };
+            let m = add(
+                TbOpKind::Reduction {
+                    dim: last,
+                    kind: TbReduction::PlainMax,
+                },
+                vec![x],
+                st.shape.with_dim(last, 1),
+            );
+            let d = add(TbOpKind::Binary(BinaryOp::Sub), vec![x, m], st.shape);
+            ins[0] = add(TbOpKind::Unary(UnaryOp::Exp), vec![d], st.shape);
+        }
+        let outs: Vec<Handle<STensor>> = t
+            .outputs
+            .iter()
+            .map(|&o| out.tensors.append(tb.tensors[o].clone()))
+            .collect();
+        for (&o, &n) in t.outputs.iter().zip(&outs) {
+            map.insert(o, n);
+        }
+        out.ops.append(TbOp {
+            kind: t.kind.clone(),
+            inputs: ins,
+            outputs: outs,
+        });
+    }
+    out
 }
 
 /// An exponential (threadblock operator `exp`) a customized operator takes of a tile it
@@ -938,9 +1149,15 @@ fn rebuild(
     let mut out = KernelGraph::new();
     out.tensors = g.tensors.clone();
     out.sharding.mesh = g.sharding.mesh;
-    // S → M.
+    // S → its groups per row; S → M, where some reader loads M.
+    let mut groups_of: BTreeMap<Handle<DTensor>, usize> = BTreeMap::new();
     let mut maxes: BTreeMap<Handle<DTensor>, Handle<DTensor>> = BTreeMap::new();
-    for &(s, _, groups) in chosen {
+    for (s, readers, groups) in chosen {
+        let (s, groups) = (*s, *groups);
+        groups_of.insert(s, groups);
+        if all_in_block(g, s, readers, groups) {
+            continue;
+        }
         let d = &g.tensors[s];
         let m = out.tensors.append(DTensor {
             shape: d.shape.with_dim(d.shape.rank() - 1, groups),
@@ -970,8 +1187,8 @@ fn rebuild(
                     },
                 );
             }
-            KnOpKind::Customized(tb) if op.inputs.iter().any(|t| maxes.contains_key(t)) => {
-                let (tb2, inputs) = shifted_body(&out.tensors, op, tb, &maxes)?;
+            KnOpKind::Customized(tb) if op.inputs.iter().any(|t| groups_of.contains_key(t)) => {
+                let (tb2, inputs) = shifted_body(&out.tensors, op, tb, &groups_of, &maxes)?;
                 append_op(
                     &mut out,
                     g,
@@ -1011,19 +1228,64 @@ fn rebuild(
         .map(|(s, readers, groups)| ShiftedScores {
             scores: s.index(),
             readers: readers.iter().map(|r| r.index()).collect(),
-            row_max: row_max_at[s],
+            row_max: row_max_at.get(s).copied(),
             groups: *groups,
+            in_block: readers
+                .iter()
+                .filter(|&&r| in_block(g, r, *s, *groups))
+                .map(|r| r.index())
+                .collect(),
+            folded_into: None,
         })
         .collect();
     Ok((out, applied))
 }
 
-/// A customized operator's body with a tile of M loaded after each tile of S that an `exp`
-/// reads, and those `exp`s taken of S − M; returns it and the operator's inputs (M appended).
+/// Whether a tile of `tile`'s shape holds whole groups of keys of scores of shape `s` in
+/// `groups` groups per row: exactly one group along the last dim (the whole row when `groups`
+/// is 1), so that its max is the group's.
+fn holds_groups(tile: Shape, s: Shape, groups: usize) -> bool {
+    let last = s.rank() - 1;
+    tile.rank() == s.rank() && tile.dim(last) * groups == s.dim(last)
+}
+
+/// Whether every customized operator exponentiating tiles of `s` loads tiles holding whole
+/// groups (so each computes its max itself), and no kernel-level `exp` reads `s`: then no
+/// row max operator is needed.
+fn all_in_block(
+    g: &KernelGraph,
+    s: Handle<DTensor>,
+    readers: &[Handle<KnOp>],
+    groups: usize,
+) -> bool {
+    readers.iter().all(|&r| in_block(g, r, s, groups))
+}
+
+/// Whether kernel operator `r` is a customized operator whose every tile of `s` that an `exp`
+/// reads holds whole groups of keys ([`holds_groups`]).
+fn in_block(g: &KernelGraph, r: Handle<KnOp>, s: Handle<DTensor>, groups: usize) -> bool {
+    let op = &g.ops[r];
+    match &op.kind {
+        KnOpKind::Customized(tb) => exp_sites(tb, op, s).iter().all(|&h| {
+            holds_groups(
+                tb.tensors[tb.ops[h].outputs[0]].shape,
+                g.tensors[s].shape,
+                groups,
+            )
+        }),
+        _ => false,
+    }
+}
+
+/// A customized operator's body with, after each tile of S that an `exp` reads, its max (a
+/// plain max of the tile where it holds whole groups of keys, else a tile of M loaded beside
+/// it), and those `exp`s taken of S − max; returns it and the operator's inputs (M appended
+/// where loaded).
 fn shifted_body(
     tensors: &crate::graph::arena::Arena<DTensor>,
     op: &KnOp,
     tb: &TbGraph,
+    groups_of: &BTreeMap<Handle<DTensor>, usize>,
     maxes: &BTreeMap<Handle<DTensor>, Handle<DTensor>>,
 ) -> Result<(TbGraph, Vec<Handle<DTensor>>), String> {
     let mut inputs = op.inputs.clone();
@@ -1075,10 +1337,33 @@ fn shifted_body(
             imap,
             forloop_dim: _,
         } = t.kind
-            && let Some(&m) = maxes.get(&op.inputs[input])
+            && let Some(&groups) = groups_of.get(&op.inputs[input])
             && tb_reads_exp(tb, t.outputs[0])
         {
-            let last = tensors[m].shape.rank() - 1;
+            let s = op.inputs[input];
+            let last = tensors[s].shape.rank() - 1;
+            if holds_groups(tb.tensors[t.outputs[0]].shape, tensors[s].shape, groups) {
+                // The tile holds its rows' whole groups: their max, computed here.
+                let st = &tb.tensors[t.outputs[0]];
+                let mt = out.tensors.append(STensor {
+                    shape: st.shape.with_dim(last, 1),
+                    guid: None,
+                    ..st.clone()
+                });
+                out.ops.append(TbOp {
+                    kind: TbOpKind::Reduction {
+                        dim: last,
+                        kind: TbReduction::PlainMax,
+                    },
+                    inputs: vec![outs[0]],
+                    outputs: vec![mt],
+                });
+                beside.insert(outs[0], mt);
+                continue;
+            }
+            let m = *maxes
+                .get(&s)
+                .ok_or("a tile of the scores without its row max")?;
             let k = *m_input.entry(m).or_insert_with(|| {
                 inputs.push(m);
                 inputs.len() - 1
@@ -1215,7 +1500,7 @@ mod tests {
         assert_eq!(rw.applied.len(), 1);
         assert_eq!(rw.applied[0].readers.len(), 2);
         assert!(matches!(
-            g2.ops[Handle::from_index(rw.applied[0].row_max)].kind,
+            g2.ops[Handle::from_index(rw.applied[0].row_max.expect("a row max operator"))].kind,
             KnOpKind::RowMax { groups: 1 }
         ));
         // At scale 2 the graph's exponentials leave f16's range; the shifted ones do not.
@@ -1322,15 +1607,17 @@ mod tests {
     /// A softmax over each half of the keys: S = Q·K by a kernel-level matmul; a customized
     /// operator whose blocks each load one half of a row's keys exponentiates its tile and
     /// divides by the tile's sum (qknorm_gqa_bs8 graph 0's form at small sizes). `leak`: the
-    /// exponentials are also an output of the operator.
-    fn halves(leak: bool) -> KernelGraph {
+    /// exponentials are also an output of the operator. `looped`: a for-loop of two iterations
+    /// walks each block's keys (a tile holds a quarter of the row).
+    fn halves(leak: bool, looped: bool) -> KernelGraph {
         let (b, r, d, n) = (2, 4, 8, 32);
         let mut g = GraphBuilder::new();
         let qt = g.new_input(&[b, r, d], DType::F16).unwrap();
         let kt = g.new_input(&[b, d, n], DType::F16).unwrap();
         let s = g.matmul(qt, kt).unwrap();
-        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], 1);
-        let st = t.new_input(&g, s, [0, 2, -1], -1).unwrap();
+        let (range, fdim) = if looped { (2, 2) } else { (1, -1) };
+        let mut t = TbGraphBuilder::new([b, 2, 1], [128, 1, 1], range);
+        let st = t.new_input(&g, s, [0, 2, -1], fdim).unwrap();
         let e = t.unary(UnaryOp::Exp, st).unwrap();
         let num = t.forloop_accum(e, AccumKind::Nored).unwrap();
         let den = t.forloop_accum(e, AccumKind::RedLdSum).unwrap();
@@ -1345,15 +1632,53 @@ mod tests {
         g.build().unwrap()
     }
 
+    /// The plain max threadblock reductions of `g`'s customized operators.
+    fn plain_maxes(g: &KernelGraph) -> usize {
+        g.customized_ops()
+            .flat_map(|(_, tb)| tb.ops.iter().map(|(_, o)| o.kind.clone()))
+            .filter(|k| {
+                matches!(
+                    k,
+                    TbOpKind::Reduction {
+                        kind: TbReduction::PlainMax,
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
+    /// The operators of `g` of kind `k`.
+    fn count_ops(g: &KernelGraph, k: &KnOpKind) -> usize {
+        g.ops.iter().filter(|(_, o)| o.kind == *k).count()
+    }
+
+    #[test]
+    fn blocks_holding_their_group_take_its_max_themselves() {
+        let g = halves(false, false);
+        let rw = shift_scores(&g, true);
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        assert_eq!(rw.applied.len(), 1);
+        let a = &rw.applied[0];
+        assert_eq!((a.groups, a.row_max, &a.in_block), (2, None, &vec![3]));
+        assert_eq!(count_ops(g2, &KnOpKind::RowMax { groups: 2 }), 0);
+        assert_eq!(plain_maxes(g2), 1);
+        same_function_in_range(&g, g2, 5, 4.0);
+    }
+
     #[test]
     fn scores_divided_by_each_blocks_sum_are_shifted_by_the_groups_max() {
-        let g = halves(false);
+        // The loop walks the block's group: each tile holds half of it, so M is loaded.
+        let g = halves(false, true);
         let rw = shift_scores(&g, true);
         assert!(rw.declined.is_empty(), "{:?}", rw.declined);
         let g2 = rw.graph.as_deref().expect("shifted");
         assert_eq!(rw.applied.len(), 1);
         assert_eq!(rw.applied[0].groups, 2);
-        let m = &g2.ops[Handle::from_index(rw.applied[0].row_max)];
+        assert!(rw.applied[0].in_block.is_empty());
+        assert_eq!(plain_maxes(g2), 0);
+        let m = &g2.ops[Handle::from_index(rw.applied[0].row_max.expect("a row max operator"))];
         assert_eq!(m.kind, KnOpKind::RowMax { groups: 2 });
         assert_eq!(g2.tensors[m.outputs[0]].shape.dims(), &[2, 4, 2]);
         same_function_in_range(&g, g2, 5, 4.0);
@@ -1361,7 +1686,7 @@ mod tests {
 
     #[test]
     fn group_scaled_values_leaving_their_operator_keep_the_form() {
-        let rw = shift_scores(&halves(true), true);
+        let rw = shift_scores(&halves(true, false), true);
         assert!(rw.graph.is_none());
         // The whole row's reason is the one reported.
         assert!(
@@ -1399,9 +1724,11 @@ mod tests {
     }
 
     /// A customized operator computes S = Q·K for whole rows and writes exp(S); kernel-level
-    /// operators sum it over the keys and divide (qknorm_gqa_bs8 graph 5's form).
-    fn written_exps(sum_over_keys: bool) -> KernelGraph {
-        let (mut g, e) = exps_written([0, 1, -1]);
+    /// operators sum it over the keys and divide (qknorm_gqa_bs8 graph 5's form). `halves`:
+    /// each block writes its rows' exponentials as one half of the keys of a [b, rows / 2,
+    /// 2·keys] tensor (its tile holds half a row of what the kernel-level sum adds).
+    fn written_exps(sum_over_keys: bool, halves: bool) -> KernelGraph {
+        let (mut g, e) = exps_written(if halves { [0, 2, -1] } else { [0, 1, -1] });
         let den = g.reduction(e, if sum_over_keys { 2 } else { 1 }).unwrap();
         let y = g.binary(BinaryOp::Div, e, den).unwrap();
         g.mark_output(y).unwrap();
@@ -1409,13 +1736,41 @@ mod tests {
     }
 
     #[test]
-    fn exponentials_a_kernel_writes_move_after_it_and_shift() {
-        let g = written_exps(true);
+    fn exponentials_a_kernel_writes_of_whole_rows_are_shifted_in_place() {
+        let g = written_exps(true, false);
         let rw = shift_scores(&g, true);
         assert!(rw.declined.is_empty(), "{:?}", rw.declined);
         let g2 = rw.graph.as_deref().expect("shifted");
         assert_eq!(rw.hoisted.len(), 1);
         assert_eq!((rw.hoisted[0].kernel, rw.hoisted[0].output), (2, 0));
+        assert!(rw.hoisted[0].in_block);
+        assert_eq!(rw.applied.len(), 1);
+        let a = &rw.applied[0];
+        assert_eq!(
+            (&a.readers, a.row_max, a.folded_into),
+            (&vec![2], None, Some(2))
+        );
+        // The operator still exponentiates, less its tile's max: nothing kernel-level is added.
+        assert_eq!(count_ops(g2, &KnOpKind::ShiftedExp { groups: 1 }), 0);
+        assert_eq!(count_ops(g2, &KnOpKind::RowMax { groups: 1 }), 0);
+        assert_eq!(
+            (plain_maxes(g2), g2.ops.len(), g2.tensors.len()),
+            (1, g.ops.len(), g.tensors.len())
+        );
+        same_function_in_range(&g, g2, 9, 4.0);
+    }
+
+    #[test]
+    fn exponentials_a_kernel_writes_move_after_it_and_shift() {
+        // Each block writes half of the keys the kernel-level sum adds: the exp moves out.
+        let g = written_exps(true, true);
+        let rw = shift_scores(&g, true);
+        assert!(rw.declined.is_empty(), "{:?}", rw.declined);
+        let g2 = rw.graph.as_deref().expect("shifted");
+        assert_eq!(rw.hoisted.len(), 1);
+        assert_eq!((rw.hoisted[0].kernel, rw.hoisted[0].output), (2, 0));
+        assert!(!rw.hoisted[0].in_block);
+        assert_eq!(plain_maxes(g2), 0);
         assert_eq!(rw.applied.len(), 1);
         assert_eq!(rw.applied[0].readers, vec![2]);
         assert_eq!(rw.applied[0].scores, rw.hoisted[0].scores);
@@ -1455,23 +1810,26 @@ mod tests {
         let g2 = rw.graph.as_deref().expect("shifted");
         assert_eq!(rw.hoisted.len(), 1);
         assert_eq!(rw.applied[0].groups, 2);
-        assert!(
-            g2.ops
-                .iter()
-                .any(|(_, o)| o.kind == KnOpKind::ShiftedExp { groups: 2 })
-        );
+        // Each block writes one whole group: the exp stays, less the group's max.
+        assert!(rw.hoisted[0].in_block && rw.applied[0].folded_into == Some(2));
+        assert_eq!(count_ops(g2, &KnOpKind::ShiftedExp { groups: 2 }), 0);
+        assert_eq!(plain_maxes(g2), 1);
         same_function_in_range(&g, g2, 4, 4.0);
     }
 
     #[test]
     fn written_exponentials_that_would_not_shift_stay_in_their_operator() {
         // A sum over the rows: no factor cancels, so nothing moves.
-        let g = written_exps(false);
+        let g = written_exps(false, false);
         let rw = shift_scores(&g, true);
         assert!(rw.graph.is_none());
         assert!(rw.hoisted.is_empty());
         assert!(rw.declined.is_empty(), "{:?}", rw.declined);
-        assert!(shift_scores(&written_exps(true), false).hoisted.is_empty());
+        assert!(
+            shift_scores(&written_exps(true, false), false)
+                .hoisted
+                .is_empty()
+        );
     }
 
     #[test]

@@ -73,34 +73,45 @@ template <int NT, i64 N, class F> __device__ __forceinline__ void for_each_unrol
   }
 }
 
-// Sum over groups of TPR consecutive lanes (TPR a power of two ≤ 32). Precondition: every lane
-// of the warp calls it.
-template <int TPR, class C> __device__ __forceinline__ C group_sum(C x) {
+// How a row reduction combines its elements: `Add` sums from 0; `Max` keeps the largest from
+// −∞, a NaN winning (as the f64 interpreter's max).
+struct Add {
+  template <class C> static __device__ __forceinline__ C start() { return C(0); }
+  template <class C> static __device__ __forceinline__ C join(C a, C b) { return a + b; }
+};
+struct Max {
+  template <class C> static __device__ __forceinline__ C start() { return neg_inf<C>(); }
+  template <class C> static __device__ __forceinline__ C join(C a, C b) { return b > a || b != b ? b : a; }
+};
+
+// Reduction by OP (Add, Max) over groups of TPR consecutive lanes (TPR a power of two ≤ 32).
+// Precondition: every lane of the warp calls it.
+template <int TPR, class OP = Add, class C> __device__ __forceinline__ C group_sum(C x) {
 #pragma unroll
-  for (int o = TPR / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = TPR / 2; o > 0; o >>= 1) x = OP::join(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
 
-// Sum over groups of TPR consecutive threads of a block of NT threads. TPR ≤ 32: warp
-// shuffles (every lane of the warp must call it). TPR > 32: warp shuffles, then the warps'
-// partial sums meet in a small static shared array between two barriers, so every thread of
-// the block must call it, in uniform control flow. Preconditions: TPR a power of two; NT a
+// Reduction by OP over groups of TPR consecutive threads of a block of NT threads. TPR ≤ 32:
+// warp shuffles (every lane of the warp must call it). TPR > 32: warp shuffles, then the
+// warps' partials meet in a small static shared array between two barriers, so every thread
+// of the block must call it, in uniform control flow. Preconditions: TPR a power of two; NT a
 // multiple of 32 when TPR > 1.
-template <int NT, int TPR, class C> __device__ __forceinline__ C block_group_sum(C x, int tid) {
+template <int NT, int TPR, class C, class OP = Add> __device__ __forceinline__ C block_group_sum(C x, int tid) {
   if constexpr (TPR <= 32) {
     (void)tid;
-    return group_sum<TPR>(x);
+    return group_sum<TPR, OP>(x);
   } else {
     constexpr int NW = NT / 32, W = TPR / 32;
     __shared__ C partial[NW];
-    x = group_sum<32>(x);
+    x = group_sum<32, OP>(x);
     const int warp = tid / 32;
     if (tid % 32 == 0) partial[warp] = x;
     __syncthreads();
     const int first = (warp / W) * W;
-    C s = C(0);
+    C s = OP::template start<C>();
 #pragma unroll
-    for (int w = 0; w < W; ++w) s += first + w < NW ? partial[first + w] : C(0);
+    for (int w = 0; w < W; ++w) s = first + w < NW ? OP::join(s, partial[first + w]) : s;
     __syncthreads();  // the array is free for the next call
     return s;
   }
@@ -130,13 +141,13 @@ __device__ __forceinline__ void block_sums(C (&x)[R], C* scratch, int tid) {
   }
 }
 
-// Row reductions: groups of TPR threads take rows; for each row, s = Σ_j elem(row, j) over
-// j < LEN, then sink(row, s) on the group's first thread. With V > 1, elem(row, j) gives the
-// sum over the V elements j, …, j + V − 1 (j a multiple of V: one vector load per tile), and
-// consecutive threads of a group take consecutive runs.
+// Row reductions: groups of TPR threads take rows; for each row, s = OP over j < LEN of
+// elem(row, j) (OP = Add: the sum; Max: the max), then sink(row, s) on the group's first
+// thread. With V > 1, elem(row, j) gives OP over the V elements j, …, j + V − 1 (j a multiple
+// of V: one vector load per tile), and consecutive threads of a group take consecutive runs.
 // Preconditions: TPR is a power of two; NT a multiple of 32 when TPR > 1; with TPR > 32 every
 // thread of the block calls it (see block_group_sum); LEN a multiple of V.
-template <int NT, int TPR, i64 ROWS, i64 LEN, class C, int V = 1, class E, class S>
+template <int NT, int TPR, i64 ROWS, i64 LEN, class C, int V = 1, class OP = Add, class E, class S>
 __device__ __forceinline__ void for_each_row(int tid, E elem, S sink) {
   static_assert(LEN % V == 0, "whole runs of V elements");
   constexpr int G = NT / TPR;
@@ -144,12 +155,12 @@ __device__ __forceinline__ void for_each_row(int tid, E elem, S sink) {
   const int lane = tid % TPR;
   for (int base = 0; base < ROWS; base += G) {
     const int row = base + g;
-    C s = C(0);
+    C s = OP::template start<C>();
     if (row < ROWS) {
 #pragma unroll 4
-      for (int j = lane * V; j < LEN; j += TPR * V) s += elem(row, j);
+      for (int j = lane * V; j < LEN; j += TPR * V) s = OP::join(s, elem(row, j));
     }
-    s = block_group_sum<NT, TPR>(s, tid);
+    s = block_group_sum<NT, TPR, C, OP>(s, tid);
     if (row < ROWS && lane == 0) sink(row, s);
   }
 }

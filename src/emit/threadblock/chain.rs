@@ -577,6 +577,12 @@ impl Ctx<'_> {
         sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
         let split = self.row_split(lead)?;
         let (rows, tpr) = (split.rows, split.threads_per_row);
+        // The combining operation: a sum unless the plain max.
+        let op = if kind == TbReduction::PlainMax {
+            ", 1, mucc::tb::Max".to_string()
+        } else {
+            String::new()
+        };
         self.w.block("", "", |w| {
             w.block("auto elem = [&](int row, int j)", ";", |w| {
                 w.line(format!("return {xr};"))
@@ -585,7 +591,7 @@ impl Ctx<'_> {
                 lines(w, &sink)
             });
             w.line(format!(
-                "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {c}>(tid, elem, sink);"
+                "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {c}{op}>(tid, elem, sink);"
             ));
         });
         Ok(())

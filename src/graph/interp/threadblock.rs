@@ -280,6 +280,10 @@ impl<'a> Block<'a> {
                     let y = self.val(op.inputs[0]).sum_to(*dim, tb.reduction_dimx);
                     self.set(op.outputs[0], y);
                 }
+                TbReduction::PlainMax => {
+                    let y = self.val(op.inputs[0]).max_over(*dim, 1);
+                    self.set(op.outputs[0], y);
+                }
                 TbReduction::Max => {
                     let m = self.val(op.inputs[0]).max_over(*dim, 1);
                     let old = self.running_max[h.index()]

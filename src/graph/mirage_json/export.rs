@@ -182,6 +182,13 @@ impl Exporter<'_> {
                         TbReduction::Sum => 1,
                         TbReduction::ToDimx => tb.reduction_dimx as i64,
                         TbReduction::Max => -1,
+                        TbReduction::PlainMax => {
+                            return Err(GraphError::new(ErrorKind::Unsupported(format!(
+                                "threadblock {} is mucc's internal max of a tile, which \
+                                 Mirage's format has no operator for",
+                                op.kind.name()
+                            ))));
+                        }
                     };
                     m.insert("reduce_size".into(), json!(size));
                 }

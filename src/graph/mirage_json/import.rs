@@ -1052,7 +1052,8 @@ impl GraphImporter {
                             let want = match kind {
                                 TbReduction::Sum => 1,
                                 TbReduction::ToDimx => reduction_dimx as i64,
-                                TbReduction::Max => -1,
+                                // No Mirage name parses as the plain max.
+                                TbReduction::Max | TbReduction::PlainMax => -1,
                             };
                             let got = rj.int()?;
                             if got != want && !(kind == TbReduction::Max && got == 1) {
