@@ -139,25 +139,16 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
                     .to_string(),
             )
         };
-        let in_block: Vec<String> = a.in_block.iter().map(|r| r.to_string()).collect();
-        let whole = if a.groups == 1 {
-            "whole rows"
-        } else {
-            "whole groups"
-        };
-        let computed = match (a.row_max, in_block.len()) {
-            (Some(r), 0) => {
+        let computed = match a.row_max {
+            Some(r) => {
                 format!(
                     "computed once by a row_max operator (kernel op {r} of the rewritten graph)"
                 )
             }
-            (Some(r), _) => format!(
-                "computed once by a row_max operator (kernel op {r} of the rewritten graph), \
-                 and in each block of kernel op{} {} (their tiles hold {whole})",
-                if in_block.len() == 1 { "" } else { "s" },
-                in_block.join(", "),
+            None => format!(
+                "computed in each block (its tiles hold whole {})",
+                if a.groups == 1 { "rows" } else { "groups" }
             ),
-            (None, _) => format!("computed in each block (its tiles hold {whole})"),
         };
         let _ = writeln!(
             s,

@@ -4,13 +4,13 @@
 // input 0: %0 [2, 256, 64] f16 strides [16384, 64, 1]
 // input 1: %1 [2, 64, 4096] f16 strides [262144, 4096, 1]
 // input 2: %2 [2, 4096, 64] f16 strides [262144, 64, 1]
-// output 0: %8 [2, 256, 64] f16 strides [16384, 64, 1] (32768 elements)
+// output 0: %7 [2, 256, 64] f16 strides [16384, 64, 1] (32768 elements)
 // workspace: 10485760 bytes
 
 #include "mucc/runtime.h"
 
-// kernel op 3: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 33296 bytes of shared memory
-// schedule 0,1,2 | 3,4,5 | 7,10
+// kernel op 3: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 49168 bytes of shared memory
+// schedule 0,1,2 | 3,4,5 | 7,13 9 10
 extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
@@ -27,10 +27,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<262144, 64, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<4, 1, 4>>;
   using L7 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 1, 64>>;
-  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
+  using L8 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<16384, 4096, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4096, 0, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<4, 1, 0>>;
   using L11 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;
+  using L12 = mucc::Layout<mucc::Shape<1, 4, 1>, mucc::Stride<8, 1, 8>>;
+  using L13 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<1048576, 262144, 1>>;
+  using L14 = mucc::Layout<mucc::Shape<1, 4, 4096>, mucc::Stride<8, 1, 0>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   const int tid = tid_k;
@@ -40,14 +43,16 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 16384);  // s0 (tb_input_op)
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 0);  // s1 (tb_input_op)
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 8192);  // s2 (tb_input_op)
-  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 16896);  // s4 (tb_forloop_accum_nored_op)
-  float* s6 = reinterpret_cast<float*>(smem + 33280);  // s6 (tb_forloop_accum_red_ld_sum_op)
-  mucc::f16* s8 = reinterpret_cast<mucc::f16*>(smem + 25088);  // s8 (tb_forloop_accum_nored_op)
+  mucc::f16* s4 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s4 (tb_forloop_accum_nored_op)
+  float* s6 = reinterpret_cast<float*>(smem + 49152);  // s6 (tb_forloop_accum_red_ld_sum_op)
+  mucc::f16* s7 = reinterpret_cast<mucc::f16*>(smem + 0);  // s7 (tb_mul_op)
+  mucc::f16* s8 = reinterpret_cast<mucc::f16*>(smem + 40960);  // s8 (tb_forloop_accum_nored_op)
+  mucc::f16* s9 = reinterpret_cast<mucc::f16*>(smem + 32768);  // s9 (tb_reduction_2_plain_max_op)
   const mucc::f16* gi0 = in0 + static_cast<mucc::i64>(blockIdx.x) * 16384 + static_cast<mucc::i64>(blockIdx.y) * 256;
   const mucc::f16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   const mucc::f16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
-  mucc::f16* go9 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
-  mucc::f16* go10 = out1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
+  mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 1048576 + static_cast<mucc::i64>(blockIdx.y) * 4096;
+  mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.x) * 262144 + static_cast<mucc::i64>(blockIdx.y) * 4096;
   // op0 input
   mucc::tb::copy_chunks<512, 256, 8, L0, L1>(tid, s0, gi0);
   // op1 input
@@ -108,62 +113,53 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
     }
   }
   __syncthreads();
-  // op7 mul -> op9 output
-  mucc::tb::for_each_step<512, 16384, 8>(tid, [&](int e) {
-    const auto in0_ = mucc::tb::load_run<8, float>(s4 + L9::offset(e));
-    float out_[8];
+  // op7 mul
+  mucc::tb::for_each_step<512, 16384, 4>(tid, [&](int e) {
+    const auto in0_ = mucc::tb::load_run<4, float>(s4 + L9::offset(e));
+    float out_[4];
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const float x0 = in0_[j];
       const float x1 = mucc::to_compute(s6[L10::offset(e)]);
       float v = mucc::op::mul(x0, x1);
       out_[j] = v;
     }
-    mucc::tb::store_run<8>(go9 + L8::offset(e), out_);
+    mucc::tb::store_run<4>(s7 + L8::offset(e), out_);
   });
-  // op10 output
-  mucc::tb::copy_chunks<512, 4096, 8, L5, L11>(tid, go10, s8);
-}
-
-// kernel op 4: kn_row_max_op(%3) -> %9 [2, 4, 64] f16
-namespace k4_row_max_l {
-  using L0 =
-    mucc::Layout<mucc::Shape<2, 4, 64>, mucc::Stride<256, 64, 1>>;
-  using L1 =
-    mucc::Layout<mucc::Shape<2, 4, 262144>, mucc::Stride<1048576, 262144, 1>>;
-}
-extern "C" __global__ void __launch_bounds__(256) k4_row_max(
-    mucc::f16* __restrict__ v0,
-    const mucc::f16* __restrict__ v1) {
-  using namespace k4_row_max_l;
-  mucc::kn::reduce<mucc::f16, L0, L1, 1, 4096, 1, 1, true, true>(v0, v1);
-}
-
-// kernel op 5: kn_shifted_exp_op(%3, %9) -> %5 [2, 4, 262144] f16
-namespace k5_shifted_exp_l {
-  using L0 =
-    mucc::Layout<mucc::Shape<2, 4, 64, 4096>, mucc::Stride<1048576, 262144, 4096, 1>>;
-  using L1 =
-    mucc::Layout<mucc::Shape<2, 4, 64, 4096>, mucc::Stride<1048576, 262144, 4096, 1>>;
-  using L2 =
-    mucc::Layout<mucc::Shape<2, 4, 64, 4096>, mucc::Stride<256, 64, 1, 0>>;
-}
-struct k5_shifted_exp_op {
-  __device__ mucc::Compute<mucc::f16> operator()(mucc::Compute<mucc::f16> a, mucc::Compute<mucc::f16> b) const {
-    return mucc::op::exp(mucc::op::sub(a, b));
+  // op13 output
+  mucc::tb::copy_chunks<512, 4096, 8, L5, L11>(tid, go13, s8);
+  __syncthreads();
+  // op9 reduction_2_plain_max
+  {
+    auto elem = [&](int row, int j) {
+      return mucc::to_compute(s7[L8::offset((row / 1) * 4096 + (j * 1 + (row / 1) % 1) * 1 + row % 1)]);
+    };
+    auto sink = [&](int row, float s) {
+      float v = s;
+      s9[L12::offset(row)] = mucc::from_compute<mucc::f16>(v);
+    };
+    mucc::tb::for_each_row<512, 128, 4, 4096, float, 1, mucc::tb::Max>(tid, elem, sink);
   }
-};
-extern "C" __global__ void __launch_bounds__(256) k5_shifted_exp(
-    mucc::f16* __restrict__ v0,
-    const mucc::f16* __restrict__ v1,
-    const mucc::f16* __restrict__ v2) {
-  using namespace k5_shifted_exp_l;
-  mucc::kn::binary<mucc::f16, 8, L0, L1, L2, k5_shifted_exp_op, false, true>(v0, v1, v2, k5_shifted_exp_op{});
+  __syncthreads();
+  // op10 sub -> op11 exp -> op12 output
+  mucc::tb::for_each_step<512, 16384, 8>(tid, [&](int e) {
+    const auto in0_ = mucc::tb::load_run<8, float>(s7 + L8::offset(e));
+    float out_[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float x0 = in0_[j];
+      const float x1 = mucc::to_compute(s9[L14::offset(e)]);
+      float v = mucc::op::sub(x0, x1);
+      v = mucc::op::exp_approx_ftz(v);
+      out_[j] = v;
+    }
+    mucc::tb::store_run<8>(go12 + L13::offset(e), out_);
+  });
 }
 
-// kernel op 6: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 81936 bytes of shared memory
+// kernel op 4: kn_customized_op grid (2, 64, 1), block (512, 1, 1), forloop 1, 81936 bytes of shared memory
 // schedule 0,1 | 2,3,4 | 5,6
-extern "C" __global__ void __launch_bounds__(512, 1) k6_customized(
+extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
     const mucc::f16* __restrict__ in0,
@@ -275,30 +271,18 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k3_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
-    void* const args[] = {buf.ws(0), buf.ws(8388608), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 33296, stream, args));
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 49168, smem_set));
+    void* const args[] = {buf.ws(0), buf.ws(4194304), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 49168, stream, args));
   }
 
-  // launch k4_row_max
+  // launch k4_customized
   {
-    const void* kernel = reinterpret_cast<const void*>(&k4_row_max);
-    void* const args[] = {buf.ws(9437184), buf.ws(0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(64, 1, 1), dim3(256, 1, 1), 0, stream, args));
-  }
-
-  // launch k5_shifted_exp
-  {
-    const void* kernel = reinterpret_cast<const void*>(&k5_shifted_exp);
-    void* const args[] = {buf.ws(4194304), buf.ws(0), buf.ws(9437184)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(1024, 1, 1), dim3(256, 1, 1), 0, stream, args));
-  }
-
-  // launch k6_customized
-  {
-    const void* kernel = reinterpret_cast<const void*>(&k6_customized);
+    const void* kernel = reinterpret_cast<const void*>(&k4_customized);
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 81936, smem_set));
-    void* const args[] = {buf.ws(9437184), buf.ws(0), buf.ws(8388608), buf.ws(4194304)};
+    void* const args[] = {buf.ws(9437184), buf.ws(5242880), buf.ws(4194304), buf.ws(0)};
     MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 64, 1), dim3(512, 1, 1), 81936, stream, args));
   }
 
@@ -311,7 +295,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
       handle, CUBLAS_OP_T, CUBLAS_OP_N, 64, 256, 4096, &alpha,
       buf.ws(9437184), CUDA_R_16F, 4096, 262144LL,
-      buf.ws(0), CUDA_R_16F, 4096, 1048576LL, &beta,
+      buf.ws(5242880), CUDA_R_16F, 4096, 1048576LL, &beta,
       buf.out(0, 0), CUDA_R_16F, 64, 16384LL,
       2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }

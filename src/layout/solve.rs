@@ -56,6 +56,7 @@ use super::strides::padded_strides;
 use crate::graph::fusion::FusionPlan;
 use crate::graph::kernel::{KernelGraph, KnOpKind};
 use crate::graph::mirage_json::names;
+use crate::graph::ops::TbReduction;
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 
@@ -531,6 +532,25 @@ impl<'a> Builder<'a> {
                         && cand.len() > 1
                     {
                         cand.retain(|&d| d != r);
+                    }
+                    // A plain max whose rows are split over several threads each (the planner's
+                    // `threads_per_row` gives a row two or more threads when whole warps leave
+                    // two threads per row): consecutive threads read consecutive elements of a
+                    // row (`tb::for_each_row`).
+                    if let (
+                        TbOpKind::Reduction {
+                            dim,
+                            kind: TbReduction::PlainMax,
+                        },
+                        Some(_),
+                    ) = (&op.kind, reduced)
+                    {
+                        let len = space.dim(*dim);
+                        let threads: usize = tb.block.iter().product();
+                        let rows = space.numel() / len.max(1);
+                        if len > 1 && threads.is_multiple_of(32) && rows * 2 <= threads {
+                            cand = vec![*dim];
+                        }
                     }
                     let mut it = vec![None; space.rank()];
                     for &d in &cand {

@@ -61,9 +61,10 @@ pub struct ShiftedScores {
     /// Groups of contiguous keys per row that each have their own max (1: the whole row; more
     /// where every block of the readers holds one group and divides by its sum).
     pub groups: usize,
-    /// The readers (among `readers`) whose tiles of S each hold whole groups (or whole rows) of
-    /// keys: each block takes the max of its tile itself (a plain max threadblock reduction)
-    /// instead of loading M.
+    /// The operators whose blocks take the max of their tiles of S themselves (a plain max
+    /// threadblock reduction) instead of loading M: every reader where no row max operator is
+    /// needed (each tile it exponentiates holds whole groups, or whole rows, of keys), or the
+    /// operator the exps went into ([`ShiftedScores::folded_into`]); empty where M is computed.
     pub in_block: Vec<usize>,
     /// The customized operator writing S that now exponentiates its tile itself, less the
     /// tile's max (its tile holds whole groups; the kernel-level exp of S, moved there or the
@@ -1230,11 +1231,11 @@ fn rebuild(
             readers: readers.iter().map(|r| r.index()).collect(),
             row_max: row_max_at.get(s).copied(),
             groups: *groups,
-            in_block: readers
-                .iter()
-                .filter(|&&r| in_block(g, r, *s, *groups))
-                .map(|r| r.index())
-                .collect(),
+            in_block: if row_max_at.contains_key(s) {
+                Vec::new()
+            } else {
+                readers.iter().map(|r| r.index()).collect()
+            },
             folded_into: None,
         })
         .collect();
@@ -1250,8 +1251,8 @@ fn holds_groups(tile: Shape, s: Shape, groups: usize) -> bool {
 }
 
 /// Whether every customized operator exponentiating tiles of `s` loads tiles holding whole
-/// groups (so each computes its max itself), and no kernel-level `exp` reads `s`: then no
-/// row max operator is needed.
+/// groups (so each can compute its max itself), and no kernel-level `exp` reads `s`: then no
+/// row max operator is needed, and each reader takes the max of its tiles.
 fn all_in_block(
     g: &KernelGraph,
     s: Handle<DTensor>,
@@ -1342,8 +1343,13 @@ fn shifted_body(
         {
             let s = op.inputs[input];
             let last = tensors[s].shape.rank() - 1;
-            if holds_groups(tb.tensors[t.outputs[0]].shape, tensors[s].shape, groups) {
-                // The tile holds its rows' whole groups: their max, computed here.
+            if !maxes.contains_key(&s) {
+                // No row max operator: every tile of S exponentiated holds its rows' whole
+                // groups, and their max is computed here (where some reader loads M, loading
+                // it beside the tile costs less than a pass over the tile).
+                if !holds_groups(tb.tensors[t.outputs[0]].shape, tensors[s].shape, groups) {
+                    return Err("a tile of the scores without whole groups or a row max".into());
+                }
                 let st = &tb.tensors[t.outputs[0]];
                 let mt = out.tensors.append(STensor {
                     shape: st.shape.with_dim(last, 1),
@@ -1361,9 +1367,7 @@ fn shifted_body(
                 beside.insert(outs[0], mt);
                 continue;
             }
-            let m = *maxes
-                .get(&s)
-                .ok_or("a tile of the scores without its row max")?;
+            let m = maxes[&s];
             let k = *m_input.entry(m).or_insert_with(|| {
                 inputs.push(m);
                 inputs.len() - 1
