@@ -131,14 +131,21 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   __syncthreads();
   // op9 reduction_2_plain_max
   {
-    auto elem = [&](int row, int j) {
-      return mucc::to_compute(s7[L8::offset((row / 1) * 4096 + (j * 1 + (row / 1) % 1) * 1 + row % 1)]);
+    auto elem = [&](int row, int j0) {
+      const int e = row * 4096 + j0;
+      const auto in0_ = mucc::tb::load_run<8, float>(s7 + L8::offset(e));
+      float s_ = in0_[0];
+      #pragma unroll
+      for (int j = 1; j < 8; ++j) {
+        s_ = mucc::tb::Max::join(s_, in0_[j]);
+      }
+      return s_;
     };
     auto sink = [&](int row, float s) {
       float v = s;
       s9[L12::offset(row)] = mucc::from_compute<mucc::f16>(v);
     };
-    mucc::tb::for_each_row<512, 128, 4, 4096, float, 1, mucc::tb::Max>(tid, elem, sink);
+    mucc::tb::for_each_row<512, 128, 4, 4096, float, 8, mucc::tb::Max>(tid, elem, sink);
   }
   __syncthreads();
   // op10 sub -> op11 exp -> op12 output

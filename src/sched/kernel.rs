@@ -1601,8 +1601,19 @@ fn plan_vectors(
             }
             _ => false,
         };
+        // A plain max over the last dim (`tb::for_each_row` with the max): its input's rows
+        // are read like row sums'.
+        let plain_max = matches!(
+            lop.kind,
+            TbOpKind::Reduction {
+                kind: TbReduction::PlainMax,
+                dim,
+            } if dim + 1 == tb.tensors[lop.inputs[0]].shape.rank()
+        ) && matches!(ops[lead.index()], OpPlan::RowReduce(_));
+        let row_reads = row_sums || plain_max;
         let space = match lop.kind {
             TbOpKind::Unary(_) | TbOpKind::Binary(_) => tb.tensors[lop.outputs[0]].shape,
+            TbOpKind::Reduction { .. } if plain_max => tb.tensors[lop.inputs[0]].shape,
             // Row sums of an accumulator's input, or an accumulator written once (its input
             // stored to its tile).
             TbOpKind::Accum(_) if row_sums || matches!(cp.sink, Sink::Tile(_)) => {
@@ -1613,14 +1624,14 @@ fn plan_vectors(
         let Some(&last) = cp.order.last() else {
             continue;
         };
-        if row_sums && last + 1 != space.rank() {
+        if row_reads && last + 1 != space.rank() {
             continue;
         }
         let mut touched: Vec<usize> = fusion.reads(tb, c).iter().map(|t| t.index()).collect();
         // The device tensor a chain stores to: its region must start every step aligned.
         let mut device = None;
         let widths: &[usize] = match cp.sink {
-            _ if row_sums => &ROW_VECTOR_WIDTHS,
+            _ if row_reads => &ROW_VECTOR_WIDTHS,
             Sink::Tile(t) => {
                 touched.push(t.index());
                 &VECTOR_WIDTHS
@@ -1648,7 +1659,7 @@ fn plan_vectors(
                     extent: space.dim(last),
                 });
             }
-            if !row_sums && space.numel() / v < threads {
+            if !row_reads && space.numel() / v < threads {
                 return Some(ScalarSteps::FewElements {
                     elements: space.numel(),
                     threads,

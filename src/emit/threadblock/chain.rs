@@ -566,6 +566,38 @@ impl Ctx<'_> {
         };
         let k = xs.dim(dim) / to;
         let inner: usize = os.dims()[dim + 1..].iter().product();
+        let split = self.row_split(lead)?;
+        let (rows, tpr) = (split.rows, split.threads_per_row);
+        let v = cp.vector;
+        if v > 1 && kind == TbReduction::PlainMax && inner == 1 {
+            // A run of v elements of a row per call: one vector load, the run's max.
+            self.vector_loads = Some((v, Vec::new()));
+            let x0 = self.tile_read(x, &xs, &natural(&xs), "e");
+            let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
+            let x0 = x0?;
+            let mut sink = vec![format!("{c} v = s;")];
+            sink.extend(self.member_lines(cp, None)?);
+            sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
+            self.w.block("", "", |w| {
+                w.block("auto elem = [&](int row, int j0)", ";", |w| {
+                    w.line(format!("const int e = row * {k} + j0;"));
+                    lines(w, &loads);
+                    w.line(format!("{c} s_ = {};", x0.replace("[j]", "[0]")));
+                    w.line("#pragma unroll");
+                    w.block(format!("for (int j = 1; j < {v}; ++j)"), "", |w| {
+                        w.line(format!("s_ = mucc::tb::Max::join(s_, {x0});"))
+                    });
+                    w.line("return s_;");
+                });
+                w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
+                    lines(w, &sink)
+                });
+                w.line(format!(
+                    "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {c}, {v}, mucc::tb::Max>(tid, elem, sink);"
+                ));
+            });
+            return Ok(());
+        }
         let idx = format!(
             "(row / {ti}) * {tki} + (j * {to} + (row / {inner}) % {to}) * {inner} + row % {inner}",
             ti = to * inner,
@@ -575,8 +607,6 @@ impl Ctx<'_> {
         let mut sink = vec![format!("{c} v = s;")];
         sink.extend(self.member_lines(cp, None)?);
         sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
-        let split = self.row_split(lead)?;
-        let (rows, tpr) = (split.rows, split.threads_per_row);
         // The combining operation: a sum unless the plain max.
         let op = if kind == TbReduction::PlainMax {
             ", 1, mucc::tb::Max".to_string()
