@@ -335,7 +335,9 @@ fn accumulator_outputs_copy_in_converting_chunks() {
 /// and qknorm's softmaxes over whole rows) take them less their row max (`sched::shift`):
 /// the planned graph computes the graph's function (the f64 interpreter, inputs at scale 1/4,
 /// where nothing overflows), and at input scale 1, where the graph's own exponentials leave
-/// f16's range, none of the planned graph's tensors or tiles does.
+/// f16's range, none of the planned graph's tensors or tiles does. qknorm's blocks hold whole
+/// rows or groups of keys, so every one takes the max itself (no row max operator); mha_bs1's
+/// shifted candidates also exponentiate S at kernel level, so they keep the row max operator.
 #[test]
 fn shifted_scores_compute_the_graphs_function_within_range() {
     use mucc::graph::interp::{InputSpec, evaluate, evaluate_ranged, random_inputs};
@@ -344,13 +346,14 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
     // qknorm_gqa_bs1's first 48 candidates (of 190, every one shifted: some by groups of keys,
     // some with their exponentials moved out of the kernel writing them) keep the test short.
     let mut grouped = 0;
-    // (file, graphs checked, shifted among them, shifted by groups of keys among those)
-    for (name, first, expected, by_groups) in [
-        ("mha_bs1.json", 21, 7, 0),
-        ("qknorm_gqa_bs1.json", 48, 48, 14),
+    // (file, graphs checked, shifted among them, shifted by groups of keys among those, with
+    // the max taken in the blocks among those)
+    for (name, first, expected, by_groups, in_block) in [
+        ("mha_bs1.json", 21, 7, 0, 0),
+        ("qknorm_gqa_bs1.json", 48, 48, 14, 48),
     ] {
         let f = read_file(&common::corpus_dir().join(name), &ImportOptions::default()).unwrap();
-        let here: (usize, usize) = f.graphs[..first]
+        let here: (usize, usize, usize) = f.graphs[..first]
             .par_iter()
             .enumerate()
             .map(|(i, c)| {
@@ -358,7 +361,7 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
                 let opts = Options::for_target(Target::new(Arch::Sm90a));
                 let p = mucc::sched::plan(g, &opts).unwrap();
                 if p.rewrite.shift.applied.is_empty() {
-                    return (0, 0);
+                    return (0, 0, 0);
                 }
                 let planned = p.graph(g);
                 let small = random_inputs(
@@ -389,11 +392,22 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
                 );
                 let (_, over) = evaluate_ranged(planned, big).unwrap();
                 assert!(over.is_empty(), "{name} graph {i}: {:?}", over.first());
-                let groups = p.rewrite.shift.applied.iter().any(|a| a.groups > 1);
-                (1, usize::from(groups))
+                let applied = &p.rewrite.shift.applied;
+                let groups = applied.iter().any(|a| a.groups > 1);
+                // In the blocks: no row max operator, and the planned graph has none.
+                let own = applied
+                    .iter()
+                    .all(|a| a.row_max.is_none() && !a.in_block.is_empty());
+                let row_max_ops = planned
+                    .ops
+                    .iter()
+                    .filter(|(_, o)| matches!(o.kind, mucc::graph::kernel::KnOpKind::RowMax { .. }))
+                    .count();
+                assert_eq!(own, row_max_ops == 0, "{name} graph {i}");
+                (1, usize::from(groups), usize::from(own))
             })
-            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        assert_eq!(here, (expected, by_groups), "{name}");
+            .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+        assert_eq!(here, (expected, by_groups, in_block), "{name}");
         shifted += here.0;
         grouped += here.1;
     }

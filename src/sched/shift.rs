@@ -1669,6 +1669,10 @@ mod tests {
         assert_eq!(count_ops(g2, &KnOpKind::RowMax { groups: 2 }), 0);
         assert_eq!(plain_maxes(g2), 1);
         same_function_in_range(&g, g2, 5, 4.0);
+        // The plain max is mucc's own: the rewritten graph is no Mirage graph.
+        let e = crate::graph::mirage_json::graph_to_json(g2, &Default::default())
+            .expect_err("no Mirage operator");
+        assert!(e.to_string().contains("reduction_2_plain_max"), "{e}");
     }
 
     #[test]
