@@ -12,7 +12,7 @@
 //                         Hopper code includes it itself)
 //   threadblock/cluster.h sm_90a: partial accumulators of a cluster folded into CTA 0 (not
 //                         included here either)
-//   threadblock/loops.h   tb::for_each, for_each_unrolled, group_sum, block_sums, for_each_row, rms_rows
+//   threadblock/loops.h   tb::for_each, for_each_unrolled, group_sum, block_sums, for_each_row (tb::Add, tb::Max), rms_rows
 //   threadblock/copy.h    tb::copy_chunks, cp_async_chunks, copy_elems (tile <-> device tensor)
 //   threadblock/accum.h   tb::acc_add, acc_max, acc_rescale, max_of, fill, running_max
 //   threadblock/matmul.h  tb::Mma (tensor cores), tb::FmaMatmul

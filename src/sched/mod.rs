@@ -145,7 +145,7 @@ fn plan_with_softmax(
         let (p, g4) = match plan_refined(&g3, opts) {
             Ok(p) => p,
             Err(e) => {
-                sm.undo(NoOnlineSoftmax::Plan(e.to_string()));
+                sm.undo(NoOnlineSoftmax::Plan(plan::RewriteFailure::Plan(e)));
                 break;
             }
         };
@@ -182,7 +182,7 @@ fn plan_shifted(
                 p.rewrite.shift = sh;
                 return Ok((p, Some(g3.unwrap_or(g2))));
             }
-            Err(e) => sh.undo(shift::NoShift::Plan(e.to_string())),
+            Err(e) => sh.undo(shift::NoShift::Plan(plan::RewriteFailure::Plan(e))),
         }
     }
     let (mut p, g3) = plan_refined(g, opts)?;
@@ -297,9 +297,9 @@ fn plan_auto_refined(
 
 /// Why kernel `k` of plan `p` does not keep its rescaled scores in an online register pipe,
 /// or `None` when it does.
-fn not_piped(p: &GraphPlan, k: usize) -> Option<String> {
+fn not_piped(p: &GraphPlan, k: usize) -> Option<softmax::NotPiped> {
     let Some(kp) = p.kernels.get(&k) else {
-        return Some("it is not a threadblock kernel".into());
+        return Some(softmax::NotPiped::NotThreadblock);
     };
     if kp.register_pipes().any(|r| r.online.is_some()) {
         return None;
@@ -308,10 +308,10 @@ fn not_piped(p: &GraphPlan, k: usize) -> Option<String> {
         kp.pipes
             .iter()
             .find_map(|d| match d {
-                plan::PipeDecision::Off { why, .. } => Some(why.to_string()),
+                plan::PipeDecision::Off { why, .. } => Some(softmax::NotPiped::Pipe(why.clone())),
                 plan::PipeDecision::On(_) => None,
             })
-            .unwrap_or_else(|| "no register pipe recognises the running max".into()),
+            .unwrap_or(softmax::NotPiped::NoRunningMax),
     )
 }
 

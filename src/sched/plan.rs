@@ -337,6 +337,28 @@ impl fmt::Display for PathChoice {
     }
 }
 
+/// Why a graph that one of the planner's rewrites built (`sched::softmax`, `sched::shift`) is
+/// not used.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RewriteFailure {
+    /// The rewritten graph does not validate (or, while built, a step of it did not).
+    Invalid(crate::graph::error::ValidationErrors),
+    /// It validates but does not plan.
+    Plan(PlanError),
+    /// The rewrite could not build it: a case its checks should have ruled out.
+    Internal(&'static str),
+}
+
+impl fmt::Display for RewriteFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RewriteFailure::Invalid(e) => write!(f, "{e}"),
+            RewriteFailure::Plan(e) => write!(f, "{e}"),
+            RewriteFailure::Internal(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Why a graph cannot be planned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {

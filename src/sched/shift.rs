@@ -47,6 +47,7 @@ use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
 use crate::graph::ops::{AccumKind, BinaryOp, DimMap, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
+use crate::sched::plan::RewriteFailure;
 
 /// Scores whose exponentials the plan computes less their row max.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,7 +139,7 @@ pub enum NoShift {
     /// The values computed from these scores meet those of scores shifted already.
     Shared,
     /// The rewritten graph does not validate or plan.
-    Plan(String),
+    Plan(RewriteFailure),
 }
 
 impl fmt::Display for NoShift {
@@ -949,7 +950,10 @@ fn hoist_sites(g: &KernelGraph) -> Vec<Site> {
 /// `g` with every site's exponential moved after its operator: the operator writes the
 /// exponent to a new tensor (returned, in site order) and a kernel-level `exp` right after it
 /// writes the output.
-fn hoist(g: &KernelGraph, sites: &[Site]) -> Result<(KernelGraph, Vec<Handle<DTensor>>), String> {
+fn hoist(
+    g: &KernelGraph,
+    sites: &[Site],
+) -> Result<(KernelGraph, Vec<Handle<DTensor>>), RewriteFailure> {
     let mut out = KernelGraph::new();
     out.tensors = g.tensors.clone();
     out.sharding.mesh = g.sharding.mesh;
@@ -1012,7 +1016,7 @@ fn hoist(g: &KernelGraph, sites: &[Site]) -> Result<(KernelGraph, Vec<Handle<DTe
             append_op(&mut out, g, None, e);
         }
     }
-    crate::graph::validate::validate(&out, None).map_err(|e| e.to_string())?;
+    crate::graph::validate::validate(&out, None).map_err(RewriteFailure::Invalid)?;
     scores.sort_by_key(|(i, _)| *i);
     Ok((out, scores.into_iter().map(|(_, t)| t).collect()))
 }
@@ -1146,7 +1150,7 @@ fn exponentiates(op: &KnOp, s: Handle<DTensor>) -> bool {
 fn rebuild(
     g: &KernelGraph,
     chosen: &[Choice],
-) -> Result<(KernelGraph, Vec<ShiftedScores>), String> {
+) -> Result<(KernelGraph, Vec<ShiftedScores>), RewriteFailure> {
     let mut out = KernelGraph::new();
     out.tensors = g.tensors.clone();
     out.sharding.mesh = g.sharding.mesh;
@@ -1223,7 +1227,7 @@ fn rebuild(
             }
         }
     }
-    crate::graph::validate::validate(&out, None).map_err(|e| e.to_string())?;
+    crate::graph::validate::validate(&out, None).map_err(RewriteFailure::Invalid)?;
     let applied = chosen
         .iter()
         .map(|(s, readers, groups)| ShiftedScores {
@@ -1288,7 +1292,7 @@ fn shifted_body(
     tb: &TbGraph,
     groups_of: &BTreeMap<Handle<DTensor>, usize>,
     maxes: &BTreeMap<Handle<DTensor>, Handle<DTensor>>,
-) -> Result<(TbGraph, Vec<Handle<DTensor>>), String> {
+) -> Result<(TbGraph, Vec<Handle<DTensor>>), RewriteFailure> {
     let mut inputs = op.inputs.clone();
     let mut out = TbGraph::new(tb.grid, tb.block, tb.forloop_range, tb.reduction_dimx);
     let mut map: BTreeMap<Handle<STensor>, Handle<STensor>> = BTreeMap::new();
@@ -1348,7 +1352,9 @@ fn shifted_body(
                 // groups, and their max is computed here (where some reader loads M, loading
                 // it beside the tile costs less than a pass over the tile).
                 if !holds_groups(tb.tensors[t.outputs[0]].shape, tensors[s].shape, groups) {
-                    return Err("a tile of the scores without whole groups or a row max".into());
+                    return Err(RewriteFailure::Internal(
+                        "a tile of the scores without whole groups or a row max",
+                    ));
                 }
                 let st = &tb.tensors[t.outputs[0]];
                 let mt = out.tensors.append(STensor {
@@ -1389,7 +1395,11 @@ fn shifted_body(
                 None,
                 tb.forloop_range,
             )
-            .map_err(|e| format!("the row max's tile: {e:?}"))?;
+            .map_err(|e| {
+                RewriteFailure::Invalid(crate::graph::error::ValidationErrors(vec![
+                    crate::graph::error::GraphError::new(e),
+                ]))
+            })?;
             let mt = out.tensors.append(STensor {
                 shape,
                 dtype: tensors[m].dtype,

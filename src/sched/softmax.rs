@@ -98,13 +98,35 @@ pub struct OnlineSoftmax {
     pub combine: usize,
 }
 
+/// Why a rewritten attention kernel would not keep its running max and rescaling in a
+/// register pipe.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NotPiped {
+    /// The rewritten operator is not planned as a threadblock kernel.
+    NotThreadblock,
+    /// A product goes through shared memory, for this reason.
+    Pipe(crate::sched::plan::PipeOff),
+    /// No register pipe recognises the running max.
+    NoRunningMax,
+}
+
+impl fmt::Display for NotPiped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotPiped::NotThreadblock => f.write_str("it is not a threadblock kernel"),
+            NotPiped::Pipe(why) => write!(f, "{why}"),
+            NotPiped::NoRunningMax => f.write_str("no register pipe recognises the running max"),
+        }
+    }
+}
+
 /// Why an attention-like kernel keeps the softmax as the graph computes it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NoOnlineSoftmax {
     /// Turned off (`--online-softmax off`).
     Off,
     /// The rewritten kernel would rescale through shared memory (`--online-softmax piped`).
-    NotPiped(String),
+    NotPiped(NotPiped),
     /// More than one exponential of a matmul product in the kernel.
     SeveralExps,
     /// The scores are loaded (computed by another operator), not a matmul in this kernel.
@@ -115,13 +137,8 @@ pub enum NoOnlineSoftmax {
     ExpReaders(ExpReaders),
     /// The product E·V is not summed by one `accum_nored`.
     ProductNotAccumulated,
-    /// The kernel computes something besides the pattern: threadblock op `op` of kind `kind`.
-    OtherOp {
-        /// The operator.
-        op: usize,
-        /// Its kind's name.
-        kind: String,
-    },
+    /// The kernel computes something besides the pattern: this threadblock operator.
+    OtherOp(TbOpAt),
     /// The kernel's outputs are not exactly the two partials.
     Outputs(OutputsOff),
     /// The keys are not partitioned as the rewrite needs.
@@ -131,7 +148,7 @@ pub enum NoOnlineSoftmax {
     /// The combining step does not compute Σ O / Σ l.
     Combine(CombineOff),
     /// The rewritten graph does not validate or plan.
-    Plan(String),
+    Plan(crate::sched::plan::RewriteFailure),
 }
 
 impl fmt::Display for NoOnlineSoftmax {
@@ -157,7 +174,7 @@ impl fmt::Display for NoOnlineSoftmax {
             NoOnlineSoftmax::ProductNotAccumulated => {
                 f.write_str("the product exp(S)·V is not summed by one accum_nored")
             }
-            NoOnlineSoftmax::OtherOp { op, kind } => write!(f, "it also computes op {op} ({kind})"),
+            NoOnlineSoftmax::OtherOp(op) => write!(f, "it also computes {op}"),
             NoOnlineSoftmax::Outputs(why) => write!(f, "its outputs {why}"),
             NoOnlineSoftmax::Keys(why) => write!(f, "its keys {why}"),
             NoOnlineSoftmax::Downstream(why) => write!(f, "after it, {why}"),
@@ -168,38 +185,72 @@ impl fmt::Display for NoOnlineSoftmax {
 }
 
 /// Who reads exp(S) where the pattern wants one sum accumulator and one matmul exp(S)·V.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum ExpReaders {
-    /// One of the two is missing; `readers` lists the readers there are ("op N (kind)", …).
+    /// One of the two is missing; `readers` are the readers there are.
     Missing {
         /// The readers.
-        readers: String,
+        readers: Vec<TbOpAt>,
     },
     /// Both are there, and more readers.
     Extra {
         /// The readers.
-        readers: String,
+        readers: Vec<TbOpAt>,
     },
 }
 
 impl fmt::Display for ExpReaders {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |readers: &[TbOpAt]| {
+            readers
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match self {
             ExpReaders::Missing { readers } => write!(
                 f,
                 "{} (the pattern: one sum accumulator and one matmul exp(S)·V; a denominator \
                  computed elsewhere is not rescaled)",
                 if readers.is_empty() {
-                    "nothing"
+                    "nothing".to_string()
                 } else {
-                    readers
+                    list(readers)
                 }
             ),
             ExpReaders::Extra { readers } => write!(
                 f,
-                "{readers} (the pattern: one sum accumulator and one matmul exp(S)·V)"
+                "{} (the pattern: one sum accumulator and one matmul exp(S)·V)",
+                list(readers)
             ),
         }
+    }
+}
+
+/// A threadblock operator a reason names: its number in the kernel's threadblock graph and its
+/// kind (printed "op N (kind)").
+#[derive(Clone, Debug, PartialEq)]
+pub struct TbOpAt {
+    /// The operator's number.
+    pub op: usize,
+    /// Its kind.
+    pub kind: TbOpKind,
+}
+
+impl TbOpAt {
+    /// Operator `h` of `tb`.
+    fn of(tb: &TbGraph, h: Handle<TbOp>) -> TbOpAt {
+        TbOpAt {
+            op: h.index(),
+            kind: tb.ops[h].kind.clone(),
+        }
+    }
+}
+
+impl fmt::Display for TbOpAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op {} ({})", self.op, self.kind.name())
     }
 }
 
@@ -599,12 +650,7 @@ fn recognise(
         return Err(NoOnlineSoftmax::ScoresReadTwice);
     }
     let e = tb.ops[exp].outputs[0];
-    let names = |hs: &[Handle<TbOp>]| {
-        hs.iter()
-            .map(|&r| format!("op {} ({})", r.index(), tb.ops[r].kind.name()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = |hs: &[Handle<TbOp>]| hs.iter().map(|&r| TbOpAt::of(tb, r)).collect();
     let mut sum = None;
     let mut mm2 = None;
     for &r in &rd[e.index()] {
@@ -638,10 +684,7 @@ fn recognise(
         if !pattern.contains(&oh)
             && !matches!(op.kind, TbOpKind::Input { .. } | TbOpKind::Output { .. })
         {
-            return Err(NoOnlineSoftmax::OtherOp {
-                op: oh.index(),
-                kind: op.kind.name(),
-            });
+            return Err(NoOnlineSoftmax::OtherOp(TbOpAt::of(tb, oh)));
         }
     }
     let (o_tile, l_tile) = (tb.ops[acc].outputs[0], tb.ops[sum].outputs[0]);
@@ -968,7 +1011,11 @@ fn rebuild(
     g: &KernelGraph,
     found: &[Found],
 ) -> Result<(KernelGraph, Vec<OnlineSoftmax>), NoOnlineSoftmax> {
-    let plan_err = |e: crate::graph::error::GraphError| NoOnlineSoftmax::Plan(e.to_string());
+    let plan_err = |e: crate::graph::error::GraphError| {
+        NoOnlineSoftmax::Plan(crate::sched::plan::RewriteFailure::Invalid(
+            crate::graph::error::ValidationErrors(vec![e]),
+        ))
+    };
     let mut tensors = g.tensors.clone();
     // Old op → replacement ops (empty: dropped).
     let mut replace: BTreeMap<Handle<KnOp>, Vec<KnOp>> = BTreeMap::new();
@@ -1057,7 +1104,9 @@ fn rebuild(
         }
     }
     if let Err(e) = crate::graph::validate::validate(&out, None) {
-        return Err(NoOnlineSoftmax::Plan(e.to_string()));
+        return Err(NoOnlineSoftmax::Plan(
+            crate::sched::plan::RewriteFailure::Invalid(e),
+        ));
     }
     Ok((out, applied))
 }
@@ -1202,7 +1251,7 @@ pub(crate) mod tests {
         let cases = [
             (
                 NoOnlineSoftmax::ExpReaders(ExpReaders::Missing {
-                    readers: String::new(),
+                    readers: Vec::new(),
                 }),
                 "exp(S) is read by nothing (the pattern: one sum accumulator and one matmul \
                  exp(S)·V; a denominator computed elsewhere is not rescaled)",
@@ -1322,7 +1371,16 @@ pub(crate) mod tests {
         let p = crate::sched::plan(&g, &opts).unwrap();
         assert!(p.rewrite.graph.is_none());
         assert!(
-            matches!(&p.rewrite.softmax.declined[..], [(3, NoOnlineSoftmax::NotPiped(why))] if why.contains("row tiles of 16")),
+            matches!(
+                &p.rewrite.softmax.declined[..],
+                [(
+                    3,
+                    NoOnlineSoftmax::NotPiped(NotPiped::Pipe(
+                        crate::sched::plan::PipeOff::UnevenRows { .. }
+                            | crate::sched::plan::PipeOff::UnevenKeys { .. }
+                    ))
+                )]
+            ),
             "{:?}",
             p.rewrite.softmax.declined
         );

@@ -147,13 +147,23 @@ pub fn template_args(text: &str, prefix: &str) -> Vec<Vec<String>> {
     out
 }
 
-/// Whether chain `c` ends in an accumulator that sums the rows of its values (a
-/// `tb::for_each_row` call; strided groups apart).
+/// Whether chain `i` (plan `c`) of `kp` ends in an accumulator that sums the rows of its values,
+/// or is led by a plain max (a `tb::for_each_row` call either way; strided groups apart).
 fn summed_by_rows(
     tb: &mucc::graph::threadblock::TbGraph,
+    kp: &mucc::sched::plan::KernelPlan,
+    i: usize,
     c: &mucc::sched::plan::ChainPlan,
 ) -> bool {
-    matches!(c.sink, mucc::sched::plan::Sink::Accum(a)
+    let plain_max = matches!(
+        tb.ops[kp.fusion.chains[i].leader()].kind,
+        TbOpKind::Reduction {
+            kind: mucc::graph::ops::TbReduction::PlainMax,
+            ..
+        }
+    );
+    plain_max
+        || matches!(c.sink, mucc::sched::plan::Sink::Accum(a)
         if matches!(tb.ops[a].kind, TbOpKind::Accum(k)
             if k.reduces_last_dim() && k != mucc::graph::AccumKind::RedtoxLdSum))
 }
@@ -340,8 +350,9 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         let mut planned: Vec<usize> = kp
             .chains
             .iter()
-            .filter(|c| c.vector > 1 && !summed_by_rows(tb, c))
-            .map(|c| c.vector)
+            .enumerate()
+            .filter(|&(i, c)| c.vector > 1 && !summed_by_rows(tb, kp, i, c))
+            .map(|(_, c)| c.vector)
             .collect();
         let mut found: Vec<usize> = template_args(&text, "mucc::tb::for_each_step<")
             .iter()
@@ -510,8 +521,9 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     let mut row_vectors: Vec<usize> = kp
         .chains
         .iter()
-        .filter(|c| summed_by_rows(tb, c))
-        .map(|c| c.vector)
+        .enumerate()
+        .filter(|&(i, c)| summed_by_rows(tb, kp, i, c))
+        .map(|(_, c)| c.vector)
         .collect();
     let mut emitted_vectors: Vec<usize> = template_args(&text, "mucc::tb::for_each_row<")
         .into_iter()
