@@ -882,19 +882,7 @@ fn exp_before_outputs(tb: &TbGraph, outputs: &[usize]) -> TbGraph {
             let d = add(TbOpKind::Binary(BinaryOp::Sub), vec![x, m], st.shape);
             ins[0] = add(TbOpKind::Unary(UnaryOp::Exp), vec![d], st.shape);
         }
-        let outs: Vec<Handle<STensor>> = t
-            .outputs
-            .iter()
-            .map(|&o| out.tensors.append(tb.tensors[o].clone()))
-            .collect();
-        for (&o, &n) in t.outputs.iter().zip(&outs) {
-            map.insert(o, n);
-        }
-        out.ops.append(TbOp {
-            kind: t.kind.clone(),
-            inputs: ins,
-            outputs: outs,
-        });
+        copy_tb_op(&mut out, tb, t, ins, &mut map);
     }
     out
 }
@@ -976,19 +964,7 @@ fn hoist(
                 continue;
             }
             let ins: Vec<Handle<STensor>> = t.inputs.iter().map(|x| map[x]).collect();
-            let outs: Vec<Handle<STensor>> = t
-                .outputs
-                .iter()
-                .map(|&o| tb2.tensors.append(tb.tensors[o].clone()))
-                .collect();
-            for (&o, &n) in t.outputs.iter().zip(&outs) {
-                map.insert(o, n);
-            }
-            tb2.ops.append(TbOp {
-                kind: t.kind.clone(),
-                inputs: ins,
-                outputs: outs,
-            });
+            copy_tb_op(&mut tb2, tb, t, ins, &mut map);
         }
         let mut outputs = op.outputs.clone();
         let mut exps = Vec::new();
@@ -1019,6 +995,31 @@ fn hoist(
     crate::graph::validate::validate(&out, None).map_err(RewriteFailure::Invalid)?;
     scores.sort_by_key(|(i, _)| *i);
     Ok((out, scores.into_iter().map(|(_, t)| t).collect()))
+}
+
+/// Appends a copy of `t` (an operator of `tb`) to `out`, reading `ins` (tiles of `out`), with
+/// new output tiles like `t`'s, which `map` then maps `t`'s to; returns them.
+fn copy_tb_op(
+    out: &mut TbGraph,
+    tb: &TbGraph,
+    t: &TbOp,
+    ins: Vec<Handle<STensor>>,
+    map: &mut BTreeMap<Handle<STensor>, Handle<STensor>>,
+) -> Vec<Handle<STensor>> {
+    let outs: Vec<Handle<STensor>> = t
+        .outputs
+        .iter()
+        .map(|&o| out.tensors.append(tb.tensors[o].clone()))
+        .collect();
+    for (&o, &n) in t.outputs.iter().zip(&outs) {
+        map.insert(o, n);
+    }
+    out.ops.append(TbOp {
+        kind: t.kind.clone(),
+        inputs: ins,
+        outputs: outs.clone(),
+    });
+    outs
 }
 
 /// Appends `op` to `out`, with the sharding map of `g`'s operator `old` it stands for.
@@ -1324,19 +1325,7 @@ fn shifted_body(
             map.insert(t.outputs[0], e);
             continue;
         }
-        let outs: Vec<Handle<STensor>> = t
-            .outputs
-            .iter()
-            .map(|&o| out.tensors.append(tb.tensors[o].clone()))
-            .collect();
-        for (&o, &n) in t.outputs.iter().zip(&outs) {
-            map.insert(o, n);
-        }
-        out.ops.append(TbOp {
-            kind: t.kind.clone(),
-            inputs: ins,
-            outputs: outs.clone(),
-        });
+        let outs = copy_tb_op(&mut out, tb, t, ins, &mut map);
         if let TbOpKind::Input {
             input,
             imap,
