@@ -533,10 +533,9 @@ impl<'a> Builder<'a> {
                     {
                         cand.retain(|&d| d != r);
                     }
-                    // A plain max whose rows are split over several threads each (the planner's
-                    // `threads_per_row` gives a row two or more threads when whole warps leave
-                    // two threads per row): consecutive threads read consecutive elements of a
-                    // row (`tb::for_each_row`).
+                    // A plain max whose rows are split over several threads each
+                    // ([`super::threads_per_row`]): consecutive threads read consecutive
+                    // elements of a row (`tb::for_each_row`).
                     if let (
                         TbOpKind::Reduction {
                             dim,
@@ -548,7 +547,7 @@ impl<'a> Builder<'a> {
                         let len = space.dim(*dim);
                         let threads: usize = tb.block.iter().product();
                         let rows = space.numel() / len.max(1);
-                        if len > 1 && threads.is_multiple_of(32) && rows * 2 <= threads {
+                        if len > 1 && super::threads_per_row(rows, len, threads) > 1 {
                             cand = vec![*dim];
                         }
                     }

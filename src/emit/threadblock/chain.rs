@@ -568,54 +568,51 @@ impl Ctx<'_> {
         let inner: usize = os.dims()[dim + 1..].iter().product();
         let split = self.row_split(lead)?;
         let (rows, tpr) = (split.rows, split.threads_per_row);
+        // The element function: one element, or (a plain max by vectors, the plan's width) a
+        // run of v elements of a row by one vector load, the run's max (`run`: its first value
+        // and the value of element j).
         let v = cp.vector;
-        if v > 1 && kind == TbReduction::PlainMax && inner == 1 {
-            // A run of v elements of a row per call: one vector load, the run's max.
+        let by_vectors = v > 1 && kind == TbReduction::PlainMax && inner == 1;
+        let (elem, run) = if by_vectors {
             self.vector_loads = Some((v, Vec::new()));
             let x0 = self.tile_read(x, &xs, &natural(&xs), "e");
-            let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
+            let mut elem = vec![format!("const int e = row * {k} + j0;")];
+            elem.extend(self.vector_loads.take().map(|(_, l)| l).unwrap_or_default());
             let x0 = x0?;
-            let mut sink = vec![format!("{c} v = s;")];
-            sink.extend(self.member_lines(cp, None)?);
-            sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
-            self.w.block("", "", |w| {
-                w.block("auto elem = [&](int row, int j0)", ";", |w| {
-                    w.line(format!("const int e = row * {k} + j0;"));
-                    lines(w, &loads);
-                    w.line(format!("{c} s_ = {};", x0.replace("[j]", "[0]")));
-                    w.line("#pragma unroll");
-                    w.block(format!("for (int j = 1; j < {v}; ++j)"), "", |w| {
-                        w.line(format!("s_ = mucc::tb::Max::join(s_, {x0});"))
-                    });
-                    w.line("return s_;");
-                });
-                w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
-                    lines(w, &sink)
-                });
-                w.line(format!(
-                    "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {c}, {v}, mucc::tb::Max>(tid, elem, sink);"
-                ));
-            });
-            return Ok(());
-        }
-        let idx = format!(
-            "(row / {ti}) * {tki} + (j * {to} + (row / {inner}) % {to}) * {inner} + row % {inner}",
-            ti = to * inner,
-            tki = to * k * inner
-        );
-        let xr = self.tile_read(x, &xs, &natural(&xs), &idx)?;
+            (elem, Some((x0.replace("[j]", "[0]"), x0)))
+        } else {
+            let idx = format!(
+                "(row / {ti}) * {tki} + (j * {to} + (row / {inner}) % {to}) * {inner} + row % {inner}",
+                ti = to * inner,
+                tki = to * k * inner
+            );
+            let xr = self.tile_read(x, &xs, &natural(&xs), &idx)?;
+            (vec![format!("return {xr};")], None)
+        };
         let mut sink = vec![format!("{c} v = s;")];
         sink.extend(self.member_lines(cp, None)?);
         sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
-        // The combining operation: a sum unless the plain max.
-        let op = if kind == TbReduction::PlainMax {
-            ", 1, mucc::tb::Max".to_string()
+        // The combining operation: a sum unless the plain max, with its run length.
+        let op = match kind {
+            TbReduction::PlainMax => format!(", {}, mucc::tb::Max", if by_vectors { v } else { 1 }),
+            _ => String::new(),
+        };
+        let head = if by_vectors {
+            "auto elem = [&](int row, int j0)"
         } else {
-            String::new()
+            "auto elem = [&](int row, int j)"
         };
         self.w.block("", "", |w| {
-            w.block("auto elem = [&](int row, int j)", ";", |w| {
-                w.line(format!("return {xr};"))
+            w.block(head, ";", |w| {
+                lines(w, &elem);
+                if let Some((first, at_j)) = &run {
+                    w.line(format!("{c} s_ = {first};"));
+                    w.line("#pragma unroll");
+                    w.block(format!("for (int j = 1; j < {v}; ++j)"), "", |w| {
+                        w.line(format!("s_ = mucc::tb::Max::join(s_, {at_j});"))
+                    });
+                    w.line("return s_;");
+                }
             });
             w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
                 lines(w, &sink)
