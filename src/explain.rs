@@ -290,6 +290,9 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     match &kp.split {
         Split::Off(why) => {
             let _ = writeln!(s, "  cluster split: none ({why})");
+            if let Some(c) = &kp.cluster_combine {
+                let _ = writeln!(s, "  cluster combine: {c}");
+            }
         }
         Split::Cluster(c) => {
             let g = kp.launch_grid();
@@ -901,15 +904,27 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 rows,
                 splits,
                 d,
+                form: crate::sched::combine::CombineForm::InCluster { kernel },
+                ..
+            } => format!(
+                "softmax combination of {splits} key splits for {rows} rows of {d}, performed by \
+                 kernel op {kernel}'s clusters (no launch of its own)"
+            ),
+            KnOpPlan::SoftmaxCombine {
+                rows,
+                splits,
+                d,
                 vector,
                 group,
                 split_lanes,
                 launch,
+                form: crate::sched::combine::CombineForm::Kernel(why),
                 ..
             } => format!(
                 "softmax combination of {splits} key splits for {rows} rows of {d}: {} threads \
                  per row ({group} along the outputs with {vector}-element vectors{}), weights \
-                 exp(m - max m) in registers, no shared memory; {} blocks x {} threads",
+                 exp(m - max m) in registers, no shared memory; {} blocks x {} threads; not in \
+                 the attention kernel's clusters: {why}",
                 group * split_lanes,
                 if *split_lanes == 1 {
                     ", each summing every split".to_string()

@@ -254,6 +254,7 @@ fn kernel_level_goldens() {
             dependent_launch: false,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_combine: false,
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,

@@ -262,6 +262,7 @@ fn opts(arch: Arch) -> Options {
         dependent_launch: true,
         symbols: Default::default(),
         cluster_split: true,
+        cluster_combine: false,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -279,8 +280,12 @@ fn emit_golden(name: &str, g: &KernelGraph, what: &str) {
 }
 
 fn emit_golden_for(name: &str, g: &KernelGraph, what: &str, arch: Arch) {
-    let (p, e) =
-        mucc::transpile::transpile(g, &opts(arch), what).unwrap_or_else(|e| panic!("{name}: {e}"));
+    emit_golden_with(name, g, what, &opts(arch));
+}
+
+fn emit_golden_with(name: &str, g: &KernelGraph, what: &str, o: &Options) {
+    let arch = o.target.arch;
+    let (p, e) = mucc::transpile::transpile(g, o, what).unwrap_or_else(|e| panic!("{name}: {e}"));
     golden(
         &format!("threadblock/{name}.{arch}.explain.txt"),
         &mucc::explain::explain(g, &p),
@@ -291,7 +296,7 @@ fn emit_golden_for(name: &str, g: &KernelGraph, what: &str, arch: Arch) {
         &(serde_json::to_string_pretty(&e.launch).unwrap() + "\n"),
     );
     // Emission is deterministic.
-    let (_, again) = mucc::transpile::transpile(g, &opts(arch), what).unwrap();
+    let (_, again) = mucc::transpile::transpile(g, o, what).unwrap();
     assert_eq!(
         again.source, e.source,
         "{name}: emission is not deterministic"
@@ -354,6 +359,41 @@ fn hopper_threadblock_goldens() {
         );
         emit_golden_for(&name, &g, what, Arch::Sm90a);
     }
+}
+
+/// Split attention combined in its clusters (`--cluster-combine`, off by default): mha_bs8's
+/// graph 25 launches its attention kernel in clusters of its 4 key splits, which store the
+/// combined output themselves; no combining kernel follows.
+#[test]
+fn cluster_combine_golden() {
+    let f = mucc::read_file(
+        &common::corpus_dir().join("mha_bs8.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[25].graph;
+    let mut o = opts(Arch::Sm90a);
+    o.cluster_combine = true;
+    let (p, e) = mucc::transpile::transpile(g, &o, "mha_bs8.json, graph 25").unwrap();
+    let combined: Vec<_> = p
+        .kernels
+        .values()
+        .filter_map(|k| k.cluster_combine.as_ref())
+        .collect();
+    assert_eq!(combined.len(), 1, "one kernel combines in its clusters");
+    assert_eq!((combined[0].ctas, combined[0].axis), (4, 1));
+    assert!(
+        e.source.contains("__cluster_dims__(1, 4, 1)")
+            && e.source.contains("mucc::tb::cluster_softmax_combine<")
+            && !e.source.contains("mucc::kn::softmax_combine<"),
+        "the attention kernel combines; no combining kernel"
+    );
+    emit_golden_with(
+        "mha_bs8.g25.cluster_combine",
+        g,
+        "mha_bs8.json, graph 25",
+        &o,
+    );
 }
 
 /// The corpus goldens use every threadblock operator kind that occurs in the corpus.

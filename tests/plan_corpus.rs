@@ -115,6 +115,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         dependent_launch: false,
                         symbols: Default::default(),
                         cluster_split: true,
+                        cluster_combine: false,
                         cta: Default::default(),
                         register_pipes: true,
                         register_rows: true,
@@ -193,6 +194,7 @@ fn plans_are_deterministic() {
                 dependent_launch: false,
                 symbols: Default::default(),
                 cluster_split: true,
+                cluster_combine: false,
                 cta: Default::default(),
                 register_pipes: true,
                 register_rows: true,
@@ -412,4 +414,103 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
         grouped += here.1;
     }
     assert_eq!((shifted, grouped), (55, 14));
+}
+
+/// `--cluster-combine` on sm_90a: the combining step of every split attention candidate whose
+/// key splits are 2 to 8 blocks of a kernel without a loop split runs in that kernel's clusters
+/// (the partial outputs leave its schedule, their block regions go, the kernel's cluster is its
+/// key splits along their axis); 16 splits and loop-split kernels keep the combining kernel and
+/// say why; off by default and on sm_80 none does.
+#[test]
+fn cluster_combine_where_its_rules_hold() {
+    use mucc::sched::KnOpPlan;
+    use mucc::sched::combine::{CombineForm, NoClusterCombine};
+    use mucc::target::Arch;
+    // (file, combines in clusters, combining kernels kept) with the option on, sm_90a.
+    let expected = [
+        ("mha_bs8.json", 24, 0),
+        ("mqa_bs8.json", 17, 0),
+        ("mqa_bs1.json", 12, 0),
+        ("gqa_bs1.json", 16, 12),
+        ("gqa_bs8.json", 0, 10),
+        ("mha_bs1.json", 0, 14),
+    ];
+    for (file, in_cluster, kept) in expected {
+        let f = read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
+        let mut counts = (0, 0);
+        for (i, lg) in f.graphs.iter().enumerate() {
+            let mut opts = Options::for_target(Target::new(Arch::Sm90a));
+            let default = mucc::sched::plan(&lg.graph, &opts).unwrap();
+            opts.cluster_combine = true;
+            let p = mucc::sched::plan(&lg.graph, &opts).unwrap();
+            let mut sm80 = Options::for_target(Target::new(Arch::Sm80));
+            sm80.cluster_combine = true;
+            let p80 = mucc::sched::plan(&lg.graph, &sm80).unwrap();
+            let forms = |p: &GraphPlan| -> Vec<CombineForm> {
+                p.kernel_ops
+                    .iter()
+                    .filter_map(|k| match k {
+                        KnOpPlan::SoftmaxCombine { form, .. } => Some(form.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            for (what, q, why) in [
+                ("default", &default, NoClusterCombine::OffByDefault),
+                ("sm_80", &p80, NoClusterCombine::NotHopper),
+            ] {
+                assert!(
+                    forms(q)
+                        .iter()
+                        .all(|f| *f == CombineForm::Kernel(why.clone())),
+                    "{file} g{i} {what}: {:?}",
+                    forms(q)
+                );
+                assert!(q.kernels.values().all(|k| k.cluster_combine.is_none()));
+            }
+            let g = p.graph(&lg.graph);
+            for (c, form) in p
+                .kernel_ops
+                .iter()
+                .enumerate()
+                .filter_map(|(c, k)| match k {
+                    KnOpPlan::SoftmaxCombine { form, .. } => Some((c, form)),
+                    _ => None,
+                })
+            {
+                let KnOpKind::SoftmaxCombine { splits } =
+                    g.ops[mucc::graph::arena::Handle::from_index(c)].kind
+                else {
+                    panic!("{file} g{i}: op {c} is no softmax_combine");
+                };
+                match form {
+                    CombineForm::InCluster { kernel } => {
+                        counts.0 += 1;
+                        let kp = &p.kernels[kernel];
+                        let cc = kp.cluster_combine.as_ref().expect("the kernel combines");
+                        assert_eq!((cc.combine, cc.ctas), (c, splits), "{file} g{i}");
+                        assert_eq!(cc.dims()[cc.axis], splits);
+                        assert!(kp.split.cluster().is_none());
+                        assert!(kp.schedule.post_loop.is_empty(), "{file} g{i}");
+                        assert_eq!(cc.skipped.len(), 3);
+                        assert!(cc.skipped.iter().all(|&o| kp.regions[o].is_none()));
+                        assert!(cc.rows_per_cta * cc.ctas >= cc.rows);
+                        assert!(cc.d.is_multiple_of(cc.per_thread));
+                    }
+                    CombineForm::Kernel(why) => {
+                        counts.1 += 1;
+                        assert!(
+                            matches!(
+                                why,
+                                NoClusterCombine::TooManySplits { splits: 16 }
+                                    | NoClusterCombine::LoopSplit
+                            ),
+                            "{file} g{i}: {why}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(counts, (in_cluster, kept), "{file}");
+    }
 }

@@ -70,6 +70,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_register_rows: a.path.no_register_rows,
         no_wgmma: a.path.no_wgmma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
+        cluster_combine: a.path.cluster_combine,
         online_softmax: a.path.online_softmax,
         // The runner provides the exchange buffers the fused form needs.
         all_reduce: a

@@ -187,6 +187,13 @@ pub struct PathArg {
     /// same function.
     #[arg(long)]
     pub no_fuse_matmuls: bool,
+    /// Run the combining step of split attention in the attention kernel's clusters (sm_90a):
+    /// the kernel launches in clusters of its key splits (2 to 8), whose CTAs combine their
+    /// partials through distributed shared memory and store the result, instead of a combining
+    /// kernel after it (`explain` says where and why not). Off by default: measured slower on
+    /// an H200 (docs/benchmarks.md). Both compute the same function up to rounding.
+    #[arg(long)]
+    pub cluster_combine: bool,
     /// Where split attention kernels compute their softmax online: they keep a running row
     /// max, rescale their sums and write the max, and a combining kernel rescales the partials
     /// of the key splits, so that no exponential overflows. `piped`: where the rewritten
@@ -229,6 +236,7 @@ impl PathArg {
             && !self.no_register_rows
             && !self.no_wgmma
             && !self.no_fuse_matmuls
+            && !self.cluster_combine
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
             && self.max_stages.is_none()
             && self.refine_loops.is_none()
@@ -255,6 +263,7 @@ impl PathArg {
         opts.register_rows = !self.no_register_rows;
         opts.wgmma = !self.no_wgmma;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
+        opts.cluster_combine = self.cluster_combine;
         opts.online_softmax = self.online_softmax;
         opts.all_reduce = self.all_reduce.unwrap_or_default();
         if let Some(s) = self.max_stages {

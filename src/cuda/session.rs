@@ -53,6 +53,9 @@ pub struct SessionOptions {
     /// Keep every kernel-level matmul a separate step (no fusion into its reader, for
     /// comparison).
     pub no_fuse_matmuls: bool,
+    /// Run the combining step of split attention in the attention kernel's clusters
+    /// (`--cluster-combine`; off by default).
+    pub cluster_combine: bool,
     /// Where attention kernels compute their softmax online (`--online-softmax`).
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
     /// How multi-GPU plans run their all-reduces (`--all-reduce`).
@@ -120,6 +123,7 @@ impl Session {
             dependent_launch: a.dependent_launch,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_combine: a.cluster_combine,
             cta: a.cta,
             register_pipes: !a.no_register_pipes,
             register_rows: !a.no_register_rows,

@@ -278,16 +278,17 @@ pub fn kernel_signature(launch_bounds: &str, name: &str, params: &[String]) -> S
     signature(head, params)
 }
 
-/// [`kernel_signature`] of a kernel launched as clusters of `ctas` CTAs along x
-/// (`__cluster_dims__`: the launch needs no cluster attribute).
+/// [`kernel_signature`] of a kernel launched as clusters of `dims` CTAs (`__cluster_dims__`:
+/// the launch needs no cluster attribute).
 pub fn cluster_kernel_signature(
-    ctas: usize,
+    dims: [usize; 3],
     launch_bounds: &str,
     name: &str,
     params: &[String],
 ) -> String {
+    let [x, y, z] = dims;
     let head = format!(
-        "extern \"C\" __global__ void __cluster_dims__({ctas}, 1, 1) __launch_bounds__({launch_bounds}) {name}("
+        "extern \"C\" __global__ void __cluster_dims__({x}, {y}, {z}) __launch_bounds__({launch_bounds}) {name}("
     );
     signature(head, params)
 }

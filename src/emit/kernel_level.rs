@@ -273,6 +273,11 @@ pub(super) fn emit(
             fused: crate::sched::exchange::AllReduceForm::Fused { .. },
             ..
         } => return (None, Vec::new()),
+        // The attention kernel's clusters perform it.
+        KnOpPlan::SoftmaxCombine {
+            form: crate::sched::combine::CombineForm::InCluster { .. },
+            ..
+        } => return (None, Vec::new()),
         KnOpPlan::Gemm { calls, .. } => {
             return (None, calls.iter().cloned().map(Step::Gemm).collect());
         }
@@ -351,6 +356,7 @@ pub(super) fn emit(
             group,
             split_lanes,
             launch,
+            form: crate::sched::combine::CombineForm::Kernel(_),
         } => {
             let name = symbols.kernel(&format!("k{k}_softmax_combine"));
             let t = ctype(*dtype);

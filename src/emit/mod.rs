@@ -215,7 +215,11 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             }) {
                 v.push("mucc/arch/sm90.h");
             }
-            if plan.kernels.values().any(|k| k.split.cluster().is_some()) {
+            if plan
+                .kernels
+                .values()
+                .any(|k| k.split.cluster().is_some() || k.cluster_combine.is_some())
+            {
                 v.push("mucc/threadblock/cluster.h");
             }
             if launch.uses_nccl() {

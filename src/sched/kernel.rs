@@ -600,6 +600,7 @@ fn plan_kernel_with(
         pipes,
         no_wgmma,
         exchange: None,
+        cluster_combine: None,
         body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
     })

@@ -280,6 +280,9 @@ pub enum KnOpPlan {
         split_lanes: usize,
         /// Launch.
         launch: GridStride,
+        /// A kernel of its own, or performed by the attention kernel's clusters
+        /// ([`super::combine`], which decides it after the kernels are planned).
+        form: super::combine::CombineForm,
     },
     /// Concat (parts → whole) or split/chunk (whole → parts): one copy per part.
     Parts {
@@ -591,6 +594,9 @@ impl Planner<'_> {
                             .clamp(1, MAX_BLOCKS) as u32,
                         threads: COMBINE_THREADS,
                     },
+                    form: super::combine::CombineForm::Kernel(
+                        super::combine::NoClusterCombine::NotHopper,
+                    ),
                 }
             }
         })

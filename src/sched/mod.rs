@@ -13,6 +13,7 @@
 //! 6. kernel-level operators: runtime kernels with their vector widths and launches, cuBLAS
 //!    calls ([`kernel_level`], [`gemm`]).
 
+pub mod combine;
 pub mod dtensors;
 pub mod exchange;
 pub mod gemm;
@@ -66,6 +67,10 @@ fn plan_dependent_launches(
             KnOpPlan::Gemm { calls, .. } if calls.is_empty() => {}
             KnOpPlan::AllReduce {
                 fused: exchange::AllReduceForm::Fused { .. },
+                ..
+            }
+            | KnOpPlan::SoftmaxCombine {
+                form: combine::CombineForm::InCluster { .. },
                 ..
             } => {}
             KnOpPlan::Gemm { .. } | KnOpPlan::AllReduce { .. } => prev = Prev::Library,
@@ -394,6 +399,14 @@ fn plan_graph(
     let mut kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs, target)?;
     let exchange_bytes =
         exchange::fuse_all_reduces(g, &mut kernel_ops, &mut kernels, opts.all_reduce);
+    combine::fuse_softmax_combines(
+        g,
+        &dt,
+        &mut kernel_ops,
+        &mut kernels,
+        opts.path.hopper(target),
+        opts.cluster_combine,
+    );
     plan_dependent_launches(&kernel_ops, &mut kernels, opts);
     let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {

@@ -51,6 +51,10 @@ pub struct Options {
     /// Whether the Hopper path may split a kernel's for-loop over a cluster (on by default; a
     /// tuning variant turns it off).
     pub cluster_split: bool,
+    /// Whether the Hopper path runs the combining step of split attention in the attention
+    /// kernel's clusters ([`super::combine`], `--cluster-combine`). Off by default: measured
+    /// slower on an H200 (docs/benchmarks.md).
+    pub cluster_combine: bool,
     /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
     /// guess, not semantics, so the planner may choose its own.
     pub cta: CtaChoice,
@@ -96,6 +100,7 @@ impl Options {
             dependent_launch: false,
             symbols: Symbols::default(),
             cluster_split: true,
+            cluster_combine: false,
             cta: CtaChoice::Auto,
             register_pipes: true,
             register_rows: true,
@@ -1304,6 +1309,9 @@ pub struct KernelPlan {
     pub no_wgmma: Vec<(usize, WgmmaOff)>,
     /// The all-reduce this kernel performs itself (multi-GPU plans, [`super::exchange`]).
     pub exchange: Option<super::exchange::Exchange>,
+    /// The combining step of split attention this kernel performs in its clusters
+    /// ([`super::combine`]).
+    pub cluster_combine: Option<super::combine::ClusterCombine>,
     /// How the body computes: through the schedule's shared-memory tiles, or every tile in
     /// registers ([`super::rows`]).
     pub body: Body,
@@ -1390,7 +1398,10 @@ impl KernelPlan {
             self.register_pipes().next().is_some(),
             Feature::RegisterPipe,
         );
-        add(self.split.cluster().is_some(), Feature::Cluster);
+        add(
+            self.split.cluster().is_some() || self.cluster_combine.is_some(),
+            Feature::Cluster,
+        );
         add(
             self.dependent.is_programmatic() || self.triggers_next,
             Feature::ProgrammaticLaunch,

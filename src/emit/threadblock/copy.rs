@@ -24,7 +24,7 @@ impl Ctx<'_> {
     }
 
     /// The element offset of a block's region (a C++ expression) as the plan gives it.
-    fn block_offset(&self, region: &BlockRegion) -> String {
+    pub(super) fn block_offset(&self, region: &BlockRegion) -> String {
         if region.steps.is_empty() {
             return "0".into();
         }

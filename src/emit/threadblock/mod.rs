@@ -312,7 +312,9 @@ pub(super) fn emit(
     let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
     let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, body);
     if let Some(c) = kp.split.cluster() {
-        view.signature = cxx::cluster_kernel_signature(c.ctas, &bounds, &name, &params);
+        view.signature = cxx::cluster_kernel_signature([c.ctas, 1, 1], &bounds, &name, &params);
+    } else if let Some(c) = &kp.cluster_combine {
+        view.signature = cxx::cluster_kernel_signature(c.dims(), &bounds, &name, &params);
     }
     view.comment.extend(cxx::comment(
         &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
@@ -364,6 +366,9 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
         );
     }
     after_loop(ctx)?;
+    if let Some(c) = &kp.cluster_combine {
+        cluster_combine(ctx, c)?;
+    }
     for st in kp.schedule.post_loop.clone() {
         match st {
             Step::Barrier(_) => ctx.barrier(),
@@ -389,6 +394,10 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
     for (i, &x) in op.inputs.iter().enumerate() {
         params.push(format!("const {t}* __restrict__ in{i}"));
         args.push(plan.binding(x, g.tensors[x].dtype.bytes()));
+    }
+    if let Some(c) = &ctx.kp.cluster_combine {
+        params.push(format!("{t}* __restrict__ ycomb"));
+        args.push(c.out);
     }
     if let Some(x) = &ctx.kp.exchange {
         use crate::sched::plan::Binding;
@@ -701,6 +710,50 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
             },
         );
     }
+    Ok(())
+}
+
+/// The combining step of split attention in the kernel's clusters ([`crate::sched::combine`]):
+/// behind a cluster barrier each CTA combines its share of the block's rows from every CTA's
+/// partials and stores them; a second barrier keeps its partials alive until the others have
+/// read them.
+fn cluster_combine(
+    ctx: &mut Ctx,
+    c: &crate::sched::combine::ClusterCombine,
+) -> Result<(), EmitError> {
+    let (tb, nt) = (ctx.tb, ctx.nt);
+    let tile = |ctx: &mut Ctx, t: usize| -> Result<String, EmitError> {
+        let h = Handle::from_index(t);
+        let s = tb.tensors[h].shape;
+        ctx.tile_layout(h, &(0..s.rank()).collect::<Vec<_>>())
+    };
+    let (lo, ll, lm) = (
+        tile(ctx, c.o_tile)?,
+        tile(ctx, c.l_tile)?,
+        tile(ctx, c.m_tile)?,
+    );
+    let s = tb.tensors[Handle::from_index(c.o_tile)].shape;
+    let natural: Vec<usize> = (0..s.rank()).collect();
+    let ly = ctx.strided_layout(&s, &s, &c.out_strides, &natural, None);
+    let ty = ctx.tile_ctype(Handle::from_index(c.o_tile));
+    let t = ctx.t();
+    let off = ctx.block_offset(&c.region);
+    let (rows, d, ctas, rpc, v) = (c.rows, c.d, c.ctas, c.rows_per_cta, c.per_thread);
+    ctx.w.line(format!(
+        "// kernel op {} (softmax_combine): the {ctas} CTAs of the cluster, its key splits,",
+        c.combine
+    ));
+    ctx.w.line(format!(
+        "// combine their partials; CTA r stores rows [r·{rpc}, (r + 1)·{rpc}) of the output"
+    ));
+    ctx.w
+        .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
+    ctx.w.line(format!(
+        "mucc::tb::cluster_softmax_combine<{nt}, {rows}, {d}, {ctas}, {rpc}, {v}, {lo}, {ll}, {lm}, {ly}, {ty}, {t}>(tid, s{}, s{}, s{}, ycomb + {off});",
+        c.o_tile, c.l_tile, c.m_tile
+    ));
+    ctx.w
+        .line("mucc::sm90::cluster_sync();  // the others have read this CTA's partials");
     Ok(())
 }
 
