@@ -148,7 +148,7 @@ extern "C" __global__ void __cluster_dims__(1, 4, 1) __launch_bounds__(128, 3) k
   // kernel op 4 (softmax_combine): the 4 CTAs of the cluster, its key splits,
   // combine their partials; CTA r stores rows [r·4, (r + 1)·4) of the output
   mucc::sm90::cluster_sync();  // every CTA's partials are complete
-  mucc::tb::cluster_softmax_combine<128, 16, 64, 4, 4, 2, L1, L4, L4, L1, float, mucc::f16>(tid, s12, s10, s9,
+  mucc::tb::cluster_softmax_combine<128, 16, 64, 4, 4, L1, L4, L4, L1, float, mucc::f16>(tid, s12, s10, s9,
       ycomb + static_cast<mucc::i64>(blockIdx.x) * 1024);
   mucc::sm90::cluster_sync();  // the others have read this CTA's partials
 }

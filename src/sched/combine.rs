@@ -37,10 +37,6 @@ use super::plan::{Binding, BlockRegion, DTensorGeometry, KernelPlan, Placement};
 /// combining kernel).
 pub const MAX_CTAS: usize = 8;
 
-/// Most consecutive elements of a row a thread of the combining cluster takes at a time (its
-/// loads from the other CTAs are in flight together: 8 CTAs × (2 + this) values).
-pub const MAX_PER_THREAD: usize = 8;
-
 /// How a `softmax_combine` runs ([`KnOpPlan::SoftmaxCombine`]'s `form`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CombineForm {
@@ -77,10 +73,6 @@ pub struct ClusterCombine {
     pub d: usize,
     /// Rows each CTA combines and stores (⌈rows / ctas⌉; CTA r takes rows from r times this).
     pub rows_per_cta: usize,
-    /// Consecutive elements of a row a thread takes at a time, all of whose loads (every CTA's
-    /// m, l and these elements of O) it issues before using any: the fewest, up to
-    /// [`MAX_PER_THREAD`] and dividing d, with which the CTA's threads cover its rows in one step.
-    pub per_thread: usize,
     /// The threadblock output operators that no longer run (they wrote O, l and m).
     pub skipped: Vec<usize>,
     /// The combining step's output.
@@ -396,14 +388,6 @@ fn decide(
     }
     let out = Binding::of(dt[y.index()].placement, g.tensors[y].dtype.bytes());
     let rows_per_cta = rows.div_ceil(splits);
-    let threads = kp.cta.threads.max(1);
-    let mut per_thread = 1;
-    while per_thread * 2 <= MAX_PER_THREAD
-        && d.is_multiple_of(per_thread * 2)
-        && rows_per_cta * d / per_thread > threads
-    {
-        per_thread *= 2;
-    }
     Ok((
         k,
         ClusterCombine {
@@ -416,7 +400,6 @@ fn decide(
             rows,
             d,
             rows_per_cta,
-            per_thread,
             skipped: vec![wo, wl, wm],
             out,
             out_strides,
@@ -441,9 +424,8 @@ impl fmt::Display for ClusterCombine {
             "kernel op {} (softmax_combine) runs in this kernel's clusters: __cluster_dims__({x}, \
              {y}, {z}), the {} CTAs along {} (its key splits) read each other's partials (s{}, \
              s{}, s{}) through distributed shared memory between two cluster barriers; CTA r \
-             stores rows [r·{}, (r + 1)·{}) of the block's {} × {} output at {}, {} consecutive \
-             elements per thread with all their loads in flight at once; the outputs of ops {} \
-             do not run",
+             stores rows [r·{}, (r + 1)·{}) of the block's {} × {} output at {}; the outputs of \
+             ops {} do not run",
             self.combine,
             self.ctas,
             AXIS_NAMES[self.axis],
@@ -455,7 +437,6 @@ impl fmt::Display for ClusterCombine {
             self.rows,
             self.d,
             self.region,
-            self.per_thread,
             self.skipped
                 .iter()
                 .map(|o| o.to_string())

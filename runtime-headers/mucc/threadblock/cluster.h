@@ -90,42 +90,35 @@ __device__ __forceinline__ void cluster_fold_rescaled(int tid, T* t, const T* m)
 // row maxima `m` (layouts LL, LM: one element per row), all in the compute type T. CTA `rank`
 // takes rows [rank·RPC, (rank + 1)·RPC) of the ROWS: per row, M the largest of the CTAs' m and
 // w_r = exp(m_r − M), it stores Σ_r w_r·O_r / Σ_r w_r·l_r as Y at `y` (layout LY over ROWS × D).
-// A thread takes V consecutive elements of one row at a time and issues every load of them (the
-// CTAs' m, l and V elements of O) before it uses any: one round trip to the other SMs per step
-// instead of one per load. The same arithmetic as kn::softmax_combine, on the f32 partials
-// instead of stored ones.
-template <int NT, i64 ROWS, i64 D, int CTAS, i64 RPC, int V, class LO, class LL, class LM, class LY, class T, class Y>
+// A thread takes one element per step (a warp's loads of O are then 32 consecutive elements of a
+// row: several elements per thread made each load span several lines, measured slower) and issues
+// every load of the step (each CTA's m, l and O) before it uses any. The same arithmetic as
+// kn::softmax_combine, on the f32 partials instead of stored ones.
+template <int NT, i64 ROWS, i64 D, int CTAS, i64 RPC, class LO, class LL, class LM, class LY, class T, class Y>
 __device__ __forceinline__ void cluster_softmax_combine(int tid, const T* o, const T* l, const T* m, Y* __restrict__ y) {
   static_assert(RPC * CTAS >= ROWS, "the CTAs' rows cover the tile");
-  static_assert(D % V == 0, "V divides a row");
-  constexpr i64 SEGS = D / V;
   const i64 first = static_cast<i64>(sm90::cluster_rank()) * RPC;
-  for (i64 s = tid; s < RPC * SEGS; s += NT) {
-    const i64 row = first + s / SEGS, j = (s % SEGS) * V;
+  for (i64 s = tid; s < RPC * D; s += NT) {
+    const i64 row = first + s / D, j = s % D;
     if (row >= ROWS) break;
-    T mr[CTAS], lr[CTAS], orr[CTAS][V];
+    T mr[CTAS], lr[CTAS], or_[CTAS];
 #pragma unroll
     for (int r = 0; r < CTAS; ++r) {
       mr[r] = sm90::ld_peer(m + LM::offset(row), r);
       lr[r] = sm90::ld_peer(l + LL::offset(row), r);
-#pragma unroll
-      for (int v = 0; v < V; ++v) orr[r][v] = sm90::ld_peer(o + LO::offset(row * D + j + v), r);
+      or_[r] = sm90::ld_peer(o + LO::offset(row * D + j), r);
     }
     T top = mr[0];
 #pragma unroll
     for (int r = 1; r < CTAS; ++r) top = max_of(top, mr[r]);
-    T den = 0, num[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) num[v] = 0;
+    T num = 0, den = 0;
 #pragma unroll
     for (int r = 0; r < CTAS; ++r) {
       const T w = op::exp(mr[r] - top);
       den += w * lr[r];
-#pragma unroll
-      for (int v = 0; v < V; ++v) num[v] += w * orr[r][v];
+      num += w * or_[r];
     }
-#pragma unroll
-    for (int v = 0; v < V; ++v) y[LY::offset(row * D + j + v)] = from_compute<Y>(num[v] / den);
+    y[LY::offset(row * D + j)] = from_compute<Y>(num / den);
   }
 }
 

@@ -738,7 +738,7 @@ fn cluster_combine(
     let ty = ctx.tile_ctype(Handle::from_index(c.o_tile));
     let t = ctx.t();
     let off = ctx.block_offset(&c.region);
-    let (rows, d, ctas, rpc, v) = (c.rows, c.d, c.ctas, c.rows_per_cta, c.per_thread);
+    let (rows, d, ctas, rpc) = (c.rows, c.d, c.ctas, c.rows_per_cta);
     ctx.w.line(format!(
         "// kernel op {} (softmax_combine): the {ctas} CTAs of the cluster, its key splits,",
         c.combine
@@ -749,7 +749,7 @@ fn cluster_combine(
     ctx.w
         .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
     ctx.w.line(format!(
-        "mucc::tb::cluster_softmax_combine<{nt}, {rows}, {d}, {ctas}, {rpc}, {v}, {lo}, {ll}, {lm}, {ly}, {ty}, {t}>(tid, s{}, s{}, s{}, ycomb + {off});",
+        "mucc::tb::cluster_softmax_combine<{nt}, {rows}, {d}, {ctas}, {rpc}, {lo}, {ll}, {lm}, {ly}, {ty}, {t}>(tid, s{}, s{}, s{}, ycomb + {off});",
         c.o_tile, c.l_tile, c.m_tile
     ));
     ctx.w
