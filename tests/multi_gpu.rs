@@ -575,7 +575,7 @@ fn fused_tensor_parallel_files_are_customized_kernels_that_plan_and_emit() {
 fn a_fused_all_reduce_runs_in_the_kernel_writing_its_input() {
     use mucc::emit::launch::{Binding, Step};
     use mucc::sched::KnOpPlan;
-    use mucc::sched::exchange::{AllReduceChoice, AllReduceForm};
+    use mucc::sched::exchange::{AllReduceChoice, AllReduceForm, NotFused};
     let mut opts =
         mucc::sched::Options::for_target(mucc::target::Target::new(mucc::target::Arch::Sm90a));
     opts.all_reduce = AllReduceChoice::Fused;
@@ -601,7 +601,10 @@ fn a_fused_all_reduce_runs_in_the_kernel_writing_its_input() {
             let AllReduceForm::Nccl(why) = forms[0] else {
                 panic!("{name}: a cuBLAS product fused");
             };
-            assert!(why.contains("not a threadblock kernel"), "{name}: {why}");
+            assert!(
+                matches!(why, NotFused::NotThreadblock { .. }),
+                "{name}: {why}"
+            );
             assert_eq!((nccl_steps, e.launch.exchange_bytes), (1, 0), "{name}");
             continue;
         }
@@ -700,7 +703,7 @@ fn row_parallel(dtype: DType, between: bool) -> KernelGraph {
 #[test]
 fn a_fused_all_reduce_says_why_it_stays_nccl() {
     use mucc::sched::KnOpPlan;
-    use mucc::sched::exchange::{AllReduceChoice, AllReduceForm};
+    use mucc::sched::exchange::{AllReduceChoice, AllReduceForm, NotFused};
     let mut opts =
         mucc::sched::Options::for_target(mucc::target::Target::new(mucc::target::Arch::Sm90a));
     opts.all_reduce = AllReduceChoice::Fused;
@@ -723,14 +726,21 @@ fn a_fused_all_reduce_says_why_it_stays_nccl() {
         f => panic!("fused: {f:?}"),
     };
     let w = why(form(&row_parallel(DType::F64, false)));
-    assert!(w.contains("sums f16, bf16 and f32, not f64"), "{w}");
+    assert_eq!(w, NotFused::DType(DType::F64));
+    assert!(
+        w.to_string().contains("sums f16, bf16 and f32, not f64"),
+        "{w}"
+    );
     let w = why(form(&row_parallel(DType::F16, true)));
-    assert!(w.contains("runs between kernel op"), "{w}");
+    assert!(matches!(w, NotFused::StepBetween { .. }), "{w}");
     // The default keeps NCCL and says so.
     let p = plan_for(&row_parallel(DType::BF16, false)).unwrap();
     assert!(p.kernel_ops.iter().any(|k| matches!(
         k,
-        KnOpPlan::AllReduce { fused: AllReduceForm::Nccl(w), .. } if w == mucc::sched::exchange::NCCL_CHOSEN
+        KnOpPlan::AllReduce {
+            fused: AllReduceForm::Nccl(NotFused::Chosen),
+            ..
+        }
     )));
     assert_eq!(p.exchange_bytes, 0);
 }

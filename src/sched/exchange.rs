@@ -76,12 +76,113 @@ impl std::str::FromStr for AllReduceChoice {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AllReduceForm {
     /// An `ncclAllReduce` step, and why it is not fused.
-    Nccl(String),
+    Nccl(NotFused),
     /// Performed by kernel operator `kernel` ([`KernelPlan::exchange`]); no step of its own.
     Fused {
         /// The kernel operator writing the input.
         kernel: usize,
     },
+}
+
+/// Why an all-reduce stays an NCCL step ([`AllReduceForm::Nccl`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotFused {
+    /// Not decided yet (the state `kernel_level` leaves; [`fuse_all_reduces`] decides).
+    Undecided,
+    /// The options ask for NCCL ([`NCCL_CHOSEN`]).
+    Chosen,
+    /// More GPUs than [`MAX_GPUS`].
+    TooManyGpus {
+        /// The mesh's GPUs.
+        gpus: usize,
+    },
+    /// An element type the fused sum does not take.
+    DType(DType),
+    /// No operator writes the input.
+    NoProducer,
+    /// The input's writer is no threadblock kernel.
+    NotThreadblock {
+        /// The writer (kernel operator index).
+        kernel: usize,
+    },
+    /// The writer performs another all-reduce already.
+    AlreadyFused {
+        /// The writer.
+        kernel: usize,
+    },
+    /// A step runs between the writer and the all-reduce.
+    StepBetween {
+        /// That step's kernel operator.
+        op: usize,
+        /// The writer.
+        kernel: usize,
+    },
+    /// The writer's outputs do not list the input (a case the graph's validation rules out).
+    NotListed,
+    /// Not exactly one threadblock output writes the input.
+    Writers {
+        /// How many do.
+        count: usize,
+        /// The writer.
+        kernel: usize,
+    },
+    /// The input is written before the for-loop ends.
+    InLoop {
+        /// The writer.
+        kernel: usize,
+        /// Its threadblock output operator.
+        op: usize,
+    },
+    /// The input's layout has padding, which no block writes.
+    Padding {
+        /// Elements of the layout's span.
+        count: usize,
+        /// Elements of the tensor.
+        numel: usize,
+    },
+}
+
+impl std::fmt::Display for NotFused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotFused::Undecided => f.write_str("not yet decided"),
+            NotFused::Chosen => f.write_str(NCCL_CHOSEN),
+            NotFused::TooManyGpus { gpus } => write!(
+                f,
+                "a fused all-reduce takes at most {MAX_GPUS} GPUs, the mesh has {gpus}"
+            ),
+            NotFused::DType(d) => write!(f, "a fused all-reduce sums f16, bf16 and f32, not {d}"),
+            NotFused::NoProducer => f.write_str("no operator writes its input"),
+            NotFused::NotThreadblock { kernel } => write!(
+                f,
+                "its input is written by kernel op {kernel}, which is not a threadblock kernel"
+            ),
+            NotFused::AlreadyFused { kernel } => write!(
+                f,
+                "kernel op {kernel} already performs another all-reduce (one per kernel)"
+            ),
+            NotFused::StepBetween { op, kernel } => write!(
+                f,
+                "kernel op {op} runs between kernel op {kernel}, which writes its input, and the \
+                 all-reduce"
+            ),
+            NotFused::NotListed => f.write_str("internal: the producer does not list the tensor"),
+            NotFused::Writers { count, kernel } => write!(
+                f,
+                "{count} threadblock outputs of kernel op {kernel} write its input"
+            ),
+            NotFused::InLoop { kernel, op } => write!(
+                f,
+                "kernel op {kernel} writes its input before the for-loop ends (op{op} is not a \
+                 post-loop step)"
+            ),
+            NotFused::Padding { count, numel } => write!(
+                f,
+                "its layout has padding (a span of {count} for {numel} elements), which no block \
+                 writes"
+            ),
+        }
+    }
 }
 
 /// An all-reduce fused into a threadblock kernel: what the kernel's blocks mirror and where,
@@ -175,49 +276,39 @@ fn decide(
     count: usize,
     gpus: usize,
     region: usize,
-) -> Result<(usize, Exchange), String> {
+) -> Result<(usize, Exchange), NotFused> {
     if choice == AllReduceChoice::Nccl {
-        return Err(NCCL_CHOSEN.into());
+        return Err(NotFused::Chosen);
     }
     if gpus > MAX_GPUS {
-        return Err(format!(
-            "a fused all-reduce takes at most {MAX_GPUS} GPUs, the mesh has {gpus}"
-        ));
+        return Err(NotFused::TooManyGpus { gpus });
     }
     let op = &g.ops[crate::graph::arena::Handle::from_index(ar)];
     let x = op.inputs[0];
     let dtype = g.tensors[x].dtype;
     if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
-        return Err(format!(
-            "a fused all-reduce sums f16, bf16 and f32, not {dtype}"
-        ));
+        return Err(NotFused::DType(dtype));
     }
     let Some(k) = g.producer(x).map(|h| h.index()) else {
-        return Err("no operator writes its input".into());
+        return Err(NotFused::NoProducer);
     };
     let (Some(kp), KnOpKind::Customized(tb)) = (
         kernels.get(&k),
         &g.ops[crate::graph::arena::Handle::from_index(k)].kind,
     ) else {
-        return Err(format!(
-            "its input is written by kernel op {k}, which is not a threadblock kernel"
-        ));
+        return Err(NotFused::NotThreadblock { kernel: k });
     };
     if kp.exchange.is_some() {
-        return Err(format!(
-            "kernel op {k} already performs another all-reduce (one per kernel)"
-        ));
+        return Err(NotFused::AlreadyFused { kernel: k });
     }
     if let Some(j) = (k + 1..ar).find(|&j| !matches!(kernel_ops[j], KnOpPlan::Nothing)) {
-        return Err(format!(
-            "kernel op {j} runs between kernel op {k}, which writes its input, and the all-reduce"
-        ));
+        return Err(NotFused::StepBetween { op: j, kernel: k });
     }
     let j = g.ops[crate::graph::arena::Handle::from_index(k)]
         .outputs
         .iter()
         .position(|&t| t == x)
-        .ok_or("internal: the producer does not list the tensor")?;
+        .ok_or(NotFused::NotListed)?;
     let writers: Vec<usize> = tb
         .ops
         .iter()
@@ -225,10 +316,10 @@ fn decide(
         .map(|(h, _)| h.index())
         .collect();
     let [out] = writers[..] else {
-        return Err(format!(
-            "{} threadblock outputs of kernel op {k} write its input",
-            writers.len()
-        ));
+        return Err(NotFused::Writers {
+            count: writers.len(),
+            kernel: k,
+        });
     };
     let chain = kp.fusion.chain_of[out];
     let post_loop = kp
@@ -237,17 +328,11 @@ fn decide(
         .iter()
         .any(|s| matches!(s, Step::Run(c) if *c == chain));
     if !post_loop {
-        return Err(format!(
-            "kernel op {k} writes its input before the for-loop ends (op{out} is not a \
-             post-loop step)"
-        ));
+        return Err(NotFused::InLoop { kernel: k, op: out });
     }
     let numel = g.tensors[x].shape.numel();
     if count != numel {
-        return Err(format!(
-            "its layout has padding (a span of {count} for {numel} elements), which no block \
-             writes"
-        ));
+        return Err(NotFused::Padding { count, numel });
     }
     let blocks: usize = kp.cta.grid.iter().product();
     let x = Exchange {

@@ -707,7 +707,7 @@ impl Planner<'_> {
             count: span,
             dtype,
             gpus: self.gpus,
-            fused: super::exchange::AllReduceForm::Nccl("not yet decided".into()),
+            fused: super::exchange::AllReduceForm::Nccl(super::exchange::NotFused::Undecided),
         })
     }
 }

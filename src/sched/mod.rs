@@ -119,7 +119,7 @@ pub fn plan(g: &KernelGraph, opts: &Options) -> Result<GraphPlan, PlanError> {
                 p.elapsed = start.elapsed();
                 return Ok(p);
             }
-            Err(e) => rw.undo(rewrite::KeptMatmul::Plan(e.to_string())),
+            Err(e) => rw.undo(rewrite::KeptMatmul::Plan(plan::RewriteFailure::Plan(e))),
         }
     }
     let (mut p, sm, g3) = plan_with_softmax(g, opts)?;
@@ -214,7 +214,7 @@ fn plan_refined(
                 p.rewrite.loops = lr;
                 return Ok((p, Some(g2)));
             }
-            Err(e) => lr.undo(refine::NotRefined::Plan(e.to_string())),
+            Err(e) => lr.undo(refine::NotRefined::Plan(plan::RewriteFailure::Plan(e))),
         }
     }
     let mut p = plan_graph(g, opts, &none)?;
@@ -243,7 +243,7 @@ fn plan_auto_refined(
             }
             // Every customized operator of `g` has a kernel plan in `p`; the rule refines none
             // without one.
-            let unplanned = || NotRefined::Plan(format!("kernel op {k} has no kernel plan"));
+            let unplanned = || NotRefined::NoKernelPlan { kernel: k };
             let crate::graph::kernel::KnOpKind::Customized(tb) =
                 &g.ops[crate::graph::arena::Handle::from_index(k)].kind
             else {
@@ -270,7 +270,7 @@ fn plan_auto_refined(
         let mut p2 = match plan_graph(&g2, opts, &rules) {
             Ok(p2) => p2,
             Err(e) => {
-                lr.undo(NotRefined::Plan(e.to_string()));
+                lr.undo(NotRefined::Plan(plan::RewriteFailure::Plan(e)));
                 p.rewrite.loops = lr;
                 return Ok((p, None));
             }

@@ -284,7 +284,7 @@ fn online_roles(
 }
 
 /// Why a customized operator's loop is not refined.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum NotRefined {
     /// The loop runs once: nothing to refine (such kernels may keep their rows in registers).
     Once,
@@ -307,7 +307,12 @@ pub enum NotRefined {
         why: &'static str,
     },
     /// The refined graph does not validate or plan; the caller's is planned.
-    Plan(String),
+    Plan(super::plan::RewriteFailure),
+    /// The planner's rule found no kernel plan of the operator in the caller's graph's plan.
+    NoKernelPlan {
+        /// The kernel operator.
+        kernel: usize,
+    },
     /// The planner's rule does not ask for it (`--refine-loops N` refines it anyway).
     Rule(RuleKept),
 }
@@ -324,6 +329,10 @@ impl fmt::Display for NotRefined {
             ),
             NotRefined::Operator { op, name, why } => write!(f, "op{op} {name}: {why}"),
             NotRefined::Plan(why) => write!(f, "the refined graph does not plan: {why}"),
+            NotRefined::NoKernelPlan { kernel } => write!(
+                f,
+                "the refined graph does not plan: kernel op {kernel} has no kernel plan"
+            ),
             NotRefined::Rule(why) => write!(
                 f,
                 "the planner's rule refines the loops of a large grid's kernel holding one block \
@@ -402,7 +411,7 @@ pub fn refine_loops_where(
         return lr;
     }
     if let Err(e) = crate::graph::validate::validate(&out, None) {
-        lr.undo(NotRefined::Plan(e.to_string()));
+        lr.undo(NotRefined::Plan(super::plan::RewriteFailure::Invalid(e)));
         return lr;
     }
     lr.graph = Some(Box::new(out));

@@ -57,7 +57,7 @@ pub struct FusedMatmul {
 }
 
 /// Why a kernel-level matmul stays a separate step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum KeptMatmul {
     /// Turned off (`--no-fuse-matmuls`).
     Off,
@@ -84,7 +84,7 @@ pub enum KeptMatmul {
         k: usize,
     },
     /// The product's tile does not decompose into operand tiles a threadblock matmul takes.
-    Tile(String),
+    Tile(Box<TileMismatch>),
     /// The blocks would load more operand bytes than the matmul and the product's loads move
     /// (operand tiles re-read by many blocks: few rows of A against many columns of B).
     Traffic {
@@ -94,7 +94,42 @@ pub enum KeptMatmul {
         kept: u64,
     },
     /// The rewritten graph did not plan or validate; the caller's graph is planned instead.
-    Plan(String),
+    Plan(super::plan::RewriteFailure),
+}
+
+/// Why a product's tile does not decompose into operand tiles ([`KeptMatmul::Tile`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TileMismatch {
+    /// An operand's tile or their product does not infer (the shape rule's message).
+    Infer(crate::graph::error::ErrorKind),
+    /// The operand tiles multiply to another tile than the one the reader loads.
+    Product {
+        /// A's tile.
+        a: crate::graph::Shape,
+        /// B's tile.
+        b: crate::graph::Shape,
+        /// Their product.
+        product: crate::graph::Shape,
+        /// The tile the reader loads.
+        loaded: crate::graph::Shape,
+    },
+}
+
+impl fmt::Display for TileMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TileMismatch::Infer(e) => write!(f, "{e}"),
+            TileMismatch::Product {
+                a,
+                b,
+                product,
+                loaded,
+            } => write!(
+                f,
+                "the operand tiles {a} and {b} multiply to {product}, not the loaded tile {loaded}"
+            ),
+        }
+    }
 }
 
 impl fmt::Display for KeptMatmul {
@@ -253,18 +288,20 @@ fn candidate(g: &KernelGraph, m: Handle<KnOp>) -> Result<Candidate, KeptMatmul> 
         }
         let f = forloop_dim.and_then(|d| operand_dim(d, r, which));
         let tile = infer::tb_input(&t(operand).shape, tb.grid, map, f, tb.forloop_range)
-            .map_err(|e| KeptMatmul::Tile(e.to_string()))?;
+            .map_err(|e| KeptMatmul::Tile(Box::new(TileMismatch::Infer(e))))?;
         maps[which] = (map, f);
         tiles.push(tile);
     }
-    let product =
-        infer::matmul(&tiles[0], &tiles[1], true).map_err(|e| KeptMatmul::Tile(e.to_string()))?;
+    let product = infer::matmul(&tiles[0], &tiles[1], true)
+        .map_err(|e| KeptMatmul::Tile(Box::new(TileMismatch::Infer(e))))?;
     let loaded = tb.tensors[tb.ops[load].outputs[0]].shape;
     if product != loaded {
-        return Err(KeptMatmul::Tile(format!(
-            "the operand tiles {} and {} multiply to {product}, not the loaded tile {loaded}",
-            tiles[0], tiles[1]
-        )));
+        return Err(KeptMatmul::Tile(Box::new(TileMismatch::Product {
+            a: tiles[0],
+            b: tiles[1],
+            product,
+            loaded,
+        })));
     }
     // Bytes each form moves: fused, every block loads its operand tiles (once, or every
     // iteration for a tile the loop walks); kept, the matmul reads A and B and writes S, and the
@@ -326,7 +363,7 @@ pub fn fuse_matmuls(g: &KernelGraph, on: bool) -> Rewrite {
     }
     let g2 = rebuild(g, &found);
     if let Err(e) = crate::graph::validate::validate(&g2, None) {
-        rw.undo(KeptMatmul::Plan(e.to_string()));
+        rw.undo(KeptMatmul::Plan(super::plan::RewriteFailure::Invalid(e)));
         return rw;
     }
     rw.graph = Some(Box::new(g2));

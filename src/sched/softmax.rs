@@ -441,10 +441,10 @@ impl fmt::Display for DownstreamOff {
 pub enum CombineOff {
     /// Its partials have more than [`MAX_CHECKED_PARTIALS`] elements.
     TooLarge,
-    /// It does not validate alone (the validator's message).
-    NotAlone(String),
-    /// The interpreter cannot evaluate it (its message).
-    NotEvaluated(String),
+    /// It does not validate alone.
+    NotAlone(crate::graph::error::ValidationErrors),
+    /// The interpreter cannot evaluate it.
+    NotEvaluated(crate::graph::error::GraphError),
     /// Its result on test partials differs from Σ O / Σ l by `rel`.
     Differs {
         /// The relative difference.
@@ -931,16 +931,12 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
         outputs: vec![],
     });
     if let Err(e) = crate::graph::validate::validate(&mini, None) {
-        return Err(NoOnlineSoftmax::Combine(CombineOff::NotAlone(
-            e.to_string(),
-        )));
+        return Err(NoOnlineSoftmax::Combine(CombineOff::NotAlone(e)));
     }
     let got = match crate::graph::interp::evaluate(&mini, &inputs) {
         Ok(mut v) => v.remove(0),
         Err(e) => {
-            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(
-                e.to_string(),
-            )));
+            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(e)));
         }
     };
     // Σ O / Σ l, block by block of the attention kernel.
