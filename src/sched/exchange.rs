@@ -87,7 +87,7 @@ pub enum AllReduceForm {
 /// Why an all-reduce stays an NCCL step ([`AllReduceForm::Nccl`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NotFused {
-    /// Not decided yet (the state `kernel_level` leaves; [`fuse_all_reduces`] decides).
+    /// Not decided yet (the state `kernel_level` leaves; `fuse_all_reduces` decides).
     Undecided,
     /// The options ask for NCCL ([`NCCL_CHOSEN`]).
     Chosen,
