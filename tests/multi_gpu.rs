@@ -317,8 +317,21 @@ fn an_all_reduce_output_takes_its_input_layout_and_other_user_strides_get_a_copy
     let x = g.new_input(&[8, 16], DType::I16).unwrap();
     let y = g.all_reduce(x).unwrap();
     g.mark_output(y).unwrap();
-    let e = plan_for(&g.build().unwrap()).unwrap_err().to_string();
-    assert!(e.contains("NCCL has no element type for i16"), "{e}");
+    let e = plan_for(&g.build().unwrap()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            mucc::sched::PlanError::Unsupported {
+                reason: mucc::sched::plan::Unsupported::NcclType(DType::I16),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("NCCL has no element type for i16"),
+        "{e}"
+    );
 }
 
 #[test]

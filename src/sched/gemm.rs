@@ -117,7 +117,48 @@ pub struct Operand<'a> {
 
 /// Why a matmul cannot go to cuBLAS.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GemmError(pub String);
+pub enum GemmError {
+    /// An operand or the product has no unit stride in its last two dims.
+    NoUnitStride {
+        /// `A`, `B` or `C`.
+        operand: &'static str,
+        /// Its shape.
+        shape: Shape,
+        /// Its strides.
+        strides: Strides,
+    },
+    /// An element type cuBLAS does not multiply.
+    DType(DType),
+    /// A size beyond cuBLAS's 32-bit arguments.
+    TooLarge {
+        /// What it is (`m`, `lda`, …).
+        what: &'static str,
+        /// Its value.
+        value: usize,
+    },
+}
+
+impl std::fmt::Display for GemmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GemmError::NoUnitStride {
+                operand,
+                shape,
+                strides,
+            } => write!(
+                f,
+                "{operand} {shape} with strides {strides} has no unit stride in its last two dims"
+            ),
+            GemmError::DType(d) => write!(
+                f,
+                "kernel-level matmul of {d} is not supported (cuBLAS covers f16, bf16, f32, f64)"
+            ),
+            GemmError::TooLarge { what, value } => {
+                write!(f, "{what} {value} exceeds cuBLAS's 32-bit limit")
+            }
+        }
+    }
+}
 
 /// How a matrix (the last two dims) is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +167,7 @@ enum Major {
     Col { ld: usize },
 }
 
-fn major(s: &Shape, st: &Strides, what: &str) -> Result<Major, GemmError> {
+fn major(s: &Shape, st: &Strides, what: &'static str) -> Result<Major, GemmError> {
     let r = s.rank();
     let (rows, cols) = (s.dim(r - 2), s.dim(r - 1));
     let (sr, sc) = (st.0[r - 2], st.0[r - 1]);
@@ -144,9 +185,11 @@ fn major(s: &Shape, st: &Strides, what: &str) -> Result<Major, GemmError> {
     } else if rows == 1 {
         Major::Col { ld: sc.max(1) }
     } else {
-        return Err(GemmError(format!(
-            "{what} {s} with strides {st} has no unit stride in its last two dims"
-        )));
+        return Err(GemmError::NoUnitStride {
+            operand: what,
+            shape: *s,
+            strides: st.clone(),
+        });
     })
 }
 
@@ -158,15 +201,13 @@ pub fn cublas_types(d: DType) -> Result<(CudaDataType, CublasCompute), GemmError
         DType::F32 => (CudaDataType::R32F, CublasCompute::F32),
         DType::F64 => (CudaDataType::R64F, CublasCompute::F64),
         other => {
-            return Err(GemmError(format!(
-                "kernel-level matmul of {other} is not supported (cuBLAS covers f16, bf16, f32, f64)"
-            )));
+            return Err(GemmError::DType(other));
         }
     })
 }
 
-fn int(x: usize, what: &str) -> Result<i32, GemmError> {
-    i32::try_from(x).map_err(|_| GemmError(format!("{what} {x} exceeds cuBLAS's 32-bit limit")))
+fn int(x: usize, what: &'static str) -> Result<i32, GemmError> {
+    i32::try_from(x).map_err(|_| GemmError::TooLarge { what, value: x })
 }
 
 /// The calls computing C = A·B, and whether cuBLAS's A operand is the logical B (true when C is
@@ -438,6 +479,7 @@ mod tests {
             DType::I32,
         )
         .unwrap_err();
-        assert!(e.0.contains("not supported"));
+        assert_eq!(e, GemmError::DType(DType::I32));
+        assert!(e.to_string().contains("not supported"));
     }
 }

@@ -531,7 +531,7 @@ impl Planner<'_> {
                         |e| PlanError::Unsupported {
                             op: h.index(),
                             name: names::kn_name(&op.kind),
-                            reason: e.0,
+                            reason: super::plan::Unsupported::Gemm(e),
                         },
                     )?;
                 KnOpPlan::Gemm { calls, transposed }
@@ -677,7 +677,7 @@ impl Planner<'_> {
     fn all_reduce(&self, h: Handle<KnOp>, op: &KnOp) -> Result<KnOpPlan, PlanError> {
         let (x, y) = (op.inputs[0], op.outputs[0]);
         let (gx, gy) = (&self.dt[x.index()], &self.dt[y.index()]);
-        let refuse = |reason: String| PlanError::Unsupported {
+        let refuse = |reason: super::plan::Unsupported| PlanError::Unsupported {
             op: h.index(),
             name: names::kn_name(&op.kind),
             reason,
@@ -689,18 +689,14 @@ impl Planner<'_> {
             (0..shape.rank()).all(|d| shape.dim(d) == 1 || gx.strides.0[d] == gy.strides.0[d]);
         let span = gx.strides.span(&shape);
         let (true, Some(span)) = (same, span) else {
-            return Err(refuse(format!(
-                "the all-reduce's input has strides {} and its output {}; NCCL sums flat \
-                 arrays, so both need one layout",
-                gx.strides, gy.strides
-            )));
+            return Err(refuse(super::plan::Unsupported::AllReduceLayouts {
+                input: gx.strides.clone(),
+                output: gy.strides.clone(),
+            }));
         };
         let dt = self.g.tensors[y].dtype;
-        let dtype = NcclDataType::of(dt).ok_or_else(|| {
-            refuse(format!(
-                "NCCL has no element type for {dt} (an all-reduce of {dt})"
-            ))
-        })?;
+        let dtype =
+            NcclDataType::of(dt).ok_or_else(|| refuse(super::plan::Unsupported::NcclType(dt)))?;
         Ok(KnOpPlan::AllReduce {
             send: self.at(x),
             recv: self.at(y),

@@ -342,6 +342,39 @@ impl fmt::Display for PathChoice {
     }
 }
 
+/// Why a kernel-level operator has no implementation for its operands
+/// ([`PlanError::Unsupported`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unsupported {
+    /// A matmul cuBLAS cannot compute.
+    Gemm(super::gemm::GemmError),
+    /// An all-reduce whose input and output have different layouts (NCCL sums flat arrays).
+    AllReduceLayouts {
+        /// The input's strides.
+        input: crate::graph::shape::Strides,
+        /// The output's strides.
+        output: crate::graph::shape::Strides,
+    },
+    /// An all-reduce of an element type NCCL does not sum.
+    NcclType(DType),
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unsupported::Gemm(e) => write!(f, "{e}"),
+            Unsupported::AllReduceLayouts { input, output } => write!(
+                f,
+                "the all-reduce's input has strides {input} and its output {output}; NCCL sums \
+                 flat arrays, so both need one layout"
+            ),
+            Unsupported::NcclType(d) => {
+                write!(f, "NCCL has no element type for {d} (an all-reduce of {d})")
+            }
+        }
+    }
+}
+
 /// Why a graph that one of the planner's rewrites built (`sched::softmax`, `sched::shift`) is
 /// not used.
 #[derive(Clone, Debug, PartialEq)]
@@ -426,7 +459,7 @@ pub enum PlanError {
         /// Mirage name of the operator.
         name: String,
         /// Why.
-        reason: String,
+        reason: Unsupported,
     },
 }
 
