@@ -151,6 +151,15 @@ impl TbGraph {
             .map(|(h, _)| h)
     }
 
+    /// The output operators that write the kernel's output `j`, in order.
+    pub fn output_writers(&self, j: usize) -> Vec<Handle<TbOp>> {
+        self.ops
+            .iter()
+            .filter(|(_, op)| matches!(op.kind, TbOpKind::Output { output, .. } if output == j))
+            .map(|(h, _)| h)
+            .collect()
+    }
+
     /// For every tile (by index), the operators that read it, in order, each once.
     pub fn readers(&self) -> Vec<Vec<Handle<TbOp>>> {
         let mut r = vec![Vec::new(); self.tensors.len()];

@@ -288,15 +288,14 @@ fn decide(
     }
     // The threadblock outputs writing each partial, and the accumulator tiles they copy.
     let writer = |t| -> Result<(usize, usize), NoClusterCombine> {
-        let j = kop.outputs.iter().position(|&x| x == t);
-        let ws: Vec<usize> = tb
-            .ops
+        let ws = kop
+            .outputs
             .iter()
-            .filter(|(_, x)| matches!(x.kind, TbOpKind::Output { output, .. } if Some(output) == j))
-            .map(|(h, _)| h.index())
-            .collect();
+            .position(|&x| x == t)
+            .map(|j| tb.output_writers(j))
+            .unwrap_or_default();
         match ws[..] {
-            [w] => Ok((w, tb.ops[Handle::from_index(w)].inputs[0].index())),
+            [w] => Ok((w.index(), tb.ops[w].inputs[0].index())),
             _ => Err(NoClusterCombine::Shape(
                 "a partial is not written by exactly one threadblock output",
             )),
@@ -370,12 +369,7 @@ fn decide(
         ));
     }
     let out_strides = dt[y.index()].strides.0.clone();
-    let region = BlockRegion {
-        steps: (0..3)
-            .filter(|&a| a != axis && tb.grid[a] > 1)
-            .filter_map(|a| mo.axis(a).map(|dim| (a, os.dim(dim) * out_strides[dim])))
-            .collect(),
-    };
+    let region = super::kernel::output_region(tb, mo, &os, &out_strides, Some(axis));
     let post_only_outputs = kp.schedule.post_loop.iter().all(|s| match s {
         Step::Barrier(_) => true,
         Step::Run(c) => {
@@ -410,10 +404,10 @@ fn decide(
 
 /// The kind of the accumulator whose output is tile `t`, if an accumulator writes it.
 fn accumulator_kind(tb: &TbGraph, t: usize) -> Option<AccumKind> {
-    tb.ops.iter().find_map(|(_, op)| match op.kind {
-        TbOpKind::Accum(kind) if op.outputs[0].index() == t => Some(kind),
+    match tb.ops[tb.producer(Handle::from_index(t))?].kind {
+        TbOpKind::Accum(kind) => Some(kind),
         _ => None,
-    })
+    }
 }
 
 impl fmt::Display for ClusterCombine {

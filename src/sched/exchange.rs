@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 
 use crate::graph::dtype::DType;
 use crate::graph::kernel::{KernelGraph, KnOpKind};
-use crate::graph::threadblock::TbOpKind;
 
 use super::kernel_level::KnOpPlan;
 use super::order::Step;
@@ -309,12 +308,7 @@ fn decide(
         .iter()
         .position(|&t| t == x)
         .ok_or(NotFused::NotListed)?;
-    let writers: Vec<usize> = tb
-        .ops
-        .iter()
-        .filter(|(_, t)| matches!(t.kind, TbOpKind::Output { output, .. } if output == j))
-        .map(|(h, _)| h.index())
-        .collect();
+    let writers: Vec<usize> = tb.output_writers(j).iter().map(|h| h.index()).collect();
     let [out] = writers[..] else {
         return Err(NotFused::Writers {
             count: writers.len(),

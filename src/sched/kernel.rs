@@ -792,11 +792,28 @@ fn plan_regions(
             TbOpKind::Output { output, omap } => {
                 let s = tb.tensors[top.inputs[0]].shape;
                 let t = op.outputs[*output];
-                Some(steps(*omap, &dt[t.index()].strides.0, &|_, d| s.dim(d)))
+                Some(output_region(tb, *omap, &s, &dt[t.index()].strides.0, None))
             }
             _ => None,
         })
         .collect()
+}
+
+/// Where a block's region of an output starts: per grid axis the output's map sends to a dim
+/// (but `skip`), the tile's extent along that dim times the tensor's stride there.
+pub(super) fn output_region(
+    tb: &TbGraph,
+    omap: crate::graph::ops::DimMap,
+    tile: &crate::graph::Shape,
+    strides: &[usize],
+    skip: Option<usize>,
+) -> BlockRegion {
+    BlockRegion {
+        steps: (0..3)
+            .filter(|&a| Some(a) != skip && tb.grid[a] > 1)
+            .filter_map(|a| omap.axis(a).map(|d| (a, tile.dim(d) * strides[d])))
+            .collect(),
+    }
 }
 
 /// The barriers of the kernel body beyond the schedule's (see [`BodyBarriers`]), from the final
