@@ -14,7 +14,7 @@ use pyo3::types::PyBytes;
 
 use mucc::cuda::bench::TimingOptions;
 use mucc::cuda::run::{Gpu, Program, RawBuffers};
-use mucc::cuda::session::{Session, SessionOptions};
+use mucc::cuda::session::{Candidate, InputChoice, Session, SessionOptions};
 use mucc::cuda::{Compiler, CompilerOptions, Source};
 use mucc::emit::launch::{LaunchPlan, TensorDirective};
 use mucc::graph::SourceMap;
@@ -1159,7 +1159,6 @@ fn _bench(
     seed: u64,
     scale: f64,
 ) -> PyResult<Vec<(usize, Option<f64>, String)>> {
-    use rayon::prelude::*;
     let lgs: Vec<(String, Arc<LoadedGraph>)> = graphs
         .iter()
         .map(|g| (g.origin.clone(), g.lg.clone()))
@@ -1183,77 +1182,60 @@ fn _bench(
             ),
             None => None,
         };
-        // Validate, transpile and compile on all cores; draw each graph's own reference when
-        // there is no shared one.
-        let prepared: Vec<_> = lgs
-            .par_iter()
-            .enumerate()
-            .map(|(i, (origin, lg))| {
-                lg.validate()
-                    .map_err(|e| format!("{origin}: invalid: {}", e.first()))?;
-                let (opts, _) = mucc::cuda::tune::tuned_options(
-                    s.tune.as_ref(),
-                    &lg.graph,
-                    Some(&s.gpu.name),
-                    &s.opts,
-                );
-                let (emitted, cubin, _, runs) = s
-                    .compile_with(&lg.graph, origin, i, &opts)
-                    .map_err(|e| format!("{origin}: {e}"))?;
-                // The scale is judged by what the GPU stores (the rewritten graph, if any).
-                let own = match shared {
-                    Some(_) => None,
-                    None => Some(
-                        mucc::cuda::session::inputs_and_reference_for(
-                            &lg.graph,
-                            runs.as_deref(),
-                            seed,
-                            scale,
-                            &budget,
-                        )
-                        .map_err(|e| format!("{origin}: {e}"))?,
-                    ),
-                };
-                Ok::<_, String>((emitted, cubin, own))
+        // A Python graph's origin names it ("FILE, graph N" or "graph built in Python").
+        let candidates: Vec<Candidate<'_>> = lgs
+            .iter()
+            .map(|(origin, lg)| Candidate {
+                name: origin,
+                index: None,
+                graph: lg,
             })
             .collect();
-        let mut rows = Vec::new();
-        for (i, p) in prepared.into_iter().enumerate() {
-            let row = match p {
-                Err(e) => (i, None, e),
-                Ok((emitted, cubin, own)) => {
-                    let drawn = own.as_ref().or(shared.as_ref()).expect("one reference");
-                    match s.measure(
-                        &emitted,
-                        &cubin,
-                        &lgs[i].1.graph,
-                        &drawn.inputs,
-                        Some(drawn),
-                        &TimingOptions::default(),
-                    ) {
-                        Ok(m) if m.passed() => (i, Some(m.timing.median_us), "verified".into()),
-                        Ok(_) => (
-                            i,
-                            None,
-                            if reference.is_some() {
-                                "its outputs differ from the reference graph's".into()
-                            } else {
-                                "failed the check against the interpreter".into()
-                            },
-                        ),
-                        Err(e) => (i, None, e),
+        let inputs = InputChoice {
+            seed,
+            scale,
+            check: true,
+            budget,
+        };
+        let ranked = s.rank(
+            &candidates,
+            inputs,
+            shared.as_ref(),
+            &TimingOptions::default(),
+        );
+        Ok(ranked
+            .into_iter()
+            .map(|r| {
+                let origin = &lgs[r.position].0;
+                match r.outcome {
+                    Ok(m) if m.passed() => {
+                        (r.position, Some(m.timing.median_us), "verified".into())
                     }
+                    Ok(m)
+                        if m.check
+                            .as_ref()
+                            .is_some_and(|c| c.iter().all(|c| c.passed())) =>
+                    {
+                        (
+                            r.position,
+                            None,
+                            "its outputs are not all finite after the timed runs".into(),
+                        )
+                    }
+                    Ok(_) if reference.is_some() => (
+                        r.position,
+                        None,
+                        "its outputs differ from the reference graph's".into(),
+                    ),
+                    Ok(_) => (
+                        r.position,
+                        None,
+                        "failed the check against the interpreter".into(),
+                    ),
+                    Err(e) => (r.position, None, format!("{origin}: {e}")),
                 }
-            };
-            rows.push(row);
-        }
-        rows.sort_by(|a, b| match (a.1, b.1) {
-            (Some(x), Some(y)) => x.total_cmp(&y),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (None, None) => a.0.cmp(&b.0),
-        });
-        Ok(rows)
+            })
+            .collect())
     })
 }
 

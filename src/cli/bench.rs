@@ -13,11 +13,13 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use mucc::cuda::bench::{Ceilings, Launch, Timing, TimingOptions};
+use mucc::cuda::bench::{Ceilings, Launch, TimingOptions};
 use mucc::cuda::data::Comparison;
 use mucc::graph::DType;
 use mucc::graph::cost::{self, Work};
 use serde_json::{Value, json};
+
+use mucc::cuda::session::{Measurement, fastest};
 
 use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
@@ -91,27 +93,12 @@ struct Row {
 }
 
 struct Measured {
-    timing: Timing,
+    /// Timing, check (`None` without `--check`), finiteness and step times.
+    run: Measurement,
     work: Work,
     steps: usize,
     compile: String,
     cached: bool,
-    /// `None` without `--check`.
-    check: Option<Vec<Comparison>>,
-    /// Every output element finite after the timed runs.
-    finite: bool,
-    /// With `--steps`: every step's name and median µs alone.
-    step_times: Vec<(String, f64)>,
-}
-
-impl Measured {
-    fn eligible(&self) -> bool {
-        self.finite
-            && self
-                .check
-                .as_ref()
-                .is_none_or(|c| c.iter().all(Comparison::passed))
-    }
 }
 
 /// µs of the floor, and which term sets it.
@@ -158,14 +145,11 @@ fn measure(
         &timing_options(a),
     )?;
     Ok(Measured {
-        timing: m.timing,
+        run: m,
         work: cost::work(graph),
         steps: prep.emitted.launch.steps.len(),
         compile: prep.describe(),
         cached: prep.cubin.cached,
-        check: m.check,
-        finite: m.finite,
-        step_times: m.steps,
     })
 }
 
@@ -225,15 +209,13 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let fastest = rows
-        .iter()
-        .filter_map(|r| r.result.as_ref().ok().map(|m| (r.graph, m)))
-        .filter(|(_, m)| m.eligible())
-        .min_by(|x, y| x.1.timing.median_us.total_cmp(&y.1.timing.median_us))
-        .map(|(g, _)| g);
+    let fastest = fastest(
+        rows.iter()
+            .filter_map(|r| r.result.as_ref().ok().map(|m| (r.graph, &m.run))),
+    );
     let failed = rows
         .iter()
-        .filter(|r| !r.result.as_ref().is_ok_and(Measured::eligible))
+        .filter(|r| !r.result.as_ref().is_ok_and(|m| m.run.passed()))
         .count();
     let mut out = stdout();
     let doc = json_report(&a, &session, &ceilings, &rows, fastest, prepare_seconds);
@@ -271,13 +253,13 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
 /// Why a graph that ran may not be the fastest (empty when it may).
 fn problems(m: &Measured) -> Vec<String> {
     let mut v = Vec::new();
-    if let Some(c) = &m.check
+    if let Some(c) = &m.run.check
         && !c.iter().all(Comparison::passed)
     {
         let worst = c.iter().map(|c| c.rel_l2).fold(0.0, f64::max);
         v.push(format!("CHECK FAILED (rel err {worst:.1e})"));
     }
-    if !m.finite {
+    if !m.run.finite {
         v.push("NON-FINITE OUTPUT".into());
     }
     v
@@ -298,10 +280,10 @@ fn svg_chart(
             outcome: match &r.result {
                 Ok(m) => {
                     let (f, _) = floor(ceilings, &m.work);
-                    let ratio = m.timing.median_us / f;
+                    let ratio = m.run.timing.median_us / f;
                     let problems = problems(m);
                     chart::Outcome::Timed {
-                        us: m.timing.median_us,
+                        us: m.run.timing.median_us,
                         ratio: (ratio.is_finite() && ratio > 0.0).then_some(ratio),
                         problem: (!problems.is_empty()).then(|| problems.join(", ")),
                     }
@@ -398,13 +380,13 @@ fn table(
         match &r.result {
             Ok(m) => {
                 let (f, _) = floor(ceilings, &m.work);
-                let t = m.timing.median_us;
+                let t = m.run.timing.median_us;
                 let mut notes = vec![if m.cached {
                     "cached".to_string()
                 } else {
                     "compiled".to_string()
                 }];
-                if let Some(c) = &m.check {
+                if let Some(c) = &m.run.check {
                     let worst = c.iter().map(|c| c.rel_l2).fold(0.0, f64::max);
                     notes.push(if c.iter().all(Comparison::passed) {
                         format!("check ok (rel err {worst:.1e})")
@@ -412,7 +394,7 @@ fn table(
                         format!("CHECK FAILED (rel err {worst:.1e})")
                     });
                 }
-                if !m.finite {
+                if !m.run.finite {
                     notes.push("NON-FINITE OUTPUT".into());
                 }
                 writeln!(
@@ -423,11 +405,11 @@ fn table(
                     t / f,
                     m.work.bytes() as f64 / (t * 1e-6) / 1e9,
                     m.work.flops() / (t * 1e-6) / 1e12,
-                    m.timing.sets,
+                    m.run.timing.sets,
                     m.steps,
                     notes.join(", ")
                 )?;
-                for (name, us) in &m.step_times {
+                for (name, us) in &m.run.steps {
                     writeln!(out, "  {:>13.2}  alone: {name}", us)?;
                 }
             }
@@ -451,8 +433,8 @@ fn table(
             writeln!(
                 out,
                 "fastest: graph {g}, {:.2} µs, {:.2}× the floor (compile: {})",
-                m.timing.median_us,
-                m.timing.median_us / f,
+                m.run.timing.median_us,
+                m.run.timing.median_us / f,
                 m.compile
             )?;
         }
@@ -480,16 +462,16 @@ fn json_report(
         .map(|r| match &r.result {
             Ok(m) => {
                 let (f, bound) = floor(ceilings, &m.work);
-                let t = m.timing.median_us;
+                let t = m.run.timing.median_us;
                 json!({
                     "graph": r.graph,
-                    "ok": m.eligible(),
+                    "ok": m.run.passed(),
                     "median_us": t,
-                    "min_us": m.timing.min_us,
-                    "max_us": m.timing.max_us,
-                    "samples": m.timing.samples,
-                    "executions_per_sample": m.timing.executions_per_sample,
-                    "sets": m.timing.sets,
+                    "min_us": m.run.timing.min_us,
+                    "max_us": m.run.timing.max_us,
+                    "samples": m.run.timing.samples,
+                    "executions_per_sample": m.run.timing.executions_per_sample,
+                    "sets": m.run.timing.sets,
                     "steps": m.steps,
                     "input_bytes": m.work.input_bytes,
                     "output_bytes": m.work.output_bytes,
@@ -499,16 +481,16 @@ fn json_report(
                     "ratio_to_floor": t / f,
                     "achieved_gbps": m.work.bytes() as f64 / (t * 1e-6) / 1e9,
                     "achieved_tflops": m.work.flops() / (t * 1e-6) / 1e12,
-                    "outputs_finite": m.finite,
+                    "outputs_finite": m.run.finite,
                     "cache_hit": m.cached,
-                    "check": m.check.as_ref().map(|c| c.iter().map(|c| json!({
+                    "check": m.run.check.as_ref().map(|c| c.iter().map(|c| json!({
                         "rel_l2": c.rel_l2,
                         "max_abs": c.max_abs,
                         "non_finite": c.non_finite,
                         "bound": c.bound,
                         "passed": c.passed(),
                     })).collect::<Vec<_>>()),
-                    "step_us": (!m.step_times.is_empty()).then(|| m.step_times.iter().map(|(name, us)| json!({
+                    "step_us": (!m.run.steps.is_empty()).then(|| m.run.steps.iter().map(|(name, us)| json!({
                         "step": name,
                         "median_us": us,
                     })).collect::<Vec<_>>()),

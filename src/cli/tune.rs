@@ -78,7 +78,7 @@ fn tune_graph(
         let s: &Session = session;
         variants
             .par_iter()
-            .map(|v| s.compile_with(g, name, i, &v.apply(&base)))
+            .map(|v| s.compile_with(g, name, Some(i), &v.apply(&base)))
             .collect()
     };
     let timing = TimingOptions {

@@ -162,39 +162,54 @@ impl Session {
         indices: &[usize],
         inputs: InputChoice,
     ) -> Vec<Result<Prepared, PrepareError>> {
+        let candidates: Vec<Candidate<'_>> = indices
+            .iter()
+            .map(|&index| Candidate {
+                name,
+                index: Some(index),
+                graph: &file.graphs[index],
+            })
+            .collect();
+        self.prepare_candidates(&candidates, inputs)
+    }
+
+    /// [`Session::prepare`] of graphs that need not come from one file; results in the order
+    /// of `candidates`.
+    pub fn prepare_candidates(
+        &self,
+        candidates: &[Candidate<'_>],
+        inputs: InputChoice,
+    ) -> Vec<Result<Prepared, PrepareError>> {
         // Candidates of one file share their input signature: one copy of the inputs per
         // signature and scale, not one per graph (mha_bs8's 38 candidates would hold 41 GB).
         let pool = InputPool::default();
         let width = if inputs.check {
             // Only graphs that validate are estimated (the others fail at once).
-            let valid = indices
+            let valid = candidates
                 .iter()
-                .filter_map(|&i| file.graphs.get(i))
-                .filter(|lg| lg.validate().is_ok())
-                .map(|lg| &lg.graph);
+                .filter(|c| c.graph.validate().is_ok())
+                .map(|c| &c.graph.graph);
             concurrent_references(valid, &inputs.budget, rayon::current_num_threads())
         } else {
-            indices.len()
+            candidates.len()
         };
-        indices
+        candidates
             .chunks(width.max(1))
-            .flat_map(|group| self.prepare_group(file, name, group, inputs, &pool))
+            .flat_map(|group| self.prepare_group(group, inputs, &pool))
             .collect()
     }
 
-    /// [`Session::prepare`] of one group of graphs, in parallel.
+    /// [`Session::prepare_candidates`] of one group of graphs, in parallel.
     fn prepare_group(
         &self,
-        file: &MirageFile,
-        name: &str,
-        indices: &[usize],
+        candidates: &[Candidate<'_>],
         inputs: InputChoice,
         pool: &InputPool,
     ) -> Vec<Result<Prepared, PrepareError>> {
-        indices
+        candidates
             .par_iter()
-            .map(|&i| {
-                let lg = &file.graphs[i];
+            .map(|c| {
+                let lg = c.graph;
                 lg.validate().map_err(PrepareError::Invalid)?;
                 // Without a check, inputs depend only on the input signature: drawn later, once
                 // for all candidates that share it (InputCache).
@@ -223,7 +238,7 @@ impl Session {
                     &self.opts,
                 );
                 let (emitted, cubin, transpile_seconds, runs) =
-                    self.compile_with(&lg.graph, name, i, &opts)?;
+                    self.compile_with(&lg.graph, c.name, c.index, &opts)?;
                 let drawn = if inputs.check {
                     Some(
                         drawn_with(
@@ -249,24 +264,121 @@ impl Session {
             })
             .collect()
     }
+
+    /// Prepares `candidates` ([`Session::prepare_candidates`]), then runs and times each on
+    /// the GPU: checked against its own reference when `inputs.check`, against `shared` (one
+    /// reference graph's inputs and outputs, which every candidate must reproduce) when given,
+    /// only for finite outputs otherwise. Returns one [`Ranked`] per candidate in
+    /// [`by_speed`] order: those that passed, fastest first, then the others in their order.
+    pub fn rank(
+        &mut self,
+        candidates: &[Candidate<'_>],
+        inputs: InputChoice,
+        shared: Option<&Drawn>,
+        timing: &TimingOptions,
+    ) -> Vec<Ranked> {
+        let choice = InputChoice {
+            check: inputs.check && shared.is_none(),
+            ..inputs
+        };
+        let prepared = self.prepare_candidates(candidates, choice);
+        let mut cache = InputCache::default();
+        let mut rows: Vec<Ranked> = prepared
+            .into_iter()
+            .zip(candidates)
+            .enumerate()
+            .map(|(position, (p, c))| {
+                let outcome = p.map_err(|e| e.to_string()).and_then(|p| {
+                    let g = &c.graph.graph;
+                    let drawn = p.drawn.as_ref().or(shared);
+                    let own;
+                    let inputs: &[HostTensor] = match drawn {
+                        Some(d) => &d.inputs,
+                        None => {
+                            own = cache.get(g, inputs.seed, inputs.scale);
+                            &own
+                        }
+                    };
+                    self.measure(&p.emitted, &p.cubin, g, inputs, drawn, timing)
+                });
+                Ranked { position, outcome }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            by_speed(
+                (a.position, a.outcome.as_ref().ok()),
+                (b.position, b.outcome.as_ref().ok()),
+            )
+        });
+        rows
+    }
+}
+
+/// One graph for [`Session::prepare_candidates`] or [`Session::rank`]: the name its messages
+/// and compiled source carry (a file, say), its index there, and the graph as loaded.
+#[derive(Clone, Copy)]
+pub struct Candidate<'a> {
+    /// What messages name the graph by (with its index, if any).
+    pub name: &'a str,
+    /// The graph's index in `name` (`None`: `name` names the graph alone).
+    pub index: Option<usize>,
+    /// The graph.
+    pub graph: &'a crate::LoadedGraph,
+}
+
+/// What [`Session::rank`] found for one candidate.
+pub struct Ranked {
+    /// The candidate's position in the slice given to [`Session::rank`].
+    pub position: usize,
+    /// Its measurement, or why it was not measured (it did not validate, plan, compile or
+    /// run).
+    pub outcome: Result<Measurement, String>,
+}
+
+/// The order candidates are ranked in, each given as (position, measurement if any): those
+/// whose measurement [passed](Measurement::passed), fastest first, then the others by
+/// position. The fastest candidate of a list is its first in this order, if it passed.
+pub fn by_speed(
+    a: (usize, Option<&Measurement>),
+    b: (usize, Option<&Measurement>),
+) -> std::cmp::Ordering {
+    let time = |m: Option<&Measurement>| m.filter(|m| m.passed()).map(|m| m.timing.median_us);
+    match (time(a.1), time(b.1)) {
+        (Some(x), Some(y)) => x.total_cmp(&y).then(a.0.cmp(&b.0)),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.0.cmp(&b.0),
+    }
+}
+
+/// The fastest of `rows` (position, measurement) that passed, by [`by_speed`].
+pub fn fastest<'a>(rows: impl IntoIterator<Item = (usize, &'a Measurement)>) -> Option<usize> {
+    rows.into_iter()
+        .filter(|(_, m)| m.passed())
+        .min_by(|a, b| by_speed((a.0, Some(a.1)), (b.0, Some(b.1))))
+        .map(|(i, _)| i)
 }
 
 impl Session {
-    /// Transpiles graph `i` of `name` with `opts` and compiles it for the session's GPU; also
-    /// returns the seconds spent planning and emitting, and the graph the planner rewrote `g`
-    /// into, if it did.
+    /// Transpiles graph `i` of `name` (`name` itself when `i` is `None`) with `opts` and
+    /// compiles it for the session's GPU; also returns the seconds spent planning and
+    /// emitting, and the graph the planner rewrote `g` into, if it did.
     pub fn compile_with(
         &self,
         g: &KernelGraph,
         name: &str,
-        i: usize,
+        i: Option<usize>,
         opts: &Options,
     ) -> Result<Compiled, PrepareError> {
         let arch = self.gpu.arch;
+        let (label, file) = match i {
+            Some(i) => (format!("{name}, graph {i}"), format!("{name}#graph{i}")),
+            None => (name.to_string(), name.to_string()),
+        };
         let t0 = Instant::now();
-        let (plan, emitted) = crate::transpile::transpile(g, opts, &format!("{name}, graph {i}"))?;
+        let (plan, emitted) = crate::transpile::transpile(g, opts, &label)?;
         let transpile_seconds = t0.elapsed().as_secs_f64();
-        let path = crate::emit::cxx::comment_safe(&format!("{name}#graph{i}.{arch}.cu"));
+        let path = crate::emit::cxx::comment_safe(&format!("{file}.{arch}.cu"));
         let cubin = self.compiler.compile(&Source {
             path: &path,
             text: &emitted.source,
@@ -686,6 +798,53 @@ pub fn read_outputs(
 mod tests {
     use super::*;
     use crate::graph::GraphBuilder;
+
+    fn measured(us: f64, finite: bool, rel_l2: Option<f64>) -> Measurement {
+        Measurement {
+            timing: Timing {
+                median_us: us,
+                min_us: us,
+                max_us: us,
+                samples: 1,
+                executions_per_sample: 1,
+                sets: 1,
+            },
+            check: rel_l2.map(|e| {
+                vec![data::Comparison {
+                    rel_l2: e,
+                    max_abs: e,
+                    non_finite: 0,
+                    bound: 5e-3,
+                    sensitivity: None,
+                }]
+            }),
+            finite,
+            steps: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn candidates_rank_passed_fastest_first_then_the_rest_by_position() {
+        let rows = [
+            (0, Some(measured(9.0, true, None))),
+            (1, None),
+            (2, Some(measured(3.0, false, None))),
+            (3, Some(measured(5.0, true, Some(1e-4)))),
+            (4, Some(measured(2.0, true, Some(0.5)))),
+            (5, Some(measured(5.0, true, None))),
+        ];
+        let mut order: Vec<(usize, Option<&Measurement>)> =
+            rows.iter().map(|(i, m)| (*i, m.as_ref())).collect();
+        order.sort_by(|a, b| by_speed(*a, *b));
+        let order: Vec<usize> = order.iter().map(|r| r.0).collect();
+        // 3 and 5 tie on time: position decides; 2 (non-finite) and 4 (failed check) are not
+        // ranked by their faster times.
+        assert_eq!(order, [3, 5, 0, 1, 2, 4]);
+        let passed = rows.iter().filter_map(|(i, m)| m.as_ref().map(|m| (*i, m)));
+        assert_eq!(fastest(passed), Some(3));
+        let none = rows[1..3].iter().filter_map(|(i, m)| m.as_ref().map(|m| (*i, m)));
+        assert_eq!(fastest(none), None);
+    }
 
     fn graph(rows: usize, exp: bool) -> KernelGraph {
         let mut b = GraphBuilder::new();
