@@ -38,7 +38,7 @@
   // {{ s.comment }}
   {
 {% for l in s.lines -%}
-{{ "    " }}{{ l }}
+{{ l }}
 {% endfor -%}
 {{ "  }" }}
 {% endfor %}

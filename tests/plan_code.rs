@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::corpus_files;
-use common::plan_check::{check_graph, check_kernel};
+use common::plan_check::{check_graph, check_host, check_kernel};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 use mucc::{ImportOptions, read_file};
@@ -84,6 +84,70 @@ fn a_disagreement_fails_the_check() {
         .replace("rms_rows<96, 8, 7, 13,", "rms_rows<96, 1, 7, 13,");
     let err = check_kernel(g, &e, k, kp).unwrap_err();
     assert!(err.contains("row splits"), "{err}");
+}
+
+/// The host entry's check fails when its statements and the launch plan disagree: a launch with
+/// another grid, a cuBLAS call with another size, a missing tensor map.
+#[test]
+fn a_host_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Func, IntType, Stmt};
+    let corpus = common::corpus_dir();
+    let load = |p: &Path| read_file(p, &ImportOptions::default()).unwrap();
+    // gqa_bs1 graph 0 on sm_90a: cuBLAS steps and TMA kernels with tensor maps.
+    let file = load(&corpus.join("gqa_bs1.json"));
+    let g = &file.graphs[0].graph;
+    let target = Target::new(mucc::target::Arch::Sm90a);
+    let p = plan(g, &Options::for_target(target)).unwrap();
+    let e = mucc::emit::emit(g, &p, "test").unwrap();
+    check_host(&e).unwrap();
+    // Every kernel launch and GEMM call edited in turn: each edit must fail.
+    fn edit(s: &mut Stmt, f: &mut dyn FnMut(&mut Expr) -> bool) -> bool {
+        match s {
+            Stmt::Checked(_, e) => f(e),
+            Stmt::Block(b) => b.iter_mut().any(|s| edit(s, f)),
+            _ => false,
+        }
+    }
+    let mut edits = 0;
+    for (i, step) in e.host.iter().enumerate() {
+        for (j, _) in step.body.iter().enumerate() {
+            let mut bad = e.clone();
+            let changed = edit(&mut bad.host[i].body[j], &mut |x| match x {
+                Expr::Call(Func::Launch | Func::LaunchProgrammatic, a) => {
+                    a[1] = Expr::Call(Func::Dim3, vec![Expr::Int(7, IntType::Int); 3]);
+                    true
+                }
+                Expr::GroupedCall(Func::CublasGemmStridedBatched, groups) => {
+                    groups[0][3] = Expr::Int(3, IntType::Int);
+                    true
+                }
+                _ => false,
+            });
+            if changed {
+                edits += 1;
+                assert!(check_host(&bad).is_err(), "step {i}, statement {j}");
+            }
+        }
+    }
+    assert!(edits >= 2, "{edits} edits");
+    // A tensor map dropped from a launch that has one.
+    let (i, j) = e
+        .host
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| {
+            s.body
+                .iter()
+                .position(|x| {
+                    !mucc::emit::ir::calls(std::slice::from_ref(x), Func::TensorMap).is_empty()
+                })
+                .map(|j| (i, j))
+        })
+        .expect("a TMA kernel");
+    let mut bad = e.clone();
+    bad.host[i].body.remove(j);
+    let err = check_host(&bad).unwrap_err();
+    assert!(err.contains("tensor maps"), "{err}");
 }
 
 /// Every builder-made attention block (`graph::workloads::attention_blocks`) keeps exp(Q·Kᵀ)

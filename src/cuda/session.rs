@@ -842,7 +842,9 @@ mod tests {
         assert_eq!(order, [3, 5, 0, 1, 2, 4]);
         let passed = rows.iter().filter_map(|(i, m)| m.as_ref().map(|m| (*i, m)));
         assert_eq!(fastest(passed), Some(3));
-        let none = rows[1..3].iter().filter_map(|(i, m)| m.as_ref().map(|m| (*i, m)));
+        let none = rows[1..3]
+            .iter()
+            .filter_map(|(i, m)| m.as_ref().map(|m| (*i, m)));
         assert_eq!(fastest(none), None);
     }
 

@@ -98,6 +98,104 @@ pub fn nccl_data_type(t: crate::sched::kernel_level::NcclDataType) -> &'static s
     }
 }
 
+/// The storage class of a declaration of [`super::ir`], with its trailing space.
+pub fn storage(s: super::ir::Storage) -> &'static str {
+    use super::ir::Storage as S;
+    match s {
+        S::Auto => "",
+        S::Static => "static ",
+        S::StaticThreadLocal => "static thread_local ",
+    }
+}
+
+/// A type of [`super::ir`].
+pub fn ir_type(t: super::ir::Ty) -> &'static str {
+    use super::ir::Ty;
+    use crate::sched::gemm::CublasCompute as C;
+    match t {
+        Ty::ConstVoidPtr => "const void*",
+        Ty::VoidPtrConst => "void* const",
+        Ty::ConstTensorMapPtrConst => "const CUtensorMap* const",
+        Ty::ConstU64 => "const cuuint64_t",
+        Ty::ConstU64PtrConst => "const cuuint64_t* const",
+        Ty::ConstU32 => "const cuuint32_t",
+        Ty::AtomicU64 => "std::atomic<unsigned long long>",
+        Ty::CachedTensorMap => "mucc::host::CachedTensorMap",
+        Ty::CublasHandle => "cublasHandle_t",
+        Ty::Int => "int",
+        Ty::ConstCublasScalar(C::F32) => "const float",
+        Ty::ConstCublasScalar(C::F64) => "const double",
+    }
+}
+
+/// A function of [`super::ir`].
+pub fn function(f: super::ir::Func) -> &'static str {
+    use super::ir::Func as F;
+    match f {
+        F::Launch => "mucc::host::launch",
+        F::LaunchProgrammatic => "mucc::host::launch_programmatic",
+        F::MaxDynamicSmem => "mucc::host::max_dynamic_smem",
+        F::TensorMap => "mucc::host::tensor_map",
+        F::ValueArg => "mucc::host::value_arg",
+        F::CublasHandle => "mucc::host::cublas_handle",
+        F::CublasSetStream => "cublasSetStream",
+        F::CublasGemmStridedBatched => "cublasGemmStridedBatchedEx",
+        F::NcclCommUserRank => "ncclCommUserRank",
+        F::NcclAllReduce => "ncclAllReduce",
+        F::Dim3 => "dim3",
+        F::CastToConstVoidPtr => "reinterpret_cast<const void*>",
+        F::CastToU64 => "static_cast<unsigned long long>",
+    }
+}
+
+/// A method of the host entry's `mucc::host::Buffers`.
+pub fn buffer_method(m: super::ir::BufferMethod) -> &'static str {
+    use super::ir::BufferMethod as M;
+    match m {
+        M::Input => "in",
+        M::Output => "out",
+        M::Workspace => "ws",
+    }
+}
+
+/// An enumerator or named constant of [`super::ir`].
+pub fn symbol(s: super::ir::Sym) -> &'static str {
+    use super::ir::Sym;
+    match s {
+        Sym::Null => "nullptr",
+        Sym::CublasOp(false) => "CUBLAS_OP_N",
+        Sym::CublasOp(true) => "CUBLAS_OP_T",
+        Sym::CublasGemmDefault => "CUBLAS_GEMM_DEFAULT",
+        Sym::CudaDataType(t) => cuda_data_type(t),
+        Sym::CublasCompute(c) => cublas_compute(c),
+        Sym::TensorMapDataType(t) => tensor_map_data_type(t),
+        Sym::TensorMapSwizzle(t) => tensor_map_swizzle(t),
+        Sym::NcclDataType(t) => nccl_data_type(t),
+        Sym::NcclSum => "ncclSum",
+    }
+}
+
+/// The suffix of an integer literal of [`super::ir`].
+pub fn int_suffix(t: super::ir::IntType) -> &'static str {
+    use super::ir::IntType as I;
+    match t {
+        I::Int => "",
+        I::Unsigned => "u",
+        I::LongLong => "LL",
+        I::UnsignedLongLong => "ull",
+    }
+}
+
+/// The runtime's checking macro of [`super::ir::Check`].
+pub fn check_macro(c: super::ir::Check) -> &'static str {
+    use super::ir::Check;
+    match c {
+        Check::Cuda => "MUCC_CHECK",
+        Check::Cublas => "MUCC_CHECK_CUBLAS",
+        Check::Nccl => "MUCC_CHECK_NCCL",
+    }
+}
+
 /// C++ element type of a dtype.
 pub fn ctype(d: DType) -> &'static str {
     match d {

@@ -5,6 +5,7 @@
 //! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
 
 use super::cxx::{self, Writer};
+use super::ir::{self, BufferMethod, Check, Expr, Func, Init, IntType, Stmt, Storage, Sym, Ty};
 use super::launch::{
     AllReduceCall, Binding, BufferRef, GemmCall, KernelLaunch, LaunchPlan, Step, TensorMapSpec,
 };
@@ -17,193 +18,308 @@ pub const CUBLAS_ERROR_BASE: i32 = 100_000;
 /// `MUCC_NCCL_ERROR_BASE`, and the generated library header's).
 pub const NCCL_ERROR_BASE: i32 = 200_000;
 
-/// A step of the host entry: a comment and its lines (at the entry's indentation).
+/// A step of the host entry: a comment, its statements, and their lines (indented for the
+/// entry's block of the step).
 #[derive(Clone, Debug)]
 pub struct HostStep {
     /// What the step does.
     pub comment: String,
-    /// Its C++ lines.
+    /// Its statements.
+    pub body: Vec<Stmt>,
+    /// Its C++ lines, indented.
     pub lines: Vec<String>,
+}
+
+impl HostStep {
+    fn new(comment: String, body: Vec<Stmt>) -> HostStep {
+        // The entry's body is at level 1 and each step a block inside it.
+        let mut w = Writer::at(2);
+        ir::print(&mut w, &body);
+        let lines = w.finish().lines().map(str::to_string).collect();
+        HostStep {
+            comment,
+            body,
+            lines,
+        }
+    }
 }
 
 /// The device address a binding denotes, as a `void*` expression over `buf`
 /// (a `mucc::host::Buffers`).
-fn address(plan: &LaunchPlan, b: Binding) -> String {
+fn address(plan: &LaunchPlan, b: Binding) -> Expr {
+    let at = |m, v: Vec<Expr>| Expr::Buffer(m, v);
     match plan.resolve(b) {
-        Some((BufferRef::Input(i), off)) => format!("buf.in({i}, {off})"),
-        Some((BufferRef::Output(j), off)) => format!("buf.out({j}, {off})"),
-        Some((BufferRef::Workspace, off)) => format!("buf.ws({off})"),
-        Some((BufferRef::Exchange(r), _)) => format!("exchange[{r}]"),
-        Some((BufferRef::Rank, _)) => "mucc::host::value_arg(rank)".into(),
+        Some((BufferRef::Input(i), off)) => at(
+            BufferMethod::Input,
+            vec![Expr::int(i as i128), Expr::int(off as i128)],
+        ),
+        Some((BufferRef::Output(j), off)) => at(
+            BufferMethod::Output,
+            vec![Expr::int(j as i128), Expr::int(off as i128)],
+        ),
+        Some((BufferRef::Workspace, off)) => {
+            at(BufferMethod::Workspace, vec![Expr::int(off as i128)])
+        }
+        Some((BufferRef::Exchange(r), _)) => Expr::Index(
+            Box::new(Expr::var("exchange")),
+            Box::new(Expr::int(r as i128)),
+        ),
+        Some((BufferRef::Rank, _)) => Expr::Call(Func::ValueArg, vec![Expr::var("rank")]),
         // The emitter only binds buffers the plan has.
-        None => "nullptr".into(),
+        None => Expr::Sym(Sym::Null),
     }
 }
 
-fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<String> {
-    let mut w = Writer::new();
-    let [gx, gy, gz] = k.grid;
-    let [bx, by, bz] = k.block;
-    w.line(format!(
-        "const void* kernel = reinterpret_cast<const void*>(&{});",
-        k.name
-    ));
+fn dim3(d: [u32; 3]) -> Expr {
+    Expr::Call(Func::Dim3, d.iter().map(|&x| Expr::int(x)).collect())
+}
+
+fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<Stmt> {
+    let mut body = vec![Stmt::local(
+        Ty::ConstVoidPtr,
+        "kernel",
+        Expr::Call(Func::CastToConstVoidPtr, vec![Expr::var(&k.name).addr()]),
+    )];
     if k.needs_smem_opt_in() {
         // Once per device, safe from several host threads (mucc::host::max_dynamic_smem).
-        w.line("static std::atomic<unsigned long long> smem_set{0};");
-        w.line(format!(
-            "MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, {}, smem_set));",
-            k.dynamic_smem
+        body.push(Stmt::Decl {
+            storage: Storage::Static,
+            ty: Ty::AtomicU64,
+            name: "smem_set".into(),
+            init: Init::Brace(Expr::int(0)),
+        });
+        body.push(Stmt::Checked(
+            Check::Cuda,
+            Expr::Call(
+                Func::MaxDynamicSmem,
+                vec![
+                    Expr::var("kernel"),
+                    Expr::int(k.dynamic_smem as i128),
+                    Expr::var("smem_set"),
+                ],
+            ),
         ));
     }
-    let args: Vec<String> = k.args.iter().map(|b| address(plan, *b)).collect();
-    let one_line = format!("void* const args[] = {{{}}};", args.join(", "));
-    if one_line.len() + 4 <= super::cxx::MAX_LINE {
-        w.line(one_line);
-    } else {
-        w.open("void* const args[] =");
-        for (i, a) in args.iter().enumerate() {
-            let sep = if i + 1 < args.len() { "," } else { "" };
-            w.line(format!("{a}{sep}"));
-        }
-        w.close(";");
-    }
+    body.push(Stmt::Decl {
+        storage: Storage::Auto,
+        ty: Ty::VoidPtrConst,
+        name: "args".into(),
+        init: Init::Array(k.args.iter().map(|b| address(plan, *b)).collect()),
+    });
     let f = if k.programmatic {
-        "launch_programmatic"
+        Func::LaunchProgrammatic
     } else {
-        "launch"
+        Func::Launch
     };
-    if k.tensor_maps.is_empty() {
-        w.line(format!(
-            "MUCC_CHECK(mucc::host::{f}(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args));",
-            k.dynamic_smem
-        ));
-    } else {
+    let mut args = vec![
+        Expr::var("kernel"),
+        dim3(k.grid),
+        dim3(k.block),
+        Expr::int(k.dynamic_smem as i128),
+        Expr::var("stream"),
+        Expr::var("args"),
+    ];
+    if !k.tensor_maps.is_empty() {
         let mut maps = Vec::new();
         for (i, m) in k.tensor_maps.iter().enumerate() {
-            tensor_map(&mut w, plan, m, i);
-            maps.push(format!("&tm{i}.map"));
+            body.extend(tensor_map(plan, m, i));
+            maps.push(Expr::Field(Box::new(Expr::var(format!("tm{i}"))), "map").addr());
         }
-        w.line(format!(
-            "const CUtensorMap* const maps[] = {{{}}};",
-            maps.join(", ")
-        ));
-        w.line(format!(
-            "MUCC_CHECK(mucc::host::{f}(kernel, dim3({gx}, {gy}, {gz}), dim3({bx}, {by}, {bz}), {}, stream, args, maps));",
-            k.dynamic_smem
-        ));
+        body.push(Stmt::Decl {
+            storage: Storage::Auto,
+            ty: Ty::ConstTensorMapPtrConst,
+            name: "maps".into(),
+            init: Init::Array(maps),
+        });
+        args.push(Expr::var("maps"));
     }
-    w.finish().lines().map(str::to_string).collect()
+    body.push(Stmt::Checked(Check::Cuda, Expr::Call(f, args)));
+    body
 }
 
-/// Lines encoding tensor map `i` of a launch (cached per call site and host thread, encoded
-/// again when the buffer's address changes).
-fn tensor_map(w: &mut Writer, plan: &LaunchPlan, m: &TensorMapSpec, i: usize) {
-    let list = |v: &[String]| v.join(", ");
-    let dims: Vec<String> = m.dims.iter().map(|d| format!("{d}ull")).collect();
-    let boxes: Vec<String> = m.boxes.iter().map(|b| format!("{b}u")).collect();
-    let strides: Vec<String> = m.strides.iter().map(|s| format!("{s}ull")).collect();
-    let dtype = cxx::tensor_map_data_type(m.data_type);
-    let swizzle = cxx::tensor_map_swizzle(m.swizzle);
-    w.line(format!(
-        "static thread_local mucc::host::CachedTensorMap tm{i};"
-    ));
-    w.block("", "", |w| {
-        w.line(format!("const cuuint64_t dims[] = {{{}}};", list(&dims)));
-        if strides.is_empty() {
-            w.line("const cuuint64_t* const strides = nullptr;");
-        } else {
-            w.line(format!(
-                "const cuuint64_t strides[] = {{{}}};",
-                list(&strides)
-            ));
-        }
-        w.line(format!("const cuuint32_t box[] = {{{}}};", list(&boxes)));
-        w.line(format!(
-            "MUCC_CHECK(mucc::host::tensor_map(tm{i}, {dtype}, {}, dims, strides, box,",
-            address(plan, m.binding)
-        ));
-        w.line(format!("    {swizzle}));"));
-    });
+/// Statements encoding tensor map `i` of a launch (cached per call site and host thread,
+/// encoded again when the buffer's address changes).
+fn tensor_map(plan: &LaunchPlan, m: &TensorMapSpec, i: usize) -> Vec<Stmt> {
+    let array = |ty, name: &str, v: Vec<Expr>| Stmt::Decl {
+        storage: Storage::Auto,
+        ty,
+        name: name.into(),
+        init: Init::Array(v),
+    };
+    let ull = |x: u64| Expr::Int(x as i128, IntType::UnsignedLongLong);
+    let name = format!("tm{i}");
+    let strides = if m.strides.is_empty() {
+        Stmt::local(Ty::ConstU64PtrConst, "strides", Expr::Sym(Sym::Null))
+    } else {
+        array(
+            Ty::ConstU64,
+            "strides",
+            m.strides.iter().map(|&s| ull(s)).collect(),
+        )
+    };
+    vec![
+        Stmt::Decl {
+            storage: Storage::StaticThreadLocal,
+            ty: Ty::CachedTensorMap,
+            name: name.clone(),
+            init: Init::None,
+        },
+        Stmt::Block(vec![
+            array(
+                Ty::ConstU64,
+                "dims",
+                m.dims.iter().map(|&d| ull(d)).collect(),
+            ),
+            strides,
+            array(
+                Ty::ConstU32,
+                "box",
+                m.boxes
+                    .iter()
+                    .map(|&b| Expr::Int(b as i128, IntType::Unsigned))
+                    .collect(),
+            ),
+            Stmt::Checked(
+                Check::Cuda,
+                Expr::Call(
+                    Func::TensorMap,
+                    vec![
+                        Expr::var(name),
+                        Expr::Sym(Sym::TensorMapDataType(m.data_type)),
+                        address(plan, m.binding),
+                        Expr::var("dims"),
+                        Expr::var("strides"),
+                        Expr::var("box"),
+                        Expr::Sym(Sym::TensorMapSwizzle(m.swizzle)),
+                    ],
+                ),
+            ),
+        ]),
+    ]
 }
 
-fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<String> {
-    let mut w = Writer::new();
-    let op = |t: bool| if t { "CUBLAS_OP_T" } else { "CUBLAS_OP_N" };
-    let scalar = cxx::cublas_scalar(c.compute_type);
-    let dt = cxx::cuda_data_type(c.data_type);
-    w.line("cublasHandle_t handle;");
-    w.line("MUCC_CHECK_CUBLAS(mucc::host::cublas_handle(&handle));");
-    w.line("MUCC_CHECK_CUBLAS(cublasSetStream(handle, stream));");
-    w.line(format!("const {scalar} alpha = 1, beta = 0;"));
-    w.line("MUCC_CHECK_CUBLAS(cublasGemmStridedBatchedEx(");
-    w.indented(|w| {
-        w.line(format!(
-            "handle, {}, {}, {}, {}, {}, &alpha,",
-            op(c.trans_a),
-            op(c.trans_b),
-            c.m,
-            c.n,
-            c.k
-        ));
-        let operand = |b: Binding, ld: i32, stride: i64| {
-            format!("{}, {dt}, {ld}, {stride}LL,", address(plan, b))
-        };
-        w.line(operand(c.a, c.lda, c.stride_a));
-        w.line(format!("{} &beta,", operand(c.b, c.ldb, c.stride_b)));
-        w.line(operand(c.c, c.ldc, c.stride_c));
-        w.line(format!(
-            "{}, {}, CUBLAS_GEMM_DEFAULT));",
-            c.batch,
-            cxx::cublas_compute(c.compute_type)
-        ));
-    });
-    w.finish().lines().map(str::to_string).collect()
+fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<Stmt> {
+    let dt = Expr::Sym(Sym::CudaDataType(c.data_type));
+    let operand = |b: Binding, ld: i32, stride: i64| {
+        vec![
+            address(plan, b),
+            dt.clone(),
+            Expr::int(ld),
+            Expr::Int(stride as i128, IntType::LongLong),
+        ]
+    };
+    let mut b = operand(c.b, c.ldb, c.stride_b);
+    b.push(Expr::var("beta").addr());
+    let args = vec![
+        vec![
+            Expr::var("handle"),
+            Expr::Sym(Sym::CublasOp(c.trans_a)),
+            Expr::Sym(Sym::CublasOp(c.trans_b)),
+            Expr::int(c.m),
+            Expr::int(c.n),
+            Expr::int(c.k),
+            Expr::var("alpha").addr(),
+        ],
+        operand(c.a, c.lda, c.stride_a),
+        b,
+        operand(c.c, c.ldc, c.stride_c),
+        vec![
+            Expr::int(c.batch),
+            Expr::Sym(Sym::CublasCompute(c.compute_type)),
+            Expr::Sym(Sym::CublasGemmDefault),
+        ],
+    ];
+    vec![
+        Stmt::Decl {
+            storage: Storage::Auto,
+            ty: Ty::CublasHandle,
+            name: "handle".into(),
+            init: Init::None,
+        },
+        Stmt::Checked(
+            Check::Cublas,
+            Expr::Call(Func::CublasHandle, vec![Expr::var("handle").addr()]),
+        ),
+        Stmt::Checked(
+            Check::Cublas,
+            Expr::Call(
+                Func::CublasSetStream,
+                vec![Expr::var("handle"), Expr::var("stream")],
+            ),
+        ),
+        Stmt::DeclMany {
+            ty: Ty::ConstCublasScalar(c.compute_type),
+            vars: vec![
+                ("alpha".into(), Expr::int(1)),
+                ("beta".into(), Expr::int(0)),
+            ],
+        },
+        Stmt::Checked(
+            Check::Cublas,
+            Expr::GroupedCall(Func::CublasGemmStridedBatched, args),
+        ),
+    ]
 }
 
-fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<String> {
-    vec![format!(
-        "MUCC_CHECK_NCCL(ncclAllReduce({}, {}, {}, {}, ncclSum, comm, stream));",
-        address(plan, c.send),
-        address(plan, c.recv),
-        c.count,
-        cxx::nccl_data_type(c.dtype)
+fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<Stmt> {
+    vec![Stmt::Checked(
+        Check::Nccl,
+        Expr::Call(
+            Func::NcclAllReduce,
+            vec![
+                address(plan, c.send),
+                address(plan, c.recv),
+                Expr::int(c.count as i128),
+                Expr::Sym(Sym::NcclDataType(c.dtype)),
+                Expr::Sym(Sym::NcclSum),
+                Expr::var("comm"),
+                Expr::var("stream"),
+            ],
+        ),
     )]
 }
 
 /// The steps of the host entry, one per launch-plan step (first this GPU's rank, when a
 /// kernel performs an all-reduce).
 pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
-    let rank = plan.uses_exchange().then(|| HostStep {
-        comment: "this GPU's rank (kernels that all-reduce exchange tiles with the others)".into(),
-        lines: vec![
-            "int r = 0;".into(),
-            "MUCC_CHECK_NCCL(ncclCommUserRank(comm, &r));".into(),
-            "rank = static_cast<unsigned long long>(r);".into(),
-        ],
+    let rank = plan.uses_exchange().then(|| {
+        HostStep::new(
+            "this GPU's rank (kernels that all-reduce exchange tiles with the others)".into(),
+            vec![
+                Stmt::local(Ty::Int, "r", Expr::int(0)),
+                Stmt::Checked(
+                    Check::Nccl,
+                    Expr::Call(
+                        Func::NcclCommUserRank,
+                        vec![Expr::var("comm"), Expr::var("r").addr()],
+                    ),
+                ),
+                Stmt::Assign(
+                    Expr::var("rank"),
+                    Expr::Call(Func::CastToU64, vec![Expr::var("r")]),
+                ),
+            ],
+        )
     });
     rank.into_iter()
         .chain(plan.steps.iter().map(|s| match s {
-            Step::Kernel(k) => HostStep {
-                comment: format!("launch {}", k.name),
-                lines: kernel_step(plan, k),
-            },
-            Step::Gemm(c) => HostStep {
-                comment: format!(
+            Step::Kernel(k) => HostStep::new(format!("launch {}", k.name), kernel_step(plan, k)),
+            Step::Gemm(c) => HostStep::new(
+                format!(
                     "cuBLAS: {} product(s) of {}x{} by {}x{}",
                     c.batch, c.m, c.k, c.k, c.n
                 ),
-                lines: gemm_step(plan, c),
-            },
-            Step::AllReduce(c) => HostStep {
-                comment: format!(
+                gemm_step(plan, c),
+            ),
+            Step::AllReduce(c) => HostStep::new(
+                format!(
                     "NCCL: sum of {} {} elements over the {} GPUs",
                     c.count,
                     cxx::nccl_data_type(c.dtype),
                     plan.gpus
                 ),
-                lines: all_reduce_step(plan, c),
-            },
+                all_reduce_step(plan, c),
+            ),
         }))
         .collect()
 }

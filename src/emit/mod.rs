@@ -12,6 +12,7 @@
 pub mod cxx;
 pub mod header;
 pub mod host;
+pub mod ir;
 mod kernel_level;
 pub mod launch;
 mod threadblock;
@@ -22,7 +23,7 @@ use crate::graph::arena::Handle;
 use crate::graph::kernel::KernelGraph;
 use crate::sched::kernel_level::KnOpPlan;
 use crate::sched::plan::{CodePath, GraphPlan};
-use host::HostStep;
+pub use host::HostStep;
 use launch::{Step, TensorDirective};
 
 pub use launch::LaunchPlan;
@@ -52,6 +53,9 @@ pub struct Emitted {
     pub source: String,
     /// How to run it without the host entry.
     pub launch: LaunchPlan,
+    /// The host entry's steps as statements ([`ir`]), one per launch-plan step (and the rank
+    /// query first where a kernel all-reduces).
+    pub host: Vec<HostStep>,
 }
 
 /// A kernel of the generated file.
@@ -205,6 +209,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             header.push(if i == 0 { l } else { format!("  {l}") });
         }
     }
+    let host_steps = host::steps(&launch);
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         header,
@@ -231,7 +236,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             v
         },
         kernels,
-        steps: host::steps(&launch),
+        steps: host_steps.clone(),
         workspace: plan.workspace_bytes(),
         entry_signature: cxx::host_entry_signature(
             &launch.entry,
@@ -247,5 +252,9 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     if !source.ends_with('\n') {
         source.push('\n');
     }
-    Ok(Emitted { source, launch })
+    Ok(Emitted {
+        source,
+        launch,
+        host: host_steps,
+    })
 }

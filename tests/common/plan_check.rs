@@ -1008,5 +1008,121 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
         check_kernel(g, &e, k, kp).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
     }
     check_kernel_level(g, &p, &e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
+    check_host(&e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
     Ok(e)
+}
+
+/// The host entry's statements ([`mucc::emit::ir`]) against the launch plan, by structure:
+/// one host step per plan step (after the rank query where a kernel all-reduces); every
+/// kernel step launches its kernel once, programmatically where the plan says so, with the
+/// plan's grid, block and shared memory, one argument per binding, the shared-memory opt-in
+/// where the kernel needs it and one tensor map per spec (its type and swizzle); every cuBLAS
+/// step calls the strided batched GEMM once with the plan's operations and sizes; every
+/// all-reduce step calls NCCL once with the plan's count and type.
+pub fn check_host(e: &Emitted) -> Result<(), String> {
+    use mucc::emit::ir::{Expr, Func, Init, IntType, Stmt, Sym, calls};
+    let plan = &e.launch;
+    let skip = usize::from(plan.uses_exchange());
+    if e.host.len() != plan.steps.len() + skip {
+        return Err(format!(
+            "{} host steps for {} plan steps",
+            e.host.len(),
+            plan.steps.len()
+        ));
+    }
+    if skip == 1 && calls(&e.host[0].body, Func::NcclCommUserRank).len() != 1 {
+        return Err("the rank query does not ask NCCL for the rank".into());
+    }
+    let int = |v: i128| Expr::Int(v, IntType::Int);
+    let dim3 = |d: [u32; 3]| Expr::Call(Func::Dim3, d.iter().map(|&x| int(x.into())).collect());
+    for (n, (step, host)) in plan.steps.iter().zip(&e.host[skip..]).enumerate() {
+        let body = &host.body;
+        let one = |f: Func| -> Result<Vec<&Expr>, String> {
+            let c = calls(body, f);
+            match c.len() {
+                1 => Ok(c.into_iter().next().unwrap()),
+                k => Err(format!("step {n}: {k} calls of {f:?}")),
+            }
+        };
+        match step {
+            Step::Kernel(k) => {
+                let (f, other) = if k.programmatic {
+                    (Func::LaunchProgrammatic, Func::Launch)
+                } else {
+                    (Func::Launch, Func::LaunchProgrammatic)
+                };
+                if !calls(body, other).is_empty() {
+                    return Err(format!("step {n} ({}): launched with {other:?}", k.name));
+                }
+                let a = one(f)?;
+                let want = [dim3(k.grid), dim3(k.block), int(k.dynamic_smem as i128)];
+                if a.len() != 6 + usize::from(!k.tensor_maps.is_empty())
+                    || a[1..4].iter().copied().ne(want.iter())
+                {
+                    return Err(format!("step {n} ({}): launch arguments {a:?}", k.name));
+                }
+                let args = body.iter().find_map(|s| match s {
+                    Stmt::Decl {
+                        name,
+                        init: Init::Array(v),
+                        ..
+                    } if name == "args" => Some(v.len()),
+                    _ => None,
+                });
+                if args != Some(k.args.len()) {
+                    return Err(format!(
+                        "step {n} ({}): {args:?} arguments for {} bindings",
+                        k.name,
+                        k.args.len()
+                    ));
+                }
+                let opt_in = calls(body, Func::MaxDynamicSmem).len();
+                if opt_in != usize::from(k.needs_smem_opt_in()) {
+                    return Err(format!(
+                        "step {n} ({}): {opt_in} shared-memory opt-ins",
+                        k.name
+                    ));
+                }
+                let maps = calls(body, Func::TensorMap);
+                if maps.len() != k.tensor_maps.len() {
+                    return Err(format!(
+                        "step {n} ({}): {} tensor maps encoded for {}",
+                        k.name,
+                        maps.len(),
+                        k.tensor_maps.len()
+                    ));
+                }
+                for (m, spec) in maps.iter().zip(&k.tensor_maps) {
+                    if *m[1] != Expr::Sym(Sym::TensorMapDataType(spec.data_type))
+                        || *m[6] != Expr::Sym(Sym::TensorMapSwizzle(spec.swizzle))
+                    {
+                        return Err(format!("step {n} ({}): tensor map {m:?}", k.name));
+                    }
+                }
+            }
+            Step::Gemm(c) => {
+                let a = one(Func::CublasGemmStridedBatched)?;
+                let want = [
+                    Expr::Sym(Sym::CublasOp(c.trans_a)),
+                    Expr::Sym(Sym::CublasOp(c.trans_b)),
+                    int(c.m.into()),
+                    int(c.n.into()),
+                    int(c.k.into()),
+                ];
+                if a.len() != 23
+                    || a[1..6].iter().copied().ne(want.iter())
+                    || *a[20] != int(c.batch.into())
+                {
+                    return Err(format!("step {n}: cuBLAS arguments {a:?}"));
+                }
+            }
+            Step::AllReduce(c) => {
+                let a = one(Func::NcclAllReduce)?;
+                if *a[2] != int(c.count as i128) || *a[3] != Expr::Sym(Sym::NcclDataType(c.dtype)) {
+                    return Err(format!("step {n}: NCCL arguments {a:?}"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
