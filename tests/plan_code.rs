@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::corpus_files;
-use common::plan_check::{check_graph, check_host, check_kernel};
+use common::plan_check::{check_graph, check_host, check_kernel, check_kernel_level};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 use mucc::{ImportOptions, read_file};
@@ -148,6 +148,48 @@ fn a_host_disagreement_fails_the_check() {
     bad.host[i].body.remove(j);
     let err = check_host(&bad).unwrap_err();
     assert!(err.contains("tensor maps"), "{err}");
+}
+
+/// The kernel-level check fails when a kernel's runtime call and its plan disagree: every
+/// integer template argument of every kernel-level kernel of graph 0 of every corpus file,
+/// changed in turn, is caught.
+#[test]
+fn a_kernel_level_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Stmt, TArg};
+    let target = Target::new(mucc::target::Arch::Sm90a);
+    let mut edits = 0;
+    for f in corpus_files() {
+        let file = read_file(&f, &ImportOptions::default()).unwrap();
+        let g = &file.graphs[0].graph;
+        let p = plan(g, &Options::for_target(target)).unwrap();
+        let e = mucc::emit::emit(g, &p, "test").unwrap();
+        let pg = p.graph(g);
+        check_kernel_level(pg, &p, &e).unwrap();
+        for (b, body) in e.bodies.iter().enumerate() {
+            for (s, stmt) in body.body.iter().enumerate() {
+                let Stmt::Eval(Expr::TemplateCall(_, targs, _)) = stmt else {
+                    continue;
+                };
+                for (t, arg) in targs.iter().enumerate() {
+                    let TArg::Int(v) = arg else { continue };
+                    let mut bad = e.clone();
+                    let Stmt::Eval(Expr::TemplateCall(_, targs, _)) = &mut bad.bodies[b].body[s]
+                    else {
+                        unreachable!()
+                    };
+                    targs[t] = TArg::Int(v + 1);
+                    edits += 1;
+                    assert!(
+                        check_kernel_level(pg, &p, &bad).is_err(),
+                        "{}: kernel {}, argument {t}",
+                        f.display(),
+                        body.name
+                    );
+                }
+            }
+        }
+    }
+    assert!(edits >= 20, "{edits} edits");
 }
 
 /// Every builder-made attention block (`graph::workloads::attention_blocks`) keeps exp(Q·Kᵀ)

@@ -145,6 +145,12 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::Dim3 => "dim3",
         F::CastToConstVoidPtr => "reinterpret_cast<const void*>",
         F::CastToU64 => "static_cast<unsigned long long>",
+        F::KnUnary => "mucc::kn::unary",
+        F::KnBinary => "mucc::kn::binary",
+        F::KnCopy => "mucc::kn::copy",
+        F::KnReduce => "mucc::kn::reduce",
+        F::KnRmsNorm => "mucc::kn::rms_norm",
+        F::KnSoftmaxCombine => "mucc::kn::softmax_combine",
     }
 }
 

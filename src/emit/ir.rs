@@ -76,6 +76,38 @@ pub enum Func {
     CastToConstVoidPtr,
     /// `static_cast<unsigned long long>`.
     CastToU64,
+    /// `mucc::kn::unary`: an element-wise kernel of one input.
+    KnUnary,
+    /// `mucc::kn::binary`: an element-wise kernel of two inputs.
+    KnBinary,
+    /// `mucc::kn::copy`: a copy between two views.
+    KnCopy,
+    /// `mucc::kn::reduce`: a sum or max over one dimension.
+    KnReduce,
+    /// `mucc::kn::rms_norm`: rows divided by their root mean square.
+    KnRmsNorm,
+    /// `mucc::kn::softmax_combine`: split attention's partial results combined.
+    KnSoftmaxCombine,
+}
+
+/// A template argument of a runtime call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TArg {
+    /// An element type.
+    Elem(crate::graph::DType),
+    /// An integer.
+    Int(i128),
+    /// A boolean.
+    Bool(bool),
+    /// A type or value the generated code declares (a layout alias, a functor).
+    Name(String),
+}
+
+impl TArg {
+    /// An integer argument (a size, a count).
+    pub fn int(v: usize) -> TArg {
+        TArg::Int(v as i128)
+    }
 }
 
 /// A method of `mucc::host::Buffers` (the host entry's `buf`).
@@ -136,6 +168,12 @@ pub enum Expr {
     Sym(Sym),
     /// A call.
     Call(Func, Vec<Expr>),
+    /// A call with template arguments.
+    TemplateCall(Func, Vec<TArg>, Vec<Expr>),
+    /// `a + b`.
+    Add(Box<Expr>, Box<Expr>),
+    /// `T{}`: a value-initialised object of a type the generated code declares.
+    Object(String),
     /// A call whose arguments form groups (an operand's address, type, leading dimension and
     /// stride, say): as the expression of a statement it prints one group per line.
     GroupedCall(Func, Vec<Vec<Expr>>),
@@ -217,6 +255,10 @@ pub enum Stmt {
     Checked(Check, Expr),
     /// `{ … }`.
     Block(Vec<Stmt>),
+    /// An expression evaluated for its effect: `e;`.
+    Eval(Expr),
+    /// `using namespace name;`.
+    UsingNamespace(String),
 }
 
 impl Stmt {
@@ -284,6 +326,8 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         }
         Stmt::Checked(c, e) => w.line(format!("{}({e});", cxx::check_macro(*c))),
         Stmt::Block(body) => w.block("", "", |w| print(w, body)),
+        Stmt::Eval(e) => w.line(format!("{e};")),
+        Stmt::UsingNamespace(n) => w.line(format!("using namespace {n};")),
     }
 }
 
@@ -307,6 +351,25 @@ impl fmt::Display for Expr {
                 args(f, a)?;
                 f.write_char(')')
             }
+            Expr::TemplateCall(func, targs, a) => {
+                write!(f, "{}<", cxx::function(*func))?;
+                for (i, t) in targs.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    match t {
+                        TArg::Elem(d) => f.write_str(cxx::ctype(*d))?,
+                        TArg::Int(v) => write!(f, "{v}")?,
+                        TArg::Bool(b) => write!(f, "{b}")?,
+                        TArg::Name(n) => f.write_str(n)?,
+                    }
+                }
+                f.write_str(">(")?;
+                args(f, a)?;
+                f.write_char(')')
+            }
+            Expr::Add(a, b) => write!(f, "{a} + {b}"),
+            Expr::Object(t) => write!(f, "{t}{{}}"),
             Expr::GroupedCall(func, groups) => {
                 write!(f, "{}(", cxx::function(*func))?;
                 args(f, &groups.concat())?;
@@ -342,13 +405,23 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
                 }
                 groups.iter().flatten().for_each(|x| expr(x, func, out));
             }
+            Expr::TemplateCall(f, _, a) => {
+                if *f == func {
+                    out.push(a.iter().collect());
+                }
+                a.iter().for_each(|x| expr(x, func, out));
+            }
+            Expr::Add(a, b) => {
+                expr(a, func, out);
+                expr(b, func, out);
+            }
             Expr::Buffer(_, a) => a.iter().for_each(|x| expr(x, func, out)),
             Expr::Index(b, i) => {
                 expr(b, func, out);
                 expr(i, func, out);
             }
             Expr::Field(b, _) | Expr::AddrOf(b) => expr(b, func, out),
-            Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) => {}
+            Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) => {}
         }
     }
     fn stmt<'a>(s: &'a Stmt, func: Func, out: &mut Vec<Vec<&'a Expr>>) {
@@ -363,13 +436,37 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
                 expr(t, func, out);
                 expr(v, func, out);
             }
-            Stmt::Checked(_, e) => expr(e, func, out),
+            Stmt::Checked(_, e) | Stmt::Eval(e) => expr(e, func, out),
             Stmt::Block(b) => b.iter().for_each(|x| stmt(x, func, out)),
+            Stmt::UsingNamespace(_) => {}
         }
     }
     let mut out = Vec::new();
     stmts.iter().for_each(|s| stmt(s, func, &mut out));
     out
+}
+
+/// The template arguments of every call of `func` with template arguments in `stmts` (not
+/// nested in other calls), in order.
+pub fn template_args(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
+    let mut out = Vec::new();
+    for s in stmts {
+        match s {
+            Stmt::Eval(Expr::TemplateCall(f, t, _)) if *f == func => out.push(&t[..]),
+            Stmt::Block(b) => out.extend(template_args(b, func)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A kernel whose body was built as statements, by name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelBody {
+    /// The kernel's name.
+    pub name: String,
+    /// Its body.
+    pub body: Vec<Stmt>,
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use super::KernelView;
 use super::cxx::{self, Writer, ctype};
+use super::ir::{self, Expr, Func, KernelBody, Stmt, TArg};
 use super::launch::{AllReduceCall, KernelLaunch, Step};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
@@ -107,7 +108,7 @@ fn functor(w: &mut Writer, name: &str, op: ElementwiseOp, dtype: DType) {
 }
 
 /// An element-wise kernel: `kn::unary`, `kn::binary` or `kn::copy` over the views.
-fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Step) {
+fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, KernelBody, Step) {
     let KnOpPlan::Elementwise {
         op,
         out,
@@ -130,31 +131,37 @@ fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Ste
     let mut pre = Writer::new();
     aliases(&mut pre, name, &named);
     functor(&mut pre, name, *op, *dtype);
-    let splats = if splat.iter().any(|&s| s) {
-        let flags: Vec<&str> = splat
-            .iter()
-            .map(|&s| if s { "true" } else { "false" })
-            .collect();
-        format!(", {name}_op, {}", flags.join(", "))
-    } else {
-        String::new()
+    let functor_name = format!("{name}_op");
+    let layouts = |n: usize| (0..n).map(|i| TArg::Name(format!("L{i}")));
+    let vars = |n: usize| (0..n).map(|i| Expr::var(format!("v{i}")));
+    let mut targs = vec![TArg::Elem(*dtype), TArg::int(*vector)];
+    let (f, mut args) = match op {
+        ElementwiseOp::Unary(_) => {
+            targs.extend(layouts(2));
+            (Func::KnUnary, vars(2).collect::<Vec<_>>())
+        }
+        ElementwiseOp::Binary(_) | ElementwiseOp::ShiftedExp => {
+            targs.extend(layouts(3));
+            if splat.iter().any(|&s| s) {
+                targs.push(TArg::Name(functor_name.clone()));
+                targs.extend(splat.iter().map(|&s| TArg::Bool(s)));
+            }
+            (Func::KnBinary, vars(3).collect())
+        }
+        ElementwiseOp::Copy => {
+            targs.extend(layouts(2));
+            (Func::KnCopy, vars(2).collect())
+        }
     };
-    let (f, args, tail) = match op {
-        ElementwiseOp::Unary(_) => (
-            "unary",
-            "L0, L1".to_string(),
-            format!("v0, v1, {name}_op{{}}"),
-        ),
-        ElementwiseOp::Binary(_) | ElementwiseOp::ShiftedExp => (
-            "binary",
-            format!("L0, L1, L2{splats}"),
-            format!("v0, v1, v2, {name}_op{{}}"),
-        ),
-        ElementwiseOp::Copy => ("copy", "L0, L1".to_string(), "v0, v1".to_string()),
-    };
+    if *op != ElementwiseOp::Copy {
+        args.push(Expr::Object(functor_name));
+    }
+    let stmts = vec![
+        Stmt::UsingNamespace(format!("{name}_l")),
+        Stmt::Eval(Expr::TemplateCall(f, targs, args)),
+    ];
     let mut body = Writer::at(1);
-    body.line(format!("using namespace {name}_l;"));
-    body.line(format!("mucc::kn::{f}<{t}, {vector}, {args}>({tail});"));
+    ir::print(&mut body, &stmts);
     let params = view_params(t, views.len());
     let threads = l.threads.to_string();
     let view = KernelView::new(
@@ -166,7 +173,14 @@ fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Ste
         body.finish(),
     );
     let step = launch(name, *l, views.iter().map(|v| v.at).collect());
-    (view, step)
+    (view, body_of(name, stmts), step)
+}
+
+fn body_of(name: &str, body: Vec<Stmt>) -> KernelBody {
+    KernelBody {
+        name: name.to_string(),
+        body,
+    }
 }
 
 /// A concat (parts → whole) or split/chunk (whole → parts) kernel: one copy per part.
@@ -178,7 +192,7 @@ fn parts(
     parts: &[PartCopy],
     dtype: DType,
     l: GridStride,
-) -> (KernelView, Step) {
+) -> (KernelView, KernelBody, Step) {
     let t = ctype(dtype);
     let mut named = Vec::new();
     for (i, p) in parts.iter().enumerate() {
@@ -192,25 +206,34 @@ fn parts(
     } else {
         format!("const {t}* __restrict__ whole")
     }];
-    let mut body = Writer::at(1);
-    body.line(format!("using namespace {name}_l;"));
+    let mut stmts = vec![Stmt::UsingNamespace(format!("{name}_l"))];
     let mut args = vec![whole.at];
     for (i, p) in parts.iter().enumerate() {
         let woff = p.whole.at.elem_offset() - whole.at.elem_offset();
-        let v = p.vector;
-        if concat {
+        let at_whole = Expr::Add(
+            Box::new(Expr::var("whole")),
+            Box::new(Expr::int(woff as i128)),
+        );
+        let part = Expr::var(format!("p{i}"));
+        let (whole_l, part_l) = (format!("Whole{i}"), format!("Part{i}"));
+        let (targs, call_args) = if concat {
             params.push(format!("const {t}* __restrict__ p{i}"));
-            body.line(format!(
-                "mucc::kn::copy<{t}, {v}, Whole{i}, Part{i}>(whole + {woff}, p{i});"
-            ));
+            ([whole_l, part_l], vec![at_whole, part])
         } else {
             params.push(format!("{t}* __restrict__ p{i}"));
-            body.line(format!(
-                "mucc::kn::copy<{t}, {v}, Part{i}, Whole{i}>(p{i}, whole + {woff});"
-            ));
-        }
+            ([part_l, whole_l], vec![part, at_whole])
+        };
+        let mut targs: Vec<TArg> = targs.into_iter().map(TArg::Name).collect();
+        targs.splice(0..0, [TArg::Elem(dtype), TArg::int(p.vector)]);
+        stmts.push(Stmt::Eval(Expr::TemplateCall(
+            Func::KnCopy,
+            targs,
+            call_args,
+        )));
         args.push(p.part.at);
     }
+    let mut body = Writer::at(1);
+    ir::print(&mut body, &stmts);
     let threads = l.threads.to_string();
     let view = KernelView::new(
         &comment,
@@ -220,7 +243,7 @@ fn parts(
         &params,
         body.finish(),
     );
-    (view, launch(name, l, args))
+    (view, body_of(name, stmts), launch(name, l, args))
 }
 
 /// A kernel over `views` (the first written, the others read) whose body is one runtime call
@@ -231,8 +254,8 @@ fn views_kernel(
     views: &[&View],
     dtype: DType,
     l: GridStride,
-    call: String,
-) -> (KernelView, Step) {
+    call: (Func, Vec<TArg>),
+) -> (KernelView, KernelBody, Step) {
     let named: Vec<(String, &View)> = views
         .iter()
         .enumerate()
@@ -240,9 +263,19 @@ fn views_kernel(
         .collect();
     let mut pre = Writer::new();
     aliases(&mut pre, name, &named);
+    let (f, mut targs) = call;
+    // The element type, then the views' layouts, then the call's own arguments.
+    let layouts = (0..views.len()).map(|i| TArg::Name(format!("L{i}")));
+    targs.splice(0..0, std::iter::once(TArg::Elem(dtype)).chain(layouts));
+    let args = (0..views.len())
+        .map(|i| Expr::var(format!("v{i}")))
+        .collect();
+    let stmts = vec![
+        Stmt::UsingNamespace(format!("{name}_l")),
+        Stmt::Eval(Expr::TemplateCall(f, targs, args)),
+    ];
     let mut body = Writer::at(1);
-    body.line(format!("using namespace {name}_l;"));
-    body.line(call);
+    ir::print(&mut body, &stmts);
     let params = view_params(ctype(dtype), views.len());
     let threads = l.threads.to_string();
     let view = KernelView::new(
@@ -253,7 +286,11 @@ fn views_kernel(
         &params,
         body.finish(),
     );
-    (view, launch(name, l, views.iter().map(|v| v.at).collect()))
+    (
+        view,
+        body_of(name, stmts),
+        launch(name, l, views.iter().map(|v| v.at).collect()),
+    )
 }
 
 /// The kernel (if any) and steps of kernel-level operator `h`.
@@ -263,10 +300,10 @@ pub(super) fn emit(
     op: &KnOp,
     plan: &KnOpPlan,
     symbols: &Symbols,
-) -> (Option<KernelView>, Vec<Step>) {
+) -> (Option<(KernelView, KernelBody)>, Vec<Step>) {
     let comment = describe(g, h, op);
     let k = h.index();
-    let (view, step) = match plan {
+    let (view, body, step) = match plan {
         KnOpPlan::Nothing | KnOpPlan::Customized => return (None, Vec::new()),
         // The kernel writing the input performs it.
         KnOpPlan::AllReduce {
@@ -319,15 +356,22 @@ pub(super) fn emit(
             launch: l,
         } => {
             let (name, max) = match (of, &op.kind) {
-                (Reduce::Sum, KnOpKind::Reduction { dim }) => (format!("k{k}_reduction_{dim}"), ""),
-                (Reduce::Sum, _) => (format!("k{k}_reduction_0"), ""),
-                (Reduce::Max, _) => (format!("k{k}_row_max"), ", true"),
+                (Reduce::Sum, KnOpKind::Reduction { dim }) => {
+                    (format!("k{k}_reduction_{dim}"), false)
+                }
+                (Reduce::Sum, _) => (format!("k{k}_reduction_0"), false),
+                (Reduce::Max, _) => (format!("k{k}_row_max"), true),
             };
             let name = symbols.kernel(&name);
-            let t = ctype(*dtype);
-            let call = format!(
-                "mucc::kn::reduce<{t}, L0, L1, {to}, {len}, {inner}, {stride}, {warp_per_output}{max}>(v0, v1);"
-            );
+            let mut targs = vec![
+                TArg::int(*to),
+                TArg::int(*len),
+                TArg::int(*inner),
+                TArg::int(*stride),
+                TArg::Bool(*warp_per_output),
+            ];
+            targs.extend(max.then_some(TArg::Bool(true)));
+            let call = (Func::KnReduce, targs);
             views_kernel(&name, comment, &[out, x], *dtype, *l, call)
         }
         KnOpPlan::RmsNorm {
@@ -339,8 +383,7 @@ pub(super) fn emit(
             launch: l,
         } => {
             let name = symbols.kernel(&format!("k{k}_rms_norm"));
-            let t = ctype(*dtype);
-            let call = format!("mucc::kn::rms_norm<{t}, L0, L1, {rows}, {group}>(v0, v1);");
+            let call = (Func::KnRmsNorm, vec![TArg::int(*rows), TArg::int(*group)]);
             views_kernel(&name, comment, &[out, x], *dtype, *l, call)
         }
         KnOpPlan::SoftmaxCombine {
@@ -359,10 +402,12 @@ pub(super) fn emit(
             form: crate::sched::combine::CombineForm::Kernel(_),
         } => {
             let name = symbols.kernel(&format!("k{k}_softmax_combine"));
-            let t = ctype(*dtype);
-            let call = format!(
-                "mucc::kn::softmax_combine<{t}, L0, L1, L2, L3, {rows}, {splits}, {d}, {vector}, \
-                 {group}, {split_lanes}>(v0, v1, v2, v3);"
+            let call = (
+                Func::KnSoftmaxCombine,
+                [*rows, *splits, *d, *vector, *group, *split_lanes]
+                    .into_iter()
+                    .map(TArg::int)
+                    .collect(),
             );
             views_kernel(&name, comment, &[out, o, l, m], *dtype, *launch, call)
         }
@@ -377,5 +422,5 @@ pub(super) fn emit(
             parts(&name, comment, *concat, whole, ps, *dtype, *l)
         }
     };
-    (Some(view), vec![step])
+    (Some((view, body)), vec![step])
 }

@@ -56,6 +56,9 @@ pub struct Emitted {
     /// The host entry's steps as statements ([`ir`]), one per launch-plan step (and the rank
     /// query first where a kernel all-reduces).
     pub host: Vec<HostStep>,
+    /// The bodies of the kernels built as statements (the kernel-level operators' kernels;
+    /// threadblock kernels are written as lines), in kernel order.
+    pub bodies: Vec<ir::KernelBody>,
 }
 
 /// A kernel of the generated file.
@@ -159,6 +162,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     let g = plan.graph(g);
     let (io_lines, inputs, outputs) = io(g, plan);
     let mut kernels = Vec::new();
+    let mut bodies = Vec::new();
     let mut steps = Vec::new();
     for (h, op) in g.ops.iter() {
         match &plan.kernel_ops[h.index()] {
@@ -173,7 +177,10 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             other => {
                 let (view, launch) =
                     kernel_level::emit(g, Handle::from_index(h.index()), op, other, &plan.symbols);
-                kernels.extend(view);
+                if let Some((view, body)) = view {
+                    kernels.push(view);
+                    bodies.push(body);
+                }
                 steps.extend(launch);
             }
         }
@@ -256,5 +263,6 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         source,
         launch,
         host: host_steps,
+        bodies,
     })
 }

@@ -809,20 +809,32 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     }
 }
 
-/// Checks the kernel-level operators against their plans.
+/// Checks the kernel-level operators against their plans: each kernel's runtime call, read
+/// from its statements ([`mucc::emit::ir`]), takes the plan's element type, layouts and
+/// numbers, and its launch the plan's grid and block.
 pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result<(), String> {
+    use mucc::emit::ir::{Func, TArg, template_args};
+    let names = |n: usize| (0..n).map(|i| TArg::Name(format!("L{i}")));
+    let ints = |v: &[usize]| v.iter().map(|&x| TArg::int(x)).collect::<Vec<_>>();
     for (h, op) in g.ops.iter() {
         let k = h.index();
-        let check = |name: String, prefix: &str, expect: Vec<String>, launch: (u32, u32)| {
-            let text = kernel_text(&e.source, &name);
-            let args = template_args(&text, prefix);
+        let body = |name: &str| {
+            e.bodies
+                .iter()
+                .find(|b| b.name == name)
+                .map(|b| &b.body[..])
+                .ok_or_else(|| format!("kernel op {k}: no kernel {name}"))
+        };
+        let check = |name: String, f: Func, expect: Vec<TArg>, launch: (u32, u32)| {
+            let calls = template_args(body(&name)?, f);
             let l = launch_of(e, &name);
-            if args.len() != 1
-                || args[0][..expect.len()] != expect[..]
+            if calls.len() != 1
+                || calls[0].len() < expect.len()
+                || calls[0][..expect.len()] != expect[..]
                 || (l.grid[0], l.block[0]) != launch
             {
                 Err(format!(
-                    "kernel op {k} ({name}): {prefix} {args:?} launch {:?}x{:?}, plan {expect:?} {launch:?}",
+                    "kernel op {k} ({name}): {f:?} {calls:?} launch {:?}x{:?}, plan {expect:?} {launch:?}",
                     l.grid, l.block
                 ))
             } else {
@@ -838,18 +850,18 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 ..
             } => {
                 let (f, suffix) = match (ew, &op.kind) {
-                    (ElementwiseOp::Unary(u), _) => ("unary", u.name().to_string()),
-                    (ElementwiseOp::Binary(b), _) => ("binary", b.name().to_string()),
-                    (ElementwiseOp::ShiftedExp, _) => ("binary", "shifted_exp".into()),
+                    (ElementwiseOp::Unary(u), _) => (Func::KnUnary, u.name().to_string()),
+                    (ElementwiseOp::Binary(b), _) => (Func::KnBinary, b.name().to_string()),
+                    (ElementwiseOp::ShiftedExp, _) => (Func::KnBinary, "shifted_exp".into()),
                     (ElementwiseOp::Copy, KnOpKind::Output { .. }) => {
-                        ("copy", "output_copy".into())
+                        (Func::KnCopy, "output_copy".into())
                     }
-                    (ElementwiseOp::Copy, _) => ("copy", "allreduce".into()),
+                    (ElementwiseOp::Copy, _) => (Func::KnCopy, "allreduce".into()),
                 };
                 check(
                     format!("k{k}_{suffix}"),
-                    &format!("mucc::kn::{f}<"),
-                    vec![ctype(*dtype).into(), vector.to_string()],
+                    f,
+                    vec![TArg::Elem(*dtype), TArg::int(*vector)],
                     (launch.blocks, launch.threads),
                 )?;
             }
@@ -869,27 +881,17 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                         (format!("k{k}_reduction_{dim}"), None)
                     }
                     (KnOpKind::RowMax { .. }, Reduce::Max) => {
-                        (format!("k{k}_row_max"), Some("true"))
+                        (format!("k{k}_row_max"), Some(TArg::Bool(true)))
                     }
                     _ => return Err(format!("kernel op {k}: reduction plan")),
                 };
-                let mut args = vec![
-                    ctype(*dtype).into(),
-                    "L0".into(),
-                    "L1".into(),
-                    to.to_string(),
-                    len.to_string(),
-                    inner.to_string(),
-                    stride.to_string(),
-                    warp_per_output.to_string(),
-                ];
-                args.extend(max.map(String::from));
-                check(
-                    name,
-                    "mucc::kn::reduce<",
-                    args,
-                    (launch.blocks, launch.threads),
-                )?;
+                let mut args: Vec<TArg> = std::iter::once(TArg::Elem(*dtype))
+                    .chain(names(2))
+                    .chain(ints(&[*to, *len, *inner, *stride]))
+                    .collect();
+                args.push(TArg::Bool(*warp_per_output));
+                args.extend(max);
+                check(name, Func::KnReduce, args, (launch.blocks, launch.threads))?;
             }
             KnOpPlan::RmsNorm {
                 dtype,
@@ -899,14 +901,11 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 ..
             } => check(
                 format!("k{k}_rms_norm"),
-                "mucc::kn::rms_norm<",
-                vec![
-                    ctype(*dtype).into(),
-                    "L0".into(),
-                    "L1".into(),
-                    rows.to_string(),
-                    group.to_string(),
-                ],
+                Func::KnRmsNorm,
+                std::iter::once(TArg::Elem(*dtype))
+                    .chain(names(2))
+                    .chain(ints(&[*rows, *group]))
+                    .collect(),
                 (launch.blocks, launch.threads),
             )?,
             KnOpPlan::SoftmaxCombine {
@@ -918,33 +917,33 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 group,
                 split_lanes,
                 launch,
+                form: mucc::sched::combine::CombineForm::Kernel(_),
                 ..
             } => check(
                 format!("k{k}_softmax_combine"),
-                "mucc::kn::softmax_combine<",
-                vec![
-                    ctype(*dtype).into(),
-                    "L0".into(),
-                    "L1".into(),
-                    "L2".into(),
-                    "L3".into(),
-                    rows.to_string(),
-                    splits.to_string(),
-                    d.to_string(),
-                    vector.to_string(),
-                    group.to_string(),
-                    split_lanes.to_string(),
-                ],
+                Func::KnSoftmaxCombine,
+                std::iter::once(TArg::Elem(*dtype))
+                    .chain(names(4))
+                    .chain(ints(&[*rows, *splits, *d, *vector, *group, *split_lanes]))
+                    .collect(),
                 (launch.blocks, launch.threads),
             )?,
-            KnOpPlan::Parts { parts, .. } => {
-                let text = kernel_text(&e.source, &format!("k{k}_{}", op.kind.name()));
-                let v: Vec<usize> = template_args(&text, "mucc::kn::copy<")
+            KnOpPlan::SoftmaxCombine { .. } => {
+                // Performed by the attention kernel's clusters: no kernel of its own.
+                if e.bodies
                     .iter()
-                    .map(|a| nums(a, 1..2)[0])
-                    .collect();
-                let want: Vec<usize> = parts.iter().map(|c| c.vector).collect();
-                if v != want {
+                    .any(|b| b.name.contains(&format!("k{k}_softmax_combine")))
+                {
+                    return Err(format!(
+                        "kernel op {k}: a combining kernel beside the cluster combine"
+                    ));
+                }
+            }
+            KnOpPlan::Parts { parts, .. } => {
+                let calls = template_args(body(&format!("k{k}_{}", op.kind.name()))?, Func::KnCopy);
+                let v: Vec<Option<&TArg>> = calls.iter().map(|a| a.get(1)).collect();
+                let want: Vec<TArg> = parts.iter().map(|c| TArg::int(c.vector)).collect();
+                if v.len() != want.len() || v.iter().zip(&want).any(|(a, b)| *a != Some(b)) {
                     return Err(format!("kernel op {k}: part vectors {v:?}, plan {want:?}"));
                 }
             }
