@@ -1139,35 +1139,11 @@ pub fn check_ranks(
     drawn: &RankedDrawn,
     outputs: &[Vec<(DType, Array)>],
 ) -> Result<Vec<Vec<Comparison>>, String> {
-    let mut cmp: Vec<Vec<Comparison>> = outputs
-        .iter()
-        .zip(&drawn.reference)
-        .map(|(outs, refs)| {
-            outs.iter()
-                .zip(refs)
-                .map(|((dt, got), r)| data::compare(*dt, got, r))
-                .collect()
-        })
-        .collect();
-    let needs = |cmp: &[Vec<Comparison>]| {
-        cmp.iter().enumerate().any(|(r, row)| {
-            row.iter()
-                .enumerate()
-                .any(|(j, c)| c.worth_widening(outputs[r][j].0))
-        })
-    };
-    if needs(&cmp) {
-        let (stored, _) = interp::evaluate_ranks(g, drawn.inputs.clone(), Rounding::Stored)
-            .map_err(|e| format!("the storage-rounding reference: {e}"))?;
-        for (r, row) in cmp.iter_mut().enumerate() {
-            for (j, c) in row.iter_mut().enumerate() {
-                if c.worth_widening(outputs[r][j].0) {
-                    c.widen(data::sensitivity(&stored[r][j], &drawn.reference[r][j]));
-                }
-            }
-        }
-    }
-    Ok(cmp)
+    data::compare_widened(outputs, &drawn.reference, || {
+        interp::evaluate_ranks(g, drawn.inputs.clone(), Rounding::Stored)
+            .map(|(stored, _)| stored)
+            .map_err(|e| format!("the storage-rounding reference: {e}"))
+    })
 }
 
 #[cfg(test)]

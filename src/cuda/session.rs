@@ -732,23 +732,14 @@ pub fn check_outputs(
     drawn: &Drawn,
     outputs: &[(DType, Array)],
 ) -> Result<Vec<data::Comparison>, String> {
-    let mut cmp: Vec<data::Comparison> = outputs
-        .iter()
-        .zip(&drawn.reference)
-        .map(|((dt, got), r)| data::compare(*dt, got, r))
-        .collect();
-    let widen: Vec<usize> = (0..cmp.len())
-        .filter(|&j| cmp[j].worth_widening(outputs[j].0))
-        .collect();
-    if !widen.is_empty() {
-        let (stored, _) =
-            interp::evaluate_rounded(g, drawn.inputs.to_vec(), interp::Rounding::Stored)
-                .map_err(|e| format!("the storage-rounding reference: {e}"))?;
-        for j in widen {
-            cmp[j].widen(data::sensitivity(&stored[j], &drawn.reference[j]));
-        }
-    }
-    Ok(cmp)
+    let reference: &[Array] = &drawn.reference;
+    let stored = || {
+        interp::evaluate_rounded(g, drawn.inputs.to_vec(), interp::Rounding::Stored)
+            .map(|(stored, _)| vec![stored])
+            .map_err(|e| format!("the storage-rounding reference: {e}"))
+    };
+    let mut cmp = data::compare_widened(&[outputs], &[reference], stored)?;
+    Ok(cmp.pop().unwrap_or_default())
 }
 
 /// Copies `inputs` into the input buffers of `bufs` (padded to each buffer's size).
