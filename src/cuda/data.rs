@@ -283,7 +283,10 @@ mod tests {
         .unwrap();
         assert_eq!(calls, 1);
         assert!(cmp.iter().flatten().all(Comparison::passed), "{cmp:?}");
-        assert_eq!(cmp[1][1].sensitivity.map(|s| (s * 100.0).round()), Some(5.0));
+        assert_eq!(
+            cmp[1][1].sensitivity.map(|s| (s * 100.0).round()),
+            Some(5.0)
+        );
         assert!(cmp[0].iter().all(|c| c.sensitivity.is_none()));
         // Nothing fails: the stored-rounding reference is never evaluated.
         let cmp = compare_widened(&ok[..1], &exact[..1], || unreachable!()).unwrap();

@@ -4,6 +4,7 @@
 //! step (graphs on several GPUs) an `ncclAllReduce` on the caller's communicator. The runner of
 //! `mucc run` interprets the same plan ([`LaunchPlan::resolve`] gives both the addresses).
 
+use super::EmitError;
 use super::cxx::{self, Writer};
 use super::ir::{self, BufferMethod, Check, Expr, Func, Init, IntType, Stmt, Storage, Sym, Ty};
 use super::launch::{
@@ -45,36 +46,42 @@ impl HostStep {
 }
 
 /// The device address a binding denotes, as a `void*` expression over `buf`
-/// (a `mucc::host::Buffers`).
-fn address(plan: &LaunchPlan, b: Binding) -> Expr {
+/// (a `mucc::host::Buffers`); `None` when the plan has no such buffer.
+fn address(plan: &LaunchPlan, b: Binding) -> Option<Expr> {
     let at = |m, v: Vec<Expr>| Expr::Buffer(m, v);
-    match plan.resolve(b) {
-        Some((BufferRef::Input(i), off)) => at(
+    Some(match plan.resolve(b)? {
+        (BufferRef::Input(i), off) => at(
             BufferMethod::Input,
             vec![Expr::int(i as i128), Expr::int(off as i128)],
         ),
-        Some((BufferRef::Output(j), off)) => at(
+        (BufferRef::Output(j), off) => at(
             BufferMethod::Output,
             vec![Expr::int(j as i128), Expr::int(off as i128)],
         ),
-        Some((BufferRef::Workspace, off)) => {
-            at(BufferMethod::Workspace, vec![Expr::int(off as i128)])
-        }
-        Some((BufferRef::Exchange(r), _)) => Expr::Index(
+        (BufferRef::Workspace, off) => at(BufferMethod::Workspace, vec![Expr::int(off as i128)]),
+        (BufferRef::Exchange(r), _) => Expr::Index(
             Box::new(Expr::var("exchange")),
             Box::new(Expr::int(r as i128)),
         ),
-        Some((BufferRef::Rank, _)) => Expr::Call(Func::ValueArg, vec![Expr::var("rank")]),
-        // The emitter only binds buffers the plan has.
-        None => Expr::Sym(Sym::Null),
-    }
+        (BufferRef::Rank, _) => Expr::Call(Func::ValueArg, vec![Expr::var("rank")]),
+    })
+}
+
+/// [`address`] of a binding of step `step` (`what` names it), or the internal error.
+fn bound(plan: &LaunchPlan, step: usize, what: &str, b: Binding) -> Result<Expr, EmitError> {
+    address(plan, b).ok_or_else(|| EmitError::Unresolved {
+        step,
+        what: what.to_string(),
+        binding: b,
+    })
 }
 
 fn dim3(d: [u32; 3]) -> Expr {
     Expr::Call(Func::Dim3, d.iter().map(|&x| Expr::int(x)).collect())
 }
 
-fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<Stmt> {
+fn kernel_step(plan: &LaunchPlan, n: usize, k: &KernelLaunch) -> Result<Vec<Stmt>, EmitError> {
+    let addr = |b: Binding| bound(plan, n, &k.name, b);
     let mut body = vec![Stmt::local(
         Ty::ConstVoidPtr,
         "kernel",
@@ -104,7 +111,7 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<Stmt> {
         storage: Storage::Auto,
         ty: Ty::VoidPtrConst,
         name: "args".into(),
-        init: Init::Array(k.args.iter().map(|b| address(plan, *b)).collect()),
+        init: Init::Array(k.args.iter().map(|b| addr(*b)).collect::<Result<_, _>>()?),
     });
     let f = if k.programmatic {
         Func::LaunchProgrammatic
@@ -122,7 +129,7 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<Stmt> {
     if !k.tensor_maps.is_empty() {
         let mut maps = Vec::new();
         for (i, m) in k.tensor_maps.iter().enumerate() {
-            body.extend(tensor_map(plan, m, i));
+            body.extend(tensor_map(m, i, addr(m.binding)?));
             maps.push(Expr::Field(Box::new(Expr::var(format!("tm{i}"))), "map").addr());
         }
         body.push(Stmt::Decl {
@@ -134,12 +141,12 @@ fn kernel_step(plan: &LaunchPlan, k: &KernelLaunch) -> Vec<Stmt> {
         args.push(Expr::var("maps"));
     }
     body.push(Stmt::Checked(Check::Cuda, Expr::Call(f, args)));
-    body
+    Ok(body)
 }
 
 /// Statements encoding tensor map `i` of a launch (cached per call site and host thread,
 /// encoded again when the buffer's address changes).
-fn tensor_map(plan: &LaunchPlan, m: &TensorMapSpec, i: usize) -> Vec<Stmt> {
+fn tensor_map(m: &TensorMapSpec, i: usize, address: Expr) -> Vec<Stmt> {
     let array = |ty, name: &str, v: Vec<Expr>| Stmt::Decl {
         storage: Storage::Auto,
         ty,
@@ -186,7 +193,7 @@ fn tensor_map(plan: &LaunchPlan, m: &TensorMapSpec, i: usize) -> Vec<Stmt> {
                     vec![
                         Expr::var(name),
                         Expr::Sym(Sym::TensorMapDataType(m.data_type)),
-                        address(plan, m.binding),
+                        address,
                         Expr::var("dims"),
                         Expr::var("strides"),
                         Expr::var("box"),
@@ -198,17 +205,17 @@ fn tensor_map(plan: &LaunchPlan, m: &TensorMapSpec, i: usize) -> Vec<Stmt> {
     ]
 }
 
-fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<Stmt> {
+fn gemm_step(plan: &LaunchPlan, n: usize, c: &GemmCall) -> Result<Vec<Stmt>, EmitError> {
     let dt = Expr::Sym(Sym::CudaDataType(c.data_type));
-    let operand = |b: Binding, ld: i32, stride: i64| {
-        vec![
-            address(plan, b),
+    let operand = |b: Binding, ld: i32, stride: i64| -> Result<Vec<Expr>, EmitError> {
+        Ok(vec![
+            bound(plan, n, "cuBLAS", b)?,
             dt.clone(),
             Expr::int(ld),
             Expr::Int(stride as i128, IntType::LongLong),
-        ]
+        ])
     };
-    let mut b = operand(c.b, c.ldb, c.stride_b);
+    let mut b = operand(c.b, c.ldb, c.stride_b)?;
     b.push(Expr::var("beta").addr());
     let args = vec![
         vec![
@@ -220,16 +227,16 @@ fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<Stmt> {
             Expr::int(c.k),
             Expr::var("alpha").addr(),
         ],
-        operand(c.a, c.lda, c.stride_a),
+        operand(c.a, c.lda, c.stride_a)?,
         b,
-        operand(c.c, c.ldc, c.stride_c),
+        operand(c.c, c.ldc, c.stride_c)?,
         vec![
             Expr::int(c.batch),
             Expr::Sym(Sym::CublasCompute(c.compute_type)),
             Expr::Sym(Sym::CublasGemmDefault),
         ],
     ];
-    vec![
+    Ok(vec![
         Stmt::Decl {
             storage: Storage::Auto,
             ty: Ty::CublasHandle,
@@ -258,17 +265,17 @@ fn gemm_step(plan: &LaunchPlan, c: &GemmCall) -> Vec<Stmt> {
             Check::Cublas,
             Expr::GroupedCall(Func::CublasGemmStridedBatched, args),
         ),
-    ]
+    ])
 }
 
-fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<Stmt> {
-    vec![Stmt::Checked(
+fn all_reduce_step(plan: &LaunchPlan, n: usize, c: &AllReduceCall) -> Result<Vec<Stmt>, EmitError> {
+    Ok(vec![Stmt::Checked(
         Check::Nccl,
         Expr::Call(
             Func::NcclAllReduce,
             vec![
-                address(plan, c.send),
-                address(plan, c.recv),
+                bound(plan, n, "NCCL", c.send)?,
+                bound(plan, n, "NCCL", c.recv)?,
                 Expr::int(c.count as i128),
                 Expr::Sym(Sym::NcclDataType(c.dtype)),
                 Expr::Sym(Sym::NcclSum),
@@ -276,12 +283,13 @@ fn all_reduce_step(plan: &LaunchPlan, c: &AllReduceCall) -> Vec<Stmt> {
                 Expr::var("stream"),
             ],
         ),
-    )]
+    )])
 }
 
 /// The steps of the host entry, one per launch-plan step (first this GPU's rank, when a
-/// kernel performs an all-reduce).
-pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
+/// kernel performs an all-reduce); an internal error when a step binds a buffer the plan does
+/// not have.
+pub fn steps(plan: &LaunchPlan) -> Result<Vec<HostStep>, EmitError> {
     let rank = plan.uses_exchange().then(|| {
         HostStep::new(
             "this GPU's rank (kernels that all-reduce exchange tiles with the others)".into(),
@@ -301,15 +309,18 @@ pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
             ],
         )
     });
-    rank.into_iter()
-        .chain(plan.steps.iter().map(|s| match s {
-            Step::Kernel(k) => HostStep::new(format!("launch {}", k.name), kernel_step(plan, k)),
+    let mut steps: Vec<HostStep> = rank.into_iter().collect();
+    for (n, s) in plan.steps.iter().enumerate() {
+        steps.push(match s {
+            Step::Kernel(k) => {
+                HostStep::new(format!("launch {}", k.name), kernel_step(plan, n, k)?)
+            }
             Step::Gemm(c) => HostStep::new(
                 format!(
                     "cuBLAS: {} product(s) of {}x{} by {}x{}",
                     c.batch, c.m, c.k, c.k, c.n
                 ),
-                gemm_step(plan, c),
+                gemm_step(plan, n, c)?,
             ),
             Step::AllReduce(c) => HostStep::new(
                 format!(
@@ -318,8 +329,73 @@ pub fn steps(plan: &LaunchPlan) -> Vec<HostStep> {
                     cxx::nccl_data_type(c.dtype),
                     plan.gpus
                 ),
-                all_reduce_step(plan, c),
+                all_reduce_step(plan, n, c)?,
             ),
-        }))
-        .collect()
+        });
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::DType;
+    use crate::target::Arch;
+
+    fn plan(args: Vec<Binding>) -> LaunchPlan {
+        LaunchPlan {
+            arch: Arch::Sm80,
+            inputs: vec![super::super::launch::TensorDirective {
+                shape: vec![8],
+                strides: vec![1],
+                alloc_elems: 8,
+                dtype: DType::F16,
+            }],
+            outputs: Vec::new(),
+            workspace_bytes: 0,
+            steps: vec![Step::Kernel(KernelLaunch {
+                name: "k0".into(),
+                grid: [2, 1, 1],
+                block: [64, 1, 1],
+                dynamic_smem: 0,
+                args,
+                tensor_maps: Vec::new(),
+                programmatic: false,
+            })],
+            gpus: 1,
+            exchange_bytes: 0,
+            entry: "mucc_execute".into(),
+        }
+    }
+
+    #[test]
+    fn a_binding_the_plan_cannot_resolve_is_an_internal_error() {
+        let input = |index| Binding::Input {
+            index,
+            elem_offset: 4,
+        };
+        let ok = steps(&plan(vec![input(0)])).unwrap();
+        assert_eq!(ok.len(), 1);
+        assert!(
+            ok[0].lines.iter().any(|l| l.contains("buf.in(0, 8)")),
+            "{:?}",
+            ok[0].lines
+        );
+        // Input 1 does not exist; an exchange buffer without exchange bytes neither.
+        for bad in [input(1), Binding::Exchange { rank: 0 }] {
+            let err = steps(&plan(vec![input(0), bad])).unwrap_err();
+            assert_eq!(
+                err,
+                EmitError::Unresolved {
+                    step: 0,
+                    what: "k0".into(),
+                    binding: bad
+                }
+            );
+            assert!(
+                err.to_string().starts_with("internal: step 0 (k0) binds"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -107,9 +107,20 @@ fn functor(w: &mut Writer, name: &str, op: ElementwiseOp, dtype: DType) {
     });
 }
 
+/// The fields of a [`KnOpPlan::Elementwise`].
+struct Elementwise<'a> {
+    op: &'a ElementwiseOp,
+    out: &'a View,
+    ins: &'a [View],
+    splat: &'a [bool],
+    dtype: &'a DType,
+    vector: &'a usize,
+    launch: &'a GridStride,
+}
+
 /// An element-wise kernel: `kn::unary`, `kn::binary` or `kn::copy` over the views.
-fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, KernelBody, Step) {
-    let KnOpPlan::Elementwise {
+fn elementwise(name: &str, comment: String, e: Elementwise<'_>) -> (KernelView, KernelBody, Step) {
+    let Elementwise {
         op,
         out,
         ins,
@@ -117,10 +128,7 @@ fn elementwise(name: &str, comment: String, plan: &KnOpPlan) -> (KernelView, Ker
         dtype,
         vector,
         launch: l,
-    } = plan
-    else {
-        unreachable!("called with an element-wise plan")
-    };
+    } = e;
     let t = ctype(*dtype);
     let views: Vec<&View> = std::iter::once(out).chain(ins).collect();
     let named: Vec<(String, &View)> = views
@@ -333,7 +341,15 @@ pub(super) fn emit(
             };
             return (None, vec![Step::AllReduce(call)]);
         }
-        KnOpPlan::Elementwise { op: ew, .. } => {
+        KnOpPlan::Elementwise {
+            op: ew,
+            out,
+            ins,
+            splat,
+            dtype,
+            vector,
+            launch: l,
+        } => {
             let suffix = match (ew, &op.kind) {
                 (ElementwiseOp::Unary(u), _) => u.name(),
                 (ElementwiseOp::Binary(b), _) => b.name(),
@@ -341,7 +357,16 @@ pub(super) fn emit(
                 (ElementwiseOp::Copy, KnOpKind::Output { .. }) => "output_copy",
                 (ElementwiseOp::Copy, _) => "allreduce",
             };
-            elementwise(&symbols.kernel(&format!("k{k}_{suffix}")), comment, plan)
+            let fields = Elementwise {
+                op: ew,
+                out,
+                ins,
+                splat,
+                dtype,
+                vector,
+                launch: l,
+            };
+            elementwise(&symbols.kernel(&format!("k{k}_{suffix}")), comment, fields)
         }
         KnOpPlan::Reduction {
             of,

@@ -44,6 +44,18 @@ pub enum EmitError {
     /// The template failed to render (a bug).
     #[error("internal: template rendering failed: {0}")]
     Template(String),
+    /// A step of the launch plan binds a buffer the plan does not have (a bug).
+    #[error(
+        "internal: step {step} ({what}) binds {binding:?}, which the launch plan cannot resolve"
+    )]
+    Unresolved {
+        /// Index of the launch-plan step.
+        step: usize,
+        /// The step: a kernel's name, "cuBLAS" or "NCCL".
+        what: String,
+        /// The binding.
+        binding: launch::Binding,
+    },
 }
 
 /// The emitted file and its launch plan.
@@ -216,7 +228,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
             header.push(if i == 0 { l } else { format!("  {l}") });
         }
     }
-    let host_steps = host::steps(&launch);
+    let host_steps = host::steps(&launch)?;
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         header,
