@@ -31,6 +31,11 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
         );
     }
     let _ = writeln!(s);
+    let headers = p.runtime_headers();
+    if !headers.is_empty() {
+        let names: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+        let _ = writeln!(s, "runtime beyond the base: {}", names.join(", "));
+    }
     for f in &p.rewrite.fused {
         let _ = writeln!(
             s,

@@ -98,6 +98,17 @@ pub fn nccl_data_type(t: crate::sched::kernel_level::NcclDataType) -> &'static s
     }
 }
 
+/// The include path of a runtime header the plan asks for.
+pub fn runtime_header(h: crate::sched::plan::RuntimeHeader) -> &'static str {
+    use crate::sched::plan::RuntimeHeader as H;
+    match h {
+        H::Hopper => "mucc/arch/sm90.h",
+        H::Cluster => "mucc/threadblock/cluster.h",
+        H::Nccl => "mucc/nccl.h",
+        H::Exchange => "mucc/threadblock/exchange.h",
+    }
+}
+
 /// The storage class of a declaration of [`super::ir`], with its trailing space.
 pub fn storage(s: super::ir::Storage) -> &'static str {
     use super::ir::Storage as S;

@@ -232,28 +232,11 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     let view = FileView {
         version: env!("CARGO_PKG_VERSION"),
         header,
-        includes: {
-            let mut v = Vec::new();
-            if plan.kernels.values().any(|k| {
-                !k.tma.loads.is_empty() || k.dependent.is_programmatic() || k.triggers_next
-            }) {
-                v.push("mucc/arch/sm90.h");
-            }
-            if plan
-                .kernels
-                .values()
-                .any(|k| k.split.cluster().is_some() || k.cluster_combine.is_some())
-            {
-                v.push("mucc/threadblock/cluster.h");
-            }
-            if launch.uses_nccl() {
-                v.push("mucc/nccl.h");
-            }
-            if plan.kernels.values().any(|k| k.exchange.is_some()) {
-                v.push("mucc/threadblock/exchange.h");
-            }
-            v
-        },
+        includes: plan
+            .runtime_headers()
+            .into_iter()
+            .map(cxx::runtime_header)
+            .collect(),
         kernels,
         steps: host_steps.clone(),
         workspace: plan.workspace_bytes(),

@@ -707,6 +707,31 @@ pub enum Feature {
     RegisterRows,
 }
 
+/// A part of the runtime the generated file includes beyond its base
+/// ([`GraphPlan::runtime_headers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RuntimeHeader {
+    /// Hopper's TMA, mbarriers and programmatic launch.
+    Hopper,
+    /// Thread-block clusters and distributed shared memory.
+    Cluster,
+    /// The NCCL declarations of a plan on several GPUs.
+    Nccl,
+    /// The in-kernel all-reduce through exchange buffers.
+    Exchange,
+}
+
+impl fmt::Display for RuntimeHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RuntimeHeader::Hopper => "Hopper (TMA, mbarrier, griddepcontrol)",
+            RuntimeHeader::Cluster => "clusters",
+            RuntimeHeader::Nccl => "NCCL",
+            RuntimeHeader::Exchange => "exchange (in-kernel all-reduce)",
+        })
+    }
+}
+
 impl fmt::Display for Feature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -1907,6 +1932,28 @@ impl GraphPlan {
         original: &'a crate::graph::kernel::KernelGraph,
     ) -> &'a crate::graph::kernel::KernelGraph {
         self.rewrite.graph.as_deref().unwrap_or(original)
+    }
+
+    /// The runtime headers the generated file includes beyond the base runtime, in include
+    /// order: Hopper's where a kernel loads by TMA or launches programmatically, the cluster
+    /// header where a kernel runs as clusters (a split for-loop, an in-cluster combine), NCCL's
+    /// on several GPUs, the exchange header where a kernel all-reduces itself.
+    pub fn runtime_headers(&self) -> Vec<RuntimeHeader> {
+        let any = |f: fn(&KernelPlan) -> bool| self.kernels.values().any(f);
+        let mut v = Vec::new();
+        if any(|k| !k.tma.loads.is_empty() || k.dependent.is_programmatic() || k.triggers_next) {
+            v.push(RuntimeHeader::Hopper);
+        }
+        if any(|k| k.split.cluster().is_some() || k.cluster_combine.is_some()) {
+            v.push(RuntimeHeader::Cluster);
+        }
+        if self.gpus > 1 {
+            v.push(RuntimeHeader::Nccl);
+        }
+        if any(|k| k.exchange.is_some()) {
+            v.push(RuntimeHeader::Exchange);
+        }
+        v
     }
 
     /// Workspace bytes.

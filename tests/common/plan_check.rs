@@ -1008,6 +1008,22 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
     }
     check_kernel_level(g, &p, &e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
     check_host(&e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
+    // The file includes the base runtime and exactly the headers the plan lists, in its order.
+    let includes: Vec<&str> = e
+        .source
+        .lines()
+        .filter_map(|l| l.strip_prefix("#include \""))
+        .filter_map(|l| l.strip_suffix('"'))
+        .collect();
+    let want: Vec<&str> = std::iter::once("mucc/runtime.h")
+        .chain(p.runtime_headers().into_iter().map(mucc::emit::cxx::runtime_header))
+        .collect();
+    if includes != want {
+        return Err(format!(
+            "{what} ({}): includes {includes:?}, the plan {want:?}",
+            target.arch
+        ));
+    }
     Ok(e)
 }
 
