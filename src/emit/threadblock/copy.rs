@@ -252,8 +252,14 @@ impl Ctx<'_> {
         if self.stages.is_empty() || stages <= 1 {
             return Ok(1);
         }
-        if stages > self.tb.forloop_range {
-            return Err(self.internal("a pipeline deeper than its loop"));
+        // The loop this CTA runs: its share of a split for-loop.
+        let share = self
+            .kp
+            .split
+            .cluster()
+            .map_or(self.tb.forloop_range, |c| c.iters);
+        if stages > share {
+            return Err(self.internal("a pipeline deeper than the CTA's share of its loop"));
         }
         self.w
             .line(format!("// software pipeline: {stages} stages"));
