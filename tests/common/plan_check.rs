@@ -1016,7 +1016,11 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
         .filter_map(|l| l.strip_suffix('"'))
         .collect();
     let want: Vec<&str> = std::iter::once("mucc/runtime.h")
-        .chain(p.runtime_headers().into_iter().map(mucc::emit::cxx::runtime_header))
+        .chain(
+            p.runtime_headers()
+                .into_iter()
+                .map(mucc::emit::cxx::runtime_header),
+        )
         .collect();
     if includes != want {
         return Err(format!(
