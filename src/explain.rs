@@ -430,11 +430,14 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         features.join(", ")
     };
     // The launch bounds promise what shared memory holds of the blocks wanted.
-    let held = if cta.min_blocks_per_sm < cta.resident_blocks {
+    let mut held = if cta.min_blocks_per_sm < cta.resident_blocks {
         format!(" (shared memory holds {})", cta.min_blocks_per_sm)
     } else {
         String::new()
     };
+    if cta.resident_asked {
+        held.push_str(" (asked: --resident-blocks)");
+    }
     let _ = writeln!(
         s,
         "  code path: {} (uses {features}); launch bounds ({}, {}); {} resident block(s) per SM budgeted{held}",

@@ -112,6 +112,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
                 max_stages: None,
+                resident_blocks: None,
                 refine_loops: Default::default(),
             };
             let name = format!("{stem}.g{i}.{}", arch_name(arch));

@@ -27,6 +27,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         online_softmax: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
+        resident_blocks: None,
         refine_loops: Default::default(),
     };
     let plan = mucc::sched::plan(g, &opts).unwrap();

@@ -263,6 +263,7 @@ fn kernel_level_goldens() {
             online_softmax: Default::default(),
             all_reduce: Default::default(),
             max_stages: None,
+            resident_blocks: None,
             refine_loops: Default::default(),
         };
         let (_, e) =

@@ -271,6 +271,7 @@ fn opts(arch: Arch) -> Options {
         online_softmax: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
+        resident_blocks: None,
         refine_loops: Default::default(),
     }
 }

@@ -124,6 +124,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         online_softmax: Default::default(),
                         all_reduce: Default::default(),
                         max_stages: None,
+                        resident_blocks: None,
                         refine_loops: Default::default(),
                     };
                     match mucc::sched::plan(g, &opts) {
@@ -203,6 +204,7 @@ fn plans_are_deterministic() {
                 online_softmax: Default::default(),
                 all_reduce: Default::default(),
                 max_stages: None,
+                resident_blocks: None,
                 refine_loops: Default::default(),
             };
             let a =

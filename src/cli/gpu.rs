@@ -78,6 +78,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
             .all_reduce
             .unwrap_or(mucc::sched::exchange::AllReduceChoice::Fused),
         max_stages: a.path.max_stages.map(|s| s as usize),
+        resident_blocks: a.path.resident_blocks.map(|s| s as usize),
         refine_loops: a
             .path
             .refine_loops

@@ -212,11 +212,19 @@ pub struct PathArg {
     #[arg(long = "all-reduce", value_name = "nccl|fused", value_parser = |s: &str| s.parse::<mucc::sched::exchange::AllReduceChoice>())]
     pub all_reduce: Option<mucc::sched::exchange::AllReduceChoice>,
     /// The deepest pipeline ring (stages of a for-loop's streamed inputs) a threadblock kernel
-    /// may get, 1 to 4 (default: 4, the planner's choice below it). A shallower ring takes less
-    /// shared memory, so that more CTAs stream at once; `mucc tune` tries 2 and 3. Any depth
-    /// computes the same function.
+    /// may get, 1 to 4 (default: 4, the planner's choice below it; 2 for kernels that keep a
+    /// product in registers between two matmuls, a cap this option replaces). A shallower ring
+    /// takes less shared memory, so that more CTAs stream at once; `mucc tune` tries 2 and 3.
+    /// Any depth computes the same function.
     #[arg(long = "max-stages", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
     pub max_stages: Option<u32>,
+    /// Blocks per SM (1 to 8) to plan every threadblock kernel over shared-memory tiles for:
+    /// its ring is sized so that shared memory holds that many, and ptxas is promised as many
+    /// as fit (launch bounds), which caps a thread's registers. By default the planner's rule
+    /// (1 to 3 by block size, grid and the fill of the last wave; `explain` shows the count).
+    /// Any count computes the same function.
+    #[arg(long = "resident-blocks", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub resident_blocks: Option<u32>,
     /// Refine customized operators' for-loops by N (1 to 8) where their bodies allow: N times
     /// the iterations over tiles N times thinner along the loop, so that each CTA takes less
     /// shared memory and more of them stream at once (`explain` says which loops and why not;
@@ -239,6 +247,7 @@ impl PathArg {
             && !self.cluster_combine
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
             && self.max_stages.is_none()
+            && self.resident_blocks.is_none()
             && self.refine_loops.is_none()
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
@@ -268,6 +277,9 @@ impl PathArg {
         opts.all_reduce = self.all_reduce.unwrap_or_default();
         if let Some(s) = self.max_stages {
             opts.max_stages = Some(s as usize);
+        }
+        if let Some(r) = self.resident_blocks {
+            opts.resident_blocks = Some(r as usize);
         }
         if let Some(r) = self.refine_loops {
             opts.refine_loops = mucc::sched::RefineChoice::Factor(r as usize);

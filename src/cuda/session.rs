@@ -62,6 +62,8 @@ pub struct SessionOptions {
     pub all_reduce: crate::sched::exchange::AllReduceChoice,
     /// The deepest pipeline ring a threadblock kernel may get (`--max-stages`).
     pub max_stages: Option<usize>,
+    /// Blocks per SM planned for in threadblock kernels (`--resident-blocks`).
+    pub resident_blocks: Option<usize>,
     /// Which customized operators' loops are refined, and by how much (`--refine-loops`).
     pub refine_loops: crate::sched::RefineChoice,
 }
@@ -132,6 +134,7 @@ impl Session {
             online_softmax: a.online_softmax,
             all_reduce: a.all_reduce,
             max_stages: a.max_stages,
+            resident_blocks: a.resident_blocks,
             refine_loops: a.refine_loops,
         };
         Ok(Session {

@@ -170,6 +170,7 @@ pub(super) fn plan_kernel(
     p.regions = regions;
     p.cta.min_blocks_per_sm = 1;
     p.cta.resident_blocks = 1;
+    p.cta.resident_asked = false;
     p.body = super::plan::Body::Rows(rows);
     Ok(p)
 }
@@ -434,13 +435,15 @@ fn plan_kernel_with(
     pad_slots(&tma, &mut tiles);
     pad_ring_slots(tb, &ops, &mut tiles, target);
     let piped = pipes.iter().any(|p| p.on().is_some());
-    let mut resident_blocks =
-        resident.unwrap_or_else(|| resident_blocks_wanted(tb, threads, target, piped));
+    let mut resident_blocks = opts
+        .resident_blocks
+        .or(resident)
+        .unwrap_or_else(|| resident_blocks_wanted(tb, threads, target, piped));
     // A register pipe's kernel issues its matmuls and softmax back to back (issue-bound): a ring
     // deeper than [`PIPED_MAX_STAGES`] only takes shared memory another block could use
-    // (measured on the Hopper path).
+    // (measured on the Hopper path). A depth asked for (`--max-stages`) replaces this cap.
     let mut ring_target = *target;
-    if piped && hopper {
+    if piped && hopper && opts.max_stages.is_none() {
         ring_target.max_pipeline_stages = ring_target.max_pipeline_stages.min(PIPED_MAX_STAGES);
     }
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
@@ -589,6 +592,7 @@ fn plan_kernel_with(
             // kernel the CTAs per SM its cluster size was chosen for.
             min_blocks_per_sm,
             resident_blocks,
+            resident_asked: opts.resident_blocks.is_some(),
         },
         fusion,
         chains,
@@ -1984,6 +1988,47 @@ mod tests {
         let kp = plan(&attention_block(8, 64, 4, 128, 4, 128, DType::F16).unwrap());
         assert_eq!(kp.cta.threads, 512);
         assert!(matches!(kp.pipes.as_slice(), [PipeDecision::Off { .. }]));
+    }
+
+    /// `Options::resident_blocks` replaces the planner's count (`--resident-blocks`), and an
+    /// asked ring depth (`--max-stages`) replaces the 2-stage cap of piped kernels: the piped
+    /// attention block of 1024 blocks gets 2 stages and 3 blocks by default, 3 stages when
+    /// asked, and 4 blocks promised to ptxas where shared memory holds them.
+    #[test]
+    fn asked_residency_and_ring_depth_replace_the_planners() {
+        use crate::graph::DType;
+        use crate::graph::workloads::attention_block;
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        let g = attention_block(64, 64, 16, 64, 8, 128, DType::F16).unwrap();
+        let plan = |resident_blocks: Option<usize>, max_stages: Option<usize>| {
+            let o = Options {
+                resident_blocks,
+                max_stages,
+                ..Options::for_target(Target::new(Arch::Sm90a))
+            };
+            let p = crate::sched::plan(&g, &o).unwrap();
+            p.kernels.values().next().unwrap().clone()
+        };
+        let base = plan(None, None);
+        assert_eq!(base.pipeline_stages(), PIPED_MAX_STAGES);
+        assert_eq!(
+            (base.cta.resident_blocks, base.cta.min_blocks_per_sm),
+            (3, 3)
+        );
+        let deep = plan(None, Some(3));
+        assert_eq!(deep.pipeline_stages(), 3);
+        let four = plan(Some(4), None);
+        assert_eq!(
+            (four.cta.resident_blocks, four.cta.min_blocks_per_sm),
+            (4, 4)
+        );
+        let sm = Target::new(Arch::Sm90a).smem_per_sm;
+        assert!(4 * (four.smem.total + DRIVER_SMEM_PER_BLOCK) <= sm);
+        // One block per SM: the ring may take all the shared memory a block gets.
+        let one = plan(Some(1), Some(4));
+        assert_eq!((one.cta.resident_blocks, one.cta.min_blocks_per_sm), (1, 1));
+        assert_eq!(one.pipeline_stages(), 4);
     }
 
     /// Attention over 64 keys per iteration on sm_90a: both matmuls of the register pipe run as

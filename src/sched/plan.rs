@@ -79,6 +79,11 @@ pub struct Options {
     /// maximum (`None`: the target's, 4). A tuning variant and `--max-stages` lower it: a
     /// shallower ring takes less shared memory, so more CTAs stream at once.
     pub max_stages: Option<usize>,
+    /// Blocks per SM the planner budgets shared memory and registers for in every threadblock
+    /// kernel over shared-memory tiles (`--resident-blocks`; `None`: the planner's rule, 1 to
+    /// 3 by block size, grid and wave fill). The launch bounds promise ptxas as many as shared
+    /// memory holds, which caps a thread's registers.
+    pub resident_blocks: Option<usize>,
     /// Which customized operators' for-loops are refined, and by how much ([`super::refine`]:
     /// R times the iterations over tiles R times thinner along the loop). By default the
     /// planner's rule ([`RefineChoice::Auto`]); `--refine-loops` and tuning variants ask for a
@@ -109,6 +114,7 @@ impl Options {
             online_softmax: super::softmax::SoftmaxChoice::Piped,
             all_reduce: super::exchange::AllReduceChoice::Nccl,
             max_stages: None,
+            resident_blocks: None,
             refine_loops: RefineChoice::Auto,
         }
     }
@@ -1060,6 +1066,9 @@ pub struct Cta {
     pub min_blocks_per_sm: usize,
     /// Blocks of this kernel an SM should hold at once (shared memory is budgeted for them).
     pub resident_blocks: usize,
+    /// Whether `resident_blocks` was asked for ([`Options::resident_blocks`],
+    /// `--resident-blocks`) rather than chosen by the planner's rule.
+    pub resident_asked: bool,
 }
 
 /// Why a CTA has its number of threads.
