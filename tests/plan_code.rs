@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::corpus_files;
-use common::plan_check::{check_graph, check_host, check_kernel, check_kernel_level};
+use common::plan_check::{check_graph, check_host, check_kernel, check_kernel_level, check_rings};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 use mucc::{ImportOptions, read_file};
@@ -184,6 +184,92 @@ fn a_kernel_level_disagreement_fails_the_check() {
                         "{}: kernel {}, argument {t}",
                         f.display(),
                         body.name
+                    );
+                }
+            }
+        }
+    }
+    assert!(edits >= 20, "{edits} edits");
+}
+
+/// The ring check fails when a kernel's pipeline and its plan disagree: for graph 0 of every
+/// corpus file on sm_90a, each ring's stage announcement, its loop wait, a dropped TMA load or
+/// copy and the refill distance, changed in turn, are caught.
+#[test]
+fn a_ring_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Func, Init, Stmt, TArg};
+    type Mutation = fn(&mut Vec<Stmt>) -> bool;
+    fn edit(stmts: &mut Vec<Stmt>, f: &mut dyn FnMut(&mut Vec<Stmt>) -> bool) -> bool {
+        if f(stmts) {
+            return true;
+        }
+        stmts.iter_mut().any(|s| match s {
+            Stmt::Block(b) | Stmt::If(_, b) => edit(b, f),
+            _ => false,
+        })
+    }
+    let target = Target::new(mucc::target::Arch::Sm90a);
+    let mut edits = 0;
+    for f in corpus_files() {
+        let file = read_file(&f, &ImportOptions::default()).unwrap();
+        let g = &file.graphs[0].graph;
+        let p = plan(g, &Options::for_target(target)).unwrap();
+        let e = mucc::emit::emit(g, &p, "test").unwrap();
+        check_rings(&p, &e).unwrap();
+        for r in 0..e.rings.len() {
+            // Each edit: a function that changes the first statement it applies to.
+            let mutations: [Mutation; 4] = [
+                (|v: &mut Vec<Stmt>| {
+                    v.iter_mut().any(|s| match s {
+                        Stmt::Eval(Expr::Call(Func::MbarArriveExpectTx, a)) => {
+                            a[1] = Expr::size(1);
+                            true
+                        }
+                        _ => false,
+                    })
+                }) as Mutation,
+                (|v: &mut Vec<Stmt>| {
+                    v.iter_mut().any(|s| match s {
+                        Stmt::Eval(Expr::TemplateCall(Func::CpAsyncWait, t, _)) => {
+                            t[0] = TArg::int(7);
+                            true
+                        }
+                        _ => false,
+                    })
+                }) as Mutation,
+                (|v: &mut Vec<Stmt>| {
+                    let i = v.iter().position(|s| {
+                        matches!(
+                            s,
+                            Stmt::Eval(Expr::Call(Func::TmaLoad, _))
+                                | Stmt::Eval(Expr::TemplateCall(Func::TbCpAsyncChunks, ..))
+                        )
+                    });
+                    i.map(|i| v.remove(i)).is_some()
+                }) as Mutation,
+                (|v: &mut Vec<Stmt>| {
+                    v.iter_mut().any(|s| match s {
+                        Stmt::Decl {
+                            name,
+                            init: Init::Assign(e),
+                            ..
+                        } if name == "pf" => {
+                            *e = Expr::var("it").plus(Expr::size(9));
+                            true
+                        }
+                        _ => false,
+                    })
+                }) as Mutation,
+            ];
+            for m in &mutations {
+                let mut bad = e.clone();
+                if edit(&mut bad.rings[r].body, &mut |v| m(v)) {
+                    edits += 1;
+                    assert!(
+                        check_rings(&p, &bad).is_err(),
+                        "{}: ring of {}",
+                        f.display(),
+                        bad.rings[r].name
                     );
                 }
             }

@@ -102,11 +102,9 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
         if (tid == 0) {
           mucc::sm90::mbar_arrive_expect_tx(full + (pf % 2), 32768);
           mucc::sm90::tma_load(s1 + (pf % 2) * 8192, &tm0, full + (pf % 2), 0, 0,
-            static_cast<int>(blockIdx.y) * 8 + (pf) * 2,
-              static_cast<int>(blockIdx.x) * 1);
+              static_cast<int>(blockIdx.y) * 8 + (pf) * 2, static_cast<int>(blockIdx.x) * 1);
           mucc::sm90::tma_load(s2 + (pf % 2) * 8192, &tm1, full + (pf % 2), 0,
-            static_cast<int>(blockIdx.y) * 512 + (pf) * 128,
-              static_cast<int>(blockIdx.x) * 1);
+              static_cast<int>(blockIdx.y) * 512 + (pf) * 128, static_cast<int>(blockIdx.x) * 1);
         }
       }
     }

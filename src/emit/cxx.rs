@@ -134,6 +134,7 @@ pub fn ir_type(t: super::ir::Ty) -> &'static str {
         Ty::CachedTensorMap => "mucc::host::CachedTensorMap",
         Ty::CublasHandle => "cublasHandle_t",
         Ty::Int => "int",
+        Ty::ConstInt => "const int",
         Ty::ConstCublasScalar(C::F32) => "const float",
         Ty::ConstCublasScalar(C::F64) => "const double",
     }
@@ -162,6 +163,17 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::KnReduce => "mucc::kn::reduce",
         F::KnRmsNorm => "mucc::kn::rms_norm",
         F::KnSoftmaxCombine => "mucc::kn::softmax_combine",
+        F::CastToInt => "static_cast<int>",
+        F::CastToI64 => "static_cast<mucc::i64>",
+        F::CastToUnsigned => "static_cast<unsigned>",
+        F::TbCopyChunks => "mucc::tb::copy_chunks",
+        F::TbCpAsyncChunks => "mucc::tb::cp_async_chunks",
+        F::TbCopyElems => "mucc::tb::copy_elems",
+        F::CpAsyncCommit => "mucc::sm80::cp_async_commit",
+        F::CpAsyncWait => "mucc::sm80::cp_async_wait",
+        F::MbarArriveExpectTx => "mucc::sm90::mbar_arrive_expect_tx",
+        F::MbarWait => "mucc::sm90::mbar_wait",
+        F::TmaLoad => "mucc::sm90::tma_load",
     }
 }
 
@@ -189,6 +201,9 @@ pub fn symbol(s: super::ir::Sym) -> &'static str {
         Sym::TensorMapSwizzle(t) => tensor_map_swizzle(t),
         Sym::NcclDataType(t) => nccl_data_type(t),
         Sym::NcclSum => "ncclSum",
+        Sym::BlockIdx(0) => "blockIdx.x",
+        Sym::BlockIdx(1) => "blockIdx.y",
+        Sym::BlockIdx(_) => "blockIdx.z",
     }
 }
 

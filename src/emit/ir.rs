@@ -32,6 +32,8 @@ pub enum Ty {
     CublasHandle,
     /// `int`.
     Int,
+    /// `const int`.
+    ConstInt,
     /// A scalar of cuBLAS's compute type, `const`.
     ConstCublasScalar(crate::sched::gemm::CublasCompute),
 }
@@ -88,6 +90,28 @@ pub enum Func {
     KnRmsNorm,
     /// `mucc::kn::softmax_combine`: split attention's partial results combined.
     KnSoftmaxCombine,
+    /// `static_cast<int>`.
+    CastToInt,
+    /// `static_cast<mucc::i64>`: 64-bit element offsets.
+    CastToI64,
+    /// `static_cast<unsigned>`.
+    CastToUnsigned,
+    /// `mucc::tb::copy_chunks`: a tile copied by 16-byte (or narrower) chunks.
+    TbCopyChunks,
+    /// `mucc::tb::cp_async_chunks`: the same by `cp.async`.
+    TbCpAsyncChunks,
+    /// `mucc::tb::copy_elems`: a tile copied element by element.
+    TbCopyElems,
+    /// `mucc::sm80::cp_async_commit`: closes a group of `cp.async` copies.
+    CpAsyncCommit,
+    /// `mucc::sm80::cp_async_wait`: waits until at most N groups are pending.
+    CpAsyncWait,
+    /// `mucc::sm90::mbar_arrive_expect_tx`: announces a stage's bytes on its mbarrier.
+    MbarArriveExpectTx,
+    /// `mucc::sm90::mbar_wait`: waits for an mbarrier's phase.
+    MbarWait,
+    /// `mucc::sm90::tma_load`: a bulk tensor load completing on an mbarrier.
+    TmaLoad,
 }
 
 /// A template argument of a runtime call.
@@ -142,6 +166,8 @@ pub enum Sym {
     NcclDataType(crate::sched::kernel_level::NcclDataType),
     /// `ncclSum`.
     NcclSum,
+    /// `blockIdx.x`, `.y` or `.z` (grid axis 0, 1, 2).
+    BlockIdx(usize),
 }
 
 /// The suffix of an integer literal.
@@ -185,6 +211,22 @@ pub enum Expr {
     Field(Box<Expr>, &'static str),
     /// `&e`.
     AddrOf(Box<Expr>),
+    /// `a - b`.
+    Sub(Box<Expr>, Box<Expr>),
+    /// `a * b`.
+    Mul(Box<Expr>, Box<Expr>),
+    /// `a / b`.
+    Div(Box<Expr>, Box<Expr>),
+    /// `a % b`.
+    Rem(Box<Expr>, Box<Expr>),
+    /// `a & b`.
+    BitAnd(Box<Expr>, Box<Expr>),
+    /// `a < b`.
+    Lt(Box<Expr>, Box<Expr>),
+    /// `a == b`.
+    Eq(Box<Expr>, Box<Expr>),
+    /// `(e)`: the printer adds no parentheses of its own, so the builder places them.
+    Paren(Box<Expr>),
 }
 
 impl Expr {
@@ -201,6 +243,46 @@ impl Expr {
     /// `&self`.
     pub fn addr(self) -> Expr {
         Expr::AddrOf(Box::new(self))
+    }
+
+    /// `self + b`.
+    pub fn plus(self, b: Expr) -> Expr {
+        Expr::Add(Box::new(self), Box::new(b))
+    }
+
+    /// `self - b`.
+    pub fn minus(self, b: Expr) -> Expr {
+        Expr::Sub(Box::new(self), Box::new(b))
+    }
+
+    /// `self * b`.
+    pub fn times(self, b: Expr) -> Expr {
+        Expr::Mul(Box::new(self), Box::new(b))
+    }
+
+    /// `self / b`.
+    pub fn over(self, b: Expr) -> Expr {
+        Expr::Div(Box::new(self), Box::new(b))
+    }
+
+    /// `self % b`.
+    pub fn modulo(self, b: Expr) -> Expr {
+        Expr::Rem(Box::new(self), Box::new(b))
+    }
+
+    /// `(self)`.
+    pub fn paren(self) -> Expr {
+        Expr::Paren(Box::new(self))
+    }
+
+    /// An unsuffixed literal of a size or count.
+    pub fn size(v: usize) -> Expr {
+        Expr::Int(v as i128, IntType::Int)
+    }
+
+    /// `self` with `terms` added in order (`self` alone without terms).
+    pub fn sum(terms: Vec<Expr>) -> Option<Expr> {
+        terms.into_iter().reduce(Expr::plus)
     }
 }
 
@@ -259,6 +341,10 @@ pub enum Stmt {
     Eval(Expr),
     /// `using namespace name;`.
     UsingNamespace(String),
+    /// `if (cond) { … }`.
+    If(Expr, Vec<Stmt>),
+    /// `// text`.
+    Comment(String),
 }
 
 impl Stmt {
@@ -328,6 +414,8 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         Stmt::Block(body) => w.block("", "", |w| print(w, body)),
         Stmt::Eval(e) => w.line(format!("{e};")),
         Stmt::UsingNamespace(n) => w.line(format!("using namespace {n};")),
+        Stmt::If(cond, body) => w.block(format!("if ({cond})"), "", |w| print(w, body)),
+        Stmt::Comment(text) => w.line(format!("// {text}")),
     }
 }
 
@@ -383,6 +471,14 @@ impl fmt::Display for Expr {
             Expr::Index(b, i) => write!(f, "{b}[{i}]"),
             Expr::Field(b, name) => write!(f, "{b}.{name}"),
             Expr::AddrOf(e) => write!(f, "&{e}"),
+            Expr::Sub(a, b) => write!(f, "{a} - {b}"),
+            Expr::Mul(a, b) => write!(f, "{a} * {b}"),
+            Expr::Div(a, b) => write!(f, "{a} / {b}"),
+            Expr::Rem(a, b) => write!(f, "{a} % {b}"),
+            Expr::BitAnd(a, b) => write!(f, "{a} & {b}"),
+            Expr::Lt(a, b) => write!(f, "{a} < {b}"),
+            Expr::Eq(a, b) => write!(f, "{a} == {b}"),
+            Expr::Paren(e) => write!(f, "({e})"),
         }
     }
 }
@@ -411,7 +507,14 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
                 }
                 a.iter().for_each(|x| expr(x, func, out));
             }
-            Expr::Add(a, b) => {
+            Expr::Add(a, b)
+            | Expr::Sub(a, b)
+            | Expr::Mul(a, b)
+            | Expr::Div(a, b)
+            | Expr::Rem(a, b)
+            | Expr::BitAnd(a, b)
+            | Expr::Lt(a, b)
+            | Expr::Eq(a, b) => {
                 expr(a, func, out);
                 expr(b, func, out);
             }
@@ -420,7 +523,7 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
                 expr(b, func, out);
                 expr(i, func, out);
             }
-            Expr::Field(b, _) | Expr::AddrOf(b) => expr(b, func, out),
+            Expr::Field(b, _) | Expr::AddrOf(b) | Expr::Paren(b) => expr(b, func, out),
             Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) => {}
         }
     }
@@ -438,7 +541,11 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
             }
             Stmt::Checked(_, e) | Stmt::Eval(e) => expr(e, func, out),
             Stmt::Block(b) => b.iter().for_each(|x| stmt(x, func, out)),
-            Stmt::UsingNamespace(_) => {}
+            Stmt::If(c, b) => {
+                expr(c, func, out);
+                b.iter().for_each(|x| stmt(x, func, out));
+            }
+            Stmt::UsingNamespace(_) | Stmt::Comment(_) => {}
         }
     }
     let mut out = Vec::new();
@@ -453,7 +560,7 @@ pub fn template_args(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
     for s in stmts {
         match s {
             Stmt::Eval(Expr::TemplateCall(f, t, _)) if *f == func => out.push(&t[..]),
-            Stmt::Block(b) => out.extend(template_args(b, func)),
+            Stmt::Block(b) | Stmt::If(_, b) => out.extend(template_args(b, func)),
             _ => {}
         }
     }

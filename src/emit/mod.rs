@@ -71,6 +71,10 @@ pub struct Emitted {
     /// The bodies of the kernels built as statements (the kernel-level operators' kernels;
     /// threadblock kernels are written as lines), in kernel order.
     pub bodies: Vec<ir::KernelBody>,
+    /// Per threadblock kernel, in kernel order, its pipeline ring as statements: the prologue's
+    /// copies and TMA issue blocks, the loop's waits for the current stage, the refill block
+    /// (empty without a ring).
+    pub rings: Vec<ir::KernelBody>,
 }
 
 /// A kernel of the generated file.
@@ -175,15 +179,17 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
     let (io_lines, inputs, outputs) = io(g, plan);
     let mut kernels = Vec::new();
     let mut bodies = Vec::new();
+    let mut rings = Vec::new();
     let mut steps = Vec::new();
     for (h, op) in g.ops.iter() {
         match &plan.kernel_ops[h.index()] {
             KnOpPlan::Customized => {
                 let kp = &plan.kernels[&h.index()];
-                let (view, launch) = match kp.path {
+                let (view, launch, ring) = match kp.path {
                     CodePath::Sm80 => threadblock::emit(g, plan, h, op, kp)?,
                 };
                 kernels.push(view);
+                rings.push(ring);
                 steps.push(Step::Kernel(launch));
             }
             other => {
@@ -259,5 +265,6 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         launch,
         host: host_steps,
         bodies,
+        rings,
     })
 }

@@ -993,6 +993,126 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
     Ok(())
 }
 
+/// Each threadblock kernel's pipeline ring ([`Emitted::rings`], statements) against its plan,
+/// by structure: without a ring, no statement; with S stages, the prologue's comment, S − 1
+/// groups of copies before the loop and one in the refill (one copy per `cp.async` ring input,
+/// one TMA load per planned load, each group's loads in the plan's order with their tensor
+/// maps, every stage announcing the plan's bytes), one commit per group where `cp.async`
+/// copies, the loop's wait for the stage (`cp_async_wait<S − 2>`, the mbarrier wait) by engine,
+/// and the refill of iteration `it + S − 1` guarded by the end of the CTA's loop.
+pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
+    use mucc::emit::ir::{Expr, Func, Init, Stmt, TArg, calls, template_args};
+    if e.rings.len() != p.kernels.len() {
+        return Err(format!(
+            "{} rings for {} threadblock kernels",
+            e.rings.len(),
+            p.kernels.len()
+        ));
+    }
+    for ((&k, kp), ring) in p.kernels.iter().zip(&e.rings) {
+        let stages = kp.pipeline_stages();
+        let body = &ring.body[..];
+        let mut errs = Vec::new();
+        let mut want = |ok: bool, what: String| {
+            if !ok {
+                errs.push(what);
+            }
+        };
+        let ring_inputs = kp
+            .ops
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o,
+                    OpPlan::Input {
+                        engine: CopyEngine::CpAsync,
+                        ..
+                    }
+                )
+            })
+            .count();
+        let loads = kp.tma.loads.len();
+        if stages <= 1 || (ring_inputs == 0 && loads == 0) {
+            want(
+                body.is_empty(),
+                format!("ring statements without a ring: {body:?}"),
+            );
+        } else {
+            let comments = body
+                .iter()
+                .filter(|s| matches!(s, Stmt::Comment(c) if *c == format!("software pipeline: {stages} stages")))
+                .count();
+            want(comments == 1, format!("prologue comment ({comments})"));
+            let copies = [Func::TbCpAsyncChunks, Func::TbCopyChunks, Func::TbCopyElems]
+                .iter()
+                .map(|&f| calls(body, f).len())
+                .sum::<usize>();
+            want(
+                copies == stages * ring_inputs,
+                format!("{copies} ring copies, plan {stages} x {ring_inputs}"),
+            );
+            let commits = calls(body, Func::CpAsyncCommit).len();
+            let groups = if ring_inputs > 0 { stages } else { 0 };
+            want(
+                commits == groups,
+                format!("{commits} commits, plan {groups}"),
+            );
+            let waits = template_args(body, Func::CpAsyncWait);
+            let wait = [TArg::int(stages - 2)];
+            want(
+                if ring_inputs > 0 {
+                    waits == [&wait[..]]
+                } else {
+                    waits.is_empty()
+                },
+                format!("cp.async waits {waits:?}, plan {stages} stages"),
+            );
+            let tma = calls(body, Func::TmaLoad);
+            want(
+                tma.len() == stages * loads,
+                format!("{} TMA loads, plan {stages} x {loads}", tma.len()),
+            );
+            for (i, args) in tma.iter().enumerate() {
+                let l = &kp.tma.loads[i % loads.max(1)];
+                let map = Expr::var(format!("tm{}", l.map)).addr();
+                want(
+                    args.get(1) == Some(&&map) && args.len() == 3 + l.coords.len(),
+                    format!("TMA load {i}: {args:?}, plan map tm{}", l.map),
+                );
+            }
+            let announced = calls(body, Func::MbarArriveExpectTx);
+            let bytes = Expr::size(kp.tma.bytes_per_stage());
+            want(
+                announced.len() == if loads > 0 { stages } else { 0 }
+                    && announced.iter().all(|a| a.get(1) == Some(&&bytes)),
+                format!("stage announcements {announced:?}, plan {bytes}"),
+            );
+            want(
+                calls(body, Func::MbarWait).len() == usize::from(loads > 0),
+                "the mbarrier wait of the current stage".into(),
+            );
+            let refill = body.iter().any(|s| {
+                let Stmt::Block(b) = s else { return false };
+                let first = Expr::var("it").plus(Expr::size(stages - 1));
+                matches!(b.first(), Some(Stmt::Decl { name, init: Init::Assign(e), .. }) if name == "pf" && *e == first)
+                    && matches!(b.get(1), Some(Stmt::If(Expr::Lt(a, _), _)) if **a == Expr::var("pf"))
+            });
+            want(
+                refill,
+                format!("the refill of iteration it + {}", stages - 1),
+            );
+        }
+        if !errs.is_empty() {
+            return Err(format!(
+                "kernel op {k} ({}): {}",
+                ring.name,
+                errs.join("; ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Plans and emits `g` for `target` and checks the code against the plan.
 pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitted, String> {
     let opts = Options::for_target(target);
@@ -1007,6 +1127,7 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
         check_kernel(g, &e, k, kp).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
     }
     check_kernel_level(g, &p, &e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
+    check_rings(&p, &e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
     check_host(&e).map_err(|m| format!("{what} ({}): {m}", target.arch))?;
     // The file includes the base runtime and exactly the headers the plan lists, in its order.
     let includes: Vec<&str> = e

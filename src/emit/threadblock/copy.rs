@@ -6,20 +6,21 @@
 
 use super::{Ctx, Iteration};
 use crate::emit::EmitError;
+use crate::emit::ir::{Expr, Func, Stmt, Sym, TArg, Ty, print};
 use crate::graph::arena::Handle;
-use crate::graph::ops::AXIS_NAMES;
 use crate::graph::threadblock::{TbOp, TbOpKind};
 use crate::sched::ops::{Copy, CopyEngine, OpPlan};
 use crate::sched::order::Phase;
 use crate::sched::plan::BlockRegion;
 
 impl Ctx<'_> {
-    /// The µGraph block index along grid axis `a` (a C++ expression): under a cluster split the
-    /// CTAs of a cluster are consecutive along x.
-    fn block_index(&self, a: usize) -> String {
+    /// The µGraph block index along grid axis `a`: under a cluster split the CTAs of a
+    /// cluster are consecutive along x.
+    fn block_index(&self, a: usize) -> Expr {
+        let b = Expr::Sym(Sym::BlockIdx(a));
         match self.kp.split.cluster() {
-            Some(c) if a == 0 => format!("blockIdx.x / {}", c.ctas),
-            _ => format!("blockIdx.{}", AXIS_NAMES[a]),
+            Some(c) if a == 0 => b.over(Expr::size(c.ctas)),
+            _ => b,
         }
     }
 
@@ -31,7 +32,11 @@ impl Ctx<'_> {
         let terms: Vec<String> = region
             .steps
             .iter()
-            .map(|&(a, elems)| format!("static_cast<mucc::i64>({}) * {elems}", self.block_index(a)))
+            .map(|&(a, elems)| {
+                Expr::Call(Func::CastToI64, vec![self.block_index(a)])
+                    .times(Expr::size(elems))
+                    .to_string()
+            })
             .collect();
         terms.join(" + ")
     }
@@ -60,15 +65,15 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// The copy of input `op`'s tile for iteration `iter` (an expression, or `0`) into `dst`
-    /// (a pointer expression), by `cp.async` when `asynchronous`.
-    fn input_copy_line(
+    /// The copy of input `op`'s tile for iteration `iter` into `dst` (a pointer expression),
+    /// by `cp.async` when `asynchronous`.
+    fn input_copy_stmt(
         &mut self,
         op: Handle<TbOp>,
-        dst: &str,
+        dst: Expr,
         iter: &Iteration,
         asynchronous: bool,
-    ) -> Result<String, EmitError> {
+    ) -> Result<Stmt, EmitError> {
         let top = &self.tb.ops[op];
         let TbOpKind::Input {
             input, forloop_dim, ..
@@ -81,31 +86,41 @@ impl Ctx<'_> {
         let dt = self.op.inputs[input];
         let strides = self.plan.dtensors[dt.index()].strides.0.clone();
         let adv = forloop_dim.map_or(0, |f| s.dim(f) * strides[f]);
+        let base = Expr::var(format!("gi{}", op.index()));
         let src = match iter {
-            _ if adv == 0 => format!("gi{}", op.index()),
-            Iteration::First => format!("gi{}", op.index()),
+            _ if adv == 0 => base,
+            Iteration::First => base,
             Iteration::Expr(e) => {
-                format!("gi{} + static_cast<mucc::i64>({e}) * {adv}", op.index())
+                base.plus(Expr::Call(Func::CastToI64, vec![e.clone()]).times(Expr::size(adv)))
             }
         };
         let order = self.order(op);
         let sl = self.tile_layout(t, &order)?;
         let gl = self.strided_layout(&s, &s, &strides, &order, None);
         let (nt, n) = (self.nt, s.numel());
-        Ok(match &self.kp.ops[op.index()] {
+        let (f, mut targs) = match &self.kp.ops[op.index()] {
             OpPlan::Input {
                 copy: Copy::Chunked { chunk_elems, .. },
                 ..
             } => {
                 let f = if asynchronous {
-                    "cp_async_chunks"
+                    Func::TbCpAsyncChunks
                 } else {
-                    "copy_chunks"
+                    Func::TbCopyChunks
                 };
-                format!("mucc::tb::{f}<{nt}, {n}, {chunk_elems}, {sl}, {gl}>(tid, {dst}, {src});")
+                (
+                    f,
+                    vec![TArg::int(nt), TArg::int(n), TArg::int(*chunk_elems)],
+                )
             }
-            _ => format!("mucc::tb::copy_elems<{nt}, {n}, {sl}, {gl}>(tid, {dst}, {src});"),
-        })
+            _ => (Func::TbCopyElems, vec![TArg::int(nt), TArg::int(n)]),
+        };
+        targs.extend([TArg::Name(sl), TArg::Name(gl)]);
+        Ok(Stmt::Eval(Expr::TemplateCall(
+            f,
+            targs,
+            vec![Expr::var("tid"), dst, src],
+        )))
     }
 
     /// An input copy in the schedule (pipelined inputs are issued ahead instead).
@@ -116,7 +131,7 @@ impl Ctx<'_> {
             return Ok(());
         }
         let iter = if phase == Phase::Loop {
-            Iteration::Expr("it".into())
+            Iteration::Expr(Expr::var("it"))
         } else {
             Iteration::First
         };
@@ -127,8 +142,8 @@ impl Ctx<'_> {
                 ..
             }
         );
-        let line = self.input_copy_line(op, &format!("s{}", t.index()), &iter, waited)?;
-        self.w.line(line);
+        let copy = self.input_copy_stmt(op, Expr::var(format!("s{}", t.index())), &iter, waited)?;
+        print(&mut self.w, &[copy]);
         self.copies_in_flight |= waited;
         Ok(())
     }
@@ -185,42 +200,41 @@ impl Ctx<'_> {
         self.kp.tma.load_of(op.index()).is_some()
     }
 
-    /// Thread 0's TMA loads of iteration `iter` (a C++ expression) into ring slot `slot` (an
-    /// expression), announced on the slot's `full` mbarrier: one block of lines.
-    fn tma_issue(&self, slot: &str, iter: &str) -> Vec<String> {
-        let mut w = crate::emit::cxx::Writer::new();
+    /// Thread 0's TMA loads of iteration `iter` into ring slot `slot`, announced on the slot's
+    /// `full` mbarrier.
+    fn tma_issue(&self, slot: &Expr, iter: &Expr) -> Stmt {
         let kp = self.kp;
-        w.block("if (tid == 0)", "", |w| {
-            w.line(format!(
-                "mucc::sm90::mbar_arrive_expect_tx(full + {slot}, {});",
-                kp.tma.bytes_per_stage()
-            ));
-            for l in &kp.tma.loads {
-                let elems = kp.tiles[l.tile].as_ref().map_or(0, |g| g.phys_elems);
-                let mut args = vec![
-                    format!("s{} + {slot} * {elems}", l.tile),
-                    format!("&tm{}", l.map),
-                    format!("full + {slot}"),
-                ];
-                for c in &l.coords {
-                    let mut terms: Vec<String> = c
-                        .per_block
-                        .iter()
-                        .map(|&(a, n)| format!("static_cast<int>({}) * {n}", self.block_index(a)))
-                        .collect();
-                    if c.per_iter > 0 {
-                        terms.push(format!("({iter}) * {}", c.per_iter));
-                    }
-                    args.push(if terms.is_empty() {
-                        "0".into()
-                    } else {
-                        terms.join(" + ")
-                    });
+        let full = Expr::var("full").plus(slot.clone());
+        let mut body = vec![Stmt::Eval(Expr::Call(
+            Func::MbarArriveExpectTx,
+            vec![full.clone(), Expr::size(kp.tma.bytes_per_stage())],
+        ))];
+        for l in &kp.tma.loads {
+            let elems = kp.tiles[l.tile].as_ref().map_or(0, |g| g.phys_elems);
+            let mut args = vec![
+                Expr::var(format!("s{}", l.tile)).plus(slot.clone().times(Expr::size(elems))),
+                Expr::var(format!("tm{}", l.map)).addr(),
+                full.clone(),
+            ];
+            for c in &l.coords {
+                let mut terms: Vec<Expr> = c
+                    .per_block
+                    .iter()
+                    .map(|&(a, n)| {
+                        Expr::Call(Func::CastToInt, vec![self.block_index(a)]).times(Expr::size(n))
+                    })
+                    .collect();
+                if c.per_iter > 0 {
+                    terms.push(iter.clone().paren().times(Expr::size(c.per_iter)));
                 }
-                w.line(format!("mucc::sm90::tma_load({});", args.join(", ")));
+                args.push(Expr::sum(terms).unwrap_or(Expr::size(0)));
             }
-        });
-        w.finish().lines().map(|l| l.to_string()).collect()
+            body.push(Stmt::Eval(Expr::Call(Func::TmaLoad, args)));
+        }
+        Stmt::If(
+            Expr::Eq(Box::new(Expr::var("tid")), Box::new(Expr::size(0))),
+            body,
+        )
     }
 
     /// Pipelined inputs in operator order: (op, tile, elements per slot).
@@ -261,16 +275,15 @@ impl Ctx<'_> {
         if stages > share {
             return Err(self.internal("a pipeline deeper than the CTA's share of its loop"));
         }
-        self.w
-            .line(format!("// software pipeline: {stages} stages"));
-        let split = self.kp.split.cluster().is_some();
+        let mut ring = vec![Stmt::Comment(format!("software pipeline: {stages} stages"))];
+        let start = self.loop_start();
         for s in 0..stages - 1 {
             // The first iterations of this CTA's share.
-            let iter = match (split, s) {
-                (false, 0) => Iteration::First,
-                (false, _) => Iteration::Expr(s.to_string()),
-                (true, 0) => Iteration::Expr("it0".into()),
-                (true, _) => Iteration::Expr(format!("it0 + {s}")),
+            let iter = match (&start, s) {
+                (None, 0) => Iteration::First,
+                (None, _) => Iteration::Expr(Expr::size(s)),
+                (Some(lo), 0) => Iteration::Expr(lo.clone()),
+                (Some(lo), _) => Iteration::Expr(lo.clone().plus(Expr::size(s))),
             };
             let mut any_cp_async = false;
             for (h, t, slot) in self.pipelined() {
@@ -278,17 +291,18 @@ impl Ctx<'_> {
                     continue;
                 }
                 any_cp_async = true;
-                let line = self.input_copy_line(h, &format!("s{t} + {}", s * slot), &iter, true)?;
-                self.w.line(line);
+                let dst = Expr::var(format!("s{t}")).plus(Expr::size(s * slot));
+                ring.push(self.input_copy_stmt(h, dst, &iter, true)?);
             }
             if !self.kp.tma.loads.is_empty() {
-                let lines = self.tma_issue(&s.to_string(), iter.text());
-                super::chain::lines(&mut self.w, &lines);
+                ring.push(self.tma_issue(&Expr::size(s), &iter.expr()));
             }
             if any_cp_async {
-                self.w.line("mucc::sm80::cp_async_commit();");
+                ring.push(Stmt::Eval(Expr::Call(Func::CpAsyncCommit, vec![])));
             }
         }
+        print(&mut self.w, &ring);
+        self.ring.extend(ring);
         Ok(stages)
     }
 
@@ -304,25 +318,26 @@ impl Ctx<'_> {
                 continue;
             }
             any_cp_async = true;
-            copies.push(self.input_copy_line(
-                h,
-                &format!("s{t} + {slot_of} * {slot}"),
-                &Iteration::Expr("pf".into()),
-                true,
-            )?);
+            let dst = Expr::var(format!("s{t}")).plus(slot_of.clone().times(Expr::size(slot)));
+            copies.push(self.input_copy_stmt(h, dst, &Iteration::Expr(Expr::var("pf")), true)?);
         }
         if !self.kp.tma.loads.is_empty() {
-            copies.extend(self.tma_issue(&slot_of, "pf"));
+            copies.push(self.tma_issue(&slot_of, &Expr::var("pf")));
         }
-        self.w.block("", "", |w| {
-            w.line(format!("const int pf = it + {};", stages - 1));
-            w.block(format!("if (pf < {hi})"), "", |w| {
-                super::chain::lines(w, &copies)
-            });
-            if any_cp_async {
-                w.line("mucc::sm80::cp_async_commit();");
-            }
-        });
+        let mut block = vec![
+            Stmt::local(
+                Ty::ConstInt,
+                "pf",
+                Expr::var("it").plus(Expr::size(stages - 1)),
+            ),
+            Stmt::If(Expr::Lt(Box::new(Expr::var("pf")), Box::new(hi)), copies),
+        ];
+        if any_cp_async {
+            block.push(Stmt::Eval(Expr::Call(Func::CpAsyncCommit, vec![])));
+        }
+        let block = Stmt::Block(block);
+        print(&mut self.w, std::slice::from_ref(&block));
+        self.ring.push(block);
         Ok(())
     }
 }

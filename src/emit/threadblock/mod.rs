@@ -20,6 +20,7 @@ mod rows;
 use std::collections::BTreeMap;
 
 use super::cxx::{self, Writer, ctype};
+use super::ir::{Expr, Func, Stmt, TArg};
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
@@ -57,6 +58,9 @@ pub(super) struct Ctx<'a> {
     /// `cp.async` copies ([`crate::sched::ops::CopyEngine::CpAsyncWaited`]) issued since the
     /// last barrier: the next one waits for them first.
     copies_in_flight: bool,
+    /// The pipeline ring's statements as printed: the prologue, the loop's waits for the
+    /// current stage, the refill block ([`crate::emit::Emitted::rings`]).
+    ring: Vec<Stmt>,
 }
 
 impl Ctx<'_> {
@@ -246,14 +250,15 @@ impl Ctx<'_> {
     }
 }
 
-/// Emits the kernel of customized operator `kn` (plan `kp`) and its launch-plan entry.
+/// Emits the kernel of customized operator `kn` (plan `kp`), its launch-plan entry and its
+/// pipeline ring's statements.
 pub(super) fn emit(
     g: &KernelGraph,
     plan: &GraphPlan,
     kn: Handle<KnOp>,
     op: &KnOp,
     kp: &KernelPlan,
-) -> Result<(KernelView, KernelLaunch), EmitError> {
+) -> Result<(KernelView, KernelLaunch, super::ir::KernelBody), EmitError> {
     let KnOpKind::Customized(tb) = &op.kind else {
         return Err(EmitError::Unsupported {
             op: kn.index(),
@@ -276,6 +281,7 @@ pub(super) fn emit(
         stages: BTreeMap::new(),
         vector_loads: None,
         copies_in_flight: false,
+        ring: Vec::new(),
     };
     for (h, top) in tb.ops.iter() {
         if let (TbOpKind::Input { .. }, OpPlan::Input { stages, engine, .. }) =
@@ -342,7 +348,11 @@ pub(super) fn emit(
         tensor_maps,
         programmatic: kp.dependent.is_programmatic(),
     };
-    Ok((view, launch))
+    let ring = super::ir::KernelBody {
+        name: launch.name.clone(),
+        body: ctx.ring,
+    };
+    Ok((view, launch, ring))
 }
 
 /// The body over the schedule's shared-memory tiles: prologue, pre-loop steps, accumulators,
@@ -821,49 +831,50 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     Ok(())
 }
 
-/// A loop iteration in a copy: the first (the tile at the block's region itself) or a C++
+/// A loop iteration in a copy: the first (the tile at the block's region itself) or an
 /// expression.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) enum Iteration {
     /// Iteration 0.
     First,
     /// An iteration given by an expression (`it`, `pf`, `it0 + 1`, `2`).
-    Expr(String),
+    Expr(Expr),
 }
 
 impl Iteration {
-    /// The iteration as a C++ expression.
-    pub(super) fn text(&self) -> &str {
+    /// The iteration as an expression.
+    pub(super) fn expr(&self) -> Expr {
         match self {
-            Iteration::First => "0",
-            Iteration::Expr(e) => e,
+            Iteration::First => Expr::size(0),
+            Iteration::Expr(e) => e.clone(),
         }
     }
 }
 
 impl Ctx<'_> {
-    /// This CTA's first iteration as a C++ expression, when it is not 0: `it0` (declared before
-    /// the pipeline prologue) under a cluster split.
-    fn loop_start(&self) -> Option<&'static str> {
-        self.kp.split.cluster().map(|_| "it0")
+    /// This CTA's first iteration, when it is not 0: `it0` (declared before the pipeline
+    /// prologue) under a cluster split.
+    fn loop_start(&self) -> Option<Expr> {
+        self.kp.split.cluster().map(|_| Expr::var("it0"))
     }
 
-    /// The first iteration of this CTA and the end of its share (C++ expressions): the whole
-    /// loop, or under a cluster split `it0` onwards.
-    pub(super) fn loop_bounds(&self) -> (String, String) {
+    /// The first iteration of this CTA and the end of its share: the whole loop, or under a
+    /// cluster split `it0` onwards.
+    pub(super) fn loop_bounds(&self) -> (Expr, Expr) {
         match self.kp.split.cluster() {
-            Some(c) => ("it0".into(), format!("it0 + {}", c.iters)),
-            None => ("0".into(), self.tb.forloop_range.to_string()),
+            Some(c) => (Expr::var("it0"), Expr::var("it0").plus(Expr::size(c.iters))),
+            None => (Expr::size(0), Expr::size(self.tb.forloop_range)),
         }
     }
 
-    /// The ring slot of iteration `var` (a C++ variable): counted from this CTA's first
-    /// iteration, which is 0 without a cluster split.
-    pub(super) fn ring_slot(&self, var: &str, stages: usize) -> String {
-        match self.loop_start() {
-            None => format!("({var} % {stages})"),
-            Some(lo) => format!("(({var} - {lo}) % {stages})"),
-        }
+    /// The ring slot of iteration `var` (a variable of the generated code): counted from this
+    /// CTA's first iteration, which is 0 without a cluster split.
+    pub(super) fn ring_slot(&self, var: &str, stages: usize) -> Expr {
+        let rel = match self.loop_start() {
+            None => Expr::var(var),
+            Some(lo) => Expr::var(var).minus(lo).paren(),
+        };
+        rel.modulo(Expr::size(stages)).paren()
     }
 
     /// The for-loop: the pipeline prologue, then per iteration the current slots, the wait for
@@ -902,19 +913,32 @@ impl Ctx<'_> {
                 self.w
                     .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
             }
+            let mut waits = Vec::new();
             if self.pipelined().iter().any(|(h, _, _)| !self.is_tma(*h)) {
-                self.w
-                    .line(format!("mucc::sm80::cp_async_wait<{}>();", stages - 2));
+                waits.push(Stmt::Eval(Expr::TemplateCall(
+                    Func::CpAsyncWait,
+                    vec![TArg::int(stages - 2)],
+                    vec![],
+                )));
             }
             if !self.kp.tma.loads.is_empty() {
+                // The stage's phase: which pass over the ring this iteration is.
                 let rel = match self.loop_start() {
-                    None => "it".to_string(),
-                    Some(lo) => format!("(it - {lo})"),
+                    None => Expr::var("it"),
+                    Some(lo) => Expr::var("it").minus(lo).paren(),
                 };
-                self.w.line(format!(
-                    "mucc::sm90::mbar_wait(full + {slot_of}, static_cast<unsigned>({rel} / {stages}) & 1u);"
-                ));
+                let pass = Expr::Call(Func::CastToUnsigned, vec![rel.over(Expr::size(stages))]);
+                let parity = Expr::BitAnd(
+                    Box::new(pass),
+                    Box::new(Expr::Int(1, crate::emit::ir::IntType::Unsigned)),
+                );
+                waits.push(Stmt::Eval(Expr::Call(
+                    Func::MbarWait,
+                    vec![Expr::var("full").plus(slot_of), parity],
+                )));
             }
+            crate::emit::ir::print(&mut self.w, &waits);
+            self.ring.extend(waits);
         }
         let prefetch = self.kp.barriers.prefetch;
         if (prefetch == Prefetch::None) != (stages <= 1) {
