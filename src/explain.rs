@@ -416,9 +416,12 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         "kernel op {k} (customized): grid ({}, {}, {}), {} threads, forloop {}",
         cta.grid[0], cta.grid[1], cta.grid[2], cta.threads, tb.forloop_range
     );
+    let clusters = cta.cluster.map_or(String::new(), |[x, y, z]| {
+        format!("; launched in clusters of ({x}, {y}, {z})")
+    });
     let _ = writeln!(
         s,
-        "  CTA: {} warps ({}; the µGraph's block has {} threads)",
+        "  CTA: {} warps ({}; the µGraph's block has {} threads){clusters}",
         cta.threads.div_ceil(32),
         cta.source,
         tb.num_threads()
@@ -949,8 +952,9 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 ..
             } => {
                 let v: Vec<usize> = parts.iter().map(|c| c.vector).collect();
+                let at: Vec<usize> = parts.iter().map(|c| c.whole_offset).collect();
                 format!(
-                    "{} {} parts, vectors {v:?}, {} blocks x {} threads",
+                    "{} {} parts at elements {at:?} of the whole, vectors {v:?}, {} blocks x {} threads",
                     if *concat { "concat of" } else { "split into" },
                     parts.len(),
                     launch.blocks,

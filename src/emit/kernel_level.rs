@@ -217,11 +217,7 @@ fn parts(
     let mut stmts = vec![Stmt::UsingNamespace(format!("{name}_l"))];
     let mut args = vec![whole.at];
     for (i, p) in parts.iter().enumerate() {
-        let woff = p.whole.at.elem_offset() - whole.at.elem_offset();
-        let at_whole = Expr::Add(
-            Box::new(Expr::var("whole")),
-            Box::new(Expr::int(woff as i128)),
-        );
+        let at_whole = Expr::var("whole").plus(Expr::size(p.whole_offset));
         let part = Expr::var(format!("p{i}"));
         let (whole_l, part_l) = (format!("Whole{i}"), format!("Part{i}"));
         let (targs, call_args) = if concat {

@@ -171,6 +171,7 @@ pub(super) fn plan_kernel(
     p.cta.min_blocks_per_sm = 1;
     p.cta.resident_blocks = 1;
     p.cta.resident_asked = false;
+    p.cta.cluster = None;
     p.body = super::plan::Body::Rows(rows);
     Ok(p)
 }
@@ -573,6 +574,7 @@ fn plan_kernel_with(
             }
         )
     });
+    let cluster = split.cluster().map(|c| [c.ctas, 1, 1]);
     Ok(KernelPlan {
         barriers,
         regions,
@@ -593,6 +595,7 @@ fn plan_kernel_with(
             min_blocks_per_sm,
             resident_blocks,
             resident_asked: opts.resident_blocks.is_some(),
+            cluster,
         },
         fusion,
         chains,

@@ -181,6 +181,8 @@ pub struct PartCopy {
     pub whole: View,
     /// Vector width (elements).
     pub vector: usize,
+    /// Where the part starts in the whole tensor: elements from the whole tensor's first.
+    pub whole_offset: usize,
 }
 
 /// How a kernel-level operator runs.
@@ -653,11 +655,13 @@ impl Planner<'_> {
             wpart.strides = order.iter().map(|&d| wstrides[d]).collect();
             let vector = vector_len(&[&part, &wpart], dtype);
             work = work.max(ps.numel() / vector);
+            let whole_offset = offset * wstrides[dim];
             offset += ps.dim(dim);
             copies.push(PartCopy {
                 part,
                 whole: wpart,
                 vector,
+                whole_offset,
             });
         }
         KnOpPlan::Parts {

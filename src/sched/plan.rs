@@ -1069,6 +1069,10 @@ pub struct Cta {
     /// Whether `resident_blocks` was asked for ([`Options::resident_blocks`],
     /// `--resident-blocks`) rather than chosen by the planner's rule.
     pub resident_asked: bool,
+    /// The cluster shape the kernel is compiled with (`__cluster_dims__`): the CTAs of a
+    /// cluster split along x ([`Split::Cluster`]), or the key splits of a cluster combine
+    /// ([`KernelPlan::cluster_combine`]); `None`: no clusters.
+    pub cluster: Option<[usize; 3]>,
 }
 
 /// Why a CTA has its number of threads.

@@ -204,13 +204,24 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     };
     // CTA and launch.
-    let head = match kp.split.cluster() {
-        Some(c) => format!(
-            "__cluster_dims__({}, 1, 1) __launch_bounds__({nt}, {})",
-            c.ctas, kp.cta.min_blocks_per_sm
+    // The cluster attribute is the plan's, which a cluster split or a cluster combine sets.
+    want(
+        kp.cta.cluster
+            == kp
+                .split
+                .cluster()
+                .map(|c| [c.ctas, 1, 1])
+                .or(kp.cluster_combine.as_ref().map(|c| c.dims())),
+        format!("cluster shape {:?}", kp.cta.cluster),
+    );
+    let head = match kp.cta.cluster {
+        Some([x, y, z]) => format!(
+            "__cluster_dims__({x}, {y}, {z}) __launch_bounds__({nt}, {})",
+            kp.cta.min_blocks_per_sm
         ),
         None => format!("__launch_bounds__({nt}, {})", kp.cta.min_blocks_per_sm),
     };
+
     want(
         e.source.contains(&format!("{head} {name}(")),
         format!("launch bounds {head}"),

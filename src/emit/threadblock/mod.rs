@@ -317,10 +317,8 @@ pub(super) fn emit(
     );
     let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
     let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, body);
-    if let Some(c) = kp.split.cluster() {
-        view.signature = cxx::cluster_kernel_signature([c.ctas, 1, 1], &bounds, &name, &params);
-    } else if let Some(c) = &kp.cluster_combine {
-        view.signature = cxx::cluster_kernel_signature(c.dims(), &bounds, &name, &params);
+    if let Some(dims) = kp.cta.cluster {
+        view.signature = cxx::cluster_kernel_signature(dims, &bounds, &name, &params);
     }
     view.comment.extend(cxx::comment(
         &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
