@@ -546,9 +546,14 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     }
     tiles(s, tb, kp);
     let sm = &kp.smem;
+    let opt_in = if sm.opt_in() {
+        "; the limit raised before the first launch: over the 48 KB default"
+    } else {
+        ""
+    };
     let _ = writeln!(
         s,
-        "  shared memory: {} B (zero page {} B + peak {} B; lower bound {} B; {})",
+        "  shared memory: {} B (zero page {} B + peak {} B; lower bound {} B; {}{opt_in})",
         sm.total, sm.base, sm.packing.peak, sm.packing.lower_bound, sm.packing.heuristic
     );
     s.push_str(&memory::dump(&sm.buffers, &sm.packing, sm.base));

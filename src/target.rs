@@ -97,6 +97,16 @@ pub const DEFAULT_DYNAMIC_SMEM: usize = 48 * 1024;
 /// of block-wide row reductions: at most 32 warps × 8 bytes), kept out of the planner's budget.
 pub const RUNTIME_STATIC_SMEM: usize = 256;
 
+/// Whether a kernel of `dynamic_smem` bytes of dynamic shared memory must raise its limit
+/// (`cudaFuncAttributeMaxDynamicSharedMemorySize`) before its first launch: when its dynamic
+/// shared memory plus the runtime's static arrays (at most [`RUNTIME_STATIC_SMEM`]) exceed
+/// [`DEFAULT_DYNAMIC_SMEM`]. (A kernel with exactly 48 KB of dynamic shared memory and a static
+/// array failed to launch with "invalid argument" when only dynamic shared memory above 48 KB
+/// opted in.) The plan shows it (`SmemPlan::opt_in`); the host entry and the runner follow it.
+pub fn needs_smem_opt_in(dynamic_smem: usize) -> bool {
+    dynamic_smem + RUNTIME_STATIC_SMEM > DEFAULT_DYNAMIC_SMEM
+}
+
 impl Target {
     /// The target of an architecture.
     pub fn new(arch: Arch) -> Target {

@@ -37,16 +37,11 @@ pub struct KernelLaunch {
 }
 
 impl KernelLaunch {
-    /// Whether the kernel's shared memory may exceed what any kernel may use without opting in
-    /// ([`crate::target::DEFAULT_DYNAMIC_SMEM`], static and dynamic together): its dynamic
-    /// shared memory plus the runtime's static arrays (at most
-    /// [`crate::target::RUNTIME_STATIC_SMEM`]). The generated host code and the runner then
-    /// raise the kernel's limit before its first launch. (A kernel with exactly 48 KB of dynamic
-    /// shared memory and a static array failed to launch with "invalid argument" when only
-    /// dynamic shared memory above 48 KB opted in.)
+    /// Whether the generated host code and the runner raise the kernel's shared-memory limit
+    /// before its first launch: the plan's rule ([`crate::target::needs_smem_opt_in`]) of its
+    /// dynamic shared memory.
     pub fn needs_smem_opt_in(&self) -> bool {
-        self.dynamic_smem as usize + crate::target::RUNTIME_STATIC_SMEM
-            > crate::target::DEFAULT_DYNAMIC_SMEM
+        crate::target::needs_smem_opt_in(self.dynamic_smem as usize)
     }
 }
 

@@ -778,15 +778,21 @@ fn plan_regions(
                     Some((a, extent(a, d) * strides[d]))
                 })
                 .collect(),
+            per_iter: 0,
         }
     };
     tb.ops
         .iter()
         .map(|(h, top)| match &top.kind {
             TbOpKind::Input { .. } if tma.load_of(h.index()).is_some() => None,
-            TbOpKind::Input { input, imap, .. } => {
+            TbOpKind::Input {
+                input,
+                imap,
+                forloop_dim,
+            } => {
                 let t = op.inputs[*input];
                 let shape = g.tensors[t].shape;
+                let strides = &dt[t.index()].strides.0;
                 // The first grid axis that maps to the dim sets the block's extent.
                 let extent = |_: usize, d: usize| {
                     let a = (0..3)
@@ -794,7 +800,11 @@ fn plan_regions(
                         .unwrap_or(0);
                     shape.dim(d) / tb.grid[a]
                 };
-                Some(steps(*imap, &dt[t.index()].strides.0, &extent))
+                let tile = tb.tensors[top.outputs[0]].shape;
+                Some(BlockRegion {
+                    per_iter: forloop_dim.map_or(0, |f| tile.dim(f) * strides[f]),
+                    ..steps(*imap, strides, &extent)
+                })
             }
             TbOpKind::Output { output, omap } => {
                 let s = tb.tensors[top.inputs[0]].shape;
@@ -820,6 +830,7 @@ pub(super) fn output_region(
             .filter(|&a| Some(a) != skip && tb.grid[a] > 1)
             .filter_map(|a| omap.axis(a).map(|d| (a, tile.dim(d) * strides[d])))
             .collect(),
+        per_iter: 0,
     }
 }
 

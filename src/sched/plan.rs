@@ -655,6 +655,12 @@ pub struct SmemPlan {
 }
 
 impl SmemPlan {
+    /// Whether the kernel raises its dynamic shared-memory limit before its first launch
+    /// ([`crate::target::needs_smem_opt_in`] of [`SmemPlan::total`]).
+    pub fn opt_in(&self) -> bool {
+        crate::target::needs_smem_opt_in(self.total)
+    }
+
     /// Byte offset (from the start of dynamic shared memory) of buffer `b`.
     pub fn offset(&self, b: usize) -> usize {
         self.base + self.packing.offsets[b]
@@ -1791,18 +1797,24 @@ impl fmt::Display for PipeOff {
 pub struct BlockRegion {
     /// (grid axis, elements per block index), for the axes the operator's map sends to a dim.
     pub steps: Vec<(usize, usize)>,
+    /// Elements the region moves per for-loop iteration: the tile's extent along the input's
+    /// for-loop dim times the tensor's stride there (0 for outputs and loop-invariant inputs).
+    pub per_iter: usize,
 }
 
 impl std::fmt::Display for BlockRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.steps.is_empty() {
-            return f.write_str("0");
-        }
-        let terms: Vec<String> = self
+        let mut terms: Vec<String> = self
             .steps
             .iter()
             .map(|&(a, e)| format!("{}·{e}", crate::graph::ops::AXIS_NAMES[a]))
             .collect();
+        if self.per_iter > 0 {
+            terms.push(format!("it·{}", self.per_iter));
+        }
+        if terms.is_empty() {
+            return f.write_str("0");
+        }
         f.write_str(&terms.join(" + "))
     }
 }

@@ -75,17 +75,17 @@ impl Ctx<'_> {
         asynchronous: bool,
     ) -> Result<Stmt, EmitError> {
         let top = &self.tb.ops[op];
-        let TbOpKind::Input {
-            input, forloop_dim, ..
-        } = top.kind
-        else {
+        let TbOpKind::Input { input, .. } = top.kind else {
             return Err(self.internal("an input copy of a non-input"));
         };
         let t = top.outputs[0];
         let s = self.tb.tensors[t].shape;
         let dt = self.op.inputs[input];
         let strides = self.plan.dtensors[dt.index()].strides.0.clone();
-        let adv = forloop_dim.map_or(0, |f| s.dim(f) * strides[f]);
+        let Some(region) = &self.kp.regions[op.index()] else {
+            return Err(self.internal("a copied input without its block region"));
+        };
+        let adv = region.per_iter;
         let base = Expr::var(format!("gi{}", op.index()));
         let src = match iter {
             _ if adv == 0 => base,
