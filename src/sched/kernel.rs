@@ -502,7 +502,12 @@ fn plan_kernel_with(
     } else {
         Split::Off(SplitOff::Ampere)
     };
-    if hopper && opts.cluster_split && tb.num_blocks() * 4 <= target.typical_sms * 3 {
+    // An asked count (`--resident-blocks`) is kept.
+    if hopper
+        && opts.cluster_split
+        && opts.resident_blocks.is_none()
+        && tb.num_blocks() * 4 <= target.typical_sms * 3
+    {
         // A ring deep enough to keep one CTA per SM can cap the cluster (its CTAs must all be
         // resident at once): a shallower ring that fits more CTAs per SM may let more SMs
         // stream the loop. Take it when the split then launches more CTAs, for grids that
