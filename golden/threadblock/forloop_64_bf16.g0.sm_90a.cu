@@ -10,7 +10,7 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 41984 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 31744 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k2_customized(
     mucc::bf16* __restrict__ out0,
@@ -37,13 +37,13 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + 16);  // TMA stage barriers
   if (tid == 0) {
     if (mucc::sm90::smem_u32(smem) % 1024 != 0) __trap();
-    for (int s = 0; s < 4; ++s) mucc::sm90::mbar_init(full + s, 1);
+    for (int s = 0; s < 3; ++s) mucc::sm90::mbar_init(full + s, 1);
     mucc::sm90::fence_mbarrier_init();
     mucc::sm90::prefetch_tensormap(&tm0);
     mucc::sm90::prefetch_tensormap(&tm1);
   }
-  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 33792);  // s0 (tb_input_op) x4 stages
-  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 1024);  // s1 (tb_input_op) x4 stages
+  mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 25600);  // s0 (tb_input_op) x3 stages
+  mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 1024);  // s1 (tb_input_op) x3 stages
   float* s3 = reinterpret_cast<float*>(smem + 128);  // s3 (tb_forloop_accum_nored_op)
   float* s4 = reinterpret_cast<float*>(smem + 48);  // s4 (tb_forloop_accum_red_ld_mean_op)
   mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 8) * 64;
@@ -53,7 +53,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   __syncthreads();
   // cluster split: CTA r of the cluster runs iterations [r·8, (r + 1)·8)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 8;
-  // software pipeline: 4 stages
+  // software pipeline: 3 stages
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 0, 10240);
     mucc::sm90::tma_load(s0 + 0 * 1024, &tm0, full + 0, (it0) * 64, 0);
@@ -64,30 +64,25 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
     mucc::sm90::tma_load(s0 + 1 * 1024, &tm0, full + 1, (it0 + 1) * 64, 0);
     mucc::sm90::tma_load(s1 + 1 * 4096, &tm1, full + 1, static_cast<int>(blockIdx.x / 8) * 64, (it0 + 1) * 64);
   }
-  if (tid == 0) {
-    mucc::sm90::mbar_arrive_expect_tx(full + 2, 10240);
-    mucc::sm90::tma_load(s0 + 2 * 1024, &tm0, full + 2, (it0 + 2) * 64, 0);
-    mucc::sm90::tma_load(s1 + 2 * 4096, &tm1, full + 2, static_cast<int>(blockIdx.x / 8) * 64, (it0 + 2) * 64);
-  }
   for (int it = it0; it < it0 + 8; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    mucc::bf16* s0_cur = s0 + ((it - it0) % 4) * 1024;
-    mucc::bf16* s1_cur = s1 + ((it - it0) % 4) * 4096;
-    mucc::sm90::mbar_wait(full + ((it - it0) % 4), static_cast<unsigned>((it - it0) / 4) & 1u);
+    mucc::bf16* s0_cur = s0 + ((it - it0) % 3) * 1024;
+    mucc::bf16* s1_cur = s1 + ((it - it0) % 3) * 4096;
+    mucc::sm90::mbar_wait(full + ((it - it0) % 3), static_cast<unsigned>((it - it0) / 3) & 1u);
     // op0 input
     // issued ahead by the pipeline
     // op1 input
     // issued ahead by the pipeline
     __syncthreads();
     {
-      const int pf = it + 3;
+      const int pf = it + 2;
       if (pf < it0 + 8) {
         if (tid == 0) {
-          mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 4), 10240);
-          mucc::sm90::tma_load(s0 + ((pf - it0) % 4) * 1024, &tm0, full + ((pf - it0) % 4), (pf) * 64, 0);
-          mucc::sm90::tma_load(s1 + ((pf - it0) % 4) * 4096, &tm1, full + ((pf - it0) % 4),
+          mucc::sm90::mbar_arrive_expect_tx(full + ((pf - it0) % 3), 10240);
+          mucc::sm90::tma_load(s0 + ((pf - it0) % 3) * 1024, &tm0, full + ((pf - it0) % 3), (pf) * 64, 0);
+          mucc::sm90::tma_load(s1 + ((pf - it0) % 3) * 4096, &tm1, full + ((pf - it0) % 3),
               static_cast<int>(blockIdx.x / 8) * 64, (pf) * 64);
         }
       }
@@ -176,7 +171,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_128B));
     }
     const CUtensorMap* const maps[] = {&tm0.map, &tm1.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 41984, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 31744, stream, args, maps));
   }
 
   return 0;

@@ -68,6 +68,12 @@ fn resident_blocks_wanted(tb: &TbGraph, threads: usize, target: &Target, piped: 
 /// candidates of gqa_bs1 (0.99×) and mqa_bs1 (1.00×) did not move, mqa_bs8's had 2 already.
 const PIPED_MAX_STAGES: usize = 2;
 
+/// Bytes a small grid's ring keeps in flight ahead of the stage its CTA reads: its depth is the
+/// fewest stages that hold this much beyond one. Measured (H100, `--max-stages`, docs/
+/// benchmarks.md "Ring depth"): decode layers with 17–22 KB stages took 0.90–0.95× the time with
+/// 2 stages instead of 3–4, those with 9 KB stages were fastest with 3 (2: 1.15×).
+const RING_BYTES_AHEAD: usize = 16 * 1024;
+
 /// The share of a piped kernel's waves a third resident block must keep filled, relative to
 /// two blocks' (its gain per block measured at about 10%: 0.89–0.90× the time).
 const THIRD_BLOCK_MIN_FILL: f64 = 0.85;
@@ -447,6 +453,25 @@ fn plan_kernel_with(
     if piped && hopper && opts.max_stages.is_none() {
         ring_target.max_pipeline_stages = ring_target.max_pipeline_stages.min(PIPED_MAX_STAGES);
     }
+    // A small grid's kernel (whose loop a cluster may split) gets the fewest stages that keep
+    // [`RING_BYTES_AHEAD`] in flight ahead of the stage being read; a deeper ring only takes
+    // shared memory that more CTAs per SM, or a larger cluster, could use.
+    if hopper
+        && !piped
+        && opts.max_stages.is_none()
+        && opts.cluster_split
+        && tb.num_blocks() * 4 <= target.typical_sms * 3
+    {
+        let stage_bytes: usize = ring_inputs(tb, &ops, target)
+            .into_iter()
+            .flat_map(|op| &tb.ops[Handle::from_index(op)].outputs)
+            .filter_map(|t| tiles[t.index()].as_ref().map(|g| g.bytes))
+            .sum();
+        if stage_bytes > 0 {
+            let depth = RING_BYTES_AHEAD.div_ceil(stage_bytes) + 1;
+            ring_target.max_pipeline_stages = ring_target.max_pipeline_stages.min(depth.max(2));
+        }
+    }
     // The pipeline may be planned again for more resident CTAs (below): keep what it changes.
     let (ops_before, tma_before) = (ops.clone(), tma.clone());
     let mut smem = match plan_pipeline(
@@ -550,6 +575,7 @@ fn plan_kernel_with(
     if let Split::Cluster(c) = &split {
         // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
         min_blocks_per_sm = c.resident_per_sm;
+        resident_blocks = resident_blocks.max(c.resident_per_sm);
         // A CTA's share of the loop bounds its ring (the slots stay allocated).
         for p in &mut ops {
             if let OpPlan::Input { stages, .. } = p {
@@ -2363,9 +2389,10 @@ mod tests {
         assert_eq!(kp.pipeline_stages(), 4);
     }
 
-    /// `Options::max_stages` caps the ring (a tuning variant, `--max-stages`): the decode
-    /// kernel of 2048 × 22016 keeps 4 stages by default, 2 or 3 under the cap, with less shared
-    /// memory; the cap leaves the function alone (same operators, same split).
+    /// The decode kernel of 2048 × 22016 (17 KB stages) gets the 2 stages that keep
+    /// [`RING_BYTES_AHEAD`] in flight; an asked depth (`--max-stages`, a tuning variant)
+    /// replaces the rule: 3 or 4 stages (the target's deepest) when asked, with more shared
+    /// memory.
     #[test]
     fn max_stages_caps_the_ring() {
         use crate::graph::workloads::decode_gated_linear;
@@ -2382,11 +2409,32 @@ mod tests {
             p.kernels.values().next().unwrap().clone()
         };
         let (base, two, three) = (plan_with(None), plan_with(Some(2)), plan_with(Some(3)));
-        assert_eq!(base.pipeline_stages(), 4);
+        assert_eq!(base.pipeline_stages(), 2);
         assert_eq!(two.pipeline_stages(), 2);
         assert_eq!(three.pipeline_stages(), 3);
-        assert!(two.smem.total < three.smem.total && three.smem.total < base.smem.total);
+        let four = plan_with(Some(4));
+        assert_eq!(four.pipeline_stages(), 4);
+        assert!(two.smem.total < three.smem.total && three.smem.total < four.smem.total);
         assert_eq!(plan_with(Some(9)).pipeline_stages(), 4);
+    }
+
+    /// The ring depth of small grids: the fewest stages that keep [`RING_BYTES_AHEAD`] in flight
+    /// ahead of the stage being read — 2 for the 22 KB stages of decode_m1 11008 × 2048, 3 for
+    /// the 9 KB stages of 3584 × 4608 (measured 0.90× and 0.98× the time of 3 and 4 stages, H100).
+    #[test]
+    fn a_small_grid_keeps_sixteen_kilobytes_in_flight() {
+        use crate::graph::dtype::DType;
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        let opts = Options::for_target(Target::new(Arch::Sm90a));
+        for ((m, k, n, blocks), stages) in [((1, 11008, 2048, 32), 2), ((1, 3584, 4608, 72), 3)] {
+            let g = decode_gated_linear(m, k, n, blocks, 64, DType::BF16).unwrap();
+            let p = crate::sched::plan(&g, &opts).unwrap();
+            let kp = p.kernels.values().next().unwrap();
+            assert_eq!(kp.pipeline_stages(), stages, "{k} x {n}");
+            assert!(kp.split.cluster().is_some());
+        }
     }
 
     /// Decode at M = 8: silu ⊙ Y is one fused chain into the matmul's A tile, which the layout
