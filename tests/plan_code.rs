@@ -16,6 +16,26 @@ use mucc::target::Target;
 use mucc::{ImportOptions, read_file};
 use rayon::prelude::*;
 
+/// Graph 0 of every corpus file, planned and emitted for sm_90a: (file, graph, plan, code).
+fn graph0_emitted() -> Vec<(
+    PathBuf,
+    mucc::KernelGraph,
+    mucc::sched::GraphPlan,
+    mucc::emit::Emitted,
+)> {
+    let target = Target::new(mucc::target::Arch::Sm90a);
+    corpus_files()
+        .into_iter()
+        .map(|f| {
+            let file = read_file(&f, &ImportOptions::default()).unwrap();
+            let g = file.graphs[0].graph.clone();
+            let p = plan(&g, &Options::for_target(target)).unwrap();
+            let e = mucc::emit::emit(&g, &p, "test").unwrap();
+            (f, g, p, e)
+        })
+        .collect()
+}
+
 fn golden_inputs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden");
     let mut v = Vec::new();
@@ -156,14 +176,9 @@ fn a_host_disagreement_fails_the_check() {
 #[test]
 fn a_kernel_level_disagreement_fails_the_check() {
     use mucc::emit::ir::{Expr, Stmt, TArg};
-    let target = Target::new(mucc::target::Arch::Sm90a);
     let mut edits = 0;
-    for f in corpus_files() {
-        let file = read_file(&f, &ImportOptions::default()).unwrap();
-        let g = &file.graphs[0].graph;
-        let p = plan(g, &Options::for_target(target)).unwrap();
-        let e = mucc::emit::emit(g, &p, "test").unwrap();
-        let pg = p.graph(g);
+    for (f, g, p, e) in graph0_emitted() {
+        let pg = p.graph(&g);
         check_kernel_level(pg, &p, &e).unwrap();
         for (b, body) in e.bodies.iter().enumerate() {
             for (s, stmt) in body.body.iter().enumerate() {
@@ -208,13 +223,8 @@ fn a_ring_disagreement_fails_the_check() {
             _ => false,
         })
     }
-    let target = Target::new(mucc::target::Arch::Sm90a);
     let mut edits = 0;
-    for f in corpus_files() {
-        let file = read_file(&f, &ImportOptions::default()).unwrap();
-        let g = &file.graphs[0].graph;
-        let p = plan(g, &Options::for_target(target)).unwrap();
-        let e = mucc::emit::emit(g, &p, "test").unwrap();
+    for (f, _, p, e) in graph0_emitted() {
         check_rings(&p, &e).unwrap();
         for r in 0..e.rings.len() {
             // Each edit: a function that changes the first statement it applies to.
