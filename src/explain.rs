@@ -416,7 +416,7 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         "kernel op {k} (customized): grid ({}, {}, {}), {} threads, forloop {}",
         cta.grid[0], cta.grid[1], cta.grid[2], cta.threads, tb.forloop_range
     );
-    let clusters = cta.cluster.map_or(String::new(), |[x, y, z]| {
+    let clusters = kp.cluster_dims().map_or(String::new(), |[x, y, z]| {
         format!("; launched in clusters of ({x}, {y}, {z})")
     });
     let _ = writeln!(

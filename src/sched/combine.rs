@@ -209,9 +209,6 @@ pub(super) fn fuse_softmax_combines(
         let form = match decided {
             Ok((k, c)) => {
                 if let Some(kp) = kernels.get_mut(&k) {
-                    // `decide` declines kernels whose loop is split over a cluster already.
-                    debug_assert!(kp.cta.cluster.is_none());
-                    kp.cta.cluster = Some(c.dims());
                     kp.schedule.post_loop.clear();
                     for &o in &c.skipped {
                         kp.regions[o] = None;

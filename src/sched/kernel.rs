@@ -177,7 +177,6 @@ pub(super) fn plan_kernel(
     p.cta.min_blocks_per_sm = 1;
     p.cta.resident_blocks = 1;
     p.cta.resident_asked = false;
-    p.cta.cluster = None;
     p.body = super::plan::Body::Rows(rows);
     Ok(p)
 }
@@ -456,12 +455,9 @@ fn plan_kernel_with(
     // A small grid's kernel (whose loop a cluster may split) gets the fewest stages that keep
     // [`RING_BYTES_AHEAD`] in flight ahead of the stage being read; a deeper ring only takes
     // shared memory that more CTAs per SM, or a larger cluster, could use.
-    if hopper
-        && !piped
-        && opts.max_stages.is_none()
-        && opts.cluster_split
-        && tb.num_blocks() * 4 <= target.typical_sms * 3
-    {
+    // Grids of at most three quarters of the SMs: a cluster may split their loops.
+    let small_grid = hopper && opts.cluster_split && tb.num_blocks() * 4 <= target.typical_sms * 3;
+    if small_grid && !piped && opts.max_stages.is_none() {
         let stage_bytes: usize = ring_inputs(tb, &ops, target)
             .into_iter()
             .flat_map(|op| &tb.ops[Handle::from_index(op)].outputs)
@@ -528,11 +524,7 @@ fn plan_kernel_with(
         Split::Off(SplitOff::Ampere)
     };
     // An asked count (`--resident-blocks`) is kept.
-    if hopper
-        && opts.cluster_split
-        && opts.resident_blocks.is_none()
-        && tb.num_blocks() * 4 <= target.typical_sms * 3
-    {
+    if small_grid && opts.resident_blocks.is_none() {
         // A ring deep enough to keep one CTA per SM can cap the cluster (its CTAs must all be
         // resident at once): a shallower ring that fits more CTAs per SM may let more SMs
         // stream the loop. Take it when the split then launches more CTAs, for grids that
@@ -605,7 +597,6 @@ fn plan_kernel_with(
             }
         )
     });
-    let cluster = split.cluster().map(|c| [c.ctas, 1, 1]);
     Ok(KernelPlan {
         barriers,
         regions,
@@ -626,7 +617,6 @@ fn plan_kernel_with(
             min_blocks_per_sm,
             resident_blocks,
             resident_asked: opts.resident_blocks.is_some(),
-            cluster,
         },
         fusion,
         chains,

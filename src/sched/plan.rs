@@ -1075,10 +1075,6 @@ pub struct Cta {
     /// Whether `resident_blocks` was asked for ([`Options::resident_blocks`],
     /// `--resident-blocks`) rather than chosen by the planner's rule.
     pub resident_asked: bool,
-    /// The cluster shape the kernel is compiled with (`__cluster_dims__`): the CTAs of a
-    /// cluster split along x ([`Split::Cluster`]), or the key splits of a cluster combine
-    /// ([`KernelPlan::cluster_combine`]); `None`: no clusters.
-    pub cluster: Option<[usize; 3]>,
 }
 
 /// Why a CTA has its number of threads.
@@ -1415,6 +1411,18 @@ impl KernelPlan {
         match &self.body {
             Body::Rows(r) => Some(r),
             Body::Tiles(_) => None,
+        }
+    }
+
+    /// The cluster shape the kernel is compiled with (`__cluster_dims__`): the CTAs of a
+    /// cluster split along x ([`Split::Cluster`]), or the key splits of a cluster combine
+    /// ([`KernelPlan::cluster_combine`], which a split kernel never gets:
+    /// `NoClusterCombine::LoopSplit`); `None`: no clusters.
+    pub fn cluster_dims(&self) -> Option<[usize; 3]> {
+        match (&self.split, &self.cluster_combine) {
+            (Split::Cluster(c), _) => Some([c.ctas, 1, 1]),
+            (Split::Off(_), Some(c)) => Some(c.dims()),
+            (Split::Off(_), None) => None,
         }
     }
 }

@@ -204,17 +204,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     };
     // CTA and launch.
-    // The cluster attribute is the plan's, which a cluster split or a cluster combine sets.
-    want(
-        kp.cta.cluster
-            == kp
-                .split
-                .cluster()
-                .map(|c| [c.ctas, 1, 1])
-                .or(kp.cluster_combine.as_ref().map(|c| c.dims())),
-        format!("cluster shape {:?}", kp.cta.cluster),
-    );
-    let head = match kp.cta.cluster {
+    let head = match kp.cluster_dims() {
         Some([x, y, z]) => format!(
             "__cluster_dims__({x}, {y}, {z}) __launch_bounds__({nt}, {})",
             kp.cta.min_blocks_per_sm

@@ -317,7 +317,7 @@ pub(super) fn emit(
     );
     let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
     let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, body);
-    if let Some(dims) = kp.cta.cluster {
+    if let Some(dims) = kp.cluster_dims() {
         view.signature = cxx::cluster_kernel_signature(dims, &bounds, &name, &params);
     }
     view.comment.extend(cxx::comment(
