@@ -676,6 +676,14 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             if b.before_write_back {
                 barrier(s, Phase::PostLoop, BarrierReason::BeforeWriteBack);
             }
+            for wb in &kp.write_backs {
+                let _ = writeln!(
+                    s,
+                    "    {:<9} write-back: {}",
+                    "post-loop",
+                    write_back(tb, kp, wb)
+                );
+            }
             if b.before_finalize {
                 barrier(s, Phase::PostLoop, BarrierReason::BeforeFinalize);
             }
@@ -713,6 +721,47 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
         }
     }
     between(s, last, Phase::PostLoop);
+}
+
+/// What a write-back after the loop stores ([`crate::sched::plan::WriteBack`]).
+fn write_back(tb: &TbGraph, kp: &KernelPlan, wb: &crate::sched::plan::WriteBack) -> String {
+    use crate::sched::plan::WriteBack;
+    let acc = Handle::from_index(wb.acc());
+    let tile =
+        |a: Handle<crate::graph::threadblock::TbOp>| format!("s{}", tb.ops[a].outputs[0].index());
+    match *wb {
+        WriteBack::Store { fragment_of, .. } => match fragment_of {
+            Some(m) => format!(
+                "{}, the fragment of {} stored to {}",
+                op_name(tb, acc),
+                op_name(tb, Handle::from_index(m)),
+                tile(acc)
+            ),
+            None => format!(
+                "{}, each thread's elements stored to {}",
+                op_name(tb, acc),
+                tile(acc)
+            ),
+        },
+        WriteBack::KeySplit { warps, .. } => {
+            let o = kp
+                .register_pipes()
+                .filter_map(|p| p.online.as_ref())
+                .find(|o| o.out_acc == acc);
+            match o {
+                Some(o) => format!(
+                    "{}, the {warps} warps' maxima, row sums and output fragments combined into {} ({}), {} ({}) and {}",
+                    op_name(tb, acc),
+                    tile(o.max_acc),
+                    op_name(tb, o.max_acc),
+                    tile(o.sum_acc),
+                    op_name(tb, o.sum_acc),
+                    tile(acc)
+                ),
+                None => format!("{}, a key split of {warps} warps", op_name(tb, acc)),
+            }
+        }
+    }
 }
 
 /// The plan of operator `h` of kernel `k`.

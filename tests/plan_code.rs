@@ -207,6 +207,43 @@ fn a_kernel_level_disagreement_fails_the_check() {
     assert!(edits >= 20, "{edits} edits");
 }
 
+/// The kernel check fails when the plan's write-backs and the code disagree: for graph 0 of
+/// every corpus file on sm_90a, dropping any one write-back from a kernel's plan, or changing a
+/// fragment store into an element store, is caught.
+#[test]
+fn a_write_back_disagreement_fails_the_check() {
+    use mucc::sched::plan::WriteBack;
+    let mut tried = 0;
+    for (f, g, p, e) in graph0_emitted() {
+        let g = p.graph(&g);
+        for (&k, kp) in &p.kernels {
+            check_kernel(g, &e, k, kp).unwrap();
+            for i in 0..kp.write_backs.len() {
+                let mut dropped = kp.clone();
+                dropped.write_backs.remove(i);
+                assert!(
+                    check_kernel(g, &e, k, &dropped).is_err(),
+                    "{}: kernel {k} without write-back {i} passed",
+                    f.display()
+                );
+                let mut changed = kp.clone();
+                if let WriteBack::Store { fragment_of, .. } = &mut changed.write_backs[i]
+                    && fragment_of.is_some()
+                {
+                    *fragment_of = None;
+                    assert!(
+                        check_kernel(g, &e, k, &changed).is_err(),
+                        "{}: kernel {k} with an element store passed",
+                        f.display()
+                    );
+                }
+                tried += 1;
+            }
+        }
+    }
+    assert!(tried >= 10, "{tried} write-backs tried");
+}
+
 /// The ring check fails when a kernel's pipeline and its plan disagree: for graph 0 of every
 /// corpus file on sm_90a, each ring's stage announcement, its loop wait, a dropped TMA load or
 /// copy and the refill distance, changed in turn, are caught.

@@ -12,7 +12,7 @@ use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta,
     CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering,
     Options, Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
-    ZERO_PAGE,
+    WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -177,6 +177,7 @@ pub(super) fn plan_kernel(
     p.cta.min_blocks_per_sm = 1;
     p.cta.resident_blocks = 1;
     p.cta.resident_asked = false;
+    p.write_backs.clear();
     p.body = super::plan::Body::Rows(rows);
     Ok(p)
 }
@@ -581,7 +582,8 @@ fn plan_kernel_with(
     } else {
         Vec::new()
     };
-    let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched);
+    let write_backs = plan_write_backs(tb, &ops, &smem, &pipes);
+    let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
     barriers.after_rescaled_folds = split.cluster().is_some_and(|c| {
         c.partials
             .iter()
@@ -631,6 +633,7 @@ fn plan_kernel_with(
         cluster_combine: None,
         body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
+        write_backs,
     })
 }
 
@@ -857,11 +860,53 @@ pub(super) fn output_region(
 
 /// The barriers of the kernel body beyond the schedule's (see [`BodyBarriers`]), from the final
 /// operator plans (pipeline depths after any cluster split) and shared-memory plan.
+/// The register accumulators written to shared memory after the loop, in operator order: a
+/// key split's output accumulator (its warps combine there), and every other register
+/// accumulator that has a buffer (its tile is read after the loop).
+fn plan_write_backs(
+    tb: &TbGraph,
+    ops: &[OpPlan],
+    smem: &SmemPlan,
+    pipes: &[PipeDecision],
+) -> Vec<WriteBack> {
+    tb.ops
+        .iter()
+        .filter(|(_, op)| matches!(op.kind, TbOpKind::Accum(_)))
+        .filter_map(|(h, op)| {
+            let OpPlan::Accum {
+                storage: AccumStorage::Registers { fragment_of, .. },
+                ..
+            } = &ops[h.index()]
+            else {
+                return None;
+            };
+            let split = pipes
+                .iter()
+                .filter_map(PipeDecision::on)
+                .find(|p| p.keys > 1 && p.online.as_ref().is_some_and(|o| o.out_acc == h));
+            match split {
+                Some(p) => Some(WriteBack::KeySplit {
+                    acc: h.index(),
+                    warps: p.keys,
+                }),
+                None => smem
+                    .buffer_of(op.outputs[0].index())
+                    .is_some()
+                    .then(|| WriteBack::Store {
+                        acc: h.index(),
+                        fragment_of: fragment_of.map(|m| m.index()),
+                    }),
+            }
+        })
+        .collect()
+}
+
 fn plan_body_barriers(
     tb: &TbGraph,
     ops: &[OpPlan],
     smem: &SmemPlan,
     sched: &Schedule,
+    write_backs: &[WriteBack],
 ) -> BodyBarriers {
     // The initial state: a running max or an accumulator kept in shared memory is filled there.
     let filled = tb
@@ -908,12 +953,7 @@ fn plan_body_barriers(
     };
     // Register accumulators written back to a shared-memory buffer may share memory with tiles
     // the body reads.
-    let writes_back = tb.ops.iter().any(|(h, op)| {
-        matches!(op.kind, TbOpKind::Accum(_))
-            && matches!(&ops[h.index()], OpPlan::Accum { storage, .. } if storage.in_registers())
-            && smem.buffer_of(op.outputs[0].index()).is_some()
-    });
-    b.before_write_back = writes_back && !b.body_ends_with_barrier(sched);
+    b.before_write_back = !write_backs.is_empty() && !b.body_ends_with_barrier(sched);
     b.before_finalize = tb.ops.iter().any(|(_, op)| {
         matches!(
             op.kind,

@@ -1393,6 +1393,42 @@ pub struct KernelPlan {
     /// divergent (`if (warp >= …) return;` in the runtime's matmuls). H100: mqa_bs8 g12 39.5 →
     /// 35.7 µs, gqa_bs8 g0 27.1 → 26.8 (docs/benchmarks.md).
     pub uniform_warp: bool,
+    /// The register accumulators that reach shared memory after the loop, in the order the
+    /// kernel writes them (behind [`BodyBarriers::before_write_back`] when the body does not
+    /// end with a barrier).
+    pub write_backs: Vec<WriteBack>,
+}
+
+/// A register accumulator written to shared memory after the loop, for the readers of its
+/// tile (or the combination of a key split's warps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteBack {
+    /// The registers are stored to the accumulator's buffer: the `mma` fragment of matmul
+    /// `fragment_of`, or else each thread's elements of the leader's walk.
+    Store {
+        /// The accumulator (threadblock op index).
+        acc: usize,
+        /// The matmul whose fragment the registers follow.
+        fragment_of: Option<usize>,
+    },
+    /// The output accumulator of a key split ([`RegisterPipe::keys`] > 1): the warps' running
+    /// maxima, row sums and output fragments combine into the tiles of its pipe's max, sum and
+    /// output accumulators, every thread of the block taking part.
+    KeySplit {
+        /// The output accumulator (threadblock op index).
+        acc: usize,
+        /// The warps that split the keys.
+        warps: usize,
+    },
+}
+
+impl WriteBack {
+    /// The accumulator written back.
+    pub fn acc(&self) -> usize {
+        match *self {
+            WriteBack::Store { acc, .. } | WriteBack::KeySplit { acc, .. } => acc,
+        }
+    }
 }
 
 /// How a threadblock kernel's body computes.

@@ -378,6 +378,57 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             format!("{binary_members} binary chain members, {side_reads} side reads in the code"),
         );
     }
+    // Write-backs after the loop: each planned one printed once, and every register
+    // accumulator with a buffer (its tile read after the loop) among them.
+    {
+        use mucc::sched::plan::WriteBack;
+        for wb in &kp.write_backs {
+            let a = wb.acc();
+            let printed = match wb {
+                WriteBack::Store {
+                    fragment_of: Some(_),
+                    ..
+                } => text
+                    .matches(&format!("::each(acc{a}, warp, lane, "))
+                    .count(),
+                WriteBack::Store { .. } => text.matches(&format!("(acc{a}[r]);")).count(),
+                WriteBack::KeySplit { .. } => text
+                    .lines()
+                    .filter(|l| {
+                        l.contains("::combine_keys<") && l.contains(&format!(">(acc{a}, rm"))
+                    })
+                    .count(),
+            };
+            want(
+                printed == 1,
+                format!("write-back {wb:?} printed {printed} times"),
+            );
+        }
+        let key_splits = kp
+            .write_backs
+            .iter()
+            .filter(|w| matches!(w, WriteBack::KeySplit { .. }))
+            .count();
+        want(
+            text.matches("::combine_keys<").count() == key_splits,
+            format!("{key_splits} key splits written back"),
+        );
+        for (h, _) in tb.ops.iter() {
+            let in_registers = matches!(&kp.ops[h.index()],
+                OpPlan::Accum { storage, .. } if storage.in_registers());
+            let buffered = kp
+                .smem
+                .buffer_of(tb.ops[h].outputs.first().map_or(usize::MAX, |t| t.index()))
+                .is_some();
+            want(
+                !(in_registers && buffered) || kp.write_backs.iter().any(|w| w.acc() == h.index()),
+                format!(
+                    "op{}: a register accumulator with a buffer is not written back",
+                    h.index()
+                ),
+            );
+        }
+    }
     // Register pipes: the tile never in shared memory, the consumer fed from the fragment, one
     // shuffle row sum per row-summing reader; every other candidate goes through shared memory.
     {

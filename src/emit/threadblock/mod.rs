@@ -31,7 +31,7 @@ use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{Phase, Step};
-use crate::sched::plan::{GraphPlan, KernelPlan, Prefetch};
+use crate::sched::plan::{GraphPlan, KernelPlan, Prefetch, WriteBack};
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
 /// layout aliases declared so far.
@@ -635,50 +635,45 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
 /// behind the barrier the plan gives it ([`crate::sched::plan::BodyBarriers`]).
 fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
     let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
-    let mut barrier = !kp.barriers.before_write_back;
+    if kp.barriers.before_write_back && !kp.write_backs.is_empty() {
+        ctx.w
+            .line("__syncthreads();  // the loop body's reads finish before write-backs");
+    }
+    for wb in &kp.write_backs {
+        let h = Handle::from_index(wb.acc());
+        match *wb {
+            WriteBack::KeySplit { .. } => {
+                let (p, o) = kp
+                    .register_pipes()
+                    .find_map(|p| {
+                        p.online
+                            .as_ref()
+                            .filter(|o| p.keys > 1 && o.out_acc == h)
+                            .map(|o| (p, o))
+                    })
+                    .ok_or_else(|| ctx.internal(&format!("op{} has no key split", h.index())))?;
+                let buffered = [o.out_acc, o.sum_acc, o.max_acc]
+                    .iter()
+                    .all(|a| kp.smem.buffer_of(tb.ops[*a].outputs[0].index()).is_some());
+                if !buffered {
+                    return Err(ctx.internal(&format!(
+                        "the key split of op{} combines into tiles without buffers",
+                        h.index()
+                    )));
+                }
+                ctx.combine_keys(p, o)?
+            }
+            WriteBack::Store { fragment_of, .. } => {
+                ctx.write_back(h, fragment_of.map(Handle::from_index))?
+            }
+        }
+    }
     let mut finalize = Vec::new();
     for (h, top) in tb.ops.iter() {
         let TbOpKind::Accum(kind) = top.kind else {
             continue;
         };
         let out = top.outputs[0];
-        let has_buffer = kp.smem.buffer_of(out.index()).is_some();
-        // A key split's output accumulator: the warps combine their states into the tiles of
-        // the output, sum and max accumulators (all three have buffers: they are read after
-        // the loop).
-        let split = kp.register_pipes().find_map(|p| {
-            p.online
-                .as_ref()
-                .filter(|o| p.keys > 1 && o.out_acc == h)
-                .map(|o| (p, o))
-        });
-        if let OpPlan::Accum {
-            storage: AccumStorage::Registers { fragment_of, .. },
-            ..
-        } = &kp.ops[h.index()]
-            && (has_buffer || split.is_some())
-        {
-            if !barrier {
-                ctx.w
-                    .line("__syncthreads();  // the loop body's reads finish before write-backs");
-                barrier = true;
-            }
-            match split {
-                Some((p, o)) => {
-                    let buffered = [o.out_acc, o.sum_acc, o.max_acc]
-                        .iter()
-                        .all(|a| kp.smem.buffer_of(tb.ops[*a].outputs[0].index()).is_some());
-                    if !buffered {
-                        return Err(ctx.internal(&format!(
-                            "the key split of op{} combines into tiles without buffers",
-                            h.index()
-                        )));
-                    }
-                    ctx.combine_keys(p, o)?
-                }
-                None => ctx.write_back(h, *fragment_of)?,
-            }
-        }
         let divisor = match &kp.ops[h.index()] {
             OpPlan::Accum { divisor, .. } => *divisor,
             _ => None,
