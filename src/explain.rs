@@ -660,9 +660,26 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     };
     let mut last = Phase::PreLoop;
     let mut refilled = b.prefetch == Prefetch::None;
+    let wait = |s: &mut String, ph: Phase, i: usize| {
+        if kp.copy_waits.before(ph, i) {
+            let _ = writeln!(
+                s,
+                "    {:<9} wait for the phase's cp.async copies (cp.async.wait_all)",
+                ph.name()
+            );
+        }
+    };
+    let steps_of = |ph: Phase| match ph {
+        Phase::PreLoop => kp.schedule.pre_loop.len(),
+        Phase::Loop => kp.schedule.body.len(),
+        Phase::PostLoop => kp.schedule.post_loop.len(),
+    };
     let between = |s: &mut String, from: Phase, to: Phase| {
-        if from == Phase::PreLoop && to != Phase::PreLoop && b.after_initial_state {
-            barrier(s, Phase::PreLoop, BarrierReason::InitialState);
+        if from == Phase::PreLoop && to != Phase::PreLoop {
+            wait(s, Phase::PreLoop, steps_of(Phase::PreLoop));
+            if b.after_initial_state {
+                barrier(s, Phase::PreLoop, BarrierReason::InitialState);
+            }
         }
         if from != Phase::PostLoop && to == Phase::PostLoop {
             if b.prefetch == Prefetch::EndOfBody {
@@ -673,6 +690,7 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                     "loop"
                 );
             }
+            wait(s, Phase::Loop, steps_of(Phase::Loop));
             if b.before_write_back {
                 barrier(s, Phase::PostLoop, BarrierReason::BeforeWriteBack);
             }
@@ -689,11 +707,18 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             }
         }
     };
+    let mut index = 0;
     for (ph, st) in kp.schedule.steps() {
         between(s, last, ph);
+        if ph != last {
+            index = 0;
+        }
         last = ph;
+        let i = index;
+        index += 1;
         match st {
             Step::Barrier(why) => {
+                wait(s, ph, i);
                 barrier(s, ph, *why);
                 if ph == Phase::Loop && !refilled {
                     let _ = writeln!(
@@ -721,6 +746,7 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
         }
     }
     between(s, last, Phase::PostLoop);
+    wait(s, Phase::PostLoop, steps_of(Phase::PostLoop));
 }
 
 /// What a write-back after the loop stores ([`crate::sched::plan::WriteBack`]).

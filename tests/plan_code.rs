@@ -244,6 +244,43 @@ fn a_write_back_disagreement_fails_the_check() {
     assert!(tried >= 10, "{tried} write-backs tried");
 }
 
+/// The kernel check fails when the plan's waits for `cp.async` copies and the code disagree:
+/// for graph 0 of every corpus file on sm_90a, dropping any one wait from a kernel's plan is
+/// caught.
+#[test]
+fn a_copy_wait_disagreement_fails_the_check() {
+    let mut tried = 0;
+    for (f, g, p, e) in graph0_emitted() {
+        let g = p.graph(&g);
+        for (&k, kp) in &p.kernels {
+            for phase in 0..3 {
+                let n = [
+                    &kp.copy_waits.pre_loop,
+                    &kp.copy_waits.body,
+                    &kp.copy_waits.post_loop,
+                ][phase]
+                    .len();
+                for i in 0..n {
+                    let mut dropped = kp.clone();
+                    [
+                        &mut dropped.copy_waits.pre_loop,
+                        &mut dropped.copy_waits.body,
+                        &mut dropped.copy_waits.post_loop,
+                    ][phase]
+                        .remove(i);
+                    assert!(
+                        check_kernel(g, &e, k, &dropped).is_err(),
+                        "{}: kernel {k} without wait {i} of phase {phase} passed",
+                        f.display()
+                    );
+                    tried += 1;
+                }
+            }
+        }
+    }
+    assert!(tried >= 3, "{tried} waits tried");
+}
+
 /// The ring check fails when a kernel's pipeline and its plan disagree: for graph 0 of every
 /// corpus file on sm_90a, each ring's stage announcement, its loop wait, a dropped TMA load or
 /// copy and the refill distance, changed in turn, are caught.

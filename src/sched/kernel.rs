@@ -9,10 +9,10 @@ use super::ops::{
 use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
-    ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, Cta,
-    CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, KernelPlan, MatmulLowering,
-    Options, Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
-    WriteBack, ZERO_PAGE,
+    ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
+    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, KernelPlan,
+    MatmulLowering, Options, Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split,
+    SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -178,6 +178,7 @@ pub(super) fn plan_kernel(
     p.cta.resident_blocks = 1;
     p.cta.resident_asked = false;
     p.write_backs.clear();
+    p.copy_waits = CopyWaits::default();
     p.body = super::plan::Body::Rows(rows);
     Ok(p)
 }
@@ -583,6 +584,7 @@ fn plan_kernel_with(
         Vec::new()
     };
     let write_backs = plan_write_backs(tb, &ops, &smem, &pipes);
+    let copy_waits = plan_copy_waits(&fusion, &ops, &sched);
     let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
     barriers.after_rescaled_folds = split.cluster().is_some_and(|c| {
         c.partials
@@ -634,6 +636,7 @@ fn plan_kernel_with(
         body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
         write_backs,
+        copy_waits,
     })
 }
 
@@ -899,6 +902,42 @@ fn plan_write_backs(
             }
         })
         .collect()
+}
+
+/// Where the kernel waits for its `cp.async` copies outside a ring: before the first barrier
+/// of the phase after such a copy (the barrier publishes its tile), or at the phase's end.
+fn plan_copy_waits(fusion: &FusionPlan, ops: &[OpPlan], sched: &Schedule) -> CopyWaits {
+    let waits = |steps: &[Step]| -> Vec<usize> {
+        let mut at = Vec::new();
+        let mut pending = false;
+        for (i, st) in steps.iter().enumerate() {
+            match st {
+                Step::Run(c) => {
+                    pending |= matches!(
+                        ops[fusion.chains[*c].leader().index()],
+                        OpPlan::Input {
+                            engine: CopyEngine::CpAsyncWaited,
+                            ..
+                        }
+                    )
+                }
+                Step::Barrier(_) if pending => {
+                    at.push(i);
+                    pending = false;
+                }
+                Step::Barrier(_) => {}
+            }
+        }
+        if pending {
+            at.push(steps.len());
+        }
+        at
+    };
+    CopyWaits {
+        pre_loop: waits(&sched.pre_loop),
+        body: waits(&sched.body),
+        post_loop: waits(&sched.post_loop),
+    }
 }
 
 fn plan_body_barriers(

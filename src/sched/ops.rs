@@ -196,7 +196,8 @@ pub enum CopyEngine {
     /// reads it), in a kernel with no `cp.async` ring, where the copies of its schedule level
     /// take a thread more chunks than its loads keep in flight: every chunk in flight at once,
     /// without a round trip through registers; waited for (`cp.async.wait_all`) right before
-    /// the next barrier of its phase (or at the phase's end, where nothing reads it).
+    /// the next barrier of its phase (or at the phase's end, where nothing reads it): see
+    /// [`super::plan::CopyWaits`].
     CpAsyncWaited,
     /// The bulk tensor copy engine (TMA, sm_90a) into a ring of pipeline stages, one thread
     /// issuing each iteration's load ahead of it (see [`super::tma`]).

@@ -1397,6 +1397,45 @@ pub struct KernelPlan {
     /// kernel writes them (behind [`BodyBarriers::before_write_back`] when the body does not
     /// end with a barrier).
     pub write_backs: Vec<WriteBack>,
+    /// Where the kernel waits for its `cp.async` copies outside a ring.
+    pub copy_waits: CopyWaits,
+}
+
+/// Where a threadblock kernel waits for its copies by `cp.async` outside a ring
+/// ([`super::ops::CopyEngine::CpAsyncWaited`]), per phase: the indices of the schedule steps
+/// it waits before (the first barrier after such a copy, which then publishes its tile), and
+/// the phase's step count for a wait at the phase's end (a copy after its last barrier).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyWaits {
+    /// Before the pre-loop phase's steps at these indices.
+    pub pre_loop: Vec<usize>,
+    /// Before the loop body's steps at these indices.
+    pub body: Vec<usize>,
+    /// Before the post-loop phase's steps at these indices.
+    pub post_loop: Vec<usize>,
+}
+
+impl CopyWaits {
+    /// The step indices of phase `ph` the kernel waits before.
+    pub fn of(&self, ph: super::order::Phase) -> &[usize] {
+        use super::order::Phase;
+        match ph {
+            Phase::PreLoop => &self.pre_loop,
+            Phase::Loop => &self.body,
+            Phase::PostLoop => &self.post_loop,
+        }
+    }
+
+    /// Whether the kernel waits before step `i` of phase `ph` (`i` = the phase's step count:
+    /// at its end).
+    pub fn before(&self, ph: super::order::Phase, i: usize) -> bool {
+        self.of(ph).contains(&i)
+    }
+
+    /// The waits in all phases.
+    pub fn count(&self) -> usize {
+        self.pre_loop.len() + self.body.len() + self.post_loop.len()
+    }
 }
 
 /// A register accumulator written to shared memory after the loop, for the readers of its

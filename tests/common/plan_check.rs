@@ -251,6 +251,18 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             kp.barriers.reasons()
         ),
     );
+    // Waits for `cp.async` copies outside a ring: exactly the plan's, each right before a
+    // barrier or at a phase's end.
+    {
+        let printed = text.matches("mucc::sm80::cp_async_wait_all();").count();
+        want(
+            printed == kp.copy_waits.count(),
+            format!(
+                "{printed} cp.async waits printed, {:?} planned",
+                kp.copy_waits
+            ),
+        );
+    }
     // Matmul lowerings: each chain's way into its sink.
     {
         use mucc::sched::plan::{MatmulLowering as L, Sink};

@@ -144,7 +144,6 @@ impl Ctx<'_> {
         );
         let copy = self.input_copy_stmt(op, Expr::var(format!("s{}", t.index())), &iter, waited)?;
         print(&mut self.w, &[copy]);
-        self.copies_in_flight |= waited;
         Ok(())
     }
 

@@ -55,27 +55,21 @@ pub(super) struct Ctx<'a> {
     /// While a vectorised chain is emitted ([`crate::sched::ChainPlan::vector`]): the vector
     /// loads of its step (tile reads then name element `j` of them).
     vector_loads: Option<(usize, Vec<String>)>,
-    /// `cp.async` copies ([`crate::sched::ops::CopyEngine::CpAsyncWaited`]) issued since the
-    /// last barrier: the next one waits for them first.
-    copies_in_flight: bool,
     /// The pipeline ring's statements as printed: the prologue, the loop's waits for the
     /// current stage, the refill block ([`crate::emit::Emitted::rings`]).
     ring: Vec<Stmt>,
 }
 
 impl Ctx<'_> {
-    /// A schedule barrier: the `cp.async` copies issued since the last one are waited for
-    /// first (their tiles are what the barrier publishes).
-    fn barrier(&mut self) {
-        self.copies_waited();
-        self.w.line("__syncthreads();");
-    }
-
-    /// The end of a phase: `cp.async` copies issued since its last barrier (tiles nothing
-    /// reads later in the phase) are waited for here.
-    fn copies_waited(&mut self) {
-        if std::mem::take(&mut self.copies_in_flight) {
+    /// Step `i` of phase `ph`'s schedule (`i` = the phase's step count: its end): first the
+    /// wait for `cp.async` copies the plan puts there ([`crate::sched::plan::CopyWaits`]), then
+    /// the step's barrier.
+    fn step_barrier(&mut self, ph: Phase, i: usize, barrier: bool) {
+        if self.kp.copy_waits.before(ph, i) {
             self.w.line("mucc::sm80::cp_async_wait_all();");
+        }
+        if barrier {
+            self.w.line("__syncthreads();");
         }
     }
 
@@ -280,7 +274,6 @@ pub(super) fn emit(
         alias_defs: Vec::new(),
         stages: BTreeMap::new(),
         vector_loads: None,
-        copies_in_flight: false,
         ring: Vec::new(),
     };
     for (h, top) in tb.ops.iter() {
@@ -358,13 +351,13 @@ pub(super) fn emit(
 fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     let kp = ctx.kp;
     prologue(ctx)?;
-    for st in kp.schedule.pre_loop.clone() {
-        match st {
-            Step::Barrier(_) => ctx.barrier(),
+    for (i, st) in kp.schedule.pre_loop.iter().enumerate() {
+        match *st {
+            Step::Barrier(_) => ctx.step_barrier(Phase::PreLoop, i, true),
             Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
         }
     }
-    ctx.copies_waited();
+    ctx.step_barrier(Phase::PreLoop, kp.schedule.pre_loop.len(), false);
     // After the pre-loop phase: the memory of tiles that died there may hold loop state.
     accumulator_state(ctx)?;
     ctx.for_loop()?;
@@ -377,13 +370,13 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     if let Some(c) = &kp.cluster_combine {
         cluster_combine(ctx, c)?;
     }
-    for st in kp.schedule.post_loop.clone() {
-        match st {
-            Step::Barrier(_) => ctx.barrier(),
+    for (i, st) in kp.schedule.post_loop.iter().enumerate() {
+        match *st {
+            Step::Barrier(_) => ctx.step_barrier(Phase::PostLoop, i, true),
             Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
         }
     }
-    ctx.copies_waited();
+    ctx.step_barrier(Phase::PostLoop, kp.schedule.post_loop.len(), false);
     if let Some(x) = &kp.exchange {
         exchange_end(ctx, x);
     }
@@ -938,10 +931,11 @@ impl Ctx<'_> {
             return Err(self.internal("the plan's ring refill does not match its pipeline"));
         }
         let mut pending = prefetch == Prefetch::AfterFirstBarrier;
-        for st in self.kp.schedule.body.clone() {
-            match st {
+        let kp = self.kp;
+        for (i, st) in kp.schedule.body.iter().enumerate() {
+            match *st {
                 Step::Barrier(_) => {
-                    self.barrier();
+                    self.step_barrier(Phase::Loop, i, true);
                     if pending {
                         self.prefetch(stages)?;
                         pending = false;
@@ -954,7 +948,7 @@ impl Ctx<'_> {
             self.w.line("__syncthreads();");
             self.prefetch(stages)?;
         }
-        self.copies_waited();
+        self.step_barrier(Phase::Loop, kp.schedule.body.len(), false);
         self.w.close("");
         Ok(())
     }
