@@ -336,6 +336,13 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                  and alone runs the post-loop operators: {}",
                 parts.join(", ")
             );
+            if let Some(i) = kp.barriers.after_rescaled_folds {
+                let _ = writeln!(
+                    s,
+                    "    CTA 0 folds s{} behind a barrier: the rescaled folds before it read its max tile",
+                    c.partials[i].tile
+                );
+            }
         }
     }
 }

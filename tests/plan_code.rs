@@ -281,6 +281,38 @@ fn a_copy_wait_disagreement_fails_the_check() {
     assert!(tried >= 3, "{tried} waits tried");
 }
 
+/// The kernel check fails when the fold CTA 0 runs behind the after-rescaled-folds barrier is
+/// not the plan's, or the plan has no such barrier: mha_bs1 g8 on sm_90a (a cluster split whose
+/// rescaled partials read the max tile).
+#[test]
+fn a_fold_barrier_disagreement_fails_the_check() {
+    let path = common::corpus_dir().join("mha_bs1.json");
+    let file = read_file(&path, &ImportOptions::default()).unwrap();
+    let g = &file.graphs[8].graph;
+    let p = plan(
+        g,
+        &Options::for_target(Target::new(mucc::target::Arch::Sm90a)),
+    )
+    .unwrap();
+    let e = mucc::emit::emit(g, &p, "test").unwrap();
+    let g = p.graph(g);
+    let (k, kp) = p
+        .kernels
+        .iter()
+        .find(|(_, kp)| kp.barriers.after_rescaled_folds.is_some())
+        .expect("a kernel with rescaled cluster folds");
+    check_kernel(g, &e, *k, kp).unwrap();
+    let i = kp.barriers.after_rescaled_folds.unwrap();
+    for wrong in [None, Some(i - 1)] {
+        let mut other = kp.clone();
+        other.barriers.after_rescaled_folds = wrong;
+        assert!(
+            check_kernel(g, &e, *k, &other).is_err(),
+            "fold barrier at {wrong:?} passed"
+        );
+    }
+}
+
 /// The ring check fails when a kernel's pipeline and its plan disagree: for graph 0 of every
 /// corpus file on sm_90a, each ring's stage announcement, its loop wait, a dropped TMA load or
 /// copy and the refill distance, changed in turn, are caught.

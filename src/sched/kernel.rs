@@ -586,11 +586,7 @@ fn plan_kernel_with(
     let write_backs = plan_write_backs(tb, &ops, &smem, &pipes);
     let copy_waits = plan_copy_waits(&fusion, &ops, &sched);
     let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
-    barriers.after_rescaled_folds = split.cluster().is_some_and(|c| {
-        c.partials
-            .iter()
-            .any(|p| matches!(p.combine, Combine::Rescaled { .. }))
-    });
+    barriers.after_rescaled_folds = split.cluster().and_then(after_rescaled_folds);
     let regions = plan_regions(g, op, tb, dt, &tma);
     let uniform_warp = ops.iter().any(|o| {
         matches!(
@@ -863,6 +859,14 @@ pub(super) fn output_region(
 
 /// The barriers of the kernel body beyond the schedule's (see [`BodyBarriers`]), from the final
 /// operator plans (pipeline depths after any cluster split) and shared-memory plan.
+/// The fold CTA 0 of a cluster split runs behind a barrier: the first after the rescaled
+/// partials (sorted first, [`plan_split`]), which read its max tile; none without them.
+fn after_rescaled_folds(c: &ClusterSplit) -> Option<usize> {
+    let rescaled = |p: &Partial| matches!(p.combine, Combine::Rescaled { .. });
+    let first_plain = c.partials.iter().position(|p| !rescaled(p))?;
+    (first_plain > 0).then_some(first_plain)
+}
+
 /// The register accumulators written to shared memory after the loop, in operator order: a
 /// key split's output accumulator (its warps combine there), and every other register
 /// accumulator that has a buffer (its tile is read after the loop).
@@ -988,7 +992,7 @@ fn plan_body_barriers(
         prefetch,
         before_write_back: false,
         before_finalize: false,
-        after_rescaled_folds: false,
+        after_rescaled_folds: None,
     };
     // Register accumulators written back to a shared-memory buffer may share memory with tiles
     // the body reads.

@@ -1930,9 +1930,10 @@ pub struct BodyBarriers {
     pub before_write_back: bool,
     /// A barrier before mean and RMS accumulators are finalised.
     pub before_finalize: bool,
-    /// Under a cluster split with rescaled partials ([`Combine::Rescaled`]): a barrier in CTA 0
-    /// after those folds, which read its max tile, before the max tile is folded.
-    pub after_rescaled_folds: bool,
+    /// Under a cluster split with rescaled partials ([`Combine::Rescaled`]), which read CTA 0's
+    /// max tile: the index in [`ClusterSplit::partials`] of the first fold after them, which
+    /// CTA 0 runs behind a barrier (the max tile's own fold among them).
+    pub after_rescaled_folds: Option<usize>,
 }
 
 impl BodyBarriers {
@@ -1951,7 +1952,7 @@ impl BodyBarriers {
             (self.prefetch == Prefetch::EndOfBody, R::BeforePrefetch),
             (self.before_write_back, R::BeforeWriteBack),
             (self.before_finalize, R::BeforeFinalize),
-            (self.after_rescaled_folds, R::AfterRescaledFolds),
+            (self.after_rescaled_folds.is_some(), R::AfterRescaledFolds),
         ]
         .into_iter()
         .filter_map(|(on, r)| on.then_some(r))

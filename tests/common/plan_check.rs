@@ -251,6 +251,27 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             kp.barriers.reasons()
         ),
     );
+    // The fold CTA 0 of a cluster split runs behind a barrier: the plan's, right after it.
+    if let Some(i) = kp.barriers.after_rescaled_folds {
+        let why = mucc::sched::order::BarrierReason::AfterRescaledFolds.to_string();
+        let tile = kp
+            .split
+            .cluster()
+            .map_or(usize::MAX, |c| c.partials[i].tile);
+        // (The kernel text has its whitespace collapsed: the statement after the barrier's
+        // comment is the fold.)
+        let next = text
+            .split_once(&format!("__syncthreads(); // {why} "))
+            .and_then(|(_, after)| after.split_once(';'))
+            .map(|(stmt, _)| stmt);
+        want(
+            next.is_some_and(|st| {
+                st.starts_with("mucc::tb::cluster_fold<")
+                    && st.ends_with(&format!("(tid, s{tile})"))
+            }),
+            format!("the fold of s{tile} behind the after-rescaled-folds barrier"),
+        );
+    }
     // Waits for `cp.async` copies outside a ring: exactly the plan's, each right before a
     // barrier or at a phase's end.
     {

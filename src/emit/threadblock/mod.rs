@@ -767,8 +767,13 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     ctx.w
         .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
     let mut folds = Vec::new();
-    let mut rescaled = false;
-    for p in &c.partials {
+    for (i, p) in c.partials.iter().enumerate() {
+        if ctx.kp.barriers.after_rescaled_folds == Some(i) {
+            folds.push(format!(
+                "__syncthreads();  // {}",
+                crate::sched::order::BarrierReason::AfterRescaledFolds
+            ));
+        }
         use crate::sched::plan::Combine;
         let t = Handle::from_index(p.tile);
         let s = tb.tensors[t].shape;
@@ -788,19 +793,9 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
                     s.dim(s.rank() - 1),
                     p.tile
                 ));
-                rescaled = true;
                 continue;
             }
         };
-        if std::mem::take(&mut rescaled) {
-            if !ctx.kp.barriers.after_rescaled_folds {
-                return Err(ctx.internal("rescaled folds without their barrier in the plan"));
-            }
-            folds.push(format!(
-                "__syncthreads();  // {}",
-                crate::sched::order::BarrierReason::AfterRescaledFolds
-            ));
-        }
         folds.push(format!(
             "mucc::tb::cluster_fold<{nt}, {}, {ctas}, mucc::tb::{f}, {l}, {ty}>(tid, s{});",
             s.numel(),
