@@ -415,6 +415,46 @@ fn tma(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     }
 }
 
+/// The loop's ring of pipeline stages ([`crate::sched::plan::Ring`]) and its protocol.
+fn ring(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
+    use crate::sched::plan::Prefetch;
+    let Some(r) = kp.ring() else {
+        return;
+    };
+    let names = |ops: &[usize], how: &str| -> Vec<String> {
+        ops.iter()
+            .map(|&o| format!("{} by {how}", op_name(tb, Handle::from_index(o))))
+            .collect()
+    };
+    let mut inputs = names(&r.cp_async, "cp.async");
+    inputs.extend(names(&r.tma, "TMA"));
+    let mut waits = Vec::new();
+    if !r.cp_async.is_empty() {
+        waits.push(format!(
+            "for its cp.async group ({} newer pending)",
+            r.pending_groups()
+        ));
+    }
+    if !r.tma.is_empty() {
+        waits.push("on its slot's mbarrier".to_string());
+    }
+    let refill = match kp.barriers.prefetch {
+        Prefetch::AfterFirstBarrier => "after the body's first barrier",
+        Prefetch::EndOfBody => "behind a barrier of its own at the end of the body",
+        Prefetch::None => "never (the plan has no refill)",
+    };
+    let _ = writeln!(
+        s,
+        "  ring: {} stages of {}; {} iteration(s) loaded before the loop; each iteration waits {}, \
+         and refills the slot read one iteration before with iteration it + {} {refill}",
+        r.stages,
+        inputs.join(", "),
+        r.prologue(),
+        waits.join(" and "),
+        r.refill_distance()
+    );
+}
+
 /// One customized operator's plan.
 fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan) {
     let cta = &kp.cta;
@@ -456,6 +496,9 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     if p.target.has_tma_wgmma {
         split(s, tb, kp);
         tma(s, tb, kp);
+    }
+    ring(s, tb, kp);
+    if p.target.has_tma_wgmma {
         let launch = match &kp.dependent {
             DependentLaunch::Off(why) => format!("plain ({why})"),
             DependentLaunch::Programmatic => {

@@ -1438,6 +1438,46 @@ impl CopyWaits {
     }
 }
 
+/// The loop's ring of pipeline stages ([`KernelPlan::ring`]) and the protocol its depth
+/// gives: the first `stages − 1` iterations of the CTA's share are loaded before the loop (one
+/// `cp.async` group and one TMA stage each); iteration `it` reads slot `(it − it0) mod stages`
+/// once its `cp.async` groups (all but the `stages − 2` newest) and its slot's `full` mbarrier
+/// (parity: the pass over the ring, `(it − it0) / stages`, mod 2) are complete; after the body's
+/// first barrier ([`Prefetch`]) it refills the slot read one iteration before with iteration
+/// `it + stages − 1`, when that iteration is in the CTA's share (a `cp.async` group is
+/// committed anyway, empty past the end, so that the count of pending groups stays exact).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ring {
+    /// Slots of every input of the ring.
+    pub stages: usize,
+    /// The inputs the threads copy by `cp.async` (threadblock op indices, in op order).
+    pub cp_async: Vec<usize>,
+    /// The inputs TMA loads (threadblock op indices, in op order), issued by thread 0.
+    pub tma: Vec<usize>,
+}
+
+impl Ring {
+    /// Iterations loaded before the loop.
+    pub fn prologue(&self) -> usize {
+        self.stages - 1
+    }
+
+    /// `cp.async` groups that may still be pending when an iteration waits for its stage.
+    pub fn pending_groups(&self) -> usize {
+        self.stages - 2
+    }
+
+    /// How many iterations ahead the refill loads.
+    pub fn refill_distance(&self) -> usize {
+        self.stages - 1
+    }
+
+    /// Whether threadblock op `op` is one of the ring's inputs.
+    pub fn holds(&self, op: usize) -> bool {
+        self.cp_async.contains(&op) || self.tma.contains(&op)
+    }
+}
+
 /// A register accumulator written to shared memory after the loop, for the readers of its
 /// tile (or the combination of a key split's warps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1965,6 +2005,35 @@ impl KernelPlan {
     pub fn launch_grid(&self) -> [usize; 3] {
         let [x, y, z] = self.cta.grid;
         [x * self.split.ctas(), y, z]
+    }
+
+    /// The loop's ring of pipeline stages, if its inputs have one: every input copied by
+    /// `cp.async` or TMA ahead of the iteration that reads it ([`CopyEngine::pipelined`]),
+    /// with the depth of [`Self::pipeline_stages`] (more than 1).
+    ///
+    /// [`CopyEngine::pipelined`]: super::ops::CopyEngine::pipelined
+    pub fn ring(&self) -> Option<Ring> {
+        use super::ops::CopyEngine;
+        let stages = self.pipeline_stages();
+        let mut ring = Ring {
+            stages,
+            cp_async: Vec::new(),
+            tma: Vec::new(),
+        };
+        for (i, p) in self.ops.iter().enumerate() {
+            match p {
+                OpPlan::Input {
+                    engine: CopyEngine::CpAsync,
+                    ..
+                } => ring.cp_async.push(i),
+                OpPlan::Input {
+                    engine: CopyEngine::Tma,
+                    ..
+                } => ring.tma.push(i),
+                _ => {}
+            }
+        }
+        (stages > 1 && !(ring.cp_async.is_empty() && ring.tma.is_empty())).then_some(ring)
     }
 
     /// Pipeline stages of the loop's `cp.async` ring (1: no ring).

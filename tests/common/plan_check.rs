@@ -1095,7 +1095,6 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
         ));
     }
     for ((&k, kp), ring) in p.kernels.iter().zip(&e.rings) {
-        let stages = kp.pipeline_stages();
         let body = &ring.body[..];
         let mut errs = Vec::new();
         let mut want = |ok: bool, what: String| {
@@ -1103,21 +1102,29 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
                 errs.push(what);
             }
         };
-        let ring_inputs = kp
-            .ops
-            .iter()
-            .filter(|o| {
-                matches!(
-                    o,
-                    OpPlan::Input {
-                        engine: CopyEngine::CpAsync,
-                        ..
-                    }
-                )
-            })
-            .count();
+        let plan = kp.ring();
+        // Every pipelined input is in the ring, at its depth; TMA's inputs are TMA's loads.
+        for (i, o) in kp.ops.iter().enumerate() {
+            if let OpPlan::Input { engine, stages, .. } = o
+                && engine.pipelined()
+            {
+                want(
+                    plan.as_ref()
+                        .is_some_and(|r| r.holds(i) && r.stages == *stages),
+                    format!("pipelined op{i} ({stages} stages) outside the ring {plan:?}"),
+                );
+            }
+        }
+        let tma_ops: Vec<usize> = kp.tma.loads.iter().map(|l| l.op).collect();
+        want(
+            plan.as_ref()
+                .map_or(tma_ops.is_empty(), |r| r.tma == tma_ops),
+            format!("TMA loads of {tma_ops:?}, the ring {plan:?}"),
+        );
+        let stages = plan.as_ref().map_or(1, |r| r.stages);
+        let ring_inputs = plan.as_ref().map_or(0, |r| r.cp_async.len());
         let loads = kp.tma.loads.len();
-        if stages <= 1 || (ring_inputs == 0 && loads == 0) {
+        if plan.is_none() {
             want(
                 body.is_empty(),
                 format!("ring statements without a ring: {body:?}"),
@@ -1143,7 +1150,7 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
                 format!("{commits} commits, plan {groups}"),
             );
             let waits = template_args(body, Func::CpAsyncWait);
-            let wait = [TArg::int(stages - 2)];
+            let wait = [TArg::int(plan.as_ref().map_or(0, |r| r.pending_groups()))];
             want(
                 if ring_inputs > 0 {
                     waits == [&wait[..]]
@@ -1178,7 +1185,8 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
             );
             let refill = body.iter().any(|s| {
                 let Stmt::Block(b) = s else { return false };
-                let first = Expr::var("it").plus(Expr::size(stages - 1));
+                let first = Expr::var("it")
+                    .plus(Expr::size(plan.as_ref().map_or(0, |r| r.refill_distance())));
                 matches!(b.first(), Some(Stmt::Decl { name, init: Init::Assign(e), .. }) if name == "pf" && *e == first)
                     && matches!(b.get(1), Some(Stmt::If(Expr::Lt(a, _), _)) if **a == Expr::var("pf"))
             });

@@ -126,7 +126,7 @@ impl Ctx<'_> {
     /// An input copy in the schedule (pipelined inputs are issued ahead instead).
     pub(super) fn input_copy(&mut self, op: Handle<TbOp>, phase: Phase) -> Result<(), EmitError> {
         let t = self.tb.ops[op].outputs[0];
-        if self.stages.contains_key(&t.index()) {
+        if self.ring_tiles.contains(&t.index()) {
             self.w.line("// issued ahead by the pipeline");
             return Ok(());
         }
@@ -194,11 +194,6 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Whether input `op` is loaded by TMA.
-    pub(super) fn is_tma(&self, op: Handle<TbOp>) -> bool {
-        self.kp.tma.load_of(op.index()).is_some()
-    }
-
     /// Thread 0's TMA loads of iteration `iter` into ring slot `slot`, announced on the slot's
     /// `full` mbarrier.
     fn tma_issue(&self, slot: &Expr, iter: &Expr) -> Stmt {
@@ -236,17 +231,31 @@ impl Ctx<'_> {
         )
     }
 
-    /// Pipelined inputs in operator order: (op, tile, elements per slot).
+    /// The ring's inputs in operator order: (op, tile, elements per slot).
     pub(super) fn pipelined(&self) -> Vec<(Handle<TbOp>, usize, usize)> {
+        let Some(ring) = &self.ring_plan else {
+            return Vec::new();
+        };
         self.tb
             .ops
             .iter()
+            .filter(|(h, _)| ring.holds(h.index()))
             .filter_map(|(h, top)| {
                 let t = top.outputs.first()?.index();
-                self.stages.get(&t)?;
                 let slot = self.kp.tiles[t].as_ref().map_or(0, |g| g.phys_elems);
                 Some((h, t, slot))
             })
+            .collect()
+    }
+
+    /// The ring's `cp.async` inputs in operator order: (op, tile, elements per slot).
+    fn cp_async_inputs(&self) -> Vec<(Handle<TbOp>, usize, usize)> {
+        let Some(ring) = &self.ring_plan else {
+            return Vec::new();
+        };
+        self.pipelined()
+            .into_iter()
+            .filter(|(h, _, _)| ring.cp_async.contains(&h.index()))
             .collect()
     }
 
@@ -258,25 +267,27 @@ impl Ctx<'_> {
             .collect()
     }
 
-    /// The ring's prologue: stages − 1 groups of copies (iterations 0 … stages − 2) in flight
-    /// before the loop. Returns the stages (1: no ring).
-    pub(super) fn pipeline_prologue(&mut self) -> Result<usize, EmitError> {
-        let stages = self.kp.pipeline_stages();
-        if self.stages.is_empty() || stages <= 1 {
-            return Ok(1);
-        }
+    /// The ring's prologue ([`Ring::prologue`] iterations: one group of copies and one TMA
+    /// stage each) in flight before the loop.
+    pub(super) fn pipeline_prologue(&mut self) -> Result<(), EmitError> {
+        let Some(r) = self.ring_plan.clone() else {
+            return Ok(());
+        };
         // The loop this CTA runs: its share of a split for-loop.
         let share = self
             .kp
             .split
             .cluster()
             .map_or(self.tb.forloop_range, |c| c.iters);
-        if stages > share {
+        if r.stages > share {
             return Err(self.internal("a pipeline deeper than the CTA's share of its loop"));
         }
-        let mut ring = vec![Stmt::Comment(format!("software pipeline: {stages} stages"))];
+        let mut ring = vec![Stmt::Comment(format!(
+            "software pipeline: {} stages",
+            r.stages
+        ))];
         let start = self.loop_start();
-        for s in 0..stages - 1 {
+        for s in 0..r.prologue() {
             // The first iterations of this CTA's share.
             let iter = match (&start, s) {
                 (None, 0) => Iteration::First,
@@ -284,54 +295,48 @@ impl Ctx<'_> {
                 (Some(lo), 0) => Iteration::Expr(lo.clone()),
                 (Some(lo), _) => Iteration::Expr(lo.clone().plus(Expr::size(s))),
             };
-            let mut any_cp_async = false;
-            for (h, t, slot) in self.pipelined() {
-                if self.is_tma(h) {
-                    continue;
-                }
-                any_cp_async = true;
+            for (h, t, slot) in self.cp_async_inputs() {
                 let dst = Expr::var(format!("s{t}")).plus(Expr::size(s * slot));
                 ring.push(self.input_copy_stmt(h, dst, &iter, true)?);
             }
-            if !self.kp.tma.loads.is_empty() {
+            if !r.tma.is_empty() {
                 ring.push(self.tma_issue(&Expr::size(s), &iter.expr()));
             }
-            if any_cp_async {
+            if !r.cp_async.is_empty() {
                 ring.push(Stmt::Eval(Expr::Call(Func::CpAsyncCommit, vec![])));
             }
         }
         print(&mut self.w, &ring);
         self.ring.extend(ring);
-        Ok(stages)
+        Ok(())
     }
 
-    /// Inside the loop, after its first barrier: the copies of iteration it + stages − 1 into
-    /// the slot read one iteration ago, then a commit (an empty group past the end).
-    pub(super) fn prefetch(&mut self, stages: usize) -> Result<(), EmitError> {
+    /// Inside the loop, after its first barrier: the copies of iteration
+    /// it + [`Ring::refill_distance`] into the slot read one iteration ago, then a commit (an
+    /// empty group past the end).
+    pub(super) fn prefetch(&mut self) -> Result<(), EmitError> {
+        let Some(r) = self.ring_plan.clone() else {
+            return Err(self.internal("a ring refill without a ring"));
+        };
         let hi = self.loop_bounds().1;
-        let slot_of = self.ring_slot("pf", stages);
+        let slot_of = self.ring_slot("pf", r.stages);
         let mut copies = Vec::new();
-        let mut any_cp_async = false;
-        for (h, t, slot) in self.pipelined() {
-            if self.is_tma(h) {
-                continue;
-            }
-            any_cp_async = true;
+        for (h, t, slot) in self.cp_async_inputs() {
             let dst = Expr::var(format!("s{t}")).plus(slot_of.clone().times(Expr::size(slot)));
             copies.push(self.input_copy_stmt(h, dst, &Iteration::Expr(Expr::var("pf")), true)?);
         }
-        if !self.kp.tma.loads.is_empty() {
+        if !r.tma.is_empty() {
             copies.push(self.tma_issue(&slot_of, &Expr::var("pf")));
         }
         let mut block = vec![
             Stmt::local(
                 Ty::ConstInt,
                 "pf",
-                Expr::var("it").plus(Expr::size(stages - 1)),
+                Expr::var("it").plus(Expr::size(r.refill_distance())),
             ),
             Stmt::If(Expr::Lt(Box::new(Expr::var("pf")), Box::new(hi)), copies),
         ];
-        if any_cp_async {
+        if !r.cp_async.is_empty() {
             block.push(Stmt::Eval(Expr::Call(Func::CpAsyncCommit, vec![])));
         }
         let block = Stmt::Block(block);

@@ -17,7 +17,7 @@ mod copy;
 mod matmul;
 mod rows;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::cxx::{self, Writer, ctype};
 use super::ir::{Expr, Func, Stmt, TArg};
@@ -31,7 +31,7 @@ use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{Phase, Step};
-use crate::sched::plan::{GraphPlan, KernelPlan, Prefetch, WriteBack};
+use crate::sched::plan::{GraphPlan, KernelPlan, Prefetch, Ring, WriteBack};
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
 /// layout aliases declared so far.
@@ -50,8 +50,10 @@ pub(super) struct Ctx<'a> {
     aliases: BTreeMap<String, String>,
     /// `using` declarations of the aliases, in order.
     alias_defs: Vec<String>,
-    /// Pipelined input tiles: tile index → stages.
-    stages: BTreeMap<usize, usize>,
+    /// The loop's ring of pipeline stages ([`KernelPlan::ring`]).
+    ring_plan: Option<Ring>,
+    /// The tiles of the ring's inputs (read through their current slot, `s<t>_cur`).
+    ring_tiles: BTreeSet<usize>,
     /// While a vectorised chain is emitted ([`crate::sched::ChainPlan::vector`]): the vector
     /// loads of its step (tile reads then name element `j` of them).
     vector_loads: Option<(usize, Vec<String>)>,
@@ -117,7 +119,7 @@ impl Ctx<'_> {
 
     /// The pointer of tile `t` (the current pipeline slot for pipelined inputs).
     fn tile_ref(&self, t: Handle<STensor>) -> String {
-        if self.stages.contains_key(&t.index()) {
+        if self.ring_tiles.contains(&t.index()) {
             format!("s{}_cur", t.index())
         } else {
             format!("s{}", t.index())
@@ -272,16 +274,15 @@ pub(super) fn emit(
         w: Writer::at(1),
         aliases: BTreeMap::new(),
         alias_defs: Vec::new(),
-        stages: BTreeMap::new(),
+        ring_plan: kp.ring(),
+        ring_tiles: BTreeSet::new(),
         vector_loads: None,
         ring: Vec::new(),
     };
-    for (h, top) in tb.ops.iter() {
-        if let (TbOpKind::Input { .. }, OpPlan::Input { stages, engine, .. }) =
-            (&top.kind, &kp.ops[h.index()])
-            && engine.pipelined()
-        {
-            ctx.stages.insert(top.outputs[0].index(), *stages);
+    if let Some(r) = &ctx.ring_plan {
+        for op in r.cp_async.iter().chain(&r.tma) {
+            ctx.ring_tiles
+                .insert(tb.ops[Handle::from_index(*op)].outputs[0].index());
         }
     }
     let (params, args) = signature(&ctx);
@@ -509,7 +510,7 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
 /// initial state publishes them. A stage slot must start on a 1024-byte boundary (the swizzle
 /// follows the address): a misaligned dynamic shared memory traps instead of loading wrongly.
 fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
-    let stages = kp.pipeline_stages();
+    let stages = kp.ring().map_or(1, |r| r.stages);
     w.line(format!(
         "mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + {});  // TMA stage barriers",
         kp.tma.barriers
@@ -873,7 +874,9 @@ impl Ctx<'_> {
             ));
         }
         let (lo, hi) = self.loop_bounds();
-        let stages = self.pipeline_prologue()?;
+        self.pipeline_prologue()?;
+        let ring = self.ring_plan.clone();
+        let stages = ring.as_ref().map_or(1, |r| r.stages);
         self.w.open(format!("for (int it = {lo}; it < {hi}; ++it)"));
         // Thread indices re-derived in every iteration, opaque to the optimiser: address
         // arithmetic is then recomputed where it is used instead of being hoisted out of the
@@ -888,21 +891,21 @@ impl Ctx<'_> {
         }
         self.w.line("(void)warp;");
         self.w.line("(void)lane;");
-        if stages > 1 {
+        if let Some(ring) = &ring {
             let slot_of = self.ring_slot("it", stages);
             for (t, ty, slot) in self.pipelined_slots() {
                 self.w
                     .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
             }
             let mut waits = Vec::new();
-            if self.pipelined().iter().any(|(h, _, _)| !self.is_tma(*h)) {
+            if !ring.cp_async.is_empty() {
                 waits.push(Stmt::Eval(Expr::TemplateCall(
                     Func::CpAsyncWait,
-                    vec![TArg::int(stages - 2)],
+                    vec![TArg::int(ring.pending_groups())],
                     vec![],
                 )));
             }
-            if !self.kp.tma.loads.is_empty() {
+            if !ring.tma.is_empty() {
                 // The stage's phase: which pass over the ring this iteration is.
                 let rel = match self.loop_start() {
                     None => Expr::var("it"),
@@ -922,7 +925,7 @@ impl Ctx<'_> {
             self.ring.extend(waits);
         }
         let prefetch = self.kp.barriers.prefetch;
-        if (prefetch == Prefetch::None) != (stages <= 1) {
+        if (prefetch == Prefetch::None) != ring.is_none() {
             return Err(self.internal("the plan's ring refill does not match its pipeline"));
         }
         let mut pending = prefetch == Prefetch::AfterFirstBarrier;
@@ -932,7 +935,7 @@ impl Ctx<'_> {
                 Step::Barrier(_) => {
                     self.step_barrier(Phase::Loop, i, true);
                     if pending {
-                        self.prefetch(stages)?;
+                        self.prefetch()?;
                         pending = false;
                     }
                 }
@@ -941,7 +944,7 @@ impl Ctx<'_> {
         }
         if prefetch == Prefetch::EndOfBody {
             self.w.line("__syncthreads();");
-            self.prefetch(stages)?;
+            self.prefetch()?;
         }
         self.step_barrier(Phase::Loop, kp.schedule.body.len(), false);
         self.w.close("");
