@@ -505,10 +505,13 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
                 "programmatic (griddepcontrol.wait before anything else)".into()
             }
         };
-        let trigger = if kp.triggers_next {
-            "; triggers the next launch after its for-loop"
-        } else {
-            ""
+        let trigger = match (kp.triggers_next, kp.rows()) {
+            (false, _) => String::new(),
+            (true, None) => "; triggers the next launch after its for-loop".to_string(),
+            (true, Some(r)) => format!(
+                "; triggers the next launch before {} (every input read)",
+                op_name(tb, Handle::from_index(r.first_output))
+            ),
         };
         let _ = writeln!(s, "  dependent launch: {launch}{trigger}");
         if kp.uniform_warp {

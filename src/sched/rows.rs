@@ -48,6 +48,11 @@ pub struct RegisterRows {
     pub row_offsets: Vec<(usize, Vec<usize>)>,
     /// Row sums per kernel (one shared-memory exchange each).
     pub row_sums: usize,
+    /// Static shared memory of the row sums' exchange: per sum and row, a float per warp.
+    pub scratch_bytes: usize,
+    /// The first output operator (threadblock operator index): every input has been read
+    /// before it, so a kernel that triggers the next launch does so there.
+    pub first_output: usize,
 }
 
 impl RegisterRows {
@@ -65,9 +70,15 @@ impl fmt::Display for RegisterRows {
         write!(
             f,
             "register rows: {} row(s) of {}, {} threads each own {} run(s) of {} elements per \
-             row (16-byte loads and stores), {} row sum(s) by warp shuffles and shared memory; \
-             no tiles in shared memory",
-            self.rows, self.cols, self.threads, self.runs, self.vec, self.row_sums
+             row (16-byte loads and stores), {} row sum(s) by warp shuffles and {} B of static \
+             shared memory; no tiles in shared memory",
+            self.rows,
+            self.cols,
+            self.threads,
+            self.runs,
+            self.vec,
+            self.row_sums,
+            self.scratch_bytes
         )
     }
 }
@@ -332,7 +343,13 @@ pub(super) fn plan_rows(
             defined[t.index()] = true;
         }
     }
+    // The compute type of every element type the rows take is float.
     let scratch = row_sums * rows * (threads / 32) * 4;
+    let first_output = tb
+        .ops
+        .iter()
+        .find(|(_, op)| matches!(op.kind, TbOpKind::Output { .. }))
+        .map_or(tb.ops.len(), |(h, _)| h.index());
     if scratch > MAX_ROW_SUM_BYTES {
         return Err(RowsOff::RowSumBytes {
             sums: row_sums,
@@ -347,6 +364,8 @@ pub(super) fn plan_rows(
         runs,
         row_offsets,
         row_sums,
+        scratch_bytes: scratch,
+        first_output,
     })
 }
 

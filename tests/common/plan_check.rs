@@ -42,6 +42,17 @@ fn check_rows(
             r.threads, r.runs, r.vec, r.cols
         ),
     );
+    // The row sums' static scratch: the plan's bytes, floats per sum and warp row.
+    let scratch = text
+        .split_once("__shared__ float row_sums[")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .and_then(|(dims, _)| dims.split_once("]["))
+        .and_then(|(a, b)| Some(a.parse::<usize>().ok()? * b.parse::<usize>().ok()? * 4))
+        .unwrap_or(0);
+    want(
+        scratch == r.scratch_bytes,
+        format!("row sums' scratch {scratch} B, plan {} B", r.scratch_bytes),
+    );
     let norms = tb
         .ops
         .iter()

@@ -25,6 +25,11 @@ impl Ctx<'_> {
         }
         self.block_pointers()?;
         if r.row_sums > 0 {
+            if r.scratch_bytes != r.row_sums * rows * (nt / 32) * std::mem::size_of::<f32>()
+                || c != "float"
+            {
+                return Err(self.internal("the row sums' scratch is not the plan's"));
+            }
             self.w.line(format!(
                 "__shared__ {c} row_sums[{}][{}];  // per row norm: the warps' partial sums",
                 r.row_sums,
@@ -73,7 +78,7 @@ impl Ctx<'_> {
                 TbOpKind::Output { .. } => {
                     let v = op.inputs[0].index();
                     let o = offsets(h.index())?;
-                    if kp.triggers_next {
+                    if kp.triggers_next && h.index() == r.first_output {
                         self.w.line(
                             "mucc::sm90::launch_dependents();  // every input is read: the next \
                              kernel may launch",
