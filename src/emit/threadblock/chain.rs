@@ -564,15 +564,21 @@ impl Ctx<'_> {
         } else {
             1
         };
-        let k = xs.dim(dim) / to;
         let inner: usize = os.dims()[dim + 1..].iter().product();
         let split = self.row_split(lead)?;
-        let (rows, tpr) = (split.rows, split.threads_per_row);
+        // The elements reduced per row: the plan's (a dim, or a dim / dimx for to-dimx).
+        let (rows, tpr, k) = (split.rows, split.threads_per_row, split.len);
         // The element function: one element, or (a plain max by vectors, the plan's width) a
         // run of v elements of a row by one vector load, the run's max (`run`: its first value
         // and the value of element j).
         let v = cp.vector;
-        let by_vectors = v > 1 && kind == TbReduction::PlainMax && inner == 1;
+        let by_vectors = v > 1;
+        if by_vectors && !(kind == TbReduction::PlainMax && inner == 1) {
+            return Err(self.internal(&format!(
+                "op{} reduces by vectors of {v}, which only a plain max over the last dim does",
+                lead.index()
+            )));
+        }
         let (elem, run) = if by_vectors {
             self.vector_loads = Some((v, Vec::new()));
             let x0 = self.tile_read(x, &xs, &natural(&xs), "e");
