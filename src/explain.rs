@@ -578,7 +578,18 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
             cp.order,
             match (&cp.scalar, cp.vector) {
                 (Some(why), _) => format!(", one element per thread step ({why})"),
-                (None, v) if v > 1 => format!(", {v} consecutive elements per thread step"),
+                (None, v) if v > 1 && cp.broadcast_reads.is_empty() => {
+                    format!(", {v} consecutive elements per thread step")
+                }
+                (None, v) if v > 1 => format!(
+                    ", {v} consecutive elements per thread step ({} read once per step: \
+                     broadcast along it)",
+                    cp.broadcast_reads
+                        .iter()
+                        .map(|t| format!("s{t}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 _ => String::new(),
             },
             cp.matmul.map_or(String::new(), |l| format!(", {l}")),

@@ -1585,6 +1585,7 @@ fn plan_chains(
                         approx_exp: None,
                         vector: 1,
                         scalar: None,
+                        broadcast_reads: Vec::new(),
                     };
                 }
                 (TbOpKind::Output { output, .. }, OpPlan::Output { copy }) => {
@@ -1597,6 +1598,7 @@ fn plan_chains(
                         approx_exp: None,
                         vector: 1,
                         scalar: None,
+                        broadcast_reads: Vec::new(),
                     };
                 }
                 _ => {}
@@ -1677,6 +1679,7 @@ fn plan_chains(
                 approx_exp,
                 vector: 1,
                 scalar: None,
+                broadcast_reads: Vec::new(),
             }
         })
         .collect()
@@ -1859,6 +1862,15 @@ fn plan_vectors(
             }
         }
         cp.scalar = why;
+        // The tiles the chain reads that are broadcast along the step: one scalar read each.
+        if cp.vector > 1 {
+            cp.broadcast_reads = fusion
+                .reads(tb, c)
+                .into_iter()
+                .map(|t| t.index())
+                .filter(|&t| tb.tensors[Handle::from_index(t)].shape.dim(last) == 1)
+                .collect();
+        }
     }
 }
 

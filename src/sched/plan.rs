@@ -1240,6 +1240,10 @@ pub struct ChainPlan {
     /// For an element-wise chain (unary or binary leader, an accumulator written once, or the
     /// row sums of an accumulator) left at one element per step: why.
     pub scalar: Option<ScalarSteps>,
+    /// For a chain of [`Self::vector`] > 1: the tiles it reads that are broadcast along the
+    /// walk's last dim (extent 1 there), each read once per step by a scalar read; it reads
+    /// every other tile by one vector load per step.
+    pub broadcast_reads: Vec<usize>,
 }
 
 /// Why an element-wise chain takes one element per thread step ([`ChainPlan::vector`] 1).

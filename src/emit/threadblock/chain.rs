@@ -327,8 +327,10 @@ impl Ctx<'_> {
         v: usize,
     ) -> Result<(Vec<String>, Vec<String>), EmitError> {
         self.vector_loads = Some((v, Vec::new()));
+        self.broadcast_reads = cp.broadcast_reads.clone();
         let body = self.value_lines(lop, space, order, "e", cp);
         let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
+        self.broadcast_reads.clear();
         Ok((loads, body?))
     }
 
@@ -581,9 +583,11 @@ impl Ctx<'_> {
         }
         let (elem, run) = if by_vectors {
             self.vector_loads = Some((v, Vec::new()));
+            self.broadcast_reads = cp.broadcast_reads.clone();
             let x0 = self.tile_read(x, &xs, &natural(&xs), "e");
             let mut elem = vec![format!("const int e = row * {k} + j0;")];
             elem.extend(self.vector_loads.take().map(|(_, l)| l).unwrap_or_default());
+            self.broadcast_reads.clear();
             let x0 = x0?;
             (elem, Some((x0.replace("[j]", "[0]"), x0)))
         } else {

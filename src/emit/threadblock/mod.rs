@@ -57,6 +57,9 @@ pub(super) struct Ctx<'a> {
     /// While a vectorised chain is emitted ([`crate::sched::ChainPlan::vector`]): the vector
     /// loads of its step (tile reads then name element `j` of them).
     vector_loads: Option<(usize, Vec<String>)>,
+    /// While a vectorised chain is emitted: the tiles it reads once per step
+    /// ([`crate::sched::ChainPlan::broadcast_reads`]).
+    broadcast_reads: Vec<usize>,
     /// The pipeline ring's statements as printed: the prologue, the loop's waits for the
     /// current stage, the refill block ([`crate::emit::Emitted::rings`]).
     ring: Vec<Stmt>,
@@ -176,10 +179,20 @@ impl Ctx<'_> {
         let (strides, swizzle) = (geo.strides.0.clone(), geo.swizzle);
         let shape = self.tb.tensors[t].shape;
         let l = self.strided_layout(space, &shape, &strides, order, Some(swizzle));
-        let broadcast = order
-            .last()
-            .is_some_and(|&d| shape.dim(d) == 1 && space.dim(d) > 1);
         let (p, c) = (self.tile_ref(t), self.compute());
+        let broadcast = self.broadcast_reads.contains(&t.index());
+        if self.vector_loads.is_some()
+            && broadcast
+                != order
+                    .last()
+                    .is_some_and(|&d| shape.dim(d) == 1 && space.dim(d) > 1)
+        {
+            return Err(self.internal(&format!(
+                "the plan's broadcast reads {:?} disagree with tile s{}'s shape",
+                self.broadcast_reads,
+                t.index()
+            )));
+        }
         if let Some((v, loads)) = self.vector_loads.as_mut()
             && !broadcast
         {
@@ -277,6 +290,7 @@ pub(super) fn emit(
         ring_plan: kp.ring(),
         ring_tiles: BTreeSet::new(),
         vector_loads: None,
+        broadcast_reads: Vec::new(),
         ring: Vec::new(),
     };
     if let Some(r) = &ctx.ring_plan {
