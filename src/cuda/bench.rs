@@ -386,53 +386,30 @@ impl Gpu {
             let (p, _sync) = s.device_ptr(&self.stream);
             p
         };
-        let (pa, pb, pc) = (ptr(&a), ptr(&b), ptr(&c));
-        let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
-            if compute == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {
-                (
-                    (&one64 as *const f64).cast(),
-                    (&zero64 as *const f64).cast(),
-                )
-            } else {
-                (
-                    (&one32 as *const f32).cast(),
-                    (&zero32 as *const f32).cast(),
-                )
-            };
-        let handle = *self
-            .blas
-            .as_ref()
-            .expect("created by ensure_blas")
-            .handle
-            .handle();
         let ni = n as i32;
+        let product = super::run::Product {
+            trans_a: false,
+            trans_b: false,
+            m: ni,
+            n: ni,
+            k: ni,
+            a: ptr(&a),
+            lda: ni,
+            stride_a: 0,
+            b: ptr(&b),
+            ldb: ni,
+            stride_b: 0,
+            c: ptr(&c),
+            ldc: ni,
+            stride_c: 0,
+            batch: 1,
+            data_type,
+            compute,
+        };
+        let blas = self.blas.as_ref().expect("created by ensure_blas");
         let ms = self.time_samples(3, 10, || {
-            // SAFETY: a, b and c are n×n matrices of `dt` alive for the whole timing; the
-            // handle is bound to this stream; the scalars outlive the call.
-            let status = unsafe {
-                sys::cublasGemmEx(
-                    handle,
-                    sys::cublasOperation_t::CUBLAS_OP_N,
-                    sys::cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    ni,
-                    ni,
-                    alpha,
-                    pa as *const std::ffi::c_void,
-                    data_type,
-                    ni,
-                    pb as *const std::ffi::c_void,
-                    data_type,
-                    ni,
-                    beta,
-                    pc as *mut std::ffi::c_void,
-                    data_type,
-                    ni,
-                    compute,
-                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            };
+            // SAFETY: a, b and c are n×n matrices of `dt` alive for the whole timing.
+            let status = unsafe { blas.product(&product, self.stream.cu_stream())? };
             if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 return Err(RunError::Cublas {
                     what: format!("timing a {n}³ {} product", dt.name()),

@@ -19,7 +19,94 @@ pub(crate) struct Blas {
     bound: std::sync::Mutex<usize>,
 }
 
+/// One cuBLAS product, column-major as cuBLAS counts: for each of `batch` matrices,
+/// C = op(A)·op(B) with alpha 1 and beta 0 in the compute type's precision. Addresses are
+/// device pointers.
+pub(crate) struct Product {
+    pub(crate) trans_a: bool,
+    pub(crate) trans_b: bool,
+    pub(crate) m: i32,
+    pub(crate) n: i32,
+    pub(crate) k: i32,
+    pub(crate) a: u64,
+    pub(crate) lda: i32,
+    pub(crate) stride_a: i64,
+    pub(crate) b: u64,
+    pub(crate) ldb: i32,
+    pub(crate) stride_b: i64,
+    pub(crate) c: u64,
+    pub(crate) ldc: i32,
+    pub(crate) stride_c: i64,
+    pub(crate) batch: i32,
+    pub(crate) data_type: cudarc::cublas::sys::cudaDataType,
+    pub(crate) compute: cudarc::cublas::sys::cublasComputeType_t,
+}
+
 impl Blas {
+    /// Queues `p` on `stream` (the one place mucc calls cuBLAS's matrix product) and returns
+    /// cuBLAS's status.
+    ///
+    /// # Safety
+    /// `p`'s addresses must point into live device buffers large enough for its dimensions,
+    /// leading dimensions, strides and batch, until the product has run.
+    pub(crate) unsafe fn product(
+        &self,
+        p: &Product,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<cudarc::cublas::sys::cublasStatus_t, RunError> {
+        use cudarc::cublas::sys;
+        let _bound = self.bind(stream)?;
+        let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
+        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
+            if p.compute == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {
+                (
+                    (&one64 as *const f64).cast(),
+                    (&zero64 as *const f64).cast(),
+                )
+            } else {
+                (
+                    (&one32 as *const f32).cast(),
+                    (&zero32 as *const f32).cast(),
+                )
+            };
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        // SAFETY: the handle is bound to this stream; the caller vouches for the operands;
+        // alpha/beta outlive the call (cuBLAS reads host scalars before returning).
+        Ok(unsafe {
+            sys::cublasGemmStridedBatchedEx(
+                *self.handle.handle(),
+                op(p.trans_a),
+                op(p.trans_b),
+                p.m,
+                p.n,
+                p.k,
+                alpha,
+                p.a as *const std::ffi::c_void,
+                p.data_type,
+                p.lda,
+                p.stride_a,
+                p.b as *const std::ffi::c_void,
+                p.data_type,
+                p.ldb,
+                p.stride_b,
+                beta,
+                p.c as *mut std::ffi::c_void,
+                p.data_type,
+                p.ldc,
+                p.stride_c,
+                p.batch,
+                p.compute,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        })
+    }
+
     /// Binds the handle to `stream` (and sets its workspace again) unless it is bound to it;
     /// the guard keeps it bound until the caller has queued its call.
     pub(super) fn bind(
@@ -135,68 +222,33 @@ impl Gpu {
         g: &GemmCall,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), RunError> {
-        use cudarc::cublas::sys;
         let b = self
             .blas
             .as_ref()
             .expect("created in load for plans with gemms");
-        let _bound = b.bind(stream)?;
-        let blas = &b.handle;
-        let (dt, ct) = (cuda_data_type(g.data_type), compute_type(g.compute_type));
-        let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
-        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
-            if ct == sys::cublasComputeType_t::CUBLAS_COMPUTE_64F {
-                (
-                    (&one64 as *const f64).cast(),
-                    (&zero64 as *const f64).cast(),
-                )
-            } else {
-                (
-                    (&one32 as *const f32).cast(),
-                    (&zero32 as *const f32).cast(),
-                )
-            };
-        let op = |t: bool| {
-            if t {
-                sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                sys::cublasOperation_t::CUBLAS_OP_N
-            }
+        let product = Product {
+            trans_a: g.trans_a,
+            trans_b: g.trans_b,
+            m: g.m,
+            n: g.n,
+            k: g.k,
+            a: self.address(prog, bufs, g.a)?,
+            lda: g.lda,
+            stride_a: g.stride_a,
+            b: self.address(prog, bufs, g.b)?,
+            ldb: g.ldb,
+            stride_b: g.stride_b,
+            c: self.address(prog, bufs, g.c)?,
+            ldc: g.ldc,
+            stride_c: g.stride_c,
+            batch: g.batch,
+            data_type: cuda_data_type(g.data_type),
+            compute: compute_type(g.compute_type),
         };
-        let a = self.address(prog, bufs, g.a)?;
-        let b = self.address(prog, bufs, g.b)?;
-        let c = self.address(prog, bufs, g.c)?;
-        // SAFETY: the handle is bound to this stream; the operands point into live buffers of
-        // the sizes the plan computed for these dimensions and strides; alpha/beta outlive the
-        // call (cuBLAS reads host scalars before returning).
-        let status = unsafe {
-            sys::cublasGemmStridedBatchedEx(
-                *blas.handle(),
-                op(g.trans_a),
-                op(g.trans_b),
-                g.m,
-                g.n,
-                g.k,
-                alpha,
-                a as *const std::ffi::c_void,
-                dt,
-                g.lda,
-                g.stride_a,
-                b as *const std::ffi::c_void,
-                dt,
-                g.ldb,
-                g.stride_b,
-                beta,
-                c as *mut std::ffi::c_void,
-                dt,
-                g.ldc,
-                g.stride_c,
-                g.batch,
-                ct,
-                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        };
-        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        // SAFETY: the operands point into live buffers of the sizes the plan computed for these
+        // dimensions and strides.
+        let status = unsafe { b.product(&product, stream)? };
+        if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(RunError::Cublas {
                 what: format!("gemm {}x{}x{} (batch {})", g.m, g.n, g.k, g.batch),
                 status: format!("{status:?}"),

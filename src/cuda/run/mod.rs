@@ -15,7 +15,7 @@ mod blas;
 mod replay;
 mod tensor_map;
 
-pub(crate) use blas::{Blas, compute_type, cuda_data_type};
+pub(crate) use blas::{Blas, Product, compute_type, cuda_data_type};
 pub use replay::Replay;
 use tensor_map::TensorMapArg;
 
