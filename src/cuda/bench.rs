@@ -176,7 +176,8 @@ fn gemm_types(
     Some((super::run::cuda_data_type(d), super::run::compute_type(c)))
 }
 
-/// `n` random values in [−1, 1) encoded in `dt` (xorshift; fast, not statistical quality).
+/// `n` random values in [−1, 1) encoded in `dt` (xorshift; fast, not statistical quality),
+/// encoded a chunk at a time ([`super::data::encode`]).
 fn random_bytes(dt: DType, n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut next = move || {
@@ -185,15 +186,15 @@ fn random_bytes(dt: DType, n: usize, seed: u64) -> Vec<u8> {
         x ^= x << 17;
         (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
     };
+    const CHUNK: usize = 1 << 20;
     let mut out = Vec::with_capacity(n * dt.bytes());
-    for _ in 0..n {
-        let v = next();
-        match dt {
-            DType::F16 => out.extend(half::f16::from_f64(v).to_le_bytes()),
-            DType::BF16 => out.extend(half::bf16::from_f64(v).to_le_bytes()),
-            DType::F32 => out.extend((v as f32).to_le_bytes()),
-            _ => out.extend(v.to_le_bytes()),
-        }
+    let mut values = Vec::with_capacity(CHUNK.min(n));
+    let mut left = n;
+    while left > 0 {
+        values.clear();
+        values.extend((0..CHUNK.min(left)).map(|_| next()));
+        out.extend(super::data::encode(dt, &values));
+        left -= values.len();
     }
     out
 }
@@ -441,6 +442,19 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_operands_span_chunks_and_stay_in_range() {
+        let n = (1 << 20) + 3;
+        for dt in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let bytes = random_bytes(dt, n, 7);
+            assert_eq!(bytes.len(), n * dt.bytes());
+            let values = super::super::data::decode(dt, &bytes);
+            assert!(values.iter().all(|v| (-1.0..=1.0).contains(v)), "{dt:?}");
+            // Not constant across the chunk boundary.
+            assert_ne!(values[(1 << 20) - 1], values[1 << 20]);
+        }
+    }
 
     #[test]
     fn rotation_exceeds_twice_l2_within_the_budget() {
