@@ -286,13 +286,27 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     // Waits for `cp.async` copies outside a ring: exactly the plan's, each right before a
     // barrier or at a phase's end.
     {
-        let printed = text.matches("mucc::sm80::cp_async_wait_all();").count();
+        let wait = "mucc::sm80::cp_async_wait_all();";
+        let printed = text.matches(wait).count();
         want(
             printed == kp.copy_waits.count(),
             format!(
                 "{printed} cp.async waits printed, {:?} planned",
                 kp.copy_waits
             ),
+        );
+        // Those before a step of the schedule are right before its barrier.
+        let w = &kp.copy_waits;
+        let (s, before_steps) = (&kp.schedule, |v: &[usize], n: usize| {
+            v.iter().filter(|&&i| i < n).count()
+        });
+        let planned = before_steps(&w.pre_loop, s.pre_loop.len())
+            + before_steps(&w.body, s.body.len())
+            + before_steps(&w.post_loop, s.post_loop.len());
+        let before_barrier = text.matches(&format!("{wait} __syncthreads();")).count();
+        want(
+            before_barrier == planned,
+            format!("{before_barrier} cp.async waits right before a barrier, {planned} planned"),
         );
     }
     // Matmul lowerings: each chain's way into its sink.
