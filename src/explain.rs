@@ -733,11 +733,7 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             );
         }
     };
-    let steps_of = |ph: Phase| match ph {
-        Phase::PreLoop => kp.schedule.pre_loop.len(),
-        Phase::Loop => kp.schedule.body.len(),
-        Phase::PostLoop => kp.schedule.post_loop.len(),
-    };
+    let steps_of = |ph: Phase| kp.schedule.phase(ph).len();
     let between = |s: &mut String, from: Phase, to: Phase| {
         if from == Phase::PreLoop && to != Phase::PreLoop {
             wait(s, Phase::PreLoop, steps_of(Phase::PreLoop));
@@ -834,12 +830,8 @@ fn write_back(tb: &TbGraph, kp: &KernelPlan, wb: &crate::sched::plan::WriteBack)
             ),
         },
         WriteBack::KeySplit { warps, .. } => {
-            let o = kp
-                .register_pipes()
-                .filter_map(|p| p.online.as_ref())
-                .find(|o| o.out_acc == acc);
-            match o {
-                Some(o) => format!(
+            match crate::sched::plan::key_split_of(&kp.pipes, acc) {
+                Some((_, o)) => format!(
                     "{}, the {warps} warps' maxima, row sums and output fragments combined into {} ({}), {} ({}) and {}",
                     op_name(tb, acc),
                     tile(o.max_acc),

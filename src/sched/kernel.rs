@@ -887,12 +887,8 @@ fn plan_write_backs(
             else {
                 return None;
             };
-            let split = pipes
-                .iter()
-                .filter_map(PipeDecision::on)
-                .find(|p| p.keys > 1 && p.online.as_ref().is_some_and(|o| o.out_acc == h));
-            match split {
-                Some(p) => Some(WriteBack::KeySplit {
+            match super::plan::key_split_of(pipes, h) {
+                Some((p, _)) => Some(WriteBack::KeySplit {
                     acc: h.index(),
                     warps: p.keys,
                 }),
@@ -938,9 +934,9 @@ fn plan_copy_waits(fusion: &FusionPlan, ops: &[OpPlan], sched: &Schedule) -> Cop
         at
     };
     CopyWaits {
-        pre_loop: waits(&sched.pre_loop),
-        body: waits(&sched.body),
-        post_loop: waits(&sched.post_loop),
+        pre_loop: waits(sched.phase(Phase::PreLoop)),
+        body: waits(sched.phase(Phase::Loop)),
+        post_loop: waits(sched.phase(Phase::PostLoop)),
     }
 }
 

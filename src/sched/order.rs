@@ -120,6 +120,15 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// The steps of phase `ph`.
+    pub fn phase(&self, ph: Phase) -> &[Step] {
+        match ph {
+            Phase::PreLoop => &self.pre_loop,
+            Phase::Loop => &self.body,
+            Phase::PostLoop => &self.post_loop,
+        }
+    }
+
     /// All steps in execution order with their phase.
     pub fn steps(&self) -> impl Iterator<Item = (Phase, &Step)> {
         self.pre_loop

@@ -1482,6 +1482,20 @@ impl Ring {
     }
 }
 
+/// The key split ([`RegisterPipe::keys`] > 1) whose online output accumulator is `acc`, with
+/// its online state, among `pipes`.
+pub fn key_split_of(
+    pipes: &[PipeDecision],
+    acc: Handle<crate::graph::threadblock::TbOp>,
+) -> Option<(&RegisterPipe, &OnlinePipe)> {
+    pipes.iter().filter_map(PipeDecision::on).find_map(|p| {
+        p.online
+            .as_ref()
+            .filter(|o| p.keys > 1 && o.out_acc == acc)
+            .map(|o| (p, o))
+    })
+}
+
 /// A register accumulator written to shared memory after the loop, for the readers of its
 /// tile (or the combination of a key split's warps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

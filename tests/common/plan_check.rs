@@ -296,13 +296,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             ),
         );
         // Those before a step of the schedule are right before its barrier.
-        let w = &kp.copy_waits;
-        let (s, before_steps) = (&kp.schedule, |v: &[usize], n: usize| {
-            v.iter().filter(|&&i| i < n).count()
-        });
-        let planned = before_steps(&w.pre_loop, s.pre_loop.len())
-            + before_steps(&w.body, s.body.len())
-            + before_steps(&w.post_loop, s.post_loop.len());
+        use mucc::sched::order::Phase;
+        let planned: usize = [Phase::PreLoop, Phase::Loop, Phase::PostLoop]
+            .into_iter()
+            .map(|ph| {
+                let n = kp.schedule.phase(ph).len();
+                kp.copy_waits.of(ph).iter().filter(|&&i| i < n).count()
+            })
+            .sum();
         let before_barrier = text.matches(&format!("{wait} __syncthreads();")).count();
         want(
             before_barrier == planned,

@@ -651,14 +651,7 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
         let h = Handle::from_index(wb.acc());
         match *wb {
             WriteBack::KeySplit { .. } => {
-                let (p, o) = kp
-                    .register_pipes()
-                    .find_map(|p| {
-                        p.online
-                            .as_ref()
-                            .filter(|o| p.keys > 1 && o.out_acc == h)
-                            .map(|o| (p, o))
-                    })
+                let (p, o) = crate::sched::plan::key_split_of(&kp.pipes, h)
                     .ok_or_else(|| ctx.internal(&format!("op{} has no key split", h.index())))?;
                 let buffered = [o.out_acc, o.sum_acc, o.max_acc]
                     .iter()
