@@ -12,10 +12,13 @@ use crate::layout::solve::SolveMethod;
 use crate::sched::exchange::AllReduceForm;
 use crate::sched::kernel_level::{ElementwiseOp, KnOpPlan, Reduce};
 use crate::sched::memory;
-use crate::sched::ops::{AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, RowSplit};
+use crate::sched::ops::{
+    AccumStorage, Copy, CopyEngine, MatmulInstr, MatmulWalks, OpPlan, RowSplit,
+};
 use crate::sched::order::Step;
 use crate::sched::plan::{
-    Combine, DependentLaunch, GraphPlan, KernelPlan, PipeDecision, Placement, Sink, Split,
+    Combine, DependentLaunch, GraphPlan, KernelPlan, MatmulLowering, PipeDecision, Placement, Sink,
+    Split,
 };
 
 /// The plan as stable text (what `mucc explain` prints).
@@ -914,8 +917,9 @@ fn op_plan(
             loads,
             mma_per_warp,
             load_instrs,
+            walks,
         } => format!(
-            "{} x {} warps{}, {instr}, A by {}, B by {}, per warp {mma_per_warp} mma, {} {} (A), {} {} (B)",
+            "{} x {} warps{}, {instr}, A by {}, B by {}, per warp {mma_per_warp} mma, {} {} (A), {} {} (B){}",
             warps.0,
             warps.1,
             kp.register_pipes()
@@ -929,7 +933,8 @@ fn op_plan(
             load_instrs.0,
             loads.0.instr_name(true),
             load_instrs.1,
-            loads.1.instr_name(false)
+            loads.1.instr_name(false),
+            walk_text(walks, kp.chains[kp.fusion.chain_of[h.index()]].matmul)
         ),
         OpPlan::Matmul {
             instr: MatmulInstr::Fma,
@@ -947,6 +952,23 @@ fn op_plan(
             None => "-".into(),
         },
     }
+}
+
+/// What a matmul's [`MatmulWalks`] say, for its `explain` line: which operands walk their
+/// `ldmatrix` addresses over the whole k-steps, and a slice-by-slice product's slice width.
+fn walk_text(w: &MatmulWalks, lowering: Option<MatmulLowering>) -> String {
+    let walked = match (w.a, w.b) {
+        (true, true) => "; A and B (n-tiles in .x4 pairs) walk their addresses over whole k-steps",
+        (true, false) => "; A walks its addresses over whole k-steps",
+        (false, true) => "; B (n-tiles in .x4 pairs) walks its addresses over whole k-steps",
+        (false, false) => "",
+    };
+    let slices = if lowering == Some(MatmulLowering::SliceBySlice) {
+        format!("; slices of {} n-tiles", w.slice_n_tiles)
+    } else {
+        String::new()
+    };
+    format!("{walked}{slices}")
 }
 
 fn tiles(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {

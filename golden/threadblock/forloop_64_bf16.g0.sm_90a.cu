@@ -21,7 +21,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L3 = mucc::Layout<mucc::Shape<16, 1>, mucc::Stride<1, 16>>;
   using L4 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 2, 4>>;
   using L5 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<128, 1>>;

@@ -29,9 +29,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   using L8 = mucc::Layout<mucc::Shape<16, 272>, mucc::Stride<280, 1>>;
   using L9 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<272, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
   using L10 = mucc::tb::Mma<mucc::f16, L8, L9, 16, 32, 272, 1, 4, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, true, true, 1>;
   using L11 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L12 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
   using L13 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
   extern __shared__ __align__(128) unsigned char smem[];

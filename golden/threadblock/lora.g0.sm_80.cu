@@ -27,12 +27,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L7 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<4096, 1>>;
   using L8 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 64, 256, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L9 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 16, 256, 1, 2, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L10 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 16>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
   using L11 = mucc::tb::Mma<mucc::f16, L10, L6, 16, 64, 16, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L12 = mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));

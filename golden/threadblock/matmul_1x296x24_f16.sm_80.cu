@@ -18,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   using L1 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<24, 1>>;
   using L2 = mucc::Layout<mucc::Shape<296, 24>, mucc::Stride<96, 1>>;
   using L3 = mucc::tb::Mma<mucc::f16, L0, L1, 1, 24, 296, 1, 3, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, true, true, 1>;
   using L4 = mucc::Layout<mucc::Shape<1, 24>, mucc::Stride<24, 1>>;
   using L5 = mucc::Layout<mucc::Shape<1, 24>, mucc::Stride<96, 1>>;
   extern __shared__ __align__(128) unsigned char smem[];

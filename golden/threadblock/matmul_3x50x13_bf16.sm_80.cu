@@ -16,7 +16,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     const mucc::bf16* __restrict__ in1) {
   using L0 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<56, 1>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<50, 13>, mucc::Stride<16, 1>>, mucc::Swizzle<1, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 3, 13, 50, 1, 2, mucc::tb::Load::Pairs, mucc::tb::Load::Elements>;
+  using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 3, 13, 50, 1, 2, mucc::tb::Load::Pairs, mucc::tb::Load::Elements, false,
+      false, 1>;
   using L3 = mucc::Layout<mucc::Shape<3, 50>, mucc::Stride<100, 1>>;
   using L4 = mucc::Layout<mucc::Shape<50, 13>, mucc::Stride<26, 1>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<3, 13>, mucc::Stride<16, 1>>, mucc::Swizzle<2, 2, 3>>;

@@ -16,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
     const mucc::f16* __restrict__ in1) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<1, 64>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::tb::Mma<mucc::f16, L0, L0, 64, 64, 64, 4, 4, mucc::tb::Load::LdmatrixTrans,
-      mucc::tb::Load::Ldmatrix>;
+      mucc::tb::Load::Ldmatrix, true, false, 2>;
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L3 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>;
   using L4 = mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<256, 1>>;

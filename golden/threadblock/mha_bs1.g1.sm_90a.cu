@@ -28,13 +28,13 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1) k
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<16384, 256, 1>>, mucc::Swizzle<3,
       3, 5>>;
   using L3 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 256, 64, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 4>;
   using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
   using L5 = mucc::Layout<mucc::Shape<1, 16, 256>, mucc::Stride<4096, 256, 1>>;
   using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 256, 64>, mucc::Stride<16384, 64, 1>>, mucc::Swizzle<3,
       3, 3>>;
   using L7 = mucc::tb::Mma<mucc::f16, L5, L6, 16, 64, 256, 1, 1, mucc::tb::Load::Fragment,
-      mucc::tb::Load::LdmatrixTrans, 8>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 8, 8>;
   using L8 = mucc::Layout<mucc::Shape<1, 64, 256>, mucc::Stride<262144, 4096, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<2048, 128, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;

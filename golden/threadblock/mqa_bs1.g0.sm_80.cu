@@ -24,13 +24,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) k3_customized(
   using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
       3, 4>>;
   using L3 = mucc::tb::Mma<mucc::f16, L0, L2, 64, 128, 64, 4, 1, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 8>;
   using L4 = mucc::Layout<mucc::Shape<1, 64, 1>, mucc::Stride<64, 1, 64>>;
   using L5 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>;
   using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
   using L7 = mucc::tb::Mma<mucc::f16, L5, L6, 64, 64, 128, 4, 1, mucc::tb::Load::Fragment,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 8>;
   using L8 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<262144, 64, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<4096, 64, 1>>;

@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   using L5 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 256, 1>>;
   using L6 = mucc::Layout<mucc::Shape<1, 64, 64>, mucc::Stride<16384, 64, 1>>;
   using L7 = mucc::tb::Mma<mucc::f16, L0, L4, 16, 64, 64, 1, 8, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L8 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<16, 1, 0>>;
   using L9 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 16, 16>, mucc::Stride<256, 16, 1>>;

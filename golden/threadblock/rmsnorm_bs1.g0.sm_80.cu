@@ -18,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<128, 1>>, mucc::Swizzle<3, 3, 4>>;
   using L2 = mucc::Layout<mucc::Shape<128, 24>, mucc::Stride<24, 1>>;
   using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 2, 24, 128, 1, 3, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L4 = mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<4096, 1>>;
   using L5 = mucc::Layout<mucc::Shape<128, 24>, mucc::Stride<6144, 1>>;
   using L6 = mucc::Layout<mucc::Shape<2, 24>, mucc::Stride<28, 1>>;

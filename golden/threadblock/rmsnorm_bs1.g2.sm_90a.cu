@@ -19,7 +19,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<128, 1>>, mucc::Swizzle<3, 3, 4>>;
   using L2 = mucc::Layout<mucc::Shape<128, 48>, mucc::Stride<56, 1>>;
   using L3 = mucc::tb::Mma<mucc::f16, L1, L2, 2, 48, 128, 1, 6, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans>;
+      mucc::tb::Load::LdmatrixTrans, false, true, 1>;
   using L4 = mucc::Layout<mucc::Shape<2, 128>, mucc::Stride<4096, 1>>;
   using L5 = mucc::Layout<mucc::Shape<128, 48>, mucc::Stride<6144, 1>>;
   using L6 = mucc::Layout<mucc::Shape<2, 48>, mucc::Stride<52, 1>>;

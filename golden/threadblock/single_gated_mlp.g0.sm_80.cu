@@ -19,7 +19,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
     const mucc::f16* __restrict__ in2) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<2, 3, 3>>;
-  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 8, 32, 64, 1, 4, mucc::tb::Load::Ldmatrix, mucc::tb::Load::LdmatrixTrans>;
+  using L2 = mucc::tb::Mma<mucc::f16, L0, L1, 8, 32, 64, 1, 4, mucc::tb::Load::Ldmatrix, mucc::tb::Load::LdmatrixTrans,
+      false, true, 1>;
   using L3 = mucc::Layout<mucc::Shape<8, 64>, mucc::Stride<4096, 1>>;
   using L4 = mucc::Layout<mucc::Shape<64, 32>, mucc::Stride<4096, 1>>;
   using L5 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<8, 32>, mucc::Stride<32, 1>>, mucc::Swizzle<3, 2, 3>>;

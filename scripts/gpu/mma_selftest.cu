@@ -31,7 +31,7 @@ __global__ void kern(const f16* ga, const f16* gb, float* c_run, float* c_apply)
   for (int e = tid; e < M * K; e += blockDim.x) a[LA::offset(e)] = ga[e];
   for (int e = tid; e < K * N; e += blockDim.x) b[LB::offset(e)] = gb[e];
   __syncthreads();
-  using MM = tb::Mma<f16, LA, LB, M, N, K, WM, WN, mode<LA, true>(), mode<LB, false>()>;
+  using MM = tb::MmaAuto<f16, LA, LB, M, N, K, WM, WN, mode<LA, true>(), mode<LB, false>()>;
   typename MM::Frag f;
   MM::zero(f);
   MM::run(f, a, b, smem, warp, lane);

@@ -25,9 +25,9 @@ __global__ void kern(const T* gq, const T* gk, const T* gv, float* o_wgmma, floa
   using LQ = L<ROWS, 16, 16, 1>;
   using LK = L<16, KEYS, KEYS, 1>;
   using LV = SwizzledLayout<L<KEYS, 64, 64, 1>, Swizzle<3, 3, 3>>;
-  using P = tb::Mma<T, LQ, LK, ROWS, KEYS, 16, WM, 1, tb::Load::Ldmatrix, tb::Load::LdmatrixTrans>;
-  using W = tb::Mma<T, LQ, LV, ROWS, 64, KEYS, WM, 1, tb::Load::Fragment, tb::Load::Wgmma>;
-  using S = tb::Mma<T, LQ, LV, ROWS, 64, KEYS, WM, 1, tb::Load::Fragment, tb::Load::LdmatrixTrans>;
+  using P = tb::MmaAuto<T, LQ, LK, ROWS, KEYS, 16, WM, 1, tb::Load::Ldmatrix, tb::Load::LdmatrixTrans>;
+  using W = tb::MmaAuto<T, LQ, LV, ROWS, 64, KEYS, WM, 1, tb::Load::Fragment, tb::Load::Wgmma>;
+  using S = tb::MmaAuto<T, LQ, LV, ROWS, 64, KEYS, WM, 1, tb::Load::Fragment, tb::Load::LdmatrixTrans>;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   T* v = reinterpret_cast<T*>(smem + 1024);                    // 1024-byte aligned
@@ -68,8 +68,8 @@ __global__ void kern_qk(const T* gq, const T* gk, float* o_wgmma, float* o_mma) 
       KEYS == 64, SwizzledLayout<L<DK, 64, 64, 1>, Swizzle<3, 3, 3>>,
       SwizzledLayout<Layout<Shape<DK, KEYS / 64, 64>, Stride<64, DK * 64, 1>>, Swizzle<3, 3, 3>>>::type;
   using LKS = SwizzledLayout<L<DK, KEYS, KEYS, 1>, Swizzle<3, 3, 3>>;  // mma.sync's copy: rows of KEYS
-  using W = tb::Mma<T, LQ, LK, ROWS, KEYS, DK, WM, 1, tb::Load::Ldmatrix, tb::Load::Wgmma>;
-  using S = tb::Mma<T, LQ, LKS, ROWS, KEYS, DK, WM, 1, tb::Load::Ldmatrix, tb::Load::LdmatrixTrans>;
+  using W = tb::MmaAuto<T, LQ, LK, ROWS, KEYS, DK, WM, 1, tb::Load::Ldmatrix, tb::Load::Wgmma>;
+  using S = tb::MmaAuto<T, LQ, LKS, ROWS, KEYS, DK, WM, 1, tb::Load::Ldmatrix, tb::Load::LdmatrixTrans>;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;
   T* k = reinterpret_cast<T*>(smem + 1024);

@@ -583,6 +583,7 @@ fn plan_kernel_with(
     } else {
         Vec::new()
     };
+    plan_walks(tb, &mut ops, &tiles);
     let write_backs = plan_write_backs(tb, &ops, &smem, &pipes);
     let copy_waits = plan_copy_waits(&fusion, &ops, &sched);
     let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
@@ -728,6 +729,7 @@ fn plan_wgmma(
             loads,
             mma_per_warp,
             load_instrs,
+            ..
         } = &mut ops[mm.index()]
         else {
             continue;
@@ -1376,6 +1378,37 @@ fn plan_operand_loads(
                 .div_ceil(k_splits.get(&h.index()).copied().unwrap_or(1));
             *load_instrs = super::ops::operand_load_count((mnk.0, mnk.1, k), *warps, *loads);
         }
+    }
+}
+
+/// Every tensor-core matmul's [`super::ops::MatmulWalks`], from its final operand loads and
+/// tiles (after the wgmma and atom-column decisions).
+fn plan_walks(tb: &TbGraph, ops: &mut [OpPlan], tiles: &[Option<TileGeometry>]) {
+    for (h, op) in tb.ops.iter() {
+        let OpPlan::Matmul {
+            instr,
+            loads,
+            warps,
+            walks,
+            ..
+        } = &mut ops[h.index()]
+        else {
+            continue;
+        };
+        if !instr.is_mma() {
+            continue;
+        }
+        let (a, b) = (op.inputs[0], op.inputs[1]);
+        let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
+        let r = sa.rank();
+        let mnk = (sa.dim(r - 2), sb.dim(r - 1), sa.dim(r - 1));
+        *walks = super::ops::matmul_walks(
+            mnk,
+            *warps,
+            *loads,
+            tiles[a.index()].as_ref(),
+            tiles[b.index()].as_ref(),
+        );
     }
 }
 

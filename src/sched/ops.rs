@@ -329,6 +329,58 @@ impl fmt::Display for OperandLoad {
     }
 }
 
+/// How the runtime's `mma.sync` loops (`mucc::tb::Mma`) go through a matmul's k-steps and its
+/// N: the emitter prints these as `Mma`'s template arguments, which the runtime checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatmulWalks {
+    /// A's `ldmatrix` lane addresses are computed once and advanced by a fixed step per whole
+    /// k-step (instead of computed per k-step).
+    pub a: bool,
+    /// The same for B; B's n-tiles then load in pairs (one `ldmatrix.x4` per two).
+    pub b: bool,
+    /// n-tiles per slice of a product computed slice by slice ([`super::plan::MatmulLowering`]),
+    /// which bounds its accumulators at 8 n-tiles (32 registers).
+    pub slice_n_tiles: usize,
+}
+
+/// The most n-tiles a slice of a slice-by-slice product holds (32 fp32 accumulators a thread).
+pub const SLICE_MAX_N_TILES: usize = 8;
+
+/// [`MatmulWalks`] of an `m×k · k×n` tensor-core matmul on `warps` with operands loaded as
+/// `loads` from tiles `a` and `b`: an operand loaded by `ldmatrix` walks its k-steps when 16
+/// times its K stride is a multiple of its swizzle's period (an XOR swizzle reads only offset
+/// bits below the period, so such a step stays an addition; padded rows and plain strides have
+/// no period); a slice holds the warp's n-tiles, at most [`SLICE_MAX_N_TILES`].
+pub fn matmul_walks(
+    (_m, n, _k): (usize, usize, usize),
+    warps: (usize, usize),
+    loads: (OperandLoad, OperandLoad),
+    a: Option<&TileGeometry>,
+    b: Option<&TileGeometry>,
+) -> MatmulWalks {
+    let period = |g: &TileGeometry| match g.swizzle {
+        Swizzle::Xor { b, m, s } => 1usize << (b + m + s),
+        Swizzle::None | Swizzle::Shift { .. } => 1,
+    };
+    let walks = |load: OperandLoad, g: Option<&TileGeometry>, k_dim_from_end: usize| {
+        let ldmatrix = matches!(load, OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans);
+        g.is_some_and(|g| {
+            let r = g.strides.0.len();
+            ldmatrix
+                && g.columns.is_none()
+                && r >= k_dim_from_end
+                && (16 * g.strides.0[r - k_dim_from_end]).is_multiple_of(period(g))
+        })
+    };
+    let per_warp = n.div_ceil(8).div_ceil(warps.1.max(1));
+    MatmulWalks {
+        // A is [M, K]: K is the last dim; B is [K, N]: K the one before.
+        a: walks(loads.0, a, 1),
+        b: walks(loads.1, b, 2),
+        slice_n_tiles: per_warp.clamp(1, SLICE_MAX_N_TILES),
+    }
+}
+
 /// How the operands of an `m×k · k×n` tensor-core matmul load, from the geometry of their
 /// tiles: `ldmatrix` needs 16-bit elements, whole 16-byte chunks (a swizzle that moves
 /// 8-element chunks or more) along the contiguous dim, that dim's extent a multiple of 8 and
@@ -449,6 +501,9 @@ pub enum OpPlan {
         /// Load instructions per warp per execution for A and for B, as the operand loads
         /// issue them (see [`operand_load_count`]).
         load_instrs: (usize, usize),
+        /// How the `mma.sync` loops walk the operands' addresses and slice N (set once the
+        /// loads and tiles are final, [`matmul_walks`]).
+        walks: MatmulWalks,
     },
     /// A reduction over rows (tb reductions and rms_norm); rms_norm then scales its row in a
     /// second pass.
@@ -677,11 +732,8 @@ impl OperandLoad {
         match (self, a) {
             (OperandLoad::Ldmatrix, true) => "ldmatrix.x4",
             (OperandLoad::LdmatrixTrans, true) => "ldmatrix.x4.trans",
-            // The runtime pairs two n-tiles into one .x4 on whole k-steps of a walkable tile.
-            (OperandLoad::Ldmatrix, false) => "n-tiles by ldmatrix (.x4 pairs on whole k-steps)",
-            (OperandLoad::LdmatrixTrans, false) => {
-                "n-tiles by ldmatrix.trans (.x4 pairs on whole k-steps)"
-            }
+            (OperandLoad::Ldmatrix, false) => "n-tiles by ldmatrix",
+            (OperandLoad::LdmatrixTrans, false) => "n-tiles by ldmatrix.trans",
             (OperandLoad::Pairs, _) => "32-bit loads",
             (OperandLoad::Elements, _) => "element loads",
             (OperandLoad::Fragment, _) => "register moves",
@@ -889,6 +941,7 @@ pub fn plan_ops(
                         w,
                         (OperandLoad::Elements, OperandLoad::Elements),
                     ),
+                    walks: MatmulWalks::default(),
                 }
             }
             TbOpKind::Accum(kind) => {
@@ -1105,6 +1158,61 @@ mod tests {
     }
 
     #[test]
+    fn operands_walk_when_a_k_step_is_a_whole_swizzle_period() {
+        use crate::layout::solve::TileLayout;
+        let geo = |strides: [usize; 2], swizzle: Swizzle| TileGeometry {
+            layout: TileLayout {
+                innermost: 1,
+                swizzled: None,
+            },
+            strides: Strides(strides.to_vec()),
+            phys_elems: 64 * 64,
+            bytes: 64 * 64 * 2,
+            swizzle,
+            chunk_bytes: 16,
+            dtype: DType::F16,
+            columns: None,
+        };
+        let xor = Swizzle::Xor { b: 3, m: 3, s: 3 };
+        let (ld, tr) = (OperandLoad::Ldmatrix, OperandLoad::LdmatrixTrans);
+        // A [64, 64] K-contiguous under a 512-element period: a k-step moves 16 elements, not
+        // a whole period; B [64, 64] N-contiguous: a k-step moves 16 rows of 64 = 2 periods.
+        let (a, b) = (geo([64, 1], xor), geo([64, 1], xor));
+        let w = matmul_walks((64, 64, 64), (4, 1), (ld, tr), Some(&a), Some(&b));
+        assert_eq!((w.a, w.b), (false, true));
+        // Plain strides and padded rows have no period: both walk.
+        let (a, b) = (
+            geo([72, 1], Swizzle::None),
+            geo([72, 1], Swizzle::Shift { row_chunks: 9 }),
+        );
+        let w = matmul_walks((64, 64, 64), (4, 1), (ld, tr), Some(&a), Some(&b));
+        assert_eq!((w.a, w.b), (true, true));
+        // Loads other than ldmatrix, and an A from registers (no tile), never walk.
+        let w = matmul_walks(
+            (8, 64, 64),
+            (1, 4),
+            (OperandLoad::Pairs, OperandLoad::WgmmaDescriptor),
+            Some(&a),
+            Some(&b),
+        );
+        assert_eq!((w.a, w.b), (false, false));
+        let w = matmul_walks(
+            (64, 64, 64),
+            (4, 1),
+            (OperandLoad::Fragment, tr),
+            None,
+            Some(&b),
+        );
+        assert!(!w.a && w.b);
+        // A slice holds a warp's n-tiles, at most 8.
+        let slice = |n, wn| matmul_walks((16, n, 16), (1, wn), (ld, tr), None, None).slice_n_tiles;
+        assert_eq!(
+            (slice(64, 4), slice(256, 4), slice(1024, 1), slice(4, 1)),
+            (2, 8, 8, 1)
+        );
+    }
+
+    #[test]
     fn operand_load_counts_follow_the_runtime() {
         let (ld, tr) = (OperandLoad::Ldmatrix, OperandLoad::LdmatrixTrans);
         // The decode tile: 8×64 by a 296-deep product on 1×4 warps: 19 k-steps, 1 m-tile and
@@ -1121,10 +1229,7 @@ mod tests {
             (2 * 8, 2 * 2)
         );
         assert_eq!(OperandLoad::Pairs.instr_name(true), "32-bit loads");
-        assert_eq!(
-            tr.instr_name(false),
-            "n-tiles by ldmatrix.trans (.x4 pairs on whole k-steps)"
-        );
+        assert_eq!(tr.instr_name(false), "n-tiles by ldmatrix.trans");
     }
 
     #[test]

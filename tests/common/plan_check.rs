@@ -347,16 +347,19 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     {
         use mucc::sched::plan::Feature as F;
         let has = kp.features();
+        // The B load (tenth template argument) of every Mma<…> type in the code.
+        let b_loads: Vec<String> = template_args(&text, "mucc::tb::Mma<")
+            .into_iter()
+            .map(|a| a.get(9).cloned().unwrap_or_default())
+            .collect();
+        let wgmma_b = "mucc::tb::Load::Wgmma";
         let uses = |f: F| match f {
             F::CpAsync => text.contains("mucc::tb::cp_async_chunks<"),
             F::Tma => text.contains("mucc::sm90::tma_load("),
             F::Ldmatrix => text.contains("mucc::tb::Load::Ldmatrix"),
             // Every Mma<…> type whose B is not read by descriptor issues mma.sync.
-            F::MmaSync => {
-                text.matches("mucc::tb::Mma<").count()
-                    > text.matches("mucc::tb::Load::Wgmma>").count()
-            }
-            F::Wgmma => text.contains("mucc::tb::Load::Wgmma>"),
+            F::MmaSync => b_loads.iter().any(|b| b != wgmma_b),
+            F::Wgmma => b_loads.iter().any(|b| b == wgmma_b),
             F::FmaMatmul => text.contains("mucc::tb::FmaMatmul<"),
             F::RegisterPipe => text.contains("::run_from<") || text.contains("::run_from_keys<"),
             F::Cluster => text.contains("mucc::sm90::cluster_sync()"),
@@ -674,6 +677,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             warps,
             instr,
             loads,
+            walks,
             ..
         } = &kp.ops[h.index()]
         {
@@ -691,6 +695,11 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                         *warps,
                         mucc::emit::cxx::operand_load(loads.0).to_string(),
                         mucc::emit::cxx::operand_load(loads.1).to_string(),
+                        (
+                            walks.a.to_string(),
+                            walks.b.to_string(),
+                            walks.slice_n_tiles,
+                        ),
                     ));
                 }
                 MatmulInstr::Fma => {
@@ -709,6 +718,11 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 (v[3], v[4]),
                 a[8].clone(),
                 a[9].clone(),
+                (
+                    a[10].clone(),
+                    a[11].clone(),
+                    a[12].parse::<usize>().unwrap_or(0),
+                ),
             )
         })
         .collect();

@@ -48,7 +48,18 @@ struct Load {
 
 // WK > 1 (only with A in registers, `run_from_keys`): WK warps split K, each computing the whole
 // M × N product of its share of K into its own `Frag`; `combine_keys` sums them after the loop.
-template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B, int WK = 1>
+// Whether an operand of layout L loaded as LOAD with K stride SK may walk its ldmatrix lane
+// addresses over whole k-steps: 16·SK a multiple of the swizzle's period, so every lane's
+// address moves by the same number of bytes per step (sched::ops::matmul_walks decides).
+template <class L, int LOAD> __host__ __device__ constexpr bool walkable(i64 sk) {
+  return (LOAD == Load::Ldmatrix || LOAD == Load::LdmatrixTrans) &&
+         (16 * sk) % (1LL << LayoutTraits<L>::period_log2) == 0;
+}
+
+// WALK_A, WALK_B and JC are the plan's (sched::ops::MatmulWalks): whether A's and B's ldmatrix
+// addresses walk the whole k-steps, and the n-tiles of a slice of `apply`.
+template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B, bool WALK_A,
+          bool WALK_B, int JC, int WK = 1>
 struct Mma {
   static constexpr int MT = static_cast<int>((M + 15) / 16);
   static constexpr int NT8 = static_cast<int>((N + 7) / 8);
@@ -207,8 +218,10 @@ struct Mma {
   // multiple of its swizzle's period, so every lane's ldmatrix address moves by the same number
   // of bytes per step (none for a lane that reads the zero page).
   static constexpr int KF = static_cast<int>(K / 16) * 16;
-  static constexpr bool a_walk = (a_k || a_m) && (16 * a_sk) % (1LL << TA::period_log2) == 0;
-  static constexpr bool b_walk = (b_k || b_n) && (16 * b_sk) % (1LL << TB::period_log2) == 0;
+  static constexpr bool a_walk = WALK_A;
+  static constexpr bool b_walk = WALK_B;
+  static_assert(!WALK_A || walkable<LA, LOAD_A>(a_sk), "A's ldmatrix addresses cannot walk the k-steps");
+  static_assert(!WALK_B || walkable<LB, LOAD_B>(b_sk), "B's ldmatrix addresses cannot walk the k-steps");
 
   // This lane's ldmatrix address of A's m-tile at row mb in k-step 0, and its bytes per step.
   __device__ __forceinline__ static void a_lane(const T* a, const T* zero, int mb, int lane, unsigned& addr,
@@ -398,7 +411,6 @@ struct Mma {
 
   // One k-step at k0 of `apply`'s slice (m-tile mt, n-tiles wn + (j0 + jj)·WN for jj < JC)
   // with every operand loaded by its bounds-checked path.
-  template <int JC>
   __device__ __forceinline__ static void slice_step(float (&acc)[JC][4], const T* a, const T* b, const T* z, int mt,
                                                     int wn, int j0, int k0, int lane) {
     unsigned af[4];
@@ -421,7 +433,7 @@ struct Mma {
   template <class G> __device__ __forceinline__ static void apply(const T* a, const T* b, const void* zero, int warp, int lane, G g) {
     static_assert(LOAD_B != Load::Wgmma, "slice-by-slice products take mma.sync");
     if (warp >= WM * WN) return;
-    constexpr int JC = PN < 8 ? PN : 8;
+    static_assert(JC >= 1 && JC <= 8, "a slice holds 1 to 8 n-tiles");
     const T* z = static_cast<const T*>(zero);
     const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
@@ -460,9 +472,9 @@ struct Mma {
               if (j0 + jj < PN && nt < NT8) sm80::mma(acc[jj], af, bf[jj], T());
             }
           }
-          if constexpr (KF < K) slice_step<JC>(acc, a, b, z, mt, wn, j0, KF, lane);
+          if constexpr (KF < K) slice_step(acc, a, b, z, mt, wn, j0, KF, lane);
         } else {
-          for (int k0 = 0; k0 < K; k0 += 16) slice_step<JC>(acc, a, b, z, mt, wn, j0, k0, lane);
+          for (int k0 = 0; k0 < K; k0 += 16) slice_step(acc, a, b, z, mt, wn, j0, k0, lane);
         }
 #pragma unroll
         for (int jj = 0; jj < JC; ++jj)
@@ -838,6 +850,15 @@ template <class TA, class TB, class LA, class LB, i64 M, i64 N, i64 K> struct Fm
     return s;
   }
 };
+
+// Mma with the walks and slice width that sched::ops::matmul_walks would plan, for hand-written
+// kernels (the GPU self-tests); generated code passes the plan's values.
+template <class T, class LA, class LB, i64 M, i64 N, i64 K, int WM, int WN, int LOAD_A, int LOAD_B, int WK = 1>
+using MmaAuto =
+    Mma<T, LA, LB, M, N, K, WM, WN, LOAD_A, LOAD_B,
+        walkable<LA, LOAD_A>(LayoutTraits<LA>::template stride<LA::rank - 1>),
+        walkable<LB, LOAD_B>(LayoutTraits<LB>::template stride<LB::rank - 2>),
+        static_cast<int>(((N + 7) / 8 + WN - 1) / WN < 8 ? ((N + 7) / 8 + WN - 1) / WN : 8), WK>;
 
 }  // namespace tb
 }  // namespace mucc

@@ -25,6 +25,7 @@ impl Ctx<'_> {
         let OpPlan::Matmul {
             warps: (wm, wn),
             loads: (load_a, load_b),
+            walks,
             ..
         } = self.kp.ops[mm.index()]
         else {
@@ -46,10 +47,13 @@ impl Ctx<'_> {
             .find(|p| p.matmul == mm && p.keys > 1)
             .map_or(String::new(), |p| format!(", {}", p.keys));
         Ok(self.alias(format!(
-            "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}{keys}>",
+            "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}, {}, {}, {}{keys}>",
             ctype(dtype),
             crate::emit::cxx::operand_load(load_a),
-            crate::emit::cxx::operand_load(load_b)
+            crate::emit::cxx::operand_load(load_b),
+            walks.a,
+            walks.b,
+            walks.slice_n_tiles
         )))
     }
 
