@@ -1399,11 +1399,9 @@ fn plan_walks(tb: &TbGraph, ops: &mut [OpPlan], tiles: &[Option<TileGeometry>]) 
             continue;
         }
         let (a, b) = (op.inputs[0], op.inputs[1]);
-        let (sa, sb) = (&tb.tensors[a].shape, &tb.tensors[b].shape);
-        let r = sa.rank();
-        let mnk = (sa.dim(r - 2), sb.dim(r - 1), sa.dim(r - 1));
+        let sb = &tb.tensors[b].shape;
         *walks = super::ops::matmul_walks(
-            mnk,
+            sb.dim(sb.rank() - 1),
             *warps,
             *loads,
             tiles[a.index()].as_ref(),

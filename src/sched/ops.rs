@@ -346,13 +346,13 @@ pub struct MatmulWalks {
 /// The most n-tiles a slice of a slice-by-slice product holds (32 fp32 accumulators a thread).
 pub const SLICE_MAX_N_TILES: usize = 8;
 
-/// [`MatmulWalks`] of an `m×k · k×n` tensor-core matmul on `warps` with operands loaded as
+/// [`MatmulWalks`] of a tensor-core matmul of N columns on `warps` with operands loaded as
 /// `loads` from tiles `a` and `b`: an operand loaded by `ldmatrix` walks its k-steps when 16
 /// times its K stride is a multiple of its swizzle's period (an XOR swizzle reads only offset
 /// bits below the period, so such a step stays an addition; padded rows and plain strides have
 /// no period); a slice holds the warp's n-tiles, at most [`SLICE_MAX_N_TILES`].
 pub fn matmul_walks(
-    (_m, n, _k): (usize, usize, usize),
+    n: usize,
     warps: (usize, usize),
     loads: (OperandLoad, OperandLoad),
     a: Option<&TileGeometry>,
@@ -1178,34 +1178,28 @@ mod tests {
         // A [64, 64] K-contiguous under a 512-element period: a k-step moves 16 elements, not
         // a whole period; B [64, 64] N-contiguous: a k-step moves 16 rows of 64 = 2 periods.
         let (a, b) = (geo([64, 1], xor), geo([64, 1], xor));
-        let w = matmul_walks((64, 64, 64), (4, 1), (ld, tr), Some(&a), Some(&b));
+        let w = matmul_walks(64, (4, 1), (ld, tr), Some(&a), Some(&b));
         assert_eq!((w.a, w.b), (false, true));
         // Plain strides and padded rows have no period: both walk.
         let (a, b) = (
             geo([72, 1], Swizzle::None),
             geo([72, 1], Swizzle::Shift { row_chunks: 9 }),
         );
-        let w = matmul_walks((64, 64, 64), (4, 1), (ld, tr), Some(&a), Some(&b));
+        let w = matmul_walks(64, (4, 1), (ld, tr), Some(&a), Some(&b));
         assert_eq!((w.a, w.b), (true, true));
         // Loads other than ldmatrix, and an A from registers (no tile), never walk.
         let w = matmul_walks(
-            (8, 64, 64),
+            64,
             (1, 4),
             (OperandLoad::Pairs, OperandLoad::WgmmaDescriptor),
             Some(&a),
             Some(&b),
         );
         assert_eq!((w.a, w.b), (false, false));
-        let w = matmul_walks(
-            (64, 64, 64),
-            (4, 1),
-            (OperandLoad::Fragment, tr),
-            None,
-            Some(&b),
-        );
+        let w = matmul_walks(64, (4, 1), (OperandLoad::Fragment, tr), None, Some(&b));
         assert!(!w.a && w.b);
         // A slice holds a warp's n-tiles, at most 8.
-        let slice = |n, wn| matmul_walks((16, n, 16), (1, wn), (ld, tr), None, None).slice_n_tiles;
+        let slice = |n, wn| matmul_walks(n, (1, wn), (ld, tr), None, None).slice_n_tiles;
         assert_eq!(
             (slice(64, 4), slice(256, 4), slice(1024, 1), slice(4, 1)),
             (2, 8, 8, 1)
