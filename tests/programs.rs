@@ -6,6 +6,8 @@
 mod common;
 
 use common::corpus_dir;
+use std::rc::Rc;
+
 use mucc::graph::interp::{self, Array, HostTensor, InputSpec};
 use mucc::{ImportOptions, read_file};
 
@@ -49,7 +51,7 @@ fn silu(x: f64) -> f64 {
 
 /// Loads `file`, evaluates every candidate on one seeded input set, checks pairwise agreement
 /// and agreement with `program` (which gets the inputs' logical row-major values).
-fn check(file: &str, program: impl Fn(&[Vec<f64>]) -> Vec<f64>) {
+fn check(file: &str, program: impl Fn(&[&[f64]]) -> Vec<f64>) {
     let f = read_file(&corpus_dir().join(file), &ImportOptions::default()).unwrap();
     let first = &f.graphs[0].graph;
     let inputs: Vec<HostTensor> = interp::random_inputs(
@@ -59,7 +61,10 @@ fn check(file: &str, program: impl Fn(&[Vec<f64>]) -> Vec<f64>) {
             scale: 1.0,
         },
     );
-    let logical: Vec<Vec<f64>> = inputs.iter().map(|h| h.to_array().data).collect();
+    // Converted once and shared by every candidate's walk (the attention inputs are GBs in f64).
+    let arrays: Vec<Rc<Array>> = inputs.iter().map(|h| Rc::new(h.to_array())).collect();
+    drop(inputs);
+    let logical: Vec<&[f64]> = arrays.iter().map(|a| a.data.as_slice()).collect();
     let expected = program(&logical);
     let mut outputs: Vec<Array> = Vec::new();
     for (i, lg) in f.graphs.iter().enumerate() {
@@ -76,7 +81,7 @@ fn check(file: &str, program: impl Fn(&[Vec<f64>]) -> Vec<f64>) {
             .map(|&(_, t)| first.tensors[t].shape)
             .collect();
         assert_eq!(sig, sig0, "{file}: candidates share their inputs");
-        let mut out = interp::evaluate(&lg.graph, &inputs).unwrap();
+        let mut out = interp::evaluate_shared(&lg.graph, &arrays).unwrap();
         assert_eq!(out.len(), 1, "{file} graph {i}: one output");
         let o = out.remove(0);
         assert!(
@@ -103,30 +108,30 @@ fn check(file: &str, program: impl Fn(&[Vec<f64>]) -> Vec<f64>) {
     );
 }
 
-fn gated_mlp(x: &[Vec<f64>]) -> Vec<f64> {
+fn gated_mlp(x: &[&[f64]]) -> Vec<f64> {
     let (m, k, n) = (8, 4096, 4096);
-    let a = matmul(&x[0], &x[1], 1, m, k, n);
-    let b = matmul(&x[0], &x[2], 1, m, k, n);
+    let a = matmul(x[0], x[1], 1, m, k, n);
+    let b = matmul(x[0], x[2], 1, m, k, n);
     a.iter().zip(&b).map(|(p, q)| silu(*p) * q).collect()
 }
 
-fn lora(x: &[Vec<f64>]) -> Vec<f64> {
+fn lora(x: &[&[f64]]) -> Vec<f64> {
     // X 16×256, W 256×4096, A 256×16, B 16×4096.
-    let xw = matmul(&x[0], &x[1], 1, 16, 256, 4096);
-    let xa = matmul(&x[0], &x[2], 1, 16, 256, 16);
-    let xab = matmul(&xa, &x[3], 1, 16, 16, 4096);
+    let xw = matmul(x[0], x[1], 1, 16, 256, 4096);
+    let xa = matmul(x[0], x[2], 1, 16, 256, 16);
+    let xab = matmul(&xa, x[3], 1, 16, 16, 4096);
     xw.iter().zip(&xab).map(|(p, q)| p + q).collect()
 }
 
 /// exp(Q·K) / Σⱼ exp(Q·K) · V, no max subtraction, no scaling.
-fn attention(heads: usize, s: usize) -> impl Fn(&[Vec<f64>]) -> Vec<f64> {
+fn attention(heads: usize, s: usize) -> impl Fn(&[&[f64]]) -> Vec<f64> {
     move |x| {
         let (d, n) = (64, 4096);
-        let e: Vec<f64> = matmul(&x[0], &x[1], heads, s, d, n)
+        let e: Vec<f64> = matmul(x[0], x[1], heads, s, d, n)
             .iter()
             .map(|v| v.exp())
             .collect();
-        let num = matmul(&e, &x[2], heads, s, n, d);
+        let num = matmul(&e, x[2], heads, s, n, d);
         let den: Vec<f64> = e.chunks(n).map(|r| r.iter().sum()).collect();
         num.iter()
             .enumerate()
@@ -136,9 +141,9 @@ fn attention(heads: usize, s: usize) -> impl Fn(&[Vec<f64>]) -> Vec<f64> {
 }
 
 /// rms(X + α ⊙ (rms(H) + X)); inputs H, X, α.
-fn ntrans(x: &[Vec<f64>]) -> Vec<f64> {
+fn ntrans(x: &[&[f64]]) -> Vec<f64> {
     let n = 4096;
-    let rh = rms_rows(&x[0], n);
+    let rh = rms_rows(x[0], n);
     let t: Vec<f64> = (0..x[1].len())
         .map(|i| x[1][i] + x[2][i] * (rh[i] + x[1][i]))
         .collect();
@@ -146,8 +151,8 @@ fn ntrans(x: &[Vec<f64>]) -> Vec<f64> {
 }
 
 /// rms(X) · W.
-fn rmsnorm(rows: usize) -> impl Fn(&[Vec<f64>]) -> Vec<f64> {
-    move |x| matmul(&rms_rows(&x[0], 4096), &x[1], 1, rows, 4096, 6144)
+fn rmsnorm(rows: usize) -> impl Fn(&[&[f64]]) -> Vec<f64> {
+    move |x| matmul(&rms_rows(x[0], 4096), x[1], 1, rows, 4096, 6144)
 }
 
 #[test]

@@ -132,6 +132,22 @@ pub fn evaluate(g: &KernelGraph, inputs: &[HostTensor]) -> Result<Vec<Array>, Gr
     evaluate_owned(g, inputs.to_vec())
 }
 
+/// Like [`evaluate`], on logical (row-major) input arrays that the walk shares instead of
+/// copying: evaluating many graphs with the same inputs (a file's candidates) converts and
+/// allocates the inputs once. Exact rounding (the oracle).
+pub fn evaluate_shared(g: &KernelGraph, inputs: &[Rc<Array>]) -> Result<Vec<Array>, GraphError> {
+    check_counts(g, inputs.len())?;
+    for (i, (given, &(_, t))) in inputs.iter().zip(&g.inputs()).enumerate() {
+        check_shape(i, given.shape, g.tensors[t].shape)?;
+    }
+    one_rank(
+        g,
+        inputs.iter().cloned().map(Given::Shared).collect(),
+        Rounding::Exact,
+    )
+    .map(|(outs, _)| outs)
+}
+
 /// Like [`evaluate`], but takes the inputs by value, so that dense row-major buffers become the
 /// interpreter's arrays without a copy (the large attention inputs are hundreds of MB in f64).
 pub fn evaluate_owned(g: &KernelGraph, inputs: Vec<HostTensor>) -> Result<Vec<Array>, GraphError> {
@@ -164,6 +180,15 @@ pub fn evaluate_rounded(
         ))));
     }
     check_inputs(g, &inputs)?;
+    one_rank(g, inputs.into_iter().map(Given::Host).collect(), rounding)
+}
+
+/// The walk of a one-GPU graph over checked inputs.
+fn one_rank(
+    g: &KernelGraph,
+    inputs: Vec<Given>,
+    rounding: Rounding,
+) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
     let walk = Walk::new(g, rounding);
     let mut rank = RankState::new(g, inputs);
     let mut excess = Vec::new();
@@ -201,24 +226,32 @@ pub(crate) fn output_difference(
     worst
 }
 
-/// Checks the caller's buffers for one rank against the graph's inputs.
-fn check_inputs(g: &KernelGraph, inputs: &[HostTensor]) -> Result<(), GraphError> {
-    let graph_inputs = g.inputs();
-    if inputs.len() != graph_inputs.len() {
+/// Checks the number of inputs given against the graph's.
+fn check_counts(g: &KernelGraph, given: usize) -> Result<(), GraphError> {
+    let want = g.inputs().len();
+    if given != want {
         return Err(GraphError::new(ErrorKind::Invalid(format!(
-            "the graph has {} inputs but {} were given",
-            graph_inputs.len(),
-            inputs.len()
+            "the graph has {want} inputs but {given} were given"
         ))));
     }
-    for (i, (given, &(_, t))) in inputs.iter().zip(&graph_inputs).enumerate() {
-        let want = g.tensors[t].shape;
-        if given.shape != want {
-            return Err(GraphError::new(ErrorKind::Invalid(format!(
-                "input {i} has shape {}, the graph expects {want}",
-                given.shape
-            ))));
-        }
+    Ok(())
+}
+
+/// Checks the shape of input `i` against the graph's.
+fn check_shape(i: usize, given: Shape, want: Shape) -> Result<(), GraphError> {
+    if given != want {
+        return Err(GraphError::new(ErrorKind::Invalid(format!(
+            "input {i} has shape {given}, the graph expects {want}"
+        ))));
+    }
+    Ok(())
+}
+
+/// Checks the caller's buffers for one rank against the graph's inputs.
+fn check_inputs(g: &KernelGraph, inputs: &[HostTensor]) -> Result<(), GraphError> {
+    check_counts(g, inputs.len())?;
+    for (i, (given, &(_, t))) in inputs.iter().zip(&g.inputs()).enumerate() {
+        check_shape(i, given.shape, g.tensors[t].shape)?;
         match given.strides.span(&given.shape) {
             Some(n) if n <= given.data.len() => {}
             _ => {
@@ -233,10 +266,18 @@ fn check_inputs(g: &KernelGraph, inputs: &[HostTensor]) -> Result<(), GraphError
     Ok(())
 }
 
+/// An input as the caller gave it.
+enum Given {
+    /// A (possibly strided) buffer, owned by the walk.
+    Host(HostTensor),
+    /// A logical array shared with the caller.
+    Shared(Rc<Array>),
+}
+
 /// What one rank (GPU) holds while the interpreter walks the graph.
 struct RankState {
-    /// The rank's input buffers not yet bound, in input order.
-    pending: std::vec::IntoIter<HostTensor>,
+    /// The rank's inputs not yet bound, in input order.
+    pending: std::vec::IntoIter<Given>,
     /// The value of every live tensor.
     values: Vec<Option<Rc<Array>>>,
     /// The graph outputs produced so far.
@@ -244,7 +285,7 @@ struct RankState {
 }
 
 impl RankState {
-    fn new(g: &KernelGraph, inputs: Vec<HostTensor>) -> Self {
+    fn new(g: &KernelGraph, inputs: Vec<Given>) -> Self {
         RankState {
             pending: inputs.into_iter(),
             values: vec![None; g.tensors.len()],
@@ -296,16 +337,23 @@ impl<'g> Walk<'g> {
         let shape = |k: usize| g.tensors[op.outputs[k]].shape;
         let val = |t: Handle<DTensor>| rank.val(t);
         let result: Vec<Array> = match &op.kind {
-            KnOpKind::Input { .. } => {
-                let given = rank.pending.next().expect("counted by check_inputs");
-                let dense = given.shape.row_major_strides() == given.strides
-                    && given.data.len() == given.shape.numel();
-                if dense {
-                    vec![Array::from_vec(given.shape, given.data)]
-                } else {
-                    vec![given.to_array()]
+            KnOpKind::Input { .. } => match rank.pending.next().expect("counted by check_inputs") {
+                Given::Host(given) => {
+                    let dense = given.shape.row_major_strides() == given.strides
+                        && given.data.len() == given.shape.numel();
+                    if dense {
+                        vec![Array::from_vec(given.shape, given.data)]
+                    } else {
+                        vec![given.to_array()]
+                    }
                 }
-            }
+                Given::Shared(a) if rounding == Rounding::Exact => {
+                    self.check_range(op.outputs[0], &a, excess);
+                    rank.values[op.outputs[0].index()] = Some(a);
+                    vec![]
+                }
+                Given::Shared(a) => vec![Rc::unwrap_or_clone(a)],
+            },
             KnOpKind::Output { .. } => {
                 let v = val(op.inputs[0]);
                 rank.outputs.push(Rc::unwrap_or_clone(v));
@@ -413,6 +461,13 @@ impl<'g> Walk<'g> {
         if self.rounding == Rounding::Stored {
             a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
         }
+        self.check_range(t, &a, excess);
+        Rc::new(a)
+    }
+
+    /// Notes whether value `a` of tensor `t` exceeds the range of `t`'s element type.
+    fn check_range(&self, t: Handle<DTensor>, a: &Array, excess: &mut Vec<RangeExcess>) {
+        let dtype = self.g.tensors[t].dtype;
         if let Some(limit) = dtype.max_finite() {
             // Infinite reference values are infinite in the compiled code too.
             let max_abs = a
@@ -429,7 +484,6 @@ impl<'g> Walk<'g> {
                 });
             }
         }
-        Rc::new(a)
     }
 
     /// Frees the inputs of operator `h` that nobody reads later.

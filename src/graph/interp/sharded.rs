@@ -11,7 +11,9 @@
 //! [`evaluate_sharded`] does all of it on global arrays.
 
 use super::inputs::{draw, scatter};
-use super::{Array, HostTensor, InputSpec, RangeExcess, RankState, Rounding, Walk, check_inputs};
+use super::{
+    Array, Given, HostTensor, InputSpec, RangeExcess, RankState, Rounding, Walk, check_inputs,
+};
 use crate::graph::arena::Handle;
 use crate::graph::error::{ErrorKind, GraphError};
 use crate::graph::kernel::{DTensor, KernelGraph, KnOp, KnOpKind};
@@ -143,7 +145,10 @@ pub fn evaluate_ranks(
         check_inputs(g, rank).map_err(|e| invalid(format!("rank {r}: {}", e.kind)))?;
     }
     let walk = Walk::new(g, rounding);
-    let mut ranks: Vec<RankState> = inputs.into_iter().map(|i| RankState::new(g, i)).collect();
+    let mut ranks: Vec<RankState> = inputs
+        .into_iter()
+        .map(|i| RankState::new(g, i.into_iter().map(Given::Host).collect()))
+        .collect();
     let mut excess = Vec::new();
     for (h, op) in g.ops.iter() {
         if matches!(op.kind, KnOpKind::AllReduce { .. }) && ranks.len() > 1 {
