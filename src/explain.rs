@@ -17,8 +17,8 @@ use crate::sched::ops::{
 };
 use crate::sched::order::Step;
 use crate::sched::plan::{
-    Combine, DependentLaunch, GraphPlan, KernelPlan, MatmulLowering, PipeDecision, Placement, Sink,
-    Split,
+    Combine, DependentLaunch, Gather, GraphPlan, KernelPlan, MatmulLowering, PipeDecision,
+    Placement, Sink, Split,
 };
 
 /// The plan as stable text (what `mucc explain` prints).
@@ -333,12 +333,40 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                     format!("{} s{} ({how})", op_name(tb, p.accum), p.tile)
                 })
                 .collect();
-            let _ = writeln!(
-                s,
-                "    after the loop CTA 0 combines the partials through distributed shared memory \
-                 and alone runs the post-loop operators: {}",
-                parts.join(", ")
-            );
+            match &c.gather {
+                Gather::Push(p) => {
+                    let slots: Vec<String> = c
+                        .partials
+                        .iter()
+                        .zip(p.slots.iter().zip(&p.strides))
+                        .map(|(part, (o, st))| format!("s{} at byte {o} every {st} B", part.tile))
+                        .collect();
+                    let who = match c.ctas {
+                        2 => "CTA 1 pushes its".to_string(),
+                        n => format!("CTAs 1..{} push their", n - 1),
+                    };
+                    let _ = writeln!(
+                        s,
+                        "    after the loop {who} partials into slots of CTA 0's shared memory \
+                         ({}: st.async, {} bytes completing on the push mbarrier at byte {}; {} B \
+                         of shared memory added) and leave; CTA 0 folds them and alone runs the \
+                         post-loop operators: {}",
+                        slots.join(", "),
+                        p.bytes,
+                        p.barrier,
+                        p.added,
+                        parts.join(", ")
+                    );
+                }
+                Gather::Fold(why) => {
+                    let _ = writeln!(
+                        s,
+                        "    after the loop CTA 0 combines the partials through distributed shared \
+                         memory and alone runs the post-loop operators (not pushed: {why}): {}",
+                        parts.join(", ")
+                    );
+                }
+            }
             if let Some(i) = kp.barriers.after_rescaled_folds {
                 let _ = writeln!(
                     s,
@@ -618,9 +646,13 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     } else {
         ""
     };
+    let pushed = match kp.split.cluster().and_then(|c| c.gather.push()) {
+        Some(p) => format!(" + cluster push slots {} B", p.added),
+        None => String::new(),
+    };
     let _ = writeln!(
         s,
-        "  shared memory: {} B (zero page {} B + peak {} B; lower bound {} B; {}{opt_in})",
+        "  shared memory: {} B (zero page {} B + peak {} B{pushed}; lower bound {} B; {}{opt_in})",
         sm.total, sm.base, sm.packing.peak, sm.packing.lower_bound, sm.packing.heuristic
     );
     s.push_str(&memory::dump(&sm.buffers, &sm.packing, sm.base));

@@ -103,6 +103,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 dependent_launch: false,
                 symbols: Default::default(),
                 cluster_split: true,
+                cluster_push: true,
                 cluster_combine: false,
                 cta: Default::default(),
                 register_pipes: true,

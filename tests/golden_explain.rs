@@ -18,6 +18,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         dependent_launch: false,
         symbols: Default::default(),
         cluster_split: true,
+        cluster_push: true,
         cluster_combine: false,
         cta: Default::default(),
         register_pipes: true,

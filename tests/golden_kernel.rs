@@ -254,6 +254,7 @@ fn kernel_level_goldens() {
             dependent_launch: false,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_push: true,
             cluster_combine: false,
             cta: Default::default(),
             register_pipes: true,

@@ -262,6 +262,7 @@ fn opts(arch: Arch) -> Options {
         dependent_launch: true,
         symbols: Default::default(),
         cluster_split: true,
+        cluster_push: true,
         cluster_combine: false,
         cta: Default::default(),
         register_pipes: true,

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cluster_combine: false, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None, resident_blocks: None, refine_loops: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cluster_push: true, cluster_combine: false, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, fuse_matmuls: true, online_softmax: Default::default(), all_reduce: Default::default(), max_stages: None, resident_blocks: None, refine_loops: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -182,6 +182,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         dependent_launch: false,
         symbols: Default::default(),
         cluster_split: true,
+        cluster_push: true,
         cluster_combine: false,
         cta: Default::default(),
         register_pipes: true,
@@ -286,6 +287,7 @@ fn shared_memory_overflow_is_an_error() {
             dependent_launch: false,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_push: true,
             cluster_combine: false,
             cta: Default::default(),
             register_pipes: true,
@@ -337,6 +339,7 @@ fn workspace_reuses_dead_intermediates() {
             dependent_launch: false,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_push: true,
             cluster_combine: false,
             cta: Default::default(),
             register_pipes: true,
@@ -458,6 +461,7 @@ fn plan_for(
         dependent_launch: false,
         symbols: Default::default(),
         cluster_split: true,
+        cluster_push: true,
         cluster_combine: false,
         cta: Default::default(),
         register_pipes: true,
@@ -590,6 +594,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             dependent_launch: on,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_push: true,
             cluster_combine: false,
             cta: Default::default(),
             register_pipes: true,

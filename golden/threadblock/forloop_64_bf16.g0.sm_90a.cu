@@ -10,7 +10,7 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 31744 bytes of shared memory
+// kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 60992 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k2_customized(
     mucc::bf16* __restrict__ out0,
@@ -42,6 +42,11 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
     mucc::sm90::prefetch_tensormap(&tm0);
     mucc::sm90::prefetch_tensormap(&tm1);
   }
+  mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + 31744);  // cluster split: CTA 0's push barrier
+  if (tid == 0) {
+    mucc::sm90::mbar_init(push, 1);
+    mucc::sm90::fence_mbarrier_init();
+  }
   mucc::bf16* s0 = reinterpret_cast<mucc::bf16*>(smem + 25600);  // s0 (tb_input_op) x3 stages
   mucc::bf16* s1 = reinterpret_cast<mucc::bf16*>(smem + 1024);  // s1 (tb_input_op) x3 stages
   float* s3 = reinterpret_cast<float*>(smem + 128);  // s3 (tb_forloop_accum_nored_op)
@@ -51,6 +56,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   L2::fill(acc3, float(0.0));
   mucc::tb::fill<256, 16, L3>(tid, s4, float(0.0));
   __syncthreads();
+  mucc::sm90::cluster_arrive_relaxed();  // CTA 0's push barrier is initialised
   // cluster split: CTA r of the cluster runs iterations [r·8, (r + 1)·8)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 8;
   // software pipeline: 3 stages
@@ -112,14 +118,18 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
   L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
     s3[L4::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
-  // cluster split: CTA 0 combines the partial accumulators of the 8 CTAs
-  mucc::sm90::cluster_sync();  // every CTA's partials are complete
-  if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<256, 1024, 8, mucc::tb::FoldSum, L4, float>(tid, s3);
-    mucc::tb::cluster_fold<256, 16, 8, mucc::tb::FoldSum, L3, float>(tid, s4);
+  // cluster split: CTAs 1..7 push their partial accumulators into CTA 0's shared memory
+  mucc::sm90::cluster_wait();  // CTA 0's push barrier is initialised
+  __syncthreads();  // the partial tiles are complete before they are pushed
+  if (mucc::sm90::cluster_rank() != 0) {
+    mucc::tb::cluster_push<256, 1024, 4096, L4, float>(tid, s3, smem + 31872, push, mucc::sm90::cluster_rank());
+    mucc::tb::cluster_push<256, 16, 64, L3, float>(tid, s4, smem + 60544, push, mucc::sm90::cluster_rank());
+    return;
   }
-  mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
-  if (mucc::sm90::cluster_rank() != 0) return;
+  if (tid == 0) mucc::sm90::mbar_arrive_expect_tx(push, 29120);  // the pushed bytes
+  mucc::sm90::mbar_wait(push, 0);
+  mucc::tb::cluster_fold_pushed<256, 1024, 8, 4096, mucc::tb::FoldSum, L4, float>(tid, s3, smem + 31872);
+  mucc::tb::cluster_fold_pushed<256, 16, 8, 64, mucc::tb::FoldSum, L3, float>(tid, s4, smem + 60544);
   __syncthreads();
   mucc::tb::for_each<256, 16>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s4[L3::offset(e)]);
@@ -153,6 +163,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k2_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
+    static std::atomic<unsigned long long> smem_set{0};
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 60992, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
     static thread_local mucc::host::CachedTensorMap tm0;
     {
@@ -171,7 +183,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_128B));
     }
     const CUtensorMap* const maps[] = {&tm0.map, &tm1.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 31744, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(16, 1, 1), dim3(256, 1, 1), 60992, stream, args, maps));
   }
 
   return 0;

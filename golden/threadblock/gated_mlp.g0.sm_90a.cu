@@ -11,7 +11,7 @@
 #include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 37888 bytes of shared memory
+// kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 40064 bytes of shared memory
 // schedule - | 0,1,2 3,4 | 7,8
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k3_customized(
     mucc::f16* __restrict__ out0,
@@ -45,6 +45,11 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
     mucc::sm90::prefetch_tensormap(&tm1);
     mucc::sm90::prefetch_tensormap(&tm2);
   }
+  mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + 37888);  // cluster split: CTA 0's push barrier
+  if (tid == 0) {
+    mucc::sm90::mbar_init(push, 1);
+    mucc::sm90::fence_mbarrier_init();
+  }
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 33792);  // s0 (tb_input_op) x4 stages
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 1024);  // s1 (tb_input_op) x4 stages
   mucc::f16* s2 = reinterpret_cast<mucc::f16*>(smem + 17408);  // s2 (tb_input_op) x4 stages
@@ -57,6 +62,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   L2::Frag acc6;
   L2::fill(acc6, float(0.0));
   __syncthreads();
+  mucc::sm90::cluster_arrive_relaxed();  // CTA 0's push barrier is initialised
   // cluster split: CTA r of the cluster runs iterations [r·32, (r + 1)·32)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 32;
   // software pipeline: 4 stages
@@ -118,14 +124,18 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   L2::each(acc6, warp, lane, [&](int row, int col, float v, int, int, int) {
     s6[L3::offset(row * 32 + col)] = mucc::from_compute<float>(v);
   });
-  // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
-  mucc::sm90::cluster_sync();  // every CTA's partials are complete
-  if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<256, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s5);
-    mucc::tb::cluster_fold<256, 256, 2, mucc::tb::FoldSum, L3, float>(tid, s6);
+  // cluster split: CTA 1 pushes its partial accumulators into CTA 0's shared memory
+  mucc::sm90::cluster_wait();  // CTA 0's push barrier is initialised
+  __syncthreads();  // the partial tiles are complete before they are pushed
+  if (mucc::sm90::cluster_rank() != 0) {
+    mucc::tb::cluster_push<256, 256, 1024, L3, float>(tid, s5, smem + 38016, push, mucc::sm90::cluster_rank());
+    mucc::tb::cluster_push<256, 256, 1024, L3, float>(tid, s6, smem + 39040, push, mucc::sm90::cluster_rank());
+    return;
   }
-  mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
-  if (mucc::sm90::cluster_rank() != 0) return;
+  if (tid == 0) mucc::sm90::mbar_arrive_expect_tx(push, 2048);  // the pushed bytes
+  mucc::sm90::mbar_wait(push, 0);
+  mucc::tb::cluster_fold_pushed<256, 256, 2, 1024, mucc::tb::FoldSum, L3, float>(tid, s5, smem + 38016);
+  mucc::tb::cluster_fold_pushed<256, 256, 2, 1024, mucc::tb::FoldSum, L3, float>(tid, s6, smem + 39040);
   __syncthreads();
   // op7 silu -> op9 output
   mucc::tb::for_each<256, 256>(tid, [&](int e, int) {
@@ -197,7 +207,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_64B));
     }
     const CUtensorMap* const maps[] = {&tm0.map, &tm1.map, &tm2.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 37888, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 40064, stream, args, maps));
   }
 
   // launch k4_mul

@@ -9,7 +9,7 @@
 #include "mucc/runtime.h"
 #include "mucc/threadblock/cluster.h"
 
-// kernel op 2: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 32, 59520 bytes of shared memory
+// kernel op 2: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 32, 60064 bytes of shared memory
 // schedule - | 0,1 2,3 | 5
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k2_customized(
     mucc::f16* __restrict__ out0,
@@ -32,6 +32,11 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   (void)warp;
   (void)lane;
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
+  mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + 59520);  // cluster split: CTA 0's push barrier
+  if (tid == 0) {
+    mucc::sm90::mbar_init(push, 1);
+    mucc::sm90::fence_mbarrier_init();
+  }
   mucc::f16* s0 = reinterpret_cast<mucc::f16*>(smem + 57472);  // s0 (tb_input_op) x4 stages
   mucc::f16* s1 = reinterpret_cast<mucc::f16*>(smem + 128);  // s1 (tb_input_op) x4 stages
   float* s2 = reinterpret_cast<float*>(smem + 16);  // s2 (tb_forloop_accum_red_ld_rms_op)
@@ -43,6 +48,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   L3::Frag acc4;
   L3::fill(acc4, float(0.0));
   __syncthreads();
+  mucc::sm90::cluster_arrive_relaxed();  // CTA 0's push barrier is initialised
   // cluster split: CTA r of the cluster runs iterations [r·16, (r + 1)·16)
   const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * 16;
   // software pipeline: 4 stages
@@ -102,14 +108,18 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   L3::each(acc4, warp, lane, [&](int row, int col, float v, int, int, int) {
     s4[L6::offset(row * 48 + col)] = mucc::from_compute<float>(v);
   });
-  // cluster split: CTA 0 combines the partial accumulators of the 2 CTAs
-  mucc::sm90::cluster_sync();  // every CTA's partials are complete
-  if (mucc::sm90::cluster_rank() == 0) {
-    mucc::tb::cluster_fold<256, 2, 2, mucc::tb::FoldSum, L0, float>(tid, s2);
-    mucc::tb::cluster_fold<256, 96, 2, mucc::tb::FoldSum, L6, float>(tid, s4);
+  // cluster split: CTA 1 pushes its partial accumulators into CTA 0's shared memory
+  mucc::sm90::cluster_wait();  // CTA 0's push barrier is initialised
+  __syncthreads();  // the partial tiles are complete before they are pushed
+  if (mucc::sm90::cluster_rank() != 0) {
+    mucc::tb::cluster_push<256, 2, 16, L0, float>(tid, s2, smem + 59536, push, mucc::sm90::cluster_rank());
+    mucc::tb::cluster_push<256, 96, 416, L6, float>(tid, s4, smem + 59648, push, mucc::sm90::cluster_rank());
+    return;
   }
-  mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave
-  if (mucc::sm90::cluster_rank() != 0) return;
+  if (tid == 0) mucc::sm90::mbar_arrive_expect_tx(push, 392);  // the pushed bytes
+  mucc::sm90::mbar_wait(push, 0);
+  mucc::tb::cluster_fold_pushed<256, 2, 2, 16, mucc::tb::FoldSum, L0, float>(tid, s2, smem + 59536);
+  mucc::tb::cluster_fold_pushed<256, 96, 2, 416, mucc::tb::FoldSum, L6, float>(tid, s4, smem + 59648);
   __syncthreads();
   mucc::tb::for_each<256, 2>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s2[L0::offset(e)]);
@@ -138,9 +148,9 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
     static std::atomic<unsigned long long> smem_set{0};
-    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 59520, smem_set));
+    MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 60064, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 59520, stream, args));
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 60064, stream, args));
   }
 
   return 0;

@@ -70,6 +70,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_register_rows: a.path.no_register_rows,
         no_wgmma: a.path.no_wgmma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
+        no_cluster_push: a.path.no_cluster_push,
         cluster_combine: a.path.cluster_combine,
         online_softmax: a.path.online_softmax,
         // The runner provides the exchange buffers the fused form needs.

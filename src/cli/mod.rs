@@ -187,6 +187,12 @@ pub struct PathArg {
     /// same function.
     #[arg(long)]
     pub no_fuse_matmuls: bool,
+    /// Fold a cluster split's partial accumulators by CTA 0's reads through distributed shared
+    /// memory, between two cluster barriers: no pushes (the other CTAs otherwise store their
+    /// partials into CTA 0's shared memory and leave, where the slots fit; `explain` says
+    /// which and why not). For comparison: both compute the same function.
+    #[arg(long)]
+    pub no_cluster_push: bool,
     /// Run the combining step of split attention in the attention kernel's clusters (sm_90a):
     /// the kernel launches in clusters of its key splits (2 to 8), whose CTAs combine their
     /// partials through distributed shared memory and store the result, instead of a combining
@@ -243,6 +249,7 @@ impl PathArg {
             && !self.no_register_pipes
             && !self.no_register_rows
             && !self.no_wgmma
+            && !self.no_cluster_push
             && !self.no_fuse_matmuls
             && !self.cluster_combine
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
@@ -271,6 +278,7 @@ impl PathArg {
         opts.register_pipes = !self.no_register_pipes;
         opts.register_rows = !self.no_register_rows;
         opts.wgmma = !self.no_wgmma;
+        opts.cluster_push = !self.no_cluster_push;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.cluster_combine = self.cluster_combine;
         opts.online_softmax = self.online_softmax;

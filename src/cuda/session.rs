@@ -53,6 +53,9 @@ pub struct SessionOptions {
     /// Keep every kernel-level matmul a separate step (no fusion into its reader, for
     /// comparison).
     pub no_fuse_matmuls: bool,
+    /// Fold a cluster split's partials by CTA 0's reads instead of pushing them
+    /// (`--no-cluster-push`, for comparison).
+    pub no_cluster_push: bool,
     /// Run the combining step of split attention in the attention kernel's clusters
     /// (`--cluster-combine`; off by default).
     pub cluster_combine: bool,
@@ -125,6 +128,7 @@ impl Session {
             dependent_launch: a.dependent_launch,
             symbols: Default::default(),
             cluster_split: true,
+            cluster_push: !a.no_cluster_push,
             cluster_combine: a.cluster_combine,
             cta: a.cta,
             register_pipes: !a.no_register_pipes,

@@ -10,9 +10,9 @@ use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
-    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, KernelPlan,
-    MatmulLowering, Options, Partial, PipeDecision, PlanError, Prefetch, Sink, SmemPlan, Split,
-    SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
+    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather, KernelPlan,
+    MatmulLowering, NoPush, Options, Partial, PipeDecision, PlanError, Prefetch, PushSlots, Sink,
+    SmemPlan, Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -566,6 +566,9 @@ fn plan_kernel_with(
     let smem_fit =
         target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM).max(1);
     let mut min_blocks_per_sm = resident_blocks.min(smem_fit).max(1);
+    if let Split::Cluster(c) = &mut split {
+        c.gather = plan_gather(tb, c, &mut smem, &tiles, target, opts.cluster_push);
+    }
     if let Split::Cluster(c) = &split {
         // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
         min_blocks_per_sm = c.resident_per_sm;
@@ -588,6 +591,9 @@ fn plan_kernel_with(
     let copy_waits = plan_copy_waits(&fusion, &ops, &sched);
     let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
     barriers.after_rescaled_folds = split.cluster().and_then(after_rescaled_folds);
+    barriers.before_push = split
+        .cluster()
+        .is_some_and(|c| matches!(c.gather, Gather::Push(_)));
     let regions = plan_regions(g, op, tb, dt, &tma);
     let uniform_warp = ops.iter().any(|o| {
         matches!(
@@ -869,6 +875,65 @@ fn after_rescaled_folds(c: &ClusterSplit) -> Option<usize> {
     (first_plain > 0).then_some(first_plain)
 }
 
+/// How a cluster split's partials reach CTA 0 ([`Gather`]): pushed into slots of CTA 0's
+/// shared memory, added after the kernel's tiles (`smem.total` grows by them), unless an
+/// online-softmax partial needs the CTAs' maxima first, the option turns pushes off, or the
+/// slots would cost the CTAs per SM the split counted on.
+///
+/// Measured on an H100 (docs/benchmarks.md, "Cluster split"): the pushes and one barrier
+/// in place of CTA 0's reads between two barriers took decode m8 11008×2048 from 22.0–22.5 µs
+/// to 20.4, m8 3584×4608 from 16.2–16.4 to 15.1 and m1 11008×2048 from 18.5 to 17.6.
+fn plan_gather(
+    tb: &TbGraph,
+    c: &ClusterSplit,
+    smem: &mut SmemPlan,
+    tiles: &[Option<TileGeometry>],
+    target: &Target,
+    push: bool,
+) -> Gather {
+    if !push {
+        return Gather::Fold(NoPush::TurnedOff);
+    }
+    if c.partials
+        .iter()
+        .any(|p| matches!(p.combine, Combine::Rescaled { .. }))
+    {
+        return Gather::Fold(NoPush::Rescaled);
+    }
+    let barrier = smem.total.next_multiple_of(16);
+    let mut end = barrier + 8;
+    let (mut slots, mut strides, mut bytes) = (Vec::new(), Vec::new(), 0);
+    for p in &c.partials {
+        let b = smem
+            .buffer_of(p.tile)
+            .expect("a cluster split's partials live in shared memory");
+        let buf = &smem.buffers[b];
+        let offset = end.next_multiple_of(buf.align.max(16));
+        slots.push(offset);
+        strides.push(buf.bytes);
+        end = offset + (c.ctas - 1) * buf.bytes;
+        let elem = tiles[p.tile].as_ref().map_or(4, |g| g.dtype.bytes());
+        bytes += (c.ctas - 1) * tb.tensors[Handle::from_index(p.tile)].shape.numel() * elem;
+    }
+    let needed = end.next_multiple_of(16);
+    let per_sm = needed + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM;
+    if needed > target.smem_per_block || per_sm * c.resident_per_sm > target.smem_per_sm {
+        return Gather::Fold(NoPush::DoesNotFit {
+            needed,
+            resident: c.resident_per_sm,
+        });
+    }
+    let added = needed - smem.total;
+    smem.total = needed;
+    Gather::Push(PushSlots {
+        barrier,
+        slots,
+        strides,
+        bytes,
+        added,
+    })
+}
+
 /// The register accumulators written to shared memory after the loop, in operator order: a
 /// key split's output accumulator (its warps combine there), and every other register
 /// accumulator that has a buffer (its tile is read after the loop).
@@ -991,6 +1056,7 @@ fn plan_body_barriers(
         before_write_back: false,
         before_finalize: false,
         after_rescaled_folds: None,
+        before_push: false,
     };
     // Register accumulators written back to a shared-memory buffer may share memory with tiles
     // the body reads.
@@ -1168,6 +1234,8 @@ fn plan_split(
                 partials,
                 resident_per_sm,
                 regs_per_thread,
+                // Decided once the split is final (`plan_gather`).
+                gather: Gather::Fold(NoPush::TurnedOff),
             });
         }
     }
@@ -2499,6 +2567,65 @@ mod tests {
         let kp = p.kernels.values().next().unwrap();
         assert_eq!(kp.cta.resident_blocks, 1);
         assert_eq!(kp.pipeline_stages(), 4);
+    }
+
+    /// decode_m8 11008×2048's split pushes its one partial (8 × 64 f32) into 7 slots of CTA 0
+    /// after the kernel's tiles, with the mbarrier before them, and still fits 3 CTAs per SM;
+    /// `--no-cluster-push` folds, without the slots; partials rescaled by an online softmax
+    /// are folded whatever the option.
+    #[test]
+    fn a_split_pushes_its_partials_where_the_slots_fit() {
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::{Gather, NoPush, Options};
+        use crate::target::Arch;
+        let target = Target::new(Arch::Sm90a);
+        let g = decode_gated_linear(8, 11008, 2048, 32, 64, DType::BF16).unwrap();
+        let opts = Options::for_target(target);
+        let plan_with = |push: bool| {
+            let o = Options {
+                cluster_push: push,
+                ..opts.clone()
+            };
+            let p = crate::sched::plan(&g, &o).unwrap();
+            p.kernels.values().next().unwrap().clone()
+        };
+        let (on, off) = (plan_with(true), plan_with(false));
+        let c = on.split.cluster().expect("split");
+        let Gather::Push(p) = &c.gather else {
+            panic!("{:?}", c.gather)
+        };
+        let tile = c.partials[0].tile;
+        let buf = &on.smem.buffers[on.smem.buffer_of(tile).unwrap()];
+        assert_eq!(buf.bytes, 8 * 64 * 4);
+        assert_eq!(p.strides, vec![buf.bytes]);
+        assert_eq!(p.bytes, 7 * 8 * 64 * 4);
+        assert_eq!(p.barrier, off.smem.total.next_multiple_of(16));
+        assert!(p.slots[0] >= p.barrier + 8 && p.slots[0] % 16 == 0);
+        assert_eq!(on.smem.total, p.slots[0] + 7 * buf.bytes);
+        assert_eq!(on.smem.total, off.smem.total + p.added);
+        assert!(on.barriers.before_push && !off.barriers.before_push);
+        assert_eq!(c.resident_per_sm, 3);
+        assert!(
+            3 * (on.smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM) <= target.smem_per_sm
+        );
+        let c_off = off.split.cluster().expect("split");
+        assert_eq!(c_off.gather, Gather::Fold(NoPush::TurnedOff));
+        assert_eq!((c_off.ctas, c_off.iters), (c.ctas, c.iters));
+        // An online-softmax split (mha_bs1's attention kernel) folds.
+        let f = crate::read_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../shared/corpus/mirage-benchmarks/mha_bs1.json"),
+            &Default::default(),
+        )
+        .unwrap();
+        let p = crate::sched::plan(&f.graphs[1].graph, &opts).unwrap();
+        let rescaled = p
+            .kernels
+            .values()
+            .filter_map(|kp| kp.split.cluster())
+            .map(|c| c.gather.clone())
+            .collect::<Vec<_>>();
+        assert_eq!(rescaled, vec![Gather::Fold(NoPush::Rescaled)]);
     }
 
     /// The decode kernel of 2048 × 22016 (17 KB stages) gets the 2 stages that keep

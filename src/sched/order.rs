@@ -69,6 +69,9 @@ pub enum BarrierReason {
     /// In CTA 0 of a cluster split, after the rescaled partials' folds read its max tile and
     /// before that tile is folded.
     AfterRescaledFolds,
+    /// Under a cluster split with pushes, after the loop: the partial tiles are complete before
+    /// the CTAs read them to push or fold.
+    BeforePush,
 }
 
 impl std::fmt::Display for BarrierReason {
@@ -91,6 +94,7 @@ impl std::fmt::Display for BarrierReason {
                 "accumulators complete before mean and RMS are finalised"
             }
             BarrierReason::AfterRescaledFolds => "the rescaled partials have read the max tile",
+            BarrierReason::BeforePush => "the partial tiles are complete before they are pushed",
         })
     }
 }

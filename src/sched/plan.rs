@@ -51,6 +51,9 @@ pub struct Options {
     /// Whether the Hopper path may split a kernel's for-loop over a cluster (on by default; a
     /// tuning variant turns it off).
     pub cluster_split: bool,
+    /// Whether a cluster split's CTAs push their partials into CTA 0's shared memory
+    /// ([`Gather::Push`]; on by default, `--no-cluster-push` folds them by CTA 0's reads).
+    pub cluster_push: bool,
     /// Whether the Hopper path runs the combining step of split attention in the attention
     /// kernel's clusters ([`super::combine`], `--cluster-combine`). Off by default: measured
     /// slower on an H200 (docs/benchmarks.md).
@@ -105,6 +108,7 @@ impl Options {
             dependent_launch: false,
             symbols: Symbols::default(),
             cluster_split: true,
+            cluster_push: true,
             cluster_combine: false,
             cta: CtaChoice::Auto,
             register_pipes: true,
@@ -807,6 +811,83 @@ pub struct ClusterSplit {
     /// Registers per thread the residency counts on: ptxas may use up to
     /// 65536 / (threads × `resident_per_sm`).
     pub regs_per_thread: usize,
+    /// How the partials reach CTA 0.
+    pub gather: Gather,
+}
+
+/// How the CTAs of a [`ClusterSplit`] bring their partial accumulators to CTA 0 after the loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gather {
+    /// Behind a cluster barrier CTA 0 reads every CTA's partial tiles through distributed
+    /// shared memory and folds them into its own; a second cluster barrier keeps the others'
+    /// tiles alive until it has. Why the partials are not pushed.
+    Fold(NoPush),
+    /// CTAs 1.. store their partial tiles into slots of CTA 0's shared memory (`st.async`, each
+    /// store completing its bytes on CTA 0's push mbarrier) and leave; CTA 0 waits on that
+    /// mbarrier alone, then folds the slots into its tiles. The only cluster barrier is the one
+    /// publishing the mbarrier's initialisation: arrived at before the loop, waited on after.
+    Push(PushSlots),
+}
+
+impl Gather {
+    /// The slots, when the partials are pushed.
+    pub fn push(&self) -> Option<&PushSlots> {
+        match self {
+            Gather::Push(p) => Some(p),
+            Gather::Fold(_) => None,
+        }
+    }
+}
+
+/// Where CTA 0 receives the pushed partials ([`Gather::Push`]): shared memory after the
+/// kernel's tiles, in every CTA (only CTA 0's is written), live for the whole kernel (the
+/// pushes may arrive while CTA 0 is still in its loop).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushSlots {
+    /// Byte offset of the push mbarrier.
+    pub barrier: usize,
+    /// Per partial, in [`ClusterSplit::partials`] order: the byte offset of its first slot.
+    /// CTA r's slot is at `offset + (r − 1) · stride`, laid out as the partial's tile.
+    pub slots: Vec<usize>,
+    /// Bytes between a partial's consecutive slots (per partial, the tile's buffer bytes).
+    pub strides: Vec<usize>,
+    /// Bytes CTA 0 waits for: (CTAs − 1) × the bytes of the partials' elements.
+    pub bytes: usize,
+    /// Shared memory the mbarrier and the slots add to the kernel's (included in
+    /// [`SmemPlan::total`]).
+    pub added: usize,
+}
+
+/// Why a [`ClusterSplit`]'s partials are folded by CTA 0's reads rather than pushed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoPush {
+    /// `--no-cluster-push` (for comparison).
+    TurnedOff,
+    /// An online-softmax partial: rescaling needs every CTA's running max first.
+    Rescaled,
+    /// The slots would cost the CTAs per SM the split counted on, or exceed a block's limit.
+    DoesNotFit {
+        /// The kernel's shared memory with the slots.
+        needed: usize,
+        /// The CTAs per SM the split counted on.
+        resident: usize,
+    },
+}
+
+impl fmt::Display for NoPush {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoPush::TurnedOff => f.write_str("--no-cluster-push"),
+            NoPush::Rescaled => f.write_str(
+                "an online-softmax partial is rescaled to the largest of the CTAs' running maxima",
+            ),
+            NoPush::DoesNotFit { needed, resident } => write!(
+                f,
+                "with the slots a CTA needs {needed} bytes of shared memory: {resident} CTAs per SM \
+                 would not fit"
+            ),
+        }
+    }
 }
 
 /// Programmatic dependent launch of a threadblock kernel (sm_90a): launched with programmatic
@@ -1992,6 +2073,9 @@ pub struct BodyBarriers {
     /// max tile: the index in [`ClusterSplit::partials`] of the first fold after them, which
     /// CTA 0 runs behind a barrier (the max tile's own fold among them).
     pub after_rescaled_folds: Option<usize>,
+    /// Under a cluster split whose partials are pushed ([`Gather::Push`]): a barrier after the
+    /// write-backs, before the CTAs read their partial tiles to push or fold them.
+    pub before_push: bool,
 }
 
 impl BodyBarriers {
@@ -2009,6 +2093,7 @@ impl BodyBarriers {
             (self.after_initial_state, R::InitialState),
             (self.prefetch == Prefetch::EndOfBody, R::BeforePrefetch),
             (self.before_write_back, R::BeforeWriteBack),
+            (self.before_push, R::BeforePush),
             (self.before_finalize, R::BeforeFinalize),
             (self.after_rescaled_folds.is_some(), R::AfterRescaledFolds),
         ]

@@ -362,7 +362,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             F::Wgmma => b_loads.iter().any(|b| b == wgmma_b),
             F::FmaMatmul => text.contains("mucc::tb::FmaMatmul<"),
             F::RegisterPipe => text.contains("::run_from<") || text.contains("::run_from_keys<"),
-            F::Cluster => text.contains("mucc::sm90::cluster_sync()"),
+            F::Cluster => {
+                text.contains("mucc::sm90::cluster_sync()")
+                    || text.contains("mucc::sm90::cluster_wait()")
+            }
             F::ProgrammaticLaunch => {
                 text.contains("mucc::sm90::grid_dependency_wait()")
                     || text.contains("mucc::sm90::launch_dependents()")
@@ -542,26 +545,74 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                     && text.contains(&format!("for (int it = it0; it < it0 + {}; ++it)", c.iters)),
                 format!("loop share `{share}`"),
             );
-            for p in &c.partials {
-                let (fold, tail) = match p.combine {
-                    mucc::sched::plan::Combine::Rescaled { max_tile } => (
-                        format!("mucc::tb::cluster_fold_rescaled<{nt}, "),
-                        format!(">(tid, s{}, s{max_tile});", p.tile),
-                    ),
-                    _ => (
-                        format!("mucc::tb::cluster_fold<{nt}, "),
-                        format!(">(tid, s{});", p.tile),
-                    ),
-                };
+            if let Some(push) = c.gather.push() {
+                for (i, p) in c.partials.iter().enumerate() {
+                    let (slot, stride) = (push.slots[i], push.strides[i]);
+                    want(
+                        text.lines().any(|l| {
+                            l.contains(&format!("mucc::tb::cluster_push<{nt}, "))
+                                && l.contains(&format!(", {stride}, "))
+                                && l.contains(&format!(
+                                    "(tid, s{}, smem + {slot}, push, mucc::sm90::cluster_rank());",
+                                    p.tile
+                                ))
+                        }),
+                        format!("a push of s{} into the slots at byte {slot}", p.tile),
+                    );
+                    want(
+                        text.lines().any(|l| {
+                            l.contains(&format!("mucc::tb::cluster_fold_pushed<{nt}, "))
+                                && l.contains(&format!(", {}, {stride}, mucc::tb::Fold", c.ctas))
+                                && l.contains(&format!("(tid, s{}, smem + {slot});", p.tile))
+                        }),
+                        format!("a fold of the pushed s{}", p.tile),
+                    );
+                }
                 want(
-                    text.lines().any(|l| l.contains(&fold) && l.contains(&tail)),
-                    format!("a fold of s{}", p.tile),
+                    text.contains(&format!(
+                        "mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + {});",
+                        push.barrier
+                    )) && text.contains(&format!(
+                        "mucc::sm90::mbar_arrive_expect_tx(push, {});",
+                        push.bytes
+                    )),
+                    format!(
+                        "the push barrier at byte {} awaiting {} bytes",
+                        push.barrier, push.bytes
+                    ),
+                );
+                want(
+                    text.matches("mucc::sm90::cluster_arrive_relaxed();")
+                        .count()
+                        == 1
+                        && text.matches("mucc::sm90::cluster_wait();").count() == 1
+                        && !text.contains("mucc::sm90::cluster_sync();")
+                        && !text.contains("mucc::tb::cluster_fold<"),
+                    "one cluster barrier (arrive before the loop, wait after), no reads of peers"
+                        .into(),
+                );
+            } else {
+                for p in &c.partials {
+                    let (fold, tail) = match p.combine {
+                        mucc::sched::plan::Combine::Rescaled { max_tile } => (
+                            format!("mucc::tb::cluster_fold_rescaled<{nt}, "),
+                            format!(">(tid, s{}, s{max_tile});", p.tile),
+                        ),
+                        _ => (
+                            format!("mucc::tb::cluster_fold<{nt}, "),
+                            format!(">(tid, s{});", p.tile),
+                        ),
+                    };
+                    want(
+                        text.lines().any(|l| l.contains(&fold) && l.contains(&tail)),
+                        format!("a fold of s{}", p.tile),
+                    );
+                }
+                want(
+                    text.matches("mucc::sm90::cluster_sync();").count() == 2,
+                    "two cluster barriers".into(),
                 );
             }
-            want(
-                text.matches("mucc::sm90::cluster_sync();").count() == 2,
-                "two cluster barriers".into(),
-            );
         }
         None => want(
             !text.contains("cluster_") && !text.contains("blockIdx.x /"),

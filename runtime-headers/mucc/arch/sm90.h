@@ -193,6 +193,11 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_arrive();
   cluster_wait();
 }
+// An arrival that orders no memory access of its own: after fence_mbarrier_init, it publishes
+// initialised mbarriers to the cluster's threads that wait on the barrier.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
 // The shared::cluster address of `p` (this CTA's shared memory) in CTA `rank` of the cluster.
 __device__ __forceinline__ unsigned map_rank(const void* p, unsigned rank) {
   unsigned out;
@@ -211,6 +216,18 @@ __device__ __forceinline__ unsigned ld_cluster_u32(unsigned addr) {
 }
 __device__ __forceinline__ void st_cluster_f32(unsigned addr, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+// Stores `v` at the shared::cluster address `addr` (another CTA's shared memory) and completes
+// its bytes on the mbarrier at shared::cluster address `bar` (in the same CTA as `addr`).
+__device__ __forceinline__ void st_async(unsigned addr, float v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_async(unsigned addr, double v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(addr),
+               "l"(__double_as_longlong(v)), "r"(bar)
+               : "memory");
 }
 
 // ---- warpgroup register reallocation (every thread of the warpgroup executes it; the kernel

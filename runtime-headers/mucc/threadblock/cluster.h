@@ -8,6 +8,16 @@
 //   cluster_sync();                    // CTA 0 has read them: the others may exit
 //   if (rank != 0) return;
 //
+// With pushes (the plan's slots in CTA 0's shared memory and its push mbarrier `push`):
+//   before the loop: thread 0 initialises `push` (one arrival), fence_mbarrier_init; then
+//   cluster_arrive_relaxed();          // every CTA: CTA 0's `push` is initialised
+//   after the loop:
+//   cluster_wait();                    // the pushes may start
+//   __syncthreads();                   // this CTA's partial tiles are complete
+//   if (rank != 0) { cluster_push<...>(…) for each accumulator tile; return; }
+//   thread 0: mbar_arrive_expect_tx(push, bytes of every push); mbar_wait(push, 0);
+//   cluster_fold_pushed<...>(…) for each accumulator tile;
+//
 // Split attention combined in its clusters (the CTAs of a cluster are the key splits of one
 // block, each with its split's partials after the loop):
 //   cluster_sync();                    // every CTA's (O, l, m) tiles are complete and visible
@@ -53,6 +63,36 @@ template <int NT, i64 N, int CTAS, class F, class L, class T> __device__ __force
     T v = t[o];
 #pragma unroll
     for (int r = 1; r < CTAS; ++r) v = F::apply(v, sm90::ld_peer(t + o, r));
+    t[o] = v;
+  });
+}
+
+// CTA `rank` (≥ 1) of the cluster stores its tile t (N elements at L) into its slot of CTA 0's
+// shared memory: the slot of rank r at `slots` + (r − 1)·STRIDE bytes, laid out as t, where
+// `slots` and `push` (the push mbarrier) are addresses of this CTA's shared memory that stand for
+// the same offsets in CTA 0. Each store completes its bytes on CTA 0's `push`; called by the
+// CTA's NT threads, which may then leave.
+template <int NT, i64 N, i64 STRIDE, class L, class T>
+__device__ __forceinline__ void cluster_push(int tid, const T* t, const void* slots, u64* push, unsigned rank) {
+  const unsigned base = sm90::map_rank(slots, 0) + (rank - 1) * static_cast<unsigned>(STRIDE);
+  const unsigned bar = sm90::map_rank(push, 0);
+  for_each<NT, N>(tid, [&](int e, int) {
+    const auto o = L::offset(e);
+    sm90::st_async(base + static_cast<unsigned>(o * sizeof(T)), t[o], bar);
+  });
+}
+
+// In CTA 0, once the pushes are complete: t[L(e)] = F(t[L(e)], slot_1[L(e)], …,
+// slot_{CTAS-1}[L(e)]) for the N elements of its tile, slot r at `slots` + (r − 1)·STRIDE bytes
+// (the same order, and so the same rounding, as cluster_fold).
+template <int NT, i64 N, int CTAS, i64 STRIDE, class F, class L, class T>
+__device__ __forceinline__ void cluster_fold_pushed(int tid, T* t, const void* slots) {
+  const unsigned char* s = static_cast<const unsigned char*>(slots);
+  for_each<NT, N>(tid, [&](int e, int) {
+    const auto o = L::offset(e);
+    T v = t[o];
+#pragma unroll
+    for (int r = 1; r < CTAS; ++r) v = F::apply(v, reinterpret_cast<const T*>(s + (r - 1) * STRIDE)[o]);
     t[o] = v;
   });
 }

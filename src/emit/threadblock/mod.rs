@@ -504,6 +504,9 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     if !kp.tma.loads.is_empty() {
         tma_barriers(&mut ctx.w, kp);
     }
+    if let Some(p) = kp.split.cluster().and_then(|c| c.gather.push()) {
+        push_barrier(&mut ctx.w, p);
+    }
     if let Some(x) = &kp.exchange {
         exchange_start(&mut ctx.w, x);
     }
@@ -541,6 +544,20 @@ fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
         for l in &kp.tma.loads {
             w.line(format!("mucc::sm90::prefetch_tensormap(&tm{});", l.map));
         }
+    });
+}
+
+/// Under a cluster split with pushes: the push mbarrier (one arrival: CTA 0's thread 0, with the
+/// pushed bytes), initialised by thread 0 of every CTA (only CTA 0's is used) and fenced for the
+/// cluster; the cluster arrival before the loop publishes it.
+fn push_barrier(w: &mut Writer, p: &crate::sched::plan::PushSlots) {
+    w.line(format!(
+        "mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + {});  // cluster split: CTA 0's push barrier",
+        p.barrier
+    ));
+    w.block("if (tid == 0)", "", |w| {
+        w.line("mucc::sm90::mbar_init(push, 1);");
+        w.line("mucc::sm90::fence_mbarrier_init();");
     });
 }
 
@@ -761,13 +778,81 @@ fn cluster_combine(
     Ok(())
 }
 
-/// Under a cluster split: CTA 0 folds the other CTAs' partial accumulators into its own
-/// (between two cluster barriers: the partials are complete before, read after), then the
-/// other CTAs leave and CTA 0 alone runs the post-loop operators.
+/// "CTA 1 pushes its partial accumulators", or for larger clusters "CTAs 1..N push their …".
+fn others_push(ctas: usize) -> String {
+    match ctas {
+        2 => "CTA 1 pushes its partial accumulators".to_string(),
+        n => format!("CTAs 1..{} push their partial accumulators", n - 1),
+    }
+}
+
+/// Under a cluster split with pushes ([`crate::sched::plan::Gather::Push`]): the other CTAs
+/// store their partial accumulators into CTA 0's slots and leave; CTA 0 waits for their bytes
+/// and folds the slots into its own tiles, then alone runs the post-loop operators.
+fn push_partials(
+    ctx: &mut Ctx,
+    c: &crate::sched::plan::ClusterSplit,
+    p: &crate::sched::plan::PushSlots,
+) -> Result<(), EmitError> {
+    use crate::sched::plan::Combine;
+    let (tb, nt, ctas) = (ctx.tb, ctx.nt, c.ctas);
+    ctx.w.line(format!(
+        "// cluster split: {} into CTA 0's shared memory",
+        others_push(ctas)
+    ));
+    ctx.w
+        .line("mucc::sm90::cluster_wait();  // CTA 0's push barrier is initialised");
+    ctx.w.line(format!(
+        "__syncthreads();  // {}",
+        crate::sched::order::BarrierReason::BeforePush
+    ));
+    let mut pushes = Vec::new();
+    let mut folds = Vec::new();
+    for (i, part) in c.partials.iter().enumerate() {
+        let t = Handle::from_index(part.tile);
+        let s = tb.tensors[t].shape;
+        let l = ctx.tile_layout(t, &(0..s.rank()).collect::<Vec<_>>())?;
+        let ty = ctx.tile_ctype(t);
+        let f = match part.combine {
+            Combine::Sum => "FoldSum",
+            Combine::Max => "FoldMax",
+            Combine::Rescaled { .. } => {
+                return Err(ctx.internal("a rescaled partial is pushed"));
+            }
+        };
+        let (slot, stride, n, tile) = (p.slots[i], p.strides[i], s.numel(), part.tile);
+        pushes.push(format!(
+            "mucc::tb::cluster_push<{nt}, {n}, {stride}, {l}, {ty}>(tid, s{tile}, smem + {slot}, push, mucc::sm90::cluster_rank());"
+        ));
+        folds.push(format!(
+            "mucc::tb::cluster_fold_pushed<{nt}, {n}, {ctas}, {stride}, mucc::tb::{f}, {l}, {ty}>(tid, s{tile}, smem + {slot});"
+        ));
+    }
+    pushes.push("return;".to_string());
+    ctx.w
+        .block("if (mucc::sm90::cluster_rank() != 0)", "", |w| {
+            chain::lines(w, &pushes)
+        });
+    ctx.w.line(format!(
+        "if (tid == 0) mucc::sm90::mbar_arrive_expect_tx(push, {});  // the pushed bytes",
+        p.bytes
+    ));
+    ctx.w.line("mucc::sm90::mbar_wait(push, 0);");
+    chain::lines(&mut ctx.w, &folds);
+    Ok(())
+}
+
+/// Under a cluster split: the partial accumulators of its CTAs reach CTA 0, pushed
+/// ([`push_partials`]) or folded by CTA 0 (between two cluster barriers: the partials are
+/// complete before, read after), then the other CTAs leave and CTA 0 alone runs the post-loop
+/// operators.
 fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     let Some(c) = ctx.kp.split.cluster() else {
         return Ok(());
     };
+    if let Some(p) = c.gather.push() {
+        return push_partials(ctx, c, p);
+    }
     let (tb, nt, ctas) = (ctx.tb, ctx.nt, c.ctas);
     ctx.w.line(format!(
         "// cluster split: CTA 0 combines the partial accumulators of the {ctas} CTAs"
@@ -871,6 +956,11 @@ impl Ctx<'_> {
     /// the plan puts it ([`crate::sched::plan::Prefetch`]).
     fn for_loop(&mut self) -> Result<(), EmitError> {
         if let Some(c) = self.kp.split.cluster() {
+            if c.gather.push().is_some() {
+                self.w.line(
+                    "mucc::sm90::cluster_arrive_relaxed();  // CTA 0's push barrier is initialised",
+                );
+            }
             self.w.line(format!(
                 "// cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
                 c.iters
