@@ -350,12 +350,17 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                         "    after the loop {who} partials into slots of CTA 0's shared memory \
                          ({}: st.async, {} bytes completing on the push mbarrier at byte {}; {} B \
                          of shared memory added) and leave; CTA 0 folds them and alone runs the \
-                         post-loop operators: {}",
+                         post-loop operators: {}{}",
                         slots.join(", "),
                         p.bytes,
                         p.barrier,
                         p.added,
-                        parts.join(", ")
+                        parts.join(", "),
+                        p.resident_before.map_or(String::new(), |r| format!(
+                            "; the slots take the room of CTAs: {} per SM fit instead of the {r} \
+                             the split counted on, its clusters still in one wave",
+                            c.resident_per_sm
+                        ))
                     );
                 }
                 Gather::Fold(why) => {

@@ -572,7 +572,11 @@ fn plan_kernel_with(
     if let Split::Cluster(c) = &split {
         // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
         min_blocks_per_sm = c.resident_per_sm;
-        resident_blocks = resident_blocks.max(c.resident_per_sm);
+        resident_blocks = match c.gather.push() {
+            // The slots took the room of some of the CTAs counted on.
+            Some(p) if p.resident_before.is_some() => c.resident_per_sm,
+            _ => resident_blocks.max(c.resident_per_sm),
+        };
         // A CTA's share of the loop bounds its ring (the slots stay allocated).
         for p in &mut ops {
             if let OpPlan::Input { stages, .. } = p {
@@ -878,14 +882,16 @@ fn after_rescaled_folds(c: &ClusterSplit) -> Option<usize> {
 /// How a cluster split's partials reach CTA 0 ([`Gather`]): pushed into slots of CTA 0's
 /// shared memory, added after the kernel's tiles (`smem.total` grows by them), unless an
 /// online-softmax partial needs the CTAs' maxima first, the option turns pushes off, or the
-/// slots would cost the CTAs per SM the split counted on.
+/// slots leave room for too few CTAs per SM: fewer than the split counted on are taken when its
+/// clusters still fit in one wave of them ([`cluster_fits`]; `c.resident_per_sm` becomes that
+/// count, and [`PushSlots::resident_before`] says what it was).
 ///
 /// Measured on an H100 (docs/benchmarks.md, "Cluster split"): the pushes and one barrier
 /// in place of CTA 0's reads between two barriers took decode m8 11008×2048 from 22.0–22.5 µs
 /// to 20.4, m8 3584×4608 from 16.2–16.4 to 15.1 and m1 11008×2048 from 18.5 to 17.6.
 fn plan_gather(
     tb: &TbGraph,
-    c: &ClusterSplit,
+    c: &mut ClusterSplit,
     smem: &mut SmemPlan,
     tiles: &[Option<TileGeometry>],
     target: &Target,
@@ -917,12 +923,18 @@ fn plan_gather(
     }
     let needed = end.next_multiple_of(16);
     let per_sm = needed + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM;
-    if needed > target.smem_per_block || per_sm * c.resident_per_sm > target.smem_per_sm {
+    let room = (target.smem_per_sm / per_sm).min(c.resident_per_sm);
+    if needed > target.smem_per_block
+        || room == 0
+        || !cluster_fits(tb.num_blocks(), c.ctas, room, target)
+    {
         return Gather::Fold(NoPush::DoesNotFit {
             needed,
             resident: c.resident_per_sm,
         });
     }
+    let resident_before = (room < c.resident_per_sm).then_some(c.resident_per_sm);
+    c.resident_per_sm = room;
     let added = needed - smem.total;
     smem.total = needed;
     Gather::Push(PushSlots {
@@ -931,7 +943,21 @@ fn plan_gather(
         strides,
         bytes,
         added,
+        resident_before,
     })
+}
+
+/// Whether `blocks` clusters of `ctas` CTAs run in one wave at `resident` CTAs per SM: all of
+/// their CTAs must be resident at once, and clusters of 4 or 8 count on [`CLUSTER_PACKING`] of
+/// the slots (a cluster fits in one GPC).
+fn cluster_fits(blocks: usize, ctas: usize, resident: usize, target: &Target) -> bool {
+    let slots = target.typical_sms * resident;
+    let usable = if ctas > 2 {
+        (slots as f64 * CLUSTER_PACKING) as usize
+    } else {
+        slots
+    };
+    blocks * ctas <= usable
 }
 
 /// The register accumulators written to shared memory after the loop, in operator order: a
@@ -1222,12 +1248,10 @@ fn plan_split(
         .clamp(1, SPLIT_MAX_RESIDENT);
     let slots = target.typical_sms * resident_per_sm;
     for ctas in CLUSTER_SIZES {
-        let usable = if ctas > 2 {
-            (slots as f64 * CLUSTER_PACKING) as usize
-        } else {
-            slots
-        };
-        if f.is_multiple_of(ctas) && f / ctas >= 2 && blocks * ctas <= usable {
+        if f.is_multiple_of(ctas)
+            && f / ctas >= 2
+            && cluster_fits(blocks, ctas, resident_per_sm, target)
+        {
             return Split::Cluster(ClusterSplit {
                 ctas,
                 iters: f / ctas,
@@ -2626,6 +2650,50 @@ mod tests {
             .map(|c| c.gather.clone())
             .collect::<Vec<_>>();
         assert_eq!(rescaled, vec![Gather::Fold(NoPush::Rescaled)]);
+    }
+
+    /// decode_m8 2048×22016's split (clusters of 4 over 86 blocks, 4 CTAs per SM counted on)
+    /// has no room for its 24 KB of slots beside 4 CTAs; 344 CTAs still run in one wave of 3 per
+    /// SM, so it pushes at 3.
+    #[test]
+    fn pushes_may_take_the_room_of_a_ctas_per_sm_that_one_wave_does_not_need() {
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::{Gather, NoPush, Options};
+        use crate::target::Arch;
+        let target = Target::new(Arch::Sm90a);
+        let g = decode_gated_linear(8, 2048, 22016, 86, 64, DType::BF16).unwrap();
+        let opts = Options::for_target(target);
+        let p = crate::sched::plan(&g, &opts).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        let c = kp.split.cluster().expect("split");
+        let push = c.gather.push().expect("pushed");
+        assert_eq!(
+            (c.ctas, c.resident_per_sm, push.resident_before),
+            (4, 3, Some(4))
+        );
+        assert_eq!((kp.cta.min_blocks_per_sm, kp.cta.resident_blocks), (3, 3));
+        assert!(cluster_fits(86, 4, 3, &target) && !cluster_fits(86, 4, 2, &target));
+        assert!(
+            4 * (kp.smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM) > target.smem_per_sm
+        );
+        let off = Options {
+            cluster_push: false,
+            ..opts
+        };
+        let p = crate::sched::plan(&g, &off).unwrap();
+        let c = p
+            .kernels
+            .values()
+            .next()
+            .unwrap()
+            .split
+            .cluster()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (c.resident_per_sm, c.gather),
+            (4, Gather::Fold(NoPush::TurnedOff))
+        );
     }
 
     /// The decode kernel of 2048 × 22016 (17 KB stages) gets the 2 stages that keep

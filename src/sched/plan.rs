@@ -856,6 +856,10 @@ pub struct PushSlots {
     /// Shared memory the mbarrier and the slots add to the kernel's (included in
     /// [`SmemPlan::total`]).
     pub added: usize,
+    /// The CTAs per SM the split counted on before the slots took the room of some of them
+    /// (its clusters still fit in one wave of [`ClusterSplit::resident_per_sm`]); `None` when
+    /// the slots fit beside them.
+    pub resident_before: Option<usize>,
 }
 
 /// Why a [`ClusterSplit`]'s partials are folded by CTA 0's reads rather than pushed.
@@ -865,7 +869,8 @@ pub enum NoPush {
     TurnedOff,
     /// An online-softmax partial: rescaling needs every CTA's running max first.
     Rescaled,
-    /// The slots would cost the CTAs per SM the split counted on, or exceed a block's limit.
+    /// With the slots, too few CTAs fit per SM for the split's clusters to run in one wave, or a
+    /// block exceeds its limit.
     DoesNotFit {
         /// The kernel's shared memory with the slots.
         needed: usize,
@@ -883,8 +888,8 @@ impl fmt::Display for NoPush {
             ),
             NoPush::DoesNotFit { needed, resident } => write!(
                 f,
-                "with the slots a CTA needs {needed} bytes of shared memory: {resident} CTAs per SM \
-                 would not fit"
+                "with the slots a CTA needs {needed} bytes of shared memory: too few CTAs per SM \
+                 fit for the clusters to run in one wave (the split counts on {resident})"
             ),
         }
     }
