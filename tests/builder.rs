@@ -207,6 +207,15 @@ fn kernel_operators_and_strided_inputs() {
         },
     ];
     let got = interp::evaluate(&g, &ins).unwrap();
+    // The same walk over the logical arrays, shared instead of copied (the column-major W
+    // gathered; the row-major X taken as it is).
+    let arrays: Vec<std::sync::Arc<Array>> = ins
+        .iter()
+        .map(|h| std::sync::Arc::new(h.to_array()))
+        .collect();
+    assert_eq!(arrays[1].data, wl);
+    assert_eq!(arrays[0].data, xs);
+    assert_eq!(interp::evaluate_shared(&g, &arrays).unwrap(), got);
     // By hand.
     let mut m = [[0.0; 5]; 2];
     for i in 0..2 {

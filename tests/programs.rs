@@ -6,7 +6,7 @@
 mod common;
 
 use common::corpus_dir;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use mucc::graph::interp::{self, Array, HostTensor, InputSpec};
 use mucc::{ImportOptions, read_file};
@@ -62,7 +62,7 @@ fn check(file: &str, program: impl Fn(&[&[f64]]) -> Vec<f64>) {
         },
     );
     // Converted once and shared by every candidate's walk (the attention inputs are GBs in f64).
-    let arrays: Vec<Rc<Array>> = inputs.iter().map(|h| Rc::new(h.to_array())).collect();
+    let arrays: Vec<Arc<Array>> = inputs.iter().map(|h| Arc::new(h.to_array())).collect();
     drop(inputs);
     let logical: Vec<&[f64]> = arrays.iter().map(|a| a.data.as_slice()).collect();
     let expected = program(&logical);

@@ -563,11 +563,16 @@ fn signature(g: &KernelGraph) -> Signature {
 /// Drawn inputs by (seed, scale's bits, input signature).
 type Pooled = HashMap<(u64, u64, Signature), Arc<Vec<HostTensor>>>;
 
+/// The logical arrays of drawn inputs, keyed as [`Pooled`].
+type PooledArrays = HashMap<(u64, u64, Signature), Arc<Vec<Arc<Array>>>>;
+
 /// Inputs drawn once per (seed, scale, input signature) and shared by the graphs prepared
-/// together (they are a function of these alone), across threads.
+/// together (they are a function of these alone), across threads; and, for the references,
+/// their logical arrays, converted once.
 #[derive(Default)]
 pub struct InputPool {
     drawn: Mutex<Pooled>,
+    arrays: Mutex<PooledArrays>,
 }
 
 impl InputPool {
@@ -581,6 +586,19 @@ impl InputPool {
         // Drawn outside the lock (two threads may draw the same inputs; the first kept wins).
         let x = Arc::new(interp::random_inputs(g, spec));
         self.lock().entry(key).or_insert(x).clone()
+    }
+
+    /// The logical (row-major) arrays of [`InputPool::get`]'s inputs, converted once per
+    /// seed, scale and signature: the interpreter shares them instead of copying the inputs
+    /// for every reference.
+    pub fn arrays(&self, g: &KernelGraph, spec: InputSpec) -> Arc<Vec<Arc<Array>>> {
+        let key = (spec.seed, spec.scale.to_bits(), signature(g));
+        let lock = || self.arrays.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = lock().get(&key) {
+            return x.clone();
+        }
+        let x = Arc::new(logical_arrays(&self.get(g, spec)));
+        lock().entry(key).or_insert(x).clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pooled> {
@@ -678,14 +696,18 @@ fn drawn_with(
     }
     let ((inputs, reference), scale, note) = draw_in_range(scale, |scale| {
         let spec = InputSpec { seed, scale };
-        let inputs = match pool {
-            Some(p) => p.get(g, spec),
-            None => Arc::new(interp::random_inputs(g, spec)),
+        let (inputs, arrays) = match pool {
+            Some(p) => (p.get(g, spec), p.arrays(g, spec)),
+            None => {
+                let inputs = Arc::new(interp::random_inputs(g, spec));
+                let arrays = Arc::new(logical_arrays(&inputs));
+                (inputs, arrays)
+            }
         };
         let (outs, mut excess) =
-            interp::evaluate_ranged(g, inputs.to_vec()).map_err(|e| e.to_string())?;
+            interp::evaluate_shared_ranged(g, &arrays).map_err(|e| e.to_string())?;
         if let Some(r) = runs {
-            excess = interp::evaluate_ranged(r, inputs.to_vec())
+            excess = interp::evaluate_shared_ranged(r, &arrays)
                 .map_err(|e| format!("the rewritten graph: {e}"))?
                 .1;
         }
@@ -697,6 +719,11 @@ fn drawn_with(
         scale,
         note,
     })
+}
+
+/// The logical (row-major) arrays of caller buffers.
+fn logical_arrays(inputs: &[HostTensor]) -> Vec<Arc<Array>> {
+    inputs.iter().map(|h| Arc::new(h.to_array())).collect()
 }
 
 /// Calls `attempt` (inputs drawn and evaluated at a scale) from `scale` down, halving while a
@@ -904,5 +931,12 @@ mod tests {
         let alone = inputs_and_reference(&a, 5, 0.5, &budget).unwrap();
         assert_eq!(*alone.inputs, *da.inputs);
         assert_eq!(alone.reference[0].data, da.reference[0].data);
+        // The references share one conversion of the inputs, and equal the walk over copies.
+        assert!(Arc::ptr_eq(&pool.arrays(&a, spec), &pool.arrays(&b, spec)));
+        assert_eq!(
+            da.reference,
+            interp::evaluate(&a, &da.inputs).unwrap(),
+            "shared arrays, copied buffers"
+        );
     }
 }

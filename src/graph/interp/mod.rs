@@ -17,7 +17,7 @@ pub use sharded::{
     global_output_shapes, random_global_inputs, shard_inputs,
 };
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
@@ -40,6 +40,9 @@ pub struct HostTensor {
 impl HostTensor {
     /// The logical (row-major) array this buffer holds.
     pub fn to_array(&self) -> Array {
+        if self.strides == self.shape.row_major_strides() && self.data.len() == self.shape.numel() {
+            return Array::from_vec(self.shape, self.data.clone());
+        }
         gather(self.shape, &self.strides, &self.data)
     }
 
@@ -135,7 +138,16 @@ pub fn evaluate(g: &KernelGraph, inputs: &[HostTensor]) -> Result<Vec<Array>, Gr
 /// Like [`evaluate`], on logical (row-major) input arrays that the walk shares instead of
 /// copying: evaluating many graphs with the same inputs (a file's candidates) converts and
 /// allocates the inputs once. Exact rounding (the oracle).
-pub fn evaluate_shared(g: &KernelGraph, inputs: &[Rc<Array>]) -> Result<Vec<Array>, GraphError> {
+pub fn evaluate_shared(g: &KernelGraph, inputs: &[Arc<Array>]) -> Result<Vec<Array>, GraphError> {
+    evaluate_shared_ranged(g, inputs).map(|(outs, _)| outs)
+}
+
+/// Like [`evaluate_shared`], and also reports the range excesses as [`evaluate_ranged`] does.
+pub fn evaluate_shared_ranged(
+    g: &KernelGraph,
+    inputs: &[Arc<Array>],
+) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
+    one_gpu(g)?;
     check_counts(g, inputs.len())?;
     for (i, (given, &(_, t))) in inputs.iter().zip(&g.inputs()).enumerate() {
         check_shape(i, given.shape, g.tensors[t].shape)?;
@@ -145,7 +157,18 @@ pub fn evaluate_shared(g: &KernelGraph, inputs: &[Rc<Array>]) -> Result<Vec<Arra
         inputs.iter().cloned().map(Given::Shared).collect(),
         Rounding::Exact,
     )
-    .map(|(outs, _)| outs)
+}
+
+/// Refuses a graph whose mesh has more than one GPU (its all-reduces combine the ranks).
+fn one_gpu(g: &KernelGraph) -> Result<(), GraphError> {
+    let n = g.sharding.num_gpus();
+    if n > 1 {
+        return Err(GraphError::new(ErrorKind::Invalid(format!(
+            "the graph runs on {n} GPUs (mesh {}); evaluate it per rank with interp::evaluate_sharded",
+            g.sharding.mesh_or_single()
+        ))));
+    }
+    Ok(())
 }
 
 /// Like [`evaluate`], but takes the inputs by value, so that dense row-major buffers become the
@@ -172,13 +195,7 @@ pub fn evaluate_rounded(
     inputs: Vec<HostTensor>,
     rounding: Rounding,
 ) -> Result<(Vec<Array>, Vec<RangeExcess>), GraphError> {
-    let n = g.sharding.num_gpus();
-    if n > 1 {
-        return Err(GraphError::new(ErrorKind::Invalid(format!(
-            "the graph runs on {n} GPUs (mesh {}); evaluate it per rank with interp::evaluate_sharded",
-            g.sharding.mesh_or_single()
-        ))));
-    }
+    one_gpu(g)?;
     check_inputs(g, &inputs)?;
     one_rank(g, inputs.into_iter().map(Given::Host).collect(), rounding)
 }
@@ -271,7 +288,7 @@ enum Given {
     /// A (possibly strided) buffer, owned by the walk.
     Host(HostTensor),
     /// A logical array shared with the caller.
-    Shared(Rc<Array>),
+    Shared(Arc<Array>),
 }
 
 /// What one rank (GPU) holds while the interpreter walks the graph.
@@ -279,7 +296,7 @@ struct RankState {
     /// The rank's inputs not yet bound, in input order.
     pending: std::vec::IntoIter<Given>,
     /// The value of every live tensor.
-    values: Vec<Option<Rc<Array>>>,
+    values: Vec<Option<Arc<Array>>>,
     /// The graph outputs produced so far.
     outputs: Vec<Array>,
 }
@@ -293,7 +310,7 @@ impl RankState {
         }
     }
 
-    fn val(&self, t: Handle<DTensor>) -> Rc<Array> {
+    fn val(&self, t: Handle<DTensor>) -> Arc<Array> {
         self.values[t.index()]
             .clone()
             .expect("validated graphs define tensors before use")
@@ -352,11 +369,11 @@ impl<'g> Walk<'g> {
                     rank.values[op.outputs[0].index()] = Some(a);
                     vec![]
                 }
-                Given::Shared(a) => vec![Rc::unwrap_or_clone(a)],
+                Given::Shared(a) => vec![Arc::unwrap_or_clone(a)],
             },
             KnOpKind::Output { .. } => {
                 let v = val(op.inputs[0]);
-                rank.outputs.push(Rc::unwrap_or_clone(v));
+                rank.outputs.push(Arc::unwrap_or_clone(v));
                 vec![]
             }
             KnOpKind::Matmul => vec![Array::matmul(&val(op.inputs[0]), &val(op.inputs[1]))],
@@ -405,7 +422,7 @@ impl<'g> Walk<'g> {
                 shape(0),
             )],
             KnOpKind::Concat { dim } => {
-                let parts: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
+                let parts: Vec<Arc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
                 let refs: Vec<&Array> = parts.iter().map(|p| p.as_ref()).collect();
                 vec![Array::concat(&refs, *dim, shape(0))]
             }
@@ -428,7 +445,7 @@ impl<'g> Walk<'g> {
                 vec![]
             }
             KnOpKind::Customized(tb) => {
-                let ins: Vec<Rc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
+                let ins: Vec<Arc<Array>> = op.inputs.iter().map(|&t| val(t)).collect();
                 let refs: Vec<&Array> = ins.iter().map(|p| p.as_ref()).collect();
                 let shapes: Vec<Shape> = (0..op.outputs.len()).map(shape).collect();
                 let (outs, tile_max) = threadblock::run(tb, &refs, &shapes, rounding);
@@ -456,13 +473,13 @@ impl<'g> Walk<'g> {
 
     /// Rounds a computed value of tensor `t` as the walk's rounding says and notes whether it
     /// exceeds the range of `t`'s element type.
-    fn store(&self, t: Handle<DTensor>, mut a: Array, excess: &mut Vec<RangeExcess>) -> Rc<Array> {
+    fn store(&self, t: Handle<DTensor>, mut a: Array, excess: &mut Vec<RangeExcess>) -> Arc<Array> {
         let dtype = self.g.tensors[t].dtype;
         if self.rounding == Rounding::Stored {
             a.data.iter_mut().for_each(|x| *x = dtype.round(*x));
         }
         self.check_range(t, &a, excess);
-        Rc::new(a)
+        Arc::new(a)
     }
 
     /// Notes whether value `a` of tensor `t` exceeds the range of `t`'s element type.
