@@ -234,7 +234,9 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
     )?;
     let bar = super::progress::bar(indices.len() as u64, "graphs", "");
     // Candidates of one file share their inputs: draw them once per signature.
-    let mut cache: HashMap<Signature, Vec<HostTensor>> = HashMap::new();
+    // Per input signature: the drawn buffers and their logical arrays, which exact walks share.
+    type Drawn = (Vec<HostTensor>, Vec<std::sync::Arc<interp::Array>>);
+    let mut cache: HashMap<Signature, Drawn> = HashMap::new();
     let mut results: Vec<(usize, Vec<Array>)> = Vec::new();
     for &i in &indices {
         bar.set_message(format!("graph {i}"));
@@ -265,17 +267,29 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             dump(dir, g, &inputs, &outs, spec, a.force)?;
             (outs, excess)
         } else {
-            let inputs = if indices.len() == 1 {
-                interp::random_inputs(g, spec)
+            let rounding: interp::Rounding = a.rounding.into();
+            let r = if indices.len() == 1 {
+                let inputs = interp::random_inputs(g, spec);
+                infinite = infinite_counts(inputs.iter().map(|h| h.data.as_slice()));
+                interp::evaluate_rounded(g, inputs, rounding)
             } else {
-                cache
-                    .entry(signature(g))
-                    .or_insert_with(|| interp::random_inputs(g, spec))
-                    .clone()
+                let (inputs, arrays) = cache.entry(signature(g)).or_insert_with(|| {
+                    let inputs = interp::random_inputs(g, spec);
+                    let arrays = inputs
+                        .iter()
+                        .map(|h| std::sync::Arc::new(h.to_array()))
+                        .collect();
+                    (inputs, arrays)
+                });
+                infinite = infinite_counts(inputs.iter().map(|h| h.data.as_slice()));
+                match rounding {
+                    interp::Rounding::Exact => interp::evaluate_shared_ranged(g, arrays),
+                    interp::Rounding::Stored => {
+                        interp::evaluate_rounded(g, inputs.clone(), rounding)
+                    }
+                }
             };
-            infinite = infinite_counts(inputs.iter().map(|h| h.data.as_slice()));
-            interp::evaluate_rounded(g, inputs, a.rounding.into())
-                .map_err(|e| Failure::User(format!("graph {i}: {e}")))?
+            r.map_err(|e| Failure::User(format!("graph {i}: {e}")))?
         };
         let secs = t0.elapsed().as_secs_f64();
         bar.suspend(|| {
