@@ -341,15 +341,15 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                         .zip(p.slots.iter().zip(&p.strides))
                         .map(|(part, (o, st))| format!("s{} at byte {o} every {st} B", part.tile))
                         .collect();
-                    let who = match c.ctas {
-                        2 => "CTA 1 pushes its".to_string(),
-                        n => format!("CTAs 1..{} push their", n - 1),
+                    let (who, leave) = match c.ctas {
+                        2 => ("CTA 1 pushes its".to_string(), "leaves"),
+                        n => (format!("CTAs 1..{} push their", n - 1), "leave"),
                     };
                     let _ = writeln!(
                         s,
                         "    after the loop {who} partials into slots of CTA 0's shared memory \
                          ({}: st.async, {} bytes completing on the push mbarrier at byte {}; {} B \
-                         of shared memory added) and leave; CTA 0 folds them and alone runs the \
+                         of shared memory added) and {leave}; CTA 0 folds them and alone runs the \
                          post-loop operators: {}{}",
                         slots.join(", "),
                         p.bytes,
