@@ -62,7 +62,7 @@ fn check(file: &str, program: impl Fn(&[&[f64]]) -> Vec<f64>) {
         },
     );
     // Converted once and shared by every candidate's walk (the attention inputs are GBs in f64).
-    let arrays: Vec<Arc<Array>> = inputs.iter().map(|h| Arc::new(h.to_array())).collect();
+    let arrays: Vec<Arc<Array>> = interp::logical_arrays(&inputs);
     drop(inputs);
     let logical: Vec<&[f64]> = arrays.iter().map(|a| a.data.as_slice()).collect();
     let expected = program(&logical);

@@ -275,10 +275,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
             } else {
                 let (inputs, arrays) = cache.entry(signature(g)).or_insert_with(|| {
                     let inputs = interp::random_inputs(g, spec);
-                    let arrays = inputs
-                        .iter()
-                        .map(|h| std::sync::Arc::new(h.to_array()))
-                        .collect();
+                    let arrays = interp::logical_arrays(&inputs);
                     (inputs, arrays)
                 });
                 infinite = infinite_counts(inputs.iter().map(|h| h.data.as_slice()));

@@ -579,32 +579,40 @@ impl InputPool {
     /// The inputs of `g` drawn as `spec` says, shared with every earlier caller of the same
     /// seed, scale and signature.
     pub fn get(&self, g: &KernelGraph, spec: InputSpec) -> Arc<Vec<HostTensor>> {
-        let key = (spec.seed, spec.scale.to_bits(), signature(g));
-        if let Some(x) = self.lock().get(&key) {
-            return x.clone();
-        }
-        // Drawn outside the lock (two threads may draw the same inputs; the first kept wins).
-        let x = Arc::new(interp::random_inputs(g, spec));
-        self.lock().entry(key).or_insert(x).clone()
+        cached(&self.drawn, pool_key(g, spec), || {
+            Arc::new(interp::random_inputs(g, spec))
+        })
     }
 
     /// The logical (row-major) arrays of [`InputPool::get`]'s inputs, converted once per
     /// seed, scale and signature: the interpreter shares them instead of copying the inputs
     /// for every reference.
     pub fn arrays(&self, g: &KernelGraph, spec: InputSpec) -> Arc<Vec<Arc<Array>>> {
-        let key = (spec.seed, spec.scale.to_bits(), signature(g));
-        let lock = || self.arrays.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(x) = lock().get(&key) {
-            return x.clone();
-        }
-        let x = Arc::new(logical_arrays(&self.get(g, spec)));
-        lock().entry(key).or_insert(x).clone()
+        cached(&self.arrays, pool_key(g, spec), || {
+            Arc::new(interp::logical_arrays(&self.get(g, spec)))
+        })
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pooled> {
-        // A panic elsewhere cannot leave the map half-written: entries are inserted whole.
-        self.drawn.lock().unwrap_or_else(|e| e.into_inner())
+/// The pool's key of `g`'s inputs drawn as `spec` says.
+fn pool_key(g: &KernelGraph, spec: InputSpec) -> (u64, u64, Signature) {
+    (spec.seed, spec.scale.to_bits(), signature(g))
+}
+
+/// The value of `key` in `map`, made by `make` when absent. It is made outside the lock (two
+/// threads may make the same value; the first kept wins). A panic elsewhere cannot leave the
+/// map half-written (entries are inserted whole), so a poisoned lock is taken as it is.
+fn cached<V: Clone>(
+    map: &Mutex<HashMap<(u64, u64, Signature), V>>,
+    key: (u64, u64, Signature),
+    make: impl FnOnce() -> V,
+) -> V {
+    let lock = || map.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(x) = lock().get(&key) {
+        return x.clone();
     }
+    let x = make();
+    lock().entry(key).or_insert(x).clone()
 }
 
 /// How inputs are drawn.
@@ -700,7 +708,7 @@ fn drawn_with(
             Some(p) => (p.get(g, spec), p.arrays(g, spec)),
             None => {
                 let inputs = Arc::new(interp::random_inputs(g, spec));
-                let arrays = Arc::new(logical_arrays(&inputs));
+                let arrays = Arc::new(interp::logical_arrays(&inputs));
                 (inputs, arrays)
             }
         };
@@ -719,11 +727,6 @@ fn drawn_with(
         scale,
         note,
     })
-}
-
-/// The logical (row-major) arrays of caller buffers.
-fn logical_arrays(inputs: &[HostTensor]) -> Vec<Arc<Array>> {
-    inputs.iter().map(|h| Arc::new(h.to_array())).collect()
 }
 
 /// Calls `attempt` (inputs drawn and evaluated at a scale) from `scale` down, halving while a

@@ -56,6 +56,11 @@ impl HostTensor {
     }
 }
 
+/// The logical (row-major) arrays of caller buffers, shareable by [`evaluate_shared`].
+pub fn logical_arrays(inputs: &[HostTensor]) -> Vec<Arc<Array>> {
+    inputs.iter().map(|h| Arc::new(h.to_array())).collect()
+}
+
 /// The logical (row-major) array held by `buffer`, a strided buffer of `shape`.
 pub fn gather(shape: Shape, strides: &Strides, buffer: &[f64]) -> Array {
     let dims = shape.dims();
