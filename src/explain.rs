@@ -475,7 +475,6 @@ fn ring(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
         waits.push("on its slot's mbarrier".to_string());
     }
     let refill = match kp.barriers.prefetch {
-        Prefetch::TopOfBody => "at the top of the body, before it waits for its own stage",
         Prefetch::AfterFirstBarrier => "after the body's first barrier",
         Prefetch::EndOfBody => "behind a barrier of its own at the end of the body",
         Prefetch::None => "never (the plan has no refill)",
@@ -764,8 +763,7 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
         let _ = writeln!(s, "    {:<9} barrier ({why})", ph.name());
     };
     let mut last = Phase::PreLoop;
-    let mut refilled = matches!(b.prefetch, Prefetch::None | Prefetch::TopOfBody);
-    let mut level_zero_seen = false;
+    let mut refilled = b.prefetch == Prefetch::None;
     let wait = |s: &mut String, ph: Phase, i: usize| {
         if kp.copy_waits.before(ph, i) {
             let _ = writeln!(
@@ -812,22 +810,6 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     let mut index = 0;
     for (ph, st) in kp.schedule.steps() {
         between(s, last, ph);
-        if ph == Phase::Loop && last != Phase::Loop && b.prefetch == Prefetch::TopOfBody {
-            let _ = writeln!(
-                s,
-                "    {:<9} ring refill (the loads of a later stage, into the slot the previous \
-                 iteration read)",
-                "loop"
-            );
-        }
-        if ph == Phase::Loop
-            && b.level_barrier_left_out
-            && !level_zero_seen
-            && matches!(st, Step::Run(c) if kp.schedule.level[*c] > 0)
-        {
-            level_barrier_left_out(s);
-            level_zero_seen = true;
-        }
         if ph != last {
             index = 0;
         }
@@ -865,17 +847,6 @@ fn schedule(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     }
     between(s, last, Phase::PostLoop);
     wait(s, Phase::PostLoop, steps_of(Phase::PostLoop));
-}
-
-/// The line in place of the barrier after the loop's level 0 where the plan leaves it out
-/// ([`crate::sched::plan::BodyBarriers::level_barrier_left_out`]).
-fn level_barrier_left_out(s: &mut String) {
-    let _ = writeln!(
-        s,
-        "    {:<9} no barrier (every thread waited on the stage's mbarrier for level 0's TMA \
-         loads; the body's closing barrier orders the iterations)",
-        "loop"
-    );
 }
 
 /// What a write-back after the loop stores ([`crate::sched::plan::WriteBack`]).

@@ -5,7 +5,6 @@ use mucc::graph::builder::{GraphBuilder, TbGraphBuilder};
 use mucc::graph::{AccumKind, DType, Handle, KernelGraph, STensor};
 use mucc::layout::solve::SolveMethod;
 use mucc::layout::{SolveOptions, resolve};
-use mucc::sched::ops::{CopyEngine, OpPlan};
 use mucc::sched::order::Step;
 use mucc::sched::{Options, PlanError};
 use mucc::target::{Arch, Target};
@@ -136,30 +135,15 @@ proptest! {
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
-        // Order and barriers: a barrier between a chain and its producers, except after a TMA
-        // load of the ring where the plan leaves the level barrier out (every thread waits on
-        // the stage's mbarrier instead).
+        // Order and barriers.
         let steps: Vec<_> = kp.schedule.steps().collect();
         let pos = |c: usize| steps.iter().position(|(_, s)| **s == Step::Run(c)).unwrap();
-        let waited = |p: usize| {
-            kp.barriers.level_barrier_left_out
-                && matches!(
-                    kp.ops[kp.fusion.chains[p].leader().index()],
-                    OpPlan::Input { engine: CopyEngine::Tma, stages: 2.., .. }
-                )
-        };
         for (c, chain) in kp.fusion.chains.iter().enumerate() {
             for &t in &tb.ops[chain.leader()].inputs {
                 let p = kp.fusion.chain_of[tb.producer(t).unwrap().index()];
                 prop_assert!(pos(p) < pos(c));
-                prop_assert!(
-                    waited(p)
-                        || steps[pos(p)..pos(c)].iter().any(|(_, s)| matches!(s, Step::Barrier(_)))
-                );
+                prop_assert!(steps[pos(p)..pos(c)].iter().any(|(_, s)| matches!(s, Step::Barrier(_))));
             }
-        }
-        if kp.barriers.level_barrier_left_out {
-            prop_assert!(matches!(kp.schedule.body.last(), Some(Step::Barrier(_))));
         }
         // Memory.
         let b = &kp.smem.buffers;

@@ -11,7 +11,7 @@
 #include "mucc/threadblock/cluster.h"
 
 // kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 60992 bytes of shared memory
-// schedule - | 0,1,2,4 | 5
+// schedule - | 0,1 2,4 | 5
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
@@ -76,6 +76,12 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
     (void)lane;
     mucc::bf16* s0_cur = s0 + ((it - it0) % 3) * 1024;
     mucc::bf16* s1_cur = s1 + ((it - it0) % 3) * 4096;
+    mucc::sm90::mbar_wait(full + ((it - it0) % 3), static_cast<unsigned>((it - it0) / 3) & 1u);
+    // op0 input
+    // issued ahead by the pipeline
+    // op1 input
+    // issued ahead by the pipeline
+    __syncthreads();
     {
       const int pf = it + 2;
       if (pf < it0 + 8) {
@@ -87,11 +93,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
         }
       }
     }
-    mucc::sm90::mbar_wait(full + ((it - it0) % 3), static_cast<unsigned>((it - it0) / 3) & 1u);
-    // op0 input
-    // issued ahead by the pipeline
-    // op1 input
-    // issued ahead by the pipeline
     // op2 matmul -> op3 accum_nored
     L2::run(acc3, s0_cur, s1_cur, smem, warp, lane);
     // op4 accum_red_ld_mean

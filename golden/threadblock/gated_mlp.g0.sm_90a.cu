@@ -12,7 +12,7 @@
 #include "mucc/threadblock/cluster.h"
 
 // kernel op 3: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 64, 40064 bytes of shared memory
-// schedule - | 0,1,2,3,4 | 7,8
+// schedule - | 0,1,2 3,4 | 7,8
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
@@ -91,6 +91,14 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
     mucc::f16* s0_cur = s0 + ((it - it0) % 4) * 512;
     mucc::f16* s1_cur = s1 + ((it - it0) % 4) * 2048;
     mucc::f16* s2_cur = s2 + ((it - it0) % 4) * 2048;
+    mucc::sm90::mbar_wait(full + ((it - it0) % 4), static_cast<unsigned>((it - it0) / 4) & 1u);
+    // op0 input
+    // issued ahead by the pipeline
+    // op1 input
+    // issued ahead by the pipeline
+    // op2 input
+    // issued ahead by the pipeline
+    __syncthreads();
     {
       const int pf = it + 3;
       if (pf < it0 + 32) {
@@ -104,13 +112,6 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
         }
       }
     }
-    mucc::sm90::mbar_wait(full + ((it - it0) % 4), static_cast<unsigned>((it - it0) / 4) & 1u);
-    // op0 input
-    // issued ahead by the pipeline
-    // op1 input
-    // issued ahead by the pipeline
-    // op2 input
-    // issued ahead by the pipeline
     // op3 matmul -> op5 accum_nored
     L2::run(acc5, s0_cur, s1_cur, smem, warp, lane);
     // op4 matmul -> op6 accum_nored

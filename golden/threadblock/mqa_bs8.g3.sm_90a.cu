@@ -11,7 +11,7 @@
 #include "mucc/arch/sm90.h"
 
 // kernel op 3: kn_customized_op grid (8, 8, 16), block (128, 1, 1), forloop 4, 74752 bytes of shared memory
-// schedule 0 | 1,2,3,4,5,7,8,9,10,11 | 12,13,14
+// schedule 0 | 1,2 3,4,5,7,8,9,10,11 | 12,13,14
 extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     mucc::f16* __restrict__ out0,
     mucc::f16* __restrict__ out1,
@@ -92,6 +92,12 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     (void)lane;
     mucc::f16* s1_cur = s1 + (it % 2) * 8192;
     mucc::f16* s2_cur = s2 + (it % 2) * 8192;
+    mucc::sm90::mbar_wait(full + (it % 2), static_cast<unsigned>(it / 2) & 1u);
+    // op1 input
+    // issued ahead by the pipeline
+    // op2 input
+    // issued ahead by the pipeline
+    __syncthreads();
     {
       const int pf = it + 1;
       if (pf < 4) {
@@ -104,11 +110,6 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
         }
       }
     }
-    mucc::sm90::mbar_wait(full + (it % 2), static_cast<unsigned>(it / 2) & 1u);
-    // op1 input
-    // issued ahead by the pipeline
-    // op2 input
-    // issued ahead by the pipeline
     // op3 matmul
     {
       // s7 stays in registers: exp(S - m) with op4's running max m, packed in mucc::f16

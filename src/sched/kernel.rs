@@ -6,7 +6,7 @@ use super::ops::{
     AccumStorage, Copy, CopyEngine, MatmulInstr, OpPlan, OperandLoad, operand_loads, plan_ops,
     tile_dtypes,
 };
-use super::order::{BarrierReason, Phase, Schedule, Step};
+use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
@@ -394,7 +394,7 @@ fn plan_kernel_with(
     let op = &g.ops[Handle::from_index(k)];
     let (ins, outs) = (side(g, dt, &op.inputs), side(g, dt, &op.outputs));
     let mut ops = plan_ops(tb, threads, &fusion, kl, &ins, &outs, target);
-    let (pipes, mut sched) = plan_pipes(tb, &fusion, &mut ops, threads, opts.register_pipes);
+    let (pipes, sched) = plan_pipes(tb, &fusion, &mut ops, threads, opts.register_pipes);
     // The output accumulators of key splits, whose write-back holds a slice per warp.
     let key_splits: BTreeMap<usize, usize> = pipes
         .iter()
@@ -592,10 +592,8 @@ fn plan_kernel_with(
     };
     plan_walks(tb, &mut ops, &tiles);
     let write_backs = plan_write_backs(tb, &ops, &smem, &pipes);
-    let level_barrier_left_out = leave_out_level_barrier(tb, &fusion, &ops, &mut sched);
     let copy_waits = plan_copy_waits(&fusion, &ops, &sched);
     let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
-    barriers.level_barrier_left_out = level_barrier_left_out;
     barriers.after_rescaled_folds = split.cluster().and_then(after_rescaled_folds);
     barriers.before_push = split
         .cluster()
@@ -1058,25 +1056,11 @@ fn plan_body_barriers(
             ) => true,
             _ => false,
         });
-    // A multi-stage ring refills a slot once every thread is done with it. The slot refilled
-    // is the one the previous iteration read, at levels after 0, each followed by a barrier in
-    // that iteration (the level barriers, or the end-of-body barrier where the last level reads
-    // it): a body with a barrier may refill a ring of TMA loads at its top, before it waits for
-    // its own stage; a `cp.async` ring refills after the body's first barrier (its group count
-    // assumes the refill follows the wait); a body without barriers behind one of its own at
-    // its end.
+    // A multi-stage ring refills a slot once every thread is done with it: after the body's
+    // first barrier, or behind a barrier of its own at the end of a body without one.
     let pipelined = ops
         .iter()
         .any(|p| matches!(p, OpPlan::Input { engine, .. } if engine.pipelined()));
-    let cp_async_ring = ops.iter().any(|p| {
-        matches!(
-            p,
-            OpPlan::Input {
-                engine: CopyEngine::CpAsync,
-                ..
-            }
-        )
-    });
     let stages = ops
         .iter()
         .filter_map(|p| match p {
@@ -1087,17 +1071,14 @@ fn plan_body_barriers(
         .unwrap_or(1);
     let prefetch = if !pipelined || stages <= 1 {
         Prefetch::None
-    } else if !sched.body.iter().any(|s| matches!(s, Step::Barrier(_))) {
-        Prefetch::EndOfBody
-    } else if cp_async_ring {
+    } else if sched.body.iter().any(|s| matches!(s, Step::Barrier(_))) {
         Prefetch::AfterFirstBarrier
     } else {
-        Prefetch::TopOfBody
+        Prefetch::EndOfBody
     };
     let mut b = BodyBarriers {
         after_initial_state: filled || smem.base > 0,
         prefetch,
-        level_barrier_left_out: false,
         before_write_back: false,
         before_finalize: false,
         after_rescaled_folds: None,
@@ -1113,53 +1094,6 @@ fn plan_body_barriers(
         )
     });
     b
-}
-
-/// Leaves out the barrier between the loop body's levels 0 and 1 where the body needs it for
-/// nothing (see [`BodyBarriers::level_barrier_left_out`]): every level-0 step runs a lone TMA
-/// load of a ring of 2 or more stages (every thread waits on its stage's mbarrier before the
-/// body, which makes the loaded tile visible to it), and the body ends with a barrier, which
-/// orders every read of an iteration before the next iteration's writes (without it, the
-/// level barrier kept a fast warp's level-1 writes behind a slow warp's last-level reads of
-/// the iteration before). Returns whether it did.
-fn leave_out_level_barrier(
-    tb: &TbGraph,
-    fusion: &FusionPlan,
-    ops: &[OpPlan],
-    sched: &mut Schedule,
-) -> bool {
-    let Some(first) = sched
-        .body
-        .iter()
-        .position(|s| matches!(s, Step::Barrier(_)))
-    else {
-        return false;
-    };
-    let last = sched.body.len() - 1;
-    let tma_load = |c: usize| {
-        let chain = &fusion.chains[c];
-        chain.ops.len() == 1
-            && matches!(tb.ops[chain.leader()].kind, TbOpKind::Input { .. })
-            && matches!(
-                ops[chain.leader().index()],
-                OpPlan::Input {
-                    engine: CopyEngine::Tma,
-                    stages: 2..,
-                    ..
-                }
-            )
-    };
-    let leave_out = first > 0
-        && first < last
-        && sched.body[first] == Step::Barrier(BarrierReason::NextLevel)
-        && matches!(sched.body[last], Step::Barrier(_))
-        && sched.body[..first]
-            .iter()
-            .all(|s| matches!(s, Step::Run(c) if tma_load(*c)));
-    if leave_out {
-        sched.body.remove(first);
-    }
-    leave_out
 }
 
 /// CTAs per cluster tried by [`plan_split`], largest first (8 is the portable maximum).

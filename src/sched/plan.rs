@@ -2051,11 +2051,6 @@ impl std::fmt::Display for BlockRegion {
 pub enum Prefetch {
     /// No multi-stage ring: nothing to prefetch.
     None,
-    /// At the top of the body, before the iteration waits for its own stage: a ring of TMA
-    /// loads only (no `cp.async` group to count) in a body whose barriers separate every read
-    /// of a ring slot from the next iteration (the slot refilled was last read in the previous
-    /// iteration, before a barrier every thread has passed).
-    TopOfBody,
     /// After the body's first barrier (every thread is done with the oldest stage's slot).
     AfterFirstBarrier,
     /// At the end of a body that has no barrier, behind one of its own
@@ -2073,12 +2068,6 @@ pub struct BodyBarriers {
     pub after_initial_state: bool,
     /// Where the loop refills its ring (a barrier of its own at the end of a barrier-free body).
     pub prefetch: Prefetch,
-    /// The schedule's barrier after the loop's level 0 is left out (and absent from
-    /// [`KernelPlan::schedule`]): every level-0 chain is a TMA load of the ring, whose stage
-    /// mbarrier every thread waits on before the body (the loaded tiles are then visible to
-    /// it), and the body ends with a barrier, so that no write of an iteration meets a read of
-    /// the one before.
-    pub level_barrier_left_out: bool,
     /// A barrier before register accumulators are written back to shared memory after the
     /// loop (a write-back buffer may share memory with tiles the body reads), when the body
     /// does not end with one.

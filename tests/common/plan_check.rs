@@ -1274,7 +1274,7 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
                 calls(body, Func::MbarWait).len() == usize::from(loads > 0),
                 "the mbarrier wait of the current stage".into(),
             );
-            let refill = body.iter().position(|s| {
+            let refill = body.iter().any(|s| {
                 let Stmt::Block(b) = s else { return false };
                 let first = Expr::var("it")
                     .plus(Expr::size(plan.as_ref().map_or(0, |r| r.refill_distance())));
@@ -1282,27 +1282,8 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
                     && matches!(b.get(1), Some(Stmt::If(Expr::Lt(a, _), _)) if **a == Expr::var("pf"))
             });
             want(
-                refill.is_some(),
+                refill,
                 format!("the refill of iteration it + {}", stages - 1),
-            );
-            // The refill is where the plan puts it: before the stage's wait at the top of the
-            // body, or after it.
-            let wait = body.iter().position(|s| {
-                matches!(
-                    s,
-                    Stmt::Eval(
-                        Expr::Call(Func::MbarWait, _) | Expr::TemplateCall(Func::CpAsyncWait, ..)
-                    )
-                )
-            });
-            let top = kp.barriers.prefetch == mucc::sched::plan::Prefetch::TopOfBody;
-            want(
-                matches!((refill, wait), (Some(r), Some(w)) if (r < w) == top),
-                format!(
-                    "the refill (statement {refill:?}) {} the stage's wait (statement {wait:?}), plan {:?}",
-                    if top { "before" } else { "after" },
-                    kp.barriers.prefetch
-                ),
             );
         }
         if !errs.is_empty() {

@@ -994,9 +994,6 @@ impl Ctx<'_> {
                 self.w
                     .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
             }
-            if self.kp.barriers.prefetch == Prefetch::TopOfBody {
-                self.prefetch()?;
-            }
             let mut waits = Vec::new();
             if !ring.cp_async.is_empty() {
                 waits.push(Stmt::Eval(Expr::TemplateCall(
