@@ -557,6 +557,9 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
                  wgmma, which ptxas serialises on a path it considers divergent)"
             );
         }
+        if kp.rows().is_none() {
+            let _ = writeln!(s, "  loop thread index: {}", kp.loop_indices);
+        }
     }
     if let Some(r) = kp.rows() {
         let _ = writeln!(s, "  body: {r}");

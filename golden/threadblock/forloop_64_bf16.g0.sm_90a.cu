@@ -71,7 +71,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256, 2) k
     mucc::sm90::tma_load(s1 + 1 * 4096, &tm1, full + 1, static_cast<int>(blockIdx.x / 8) * 64, (it0 + 1) * 64);
   }
   for (int it = it0; it < it0 + 8; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::bf16* s0_cur = s0 + ((it - it0) % 3) * 1024;

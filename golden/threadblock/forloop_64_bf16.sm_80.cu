@@ -53,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
   mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 8192);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 64; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::bf16* s0_cur = s0 + (it % 4) * 1024;

@@ -85,7 +85,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
     mucc::sm90::tma_load(s2 + 2 * 2048, &tm2, full + 2, static_cast<int>(blockIdx.x / 2) * 32, (it0 + 2) * 64);
   }
   for (int it = it0; it < it0 + 32; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::f16* s0_cur = s0 + ((it - it0) % 4) * 512;

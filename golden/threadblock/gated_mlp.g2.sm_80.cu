@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
   mucc::tb::cp_async_chunks<256, 2048, 8, L1, L4>(tid, s2 + 4096, gi2 + static_cast<mucc::i64>(2) * 262144);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 64; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::f16* s0_cur = s0 + (it % 4) * 512;

@@ -65,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   __syncthreads();
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op4 matmul

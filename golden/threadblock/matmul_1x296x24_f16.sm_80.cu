@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   L3::fill(acc3, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op2 matmul -> op3 accum_nored

@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   mucc::tb::cp_async_chunks<512, 150, 2, L0, L3>(tid, s0 + 0, gi0);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 2; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::bf16* s0_cur = s0 + (it % 2) * 192;

@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   mucc::tb::cp_async_chunks<512, 4096, 8, L2, L4>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 64);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 4; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::f16* s0_cur = s0 + (it % 4) * 4096;

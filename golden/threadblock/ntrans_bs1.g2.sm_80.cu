@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   mucc::tb::fill<512, 1, L1>(tid, s8, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op3 rms_norm

@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   mucc::tb::fill<512, 4, L6>(tid, s6, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op3 rms_norm -> op6 accum_red_ld_sum
@@ -204,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k4_customized(
   mucc::tb::fill<512, 4, L4>(tid, s4, float(0.0));
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op2 accum_nored

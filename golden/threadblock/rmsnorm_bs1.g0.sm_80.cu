@@ -53,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
   mucc::tb::cp_async_chunks<256, 3072, 8, L2, L5>(tid, s1 + 6144, gi1 + static_cast<mucc::i64>(2) * 786432);
   mucc::sm80::cp_async_commit();
   for (int it = 0; it < 32; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::f16* s0_cur = s0 + (it % 4) * 256;

@@ -62,7 +62,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   mucc::tb::cp_async_chunks<256, 6144, 8, L2, L5>(tid, s1 + 14336, gi1 + static_cast<mucc::i64>(it0 + 2) * 786432);
   mucc::sm80::cp_async_commit();
   for (int it = it0; it < it0 + 16; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     mucc::f16* s0_cur = s0 + ((it - it0) % 4) * 256;

@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k3_customized(
   for (int r = 0; r < 1; ++r) acc10[r] = float(0.0);
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
-    const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
+    const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
     // op3 exp -> op4 clamp -> op5 mul

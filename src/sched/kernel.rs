@@ -10,9 +10,10 @@ use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
-    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather, KernelPlan,
-    MatmulLowering, NoPush, Options, Partial, PipeDecision, PlanError, Prefetch, PushSlots, Sink,
-    SmemPlan, Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
+    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather,
+    HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices, MatmulLowering, NoPush, Options, Partial,
+    PipeDecision, PlanError, Prefetch, PushSlots, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
+    WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -608,6 +609,7 @@ fn plan_kernel_with(
             }
         )
     });
+    let loop_indices = plan_loop_indices(&ops, &pipes);
     Ok(KernelPlan {
         barriers,
         regions,
@@ -642,6 +644,7 @@ fn plan_kernel_with(
         cluster_combine: None,
         body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
+        loop_indices,
         write_backs,
         copy_waits,
     })
@@ -1094,6 +1097,31 @@ fn plan_body_barriers(
         )
     });
     b
+}
+
+/// How the loop body derives its thread indices ([`LoopIndices`]): hoistable where the body
+/// keeps few registers across iterations (no register pipe, at most
+/// [`HOISTED_ACCUM_REGISTERS`] accumulator registers per thread, no accumulator in another
+/// thread's layout than the mma fragment or the thread's elements), recomputed otherwise.
+fn plan_loop_indices(ops: &[OpPlan], pipes: &[PipeDecision]) -> LoopIndices {
+    if pipes.iter().any(|p| matches!(p, PipeDecision::On(_))) {
+        return LoopIndices::Recomputed;
+    }
+    let accum_registers = ops
+        .iter()
+        .map(|o| match o {
+            OpPlan::Accum {
+                storage: AccumStorage::Registers { per_thread, .. },
+                ..
+            } => *per_thread,
+            _ => 0,
+        })
+        .sum::<usize>();
+    if accum_registers <= HOISTED_ACCUM_REGISTERS {
+        LoopIndices::Hoisted { accum_registers }
+    } else {
+        LoopIndices::Recomputed
+    }
 }
 
 /// CTAs per cluster tried by [`plan_split`], largest first (8 is the portable maximum).
@@ -2209,6 +2237,35 @@ mod tests {
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
         assert_eq!(threads, 128);
         assert!(matches!(source, CtaSource::Model(CtaWhy::ManyBlocks)));
+    }
+
+    /// A decode kernel (8 accumulator registers per thread, no register pipe) lets ptxas hoist
+    /// its loop's address arithmetic; an attention block with a register pipe recomputes it.
+    #[test]
+    fn small_bodies_hoist_their_loop_indices_and_register_pipes_do_not() {
+        use crate::graph::DType;
+        use crate::graph::workloads::{attention_block, decode_gated_linear};
+        use crate::sched::plan::{LoopIndices, Options, PipeDecision};
+        use crate::target::Arch;
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let opts = Options::for_target(Target::new(arch));
+            let plan = |g: &KernelGraph| {
+                let p = crate::sched::plan(g, &opts).unwrap();
+                p.kernels.values().next().unwrap().clone()
+            };
+            // 4 warps under the sm_90a cluster split, 8 without it (each thread then keeps half
+            // the fragment).
+            let kp = plan(&decode_gated_linear(8, 3584, 4608, 72, 64, DType::BF16).unwrap());
+            let accum_registers = 32 / kp.cta.threads.div_ceil(32);
+            assert_eq!(
+                kp.loop_indices,
+                LoopIndices::Hoisted { accum_registers },
+                "{arch:?}"
+            );
+            let kp = plan(&attention_block(16, 64, 16, 64, 8, 128, DType::F16).unwrap());
+            assert!(matches!(kp.pipes.as_slice(), [PipeDecision::On(_)]));
+            assert_eq!(kp.loop_indices, LoopIndices::Recomputed, "{arch:?}");
+        }
     }
 
     /// Attention blocks whose µGraph CTA keeps a register pipe keep it on grids of a block per

@@ -1254,6 +1254,46 @@ impl fmt::Display for CtaSource {
     }
 }
 
+/// How a threadblock kernel's loop body derives the thread's index, warp and lane
+/// ([`KernelPlan::loop_indices`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopIndices {
+    /// Re-derived in every iteration from a copy of the thread index the optimiser cannot see
+    /// through (`mucc::opaque`): the address arithmetic built on them is recomputed where it is
+    /// used instead of being hoisted out of the loop and held in registers across its
+    /// iterations, which made large bodies spill.
+    Recomputed,
+    /// The kernel's own thread index: ptxas may hoist the loop-invariant address arithmetic out
+    /// of the loop. For bodies that keep few values live across iterations (at most
+    /// [`HOISTED_ACCUM_REGISTERS`] accumulator registers per thread and no register pipe),
+    /// where the hoisted addresses fit the registers the launch bounds leave.
+    Hoisted {
+        /// The accumulator registers per thread the body keeps across iterations.
+        accum_registers: usize,
+    },
+}
+
+/// The most accumulator registers per thread a loop body may keep across iterations and still
+/// let ptxas hoist its address arithmetic ([`LoopIndices::Hoisted`]).
+pub const HOISTED_ACCUM_REGISTERS: usize = 16;
+
+impl fmt::Display for LoopIndices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoopIndices::Recomputed => f.write_str(
+                "recomputed every iteration from an opaque thread index (addresses are not held \
+                 across iterations)",
+            ),
+            LoopIndices::Hoisted { accum_registers } => write!(
+                f,
+                "the kernel's thread index: addresses may be hoisted out of the loop (the body \
+                 keeps {accum_registers} accumulator register(s) per thread across iterations, \
+                 at most {HOISTED_ACCUM_REGISTERS}, and no register pipe)"
+            ),
+        }
+    }
+}
+
 /// How a chain's approximate `exp` runs ([`ChainPlan::approx_exp`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApproxExp {
@@ -1483,6 +1523,9 @@ pub struct KernelPlan {
     /// divergent (`if (warp >= …) return;` in the runtime's matmuls). H100: mqa_bs8 g12 39.5 →
     /// 35.7 µs, gqa_bs8 g0 27.1 → 26.8 (docs/benchmarks.md).
     pub uniform_warp: bool,
+    /// How the loop body derives its thread indices (and whether ptxas may keep loop-invariant
+    /// address arithmetic in registers across iterations).
+    pub loop_indices: LoopIndices,
     /// The register accumulators that reach shared memory after the loop, in the order the
     /// kernel writes them (behind [`BodyBarriers::before_write_back`] when the body does not
     /// end with a barrier).

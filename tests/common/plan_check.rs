@@ -233,6 +233,21 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             && kp.uniform_warp == kp.features().contains(&mucc::sched::plan::Feature::Wgmma),
         format!("uniform warp index {}", kp.uniform_warp),
     );
+    // The loop derives its thread index as the plan says (a kernel over register rows has no
+    // loop of its own).
+    if kp.rows().is_none() {
+        let (opaque, plain) = (
+            text.contains("const int tid = mucc::opaque(tid_k),"),
+            text.contains("const int tid = tid_k,"),
+        );
+        want(
+            match kp.loop_indices {
+                mucc::sched::plan::LoopIndices::Recomputed => opaque && !plain,
+                mucc::sched::plan::LoopIndices::Hoisted { .. } => plain && !opaque,
+            },
+            format!("loop thread index {:?}", kp.loop_indices),
+        );
+    }
     let l = launch_of(e, &name);
     want(
         l.grid == kp.launch_grid().map(|x| x as u32)

@@ -31,7 +31,7 @@ use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{Phase, Step};
-use crate::sched::plan::{GraphPlan, KernelPlan, Prefetch, Ring, WriteBack};
+use crate::sched::plan::{GraphPlan, KernelPlan, LoopIndices, Prefetch, Ring, WriteBack};
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
 /// layout aliases declared so far.
@@ -975,16 +975,20 @@ impl Ctx<'_> {
         let ring = self.ring_plan.clone();
         let stages = ring.as_ref().map_or(1, |r| r.stages);
         self.w.open(format!("for (int it = {lo}; it < {hi}; ++it)"));
-        // Thread indices re-derived in every iteration, opaque to the optimiser: address
-        // arithmetic is then recomputed where it is used instead of being hoisted out of the
-        // loop and held in registers across iterations (which made large bodies spill).
+        // Thread indices as the plan says: re-derived in every iteration from an opaque copy,
+        // or the kernel's own (`LoopIndices`).
+        let tid = match self.kp.loop_indices {
+            LoopIndices::Recomputed => "mucc::opaque(tid_k)",
+            LoopIndices::Hoisted { .. } => "tid_k",
+        };
         if self.kp.uniform_warp {
-            self.w.line(
-                "const int tid = mucc::opaque(tid_k), warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;",
-            );
+            self.w.line(format!(
+                "const int tid = {tid}, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;"
+            ));
         } else {
-            self.w
-                .line("const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;");
+            self.w.line(format!(
+                "const int tid = {tid}, warp = tid / 32, lane = tid % 32;"
+            ));
         }
         self.w.line("(void)warp;");
         self.w.line("(void)lane;");
