@@ -612,7 +612,7 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
         };
         let _ = writeln!(
             s,
-            "    {}: {sink}, walks dims {:?}{}{}{}",
+            "    {}: {sink}, walks dims {:?}{}{}{}{}",
             names.join(" -> "),
             cp.order,
             match (&cp.scalar, cp.vector) {
@@ -634,7 +634,13 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
             cp.matmul.map_or(String::new(), |l| format!(", {l}")),
             cp.approx_exp.map_or(String::new(), |a| format!(
                 ", exp by {a} (its value is rounded to 16 bits right after)"
-            ))
+            )),
+            if cp.approx_logistic {
+                ", silu/sigmoid by ex2.approx.ftz and rcp.approx.ftz (its value reaches a 16-bit \
+                 store through products only)"
+            } else {
+                ""
+            }
         );
     }
     pipes(s, tb, kp);

@@ -140,7 +140,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   // op7 silu -> op9 output
   mucc::tb::for_each<256, 256>(tid, [&](int e, int) {
     float v = mucc::to_compute(s5[L3::offset(e)]);
-    v = mucc::op::silu(v);
+    v = mucc::op::silu_approx(v);
     go9[L4::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
   // op8 output

@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
   // op7 silu -> op8 mul -> op9 output
   mucc::tb::for_each<256, 256>(tid, [&](int e, int) {
     float v = mucc::to_compute(s5[L5::offset(e)]);
-    v = mucc::op::silu(v);
+    v = mucc::op::silu_approx(v);
     const float side0 = mucc::to_compute(s6[L5::offset(e)]);
     v = mucc::op::mul(side0, v);
     go9[L6::offset(e)] = mucc::from_compute<mucc::f16>(v);

@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) k2_customized(
   // op4 silu -> op5 output
   mucc::tb::for_each<512, 24>(tid, [&](int e, int) {
     float v = mucc::to_compute(s3[L4::offset(e)]);
-    v = mucc::op::silu(v);
+    v = mucc::op::silu_approx(v);
     go5[L5::offset(e)] = mucc::from_compute<mucc::f16>(v);
   });
 }

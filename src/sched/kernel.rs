@@ -21,7 +21,7 @@ use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
 use crate::graph::fusion::{FusionPlan, NotFused};
 use crate::graph::kernel::{DTensor, KernelGraph};
-use crate::graph::ops::{AccumKind, TbReduction, UnaryOp};
+use crate::graph::ops::{AccumKind, BinaryOp, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{TbGraph, TbOp, TbOpKind};
 use crate::layout::solve::{KernelLayout, TileLayout};
@@ -1730,6 +1730,7 @@ fn plan_chains(
                         order: copy_order(Some(copy), &s, &ins[*input].1.0),
                         matmul: None,
                         approx_exp: None,
+                        approx_logistic: false,
                         vector: 1,
                         scalar: None,
                         broadcast_reads: Vec::new(),
@@ -1743,6 +1744,7 @@ fn plan_chains(
                         order: copy_order(copy.as_ref(), &s, &outs[*output].1.0),
                         matmul: None,
                         approx_exp: None,
+                        approx_logistic: false,
                         vector: 1,
                         scalar: None,
                         broadcast_reads: Vec::new(),
@@ -1818,12 +1820,15 @@ fn plan_chains(
             let approx_exp = rounds_to
                 .filter(|_| last_value_is_exp(tb, &chain.ops, sink))
                 .map(ApproxExp::for_store);
+            let approx_logistic =
+                rounds_to.is_some() && logistic_reaches_store_by_products(tb, &chain.ops, sink);
             ChainPlan {
                 members,
                 sink,
                 order,
                 matmul,
                 approx_exp,
+                approx_logistic,
                 vector: 1,
                 scalar: None,
                 broadcast_reads: Vec::new(),
@@ -2102,6 +2107,35 @@ fn last_value_is_exp(
         .is_some_and(|&o| matches!(tb.ops[o].kind, TbOpKind::Unary(UnaryOp::Exp)))
 }
 
+/// Whether the chain `ops` computes a silu or sigmoid whose value reaches `sink` through
+/// products and quotients with side tiles only ([`ChainPlan::approx_logistic`]): the first such
+/// operator is followed by binary `mul` and `div` members alone (the sink's own operator, an
+/// output or accumulator, aside).
+fn logistic_reaches_store_by_products(
+    tb: &TbGraph,
+    ops: &[Handle<crate::graph::threadblock::TbOp>],
+    sink: Sink,
+) -> bool {
+    let computed = match sink {
+        Sink::Global(_) | Sink::Accum(_) => &ops[..ops.len() - 1],
+        _ => ops,
+    };
+    let Some(first) = computed.iter().position(|&o| {
+        matches!(
+            tb.ops[o].kind,
+            TbOpKind::Unary(UnaryOp::Silu | UnaryOp::Sigmoid)
+        )
+    }) else {
+        return false;
+    };
+    computed[first + 1..].iter().all(|&o| {
+        matches!(
+            tb.ops[o].kind,
+            TbOpKind::Binary(BinaryOp::Mul | BinaryOp::Div)
+        )
+    })
+}
+
 /// How a matmul-led chain with `members` and `sink` is lowered ([`MatmulLowering`]).
 fn matmul_lowering(
     tb: &TbGraph,
@@ -2237,6 +2271,47 @@ mod tests {
         let (threads, source, _, _) = plan(&g, Arch::Sm80, CtaChoice::Auto);
         assert_eq!(threads, 128);
         assert!(matches!(source, CtaSource::Model(CtaWhy::ManyBlocks)));
+    }
+
+    /// silu runs approximately where its value reaches a 16-bit store through products only:
+    /// silu(X) ⊙ Y stored as bf16 or fp16, not in fp32, and not when a sum follows.
+    #[test]
+    fn silu_is_approximate_where_only_products_reach_a_16_bit_store() {
+        use crate::graph::builder::{GraphBuilder, TbGraphBuilder};
+        use crate::graph::ops::BinaryOp;
+        use crate::sched::plan::Options;
+        use crate::target::Arch;
+        let graph = |dtype: DType, then: BinaryOp| {
+            let mut g = GraphBuilder::new();
+            let x = g.new_input(&[8, 256], dtype).unwrap();
+            let y = g.new_input(&[8, 256], dtype).unwrap();
+            let w = g.new_input(&[256, 64], dtype).unwrap();
+            let mut tb = TbGraphBuilder::new([2, 1, 1], [128, 1, 1], 4);
+            let tx = tb.new_input(&g, x, [-1, -1, -1], 1).unwrap();
+            let ty = tb.new_input(&g, y, [-1, -1, -1], 1).unwrap();
+            let tw = tb.new_input(&g, w, [1, -1, -1], 0).unwrap();
+            let s = tb.silu(tx).unwrap();
+            let p = tb.binary(then, s, ty).unwrap();
+            let c = tb.matmul(p, tw).unwrap();
+            let acc = tb.forloop_accum(c, AccumKind::Nored).unwrap();
+            tb.new_output(acc, [1, -1, -1]).unwrap();
+            let outs = g.customized(tb).unwrap();
+            g.mark_output(outs[0]).unwrap();
+            g.build().unwrap()
+        };
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let opts = Options::for_target(Target::new(arch));
+            let approx = |dtype, then| {
+                let g = graph(dtype, then);
+                let p = crate::sched::plan(&g, &opts).unwrap();
+                let kp = p.kernels.values().next().unwrap();
+                kp.chains.iter().filter(|c| c.approx_logistic).count()
+            };
+            assert_eq!(approx(DType::BF16, BinaryOp::Mul), 1, "{arch:?}");
+            assert_eq!(approx(DType::F16, BinaryOp::Div), 1, "{arch:?}");
+            assert_eq!(approx(DType::F32, BinaryOp::Mul), 0, "{arch:?}");
+            assert_eq!(approx(DType::BF16, BinaryOp::Add), 0, "{arch:?}");
+        }
     }
 
     /// A decode kernel (8 accumulator registers per thread, no register pipe) lets ptxas hoist

@@ -1358,6 +1358,12 @@ pub struct ChainPlan {
     /// or packed into a register pipe): it runs as `ex2.approx`, whose relative error (under
     /// 1.3e-5) is far below the rounding's (2^-12 or more); `None`: exp (if any) is exact.
     pub approx_exp: Option<ApproxExp>,
+    /// The chain's silu or sigmoid runs on hardware approximations (`mucc::op::silu_approx`,
+    /// `sigmoid_approx`: e^-x by `ex2.approx.ftz`, the reciprocal of 1 + e^-x by
+    /// `rcp.approx.ftz`; relative error about 1e-5, against 2^-12 or more for the rounding):
+    /// its value reaches a 16-bit floating store through products and quotients with other
+    /// tiles only, which keep a relative error relative. Not in fp64.
+    pub approx_logistic: bool,
     /// Consecutive elements of the walk's last dim a thread takes per step (1: one at a time,
     /// the elements of a thread `threads` apart). With more, each access computes its layout
     /// offset once per step and adds the element's index times the dim's stride

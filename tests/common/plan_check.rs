@@ -9,6 +9,7 @@ use mucc::emit::cxx::{MAX_LINE, ctype};
 use mucc::emit::launch::{KernelLaunch, Step};
 use mucc::graph::arena::Handle;
 use mucc::graph::kernel::{KernelGraph, KnOpKind};
+use mucc::graph::ops::UnaryOp;
 use mucc::graph::threadblock::TbOpKind;
 use mucc::layout::swizzle::Swizzle;
 use mucc::sched::kernel_level::{ElementwiseOp, KnOpPlan, Reduce};
@@ -422,6 +423,34 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         want(
             text.matches(call).count() == approx,
             format!("{approx} chains with exp by {kind}"),
+        );
+    }
+    // silu and sigmoid by their approximate forms exactly in the chains the plan says: one call
+    // per such chain (and none outside them).
+    {
+        let planned = kp
+            .chains
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.approx_logistic)
+            .map(|(i, _)| {
+                kp.fusion.chains[i]
+                    .ops
+                    .iter()
+                    .filter(|&&o| {
+                        matches!(
+                            tb.ops[o].kind,
+                            TbOpKind::Unary(UnaryOp::Silu | UnaryOp::Sigmoid)
+                        )
+                    })
+                    .count()
+            })
+            .sum::<usize>();
+        let found = text.matches("mucc::op::silu_approx(").count()
+            + text.matches("mucc::op::sigmoid_approx(").count();
+        want(
+            found == planned,
+            format!("{found} approximate silu/sigmoid calls, plan {planned}"),
         );
     }
     // Vector steps: one for_each_step<threads, elements, V> per vectorised chain (row sums

@@ -76,7 +76,12 @@ impl Ctx<'_> {
                 TbOpKind::Unary(u) => {
                     lines.push(format!(
                         "v = {};",
-                        unary(u, cp.approx_exp.filter(|_| i + 1 == n), c)
+                        unary(
+                            u,
+                            cp.approx_exp.filter(|_| i + 1 == n),
+                            cp.approx_logistic,
+                            c
+                        )
                     ));
                 }
                 TbOpKind::Binary(b) => {
@@ -267,7 +272,7 @@ impl Ctx<'_> {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
                 lines.push(format!("{c} v = {x};"));
                 let approx = cp.approx_exp.filter(|_| cp.members.is_empty());
-                lines.push(format!("v = {};", unary(u, approx, c)));
+                lines.push(format!("v = {};", unary(u, approx, cp.approx_logistic, c)));
             }
             TbOpKind::Binary(b) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
@@ -657,15 +662,22 @@ impl Ctx<'_> {
 }
 
 /// `u(v)` in compute type `c`; `exp` through `ex2.approx` as `approx` says (the plan's
-/// [`ChainPlan::approx_exp`]).
-fn unary(u: &crate::graph::ops::UnaryOp, approx: Option<ApproxExp>, c: &str) -> String {
+/// [`ChainPlan::approx_exp`]), silu and sigmoid by their approximate forms where `logistic`
+/// ([`ChainPlan::approx_logistic`]).
+fn unary(
+    u: &crate::graph::ops::UnaryOp,
+    approx: Option<ApproxExp>,
+    logistic: bool,
+    c: &str,
+) -> String {
+    use crate::graph::ops::UnaryOp;
     match (u, approx) {
-        (crate::graph::ops::UnaryOp::Exp, Some(ApproxExp::Ex2)) => {
-            "mucc::op::exp_approx(v)".to_string()
-        }
-        (crate::graph::ops::UnaryOp::Exp, Some(ApproxExp::Ex2FlushToZero)) => {
+        (UnaryOp::Exp, Some(ApproxExp::Ex2)) => "mucc::op::exp_approx(v)".to_string(),
+        (UnaryOp::Exp, Some(ApproxExp::Ex2FlushToZero)) => {
             "mucc::op::exp_approx_ftz(v)".to_string()
         }
+        (UnaryOp::Silu, _) if logistic => "mucc::op::silu_approx(v)".to_string(),
+        (UnaryOp::Sigmoid, _) if logistic => "mucc::op::sigmoid_approx(v)".to_string(),
         (u, _) => cxx::unary(u, "v", c),
     }
 }
