@@ -2091,18 +2091,19 @@ fn is_float16(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16)
 }
 
-/// Whether the last operator of a chain (`ops`, leader first) that computes its value — the
-/// operator before a store or accumulator sink, else the tail — is `exp`.
-fn last_value_is_exp(
-    tb: &TbGraph,
-    ops: &[Handle<crate::graph::threadblock::TbOp>],
-    sink: Sink,
-) -> bool {
-    let computed = match sink {
+/// The operators of a chain (`ops`, leader first) that compute its value: all but the sink's
+/// own operator (an output or accumulator) where the chain ends in one.
+fn computing_ops(ops: &[Handle<TbOp>], sink: Sink) -> &[Handle<TbOp>] {
+    match sink {
         Sink::Global(_) | Sink::Accum(_) => &ops[..ops.len() - 1],
         _ => ops,
-    };
-    computed
+    }
+}
+
+/// Whether the last operator of a chain (`ops`, leader first) that computes its value — the
+/// operator before a store or accumulator sink, else the tail — is `exp`.
+fn last_value_is_exp(tb: &TbGraph, ops: &[Handle<TbOp>], sink: Sink) -> bool {
+    computing_ops(ops, sink)
         .last()
         .is_some_and(|&o| matches!(tb.ops[o].kind, TbOpKind::Unary(UnaryOp::Exp)))
 }
@@ -2111,15 +2112,8 @@ fn last_value_is_exp(
 /// products and quotients with side tiles only ([`ChainPlan::approx_logistic`]): the first such
 /// operator is followed by binary `mul` and `div` members alone (the sink's own operator, an
 /// output or accumulator, aside).
-fn logistic_reaches_store_by_products(
-    tb: &TbGraph,
-    ops: &[Handle<crate::graph::threadblock::TbOp>],
-    sink: Sink,
-) -> bool {
-    let computed = match sink {
-        Sink::Global(_) | Sink::Accum(_) => &ops[..ops.len() - 1],
-        _ => ops,
-    };
+fn logistic_reaches_store_by_products(tb: &TbGraph, ops: &[Handle<TbOp>], sink: Sink) -> bool {
+    let computed = computing_ops(ops, sink);
     let Some(first) = computed.iter().position(|&o| {
         matches!(
             tb.ops[o].kind,
