@@ -1101,8 +1101,7 @@ fn plan_body_barriers(
 
 /// How the loop body derives its thread indices ([`LoopIndices`]): hoistable where the body
 /// keeps few registers across iterations (no register pipe, at most
-/// [`HOISTED_ACCUM_REGISTERS`] accumulator registers per thread, no accumulator in another
-/// thread's layout than the mma fragment or the thread's elements), recomputed otherwise.
+/// [`HOISTED_ACCUM_REGISTERS`] accumulator registers per thread), recomputed otherwise.
 fn plan_loop_indices(ops: &[OpPlan], pipes: &[PipeDecision]) -> LoopIndices {
     if pipes.iter().any(|p| matches!(p, PipeDecision::On(_))) {
         return LoopIndices::Recomputed;

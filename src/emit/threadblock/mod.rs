@@ -981,15 +981,14 @@ impl Ctx<'_> {
             LoopIndices::Recomputed => "mucc::opaque(tid_k)",
             LoopIndices::Hoisted { .. } => "tid_k",
         };
-        if self.kp.uniform_warp {
-            self.w.line(format!(
-                "const int tid = {tid}, warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;"
-            ));
+        let warp = if self.kp.uniform_warp {
+            "__shfl_sync(0xffffffffu, tid / 32, 0)"
         } else {
-            self.w.line(format!(
-                "const int tid = {tid}, warp = tid / 32, lane = tid % 32;"
-            ));
-        }
+            "tid / 32"
+        };
+        self.w.line(format!(
+            "const int tid = {tid}, warp = {warp}, lane = tid % 32;"
+        ));
         self.w.line("(void)warp;");
         self.w.line("(void)lane;");
         if let Some(ring) = &ring {
