@@ -178,18 +178,19 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     }
     let loops = &p.rewrite.loops;
     for r in &loops.refined {
-        let by = match r.rule {
-            Some(why) => format!("{why}; --refine-loops 1 keeps the loop"),
-            None => "--refine-loops".to_string(),
+        let by = match (r.rule, loops.scale) {
+            (Some(why), _) => format!("{why}; --refine-loops 1 keeps the loop"),
+            (None, crate::sched::refine::LoopScale::Coarsen(_)) => "--coarsen-loops".to_string(),
+            (None, _) => "--refine-loops".to_string(),
         };
         let _ = writeln!(
             s,
-            "loop: kernel op {} refined by {}: {} iterations over tiles of {} along the loop \
+            "loop: kernel op {} {}: {} iterations over tiles of {} along the loop \
              instead of {} over {} ({by}; {numbering})",
-            r.kernel, loops.factor, r.forloop[1], r.tile[1], r.forloop[0], r.tile[0]
+            r.kernel, loops.scale, r.forloop[1], r.tile[1], r.forloop[0], r.tile[0]
         );
     }
-    if loops.factor > 1 {
+    if loops.scale.changes() {
         for (k, why) in &loops.kept {
             // Under the rule, reasons that hold for every kernel of the graph go unsaid.
             use crate::sched::refine::{NotRefined, RuleKept};
@@ -201,7 +202,11 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
             {
                 continue;
             }
-            let _ = writeln!(s, "loop: kernel op {k} not refined ({why})");
+            let not = match loops.scale {
+                crate::sched::refine::LoopScale::Coarsen(_) => "coarsened",
+                crate::sched::refine::LoopScale::Refine(_) => "refined",
+            };
+            let _ = writeln!(s, "loop: kernel op {k} not {not} ({why})");
         }
     }
     let g = p.graph(g);
@@ -427,19 +432,22 @@ fn tma(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                 }
             })
             .collect();
+        let maps: Vec<String> = l.maps().iter().map(|(m, _)| format!("tm{m}")).collect();
         let _ = writeln!(
             s,
-            "    {} -> s{} by tensor map tm{}: {} [{}] (byte strides [{}]), box [{}], swizzle {}, \
-             coordinates ({})",
+            "    {} -> s{} by tensor map{} {}: {} [{}] (byte strides [{}]), box [{}], swizzle {}, \
+             coordinates ({}){}",
             op_name(tb, Handle::from_index(l.op)),
             l.tile,
-            l.map,
+            if maps.len() > 1 { "s" } else { "" },
+            maps.join(", "),
             l.dtype,
             list(&l.dims),
             list(&l.strides),
             list(&l.boxes),
             l.swizzle,
-            coords.join(", ")
+            coords.join(", "),
+            slabs(l)
         );
     }
     for (op, why) in &t.off {
@@ -449,6 +457,24 @@ fn tma(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             op_name(tb, Handle::from_index(*op))
         );
     }
+}
+
+/// A split TMA load's slabs (`; in N slabs of box dim D: …`), empty for a whole box.
+fn slabs(l: &crate::sched::tma::TmaLoad) -> String {
+    let Some(d) = l.split else {
+        return String::new();
+    };
+    let parts: Vec<String> = l
+        .copies
+        .iter()
+        .map(|c| format!("[{}, {}) by tm{}", c.offset, c.offset + c.extent, c.map))
+        .collect();
+    format!(
+        "; box dim {d} (over TMA's {}) in {} slabs: {}",
+        crate::sched::tma::TMA_MAX_BOX,
+        l.copies.len(),
+        parts.join(", ")
+    )
 }
 
 /// The loop's ring of pipeline stages ([`crate::sched::plan::Ring`]) and its protocol.

@@ -1043,6 +1043,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         stages: None,
         register_rows: true,
         refine: None,
+        coarsen: None,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {

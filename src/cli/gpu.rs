@@ -80,12 +80,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
             .unwrap_or(mucc::sched::exchange::AllReduceChoice::Fused),
         max_stages: a.path.max_stages.map(|s| s as usize),
         resident_blocks: a.path.resident_blocks.map(|s| s as usize),
-        refine_loops: a
-            .path
-            .refine_loops
-            .map_or(mucc::sched::RefineChoice::Auto, |r| {
-                mucc::sched::RefineChoice::Factor(r as usize)
-            }),
+        refine_loops: a.path.loop_choice(mucc::sched::RefineChoice::Auto),
     })
     .map_err(|e| Failure::User(e.to_string()))
 }

@@ -240,9 +240,26 @@ pub struct PathArg {
     /// do; 1 refines none. The function is the same up to rounding.
     #[arg(long = "refine-loops", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
     pub refine_loops: Option<u32>,
+    /// Coarsen customized operators' for-loops by C (1 to 8) where their bodies allow and C
+    /// divides the iterations: 1/C of the iterations over tiles C times thicker along the
+    /// loop, so that each iteration's fixed costs (stage wait, barriers, refill) are paid once
+    /// for C times the work (`explain` says which loops and why not; `mucc tune` tries 2). The
+    /// function is the same up to rounding.
+    #[arg(long = "coarsen-loops", value_name = "C", conflicts_with = "refine_loops", value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub coarsen_loops: Option<u32>,
 }
 
 impl PathArg {
+    /// The loop rewrite asked for (`--refine-loops`, `--coarsen-loops`), else `otherwise`.
+    pub fn loop_choice(&self, otherwise: mucc::sched::RefineChoice) -> mucc::sched::RefineChoice {
+        use mucc::sched::RefineChoice;
+        match (self.refine_loops, self.coarsen_loops) {
+            (Some(r), _) => RefineChoice::Factor(r as usize),
+            (None, Some(c)) => RefineChoice::Coarsen(c as usize),
+            (None, None) => otherwise,
+        }
+    }
+
     /// Whether a tuned variant may replace these options: no `--no-tune`, and the defaults.
     pub fn tunable(&self) -> bool {
         !self.no_tune
@@ -256,6 +273,7 @@ impl PathArg {
             && self.max_stages.is_none()
             && self.resident_blocks.is_none()
             && self.refine_loops.is_none()
+            && self.coarsen_loops.is_none()
             && mucc::cuda::tune::replaceable(self.choice, self.dependent_launch, self.warps)
     }
 
@@ -289,9 +307,7 @@ impl PathArg {
         if let Some(r) = self.resident_blocks {
             opts.resident_blocks = Some(r as usize);
         }
-        if let Some(r) = self.refine_loops {
-            opts.refine_loops = mucc::sched::RefineChoice::Factor(r as usize);
-        }
+        opts.refine_loops = self.loop_choice(opts.refine_loops);
         if let Some(e) = entry {
             eprintln!(
                 "{what}: tuned variant {} (mucc tune on {}; --no-tune ignores it)",

@@ -46,6 +46,11 @@ pub struct Variant {
     /// (`sched::refine`; `None`: the planner's rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refine: Option<usize>,
+    /// The factor customized operators' for-loops are coarsened by where their bodies allow
+    /// (`sched::refine::LoopScale::Coarsen`; `None`: not asked; absent in caches written before
+    /// coarsening existed). Never together with `refine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coarsen: Option<usize>,
 }
 
 fn on() -> bool {
@@ -77,6 +82,7 @@ impl Variant {
         stages: None,
         register_rows: true,
         refine: None,
+        coarsen: None,
     };
 
     /// `base` with this variant's knobs.
@@ -95,10 +101,11 @@ impl Variant {
             fuse_matmuls: self.fuse_matmuls,
             max_stages: self.stages,
             register_rows: self.register_rows,
-            refine_loops: self.refine.map_or(
-                crate::sched::RefineChoice::Auto,
-                crate::sched::RefineChoice::Factor,
-            ),
+            refine_loops: match (self.refine, self.coarsen) {
+                (Some(r), _) => crate::sched::RefineChoice::Factor(r),
+                (None, Some(c)) => crate::sched::RefineChoice::Coarsen(c),
+                (None, None) => crate::sched::RefineChoice::Auto,
+            },
             ..base.clone()
         }
     }
@@ -130,6 +137,9 @@ impl fmt::Display for Variant {
         if let Some(r) = self.refine {
             write!(f, " refine={r}")?;
         }
+        if let Some(c) = self.coarsen {
+            write!(f, " coarsen={c}")?;
+        }
         Ok(())
     }
 }
@@ -151,10 +161,16 @@ pub const TUNED_STAGES: [(usize, Option<usize>); 3] = [(2, None), (3, None), (3,
 pub const TUNED_REFINE: [(usize, Option<usize>); 4] =
     [(1, None), (2, None), (2, Some(2)), (4, None)];
 
+/// Loop coarsenings tried (`sched::refine::LoopScale::Coarsen`): fewer, thicker iterations pay
+/// each iteration's stage wait, barriers and refill once for more work. Measured (NVIDIA H100,
+/// docs/benchmarks.md): decode_m8_bf16_3584x4608 with 32 iterations of 112 rows 14.28 µs
+/// against 15.06 with the graph's 64 of 56.
+pub const TUNED_COARSEN: [usize; 1] = [2];
+
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
 /// per CTA (shared-memory tiles, as any asked CTA), without matmul fusion, without register
 /// rows (tiles with the cost model's CTA), with the shallower rings of [`TUNED_STAGES`] and the
-/// loop refinements of [`TUNED_REFINE`]; on sm_90a
+/// loop refinements of [`TUNED_REFINE`] and coarsenings of [`TUNED_COARSEN`]; on sm_90a
 /// also the Hopper path with and without the cluster split and programmatic launches, and the
 /// Ampere path. Variants that plan to the same code as an earlier one are measured once
 /// (`mucc tune`).
@@ -185,6 +201,12 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
         v.push(Variant {
             refine: Some(refine),
             stages,
+            ..Variant::DEFAULT
+        });
+    }
+    for coarsen in TUNED_COARSEN {
+        v.push(Variant {
+            coarsen: Some(coarsen),
             ..Variant::DEFAULT
         });
     }
@@ -412,6 +434,12 @@ impl Variant {
     /// stages, loops refined by 1 (none) to [`crate::sched::refine::MAX_REFINE`].
     fn check(&self) -> Result<(), String> {
         use crate::sched::refine::MAX_REFINE;
+        if self.refine.is_some() && self.coarsen.is_some() {
+            return Err("loops both refined and coarsened".into());
+        }
+        if let Some(c) = self.coarsen.filter(|c| !(1..=MAX_REFINE).contains(c)) {
+            return Err(format!("loops coarsened by {c} (1 to {MAX_REFINE})"));
+        }
         match (self.warps, self.stages, self.refine) {
             (Some(w), _, _) if !(1..=MAX_WARPS).contains(&w) => {
                 Err(format!("{w} warps per CTA (a CTA has 1 to {MAX_WARPS})"))

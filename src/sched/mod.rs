@@ -204,10 +204,10 @@ fn plan_refined(
     opts: &Options,
 ) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
     let none = BTreeMap::new();
-    let Some(factor) = opts.refine_loops.factor() else {
+    let Some(scale) = opts.refine_loops.scale() else {
         return plan_auto_refined(g, opts);
     };
-    let mut lr = refine::refine_loops(g, factor);
+    let mut lr = refine::rescale_loops(g, scale);
     if let Some(g2) = lr.graph.take() {
         match plan_graph(&g2, opts, &none) {
             Ok(mut p) => {
@@ -256,7 +256,8 @@ fn plan_auto_refined(
                 .map(Some)
                 .map_err(NotRefined::Rule)
         };
-        let mut lr = refine::refine_loops_where(g, refine::AUTO_FACTOR, &rule);
+        let mut lr =
+            refine::refine_loops_where(g, refine::LoopScale::Refine(refine::AUTO_FACTOR), &rule);
         lr.rule = true;
         let Some(g2) = lr.graph.take() else {
             p.rewrite.loops = lr;

@@ -145,14 +145,19 @@ pub enum RefineChoice {
     Auto,
     /// Every loop whose body allows it, by this factor (1: none; `--refine-loops N`).
     Factor(usize),
+    /// Every loop whose body allows it and whose iterations the factor divides, coarsened by
+    /// it ([`super::refine::LoopScale::Coarsen`]; `--coarsen-loops C`).
+    Coarsen(usize),
 }
 
 impl RefineChoice {
-    /// The factor asked for everywhere, if any (`Auto`: none).
-    pub fn factor(self) -> Option<usize> {
+    /// The change asked for everywhere, if any (`Auto`: none).
+    pub fn scale(self) -> Option<super::refine::LoopScale> {
+        use super::refine::LoopScale;
         match self {
             RefineChoice::Auto => None,
-            RefineChoice::Factor(f) => Some(f),
+            RefineChoice::Factor(f) => Some(LoopScale::Refine(f)),
+            RefineChoice::Coarsen(c) => Some(LoopScale::Coarsen(c)),
         }
     }
 }
@@ -162,6 +167,7 @@ impl fmt::Display for RefineChoice {
         match self {
             RefineChoice::Auto => f.write_str("auto"),
             RefineChoice::Factor(r) => write!(f, "{r}"),
+            RefineChoice::Coarsen(c) => write!(f, "1/{c}"),
         }
     }
 }

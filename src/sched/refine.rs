@@ -30,6 +30,11 @@
 //!
 //! Only the summation order changes. Where a kernel's body breaks a rule, the plan says which
 //! ([`NotRefined`]); where the refined graph does not plan, the caller's is planned.
+//!
+//! The same rules allow the inverse, **coarsening** by C (`--coarsen-loops C`,
+//! [`LoopScale::Coarsen`]): F / C iterations over tiles C times thicker, where C divides F.
+//! Every iteration then stages C times the bytes and pays its fixed costs (the stage wait, the
+//! barriers, the refill) once for C times the work.
 
 use std::fmt;
 
@@ -37,8 +42,58 @@ use crate::graph::kernel::{KernelGraph, KnOpKind};
 use crate::graph::ops::{AccumKind, BinaryOp, TbReduction, UnaryOp};
 use crate::graph::threadblock::{TbGraph, TbOpKind};
 
-/// The largest refinement factor (`--refine-loops`).
+/// The largest refinement factor (`--refine-loops`), and the largest coarsening factor
+/// (`--coarsen-loops`).
 pub const MAX_REFINE: usize = 8;
+
+/// How a loop rewrite changes a for-loop ([`LoopRewrite::scale`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LoopScale {
+    /// R times the iterations over tiles R times thinner (1: unchanged).
+    Refine(usize),
+    /// 1 / C of the iterations over tiles C times thicker.
+    Coarsen(usize),
+}
+
+impl Default for LoopScale {
+    fn default() -> Self {
+        LoopScale::Refine(1)
+    }
+}
+
+impl LoopScale {
+    /// Whether the rewrite changes any loop (a factor above 1).
+    pub fn changes(self) -> bool {
+        match self {
+            LoopScale::Refine(f) | LoopScale::Coarsen(f) => f > 1,
+        }
+    }
+
+    /// The iterations of a loop of `forloop`, `None` where the factor does not divide them.
+    fn iterations(self, forloop: usize) -> Option<usize> {
+        match self {
+            LoopScale::Refine(r) => Some(forloop * r),
+            LoopScale::Coarsen(c) => forloop.is_multiple_of(c).then(|| forloop / c),
+        }
+    }
+
+    /// A carried tile's extent along the loop, `None` where the factor does not divide it.
+    fn extent(self, extent: usize) -> Option<usize> {
+        match self {
+            LoopScale::Refine(r) => (extent.is_multiple_of(r) && extent >= r).then(|| extent / r),
+            LoopScale::Coarsen(c) => Some(extent * c),
+        }
+    }
+}
+
+impl fmt::Display for LoopScale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoopScale::Refine(r) => write!(f, "refined by {r}"),
+            LoopScale::Coarsen(c) => write!(f, "coarsened by {c}"),
+        }
+    }
+}
 
 /// The factor of the planner's rule ([`super::plan::RefineChoice::Auto`]).
 pub const AUTO_FACTOR: usize = 2;
@@ -290,6 +345,13 @@ pub enum NotRefined {
     Once,
     /// No input tile is walked by the loop.
     NoWalkedInput,
+    /// The loop's iterations do not divide by the coarsening factor.
+    Iterations {
+        /// The loop's iterations.
+        forloop: usize,
+        /// The factor.
+        factor: usize,
+    },
     /// A tile's extent along the loop does not divide by the factor.
     Indivisible {
         /// The threadblock op whose tile it is.
@@ -322,6 +384,9 @@ impl fmt::Display for NotRefined {
         match self {
             NotRefined::Once => f.write_str("the loop runs once"),
             NotRefined::NoWalkedInput => f.write_str("no input tile is walked by the loop"),
+            NotRefined::Iterations { forloop, factor } => {
+                write!(f, "its {forloop} iterations do not divide by {factor}")
+            }
             NotRefined::Indivisible { op, extent } => write!(
                 f,
                 "op{op}'s tile has {extent} elements along the loop, which the factor does not \
@@ -345,8 +410,8 @@ impl fmt::Display for NotRefined {
 /// What [`refine_loops`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoopRewrite {
-    /// The refinement factor asked for (1: off).
-    pub factor: usize,
+    /// The change asked for (refined by 1: off).
+    pub scale: LoopScale,
     /// Whether the planner's rule chose the loops ([`super::plan::RefineChoice::Auto`]).
     pub rule: bool,
     /// The refined graph, when a loop was refined (the same operators, numbered alike).
@@ -371,7 +436,13 @@ impl LoopRewrite {
 /// Refines by `factor` the for-loop of every customized operator of `g` whose body allows it
 /// (see the module documentation); `factor` 1 refines nothing.
 pub fn refine_loops(g: &KernelGraph, factor: usize) -> LoopRewrite {
-    refine_loops_where(g, factor, &|_| Ok(None))
+    rescale_loops(g, LoopScale::Refine(factor))
+}
+
+/// Refines or coarsens by `scale` the for-loop of every customized operator of `g` whose body
+/// allows it (see the module documentation).
+pub fn rescale_loops(g: &KernelGraph, scale: LoopScale) -> LoopRewrite {
+    refine_loops_where(g, scale, &|_| Ok(None))
 }
 
 /// [`refine_loops`] for the customized operators for which `rule` (given the kernel op index)
@@ -379,14 +450,14 @@ pub fn refine_loops(g: &KernelGraph, factor: usize) -> LoopRewrite {
 /// loops would refine, keep their loops with its reason.
 pub fn refine_loops_where(
     g: &KernelGraph,
-    factor: usize,
+    scale: LoopScale,
     rule: &dyn Fn(usize) -> Result<Option<RuleRefinement>, NotRefined>,
 ) -> LoopRewrite {
     let mut lr = LoopRewrite {
-        factor,
+        scale,
         ..LoopRewrite::default()
     };
-    if factor <= 1 {
+    if !scale.changes() {
         return lr;
     }
     let mut out = g.clone();
@@ -394,7 +465,7 @@ pub fn refine_loops_where(
         let KnOpKind::Customized(tb) = &op.kind else {
             continue;
         };
-        match refine_body(tb, factor).and_then(|(b, t)| Ok((b, t, rule(h.index())?))) {
+        match refine_body(tb, scale).and_then(|(b, t)| Ok((b, t, rule(h.index())?))) {
             Ok((body, tile, why)) => {
                 lr.refined.push(RefinedLoop {
                     kernel: h.index(),
@@ -420,14 +491,30 @@ pub fn refine_loops_where(
 
 /// `tb` with its loop refined by `r`, and the first walked tile's extent along the loop before
 /// and after.
-fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefined> {
+fn refine_body(tb: &TbGraph, scale: LoopScale) -> Result<(TbGraph, [usize; 2]), NotRefined> {
     if tb.forloop_range <= 1 {
         return Err(NotRefined::Once);
     }
     let mut roles = vec![Role::Invariant; tb.tensors.len()];
     let mut online: Vec<Option<Online>> = vec![None; tb.tensors.len()];
     let mut out = tb.clone();
-    out.forloop_range = tb.forloop_range * r;
+    out.forloop_range = match (scale.iterations(tb.forloop_range), scale) {
+        (Some(f), _) => f,
+        (None, LoopScale::Refine(factor) | LoopScale::Coarsen(factor)) => {
+            return Err(NotRefined::Iterations {
+                forloop: tb.forloop_range,
+                factor,
+            });
+        }
+    };
+    // Strided groups of the carried dim stay whole groups where the new extent holds them.
+    let groups_whole = |extent: usize| {
+        let e = match scale {
+            LoopScale::Refine(r) => extent / r,
+            LoopScale::Coarsen(c) => extent * c,
+        };
+        e.is_multiple_of(tb.reduction_dimx)
+    };
     let mut tile = None;
     for (h, op) in tb.ops.iter() {
         let i = h.index();
@@ -448,11 +535,11 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
                 online[t.index()] = o;
                 if let Role::Carries(d) = role {
                     let extent = tb.tensors[t].shape.dim(d);
-                    if !extent.is_multiple_of(r) || extent < r {
+                    let Some(e) = scale.extent(extent) else {
                         return Err(NotRefined::Indivisible { op: i, extent });
-                    }
+                    };
                     let s = &mut out.tensors[t].shape;
-                    *s = s.with_dim(d, extent / r);
+                    *s = s.with_dim(d, e);
                 }
             }
             continue;
@@ -510,7 +597,7 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
                 // Strided groups of the carried dim stay the same groups in thinner tiles whose
                 // extent the group count divides.
                 (Role::Carries(d), TbReduction::ToDimx)
-                    if d == *dim && (shape(0).dim(d) / r).is_multiple_of(tb.reduction_dimx) =>
+                    if d == *dim && groups_whole(shape(0).dim(d)) =>
                 {
                     Role::Partial
                 }
@@ -547,8 +634,7 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
                         AccumKind::RedLdSum | AccumKind::RedLdMean | AccumKind::RedLdRms,
                     ) if d == last => {}
                     (Role::Carries(d), AccumKind::RedtoxLdSum)
-                        if d == last && (shape(0).dim(d) / r).is_multiple_of(tb.reduction_dimx) => {
-                    }
+                        if d == last && groups_whole(shape(0).dim(d)) => {}
                     (Role::Invariant, AccumKind::Max) => {}
                     (_, AccumKind::NoredRescale | AccumKind::RedLdSumRescale) => {
                         return Err(bad("it rescales per iteration"));
@@ -570,14 +656,14 @@ fn refine_body(tb: &TbGraph, r: usize) -> Result<(TbGraph, [usize; 2]), NotRefin
             roles[t.index()] = produced;
             if let Role::Carries(d) = produced {
                 let extent = tb.tensors[t].shape.dim(d);
-                if !extent.is_multiple_of(r) || extent < r {
+                let Some(e) = scale.extent(extent) else {
                     return Err(NotRefined::Indivisible { op: i, extent });
-                }
+                };
                 if matches!(op.kind, TbOpKind::Input { .. }) && tile.is_none() {
-                    tile = Some([extent, extent / r]);
+                    tile = Some([extent, e]);
                 }
                 let s = &mut out.tensors[t].shape;
-                *s = s.with_dim(d, extent / r);
+                *s = s.with_dim(d, e);
             }
         }
     }
@@ -655,13 +741,7 @@ mod tests {
             assert_eq!(shapes[2], format!("[1, {}, 64]", 64 / r));
             assert_same_function(&g, &g2);
         }
-        assert_eq!(
-            refine_loops(&g, 1),
-            LoopRewrite {
-                factor: 1,
-                ..LoopRewrite::default()
-            }
-        );
+        assert_eq!(refine_loops(&g, 1), LoopRewrite::default());
         // 64 keys per iteration do not split 3 ways.
         let lr = refine_loops(&g, 3);
         assert!(lr.graph.is_none());
@@ -671,6 +751,58 @@ mod tests {
                 [(3, NotRefined::Indivisible { extent: 64, .. })]
             ),
             "{lr:?}"
+        );
+    }
+
+    /// Coarsening is the inverse: 8 iterations of 32 keys become 4 of 64, 2 of 128 or one of
+    /// 256, the same function; iterations the factor does not divide stay.
+    #[test]
+    fn attention_loops_coarsen_to_the_same_function() {
+        let g = attention(8);
+        for c in [2, 4, 8] {
+            let lr = rescale_loops(&g, LoopScale::Coarsen(c));
+            assert_eq!(lr.kept, vec![], "{c}");
+            assert_eq!(
+                lr.refined,
+                vec![RefinedLoop {
+                    kernel: 3,
+                    forloop: [8, 8 / c],
+                    tile: [32, 32 * c],
+                    rule: None,
+                }]
+            );
+            let g2 = lr.graph.expect("coarsened");
+            let KnOpKind::Customized(tb) = &g2.ops.iter().nth(3).unwrap().1.kind else {
+                panic!("kernel 3 is customized")
+            };
+            assert_eq!(
+                tb.tensors.iter().nth(1).unwrap().1.shape.to_string(),
+                format!("[1, 64, {}]", 32 * c)
+            );
+            assert_same_function(&g, &g2);
+        }
+        assert_eq!(
+            rescale_loops(&g, LoopScale::Coarsen(1)),
+            LoopRewrite {
+                scale: LoopScale::Coarsen(1),
+                ..LoopRewrite::default()
+            }
+        );
+        let lr = rescale_loops(&g, LoopScale::Coarsen(3));
+        assert!(lr.graph.is_none());
+        assert_eq!(
+            lr.kept,
+            vec![(
+                3,
+                NotRefined::Iterations {
+                    forloop: 8,
+                    factor: 3
+                }
+            )]
+        );
+        assert_eq!(
+            lr.kept[0].1.to_string(),
+            "its 8 iterations do not divide by 3"
         );
     }
 
@@ -791,7 +923,10 @@ mod tests {
         let sm90 = Options::for_target(Target::new(Arch::Sm90a));
         let p = crate::sched::plan(&g, &sm90).unwrap();
         let loops = &p.rewrite.loops;
-        assert!(loops.rule && loops.factor == AUTO_FACTOR, "{loops:?}");
+        assert!(
+            loops.rule && loops.scale == LoopScale::Refine(AUTO_FACTOR),
+            "{loops:?}"
+        );
         let [r] = &loops.refined[..] else {
             panic!("{loops:?}")
         };
@@ -872,12 +1007,16 @@ mod random_tests {
         let mut refined = 0;
         for seed in 0..1500 {
             let g = graph(seed, &cfg);
-            for r in [2, 4] {
-                let lr = refine_loops(&g, r);
+            for scale in [
+                LoopScale::Refine(2),
+                LoopScale::Refine(4),
+                LoopScale::Coarsen(2),
+            ] {
+                let lr = rescale_loops(&g, scale);
                 let Some(g2) = lr.graph else { continue };
                 refined += 1;
                 let worst = output_difference(&g, &g2, seed, Rounding::Exact);
-                assert!(worst < 1e-9, "seed {seed}, refined by {r}: {worst}");
+                assert!(worst < 1e-9, "seed {seed}, {scale}: {worst}");
             }
         }
         assert!(refined >= 10, "only {refined} refined graphs");

@@ -7,8 +7,12 @@
 //! (32, 64 or 128 bytes, the XOR of the 16-byte chunk index with the 128-byte line index,
 //! which the tile planner's XOR swizzle produces for rows of that many bytes). The device
 //! tensor must have 16-byte multiple strides, no broadcast dims, at most five dims of extent
-//! above one and extents below 2³²; every box dim is at most 256 elements. What fails keeps the
-//! `cp.async` ring, with the reason shown by `explain`.
+//! above one and extents below 2³²; every box dim is at most 256 elements. A box whose outermost
+//! dim of extent above one is longer is copied in slabs along that dim ([`TmaLoad::copies`]):
+//! each slab is a contiguous part of the dense tile, every slab but the last of the most rows
+//! up to 256 that keep the next slab's start on the engine's alignment (1024 bytes under a
+//! swizzle, 128 without), the last the remainder, each extent through its own tensor map. What
+//! fails keeps the `cp.async` ring, with the reason shown by `explain`.
 //!
 //! One thread issues every load of an iteration and announces the bytes on the stage's
 //! mbarrier (`full`); every thread waits on it before the iteration reads the stage. The
@@ -30,6 +34,8 @@ use crate::layout::swizzle::{AtomColumns, Swizzle, TileGeometry};
 pub const TMA_SLOT_ALIGN: usize = 1024;
 /// The largest extent of a box dim.
 pub const TMA_MAX_BOX: usize = 256;
+/// Alignment (bytes) of an unswizzled box's shared-memory destination.
+pub const TMA_SLAB_ALIGN: usize = 128;
 /// The most dims a tensor map has.
 pub const TMA_MAX_RANK: usize = 5;
 
@@ -127,6 +133,17 @@ pub struct TmaCoord {
     pub per_iter: usize,
 }
 
+/// One bulk copy of a [`TmaLoad`]: the whole box, or a slab of it along [`TmaLoad::split`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TmaCopy {
+    /// Index of its tensor map among the kernel's (parameter `tm<map>`).
+    pub map: usize,
+    /// Elements of the split box dim before the slab (0 for the whole box).
+    pub offset: usize,
+    /// The slab's extent along the split box dim (the box's own when not split).
+    pub extent: usize,
+}
+
 /// The bulk tensor load of one pipelined input tile per iteration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TmaLoad {
@@ -136,8 +153,12 @@ pub struct TmaLoad {
     pub tile: usize,
     /// The customized operator's input it reads.
     pub input: usize,
-    /// Index of its tensor map among the kernel's (parameter `tm<map>`).
-    pub map: usize,
+    /// The box dim (index into [`TmaLoad::boxes`]) copied in slabs, `None` when one copy takes
+    /// the whole box.
+    pub split: Option<usize>,
+    /// The copies of every iteration, in order (one when not split); slabs of one extent share
+    /// a tensor map.
+    pub copies: Vec<TmaCopy>,
     /// Element type.
     pub dtype: DType,
     /// Its tensor-map type.
@@ -146,7 +167,7 @@ pub struct TmaLoad {
     pub dims: Vec<u64>,
     /// Byte strides of `dims[1..]`.
     pub strides: Vec<u64>,
-    /// The box (the tile), innermost first.
+    /// The box (the tile), innermost first; a split dim may exceed [`TMA_MAX_BOX`].
     pub boxes: Vec<u32>,
     /// The swizzle the engine applies (the tile's).
     pub swizzle: TmaSwizzle,
@@ -154,6 +175,37 @@ pub struct TmaLoad {
     pub coords: Vec<TmaCoord>,
     /// Bytes one load writes (the box).
     pub bytes: usize,
+}
+
+impl TmaLoad {
+    /// The box dims of copy `c` (the slab's extent along the split dim).
+    pub fn copy_box(&self, c: &TmaCopy) -> Vec<u32> {
+        let mut b = self.boxes.clone();
+        if let Some(d) = self.split {
+            b[d] = c.extent as u32;
+        }
+        b
+    }
+
+    /// The tensor maps of the load: (map index, box), each once, in map order.
+    pub fn maps(&self) -> Vec<(usize, Vec<u32>)> {
+        let mut maps: Vec<(usize, Vec<u32>)> = Vec::new();
+        for c in &self.copies {
+            if maps.iter().all(|(m, _)| *m != c.map) {
+                maps.push((c.map, self.copy_box(c)));
+            }
+        }
+        maps
+    }
+
+    /// Elements of the tile before copy `c`'s slab (its offset times the box dims inside the
+    /// split dim).
+    pub fn copy_elements(&self, c: &TmaCopy) -> usize {
+        let inner: usize = self
+            .split
+            .map_or(0, |d| self.boxes[..d].iter().map(|&b| b as usize).product());
+        c.offset * inner
+    }
 }
 
 /// The TMA loads of a kernel's pipelined inputs, and why the other pipelined inputs keep
@@ -177,6 +229,19 @@ impl TmaPlan {
     /// Bytes every iteration's loads announce on the stage's mbarrier.
     pub fn bytes_per_stage(&self) -> usize {
         self.loads.iter().map(|l| l.bytes).sum()
+    }
+
+    /// The kernel's tensor maps: (map index, the load, its box) in map order.
+    pub fn maps(&self) -> Vec<(usize, &TmaLoad, Vec<u32>)> {
+        self.loads
+            .iter()
+            .flat_map(|l| l.maps().into_iter().map(move |(m, b)| (m, l, b)))
+            .collect()
+    }
+
+    /// How many tensor maps the kernel takes.
+    pub fn map_count(&self) -> usize {
+        self.loads.iter().map(|l| l.maps().len()).sum()
     }
 }
 
@@ -231,7 +296,8 @@ pub enum TmaOff {
     HugeExtent,
     /// The tile is larger than the device tensor along a dim.
     TileLarger,
-    /// A box dim exceeds TMA's largest.
+    /// A box dim exceeds TMA's largest and cannot be copied in slabs (it is not the box's
+    /// outermost dim of extent above 1, or another dim exceeds it too).
     BoxTooLarge {
         /// Its elements.
         elements: usize,
@@ -315,7 +381,8 @@ impl fmt::Display for TmaOff {
             }
             TmaOff::BoxTooLarge { elements } => write!(
                 f,
-                "a box dim of {elements} elements exceeds TMA's {TMA_MAX_BOX}"
+                "a box dim of {elements} elements exceeds TMA's {TMA_MAX_BOX}, and box dims \
+                 above 1 lie outside it (its slabs would not be contiguous in the tile)"
             ),
             TmaOff::NotDense { dim, stride, dense } => write!(
                 f,
@@ -450,9 +517,6 @@ fn plan_load(
         );
     }
     let boxes: Vec<usize> = order.iter().map(|&d| shape.dim(d)).collect();
-    if let Some(b) = boxes.iter().find(|&&b| b > TMA_MAX_BOX) {
-        return Err(TmaOff::BoxTooLarge { elements: *b });
-    }
     // The tile must be the dense box: stride of each dim (of extent above 1) the product of
     // the box dims inside it.
     let mut dense = 1;
@@ -471,12 +535,14 @@ fn plan_load(
         return Err(TmaOff::RowBytes { row_bytes });
     }
     let swizzle = engine_swizzle(geo.swizzle, elem, row_bytes)?;
+    let (split, copies) = slabs(&boxes, elem, swizzle)?;
     let coords = order.iter().map(|&d| coord(d, 1)).collect();
     Ok(TmaLoad {
         op,
         tile,
         input,
-        map: 0,
+        split,
+        copies,
         dtype: geo.dtype,
         data_type,
         dims: order.iter().map(|&d| dshape.dim(d) as u64).collect(),
@@ -486,6 +552,71 @@ fn plan_load(
         coords,
         bytes: dense * elem,
     })
+}
+
+/// The copies of a dense box (innermost dim first) of `elem`-byte elements under the engine's
+/// `swizzle`: one for a box within [`TMA_MAX_BOX`] (map 0, extent of the outermost dim), else
+/// the slabs of its outermost dim of extent above 1 (maps 0 and 1: the full slabs' extent and
+/// the remainder's), or why it cannot be split. A slab starts on the engine's alignment for the
+/// swizzle (the pattern follows the address); a slab of the innermost dim keeps 16-byte rows.
+fn slabs(
+    boxes: &[usize],
+    elem: usize,
+    swizzle: TmaSwizzle,
+) -> Result<(Option<usize>, Vec<TmaCopy>), TmaOff> {
+    let whole = |extent| {
+        vec![TmaCopy {
+            map: 0,
+            offset: 0,
+            extent,
+        }]
+    };
+    let Some(d) = boxes.iter().position(|&b| b > TMA_MAX_BOX) else {
+        return Ok((None, whole(*boxes.last().expect("a box dim"))));
+    };
+    let b = boxes[d];
+    if boxes[d + 1..].iter().any(|&e| e > 1) {
+        return Err(TmaOff::BoxTooLarge { elements: b });
+    }
+    let unit: usize = boxes[..d].iter().product::<usize>() * elem;
+    let align = if swizzle == TmaSwizzle::None {
+        TMA_SLAB_ALIGN
+    } else {
+        TMA_SLOT_ALIGN
+    };
+    // Slab rows keep the next slab's start aligned: a multiple of align / gcd(unit, align), a
+    // power of two at most 128 (unswizzled) or 32 (swizzled rows of at least 32 bytes), so
+    // whole slabs are 256 long in practice.
+    let step = align / gcd(unit, align);
+    let full = TMA_MAX_BOX / step * step;
+    if full == 0 {
+        return Err(TmaOff::BoxTooLarge { elements: b });
+    }
+    let rest = b % full;
+    if d == 0 && !(rest * elem).is_multiple_of(16) {
+        return Err(TmaOff::RowBytes {
+            row_bytes: rest * elem,
+        });
+    }
+    let mut copies: Vec<TmaCopy> = (0..b / full)
+        .map(|i| TmaCopy {
+            map: 0,
+            offset: i * full,
+            extent: full,
+        })
+        .collect();
+    if rest > 0 {
+        copies.push(TmaCopy {
+            map: 1,
+            offset: b - rest,
+            extent: rest,
+        });
+    }
+    Ok((Some(d), copies))
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The load of a tile stored in atom columns ([`AtomColumns`]): the device tensor's innermost
@@ -560,7 +691,12 @@ fn columns_load(
         op,
         tile,
         input,
-        map: 0,
+        split: None,
+        copies: vec![TmaCopy {
+            map: 0,
+            offset: 0,
+            extent: k,
+        }],
         dtype: geo.dtype,
         data_type,
         dims,
@@ -618,7 +754,11 @@ pub fn plan_tma(
             geo,
         ) {
             Ok(mut l) => {
-                l.map = plan.loads.len();
+                // Number the load's maps after the kernel's earlier ones.
+                let first = plan.map_count();
+                for c in &mut l.copies {
+                    c.map += first;
+                }
                 plan.loads.push(l);
             }
             Err(why) => plan.off.push((h.index(), why)),
@@ -663,6 +803,85 @@ mod tests {
         // Rows longer than a line permute by the row's low bits: no engine pattern.
         assert!(engine_swizzle(Swizzle::Xor { b: 3, m: 3, s: 4 }, 2, 256).is_err());
         assert!(engine_swizzle(Swizzle::Shift { row_chunks: 9 }, 2, 144).is_err());
+    }
+
+    #[test]
+    fn long_outermost_box_dims_are_copied_in_aligned_slabs() {
+        let at = |c: &[TmaCopy]| -> Vec<(usize, usize, usize)> {
+            c.iter().map(|c| (c.map, c.offset, c.extent)).collect()
+        };
+        // Within the limit: one copy of the whole box.
+        let (split, c) = slabs(&[64, 172], 2, TmaSwizzle::B128).unwrap();
+        assert_eq!((split, at(&c)), (None, vec![(0, 0, 172)]));
+        // 296 rows of 128 swizzled bytes: 256 rows (32 KB, 1024-byte aligned) and 40.
+        let (split, c) = slabs(&[64, 296], 2, TmaSwizzle::B128).unwrap();
+        assert_eq!((split, at(&c)), (Some(1), vec![(0, 0, 256), (1, 256, 40)]));
+        // A row of 296 bf16: 512 bytes, then 80 (16-byte rows).
+        let (split, c) = slabs(&[296], 2, TmaSwizzle::None).unwrap();
+        assert_eq!((split, at(&c)), (Some(0), vec![(0, 0, 256), (1, 256, 40)]));
+        // Full slabs share a map; the remainder has its own.
+        let (_, c) = slabs(&[32, 600, 1], 2, TmaSwizzle::None).unwrap();
+        assert_eq!(at(&c), vec![(0, 0, 256), (0, 256, 256), (1, 512, 88)]);
+        // Rows of 48 unswizzled bytes: slabs of a multiple of 8 rows keep 128-byte starts.
+        let (_, c) = slabs(&[24, 300], 2, TmaSwizzle::None).unwrap();
+        assert_eq!(at(&c), vec![(0, 0, 256), (1, 256, 44)]);
+        // Rows of 32 swizzled bytes: the second slab starts 8 KB in, on the pattern's 1024.
+        let (_, c) = slabs(&[16, 300], 2, TmaSwizzle::B32).unwrap();
+        assert_eq!(at(&c), vec![(0, 0, 256), (1, 256, 44)]);
+        // Not the outermost dim above 1: slabs would interleave.
+        assert_eq!(
+            slabs(&[296, 8], 2, TmaSwizzle::None),
+            Err(TmaOff::BoxTooLarge { elements: 296 })
+        );
+        // An innermost remainder of 44 bf16 (88 bytes) breaks the 16-byte rows.
+        assert_eq!(
+            slabs(&[300], 2, TmaSwizzle::None),
+            Err(TmaOff::RowBytes { row_bytes: 88 })
+        );
+    }
+
+    #[test]
+    fn decode_weights_of_more_than_256_rows_stream_in_slabs() {
+        use crate::sched::plan::Ring;
+        // K = 18944 over 64 iterations: 296 rows of W and X, Y rows of 296 elements.
+        let g = decode_gated_linear(1, 18944, 3584, 56, 64, DType::BF16).unwrap();
+        let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm90a))).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        assert!(kp.tma.off.is_empty(), "{:?}", kp.tma.off);
+        let w = kp.tma.loads.iter().find(|l| l.input == 2).unwrap();
+        assert_eq!((w.boxes.clone(), w.split), (vec![64, 296], Some(1)));
+        assert_eq!(w.copy_elements(&w.copies[1]), 256 * 64);
+        let maps: Vec<(usize, Vec<u32>)> =
+            kp.tma.maps().into_iter().map(|(m, _, b)| (m, b)).collect();
+        assert_eq!(
+            maps,
+            vec![
+                (0, vec![256]),
+                (1, vec![40]),
+                (2, vec![256]),
+                (3, vec![40]),
+                (4, vec![64, 256]),
+                (5, vec![64, 40])
+            ]
+        );
+        assert_eq!(kp.tma.map_count(), 6);
+        // The whole boxes' bytes are announced: X and Y rows of 296, W's 296 × 64.
+        assert_eq!(kp.tma.bytes_per_stage(), (296 + 296 + 296 * 64) * 2);
+        assert!(matches!(kp.ring(), Some(Ring { cp_async, .. }) if cp_async.is_empty()));
+        // M = 8: X and Y tiles [8, 296] cannot be slabs of their rows; W still is.
+        let g = decode_gated_linear(8, 18944, 3584, 56, 64, DType::BF16).unwrap();
+        let p = crate::sched::plan(&g, &Options::for_target(Target::new(Arch::Sm90a))).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        assert_eq!(kp.tma.loads.len(), 1);
+        assert_eq!(kp.tma.map_count(), 2);
+        assert_eq!(
+            kp.tma
+                .off
+                .iter()
+                .map(|(_, w)| w.clone())
+                .collect::<Vec<_>>(),
+            vec![TmaOff::BoxTooLarge { elements: 296 }; 2]
+        );
     }
 
     #[test]

@@ -920,13 +920,17 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     );
     // TMA loads: their tensor-map parameters, the stage barriers, the bytes each stage announces
     // and one load per iteration and input.
-    for l in &kp.tma.loads {
+    for (m, l, _) in kp.tma.maps() {
         want(
-            text.contains(&format!("mucc::sm90::TensorMap tm{}", l.map))
-                && text.contains(&format!("&tm{}, full + ", l.map)),
-            format!("tensor map tm{} of op{}", l.map, l.op),
+            text.contains(&format!("mucc::sm90::TensorMap tm{m}"))
+                && text.contains(&format!("&tm{m}, full + ")),
+            format!("tensor map tm{m} of op{}", l.op),
         );
     }
+    want(
+        !text.contains(&format!("mucc::sm90::TensorMap tm{}", kp.tma.map_count())),
+        format!("{} tensor maps", kp.tma.map_count()),
+    );
     // Programmatic dependent launch: the wait and the trigger exactly as planned.
     want(
         text.contains("mucc::sm90::grid_dependency_wait();") == kp.dependent.is_programmatic(),
@@ -1295,17 +1299,41 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
                 format!("cp.async waits {waits:?}, plan {stages} stages"),
             );
             let tma = calls(body, Func::TmaLoad);
+            // Every stage issues each load's copies (slabs of a split box) in order.
+            let copies: Vec<(&mucc::sched::tma::TmaLoad, &mucc::sched::tma::TmaCopy)> = kp
+                .tma
+                .loads
+                .iter()
+                .flat_map(|l| l.copies.iter().map(move |c| (l, c)))
+                .collect();
             want(
-                tma.len() == stages * loads,
-                format!("{} TMA loads, plan {stages} x {loads}", tma.len()),
+                tma.len() == stages * copies.len(),
+                format!(
+                    "{} TMA copies, plan {stages} x {} ({loads} loads)",
+                    tma.len(),
+                    copies.len()
+                ),
             );
             for (i, args) in tma.iter().enumerate() {
-                let l = &kp.tma.loads[i % loads.max(1)];
-                let map = Expr::var(format!("tm{}", l.map)).addr();
+                let (l, c) = copies[i % copies.len().max(1)];
+                let map = Expr::var(format!("tm{}", c.map)).addr();
                 want(
                     args.get(1) == Some(&&map) && args.len() == 3 + l.coords.len(),
-                    format!("TMA load {i}: {args:?}, plan map tm{}", l.map),
+                    format!("TMA copy {i}: {args:?}, plan map tm{}", c.map),
                 );
+                if let Some(d) = l.split.filter(|_| c.offset > 0) {
+                    let at = Expr::size(l.copy_elements(c));
+                    let off = Expr::size(c.offset);
+                    let ends_with = |e: Option<&&Expr>, t: &Expr| matches!(e, Some(Expr::Add(_, b)) if **b == *t);
+                    want(
+                        ends_with(args.first(), &at) && ends_with(args.get(3 + d), &off),
+                        format!(
+                            "TMA copy {i}: {args:?}, slab at element {} (offset {} along box dim {d})",
+                            l.copy_elements(c),
+                            c.offset
+                        ),
+                    );
+                }
             }
             let announced = calls(body, Func::MbarArriveExpectTx);
             let bytes = Expr::size(kp.tma.bytes_per_stage());

@@ -205,25 +205,37 @@ impl Ctx<'_> {
         ))];
         for l in &kp.tma.loads {
             let elems = kp.tiles[l.tile].as_ref().map_or(0, |g| g.phys_elems);
-            let mut args = vec![
-                Expr::var(format!("s{}", l.tile)).plus(slot.clone().times(Expr::size(elems))),
-                Expr::var(format!("tm{}", l.map)).addr(),
-                full.clone(),
-            ];
-            for c in &l.coords {
-                let mut terms: Vec<Expr> = c
-                    .per_block
-                    .iter()
-                    .map(|&(a, n)| {
-                        Expr::Call(Func::CastToInt, vec![self.block_index(a)]).times(Expr::size(n))
-                    })
-                    .collect();
-                if c.per_iter > 0 {
-                    terms.push(iter.clone().paren().times(Expr::size(c.per_iter)));
+            for copy in &l.copies {
+                let mut dst =
+                    Expr::var(format!("s{}", l.tile)).plus(slot.clone().times(Expr::size(elems)));
+                let at = l.copy_elements(copy);
+                if at > 0 {
+                    dst = dst.plus(Expr::size(at));
                 }
-                args.push(Expr::sum(terms).unwrap_or(Expr::size(0)));
+                let mut args = vec![
+                    dst,
+                    Expr::var(format!("tm{}", copy.map)).addr(),
+                    full.clone(),
+                ];
+                for (d, c) in l.coords.iter().enumerate() {
+                    let mut terms: Vec<Expr> = c
+                        .per_block
+                        .iter()
+                        .map(|&(a, n)| {
+                            Expr::Call(Func::CastToInt, vec![self.block_index(a)])
+                                .times(Expr::size(n))
+                        })
+                        .collect();
+                    if c.per_iter > 0 {
+                        terms.push(iter.clone().paren().times(Expr::size(c.per_iter)));
+                    }
+                    if l.split == Some(d) && copy.offset > 0 {
+                        terms.push(Expr::size(copy.offset));
+                    }
+                    args.push(Expr::sum(terms).unwrap_or(Expr::size(0)));
+                }
+                body.push(Stmt::Eval(Expr::Call(Func::TmaLoad, args)));
             }
-            body.push(Stmt::Eval(Expr::Call(Func::TmaLoad, args)));
         }
         Stmt::If(
             Expr::Eq(Box::new(Expr::var("tid")), Box::new(Expr::size(0))),

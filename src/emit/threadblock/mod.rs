@@ -334,14 +334,14 @@ pub(super) fn emit(
     ));
     let tensor_maps = kp
         .tma
-        .loads
-        .iter()
-        .map(|l| TensorMapSpec {
+        .maps()
+        .into_iter()
+        .map(|(_, l, boxes)| TensorMapSpec {
             binding: plan.binding(op.inputs[l.input], l.dtype.bytes()),
             data_type: l.data_type,
             dims: l.dims.clone(),
             strides: l.strides.clone(),
-            boxes: l.boxes.clone(),
+            boxes,
             swizzle: l.swizzle,
         })
         .collect();
@@ -426,10 +426,9 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
         params.push("unsigned long long xrank".into());
         args.push(Binding::Rank);
     }
-    for l in &ctx.kp.tma.loads {
+    for (m, _, _) in ctx.kp.tma.maps() {
         params.push(format!(
-            "const __grid_constant__ mucc::sm90::TensorMap tm{}",
-            l.map
+            "const __grid_constant__ mucc::sm90::TensorMap tm{m}"
         ));
     }
     (params, args)
@@ -541,8 +540,8 @@ fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
             "for (int s = 0; s < {stages}; ++s) mucc::sm90::mbar_init(full + s, 1);"
         ));
         w.line("mucc::sm90::fence_mbarrier_init();");
-        for l in &kp.tma.loads {
-            w.line(format!("mucc::sm90::prefetch_tensormap(&tm{});", l.map));
+        for (m, _, _) in kp.tma.maps() {
+            w.line(format!("mucc::sm90::prefetch_tensormap(&tm{m});"));
         }
     });
 }
