@@ -645,7 +645,7 @@ mod tests {
             d.dedup();
             assert_eq!(d.len(), v.len(), "{arch}");
         }
-        let n = TUNED_WARPS.len() + TUNED_STAGES.len() + TUNED_REFINE.len();
+        let n = TUNED_WARPS.len() + TUNED_STAGES.len() + TUNED_REFINE.len() + TUNED_COARSEN.len();
         assert_eq!(variants(Arch::Sm80).len(), 3 + n);
         assert_eq!(variants(Arch::Sm90a).len(), 7 + n);
         // The shallower rings follow the unfused and the tiles-only variants; one plans 8 warps.
