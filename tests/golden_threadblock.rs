@@ -131,6 +131,13 @@ fn forloop_64_bf16() -> KernelGraph {
     g.build().unwrap()
 }
 
+/// The decode linear (silu(X) ⊙ Y) · W at M = 1, K = 18944, N = 3584 (56 blocks, 64
+/// iterations), bf16: tiles of 296 rows of W and rows of 296 elements of X and Y, longer than a
+/// TMA box dim, which sm_90a copies in slabs.
+fn decode_m1_18944x3584_bf16() -> KernelGraph {
+    mucc::graph::workloads::decode_gated_linear(1, 18944, 3584, 56, 64, DType::BF16).unwrap()
+}
+
 /// Attention with the online-softmax operators (running max, both rescaling accumulators) and
 /// a strided to-dimx reduction, f16.
 fn online_softmax_f16() -> KernelGraph {
@@ -176,6 +183,7 @@ pub const GRAPHS: &[(&str, Build)] = &[
     ("matmul_colmajor_f16", matmul_colmajor_f16),
     ("forloop_64_bf16", forloop_64_bf16),
     ("online_softmax_f16", online_softmax_f16),
+    ("decode_m1_18944x3584_bf16", decode_m1_18944x3584_bf16),
 ];
 
 /// Corpus graphs with golden emission: (file, graph, what it covers). Together they use every
@@ -251,6 +259,13 @@ pub const HOPPER: &[(&str, usize, usize, &str)] = &[
         3,
         1,
         "a register pipe beside TMA loads (3 resident CTAs), no cluster split",
+    ),
+    (
+        "decode_m1_18944x3584_bf16",
+        0,
+        4,
+        "TMA boxes over 256 copied in slabs: 296 rows of W as 256 + 40 under the 128-byte \
+         swizzle, rows of 296 elements as 256 + 40, two tensor maps each",
     ),
 ];
 
