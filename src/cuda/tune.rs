@@ -162,9 +162,10 @@ pub const TUNED_REFINE: [(usize, Option<usize>); 4] =
     [(1, None), (2, None), (2, Some(2)), (4, None)];
 
 /// Loop coarsenings tried (`sched::refine::LoopScale::Coarsen`): fewer, thicker iterations pay
-/// each iteration's stage wait, barriers and refill once for more work. Measured (NVIDIA H100,
-/// docs/benchmarks.md): decode_m8_bf16_3584x4608 with 32 iterations of 112 rows 14.28 µs
-/// against 15.06 with the graph's 64 of 56.
+/// each iteration's stage wait, barriers and refill once for more work. Measured before the
+/// rewrite existed, on the builder's graph edited by hand (NVIDIA H100, docs/benchmarks.md "Not
+/// adopted"): decode_m8_bf16_3584x4608 with 32 iterations of 112 rows 14.28 µs against 15.06
+/// with the graph's 64 of 56; other decode shapes equal or slower.
 pub const TUNED_COARSEN: [usize; 1] = [2];
 
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
