@@ -243,7 +243,8 @@ pub struct PathArg {
     /// Coarsen customized operators' for-loops by C (1 to 8) where their bodies allow and C
     /// divides the iterations: 1/C of the iterations over tiles C times thicker along the
     /// loop, so that each iteration's fixed costs (stage wait, barriers, refill) are paid once
-    /// for C times the work (`explain` says which loops and why not; `mucc tune` tries 2). The
+    /// for C times the work (`explain` says which loops and why not; `mucc tune` tries 2). Like
+    /// `--refine-loops`, it replaces the planner's refinement rule for every kernel. The
     /// function is the same up to rounding.
     #[arg(long = "coarsen-loops", value_name = "C", conflicts_with = "refine_loops", value_parser = clap::value_parser!(u32).range(1..=8))]
     pub coarsen_loops: Option<u32>,

@@ -140,7 +140,8 @@ pub struct TmaCopy {
     pub map: usize,
     /// Elements of the split box dim before the slab (0 for the whole box).
     pub offset: usize,
-    /// The slab's extent along the split box dim (the box's own when not split).
+    /// The slab's extent along the split box dim (for a whole box, the extent of its outermost
+    /// dim).
     pub extent: usize,
 }
 
@@ -695,7 +696,7 @@ fn columns_load(
         copies: vec![TmaCopy {
             map: 0,
             offset: 0,
-            extent: k,
+            extent: *boxes.last().expect("a box dim") as usize,
         }],
         dtype: geo.dtype,
         data_type,

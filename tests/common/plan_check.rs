@@ -931,6 +931,55 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         !text.contains(&format!("mucc::sm90::TensorMap tm{}", kp.tma.map_count())),
         format!("{} tensor maps", kp.tma.map_count()),
     );
+    // The launch encodes the maps in parameter order with each copy's box, every box dim within
+    // the engine's 256; a load's copies tile its box exactly, each slab starting on the
+    // engine's alignment.
+    let specs = &launch_of(e, &name).tensor_maps;
+    let maps = kp.tma.maps();
+    want(
+        specs.len() == maps.len()
+            && maps.iter().enumerate().all(|(i, (m, l, b))| {
+                *m == i
+                    && specs[i].boxes == *b
+                    && specs[i].swizzle == l.swizzle
+                    && b.iter()
+                        .all(|&x| x as usize <= mucc::sched::tma::TMA_MAX_BOX)
+            }),
+        format!(
+            "tensor maps {:?} for the plan's {:?}",
+            specs.iter().map(|s| s.boxes.clone()).collect::<Vec<_>>(),
+            maps.iter()
+                .map(|(m, _, b)| (*m, b.clone()))
+                .collect::<Vec<_>>()
+        ),
+    );
+    for l in &kp.tma.loads {
+        let elem = l.dtype.bytes();
+        let covered: usize = l
+            .copies
+            .iter()
+            .map(|c| l.copy_box(c).iter().map(|&x| x as usize).product::<usize>() * elem)
+            .sum();
+        let align = if l.swizzle == mucc::sched::tma::TmaSwizzle::None {
+            mucc::sched::tma::TMA_SLAB_ALIGN
+        } else {
+            mucc::sched::tma::TMA_SLOT_ALIGN
+        };
+        let mut next = 0;
+        let contiguous = l.copies.iter().all(|c| {
+            let ok = (l.split.is_none() || c.offset == next)
+                && (l.copy_elements(c) * elem).is_multiple_of(align);
+            next = c.offset + c.extent;
+            ok
+        });
+        want(
+            covered == l.bytes && contiguous,
+            format!(
+                "op{}'s copies {:?} cover {covered} B of its {} B box, in order and aligned: {contiguous}",
+                l.op, l.copies, l.bytes
+            ),
+        );
+    }
     // Programmatic dependent launch: the wait and the trigger exactly as planned.
     want(
         text.contains("mucc::sm90::grid_dependency_wait();") == kp.dependent.is_programmatic(),
@@ -1324,7 +1373,11 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
                 if let Some(d) = l.split.filter(|_| c.offset > 0) {
                     let at = Expr::size(l.copy_elements(c));
                     let off = Expr::size(c.offset);
-                    let ends_with = |e: Option<&&Expr>, t: &Expr| matches!(e, Some(Expr::Add(_, b)) if **b == *t);
+                    // The offset is the coordinate's last term (or all of it where neither
+                    // the loop nor the grid walks the dim).
+                    let ends_with = |e: Option<&&Expr>, t: &Expr| {
+                        matches!(e, Some(Expr::Add(_, b)) if **b == *t) || e == Some(&t)
+                    };
                     want(
                         ends_with(args.first(), &at) && ends_with(args.get(3 + d), &off),
                         format!(
