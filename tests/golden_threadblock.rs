@@ -252,7 +252,7 @@ pub const HOPPER: &[(&str, usize, usize, &str)] = &[
         1,
         2,
         "two threadblock kernels: the first triggers, the second launches programmatically and \
-         waits; boxes of 512 keep cp.async",
+         waits; K tiles by TMA, V tiles keep cp.async (their swizzle has no TMA mode)",
     ),
     (
         "mqa_bs8.json",
