@@ -178,10 +178,9 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     }
     let loops = &p.rewrite.loops;
     for r in &loops.refined {
-        let by = match (r.rule, loops.scale) {
-            (Some(why), _) => format!("{why}; --refine-loops 1 keeps the loop"),
-            (None, crate::sched::refine::LoopScale::Coarsen(_)) => "--coarsen-loops".to_string(),
-            (None, _) => "--refine-loops".to_string(),
+        let by = match r.rule {
+            Some(why) => format!("{why}; --refine-loops 1 keeps the loop"),
+            None => loops.scale.option().to_string(),
         };
         let _ = writeln!(
             s,
@@ -202,10 +201,7 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
             {
                 continue;
             }
-            let not = match loops.scale {
-                crate::sched::refine::LoopScale::Coarsen(_) => "coarsened",
-                crate::sched::refine::LoopScale::Refine(_) => "refined",
-            };
+            let not = loops.scale.participle();
             let _ = writeln!(s, "loop: kernel op {k} not {not} ({why})");
         }
     }

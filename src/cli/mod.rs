@@ -253,12 +253,11 @@ pub struct PathArg {
 impl PathArg {
     /// The loop rewrite asked for (`--refine-loops`, `--coarsen-loops`), else `otherwise`.
     pub fn loop_choice(&self, otherwise: mucc::sched::RefineChoice) -> mucc::sched::RefineChoice {
-        use mucc::sched::RefineChoice;
-        match (self.refine_loops, self.coarsen_loops) {
-            (Some(r), _) => RefineChoice::Factor(r as usize),
-            (None, Some(c)) => RefineChoice::Coarsen(c as usize),
-            (None, None) => otherwise,
-        }
+        mucc::sched::RefineChoice::asked(
+            self.refine_loops.map(|r| r as usize),
+            self.coarsen_loops.map(|c| c as usize),
+            otherwise,
+        )
     }
 
     /// Whether a tuned variant may replace these options: no `--no-tune`, and the defaults.

@@ -101,11 +101,11 @@ impl Variant {
             fuse_matmuls: self.fuse_matmuls,
             max_stages: self.stages,
             register_rows: self.register_rows,
-            refine_loops: match (self.refine, self.coarsen) {
-                (Some(r), _) => crate::sched::RefineChoice::Factor(r),
-                (None, Some(c)) => crate::sched::RefineChoice::Coarsen(c),
-                (None, None) => crate::sched::RefineChoice::Auto,
-            },
+            refine_loops: crate::sched::RefineChoice::asked(
+                self.refine,
+                self.coarsen,
+                crate::sched::RefineChoice::Auto,
+            ),
             ..base.clone()
         }
     }

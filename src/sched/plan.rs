@@ -151,6 +151,16 @@ pub enum RefineChoice {
 }
 
 impl RefineChoice {
+    /// The choice that a refinement factor or a coarsening factor asks for (the refinement where
+    /// both are given), `otherwise` where neither is.
+    pub fn asked(refine: Option<usize>, coarsen: Option<usize>, otherwise: RefineChoice) -> Self {
+        match (refine, coarsen) {
+            (Some(r), _) => RefineChoice::Factor(r),
+            (None, Some(c)) => RefineChoice::Coarsen(c),
+            (None, None) => otherwise,
+        }
+    }
+
     /// The change asked for everywhere, if any (`Auto`: none).
     pub fn scale(self) -> Option<super::refine::LoopScale> {
         use super::refine::LoopScale;

@@ -62,10 +62,31 @@ impl Default for LoopScale {
 }
 
 impl LoopScale {
+    /// The factor, either way.
+    pub fn factor(self) -> usize {
+        match self {
+            LoopScale::Refine(f) | LoopScale::Coarsen(f) => f,
+        }
+    }
+
     /// Whether the rewrite changes any loop (a factor above 1).
     pub fn changes(self) -> bool {
+        self.factor() > 1
+    }
+
+    /// The participle `explain` says of a changed loop ("refined", "coarsened").
+    pub fn participle(self) -> &'static str {
         match self {
-            LoopScale::Refine(f) | LoopScale::Coarsen(f) => f > 1,
+            LoopScale::Refine(_) => "refined",
+            LoopScale::Coarsen(_) => "coarsened",
+        }
+    }
+
+    /// The command-line option that asks for it.
+    pub fn option(self) -> &'static str {
+        match self {
+            LoopScale::Refine(_) => "--refine-loops",
+            LoopScale::Coarsen(_) => "--coarsen-loops",
         }
     }
 
@@ -498,15 +519,12 @@ fn refine_body(tb: &TbGraph, scale: LoopScale) -> Result<(TbGraph, [usize; 2]), 
     let mut roles = vec![Role::Invariant; tb.tensors.len()];
     let mut online: Vec<Option<Online>> = vec![None; tb.tensors.len()];
     let mut out = tb.clone();
-    out.forloop_range = match (scale.iterations(tb.forloop_range), scale) {
-        (Some(f), _) => f,
-        (None, LoopScale::Refine(factor) | LoopScale::Coarsen(factor)) => {
-            return Err(NotRefined::Iterations {
-                forloop: tb.forloop_range,
-                factor,
-            });
-        }
-    };
+    out.forloop_range = scale
+        .iterations(tb.forloop_range)
+        .ok_or(NotRefined::Iterations {
+            forloop: tb.forloop_range,
+            factor: scale.factor(),
+        })?;
     // Strided groups of the carried dim stay whole groups where the new extent holds them.
     let groups_whole = |extent: usize| {
         let e = match scale {

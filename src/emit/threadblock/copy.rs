@@ -205,19 +205,13 @@ impl Ctx<'_> {
         ))];
         for l in &kp.tma.loads {
             let elems = kp.tiles[l.tile].as_ref().map_or(0, |g| g.phys_elems);
-            for copy in &l.copies {
-                let mut dst =
-                    Expr::var(format!("s{}", l.tile)).plus(slot.clone().times(Expr::size(elems)));
-                let at = l.copy_elements(copy);
-                if at > 0 {
-                    dst = dst.plus(Expr::size(at));
-                }
-                let mut args = vec![
-                    dst,
-                    Expr::var(format!("tm{}", copy.map)).addr(),
-                    full.clone(),
-                ];
-                for (d, c) in l.coords.iter().enumerate() {
+            let slot_start =
+                Expr::var(format!("s{}", l.tile)).plus(slot.clone().times(Expr::size(elems)));
+            // Each coordinate's terms: the block's offset, then the iteration's.
+            let coords: Vec<Vec<Expr>> = l
+                .coords
+                .iter()
+                .map(|c| {
                     let mut terms: Vec<Expr> = c
                         .per_block
                         .iter()
@@ -229,6 +223,24 @@ impl Ctx<'_> {
                     if c.per_iter > 0 {
                         terms.push(iter.clone().paren().times(Expr::size(c.per_iter)));
                     }
+                    terms
+                })
+                .collect();
+            // A slab starts further into the slot and further along the split dim.
+            for copy in &l.copies {
+                let at = l.copy_elements(copy);
+                let dst = if at > 0 {
+                    slot_start.clone().plus(Expr::size(at))
+                } else {
+                    slot_start.clone()
+                };
+                let mut args = vec![
+                    dst,
+                    Expr::var(format!("tm{}", copy.map)).addr(),
+                    full.clone(),
+                ];
+                for (d, terms) in coords.iter().enumerate() {
+                    let mut terms = terms.clone();
                     if l.split == Some(d) && copy.offset > 0 {
                         terms.push(Expr::size(copy.offset));
                     }
