@@ -200,6 +200,10 @@ fn a_kernel_level_disagreement_fails_the_check() {
         let pg = p.graph(&g);
         check_kernel_level(pg, &p, &e).unwrap();
         for (b, body) in e.bodies.iter().enumerate() {
+            if body.name.contains("_customized") {
+                // A threadblock kernel's statements: the kernel check reads them.
+                continue;
+            }
             for (s, stmt) in body.body.iter().enumerate() {
                 let Stmt::Eval(Expr::TemplateCall(_, targs, _)) = stmt else {
                     continue;
@@ -224,6 +228,90 @@ fn a_kernel_level_disagreement_fails_the_check() {
         }
     }
     assert!(edits >= 20, "{edits} edits");
+}
+
+/// The register-rows check reads the kernel's statements: in every register-rows kernel of
+/// graph 0 of every corpus file on sm_90a, moving one row offset of an access, widening one
+/// run, or dropping a block sum is caught.
+#[test]
+fn a_register_rows_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Func, Stmt, TArg};
+    // Applies `edit` to the first statement of `body` (nested ones included) it accepts.
+    fn edit_first(body: &mut [Stmt], edit: &mut dyn FnMut(&mut Stmt) -> bool) -> bool {
+        for s in body {
+            if edit(s) {
+                return true;
+            }
+            let done = match s {
+                Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => edit_first(b, edit),
+                _ => false,
+            };
+            if done {
+                return true;
+            }
+        }
+        false
+    }
+    let mut kernels = 0;
+    let mut applied = [0; 3];
+    for (f, g, p, e) in graph0_emitted() {
+        let pg = p.graph(&g);
+        for (&k, kp) in &p.kernels {
+            if kp.rows().is_none() {
+                continue;
+            }
+            let name = format!("k{k}_customized");
+            let b = e.bodies.iter().position(|b| b.name == name).unwrap();
+            check_kernel(pg, &e, k, kp).unwrap();
+            kernels += 1;
+            let edits: [&mut dyn FnMut(&mut Stmt) -> bool; 3] = [
+                &mut |s| match s {
+                    Stmt::Array {
+                        name,
+                        init: Some(v),
+                        ..
+                    } if name == "row_at" => {
+                        v[0] = Expr::size(7);
+                        true
+                    }
+                    _ => false,
+                },
+                &mut |s| match s {
+                    Stmt::Eval(Expr::TemplateCall(Func::TbStoreRun, t, _)) => {
+                        t[0] = TArg::int(1);
+                        true
+                    }
+                    _ => false,
+                },
+                &mut |s| match s {
+                    Stmt::Block(b) => {
+                        let n = b.len();
+                        b.retain(|x| {
+                            !matches!(x, Stmt::Eval(Expr::TemplateCall(Func::TbBlockSums, ..)))
+                        });
+                        b.len() < n
+                    }
+                    _ => false,
+                },
+            ];
+            for (i, edit) in edits.into_iter().enumerate() {
+                let mut bad = e.clone();
+                if !edit_first(&mut bad.bodies[b].body, edit) {
+                    continue;
+                }
+                applied[i] += 1;
+                assert!(
+                    check_kernel(pg, &bad, k, kp).is_err(),
+                    "{}: {name}, edit {i} not caught",
+                    f.display()
+                );
+            }
+        }
+    }
+    assert!(
+        kernels >= 2 && applied.iter().all(|&n| n > 0),
+        "{kernels} register-rows kernels, edits applied {applied:?}"
+    );
 }
 
 /// The kernel check fails when the plan's write-backs and the code disagree: for graph 0 of

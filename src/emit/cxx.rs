@@ -116,14 +116,15 @@ pub fn storage(s: super::ir::Storage) -> &'static str {
         S::Auto => "",
         S::Static => "static ",
         S::StaticThreadLocal => "static thread_local ",
+        S::Shared => "__shared__ ",
     }
 }
 
 /// A type of [`super::ir`].
-pub fn ir_type(t: super::ir::Ty) -> &'static str {
+pub fn ir_type(t: super::ir::Ty) -> std::borrow::Cow<'static, str> {
     use super::ir::Ty;
     use crate::sched::gemm::CublasCompute as C;
-    match t {
+    let fixed = match t {
         Ty::ConstVoidPtr => "const void*",
         Ty::VoidPtrConst => "void* const",
         Ty::ConstTensorMapPtrConst => "const CUtensorMap* const",
@@ -137,7 +138,16 @@ pub fn ir_type(t: super::ir::Ty) -> &'static str {
         Ty::ConstInt => "const int",
         Ty::ConstCublasScalar(C::F32) => "const float",
         Ty::ConstCublasScalar(C::F64) => "const double",
-    }
+        Ty::ConstAuto => "const auto",
+        Ty::AutoRef => "auto&",
+        Ty::ConstI64 => "const mucc::i64",
+        Ty::ConstexprI64 => "constexpr mucc::i64",
+        Ty::Elem(d) => ctype(d),
+        Ty::ConstElem(d) => return format!("const {}", ctype(d)).into(),
+        Ty::ElemPtr(d) => return format!("{}*", ctype(d)).into(),
+        Ty::ConstElemPtr(d) => return format!("const {}*", ctype(d)).into(),
+    };
+    fixed.into()
 }
 
 /// A function of [`super::ir`].
@@ -174,6 +184,11 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::MbarArriveExpectTx => "mucc::sm90::mbar_arrive_expect_tx",
         F::MbarWait => "mucc::sm90::mbar_wait",
         F::TmaLoad => "mucc::sm90::tma_load",
+        F::TbLoadRun => "mucc::tb::load_run",
+        F::TbStoreRun => "mucc::tb::store_run",
+        F::TbBlockSums => "mucc::tb::block_sums",
+        F::GridDependencyWait => "mucc::sm90::grid_dependency_wait",
+        F::LaunchDependents => "mucc::sm90::launch_dependents",
     }
 }
 
@@ -204,6 +219,9 @@ pub fn symbol(s: super::ir::Sym) -> &'static str {
         Sym::BlockIdx(0) => "blockIdx.x",
         Sym::BlockIdx(1) => "blockIdx.y",
         Sym::BlockIdx(_) => "blockIdx.z",
+        Sym::ThreadIdx(0) => "threadIdx.x",
+        Sym::ThreadIdx(1) => "threadIdx.y",
+        Sym::ThreadIdx(_) => "threadIdx.z",
     }
 }
 
@@ -251,10 +269,7 @@ pub fn ctype(d: DType) -> &'static str {
 /// The C++ type arithmetic on `d` runs in (`mucc::Compute<T>`): float for 16-bit floats and
 /// fp32, double otherwise.
 pub fn compute_ctype(d: DType) -> &'static str {
-    match d {
-        DType::F16 | DType::BF16 | DType::F32 => "float",
-        _ => "double",
-    }
+    ctype(d.compute())
 }
 
 /// A value of compute type `c` (`float` or `double`) equal to `x`: a literal that reads back as

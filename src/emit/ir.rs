@@ -3,11 +3,14 @@
 //! from [`super::cxx`]. Tests compare what the emitter built by structure instead of grepping
 //! its text.
 //!
-//! The host entry's steps ([`super::host`]) are built in this form.
+//! The host entry's steps ([`super::host`]), the kernel-level operators' kernels, the
+//! register-rows kernels and the threadblock kernels' pipeline rings are built in this form.
 
 use std::fmt::{self, Write as _};
 
 use super::cxx::{self, Writer};
+use crate::graph::DType;
+use crate::graph::ops::{BinaryOp, UnaryOp};
 
 /// A C++ type the generated code declares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +39,22 @@ pub enum Ty {
     ConstInt,
     /// A scalar of cuBLAS's compute type, `const`.
     ConstCublasScalar(crate::sched::gemm::CublasCompute),
+    /// An element type (a compute type too: `float`, `double`).
+    Elem(DType),
+    /// `const` element type.
+    ConstElem(DType),
+    /// Pointer to elements.
+    ElemPtr(DType),
+    /// Pointer to `const` elements.
+    ConstElemPtr(DType),
+    /// `const auto`.
+    ConstAuto,
+    /// `auto&`: another name of an existing variable.
+    AutoRef,
+    /// `const mucc::i64`: a 64-bit element offset.
+    ConstI64,
+    /// `constexpr mucc::i64`.
+    ConstexprI64,
 }
 
 /// Where a declared variable lives.
@@ -47,6 +66,8 @@ pub enum Storage {
     Static,
     /// `static thread_local`.
     StaticThreadLocal,
+    /// `__shared__`: the block's static shared memory.
+    Shared,
 }
 
 /// A function (or function-like construct) the generated code calls.
@@ -112,6 +133,16 @@ pub enum Func {
     MbarWait,
     /// `mucc::sm90::tma_load`: a bulk tensor load completing on an mbarrier.
     TmaLoad,
+    /// `mucc::tb::load_run`: one run of a row into registers (16 bytes where it can).
+    TbLoadRun,
+    /// `mucc::tb::store_run`: one run of registers to a row.
+    TbStoreRun,
+    /// `mucc::tb::block_sums`: per-row sums over the block (one barrier).
+    TbBlockSums,
+    /// `mucc::sm90::grid_dependency_wait`: waits for the previous kernel's results.
+    GridDependencyWait,
+    /// `mucc::sm90::launch_dependents`: lets the next kernel launch.
+    LaunchDependents,
 }
 
 /// A template argument of a runtime call.
@@ -168,6 +199,8 @@ pub enum Sym {
     NcclSum,
     /// `blockIdx.x`, `.y` or `.z` (grid axis 0, 1, 2).
     BlockIdx(usize),
+    /// `threadIdx.x`, `.y` or `.z`.
+    ThreadIdx(usize),
 }
 
 /// The suffix of an integer literal.
@@ -227,6 +260,13 @@ pub enum Expr {
     Eq(Box<Expr>, Box<Expr>),
     /// `(e)`: the printer adds no parentheses of its own, so the builder places them.
     Paren(Box<Expr>),
+    /// An operator of the graph on one value of the given compute type (the runtime's
+    /// `mucc::op` functions).
+    Unary(UnaryOp, Box<Expr>, DType),
+    /// An operator of the graph on two values.
+    Binary(BinaryOp, Box<Expr>, Box<Expr>),
+    /// `T(e)`: a value converted to element type `T`.
+    Construct(DType, Box<Expr>),
 }
 
 impl Expr {
@@ -345,9 +385,81 @@ pub enum Stmt {
     If(Expr, Vec<Stmt>),
     /// `// text`.
     Comment(String),
+    /// An array: `ty name[d0][d1]…`, with `= {e, …}` on one line when it has values.
+    Array {
+        /// Static shared memory or a local.
+        storage: Storage,
+        /// The element type.
+        ty: Ty,
+        /// The name.
+        name: String,
+        /// Its extents.
+        dims: Vec<usize>,
+        /// Its values (one dimension).
+        init: Option<Vec<Expr>>,
+    },
+    /// `for (int var = from; var < to; ++var)`.
+    For {
+        /// The loop variable.
+        var: String,
+        /// Its first value.
+        from: Expr,
+        /// Its bound.
+        to: Expr,
+        /// Preceded by `#pragma unroll`.
+        unroll: bool,
+        /// The body on the loop's line (`{ a; b; }` for several statements) instead of a block.
+        inline: bool,
+        /// The body.
+        body: Vec<Stmt>,
+    },
+    /// `target += value;`.
+    AddAssign(Expr, Expr),
+    /// A one-line statement followed by `  // text`.
+    Noted(Box<Stmt>, String),
 }
 
 impl Stmt {
+    /// A loop over `var` from 0 to `to` (unrolled where `unroll`), its body in a block.
+    pub fn for_block(var: &str, to: Expr, unroll: bool, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var: var.into(),
+            from: Expr::int(0),
+            to,
+            unroll,
+            inline: false,
+            body,
+        }
+    }
+
+    /// The same loop with its body on its line.
+    pub fn for_inline(var: &str, to: Expr, unroll: bool, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var: var.into(),
+            from: Expr::int(0),
+            to,
+            unroll,
+            inline: true,
+            body,
+        }
+    }
+
+    /// A local array `ty name[dims…];` without values.
+    pub fn array(ty: Ty, name: impl Into<String>, dims: Vec<usize>) -> Stmt {
+        Stmt::Array {
+            storage: Storage::Auto,
+            ty,
+            name: name.into(),
+            dims,
+            init: None,
+        }
+    }
+
+    /// `self  // text`.
+    pub fn noted(self, text: impl Into<String>) -> Stmt {
+        Stmt::Noted(Box::new(self), text.into())
+    }
+
     /// A local declaration `ty name = init;`.
     pub fn local(ty: Ty, name: impl Into<String>, init: Expr) -> Stmt {
         Stmt::Decl {
@@ -366,8 +478,10 @@ pub fn print(w: &mut Writer, stmts: &[Stmt]) {
     }
 }
 
-fn print_stmt(w: &mut Writer, s: &Stmt) {
-    match s {
+/// The text of a statement that takes one line (before the writer breaks a long one), `None`
+/// for blocks, loops with block bodies and declarations of arrays that may take several.
+fn line_of(s: &Stmt) -> Option<String> {
+    Some(match s {
         Stmt::Decl {
             storage,
             ty,
@@ -376,30 +490,95 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         } => {
             let head = format!("{}{} {name}", cxx::storage(*storage), cxx::ir_type(*ty));
             match init {
-                Init::None => w.line(format!("{head};")),
-                Init::Assign(e) => w.line(format!("{head} = {e};")),
-                Init::Brace(e) => w.line(format!("{head}{{{e}}};")),
-                Init::Array(items) => {
-                    let items: Vec<String> = items.iter().map(Expr::to_string).collect();
-                    let one = format!("{head}[] = {{{}}};", items.join(", "));
-                    if 2 * w.level() + one.len() <= cxx::MAX_LINE {
-                        w.line(one);
-                    } else {
-                        w.open(format!("{head}[] ="));
-                        for (i, a) in items.iter().enumerate() {
-                            let sep = if i + 1 < items.len() { "," } else { "" };
-                            w.line(format!("{a}{sep}"));
-                        }
-                        w.close(";");
-                    }
-                }
+                Init::None => format!("{head};"),
+                Init::Assign(e) => format!("{head} = {e};"),
+                Init::Brace(e) => format!("{head}{{{e}}};"),
+                Init::Array(_) => return None,
             }
         }
         Stmt::DeclMany { ty, vars } => {
             let vars: Vec<String> = vars.iter().map(|(n, e)| format!("{n} = {e}")).collect();
-            w.line(format!("{} {};", cxx::ir_type(*ty), vars.join(", ")));
+            format!("{} {};", cxx::ir_type(*ty), vars.join(", "))
         }
-        Stmt::Assign(t, v) => w.line(format!("{t} = {v};")),
+        Stmt::Assign(t, v) => format!("{t} = {v};"),
+        Stmt::AddAssign(t, v) => format!("{t} += {v};"),
+        Stmt::Checked(_, Expr::GroupedCall(..)) => return None,
+        Stmt::Checked(c, e) => format!("{}({e});", cxx::check_macro(*c)),
+        Stmt::Eval(e) => format!("{e};"),
+        Stmt::UsingNamespace(n) => format!("using namespace {n};"),
+        Stmt::Comment(text) => format!("// {text}"),
+        Stmt::Array {
+            storage,
+            ty,
+            name,
+            dims,
+            init,
+        } => {
+            let mut head = format!("{}{} {name}", cxx::storage(*storage), cxx::ir_type(*ty));
+            for d in dims {
+                let _ = write!(head, "[{d}]");
+            }
+            match init {
+                None => format!("{head};"),
+                Some(v) => {
+                    let v: Vec<String> = v.iter().map(Expr::to_string).collect();
+                    format!("{head} = {{{}}};", v.join(", "))
+                }
+            }
+        }
+        Stmt::For {
+            inline: true, body, ..
+        } => {
+            let parts = body.iter().map(line_of).collect::<Option<Vec<String>>>()?;
+            match &parts[..] {
+                [one] => format!("{} {one}", for_head(s)),
+                _ => format!("{} {{ {} }}", for_head(s), parts.join(" ")),
+            }
+        }
+        Stmt::Noted(inner, text) => format!("{}  // {text}", line_of(inner)?),
+        Stmt::Block(_) | Stmt::If(..) | Stmt::For { .. } => return None,
+    })
+}
+
+/// `for (int v = from; v < to; ++v)` of a loop.
+fn for_head(s: &Stmt) -> String {
+    match s {
+        Stmt::For { var, from, to, .. } => {
+            format!("for (int {var} = {from}; {var} < {to}; ++{var})")
+        }
+        _ => String::new(),
+    }
+}
+
+fn print_stmt(w: &mut Writer, s: &Stmt) {
+    if let Stmt::For { unroll: true, .. } = s {
+        w.line("#pragma unroll");
+    }
+    if let Some(line) = line_of(s) {
+        w.line(line);
+        return;
+    }
+    match s {
+        Stmt::Decl {
+            storage,
+            ty,
+            name,
+            init: Init::Array(items),
+        } => {
+            let head = format!("{}{} {name}", cxx::storage(*storage), cxx::ir_type(*ty));
+            let items: Vec<String> = items.iter().map(Expr::to_string).collect();
+            let one = format!("{head}[] = {{{}}};", items.join(", "));
+            if 2 * w.level() + one.len() <= cxx::MAX_LINE {
+                w.line(one);
+            } else {
+                w.open(format!("{head}[] ="));
+                for (i, a) in items.iter().enumerate() {
+                    let sep = if i + 1 < items.len() { "," } else { "" };
+                    w.line(format!("{a}{sep}"));
+                }
+                w.close(";");
+            }
+        }
         Stmt::Checked(c, Expr::GroupedCall(f, groups)) => {
             w.line(format!("{}({}(", cxx::check_macro(*c), cxx::function(*f)));
             w.indented(|w| {
@@ -410,12 +589,15 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
                 }
             });
         }
-        Stmt::Checked(c, e) => w.line(format!("{}({e});", cxx::check_macro(*c))),
         Stmt::Block(body) => w.block("", "", |w| print(w, body)),
-        Stmt::Eval(e) => w.line(format!("{e};")),
-        Stmt::UsingNamespace(n) => w.line(format!("using namespace {n};")),
         Stmt::If(cond, body) => w.block(format!("if ({cond})"), "", |w| print(w, body)),
-        Stmt::Comment(text) => w.line(format!("// {text}")),
+        Stmt::For { body, .. } => w.block(for_head(s), "", |w| print(w, body)),
+        // A note on a statement of several lines goes on a line of its own before it.
+        Stmt::Noted(inner, text) => {
+            w.line(format!("// {text}"));
+            print_stmt(w, inner);
+        }
+        _ => {}
     }
 }
 
@@ -479,34 +661,23 @@ impl fmt::Display for Expr {
             Expr::Lt(a, b) => write!(f, "{a} < {b}"),
             Expr::Eq(a, b) => write!(f, "{a} == {b}"),
             Expr::Paren(e) => write!(f, "({e})"),
+            Expr::Unary(u, e, d) => f.write_str(&cxx::unary(u, &e.to_string(), cxx::ctype(*d))),
+            Expr::Binary(b, x, y) => f.write_str(&cxx::binary(*b, &x.to_string(), &y.to_string())),
+            Expr::Construct(d, e) => write!(f, "{}({e})", cxx::ctype(*d)),
         }
     }
 }
 
-/// Calls of `func` anywhere in `stmts` (checked or not, nested in blocks and arguments), in
-/// order, each as its arguments: what a test looks for instead of the call's spelling.
-pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
-    fn expr<'a>(e: &'a Expr, func: Func, out: &mut Vec<Vec<&'a Expr>>) {
+/// Visits every expression of `stmts` (nested in blocks, loops and notes), each before its
+/// operands and arguments.
+pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
+    fn expr<'a>(e: &'a Expr, f: &mut dyn FnMut(&'a Expr)) {
+        f(e);
         match e {
-            Expr::Call(f, a) => {
-                if *f == func {
-                    out.push(a.iter().collect());
-                }
-                a.iter().for_each(|x| expr(x, func, out));
+            Expr::Call(_, a) | Expr::TemplateCall(_, _, a) | Expr::Buffer(_, a) => {
+                a.iter().for_each(|x| expr(x, f))
             }
-            Expr::GroupedCall(f, groups) => {
-                // The groups flattened: a call's arguments as one list.
-                if *f == func {
-                    out.push(groups.iter().flatten().collect());
-                }
-                groups.iter().flatten().for_each(|x| expr(x, func, out));
-            }
-            Expr::TemplateCall(f, _, a) => {
-                if *f == func {
-                    out.push(a.iter().collect());
-                }
-                a.iter().for_each(|x| expr(x, func, out));
-            }
+            Expr::GroupedCall(_, groups) => groups.iter().flatten().for_each(|x| expr(x, f)),
             Expr::Add(a, b)
             | Expr::Sub(a, b)
             | Expr::Mul(a, b)
@@ -514,42 +685,76 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
             | Expr::Rem(a, b)
             | Expr::BitAnd(a, b)
             | Expr::Lt(a, b)
-            | Expr::Eq(a, b) => {
-                expr(a, func, out);
-                expr(b, func, out);
+            | Expr::Eq(a, b)
+            | Expr::Index(a, b)
+            | Expr::Binary(_, a, b) => {
+                expr(a, f);
+                expr(b, f);
             }
-            Expr::Buffer(_, a) => a.iter().for_each(|x| expr(x, func, out)),
-            Expr::Index(b, i) => {
-                expr(b, func, out);
-                expr(i, func, out);
-            }
-            Expr::Field(b, _) | Expr::AddrOf(b) | Expr::Paren(b) => expr(b, func, out),
+            Expr::Field(b, _)
+            | Expr::AddrOf(b)
+            | Expr::Paren(b)
+            | Expr::Unary(_, b, _)
+            | Expr::Construct(_, b) => expr(b, f),
             Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) => {}
         }
     }
-    fn stmt<'a>(s: &'a Stmt, func: Func, out: &mut Vec<Vec<&'a Expr>>) {
+    fn stmt<'a>(s: &'a Stmt, f: &mut dyn FnMut(&'a Expr)) {
         match s {
             Stmt::Decl { init, .. } => match init {
                 Init::None => {}
-                Init::Assign(e) | Init::Brace(e) => expr(e, func, out),
-                Init::Array(v) => v.iter().for_each(|x| expr(x, func, out)),
+                Init::Assign(e) | Init::Brace(e) => expr(e, f),
+                Init::Array(v) => v.iter().for_each(|x| expr(x, f)),
             },
-            Stmt::DeclMany { vars, .. } => vars.iter().for_each(|(_, e)| expr(e, func, out)),
-            Stmt::Assign(t, v) => {
-                expr(t, func, out);
-                expr(v, func, out);
+            Stmt::DeclMany { vars, .. } => vars.iter().for_each(|(_, e)| expr(e, f)),
+            Stmt::Assign(t, v) | Stmt::AddAssign(t, v) => {
+                expr(t, f);
+                expr(v, f);
             }
-            Stmt::Checked(_, e) | Stmt::Eval(e) => expr(e, func, out),
-            Stmt::Block(b) => b.iter().for_each(|x| stmt(x, func, out)),
+            Stmt::Checked(_, e) | Stmt::Eval(e) => expr(e, f),
+            Stmt::Block(b) => b.iter().for_each(|x| stmt(x, f)),
             Stmt::If(c, b) => {
-                expr(c, func, out);
-                b.iter().for_each(|x| stmt(x, func, out));
+                expr(c, f);
+                b.iter().for_each(|x| stmt(x, f));
             }
+            Stmt::For { from, to, body, .. } => {
+                expr(from, f);
+                expr(to, f);
+                body.iter().for_each(|x| stmt(x, f));
+            }
+            Stmt::Array { init, .. } => init.iter().flatten().for_each(|x| expr(x, f)),
+            Stmt::Noted(s, _) => stmt(s, f),
             Stmt::UsingNamespace(_) | Stmt::Comment(_) => {}
         }
     }
+    stmts.iter().for_each(|s| stmt(s, f));
+}
+
+/// Calls of `func` anywhere in `stmts` (checked or not, nested in blocks and arguments), in
+/// order, each as its arguments (a grouped call's groups as one list): what a test looks for
+/// instead of the call's spelling.
+pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
     let mut out = Vec::new();
-    stmts.iter().for_each(|s| stmt(s, func, &mut out));
+    walk(stmts, &mut |e| match e {
+        Expr::Call(f, a) | Expr::TemplateCall(f, _, a) if *f == func => {
+            out.push(a.iter().collect())
+        }
+        Expr::GroupedCall(f, groups) if *f == func => out.push(groups.iter().flatten().collect()),
+        _ => {}
+    });
+    out
+}
+
+/// Every function `stmts` call, in order of first call.
+pub fn functions(stmts: &[Stmt]) -> Vec<Func> {
+    let mut out = Vec::new();
+    walk(stmts, &mut |e| {
+        if let Expr::Call(f, _) | Expr::TemplateCall(f, _, _) | Expr::GroupedCall(f, _) = e
+            && !out.contains(f)
+        {
+            out.push(*f);
+        }
+    });
     out
 }
 
@@ -560,7 +765,10 @@ pub fn template_args(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
     for s in stmts {
         match s {
             Stmt::Eval(Expr::TemplateCall(f, t, _)) if *f == func => out.push(&t[..]),
-            Stmt::Block(b) | Stmt::If(_, b) => out.extend(template_args(b, func)),
+            Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => {
+                out.extend(template_args(b, func))
+            }
+            Stmt::Noted(s, _) => out.extend(template_args(std::slice::from_ref(s), func)),
             _ => {}
         }
     }
@@ -621,6 +829,89 @@ mod tests {
              const cuuint32_t box[] = {64u, 8u};\n  }\n  \
              rank = static_cast<unsigned long long>(r);\n"
         );
+    }
+
+    #[test]
+    fn loops_arrays_and_notes_print_as_kernel_code() {
+        let x = |i: &str| Expr::Index(Box::new(Expr::var("x")), Box::new(Expr::var(i)));
+        let mut w = Writer::at(1);
+        print(
+            &mut w,
+            &[
+                Stmt::Array {
+                    storage: Storage::Shared,
+                    ty: Ty::Elem(DType::F32),
+                    name: "sums".into(),
+                    dims: vec![2, 4],
+                    init: None,
+                }
+                .noted("scratch"),
+                Stmt::Array {
+                    storage: Storage::Auto,
+                    ty: Ty::ConstexprI64,
+                    name: "at".into(),
+                    dims: vec![2],
+                    init: Some(vec![Expr::size(0), Expr::size(64)]),
+                },
+                Stmt::for_block(
+                    "r",
+                    Expr::size(2),
+                    true,
+                    vec![
+                        Stmt::local(
+                            Ty::ConstElem(DType::F32),
+                            "y",
+                            Expr::Unary(UnaryOp::Exp, Box::new(x("r")), DType::F32),
+                        ),
+                        Stmt::for_inline(
+                            "i",
+                            Expr::size(4),
+                            false,
+                            vec![Stmt::AddAssign(
+                                x("i"),
+                                Expr::Construct(DType::BF16, Box::new(Expr::var("y"))),
+                            )],
+                        ),
+                        Stmt::for_inline(
+                            "j",
+                            Expr::size(4),
+                            true,
+                            vec![
+                                Stmt::local(Ty::ConstAuto, "a", x("j")),
+                                Stmt::Assign(
+                                    x("j"),
+                                    Expr::Binary(
+                                        BinaryOp::Mul,
+                                        Box::new(Expr::var("a")),
+                                        Box::new(Expr::var("a")),
+                                    ),
+                                ),
+                            ],
+                        ),
+                    ],
+                ),
+            ],
+        );
+        assert_eq!(
+            w.finish(),
+            "  __shared__ float sums[2][4];  // scratch\n  \
+             constexpr mucc::i64 at[2] = {0, 64};\n  \
+             #pragma unroll\n  \
+             for (int r = 0; r < 2; ++r) {\n    \
+             const float y = mucc::op::exp(x[r]);\n    \
+             for (int i = 0; i < 4; ++i) x[i] += mucc::bf16(y);\n    \
+             #pragma unroll\n    \
+             for (int j = 0; j < 4; ++j) { const auto a = x[j]; x[j] = mucc::op::mul(a, a); }\n  \
+             }\n"
+        );
+        let body = [Stmt::for_block(
+            "r",
+            Expr::size(2),
+            false,
+            vec![Stmt::Eval(Expr::Call(Func::LaunchDependents, vec![])).noted("n")],
+        )];
+        assert_eq!(functions(&body), [Func::LaunchDependents]);
+        assert_eq!(calls(&body, Func::LaunchDependents).len(), 1);
     }
 
     #[test]

@@ -68,8 +68,9 @@ pub struct Emitted {
     /// The host entry's steps as statements ([`ir`]), one per launch-plan step (and the rank
     /// query first where a kernel all-reduces).
     pub host: Vec<HostStep>,
-    /// The bodies of the kernels built as statements (the kernel-level operators' kernels;
-    /// threadblock kernels are written as lines), in kernel order.
+    /// The bodies of the kernels built as statements (the kernel-level operators' kernels and
+    /// the register-rows kernels; other threadblock kernels are written as lines), in kernel
+    /// order.
     pub bodies: Vec<ir::KernelBody>,
     /// Per threadblock kernel, in kernel order, its pipeline ring as statements: the prologue's
     /// copies and TMA issue blocks, the loop's waits for the current stage, the refill block
@@ -185,12 +186,13 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         match &plan.kernel_ops[h.index()] {
             KnOpPlan::Customized => {
                 let kp = &plan.kernels[&h.index()];
-                let (view, launch, ring) = match kp.path {
+                let k = match kp.path {
                     CodePath::Sm80 => threadblock::emit(g, plan, h, op, kp)?,
                 };
-                kernels.push(view);
-                rings.push(ring);
-                steps.push(Step::Kernel(launch));
+                kernels.push(k.view);
+                rings.push(k.ring);
+                bodies.extend(k.body);
+                steps.push(Step::Kernel(k.launch));
             }
             other => {
                 let (view, launch) =

@@ -109,6 +109,15 @@ impl DType {
         !matches!(self, DType::F8 | DType::F4 | DType::I4 | DType::U4)
     }
 
+    /// The type arithmetic on this type runs in (the runtime's `mucc::Compute<T>`): fp32 for
+    /// 16-bit floats and fp32, fp64 otherwise.
+    pub fn compute(self) -> DType {
+        match self {
+            DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+            _ => DType::F64,
+        }
+    }
+
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
         matches!(

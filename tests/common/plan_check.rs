@@ -18,23 +18,56 @@ use mucc::sched::plan::{ApproxExp, GraphPlan, KernelPlan};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 
-/// A register-rows kernel against its plan: no dynamic shared memory and no tile copies, one
-/// 16-byte load per run of every input and one store per run of every output at the plan's
-/// row offsets, one block sum (the only barrier) per row norm, the plan's CTA.
+/// A register-rows kernel against its plan, read from its statements ([`mucc::emit::ir`]): no
+/// dynamic shared memory and no calls but the runs' loads and stores, the block sums (the only
+/// barriers, one per row norm) and index casts; one 16-byte load per run of every input and
+/// one store per run of every output at the plan's row offsets; the plan's CTA.
 fn check_rows(
     tb: &mucc::graph::threadblock::TbGraph,
-    text: &str,
+    e: &Emitted,
+    name: &str,
     kp: &KernelPlan,
     r: &mucc::sched::rows::RegisterRows,
     want: &mut impl FnMut(bool, String),
 ) {
+    use mucc::emit::ir::{Expr, Func, Stmt, Storage, TArg, calls, functions, walk};
+    // The template arguments of every call of `func` in `stmts`, nested ones included.
+    fn targs_of(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
+        let mut out: Vec<&[TArg]> = Vec::new();
+        walk(stmts, &mut |e| {
+            if let Expr::TemplateCall(f, t, _) = e
+                && *f == func
+            {
+                out.push(t);
+            }
+        });
+        out
+    }
+    let Some(body) = e.bodies.iter().find(|b| b.name == name) else {
+        want(
+            false,
+            format!("no statements of register-rows kernel {name}"),
+        );
+        return;
+    };
+    let body = &body.body[..];
     want(
-        !text.contains("extern __shared__") && kp.smem.total == 0,
+        kp.smem.total == 0 && launch_of(e, name).dynamic_smem == 0,
         "register rows use no dynamic shared memory".into(),
     );
+    let allowed = [
+        Func::CastToInt,
+        Func::CastToI64,
+        Func::TbLoadRun,
+        Func::TbStoreRun,
+        Func::TbBlockSums,
+        Func::GridDependencyWait,
+        Func::LaunchDependents,
+    ];
+    let called = functions(body);
     want(
-        !text.contains("__syncthreads()") && !text.contains("copy_chunks<"),
-        "register rows: no barrier but the row sums', no tile copies".into(),
+        called.iter().all(|f| allowed.contains(f)),
+        format!("register rows: no barrier but the row sums', no tile copies ({called:?})"),
     );
     want(
         kp.cta.threads == r.threads && r.threads * r.runs * r.vec == r.cols,
@@ -43,13 +76,26 @@ fn check_rows(
             r.threads, r.runs, r.vec, r.cols
         ),
     );
+    // The top-level statements, a note's statement for the note.
+    let plain = |s: &'_ Stmt| -> Stmt {
+        match s {
+            Stmt::Noted(inner, _) => (**inner).clone(),
+            other => other.clone(),
+        }
+    };
     // The row sums' static scratch: the plan's bytes, floats per sum and warp row.
-    let scratch = text
-        .split_once("__shared__ float row_sums[")
-        .and_then(|(_, rest)| rest.split_once("];"))
-        .and_then(|(dims, _)| dims.split_once("]["))
-        .and_then(|(a, b)| Some(a.parse::<usize>().ok()? * b.parse::<usize>().ok()? * 4))
-        .unwrap_or(0);
+    let scratch: usize = body
+        .iter()
+        .map(plain)
+        .filter_map(|s| match s {
+            Stmt::Array {
+                storage: Storage::Shared,
+                dims,
+                ..
+            } => Some(dims.iter().product::<usize>() * 4),
+            _ => None,
+        })
+        .sum();
     want(
         scratch == r.scratch_bytes,
         format!("row sums' scratch {scratch} B, plan {} B", r.scratch_bytes),
@@ -59,51 +105,97 @@ fn check_rows(
         .iter()
         .filter(|(_, o)| matches!(o.kind, TbOpKind::RmsNorm))
         .count();
+    let sums = targs_of(body, Func::TbBlockSums);
     want(
         r.row_sums == norms
-            && text.matches("mucc::tb::block_sums<").count() == norms
-            && text.contains(&format!("block_sums<{}, {}>", r.threads, r.rows)) == (norms > 0),
-        format!("{norms} row norms, one block sum each"),
+            && sums.len() == norms
+            && sums
+                .iter()
+                .all(|t| *t == [TArg::int(r.threads), TArg::int(r.rows)]),
+        format!("{norms} row norms, one block sum each ({sums:?})"),
     );
+    // `p + row_at[r] + col`.
+    let run_of = |p: String| {
+        Expr::var(p)
+            .plus(Expr::Index(
+                Box::new(Expr::var("row_at")),
+                Box::new(Expr::var("r")),
+            ))
+            .plus(Expr::var("col"))
+    };
     for (h, op) in tb.ops.iter() {
-        let (load, prefix) = match op.kind {
-            TbOpKind::Input { .. } => (true, format!("gi{}", h.index())),
-            TbOpKind::Output { .. } => (false, format!("go{}", h.index())),
+        let (func, targs, prefix) = match op.kind {
+            TbOpKind::Input { .. } => (
+                Func::TbLoadRun,
+                vec![TArg::int(r.vec), TArg::Elem(mucc::graph::DType::F32)],
+                format!("gi{}", h.index()),
+            ),
+            TbOpKind::Output { .. } => (
+                Func::TbStoreRun,
+                vec![TArg::int(r.vec)],
+                format!("go{}", h.index()),
+            ),
             _ => continue,
         };
-        let offsets = r.offsets_of(h.index()).map(mucc::emit::cxx::list);
-        let access = if load {
-            format!(
-                "mucc::tb::load_run<{}, float>({prefix} + row_at[r] + col)",
-                r.vec
-            )
-        } else {
-            format!(
-                "mucc::tb::store_run<{}>({prefix} + row_at[r] + col, y)",
-                r.vec
-            )
-        };
+        let offsets: Option<Vec<Expr>> = r
+            .offsets_of(h.index())
+            .map(|o| o.iter().map(|&x| Expr::size(x)).collect());
+        // The block that accesses this operator's runs: its row offsets and its one access.
+        let access = run_of(prefix);
+        let block = body.iter().find_map(|s| match s {
+            Stmt::Block(b) if calls(b, func).iter().any(|a| a.first() == Some(&&access)) => Some(b),
+            _ => None,
+        });
+        let ok = block.is_some_and(|b| {
+            let rows_at = b.iter().find_map(|s| match s {
+                Stmt::Array {
+                    name, dims, init, ..
+                } if name == "row_at" => Some((dims.clone(), init.clone())),
+                _ => None,
+            });
+            rows_at == Some((vec![r.rows], offsets.clone()))
+                && calls(b, func).len() == 1
+                && targs_of(b, func) == [&targs[..]]
+        });
         want(
-            offsets.is_some_and(|o| {
-                text.contains(&access)
-                    && text.contains(&format!(
-                        "constexpr mucc::i64 row_at[{}] = {{{o}}};",
-                        r.rows
-                    ))
-            }),
+            offsets.is_some() && ok,
             format!(
                 "op{} reads or writes its runs at the plan's row offsets",
                 h.index()
             ),
         );
     }
+    // `col` of every run: consecutive threads' runs are consecutive.
+    let col = Expr::var("k")
+        .times(Expr::size(r.threads))
+        .plus(Expr::var("tid"))
+        .paren()
+        .times(Expr::size(r.vec));
+    let mut cols = Vec::new();
+    collect_decls(body, "col", &mut cols);
     want(
-        text.contains(&format!(
-            "const mucc::i64 col = (k * {} + tid) * {};",
-            r.threads, r.vec
-        )),
+        !cols.is_empty() && cols.iter().all(|c| *c == col),
         "runs of consecutive threads are consecutive".into(),
     );
+}
+
+/// The values of every declaration of `name` in `stmts`, nested ones included.
+fn collect_decls(stmts: &[mucc::emit::ir::Stmt], name: &str, out: &mut Vec<mucc::emit::ir::Expr>) {
+    use mucc::emit::ir::{Init, Stmt};
+    for s in stmts {
+        match s {
+            Stmt::Decl {
+                name: n,
+                init: Init::Assign(e),
+                ..
+            } if n == name => out.push(e.clone()),
+            Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => {
+                collect_decls(b, name, out)
+            }
+            Stmt::Noted(inner, _) => collect_decls(std::slice::from_ref(inner), name, out),
+            _ => {}
+        }
+    }
 }
 
 /// The text of kernel `name`: from its signature to the closing brace at column 0, with every
@@ -260,7 +352,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         ),
     );
     if let Some(r) = kp.rows() {
-        check_rows(tb, &text, kp, r, &mut want);
+        check_rows(tb, e, &name, kp, r, &mut want);
         return if errs.is_empty() {
             Ok(())
         } else {

@@ -24,45 +24,43 @@ impl Ctx<'_> {
         }
     }
 
-    /// The element offset of a block's region (a C++ expression) as the plan gives it.
-    pub(super) fn block_offset(&self, region: &BlockRegion) -> String {
-        if region.steps.is_empty() {
-            return "0".into();
-        }
-        let terms: Vec<String> = region
+    /// The element offset of a block's region as the plan gives it.
+    pub(super) fn block_offset(&self, region: &BlockRegion) -> Expr {
+        let terms = region
             .steps
             .iter()
             .map(|&(a, elems)| {
-                Expr::Call(Func::CastToI64, vec![self.block_index(a)])
-                    .times(Expr::size(elems))
-                    .to_string()
+                Expr::Call(Func::CastToI64, vec![self.block_index(a)]).times(Expr::size(elems))
             })
             .collect();
-        terms.join(" + ")
+        Expr::sum(terms).unwrap_or(Expr::int(0))
     }
 
     /// `gi<op>` and `go<op>`: this block's region of every input and output the plan places
     /// (TMA loads address their tensor by coordinates instead).
-    pub(super) fn block_pointers(&mut self) -> Result<(), EmitError> {
-        let (tb, t) = (self.tb, self.t());
+    pub(super) fn block_pointers(&self) -> Result<Vec<Stmt>, EmitError> {
+        let (tb, d) = (self.tb, self.dtype());
+        let mut out = Vec::new();
         for (h, top) in tb.ops.iter() {
             let Some(region) = &self.kp.regions[h.index()] else {
                 continue;
             };
             let off = self.block_offset(region);
-            match &top.kind {
-                TbOpKind::Input { input, .. } => {
-                    self.w
-                        .line(format!("const {t}* gi{} = in{input} + {off};", h.index()));
-                }
-                TbOpKind::Output { output, .. } => {
-                    self.w
-                        .line(format!("{t}* go{} = out{output} + {off};", h.index()));
-                }
+            out.push(match &top.kind {
+                TbOpKind::Input { input, .. } => Stmt::local(
+                    Ty::ConstElemPtr(d),
+                    format!("gi{}", h.index()),
+                    Expr::var(format!("in{input}")).plus(off),
+                ),
+                TbOpKind::Output { output, .. } => Stmt::local(
+                    Ty::ElemPtr(d),
+                    format!("go{}", h.index()),
+                    Expr::var(format!("out{output}")).plus(off),
+                ),
                 _ => return Err(self.internal("a block region of an operator that copies nothing")),
-            }
+            });
         }
-        Ok(())
+        Ok(out)
     }
 
     /// The copy of input `op`'s tile for iteration `iter` into `dst` (a pointer expression),

@@ -101,9 +101,14 @@ impl Ctx<'_> {
         name
     }
 
+    /// The element type of the device tensors.
+    fn dtype(&self) -> crate::graph::DType {
+        self.g.tensors[self.op.outputs[0]].dtype
+    }
+
     /// The C++ element type of the device tensors.
     fn t(&self) -> &'static str {
-        ctype(self.g.tensors[self.op.outputs[0]].dtype)
+        ctype(self.dtype())
     }
 
     /// The compute type.
@@ -259,6 +264,15 @@ impl Ctx<'_> {
     }
 }
 
+/// A threadblock kernel as printed: its text, its launch, its pipeline ring as statements, and
+/// its whole body as statements where it was built that way (register-rows kernels).
+pub(super) struct ThreadblockKernel {
+    pub view: KernelView,
+    pub launch: KernelLaunch,
+    pub ring: super::ir::KernelBody,
+    pub body: Option<super::ir::KernelBody>,
+}
+
 /// Emits the kernel of customized operator `kn` (plan `kp`), its launch-plan entry and its
 /// pipeline ring's statements.
 pub(super) fn emit(
@@ -267,7 +281,7 @@ pub(super) fn emit(
     kn: Handle<KnOp>,
     op: &KnOp,
     kp: &KernelPlan,
-) -> Result<(KernelView, KernelLaunch, super::ir::KernelBody), EmitError> {
+) -> Result<ThreadblockKernel, EmitError> {
     let KnOpKind::Customized(tb) = &op.kind else {
         return Err(EmitError::Unsupported {
             op: kn.index(),
@@ -300,8 +314,11 @@ pub(super) fn emit(
         }
     }
     let (params, args) = signature(&ctx);
+    let mut full_body = None;
     if let Some(r) = kp.rows() {
-        ctx.rows_body(r)?;
+        let stmts = ctx.rows_body(r)?;
+        super::ir::print(&mut ctx.w, &stmts);
+        full_body = Some(stmts);
     } else {
         tile_body(&mut ctx)?;
     }
@@ -358,7 +375,16 @@ pub(super) fn emit(
         name: launch.name.clone(),
         body: ctx.ring,
     };
-    Ok((view, launch, ring))
+    let body = full_body.map(|body| super::ir::KernelBody {
+        name: launch.name.clone(),
+        body,
+    });
+    Ok(ThreadblockKernel {
+        view,
+        launch,
+        ring,
+        body,
+    })
 }
 
 /// The body over the schedule's shared-memory tiles: prologue, pre-loop steps, accumulators,
@@ -518,7 +544,9 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
             kp.smem.buffers[b].name
         ));
     }
-    ctx.block_pointers()
+    let pointers = ctx.block_pointers()?;
+    super::ir::print(&mut ctx.w, &pointers);
+    Ok(())
 }
 
 /// The `full` mbarriers of the TMA ring (one arrival each: thread 0's, with the stage's bytes),
@@ -757,7 +785,7 @@ fn cluster_combine(
     let ly = ctx.strided_layout(&s, &s, &c.out_strides, &natural, None);
     let ty = ctx.tile_ctype(Handle::from_index(c.o_tile));
     let t = ctx.t();
-    let off = ctx.block_offset(&c.region);
+    let off = ctx.block_offset(&c.region).to_string();
     let (rows, d, ctas, rpc) = (c.rows, c.d, c.ctas, c.rows_per_cta);
     ctx.w.line(format!(
         "// kernel op {} (softmax_combine): the {ctas} CTAs of the cluster, its key splits,",

@@ -6,161 +6,262 @@
 
 use super::Ctx;
 use crate::emit::EmitError;
-use crate::emit::cxx;
+use crate::emit::ir::{Expr, Func, Stmt, Storage, Sym, TArg, Ty};
 use crate::graph::threadblock::TbOpKind;
 use crate::sched::rows::RegisterRows;
 
+/// `base[index]`.
+fn at(base: &str, index: Expr) -> Expr {
+    Expr::Index(Box::new(Expr::var(base)), Box::new(index))
+}
+
 impl Ctx<'_> {
-    /// Emits the whole body of a register-rows kernel.
-    pub(super) fn rows_body(&mut self, r: &RegisterRows) -> Result<(), EmitError> {
-        let (tb, kp, c) = (self.tb, self.kp, self.compute());
+    /// The whole body of a register-rows kernel, as statements.
+    pub(super) fn rows_body(&self, r: &RegisterRows) -> Result<Vec<Stmt>, EmitError> {
+        let (tb, kp) = (self.tb, self.kp);
+        let c = self.dtype().compute();
         let (rows, runs, vec, nt) = (r.rows, r.runs, r.vec, r.threads);
         let n = rows * runs * vec;
-        self.w
-            .line("const int tid = static_cast<int>(threadIdx.x);");
+        let int = Expr::size;
+        let var = Expr::var;
+        let mut out = vec![Stmt::local(
+            Ty::ConstInt,
+            "tid",
+            Expr::Call(Func::CastToInt, vec![Expr::Sym(Sym::ThreadIdx(0))]),
+        )];
         if kp.dependent.is_programmatic() {
-            self.w.line(
-                "mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible",
+            out.push(
+                Stmt::Eval(Expr::Call(Func::GridDependencyWait, vec![]))
+                    .noted("the previous kernel's results are visible"),
             );
         }
-        self.block_pointers()?;
+        out.extend(self.block_pointers()?);
         if r.row_sums > 0 {
             if r.scratch_bytes != r.row_sums * rows * (nt / 32) * std::mem::size_of::<f32>()
-                || c != "float"
+                || c != crate::graph::DType::F32
             {
                 return Err(self.internal("the row sums' scratch is not the plan's"));
             }
-            self.w.line(format!(
-                "__shared__ {c} row_sums[{}][{}];  // per row norm: the warps' partial sums",
-                r.row_sums,
-                rows * nt / 32
-            ));
+            out.push(
+                Stmt::Array {
+                    storage: Storage::Shared,
+                    ty: Ty::Elem(c),
+                    name: "row_sums".into(),
+                    dims: vec![r.row_sums, rows * nt / 32],
+                    init: None,
+                }
+                .noted("per row norm: the warps' partial sums"),
+            );
         }
-        // Run k of row r of a tile: its first register and its first column.
-        let each_run = |w: &mut cxx::Writer, body: &mut dyn FnMut(&mut cxx::Writer)| {
-            w.line("#pragma unroll");
-            w.block(format!("for (int r = 0; r < {rows}; ++r)"), "", |w| {
-                w.line("#pragma unroll");
-                w.block(format!("for (int k = 0; k < {runs}; ++k)"), "", |w| {
-                    w.line(format!("const int at = (r * {runs} + k) * {vec};"));
-                    w.line(format!("const mucc::i64 col = (k * {nt} + tid) * {vec};"));
-                    body(w);
-                });
-            });
+        // Run k of row r of a tile: its first register `at` and its first column `col`.
+        let each_run = |body: Vec<Stmt>| {
+            let mut inner = vec![
+                Stmt::local(
+                    Ty::ConstInt,
+                    "at",
+                    var("r")
+                        .times(int(runs))
+                        .plus(var("k"))
+                        .paren()
+                        .times(int(vec)),
+                ),
+                Stmt::local(
+                    Ty::ConstI64,
+                    "col",
+                    var("k")
+                        .times(int(nt))
+                        .plus(var("tid"))
+                        .paren()
+                        .times(int(vec)),
+                ),
+            ];
+            inner.extend(body);
+            Stmt::for_block(
+                "r",
+                int(rows),
+                true,
+                vec![Stmt::for_block("k", int(runs), true, inner)],
+            )
         };
+        // The plan's row offsets of op `h`'s tensor, as `row_at`.
+        let row_at = |h: usize| -> Result<Stmt, EmitError> {
+            let o = r
+                .offsets_of(h)
+                .ok_or_else(|| self.internal(&format!("op{h} has no row offsets")))?;
+            Ok(Stmt::Array {
+                storage: Storage::Auto,
+                ty: Ty::ConstexprI64,
+                name: "row_at".into(),
+                dims: vec![rows],
+                init: Some(o.iter().map(|&x| int(x)).collect()),
+            })
+        };
+        // `p + row_at[r] + col`: run k of row r of a tile at pointer p.
+        let run_of = |p: String| Expr::var(p).plus(at("row_at", var("r"))).plus(var("col"));
         let mut norms = 0;
         for (h, op) in tb.ops.iter() {
-            self.w
-                .line(format!("// op{} {}", h.index(), op.kind.name()));
-            let offsets = |h: usize| -> Result<String, EmitError> {
-                let o = r
-                    .offsets_of(h)
-                    .ok_or_else(|| self.internal(&format!("op{h} has no row offsets")))?;
-                Ok(cxx::list(o))
-            };
+            out.push(Stmt::Comment(format!("op{} {}", h.index(), op.kind.name())));
             match &op.kind {
                 TbOpKind::Input { .. } => {
-                    let v = op.outputs[0].index();
-                    let o = offsets(h.index())?;
-                    self.w.line(format!("{c} v{v}[{n}];"));
-                    self.w.block("", "", |w| {
-                        w.line(format!("constexpr mucc::i64 row_at[{rows}] = {{{o}}};"));
-                        each_run(w, &mut |w| {
-                            w.line(format!(
-                                "const auto x = mucc::tb::load_run<{vec}, {c}>(gi{} + row_at[r] + col);",
-                                h.index()
-                            ));
-                            w.line("#pragma unroll");
-                            w.line(format!("for (int j = 0; j < {vec}; ++j) v{v}[at + j] = x[j];"));
-                        });
-                    });
+                    let v = format!("v{}", op.outputs[0].index());
+                    out.push(Stmt::array(Ty::Elem(c), &v, vec![n]));
+                    let load = Expr::TemplateCall(
+                        Func::TbLoadRun,
+                        vec![TArg::int(vec), TArg::Elem(c)],
+                        vec![run_of(format!("gi{}", h.index()))],
+                    );
+                    out.push(Stmt::Block(vec![
+                        row_at(h.index())?,
+                        each_run(vec![
+                            Stmt::local(Ty::ConstAuto, "x", load),
+                            Stmt::for_inline(
+                                "j",
+                                int(vec),
+                                true,
+                                vec![Stmt::Assign(
+                                    at(&v, var("at").plus(var("j"))),
+                                    at("x", var("j")),
+                                )],
+                            ),
+                        ]),
+                    ]));
                 }
                 TbOpKind::Output { .. } => {
-                    let v = op.inputs[0].index();
-                    let o = offsets(h.index())?;
+                    let v = format!("v{}", op.inputs[0].index());
                     if kp.triggers_next && h.index() == r.first_output {
-                        self.w.line(
-                            "mucc::sm90::launch_dependents();  // every input is read: the next \
-                             kernel may launch",
+                        out.push(
+                            Stmt::Eval(Expr::Call(Func::LaunchDependents, vec![]))
+                                .noted("every input is read: the next kernel may launch"),
                         );
                     }
-                    self.w.block("", "", |w| {
-                        w.line(format!("constexpr mucc::i64 row_at[{rows}] = {{{o}}};"));
-                        each_run(w, &mut |w| {
-                            w.line(format!("{c} y[{vec}];"));
-                            w.line("#pragma unroll");
-                            w.line(format!(
-                                "for (int j = 0; j < {vec}; ++j) y[j] = v{v}[at + j];"
-                            ));
-                            w.line(format!(
-                                "mucc::tb::store_run<{vec}>(go{} + row_at[r] + col, y);",
-                                h.index()
-                            ));
-                        });
-                    });
+                    let store = Expr::TemplateCall(
+                        Func::TbStoreRun,
+                        vec![TArg::int(vec)],
+                        vec![run_of(format!("go{}", h.index())), var("y")],
+                    );
+                    out.push(Stmt::Block(vec![
+                        row_at(h.index())?,
+                        each_run(vec![
+                            Stmt::array(Ty::Elem(c), "y", vec![vec]),
+                            Stmt::for_inline(
+                                "j",
+                                int(vec),
+                                true,
+                                vec![Stmt::Assign(
+                                    at("y", var("j")),
+                                    at(&v, var("at").plus(var("j"))),
+                                )],
+                            ),
+                            Stmt::Eval(store),
+                        ]),
+                    ]));
                 }
                 TbOpKind::Unary(u) => {
-                    let (a, v) = (op.inputs[0].index(), op.outputs[0].index());
-                    let f = cxx::unary(u, "x", c);
-                    self.w.line(format!("{c} v{v}[{n}];"));
-                    self.w.line("#pragma unroll");
-                    self.w.line(format!(
-                        "for (int i = 0; i < {n}; ++i) {{ const {c} x = v{a}[i]; v{v}[i] = {f}; }}"
+                    let (a, v) = (
+                        format!("v{}", op.inputs[0].index()),
+                        format!("v{}", op.outputs[0].index()),
+                    );
+                    out.push(Stmt::array(Ty::Elem(c), &v, vec![n]));
+                    out.push(Stmt::for_inline(
+                        "i",
+                        int(n),
+                        true,
+                        vec![
+                            Stmt::local(Ty::ConstElem(c), "x", at(&a, var("i"))),
+                            Stmt::Assign(at(&v, var("i")), Expr::Unary(*u, Box::new(var("x")), c)),
+                        ],
                     ));
                 }
                 TbOpKind::Binary(b) => {
                     let (a, bb, v) = (
-                        op.inputs[0].index(),
-                        op.inputs[1].index(),
-                        op.outputs[0].index(),
+                        format!("v{}", op.inputs[0].index()),
+                        format!("v{}", op.inputs[1].index()),
+                        format!("v{}", op.outputs[0].index()),
                     );
-                    let f = cxx::binary(*b, &format!("v{a}[i]"), &format!("v{bb}[i]"));
-                    self.w.line(format!("{c} v{v}[{n}];"));
-                    self.w.line("#pragma unroll");
-                    self.w
-                        .line(format!("for (int i = 0; i < {n}; ++i) v{v}[i] = {f};"));
+                    out.push(Stmt::array(Ty::Elem(c), &v, vec![n]));
+                    out.push(Stmt::for_inline(
+                        "i",
+                        int(n),
+                        true,
+                        vec![Stmt::Assign(
+                            at(&v, var("i")),
+                            Expr::Binary(
+                                *b,
+                                Box::new(at(&a, var("i"))),
+                                Box::new(at(&bb, var("i"))),
+                            ),
+                        )],
+                    ));
                 }
                 TbOpKind::Accum(_) => {
                     // One iteration: the accumulator holds its only input.
-                    let (a, v) = (op.inputs[0].index(), op.outputs[0].index());
-                    self.w.line(format!("auto& v{v} = v{a};"));
+                    out.push(Stmt::local(
+                        Ty::AutoRef,
+                        format!("v{}", op.outputs[0].index()),
+                        Expr::var(format!("v{}", op.inputs[0].index())),
+                    ));
                 }
                 TbOpKind::RmsNorm => {
-                    let (a, v) = (op.inputs[0].index(), op.outputs[0].index());
-                    let cols = r.cols;
+                    let (a, v) = (
+                        format!("v{}", op.inputs[0].index()),
+                        format!("v{}", op.outputs[0].index()),
+                    );
                     let slot = norms;
                     norms += 1;
-                    self.w.line(format!("{c} v{v}[{n}];"));
-                    self.w.block("", "", |w| {
-                        w.line(format!("{c} ss[{rows}];"));
-                        w.line("#pragma unroll");
-                        w.block(format!("for (int r = 0; r < {rows}; ++r)"), "", |w| {
-                            w.line(format!("ss[r] = {c}(0);"));
-                            w.line("#pragma unroll");
-                            w.line(format!(
-                                "for (int i = 0; i < {}; ++i) ss[r] += v{a}[r * {} + i] * v{a}[r * {} + i];",
-                                runs * vec,
-                                runs * vec,
-                                runs * vec
-                            ));
-                        });
-                        w.line(format!(
-                            "mucc::tb::block_sums<{nt}, {rows}>(ss, row_sums[{slot}], tid);"
-                        ));
-                        w.line("#pragma unroll");
-                        w.block(format!("for (int r = 0; r < {rows}; ++r)"), "", |w| {
-                            w.line(format!(
-                                "const {c} scale = {c}(1) / mucc::op::sqrt(ss[r] / {c}({cols}));"
-                            ));
-                            w.line("#pragma unroll");
-                            w.line(format!(
-                                "for (int i = 0; i < {}; ++i) v{v}[r * {} + i] = v{a}[r * {} + i] * scale;",
-                                runs * vec,
-                                runs * vec,
-                                runs * vec
-                            ));
-                        });
-                    });
+                    // Element i of row r of a tile.
+                    let elem = |t: &str| at(t, var("r").times(int(runs * vec)).plus(var("i")));
+                    let sums = Expr::TemplateCall(
+                        Func::TbBlockSums,
+                        vec![TArg::int(nt), TArg::int(rows)],
+                        vec![var("ss"), at("row_sums", int(slot)), var("tid")],
+                    );
+                    // 1 / sqrt(mean of the squares): the row's length is the plan's.
+                    let scale = Expr::Construct(c, Box::new(int(1))).over(Expr::Unary(
+                        crate::graph::ops::UnaryOp::Sqrt,
+                        Box::new(
+                            at("ss", var("r")).over(Expr::Construct(c, Box::new(int(r.cols)))),
+                        ),
+                        c,
+                    ));
+                    out.push(Stmt::array(Ty::Elem(c), &v, vec![n]));
+                    out.push(Stmt::Block(vec![
+                        Stmt::array(Ty::Elem(c), "ss", vec![rows]),
+                        Stmt::for_block(
+                            "r",
+                            int(rows),
+                            true,
+                            vec![
+                                Stmt::Assign(
+                                    at("ss", var("r")),
+                                    Expr::Construct(c, Box::new(int(0))),
+                                ),
+                                Stmt::for_inline(
+                                    "i",
+                                    int(runs * vec),
+                                    true,
+                                    vec![Stmt::AddAssign(
+                                        at("ss", var("r")),
+                                        elem(&a).times(elem(&a)),
+                                    )],
+                                ),
+                            ],
+                        ),
+                        Stmt::Eval(sums),
+                        Stmt::for_block(
+                            "r",
+                            int(rows),
+                            true,
+                            vec![
+                                Stmt::local(Ty::ConstElem(c), "scale", scale),
+                                Stmt::for_inline(
+                                    "i",
+                                    int(runs * vec),
+                                    true,
+                                    vec![Stmt::Assign(elem(&v), elem(&a).times(var("scale")))],
+                                ),
+                            ],
+                        ),
+                    ]));
                 }
                 _ => {
                     return Err(self.internal(&format!(
@@ -171,6 +272,6 @@ impl Ctx<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(out)
     }
 }
