@@ -314,6 +314,106 @@ fn a_register_rows_disagreement_fails_the_check() {
     );
 }
 
+/// The prologue check reads the kernel's statements: in every threadblock kernel of graph 0
+/// of every corpus file on sm_90a, moving a tile pointer, dropping or adding the zero page,
+/// misaligning the dynamic shared memory of a TMA kernel or dropping a tensor-map prefetch is
+/// caught.
+#[test]
+fn a_prologue_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Func, IntType, Stmt, Ty};
+    let mut applied = [0; 4];
+    for (f, g, p, e) in graph0_emitted() {
+        let pg = p.graph(&g);
+        for (&k, kp) in &p.kernels {
+            if kp.rows().is_some() {
+                continue;
+            }
+            let name = format!("k{k}_customized");
+            let b = e.bodies.iter().position(|b| b.name == name).unwrap();
+            check_kernel(pg, &e, k, kp).unwrap();
+            let body = &e.bodies[b].body;
+            let plain = |s: &Stmt| match s {
+                Stmt::Noted(inner, _) => (**inner).clone(),
+                other => other.clone(),
+            };
+            let mut edits: Vec<(usize, Vec<Stmt>)> = Vec::new();
+            // A tile pointer one element on.
+            if let Some(i) = body.iter().position(|s| {
+                matches!(plain(s), Stmt::Decl { ref name, .. } if name.starts_with('s') && name[1..].parse::<usize>().is_ok())
+            }) {
+                let mut v = body.clone();
+                if let Stmt::Decl { init, .. } = &mut v[i] {
+                    *init = mucc::emit::ir::Init::Assign(Expr::var("smem"));
+                } else if let Stmt::Noted(inner, _) = &mut v[i]
+                    && let Stmt::Decl { init, .. } = &mut **inner
+                {
+                    *init = mucc::emit::ir::Init::Assign(Expr::var("smem"));
+                }
+                edits.push((0, v));
+            }
+            // The zero page dropped, or added where the plan has none.
+            let zero = body
+                .iter()
+                .position(|s| matches!(plain(s), Stmt::IfLine(..)));
+            let mut v = body.clone();
+            match zero {
+                Some(i) => {
+                    v.remove(i);
+                }
+                None => v.insert(
+                    1,
+                    Stmt::IfLine(
+                        Expr::Lt(Box::new(Expr::var("tid")), Box::new(Expr::int(4))),
+                        Box::new(Stmt::Assign(
+                            Expr::Index(
+                                Box::new(Expr::Reinterpret(
+                                    Ty::UnsignedPtr,
+                                    Box::new(Expr::var("smem")),
+                                )),
+                                Box::new(Expr::var("tid")),
+                            ),
+                            Expr::Int(0, IntType::Unsigned),
+                        )),
+                    ),
+                ),
+            }
+            edits.push((1, v));
+            if !kp.tma.loads.is_empty() {
+                let mut v = body.clone();
+                if let Some(Stmt::DynamicSmem { align, .. }) =
+                    v.iter_mut().find(|s| matches!(s, Stmt::DynamicSmem { .. }))
+                {
+                    *align = 128;
+                    edits.push((2, v));
+                }
+                let mut v = body.clone();
+                for s in v.iter_mut() {
+                    if let Stmt::If(_, b) = s
+                        && let Some(j) = b.iter().position(|x| {
+                            matches!(x, Stmt::Eval(Expr::Call(Func::PrefetchTensormap, _)))
+                        })
+                    {
+                        b.remove(j);
+                        edits.push((3, v));
+                        break;
+                    }
+                }
+            }
+            for (kind, v) in edits {
+                let mut bad = e.clone();
+                bad.bodies[b].body = v;
+                applied[kind] += 1;
+                assert!(
+                    check_kernel(pg, &bad, k, kp).is_err(),
+                    "{}: {name}, edit {kind} not caught",
+                    f.display()
+                );
+            }
+        }
+    }
+    assert!(applied.iter().all(|&n| n > 0), "edits applied {applied:?}");
+}
+
 /// The kernel check fails when the plan's write-backs and the code disagree: for graph 0 of
 /// every corpus file on sm_90a, dropping any one write-back from a kernel's plan, or changing a
 /// fragment store into an element store, is caught.

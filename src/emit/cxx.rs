@@ -142,6 +142,10 @@ pub fn ir_type(t: super::ir::Ty) -> std::borrow::Cow<'static, str> {
         Ty::AutoRef => "auto&",
         Ty::ConstI64 => "const mucc::i64",
         Ty::ConstexprI64 => "constexpr mucc::i64",
+        Ty::ConstMuccU64 => "const mucc::u64",
+        Ty::BytePtrConst => "unsigned char* const",
+        Ty::MuccU64Ptr => "mucc::u64*",
+        Ty::UnsignedPtr => "unsigned*",
         Ty::Elem(d) => ctype(d),
         Ty::ConstElem(d) => return format!("const {}", ctype(d)).into(),
         Ty::ElemPtr(d) => return format!("{}*", ctype(d)).into(),
@@ -189,6 +193,12 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::TbBlockSums => "mucc::tb::block_sums",
         F::GridDependencyWait => "mucc::sm90::grid_dependency_wait",
         F::LaunchDependents => "mucc::sm90::launch_dependents",
+        F::Trap => "__trap",
+        F::SmemU32 => "mucc::sm90::smem_u32",
+        F::MbarInit => "mucc::sm90::mbar_init",
+        F::FenceMbarrierInit => "mucc::sm90::fence_mbarrier_init",
+        F::PrefetchTensormap => "mucc::sm90::prefetch_tensormap",
+        F::ExchangeEpoch => "mucc::xchg::epoch",
     }
 }
 
@@ -222,6 +232,10 @@ pub fn symbol(s: super::ir::Sym) -> &'static str {
         Sym::ThreadIdx(0) => "threadIdx.x",
         Sym::ThreadIdx(1) => "threadIdx.y",
         Sym::ThreadIdx(_) => "threadIdx.z",
+        Sym::BlockDim(0) => "blockDim.x",
+        Sym::BlockDim(1) => "blockDim.y",
+        Sym::BlockDim(_) => "blockDim.z",
+        Sym::ExchangeHeader => "mucc::xchg::HEADER",
     }
 }
 
@@ -586,6 +600,11 @@ impl Writer {
         self.level += 1;
         body(self);
         self.level -= 1;
+    }
+
+    /// Text already laid out (lines with their indentation and newlines), appended as it is.
+    pub fn verbatim(&mut self, text: &str) {
+        self.out.push_str(text);
     }
 
     /// The lines written so far.

@@ -55,6 +55,14 @@ pub enum Ty {
     ConstI64,
     /// `constexpr mucc::i64`.
     ConstexprI64,
+    /// `const mucc::u64`.
+    ConstMuccU64,
+    /// `unsigned char* const`: a byte address in shared memory or a peer's buffer.
+    BytePtrConst,
+    /// `mucc::u64*`: mbarriers in shared memory.
+    MuccU64Ptr,
+    /// `unsigned*`.
+    UnsignedPtr,
 }
 
 /// Where a declared variable lives.
@@ -143,6 +151,19 @@ pub enum Func {
     GridDependencyWait,
     /// `mucc::sm90::launch_dependents`: lets the next kernel launch.
     LaunchDependents,
+    /// `__trap`.
+    Trap,
+    /// `mucc::sm90::smem_u32`: a shared-memory address as the 32-bit value PTX takes.
+    SmemU32,
+    /// `mucc::sm90::mbar_init`: initialises an mbarrier for N arrivals.
+    MbarInit,
+    /// `mucc::sm90::fence_mbarrier_init`: makes initialised mbarriers visible to the copy engine
+    /// and the cluster.
+    FenceMbarrierInit,
+    /// `mucc::sm90::prefetch_tensormap`: brings a tensor map's descriptor into the cache.
+    PrefetchTensormap,
+    /// `mucc::xchg::epoch`: the epoch of this execution of a fused all-reduce.
+    ExchangeEpoch,
 }
 
 /// A template argument of a runtime call.
@@ -201,6 +222,10 @@ pub enum Sym {
     BlockIdx(usize),
     /// `threadIdx.x`, `.y` or `.z`.
     ThreadIdx(usize),
+    /// `blockDim.x`, `.y` or `.z`.
+    BlockDim(usize),
+    /// `mucc::xchg::HEADER`: the runtime's header bytes of an exchange region.
+    ExchangeHeader,
 }
 
 /// The suffix of an integer literal.
@@ -258,6 +283,8 @@ pub enum Expr {
     Lt(Box<Expr>, Box<Expr>),
     /// `a == b`.
     Eq(Box<Expr>, Box<Expr>),
+    /// `a != b`.
+    Ne(Box<Expr>, Box<Expr>),
     /// `(e)`: the printer adds no parentheses of its own, so the builder places them.
     Paren(Box<Expr>),
     /// An operator of the graph on one value of the given compute type (the runtime's
@@ -267,6 +294,10 @@ pub enum Expr {
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
     /// `T(e)`: a value converted to element type `T`.
     Construct(DType, Box<Expr>),
+    /// `reinterpret_cast<T>(e)`.
+    Reinterpret(Ty, Box<Expr>),
+    /// `(void)e`: a value marked used.
+    Void(Box<Expr>),
 }
 
 impl Expr {
@@ -417,6 +448,20 @@ pub enum Stmt {
     AddAssign(Expr, Expr),
     /// A one-line statement followed by `  // text`.
     Noted(Box<Stmt>, String),
+    /// `if (cond) stmt` on one line.
+    IfLine(Expr, Box<Stmt>),
+    /// `static_assert(cond, "message");`.
+    StaticAssert(Expr, String),
+    /// `extern __shared__ __align__(align) unsigned char name[];`: the dynamic shared memory.
+    DynamicSmem {
+        /// Its alignment in bytes.
+        align: usize,
+        /// Its name.
+        name: String,
+    },
+    /// Lines the emitter wrote as text (the parts of a threadblock kernel's body not yet built
+    /// as statements), indented for the level they were written at.
+    Verbatim(String),
 }
 
 impl Stmt {
@@ -536,7 +581,12 @@ fn line_of(s: &Stmt) -> Option<String> {
             }
         }
         Stmt::Noted(inner, text) => format!("{}  // {text}", line_of(inner)?),
-        Stmt::Block(_) | Stmt::If(..) | Stmt::For { .. } => return None,
+        Stmt::IfLine(cond, inner) => format!("if ({cond}) {}", line_of(inner)?),
+        Stmt::StaticAssert(cond, msg) => format!("static_assert({cond}, \"{msg}\");"),
+        Stmt::DynamicSmem { align, name } => {
+            format!("extern __shared__ __align__({align}) unsigned char {name}[];")
+        }
+        Stmt::Block(_) | Stmt::If(..) | Stmt::For { .. } | Stmt::Verbatim(_) => return None,
     })
 }
 
@@ -592,6 +642,7 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         Stmt::Block(body) => w.block("", "", |w| print(w, body)),
         Stmt::If(cond, body) => w.block(format!("if ({cond})"), "", |w| print(w, body)),
         Stmt::For { body, .. } => w.block(for_head(s), "", |w| print(w, body)),
+        Stmt::Verbatim(text) => w.verbatim(text),
         // A note on a statement of several lines goes on a line of its own before it.
         Stmt::Noted(inner, text) => {
             w.line(format!("// {text}"));
@@ -660,10 +711,13 @@ impl fmt::Display for Expr {
             Expr::BitAnd(a, b) => write!(f, "{a} & {b}"),
             Expr::Lt(a, b) => write!(f, "{a} < {b}"),
             Expr::Eq(a, b) => write!(f, "{a} == {b}"),
+            Expr::Ne(a, b) => write!(f, "{a} != {b}"),
             Expr::Paren(e) => write!(f, "({e})"),
             Expr::Unary(u, e, d) => f.write_str(&cxx::unary(u, &e.to_string(), cxx::ctype(*d))),
             Expr::Binary(b, x, y) => f.write_str(&cxx::binary(*b, &x.to_string(), &y.to_string())),
             Expr::Construct(d, e) => write!(f, "{}({e})", cxx::ctype(*d)),
+            Expr::Reinterpret(t, e) => write!(f, "reinterpret_cast<{}>({e})", cxx::ir_type(*t)),
+            Expr::Void(e) => write!(f, "(void){e}"),
         }
     }
 }
@@ -686,6 +740,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Expr::BitAnd(a, b)
             | Expr::Lt(a, b)
             | Expr::Eq(a, b)
+            | Expr::Ne(a, b)
             | Expr::Index(a, b)
             | Expr::Binary(_, a, b) => {
                 expr(a, f);
@@ -695,7 +750,9 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Expr::AddrOf(b)
             | Expr::Paren(b)
             | Expr::Unary(_, b, _)
-            | Expr::Construct(_, b) => expr(b, f),
+            | Expr::Construct(_, b)
+            | Expr::Reinterpret(_, b)
+            | Expr::Void(b) => expr(b, f),
             Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) => {}
         }
     }
@@ -724,7 +781,15 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             }
             Stmt::Array { init, .. } => init.iter().flatten().for_each(|x| expr(x, f)),
             Stmt::Noted(s, _) => stmt(s, f),
-            Stmt::UsingNamespace(_) | Stmt::Comment(_) => {}
+            Stmt::IfLine(c, s) => {
+                expr(c, f);
+                stmt(s, f);
+            }
+            Stmt::StaticAssert(c, _) => expr(c, f),
+            Stmt::UsingNamespace(_)
+            | Stmt::Comment(_)
+            | Stmt::DynamicSmem { .. }
+            | Stmt::Verbatim(_) => {}
         }
     }
     stmts.iter().for_each(|s| stmt(s, f));

@@ -68,9 +68,9 @@ pub struct Emitted {
     /// The host entry's steps as statements ([`ir`]), one per launch-plan step (and the rank
     /// query first where a kernel all-reduces).
     pub host: Vec<HostStep>,
-    /// The bodies of the kernels built as statements (the kernel-level operators' kernels and
-    /// the register-rows kernels; other threadblock kernels are written as lines), in kernel
-    /// order.
+    /// The bodies of the kernels as statements, in kernel order: the kernel-level operators'
+    /// kernels and the threadblock kernels (whose parts not yet built as statements are
+    /// [`ir::Stmt::Verbatim`] text).
     pub bodies: Vec<ir::KernelBody>,
     /// Per threadblock kernel, in kernel order, its pipeline ring as statements: the prologue's
     /// copies and TMA issue blocks, the loop's waits for the current stage, the refill block
@@ -191,7 +191,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
                 };
                 kernels.push(k.view);
                 rings.push(k.ring);
-                bodies.extend(k.body);
+                bodies.push(k.body);
                 steps.push(Step::Kernel(k.launch));
             }
             other => {

@@ -198,6 +198,96 @@ fn collect_decls(stmts: &[mucc::emit::ir::Stmt], name: &str, out: &mut Vec<mucc:
     }
 }
 
+/// The type and value of the declaration of `name` among the top-level statements of `body`
+/// (a note's statement included).
+fn decl_of<'a>(
+    body: &'a [mucc::emit::ir::Stmt],
+    name: &str,
+) -> Option<(mucc::emit::ir::Ty, &'a mucc::emit::ir::Expr)> {
+    use mucc::emit::ir::{Init, Stmt};
+    body.iter().find_map(|s| {
+        let s = match s {
+            Stmt::Noted(inner, _) => &**inner,
+            other => other,
+        };
+        match s {
+            Stmt::Decl {
+                ty,
+                name: n,
+                init: Init::Assign(e),
+                ..
+            } if n == name => Some((*ty, e)),
+            _ => None,
+        }
+    })
+}
+
+/// Whether the prologue zeroes the zero page: `if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid]
+/// = 0u;` among the top-level statements.
+fn zero_page(body: &[mucc::emit::ir::Stmt]) -> bool {
+    use mucc::emit::ir::{Expr, IntType, Stmt, Ty};
+    let word = Expr::Index(
+        Box::new(Expr::Reinterpret(
+            Ty::UnsignedPtr,
+            Box::new(Expr::var("smem")),
+        )),
+        Box::new(Expr::var("tid")),
+    );
+    let zeroed = Stmt::Assign(word, Expr::Int(0, IntType::Unsigned));
+    let cond = Expr::Lt(Box::new(Expr::var("tid")), Box::new(Expr::int(4)));
+    body.iter().any(|s| {
+        let s = match s {
+            Stmt::Noted(inner, _) => &**inner,
+            other => other,
+        };
+        matches!(s, Stmt::IfLine(c, st) if *c == cond && **st == zeroed)
+    })
+}
+
+/// A TMA kernel's prologue against its plan: the dynamic shared memory aligned for the
+/// swizzled slots, the `full` mbarriers at the plan's offset, thread 0 initialising one per
+/// ring stage and prefetching every tensor map.
+fn check_tma_barriers(
+    body: &[mucc::emit::ir::Stmt],
+    kp: &KernelPlan,
+    want: &mut impl FnMut(bool, String),
+) {
+    use mucc::emit::ir::{Expr, Func, Stmt, Ty, calls};
+    let align = body.iter().find_map(|s| match s {
+        Stmt::DynamicSmem { align, .. } => Some(*align),
+        _ => None,
+    });
+    want(
+        align == Some(mucc::sched::tma::TMA_SLOT_ALIGN),
+        format!("dynamic shared memory aligned to {align:?}"),
+    );
+    let full = Expr::Reinterpret(
+        Ty::MuccU64Ptr,
+        Box::new(Expr::var("smem").plus(Expr::size(kp.tma.barriers))),
+    );
+    want(
+        decl_of(body, "full") == Some((Ty::MuccU64Ptr, &full)),
+        format!("TMA barriers at byte {}", kp.tma.barriers),
+    );
+    let stages = kp.ring().map_or(1, |r| r.stages);
+    let init = body.iter().find_map(|s| match s {
+        Stmt::If(_, b) if !calls(b, Func::MbarInit).is_empty() => b.iter().find_map(|x| match x {
+            Stmt::For { to, body, .. } if !calls(body, Func::MbarInit).is_empty() => {
+                Some((to.clone(), calls(b, Func::PrefetchTensormap).len()))
+            }
+            _ => None,
+        }),
+        _ => None,
+    });
+    want(
+        init == Some((Expr::size(stages), kp.tma.map_count())),
+        format!(
+            "thread 0 initialises {stages} stage barriers and prefetches {} tensor maps: {init:?}",
+            kp.tma.map_count()
+        ),
+    );
+}
+
 /// The text of kernel `name`: from its signature to the closing brace at column 0, with every
 /// run of whitespace collapsed to one space (statements broken over lines read as one).
 pub fn kernel_text(source: &str, name: &str) -> String {
@@ -300,6 +390,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     };
     let name = format!("k{k}_customized");
     let text = kernel_text(&e.source, &name);
+    let Some(stmts) = e
+        .bodies
+        .iter()
+        .find(|b| b.name == name)
+        .map(|b| &b.body[..])
+    else {
+        return Err(format!("no statements of kernel {name}"));
+    };
     let nt = kp.cta.threads;
     let mut errs = Vec::new();
     let mut want = |ok: bool, what: String| {
@@ -655,7 +753,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         for p in &on {
             for t in p.tiles() {
                 want(
-                    kp.tiles[t].is_none() && !text.contains(&format!(" s{t} = reinterpret_cast")),
+                    kp.tiles[t].is_none() && decl_of(stmts, &format!("s{t}")).is_none(),
                     format!("piped s{t} has no shared memory"),
                 );
             }
@@ -757,18 +855,19 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     }
     // Tiles at the plan's offsets, in the plan's types; the zero page.
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
+        use mucc::emit::ir::{Expr, Ty};
         let t = kind.tile();
-        let ty = ctype(kp.tiles[t].as_ref().unwrap().dtype);
-        let decl = format!(
-            "{ty}* s{t} = reinterpret_cast<{ty}*>(smem + {});",
-            kp.smem.offset(b)
+        let d = kp.tiles[t].as_ref().unwrap().dtype;
+        let at = Expr::Reinterpret(
+            Ty::ElemPtr(d),
+            Box::new(Expr::var("smem").plus(Expr::size(kp.smem.offset(b)))),
         );
-        want(text.contains(&decl), format!("tile declaration `{decl}`"));
+        want(
+            decl_of(stmts, &format!("s{t}")) == Some((Ty::ElemPtr(d), &at)),
+            format!("tile s{t} at byte {} as {d:?}", kp.smem.offset(b)),
+        );
     }
-    want(
-        text.contains("// zero page") == (kp.smem.base > 0),
-        "zero page".into(),
-    );
+    want(zero_page(stmts) == (kp.smem.base > 0), "zero page".into());
     // Tiles of a line or more start on a 128-byte line; a wgmma B tile (read through a
     // 128-byte-swizzle descriptor) and every stage slot of it on 1024 bytes.
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
@@ -1074,7 +1173,8 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     }
     // Programmatic dependent launch: the wait and the trigger exactly as planned.
     want(
-        text.contains("mucc::sm90::grid_dependency_wait();") == kp.dependent.is_programmatic(),
+        mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::GridDependencyWait).len()
+            == usize::from(kp.dependent.is_programmatic()),
         format!("dependent launch {:?}", kp.dependent),
     );
     want(
@@ -1086,14 +1186,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             text.contains(&format!(
                 "mucc::sm90::mbar_arrive_expect_tx(full + 0, {});",
                 kp.tma.bytes_per_stage()
-            )) && text.contains("mucc::sm90::mbar_wait(full + ")
-                && text.contains(&format!(
-                    "reinterpret_cast<mucc::u64*>(smem + {})",
-                    kp.tma.barriers
-                ))
-                && text.contains("__align__(1024)"),
+            )) && text.contains("mucc::sm90::mbar_wait(full + "),
             "TMA ring barriers".into(),
         );
+        check_tma_barriers(stmts, kp, &mut want);
     } else {
         want(
             !text.contains("mucc::sm90::tma_load"),

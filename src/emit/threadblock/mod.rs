@@ -20,7 +20,7 @@ mod rows;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cxx::{self, Writer, ctype};
-use super::ir::{Expr, Func, Stmt, TArg};
+use super::ir::{Expr, Func, IntType, Stmt, Sym, TArg, Ty};
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
@@ -60,6 +60,8 @@ pub(super) struct Ctx<'a> {
     /// While a vectorised chain is emitted: the tiles it reads once per step
     /// ([`crate::sched::ChainPlan::broadcast_reads`]).
     broadcast_reads: Vec<usize>,
+    /// The body as statements, up to the lines of `w` not yet moved into it ([`Ctx::flush`]).
+    body: Vec<Stmt>,
     /// The pipeline ring's statements as printed: the prologue, the loop's waits for the
     /// current stage, the refill block ([`crate::emit::Emitted::rings`]).
     ring: Vec<Stmt>,
@@ -116,13 +118,30 @@ impl Ctx<'_> {
         cxx::compute_ctype(self.g.tensors[self.op.outputs[0]].dtype)
     }
 
+    /// The element type tile `t` is stored in (the plan's).
+    fn tile_dtype(&self, t: Handle<STensor>) -> crate::graph::DType {
+        self.kp.tiles[t.index()]
+            .as_ref()
+            .map_or(self.tb.tensors[t].dtype, |g| g.dtype)
+    }
+
     /// The C++ type tile `t` is stored in (the plan's).
     fn tile_ctype(&self, t: Handle<STensor>) -> &'static str {
-        ctype(
-            self.kp.tiles[t.index()]
-                .as_ref()
-                .map_or(self.tb.tensors[t].dtype, |g| g.dtype),
-        )
+        ctype(self.tile_dtype(t))
+    }
+
+    /// Moves the lines written so far into the body's statements (as text).
+    fn flush(&mut self) {
+        let text = std::mem::replace(&mut self.w, Writer::at(1)).finish();
+        if !text.is_empty() {
+            self.body.push(Stmt::Verbatim(text));
+        }
+    }
+
+    /// Appends statements to the body, after the lines written so far.
+    fn push(&mut self, stmts: Vec<Stmt>) {
+        self.flush();
+        self.body.extend(stmts);
     }
 
     /// The pointer of tile `t` (the current pipeline slot for pipelined inputs).
@@ -265,12 +284,12 @@ impl Ctx<'_> {
 }
 
 /// A threadblock kernel as printed: its text, its launch, its pipeline ring as statements, and
-/// its whole body as statements where it was built that way (register-rows kernels).
+/// its body as statements (the parts still written as lines among them as text).
 pub(super) struct ThreadblockKernel {
     pub view: KernelView,
     pub launch: KernelLaunch,
     pub ring: super::ir::KernelBody,
-    pub body: Option<super::ir::KernelBody>,
+    pub body: super::ir::KernelBody,
 }
 
 /// Emits the kernel of customized operator `kn` (plan `kp`), its launch-plan entry and its
@@ -306,6 +325,7 @@ pub(super) fn emit(
         vector_loads: None,
         broadcast_reads: Vec::new(),
         ring: Vec::new(),
+        body: Vec::new(),
     };
     if let Some(r) = &ctx.ring_plan {
         for op in r.cp_async.iter().chain(&r.tma) {
@@ -314,20 +334,20 @@ pub(super) fn emit(
         }
     }
     let (params, args) = signature(&ctx);
-    let mut full_body = None;
     if let Some(r) = kp.rows() {
         let stmts = ctx.rows_body(r)?;
-        super::ir::print(&mut ctx.w, &stmts);
-        full_body = Some(stmts);
+        ctx.push(stmts);
     } else {
         tile_body(&mut ctx)?;
     }
+    ctx.flush();
     let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
-    let mut body = Writer::at(1);
+    let mut text = Writer::at(1);
     for d in &ctx.alias_defs {
-        body.line(d);
+        text.line(d);
     }
-    let body = body.finish() + &ctx.w.finish();
+    super::ir::print(&mut text, &ctx.body);
+    let text = text.finish();
     let comment = format!(
         "kernel op {}: kn_customized_op grid ({}, {}, {}), block ({}, {}, {}), forloop {}, {} bytes of shared memory",
         kn.index(),
@@ -341,7 +361,7 @@ pub(super) fn emit(
         kp.smem.total,
     );
     let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
-    let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, body);
+    let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, text);
     if let Some(dims) = kp.cluster_dims() {
         view.signature = cxx::cluster_kernel_signature(dims, &bounds, &name, &params);
     }
@@ -375,10 +395,10 @@ pub(super) fn emit(
         name: launch.name.clone(),
         body: ctx.ring,
     };
-    let body = full_body.map(|body| super::ir::KernelBody {
+    let body = super::ir::KernelBody {
         name: launch.name.clone(),
-        body,
-    });
+        body: ctx.body,
+    };
     Ok(ThreadblockKernel {
         view,
         launch,
@@ -462,27 +482,43 @@ fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
 
 /// The exchange's names for a kernel performing an all-reduce (`mucc/threadblock/exchange.h`):
 /// every GPU's buffer, this GPU's rank and the epoch of this execution.
-fn exchange_start(w: &mut Writer, x: &crate::sched::exchange::Exchange) {
-    let bufs: Vec<String> = (0..x.gpus).map(|r| format!("x{r}")).collect();
-    w.line(format!(
-        "// all-reduce op {} fused: every GPU's exchange buffer, this GPU's rank, the epoch",
-        x.all_reduce
-    ));
-    w.line(format!(
-        "unsigned char* const xb[{}] = {{{}}};",
-        x.gpus,
-        bufs.join(", ")
-    ));
-    w.line("const int xr = static_cast<int>(xrank);");
-    // The plan sized the regions with its header size; the runtime places slots after its own.
-    w.line(format!(
-        "static_assert(mucc::xchg::HEADER == {}, \"the plan's exchange layout\");",
-        crate::sched::exchange::HEADER
-    ));
-    w.line(format!(
-        "const mucc::u64 xe = mucc::xchg::epoch<{}>(xb, xr, {});",
-        x.blocks, x.region
-    ));
+fn exchange_start(x: &crate::sched::exchange::Exchange) -> Vec<Stmt> {
+    vec![
+        Stmt::Comment(format!(
+            "all-reduce op {} fused: every GPU's exchange buffer, this GPU's rank, the epoch",
+            x.all_reduce
+        )),
+        Stmt::Array {
+            storage: super::ir::Storage::Auto,
+            ty: Ty::BytePtrConst,
+            name: "xb".into(),
+            dims: vec![x.gpus],
+            init: Some((0..x.gpus).map(|r| Expr::var(format!("x{r}"))).collect()),
+        },
+        Stmt::local(
+            Ty::ConstInt,
+            "xr",
+            Expr::Call(Func::CastToInt, vec![Expr::var("xrank")]),
+        ),
+        // The plan sized the regions with its header size; the runtime places slots after its
+        // own.
+        Stmt::StaticAssert(
+            Expr::Eq(
+                Box::new(Expr::Sym(Sym::ExchangeHeader)),
+                Box::new(Expr::size(crate::sched::exchange::HEADER)),
+            ),
+            "the plan's exchange layout".into(),
+        ),
+        Stmt::local(
+            Ty::ConstMuccU64,
+            "xe",
+            Expr::TemplateCall(
+                Func::ExchangeEpoch,
+                vec![TArg::int(x.blocks)],
+                vec![Expr::var("xb"), Expr::var("xr"), Expr::size(x.region)],
+            ),
+        ),
+    ]
 }
 
 /// The end of a kernel performing an all-reduce: the last block to finish on this GPU meets
@@ -503,89 +539,168 @@ fn exchange_end(ctx: &mut Ctx, x: &crate::sched::exchange::Exchange) {
 /// input and output.
 fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     let kp = ctx.kp;
-    let w = &mut ctx.w;
+    let mut out = Vec::new();
     if kp.tma.loads.is_empty() {
-        w.line("extern __shared__ __align__(128) unsigned char smem[];");
+        out.push(Stmt::DynamicSmem {
+            align: 128,
+            name: "smem".into(),
+        });
     } else {
         // Its own name: one translation unit may declare the dynamic shared memory with both
         // alignments (kernels with and without TMA), which one name may not.
         let a = crate::sched::tma::TMA_SLOT_ALIGN;
-        w.line(format!(
-            "extern __shared__ __align__({a}) unsigned char smem_{a}[];"
+        out.push(Stmt::DynamicSmem {
+            align: a,
+            name: format!("smem_{a}"),
+        });
+        out.push(Stmt::local(
+            Ty::BytePtrConst,
+            "smem",
+            Expr::var(format!("smem_{a}")),
         ));
-        w.line(format!("unsigned char* const smem = smem_{a};"));
     }
-    w.line("const int tid_k = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));");
-    w.line("const int tid = tid_k;");
-    w.line("const int warp = tid / 32, lane = tid % 32;");
-    w.line("(void)warp;");
-    w.line("(void)lane;");
+    let (tx, bd) = (
+        |a| Expr::Sym(Sym::ThreadIdx(a)),
+        |a| Expr::Sym(Sym::BlockDim(a)),
+    );
+    let linear = tx(0).plus(bd(0).times(tx(1).plus(bd(1).times(tx(2))).paren()));
+    out.push(Stmt::local(
+        Ty::ConstInt,
+        "tid_k",
+        Expr::Call(Func::CastToInt, vec![linear]),
+    ));
+    out.push(Stmt::local(Ty::ConstInt, "tid", Expr::var("tid_k")));
+    out.push(Stmt::DeclMany {
+        ty: Ty::ConstInt,
+        vars: vec![
+            ("warp".into(), Expr::var("tid").over(Expr::int(32))),
+            ("lane".into(), Expr::var("tid").modulo(Expr::int(32))),
+        ],
+    });
+    for v in ["warp", "lane"] {
+        out.push(Stmt::Eval(Expr::Void(Box::new(Expr::var(v)))));
+    }
     if kp.dependent.is_programmatic() {
-        w.line("mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible");
+        out.push(
+            Stmt::Eval(Expr::Call(Func::GridDependencyWait, vec![]))
+                .noted("the previous kernel's results are visible"),
+        );
     }
     if kp.smem.base > 0 {
-        w.line("if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page");
+        let word = Expr::Index(
+            Box::new(Expr::Reinterpret(
+                Ty::UnsignedPtr,
+                Box::new(Expr::var("smem")),
+            )),
+            Box::new(Expr::var("tid")),
+        );
+        out.push(
+            Stmt::IfLine(
+                Expr::Lt(Box::new(Expr::var("tid")), Box::new(Expr::int(4))),
+                Box::new(Stmt::Assign(word, Expr::Int(0, IntType::Unsigned))),
+            )
+            .noted("zero page"),
+        );
     }
     if !kp.tma.loads.is_empty() {
-        tma_barriers(&mut ctx.w, kp);
+        out.extend(tma_barriers(kp));
     }
     if let Some(p) = kp.split.cluster().and_then(|c| c.gather.push()) {
-        push_barrier(&mut ctx.w, p);
+        out.extend(push_barrier(p));
     }
     if let Some(x) = &kp.exchange {
-        exchange_start(&mut ctx.w, x);
+        out.extend(exchange_start(x));
     }
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
         let tile = kind.tile();
-        let ty = ctx.tile_ctype(Handle::from_index(tile));
-        ctx.w.line(format!(
-            "{ty}* s{tile} = reinterpret_cast<{ty}*>(smem + {});  // {}",
-            kp.smem.offset(b),
-            kp.smem.buffers[b].name
-        ));
+        let d = ctx.tile_dtype(Handle::from_index(tile));
+        out.push(
+            Stmt::local(
+                Ty::ElemPtr(d),
+                format!("s{tile}"),
+                Expr::Reinterpret(
+                    Ty::ElemPtr(d),
+                    Box::new(Expr::var("smem").plus(Expr::size(kp.smem.offset(b)))),
+                ),
+            )
+            .noted(kp.smem.buffers[b].name.clone()),
+        );
     }
-    let pointers = ctx.block_pointers()?;
-    super::ir::print(&mut ctx.w, &pointers);
+    out.extend(ctx.block_pointers()?);
+    ctx.push(out);
     Ok(())
+}
+
+/// `name = reinterpret_cast<mucc::u64*>(smem + offset)`: mbarriers in shared memory.
+fn mbarriers(name: &str, offset: usize) -> Stmt {
+    Stmt::local(
+        Ty::MuccU64Ptr,
+        name,
+        Expr::Reinterpret(
+            Ty::MuccU64Ptr,
+            Box::new(Expr::var("smem").plus(Expr::size(offset))),
+        ),
+    )
+}
+
+/// `if (tid == 0) { … }`.
+fn thread0(body: Vec<Stmt>) -> Stmt {
+    Stmt::If(
+        Expr::Eq(Box::new(Expr::var("tid")), Box::new(Expr::int(0))),
+        body,
+    )
 }
 
 /// The `full` mbarriers of the TMA ring (one arrival each: thread 0's, with the stage's bytes),
 /// initialised by thread 0 and fenced for the copy engine; the barrier after the accumulators'
 /// initial state publishes them. A stage slot must start on a 1024-byte boundary (the swizzle
 /// follows the address): a misaligned dynamic shared memory traps instead of loading wrongly.
-fn tma_barriers(w: &mut Writer, kp: &KernelPlan) {
+fn tma_barriers(kp: &KernelPlan) -> Vec<Stmt> {
     let stages = kp.ring().map_or(1, |r| r.stages);
-    w.line(format!(
-        "mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + {});  // TMA stage barriers",
-        kp.tma.barriers
-    ));
-    w.block("if (tid == 0)", "", |w| {
-        w.line(format!(
-            "if (mucc::sm90::smem_u32(smem) % {} != 0) __trap();",
-            crate::sched::tma::TMA_SLOT_ALIGN
-        ));
-        w.line(format!(
-            "for (int s = 0; s < {stages}; ++s) mucc::sm90::mbar_init(full + s, 1);"
-        ));
-        w.line("mucc::sm90::fence_mbarrier_init();");
-        for (m, _, _) in kp.tma.maps() {
-            w.line(format!("mucc::sm90::prefetch_tensormap(&tm{m});"));
-        }
-    });
+    let misaligned = Expr::Call(Func::SmemU32, vec![Expr::var("smem")])
+        .modulo(Expr::size(crate::sched::tma::TMA_SLOT_ALIGN));
+    let mut init = vec![
+        Stmt::IfLine(
+            Expr::Ne(Box::new(misaligned), Box::new(Expr::int(0))),
+            Box::new(Stmt::Eval(Expr::Call(Func::Trap, vec![]))),
+        ),
+        Stmt::for_inline(
+            "s",
+            Expr::size(stages),
+            false,
+            vec![Stmt::Eval(Expr::Call(
+                Func::MbarInit,
+                vec![Expr::var("full").plus(Expr::var("s")), Expr::int(1)],
+            ))],
+        ),
+        Stmt::Eval(Expr::Call(Func::FenceMbarrierInit, vec![])),
+    ];
+    for (m, _, _) in kp.tma.maps() {
+        init.push(Stmt::Eval(Expr::Call(
+            Func::PrefetchTensormap,
+            vec![Expr::var(format!("tm{m}")).addr()],
+        )));
+    }
+    vec![
+        mbarriers("full", kp.tma.barriers).noted("TMA stage barriers"),
+        thread0(init),
+    ]
 }
 
 /// Under a cluster split with pushes: the push mbarrier (one arrival: CTA 0's thread 0, with the
 /// pushed bytes), initialised by thread 0 of every CTA (only CTA 0's is used) and fenced for the
 /// cluster; the cluster arrival before the loop publishes it.
-fn push_barrier(w: &mut Writer, p: &crate::sched::plan::PushSlots) {
-    w.line(format!(
-        "mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + {});  // cluster split: CTA 0's push barrier",
-        p.barrier
-    ));
-    w.block("if (tid == 0)", "", |w| {
-        w.line("mucc::sm90::mbar_init(push, 1);");
-        w.line("mucc::sm90::fence_mbarrier_init();");
-    });
+fn push_barrier(p: &crate::sched::plan::PushSlots) -> Vec<Stmt> {
+    vec![
+        mbarriers("push", p.barrier).noted("cluster split: CTA 0's push barrier"),
+        thread0(vec![
+            Stmt::Eval(Expr::Call(
+                Func::MbarInit,
+                vec![Expr::var("push"), Expr::int(1)],
+            )),
+            Stmt::Eval(Expr::Call(Func::FenceMbarrierInit, vec![])),
+        ]),
+    ]
 }
 
 /// Initial accumulator state (registers, fragments or tiles) and running-max states, then the
