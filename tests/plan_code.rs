@@ -414,6 +414,60 @@ fn a_prologue_disagreement_fails_the_check() {
     assert!(applied.iter().all(|&n| n > 0), "edits applied {applied:?}");
 }
 
+/// The barrier check reads the kernel's statements: in every threadblock kernel of graph 0 of
+/// every corpus file on sm_90a that has barriers, dropping one or giving one another reason is
+/// caught.
+#[test]
+fn a_barrier_disagreement_fails_the_check() {
+    use mucc::emit::ir::Stmt;
+    use mucc::sched::order::BarrierReason;
+    // Applies `edit` to the first barrier in `body` (nested ones included).
+    fn first_barrier(body: &mut Vec<Stmt>, edit: &mut dyn FnMut(&mut Vec<Stmt>, usize)) -> bool {
+        if let Some(i) = body.iter().position(|s| matches!(s, Stmt::Barrier { .. })) {
+            edit(body, i);
+            return true;
+        }
+        body.iter_mut().any(|s| match s {
+            Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => first_barrier(b, edit),
+            _ => false,
+        })
+    }
+    let mut kernels = 0;
+    for (f, g, p, e) in graph0_emitted() {
+        let pg = p.graph(&g);
+        for (&k, kp) in &p.kernels {
+            let name = format!("k{k}_customized");
+            let b = e.bodies.iter().position(|b| b.name == name).unwrap();
+            if mucc::emit::ir::barriers(&e.bodies[b].body).is_empty() {
+                continue;
+            }
+            kernels += 1;
+            let mut dropped = e.clone();
+            assert!(first_barrier(&mut dropped.bodies[b].body, &mut |v, i| {
+                v.remove(i);
+            }));
+            let mut other = e.clone();
+            assert!(first_barrier(&mut other.bodies[b].body, &mut |v, i| {
+                if let Stmt::Barrier { reason, .. } = &mut v[i] {
+                    *reason = if *reason == BarrierReason::BeforePush {
+                        BarrierReason::InitialState
+                    } else {
+                        BarrierReason::BeforePush
+                    };
+                }
+            }));
+            for (what, bad) in [("dropped", dropped), ("another reason", other)] {
+                assert!(
+                    check_kernel(pg, &bad, k, kp).is_err(),
+                    "{}: {name}, a barrier {what} is not caught",
+                    f.display()
+                );
+            }
+        }
+    }
+    assert!(kernels >= 10, "{kernels} kernels with barriers");
+}
+
 /// The kernel check fails when the plan's write-backs and the code disagree: for graph 0 of
 /// every corpus file on sm_90a, dropping any one write-back from a kernel's plan, or changing a
 /// fragment store into an element store, is caught.

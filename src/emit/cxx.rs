@@ -11,6 +11,9 @@ use crate::layout::swizzle::Swizzle;
 /// The longest line of C++ the emitter writes.
 pub const MAX_LINE: usize = 120;
 
+/// A barrier of the block's threads.
+pub const BLOCK_BARRIER: &str = "__syncthreads();";
+
 /// The runtime's constant for how a tensor-core matmul operand loads (`mucc::tb::Load`).
 pub fn operand_load(l: crate::sched::ops::OperandLoad) -> &'static str {
     use crate::sched::ops::OperandLoad;
@@ -194,11 +197,13 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::GridDependencyWait => "mucc::sm90::grid_dependency_wait",
         F::LaunchDependents => "mucc::sm90::launch_dependents",
         F::Trap => "__trap",
+        F::CpAsyncWaitAll => "mucc::sm80::cp_async_wait_all",
         F::SmemU32 => "mucc::sm90::smem_u32",
         F::MbarInit => "mucc::sm90::mbar_init",
         F::FenceMbarrierInit => "mucc::sm90::fence_mbarrier_init",
         F::PrefetchTensormap => "mucc::sm90::prefetch_tensormap",
         F::ExchangeEpoch => "mucc::xchg::epoch",
+        F::ClusterRank => "mucc::sm90::cluster_rank",
     }
 }
 

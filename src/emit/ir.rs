@@ -11,6 +11,7 @@ use std::fmt::{self, Write as _};
 use super::cxx::{self, Writer};
 use crate::graph::DType;
 use crate::graph::ops::{BinaryOp, UnaryOp};
+use crate::sched::order::BarrierReason;
 
 /// A C++ type the generated code declares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +154,8 @@ pub enum Func {
     LaunchDependents,
     /// `__trap`.
     Trap,
+    /// `mucc::sm80::cp_async_wait_all`: waits for every `cp.async` copy of the thread.
+    CpAsyncWaitAll,
     /// `mucc::sm90::smem_u32`: a shared-memory address as the 32-bit value PTX takes.
     SmemU32,
     /// `mucc::sm90::mbar_init`: initialises an mbarrier for N arrivals.
@@ -164,6 +167,8 @@ pub enum Func {
     PrefetchTensormap,
     /// `mucc::xchg::epoch`: the epoch of this execution of a fused all-reduce.
     ExchangeEpoch,
+    /// `mucc::sm90::cluster_rank`: this CTA's rank in its cluster.
+    ClusterRank,
 }
 
 /// A template argument of a runtime call.
@@ -462,6 +467,15 @@ pub enum Stmt {
     /// Lines the emitter wrote as text (the parts of a threadblock kernel's body not yet built
     /// as statements), indented for the level they were written at.
     Verbatim(String),
+    /// One line of text not yet built as a statement, printed at the current level.
+    Line(String),
+    /// `__syncthreads();` for the plan's reason, which a note after it names where `noted`.
+    Barrier {
+        /// Why the block waits here.
+        reason: BarrierReason,
+        /// Whether the line says why.
+        noted: bool,
+    },
 }
 
 impl Stmt {
@@ -585,6 +599,15 @@ fn line_of(s: &Stmt) -> Option<String> {
         Stmt::StaticAssert(cond, msg) => format!("static_assert({cond}, \"{msg}\");"),
         Stmt::DynamicSmem { align, name } => {
             format!("extern __shared__ __align__({align}) unsigned char {name}[];")
+        }
+        Stmt::Line(text) => text.clone(),
+        Stmt::Barrier { reason, noted } => {
+            let b = cxx::BLOCK_BARRIER;
+            if *noted {
+                format!("{b}  // {reason}")
+            } else {
+                b.to_string()
+            }
         }
         Stmt::Block(_) | Stmt::If(..) | Stmt::For { .. } | Stmt::Verbatim(_) => return None,
     })
@@ -789,7 +812,9 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             Stmt::UsingNamespace(_)
             | Stmt::Comment(_)
             | Stmt::DynamicSmem { .. }
-            | Stmt::Verbatim(_) => {}
+            | Stmt::Verbatim(_)
+            | Stmt::Line(_)
+            | Stmt::Barrier { .. } => {}
         }
     }
     stmts.iter().for_each(|s| stmt(s, f));
@@ -821,6 +846,29 @@ pub fn functions(stmts: &[Stmt]) -> Vec<Func> {
         }
     });
     out
+}
+
+/// Every barrier of `stmts` (nested in blocks, loops and conditionals), in order: its reason.
+pub fn barriers(stmts: &[Stmt]) -> Vec<BarrierReason> {
+    let mut out = Vec::new();
+    visit(stmts, &mut |s| {
+        if let Stmt::Barrier { reason, .. } = s {
+            out.push(*reason);
+        }
+    });
+    out
+}
+
+/// Visits every statement of `stmts`, nested ones after the statement holding them.
+pub fn visit<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Stmt)) {
+    for s in stmts {
+        f(s);
+        match s {
+            Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => visit(b, f),
+            Stmt::Noted(inner, _) | Stmt::IfLine(_, inner) => visit(std::slice::from_ref(inner), f),
+            _ => {}
+        }
+    }
 }
 
 /// The template arguments of every call of `func` with template arguments in `stmts` (not

@@ -457,14 +457,30 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             Err(errs.join("; "))
         };
     }
-    // Barriers: exactly the schedule's and the body's own (each loop barrier printed once).
+    // Barriers: exactly the schedule's and the body's own (each loop barrier printed once),
+    // for the plan's reasons, and no other in the text.
     let (pre, body, post) = kp.schedule.barrier_counts();
     let planned = pre + body + post + kp.barriers.reasons().len();
     let printed = text.matches("__syncthreads();").count();
+    let mut reasons: Vec<String> = mucc::emit::ir::barriers(stmts)
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect();
+    let mut planned_reasons: Vec<String> = kp
+        .schedule
+        .steps()
+        .filter_map(|(_, s)| match s {
+            mucc::sched::order::Step::Barrier(r) => Some(format!("{r:?}")),
+            _ => None,
+        })
+        .chain(kp.barriers.reasons().iter().map(|r| format!("{r:?}")))
+        .collect();
+    reasons.sort();
+    planned_reasons.sort();
     want(
-        printed == planned,
+        printed == planned && reasons == planned_reasons,
         format!(
-            "{printed} __syncthreads() printed, {planned} planned (schedule {pre}/{body}/{post}, body {:?})",
+            "{printed} __syncthreads() printed, {planned} planned (schedule {pre}/{body}/{post}, body {:?}); statements {reasons:?}, plan {planned_reasons:?}",
             kp.barriers.reasons()
         ),
     );
@@ -475,18 +491,25 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .split
             .cluster()
             .map_or(usize::MAX, |c| c.partials[i].tile);
-        // (The kernel text has its whitespace collapsed: the statement after the barrier's
-        // comment is the fold.)
-        let next = text
-            .split_once(&format!("__syncthreads(); // {why} "))
-            .and_then(|(_, after)| after.split_once(';'))
-            .map(|(stmt, _)| stmt);
+        // The statement after the barrier is the fold (a line not yet built as a statement).
+        let mut next = None;
+        mucc::emit::ir::visit(stmts, &mut |s| {
+            if let mucc::emit::ir::Stmt::If(_, b) = s
+                && let Some(j) = b.iter().position(|x| {
+                    matches!(x, mucc::emit::ir::Stmt::Barrier { reason, .. }
+                        if *reason == mucc::sched::order::BarrierReason::AfterRescaledFolds)
+                })
+                && let Some(mucc::emit::ir::Stmt::Line(l)) = b.get(j + 1)
+            {
+                next = Some(l.clone());
+            }
+        });
         want(
             next.is_some_and(|st| {
                 st.starts_with("mucc::tb::cluster_fold<")
-                    && st.ends_with(&format!("(tid, s{tile})"))
+                    && st.ends_with(&format!("(tid, s{tile});"))
             }),
-            format!("the fold of s{tile} behind the after-rescaled-folds barrier"),
+            format!("the fold of s{tile} behind the {why} barrier"),
         );
     }
     // Waits for `cp.async` copies outside a ring: exactly the plan's, each right before a
@@ -510,7 +533,26 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 kp.copy_waits.of(ph).iter().filter(|&&i| i < n).count()
             })
             .sum();
-        let before_barrier = text.matches(&format!("{wait} __syncthreads();")).count();
+        let mut before_barrier = 0;
+        let is_wait = |s: &mucc::emit::ir::Stmt| {
+            matches!(s, mucc::emit::ir::Stmt::Eval(mucc::emit::ir::Expr::Call(f, _))
+                if *f == mucc::emit::ir::Func::CpAsyncWaitAll)
+        };
+        let mut lists: Vec<&[mucc::emit::ir::Stmt]> = vec![stmts];
+        mucc::emit::ir::visit(stmts, &mut |s| {
+            if let mucc::emit::ir::Stmt::Block(b)
+            | mucc::emit::ir::Stmt::If(_, b)
+            | mucc::emit::ir::Stmt::For { body: b, .. } = s
+            {
+                lists.push(b);
+            }
+        });
+        for l in lists {
+            before_barrier += l
+                .windows(2)
+                .filter(|w| is_wait(&w[0]) && matches!(w[1], mucc::emit::ir::Stmt::Barrier { .. }))
+                .count();
+        }
         want(
             before_barrier == planned,
             format!("{before_barrier} cp.async waits right before a barrier, {planned} planned"),

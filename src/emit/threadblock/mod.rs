@@ -30,7 +30,7 @@ use crate::graph::shape::Shape;
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
-use crate::sched::order::{Phase, Step};
+use crate::sched::order::{BarrierReason, Phase, Step};
 use crate::sched::plan::{GraphPlan, KernelPlan, LoopIndices, Prefetch, Ring, WriteBack};
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
@@ -62,6 +62,8 @@ pub(super) struct Ctx<'a> {
     broadcast_reads: Vec<usize>,
     /// The body as statements, up to the lines of `w` not yet moved into it ([`Ctx::flush`]).
     body: Vec<Stmt>,
+    /// The level of the statements being added (1: the kernel's body).
+    depth: usize,
     /// The pipeline ring's statements as printed: the prologue, the loop's waits for the
     /// current stage, the refill block ([`crate::emit::Emitted::rings`]).
     ring: Vec<Stmt>,
@@ -71,13 +73,23 @@ impl Ctx<'_> {
     /// Step `i` of phase `ph`'s schedule (`i` = the phase's step count: its end): first the
     /// wait for `cp.async` copies the plan puts there ([`crate::sched::plan::CopyWaits`]), then
     /// the step's barrier.
-    fn step_barrier(&mut self, ph: Phase, i: usize, barrier: bool) {
+    fn step_barrier(
+        &mut self,
+        ph: Phase,
+        i: usize,
+        barrier: Option<BarrierReason>,
+    ) -> Result<(), EmitError> {
+        let mut out = Vec::new();
         if self.kp.copy_waits.before(ph, i) {
-            self.w.line("mucc::sm80::cp_async_wait_all();");
+            out.push(Stmt::Eval(Expr::Call(Func::CpAsyncWaitAll, vec![])));
         }
-        if barrier {
-            self.w.line("__syncthreads();");
+        if let Some(reason) = barrier {
+            out.push(Stmt::Barrier {
+                reason,
+                noted: false,
+            });
         }
+        self.push(out)
     }
 
     fn err(&self, reason: String) -> EmitError {
@@ -130,18 +142,46 @@ impl Ctx<'_> {
         ctype(self.tile_dtype(t))
     }
 
-    /// Moves the lines written so far into the body's statements (as text).
-    fn flush(&mut self) {
-        let text = std::mem::replace(&mut self.w, Writer::at(1)).finish();
+    /// Moves the lines written so far into the body's statements (as text); they must have
+    /// closed every block they opened.
+    fn flush(&mut self) -> Result<(), EmitError> {
+        if self.w.level() != self.depth {
+            return Err(self.internal("statements added inside a block written as lines"));
+        }
+        let text = std::mem::replace(&mut self.w, Writer::at(self.depth)).finish();
         if !text.is_empty() {
             self.body.push(Stmt::Verbatim(text));
         }
+        Ok(())
     }
 
     /// Appends statements to the body, after the lines written so far.
-    fn push(&mut self, stmts: Vec<Stmt>) {
-        self.flush();
+    fn push(&mut self, stmts: Vec<Stmt>) -> Result<(), EmitError> {
+        self.flush()?;
         self.body.extend(stmts);
+        Ok(())
+    }
+
+    /// The statements `f` adds (lines included), one level deeper: the body of a loop or a
+    /// conditional.
+    fn nested(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<(), EmitError>,
+    ) -> Result<Vec<Stmt>, EmitError> {
+        self.flush()?;
+        let outer = std::mem::take(&mut self.body);
+        self.depth += 1;
+        self.w = Writer::at(self.depth);
+        let done = f(self).and_then(|()| self.flush());
+        self.depth -= 1;
+        self.w = Writer::at(self.depth);
+        let inner = std::mem::replace(&mut self.body, outer);
+        done.map(|()| inner)
+    }
+
+    /// A barrier for `reason` (its note printed where `noted`).
+    fn barrier(&mut self, reason: BarrierReason, noted: bool) -> Result<(), EmitError> {
+        self.push(vec![Stmt::Barrier { reason, noted }])
     }
 
     /// The pointer of tile `t` (the current pipeline slot for pipelined inputs).
@@ -326,6 +366,7 @@ pub(super) fn emit(
         broadcast_reads: Vec::new(),
         ring: Vec::new(),
         body: Vec::new(),
+        depth: 1,
     };
     if let Some(r) = &ctx.ring_plan {
         for op in r.cp_async.iter().chain(&r.tma) {
@@ -336,11 +377,11 @@ pub(super) fn emit(
     let (params, args) = signature(&ctx);
     if let Some(r) = kp.rows() {
         let stmts = ctx.rows_body(r)?;
-        ctx.push(stmts);
+        ctx.push(stmts)?;
     } else {
         tile_body(&mut ctx)?;
     }
-    ctx.flush();
+    ctx.flush()?;
     let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
     let mut text = Writer::at(1);
     for d in &ctx.alias_defs {
@@ -414,11 +455,11 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     prologue(ctx)?;
     for (i, st) in kp.schedule.pre_loop.iter().enumerate() {
         match *st {
-            Step::Barrier(_) => ctx.step_barrier(Phase::PreLoop, i, true),
+            Step::Barrier(r) => ctx.step_barrier(Phase::PreLoop, i, Some(r))?,
             Step::Run(c) => ctx.chain(c, Phase::PreLoop)?,
         }
     }
-    ctx.step_barrier(Phase::PreLoop, kp.schedule.pre_loop.len(), false);
+    ctx.step_barrier(Phase::PreLoop, kp.schedule.pre_loop.len(), None)?;
     // After the pre-loop phase: the memory of tiles that died there may hold loop state.
     accumulator_state(ctx)?;
     ctx.for_loop()?;
@@ -433,11 +474,11 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     }
     for (i, st) in kp.schedule.post_loop.iter().enumerate() {
         match *st {
-            Step::Barrier(_) => ctx.step_barrier(Phase::PostLoop, i, true),
+            Step::Barrier(r) => ctx.step_barrier(Phase::PostLoop, i, Some(r))?,
             Step::Run(c) => ctx.chain(c, Phase::PostLoop)?,
         }
     }
-    ctx.step_barrier(Phase::PostLoop, kp.schedule.post_loop.len(), false);
+    ctx.step_barrier(Phase::PostLoop, kp.schedule.post_loop.len(), None)?;
     if let Some(x) = &kp.exchange {
         exchange_end(ctx, x);
     }
@@ -627,8 +668,7 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
         );
     }
     out.extend(ctx.block_pointers()?);
-    ctx.push(out);
-    Ok(())
+    ctx.push(out)
 }
 
 /// `name = reinterpret_cast<mucc::u64*>(smem + offset)`: mbarriers in shared memory.
@@ -793,7 +833,7 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
         }
     }
     if kp.barriers.after_initial_state {
-        ctx.w.line("__syncthreads();");
+        ctx.barrier(BarrierReason::InitialState, false)?;
     }
     Ok(())
 }
@@ -803,8 +843,7 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
 fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
     let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
     if kp.barriers.before_write_back && !kp.write_backs.is_empty() {
-        ctx.w
-            .line("__syncthreads();  // the loop body's reads finish before write-backs");
+        ctx.barrier(BarrierReason::BeforeWriteBack, true)?;
     }
     for wb in &kp.write_backs {
         let h = Handle::from_index(wb.acc());
@@ -852,7 +891,7 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
     }
     combine_partials(ctx)?;
     if kp.barriers.before_finalize {
-        ctx.w.line("__syncthreads();");
+        ctx.barrier(BarrierReason::BeforeFinalize, false)?;
     }
     for (out, expr) in finalize {
         let s = tb.tensors[out].shape;
@@ -944,10 +983,7 @@ fn push_partials(
     ));
     ctx.w
         .line("mucc::sm90::cluster_wait();  // CTA 0's push barrier is initialised");
-    ctx.w.line(format!(
-        "__syncthreads();  // {}",
-        crate::sched::order::BarrierReason::BeforePush
-    ));
+    ctx.barrier(BarrierReason::BeforePush, true)?;
     let mut pushes = Vec::new();
     let mut folds = Vec::new();
     for (i, part) in c.partials.iter().enumerate() {
@@ -1004,10 +1040,10 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     let mut folds = Vec::new();
     for (i, p) in c.partials.iter().enumerate() {
         if ctx.kp.barriers.after_rescaled_folds == Some(i) {
-            folds.push(format!(
-                "__syncthreads();  // {}",
-                crate::sched::order::BarrierReason::AfterRescaledFolds
-            ));
+            folds.push(Stmt::Barrier {
+                reason: BarrierReason::AfterRescaledFolds,
+                noted: true,
+            });
         }
         use crate::sched::plan::Combine;
         let t = Handle::from_index(p.tile);
@@ -1022,25 +1058,26 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
                 let mt = Handle::from_index(max_tile);
                 let ms = tb.tensors[mt].shape;
                 let lm = ctx.tile_layout(mt, &(0..ms.rank()).collect::<Vec<_>>())?;
-                folds.push(format!(
+                folds.push(Stmt::Line(format!(
                     "mucc::tb::cluster_fold_rescaled<{nt}, {}, {}, {ctas}, {l}, {lm}, {ty}>(tid, s{}, s{max_tile});",
                     s.numel(),
                     s.dim(s.rank() - 1),
                     p.tile
-                ));
+                )));
                 continue;
             }
         };
-        folds.push(format!(
+        folds.push(Stmt::Line(format!(
             "mucc::tb::cluster_fold<{nt}, {}, {ctas}, mucc::tb::{f}, {l}, {ty}>(tid, s{});",
             s.numel(),
             p.tile
-        ));
+        )));
     }
-    ctx.w
-        .block("if (mucc::sm90::cluster_rank() == 0)", "", |w| {
-            chain::lines(w, &folds)
-        });
+    let rank0 = Expr::Eq(
+        Box::new(Expr::Call(Func::ClusterRank, vec![])),
+        Box::new(Expr::int(0)),
+    );
+    ctx.push(vec![Stmt::If(rank0, folds)])?;
     ctx.w
         .line("mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave");
     ctx.w.line("if (mucc::sm90::cluster_rank() != 0) return;");
@@ -1116,7 +1153,20 @@ impl Ctx<'_> {
         self.pipeline_prologue()?;
         let ring = self.ring_plan.clone();
         let stages = ring.as_ref().map_or(1, |r| r.stages);
-        self.w.open(format!("for (int it = {lo}; it < {hi}; ++it)"));
+        let body = self.nested(|s| s.loop_body(ring, stages))?;
+        self.push(vec![Stmt::For {
+            var: "it".into(),
+            from: lo,
+            to: hi,
+            unroll: false,
+            inline: false,
+            body,
+        }])
+    }
+
+    /// One iteration of the for-loop: its thread indices, the current stage's slots and waits,
+    /// the loop's steps and the ring's refill.
+    fn loop_body(&mut self, ring: Option<Ring>, stages: usize) -> Result<(), EmitError> {
         // Thread indices as the plan says: re-derived in every iteration from an opaque copy,
         // or the kernel's own (`LoopIndices`).
         let tid = match self.kp.loop_indices {
@@ -1174,8 +1224,8 @@ impl Ctx<'_> {
         let kp = self.kp;
         for (i, st) in kp.schedule.body.iter().enumerate() {
             match *st {
-                Step::Barrier(_) => {
-                    self.step_barrier(Phase::Loop, i, true);
+                Step::Barrier(r) => {
+                    self.step_barrier(Phase::Loop, i, Some(r))?;
                     if pending {
                         self.prefetch()?;
                         pending = false;
@@ -1185,11 +1235,9 @@ impl Ctx<'_> {
             }
         }
         if prefetch == Prefetch::EndOfBody {
-            self.w.line("__syncthreads();");
+            self.barrier(BarrierReason::BeforePrefetch, false)?;
             self.prefetch()?;
         }
-        self.step_barrier(Phase::Loop, kp.schedule.body.len(), false);
-        self.w.close("");
-        Ok(())
+        self.step_barrier(Phase::Loop, kp.schedule.body.len(), None)
     }
 }
