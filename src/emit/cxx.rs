@@ -112,6 +112,14 @@ pub fn runtime_header(h: crate::sched::plan::RuntimeHeader) -> &'static str {
     }
 }
 
+/// The runtime's fold of partial accumulators.
+pub fn fold(f: super::ir::Fold) -> &'static str {
+    match f {
+        super::ir::Fold::Sum => "mucc::tb::FoldSum",
+        super::ir::Fold::Max => "mucc::tb::FoldMax",
+    }
+}
+
 /// The storage class of a declaration of [`super::ir`], with its trailing space.
 pub fn storage(s: super::ir::Storage) -> &'static str {
     use super::ir::Storage as S;
@@ -204,6 +212,15 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::PrefetchTensormap => "mucc::sm90::prefetch_tensormap",
         F::ExchangeEpoch => "mucc::xchg::epoch",
         F::ClusterRank => "mucc::sm90::cluster_rank",
+        F::ClusterArriveRelaxed => "mucc::sm90::cluster_arrive_relaxed",
+        F::ClusterWait => "mucc::sm90::cluster_wait",
+        F::ClusterSync => "mucc::sm90::cluster_sync",
+        F::Opaque => "mucc::opaque",
+        F::ShflSync => "__shfl_sync",
+        F::TbClusterPush => "mucc::tb::cluster_push",
+        F::TbClusterFoldPushed => "mucc::tb::cluster_fold_pushed",
+        F::TbClusterFold => "mucc::tb::cluster_fold",
+        F::TbClusterFoldRescaled => "mucc::tb::cluster_fold_rescaled",
     }
 }
 
@@ -241,6 +258,7 @@ pub fn symbol(s: super::ir::Sym) -> &'static str {
         Sym::BlockDim(1) => "blockDim.y",
         Sym::BlockDim(_) => "blockDim.z",
         Sym::ExchangeHeader => "mucc::xchg::HEADER",
+        Sym::FullWarpMask => "0xffffffffu",
     }
 }
 

@@ -169,6 +169,25 @@ pub enum Func {
     ExchangeEpoch,
     /// `mucc::sm90::cluster_rank`: this CTA's rank in its cluster.
     ClusterRank,
+    /// `mucc::sm90::cluster_arrive_relaxed`: arrives at the cluster barrier without ordering.
+    ClusterArriveRelaxed,
+    /// `mucc::sm90::cluster_wait`: waits at the cluster barrier.
+    ClusterWait,
+    /// `mucc::sm90::cluster_sync`: a cluster barrier, arrive and wait.
+    ClusterSync,
+    /// `mucc::opaque`: a value the compiler may not see through (kept in a register).
+    Opaque,
+    /// `__shfl_sync`: a value from another lane of the warp.
+    ShflSync,
+    /// `mucc::tb::cluster_push`: a CTA's partial tile stored into CTA 0's slot.
+    TbClusterPush,
+    /// `mucc::tb::cluster_fold_pushed`: CTA 0 folds the pushed partials into its tile.
+    TbClusterFoldPushed,
+    /// `mucc::tb::cluster_fold`: CTA 0 folds its peers' partial tiles (distributed shared
+    /// memory).
+    TbClusterFold,
+    /// `mucc::tb::cluster_fold_rescaled`: the same for online-softmax partials.
+    TbClusterFoldRescaled,
 }
 
 /// A template argument of a runtime call.
@@ -182,6 +201,17 @@ pub enum TArg {
     Bool(bool),
     /// A type or value the generated code declares (a layout alias, a functor).
     Name(String),
+    /// How the runtime folds partial accumulators.
+    Fold(Fold),
+}
+
+/// A fold of partial accumulators into one (`mucc::tb::FoldSum`, `FoldMax`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fold {
+    /// Summed.
+    Sum,
+    /// Their maximum.
+    Max,
 }
 
 impl TArg {
@@ -231,6 +261,8 @@ pub enum Sym {
     BlockDim(usize),
     /// `mucc::xchg::HEADER`: the runtime's header bytes of an exchange region.
     ExchangeHeader,
+    /// `0xffffffffu`: every lane of a warp.
+    FullWarpMask,
 }
 
 /// The suffix of an integer literal.
@@ -455,6 +487,8 @@ pub enum Stmt {
     Noted(Box<Stmt>, String),
     /// `if (cond) stmt` on one line.
     IfLine(Expr, Box<Stmt>),
+    /// `return;`.
+    Return,
     /// `static_assert(cond, "message");`.
     StaticAssert(Expr, String),
     /// `extern __shared__ __align__(align) unsigned char name[];`: the dynamic shared memory.
@@ -601,6 +635,7 @@ fn line_of(s: &Stmt) -> Option<String> {
             format!("extern __shared__ __align__({align}) unsigned char {name}[];")
         }
         Stmt::Line(text) => text.clone(),
+        Stmt::Return => "return;".into(),
         Stmt::Barrier { reason, noted } => {
             let b = cxx::BLOCK_BARRIER;
             if *noted {
@@ -706,6 +741,7 @@ impl fmt::Display for Expr {
                         TArg::Int(v) => write!(f, "{v}")?,
                         TArg::Bool(b) => write!(f, "{b}")?,
                         TArg::Name(n) => f.write_str(n)?,
+                        TArg::Fold(c) => f.write_str(cxx::fold(*c))?,
                     }
                 }
                 f.write_str(">(")?;
@@ -814,6 +850,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Stmt::DynamicSmem { .. }
             | Stmt::Verbatim(_)
             | Stmt::Line(_)
+            | Stmt::Return
             | Stmt::Barrier { .. } => {}
         }
     }

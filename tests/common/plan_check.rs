@@ -244,6 +244,47 @@ fn zero_page(body: &[mucc::emit::ir::Stmt]) -> bool {
     })
 }
 
+/// The bounds of the kernel's for-loop over `it` among the top-level statements of `body`.
+fn loop_bounds(
+    body: &[mucc::emit::ir::Stmt],
+) -> Option<(mucc::emit::ir::Expr, mucc::emit::ir::Expr)> {
+    body.iter().find_map(|s| match s {
+        mucc::emit::ir::Stmt::For { var, from, to, .. } if var == "it" => {
+            Some((from.clone(), to.clone()))
+        }
+        _ => None,
+    })
+}
+
+/// The template arguments of every call of `func` in `stmts`, nested ones included.
+fn template_args_of(
+    stmts: &[mucc::emit::ir::Stmt],
+    func: mucc::emit::ir::Func,
+) -> Vec<Vec<mucc::emit::ir::TArg>> {
+    let mut out = Vec::new();
+    mucc::emit::ir::walk(stmts, &mut |e| {
+        if let mucc::emit::ir::Expr::TemplateCall(f, t, _) = e
+            && *f == func
+        {
+            out.push(t.clone());
+        }
+    });
+    out
+}
+
+/// The thread indices the for-loop's body declares (its first statement): name and value.
+fn loop_vars(body: &[mucc::emit::ir::Stmt]) -> Vec<(String, mucc::emit::ir::Expr)> {
+    body.iter()
+        .find_map(|s| match s {
+            mucc::emit::ir::Stmt::For { var, body, .. } if var == "it" => match body.first() {
+                Some(mucc::emit::ir::Stmt::DeclMany { vars, .. }) => Some(vars.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
 /// A TMA kernel's prologue against its plan: the dynamic shared memory aligned for the
 /// swizzled slots, the `full` mbarriers at the plan's offset, thread 0 initialising one per
 /// ring stage and prefetching every tensor map.
@@ -419,18 +460,24 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         format!("launch bounds {head}"),
     );
     // A kernel that issues wgmma derives its loop's warp index through a shuffle.
+    let loop_vars = loop_vars(stmts);
+    let uniform = loop_vars.iter().any(|(n, e)| {
+        n == "warp"
+            && matches!(e, mucc::emit::ir::Expr::Call(f, _) if *f == mucc::emit::ir::Func::ShflSync)
+    });
     want(
-        text.contains("warp = __shfl_sync(0xffffffffu, tid / 32, 0)") == kp.uniform_warp
+        uniform == kp.uniform_warp
             && kp.uniform_warp == kp.features().contains(&mucc::sched::plan::Feature::Wgmma),
         format!("uniform warp index {}", kp.uniform_warp),
     );
     // The loop derives its thread index as the plan says (a kernel over register rows has no
     // loop of its own).
     if kp.rows().is_none() {
-        let (opaque, plain) = (
-            text.contains("const int tid = mucc::opaque(tid_k),"),
-            text.contains("const int tid = tid_k,"),
-        );
+        let tid_k = mucc::emit::ir::Expr::var("tid_k");
+        let opaque_tid =
+            mucc::emit::ir::Expr::Call(mucc::emit::ir::Func::Opaque, vec![tid_k.clone()]);
+        let tid = loop_vars.iter().find(|(n, _)| n == "tid").map(|(_, e)| e);
+        let (opaque, plain) = (tid == Some(&opaque_tid), tid == Some(&tid_k));
         want(
             match kp.loop_indices {
                 mucc::sched::plan::LoopIndices::Recomputed => opaque && !plain,
@@ -491,25 +538,24 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .split
             .cluster()
             .map_or(usize::MAX, |c| c.partials[i].tile);
-        // The statement after the barrier is the fold (a line not yet built as a statement).
+        // The statement after the barrier is the fold of that tile.
+        use mucc::emit::ir::{Expr, Func, Stmt};
         let mut next = None;
         mucc::emit::ir::visit(stmts, &mut |s| {
-            if let mucc::emit::ir::Stmt::If(_, b) = s
+            if let Stmt::If(_, b) = s
                 && let Some(j) = b.iter().position(|x| {
-                    matches!(x, mucc::emit::ir::Stmt::Barrier { reason, .. }
+                    matches!(x, Stmt::Barrier { reason, .. }
                         if *reason == mucc::sched::order::BarrierReason::AfterRescaledFolds)
                 })
-                && let Some(mucc::emit::ir::Stmt::Line(l)) = b.get(j + 1)
+                && let Some(Stmt::Eval(Expr::TemplateCall(f, _, args))) = b.get(j + 1)
+                && *f == Func::TbClusterFold
             {
-                next = Some(l.clone());
+                next = Some(args.clone());
             }
         });
         want(
-            next.is_some_and(|st| {
-                st.starts_with("mucc::tb::cluster_fold<")
-                    && st.ends_with(&format!("(tid, s{tile});"))
-            }),
-            format!("the fold of s{tile} behind the {why} barrier"),
+            next == Some(vec![Expr::var("tid"), Expr::var(format!("s{tile}"))]),
+            format!("the fold of s{tile} behind the barrier: {why}"),
         );
     }
     // Waits for `cp.async` copies outside a ring: exactly the plan's, each right before a
@@ -812,82 +858,88 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     // The cluster split: this CTA's share of the loop, and a fold per partial accumulator.
     match kp.split.cluster() {
         Some(c) => {
-            let share = format!(
-                "const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * {};",
-                c.iters
-            );
+            use mucc::emit::ir::{Expr, Func, Ty, calls};
+            let share = Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
+                .times(Expr::size(c.iters));
+            let it0 = Expr::var("it0");
             want(
-                text.contains(&share)
-                    && text.contains(&format!("for (int it = it0; it < it0 + {}; ++it)", c.iters)),
-                format!("loop share `{share}`"),
+                decl_of(stmts, "it0") == Some((Ty::ConstInt, &share))
+                    && loop_bounds(stmts) == Some((it0.clone(), it0.plus(Expr::size(c.iters)))),
+                format!("a loop share of {} iterations from it0", c.iters),
             );
+            // Every call of `f` by its arguments (the tile first after `tid`).
+            let args_of = |f: Func| -> Vec<Vec<Expr>> {
+                calls(stmts, f)
+                    .into_iter()
+                    .map(|a| a.into_iter().cloned().collect())
+                    .collect()
+            };
+            let count = |f: Func| calls(stmts, f).len();
             if let Some(push) = c.gather.push() {
+                let (pushes, folds) = (
+                    args_of(Func::TbClusterPush),
+                    args_of(Func::TbClusterFoldPushed),
+                );
                 for (i, p) in c.partials.iter().enumerate() {
                     let (slot, stride) = (push.slots[i], push.strides[i]);
+                    let (tile, at) = (
+                        Expr::var(format!("s{}", p.tile)),
+                        Expr::var("smem").plus(Expr::size(slot)),
+                    );
                     want(
-                        text.lines().any(|l| {
-                            l.contains(&format!("mucc::tb::cluster_push<{nt}, "))
-                                && l.contains(&format!(", {stride}, "))
-                                && l.contains(&format!(
-                                    "(tid, s{}, smem + {slot}, push, mucc::sm90::cluster_rank());",
-                                    p.tile
-                                ))
-                        }),
+                        pushes.iter().any(|a| a[1] == tile && a[2] == at),
                         format!("a push of s{} into the slots at byte {slot}", p.tile),
                     );
                     want(
-                        text.lines().any(|l| {
-                            l.contains(&format!("mucc::tb::cluster_fold_pushed<{nt}, "))
-                                && l.contains(&format!(", {}, {stride}, mucc::tb::Fold", c.ctas))
-                                && l.contains(&format!("(tid, s{}, smem + {slot});", p.tile))
-                        }),
+                        folds.iter().any(|a| a[1..] == [tile.clone(), at.clone()]),
                         format!("a fold of the pushed s{}", p.tile),
                     );
+                    let targs = template_args_of(stmts, Func::TbClusterPush);
+                    want(
+                        targs.iter().any(|t| {
+                            t[0] == mucc::emit::ir::TArg::int(nt)
+                                && t[2] == mucc::emit::ir::TArg::int(stride)
+                        }),
+                        format!("a push of s{} at a stride of {stride}", p.tile),
+                    );
                 }
+                let push_at = Expr::Reinterpret(
+                    Ty::MuccU64Ptr,
+                    Box::new(Expr::var("smem").plus(Expr::size(push.barrier))),
+                );
                 want(
-                    text.contains(&format!(
-                        "mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + {});",
-                        push.barrier
-                    )) && text.contains(&format!(
-                        "mucc::sm90::mbar_arrive_expect_tx(push, {});",
-                        push.bytes
-                    )),
+                    decl_of(stmts, "push") == Some((Ty::MuccU64Ptr, &push_at))
+                        && args_of(Func::MbarArriveExpectTx)
+                            .contains(&vec![Expr::var("push"), Expr::size(push.bytes)]),
                     format!(
                         "the push barrier at byte {} awaiting {} bytes",
                         push.barrier, push.bytes
                     ),
                 );
                 want(
-                    text.matches("mucc::sm90::cluster_arrive_relaxed();")
-                        .count()
-                        == 1
-                        && text.matches("mucc::sm90::cluster_wait();").count() == 1
-                        && !text.contains("mucc::sm90::cluster_sync();")
-                        && !text.contains("mucc::tb::cluster_fold<"),
+                    count(Func::ClusterArriveRelaxed) == 1
+                        && count(Func::ClusterWait) == 1
+                        && count(Func::ClusterSync) == 0
+                        && count(Func::TbClusterFold) == 0,
                     "one cluster barrier (arrive before the loop, wait after), no reads of peers"
                         .into(),
                 );
             } else {
                 for p in &c.partials {
-                    let (fold, tail) = match p.combine {
-                        mucc::sched::plan::Combine::Rescaled { max_tile } => (
-                            format!("mucc::tb::cluster_fold_rescaled<{nt}, "),
-                            format!(">(tid, s{}, s{max_tile});", p.tile),
-                        ),
-                        _ => (
-                            format!("mucc::tb::cluster_fold<{nt}, "),
-                            format!(">(tid, s{});", p.tile),
-                        ),
+                    let tile = Expr::var(format!("s{}", p.tile));
+                    let found = match p.combine {
+                        mucc::sched::plan::Combine::Rescaled { max_tile } => {
+                            args_of(Func::TbClusterFoldRescaled).contains(&vec![
+                                Expr::var("tid"),
+                                tile,
+                                Expr::var(format!("s{max_tile}")),
+                            ])
+                        }
+                        _ => args_of(Func::TbClusterFold).contains(&vec![Expr::var("tid"), tile]),
                     };
-                    want(
-                        text.lines().any(|l| l.contains(&fold) && l.contains(&tail)),
-                        format!("a fold of s{}", p.tile),
-                    );
+                    want(found, format!("a fold of s{}", p.tile));
                 }
-                want(
-                    text.matches("mucc::sm90::cluster_sync();").count() == 2,
-                    "two cluster barriers".into(),
-                );
+                want(count(Func::ClusterSync) == 2, "two cluster barriers".into());
             }
         }
         None => want(
@@ -1220,7 +1272,8 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         format!("dependent launch {:?}", kp.dependent),
     );
     want(
-        text.contains("mucc::sm90::launch_dependents();") == kp.triggers_next,
+        mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::LaunchDependents).len()
+            == usize::from(kp.triggers_next),
         format!("trigger of the next launch: {}", kp.triggers_next),
     );
     if any_tma {

@@ -281,14 +281,6 @@ impl Ctx<'_> {
             .collect()
     }
 
-    /// Declarations of the current slot of each pipelined tile: (tile, C++ type, slot size).
-    pub(super) fn pipelined_slots(&self) -> Vec<(usize, &'static str, usize)> {
-        self.pipelined()
-            .into_iter()
-            .map(|(_, t, slot)| (t, self.tile_ctype(Handle::from_index(t)), slot))
-            .collect()
-    }
-
     /// The ring's prologue ([`Ring::prologue`] iterations: one group of copies and one TMA
     /// stage each) in flight before the loop.
     pub(super) fn pipeline_prologue(&mut self) -> Result<(), EmitError> {

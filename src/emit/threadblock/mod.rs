@@ -20,7 +20,7 @@ mod rows;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cxx::{self, Writer, ctype};
-use super::ir::{Expr, Func, IntType, Stmt, Sym, TArg, Ty};
+use super::ir::{Expr, Fold, Func, IntType, Stmt, Sym, TArg, Ty};
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
@@ -464,9 +464,10 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     accumulator_state(ctx)?;
     ctx.for_loop()?;
     if kp.triggers_next {
-        ctx.w.line(
-            "mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch",
-        );
+        ctx.push(vec![
+            Stmt::Eval(Expr::Call(Func::LaunchDependents, vec![]))
+                .noted("the loop is done: the next kernel may launch"),
+        ])?;
     }
     after_loop(ctx)?;
     if let Some(c) = &kp.cluster_combine {
@@ -959,6 +960,14 @@ fn cluster_combine(
     Ok(())
 }
 
+/// `mucc::sm90::cluster_rank() != 0`: the CTAs other than CTA 0.
+fn others() -> Expr {
+    Expr::Ne(
+        Box::new(Expr::Call(Func::ClusterRank, vec![])),
+        Box::new(Expr::int(0)),
+    )
+}
+
 /// "CTA 1 pushes its partial accumulators", or for larger clusters "CTAs 1..N push their …".
 fn others_push(ctas: usize) -> String {
     match ctas {
@@ -977,47 +986,86 @@ fn push_partials(
 ) -> Result<(), EmitError> {
     use crate::sched::plan::Combine;
     let (tb, nt, ctas) = (ctx.tb, ctx.nt, c.ctas);
-    ctx.w.line(format!(
-        "// cluster split: {} into CTA 0's shared memory",
-        others_push(ctas)
-    ));
-    ctx.w
-        .line("mucc::sm90::cluster_wait();  // CTA 0's push barrier is initialised");
-    ctx.barrier(BarrierReason::BeforePush, true)?;
+    ctx.push(vec![
+        Stmt::Comment(format!(
+            "cluster split: {} into CTA 0's shared memory",
+            others_push(ctas)
+        )),
+        Stmt::Eval(Expr::Call(Func::ClusterWait, vec![]))
+            .noted("CTA 0's push barrier is initialised"),
+        Stmt::Barrier {
+            reason: BarrierReason::BeforePush,
+            noted: true,
+        },
+    ])?;
     let mut pushes = Vec::new();
     let mut folds = Vec::new();
     for (i, part) in c.partials.iter().enumerate() {
         let t = Handle::from_index(part.tile);
         let s = tb.tensors[t].shape;
         let l = ctx.tile_layout(t, &(0..s.rank()).collect::<Vec<_>>())?;
-        let ty = ctx.tile_ctype(t);
+        let ty = ctx.tile_dtype(t);
         let f = match part.combine {
-            Combine::Sum => "FoldSum",
-            Combine::Max => "FoldMax",
+            Combine::Sum => Fold::Sum,
+            Combine::Max => Fold::Max,
             Combine::Rescaled { .. } => {
                 return Err(ctx.internal("a rescaled partial is pushed"));
             }
         };
         let (slot, stride, n, tile) = (p.slots[i], p.strides[i], s.numel(), part.tile);
-        pushes.push(format!(
-            "mucc::tb::cluster_push<{nt}, {n}, {stride}, {l}, {ty}>(tid, s{tile}, smem + {slot}, push, mucc::sm90::cluster_rank());"
-        ));
-        folds.push(format!(
-            "mucc::tb::cluster_fold_pushed<{nt}, {n}, {ctas}, {stride}, mucc::tb::{f}, {l}, {ty}>(tid, s{tile}, smem + {slot});"
-        ));
+        let (tile, at) = (
+            Expr::var(format!("s{tile}")),
+            Expr::var("smem").plus(Expr::size(slot)),
+        );
+        pushes.push(Stmt::Eval(Expr::TemplateCall(
+            Func::TbClusterPush,
+            vec![
+                TArg::int(nt),
+                TArg::int(n),
+                TArg::int(stride),
+                TArg::Name(l.clone()),
+                TArg::Elem(ty),
+            ],
+            vec![
+                Expr::var("tid"),
+                tile.clone(),
+                at.clone(),
+                Expr::var("push"),
+                Expr::Call(Func::ClusterRank, vec![]),
+            ],
+        )));
+        folds.push(Stmt::Eval(Expr::TemplateCall(
+            Func::TbClusterFoldPushed,
+            vec![
+                TArg::int(nt),
+                TArg::int(n),
+                TArg::int(ctas),
+                TArg::int(stride),
+                TArg::Fold(f),
+                TArg::Name(l),
+                TArg::Elem(ty),
+            ],
+            vec![Expr::var("tid"), tile, at],
+        )));
     }
-    pushes.push("return;".to_string());
-    ctx.w
-        .block("if (mucc::sm90::cluster_rank() != 0)", "", |w| {
-            chain::lines(w, &pushes)
-        });
-    ctx.w.line(format!(
-        "if (tid == 0) mucc::sm90::mbar_arrive_expect_tx(push, {});  // the pushed bytes",
-        p.bytes
-    ));
-    ctx.w.line("mucc::sm90::mbar_wait(push, 0);");
-    chain::lines(&mut ctx.w, &folds);
-    Ok(())
+    pushes.push(Stmt::Return);
+    let mut out = vec![Stmt::If(others(), pushes)];
+    out.push(
+        Stmt::IfLine(
+            Expr::Eq(Box::new(Expr::var("tid")), Box::new(Expr::int(0))),
+            Box::new(Stmt::Eval(Expr::Call(
+                Func::MbarArriveExpectTx,
+                vec![Expr::var("push"), Expr::size(p.bytes)],
+            ))),
+        )
+        .noted("the pushed bytes"),
+    );
+    out.push(Stmt::Eval(Expr::Call(
+        Func::MbarWait,
+        vec![Expr::var("push"), Expr::int(0)],
+    )));
+    out.extend(folds);
+    ctx.push(out)
 }
 
 /// Under a cluster split: the partial accumulators of its CTAs reach CTA 0, pushed
@@ -1032,11 +1080,13 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
         return push_partials(ctx, c, p);
     }
     let (tb, nt, ctas) = (ctx.tb, ctx.nt, c.ctas);
-    ctx.w.line(format!(
-        "// cluster split: CTA 0 combines the partial accumulators of the {ctas} CTAs"
-    ));
-    ctx.w
-        .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
+    ctx.push(vec![
+        Stmt::Comment(format!(
+            "cluster split: CTA 0 combines the partial accumulators of the {ctas} CTAs"
+        )),
+        Stmt::Eval(Expr::Call(Func::ClusterSync, vec![]))
+            .noted("every CTA's partials are complete"),
+    ])?;
     let mut folds = Vec::new();
     for (i, p) in c.partials.iter().enumerate() {
         if ctx.kp.barriers.after_rescaled_folds == Some(i) {
@@ -1050,38 +1100,56 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
         let s = tb.tensors[t].shape;
         let natural: Vec<usize> = (0..s.rank()).collect();
         let l = ctx.tile_layout(t, &natural)?;
-        let ty = ctx.tile_ctype(t);
-        let f = match p.combine {
-            Combine::Sum => "FoldSum",
-            Combine::Max => "FoldMax",
-            Combine::Rescaled { max_tile } => {
-                let mt = Handle::from_index(max_tile);
-                let ms = tb.tensors[mt].shape;
-                let lm = ctx.tile_layout(mt, &(0..ms.rank()).collect::<Vec<_>>())?;
-                folds.push(Stmt::Line(format!(
-                    "mucc::tb::cluster_fold_rescaled<{nt}, {}, {}, {ctas}, {l}, {lm}, {ty}>(tid, s{}, s{max_tile});",
-                    s.numel(),
-                    s.dim(s.rank() - 1),
-                    p.tile
-                )));
-                continue;
-            }
+        let ty = ctx.tile_dtype(t);
+        let tile = Expr::var(format!("s{}", p.tile));
+        if let Combine::Rescaled { max_tile } = p.combine {
+            let mt = Handle::from_index(max_tile);
+            let ms = tb.tensors[mt].shape;
+            let lm = ctx.tile_layout(mt, &(0..ms.rank()).collect::<Vec<_>>())?;
+            folds.push(Stmt::Eval(Expr::TemplateCall(
+                Func::TbClusterFoldRescaled,
+                vec![
+                    TArg::int(nt),
+                    TArg::int(s.numel()),
+                    TArg::int(s.dim(s.rank() - 1)),
+                    TArg::int(ctas),
+                    TArg::Name(l),
+                    TArg::Name(lm),
+                    TArg::Elem(ty),
+                ],
+                vec![Expr::var("tid"), tile, Expr::var(format!("s{max_tile}"))],
+            )));
+            continue;
+        }
+        // (A rescaled partial was folded above.)
+        let f = if p.combine == Combine::Max {
+            Fold::Max
+        } else {
+            Fold::Sum
         };
-        folds.push(Stmt::Line(format!(
-            "mucc::tb::cluster_fold<{nt}, {}, {ctas}, mucc::tb::{f}, {l}, {ty}>(tid, s{});",
-            s.numel(),
-            p.tile
+        folds.push(Stmt::Eval(Expr::TemplateCall(
+            Func::TbClusterFold,
+            vec![
+                TArg::int(nt),
+                TArg::int(s.numel()),
+                TArg::int(ctas),
+                TArg::Fold(f),
+                TArg::Name(l),
+                TArg::Elem(ty),
+            ],
+            vec![Expr::var("tid"), tile],
         )));
     }
     let rank0 = Expr::Eq(
         Box::new(Expr::Call(Func::ClusterRank, vec![])),
         Box::new(Expr::int(0)),
     );
-    ctx.push(vec![Stmt::If(rank0, folds)])?;
-    ctx.w
-        .line("mucc::sm90::cluster_sync();  // CTA 0 has read the partials: the others may leave");
-    ctx.w.line("if (mucc::sm90::cluster_rank() != 0) return;");
-    Ok(())
+    ctx.push(vec![
+        Stmt::If(rank0, folds),
+        Stmt::Eval(Expr::Call(Func::ClusterSync, vec![]))
+            .noted("CTA 0 has read the partials: the others may leave"),
+        Stmt::IfLine(others(), Box::new(Stmt::Return)),
+    ])
 }
 
 /// A loop iteration in a copy: the first (the tile at the block's region itself) or an
@@ -1135,19 +1203,24 @@ impl Ctx<'_> {
     /// the plan puts it ([`crate::sched::plan::Prefetch`]).
     fn for_loop(&mut self) -> Result<(), EmitError> {
         if let Some(c) = self.kp.split.cluster() {
+            let mut out = Vec::new();
             if c.gather.push().is_some() {
-                self.w.line(
-                    "mucc::sm90::cluster_arrive_relaxed();  // CTA 0's push barrier is initialised",
+                out.push(
+                    Stmt::Eval(Expr::Call(Func::ClusterArriveRelaxed, vec![]))
+                        .noted("CTA 0's push barrier is initialised"),
                 );
             }
-            self.w.line(format!(
-                "// cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
+            out.push(Stmt::Comment(format!(
+                "cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
                 c.iters
+            )));
+            out.push(Stmt::local(
+                Ty::ConstInt,
+                "it0",
+                Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
+                    .times(Expr::size(c.iters)),
             ));
-            self.w.line(format!(
-                "const int it0 = static_cast<int>(mucc::sm90::cluster_rank()) * {};",
-                c.iters
-            ));
+            self.push(out)?;
         }
         let (lo, hi) = self.loop_bounds();
         self.pipeline_prologue()?;
@@ -1169,25 +1242,38 @@ impl Ctx<'_> {
     fn loop_body(&mut self, ring: Option<Ring>, stages: usize) -> Result<(), EmitError> {
         // Thread indices as the plan says: re-derived in every iteration from an opaque copy,
         // or the kernel's own (`LoopIndices`).
+        let tid_k = Expr::var("tid_k");
         let tid = match self.kp.loop_indices {
-            LoopIndices::Recomputed => "mucc::opaque(tid_k)",
-            LoopIndices::Hoisted { .. } => "tid_k",
+            LoopIndices::Recomputed => Expr::Call(Func::Opaque, vec![tid_k]),
+            LoopIndices::Hoisted { .. } => tid_k,
         };
-        let warp = if self.kp.uniform_warp {
-            "__shfl_sync(0xffffffffu, tid / 32, 0)"
-        } else {
-            "tid / 32"
-        };
-        self.w.line(format!(
-            "const int tid = {tid}, warp = {warp}, lane = tid % 32;"
-        ));
-        self.w.line("(void)warp;");
-        self.w.line("(void)lane;");
+        let mut warp = Expr::var("tid").over(Expr::int(32));
+        if self.kp.uniform_warp {
+            warp = Expr::Call(
+                Func::ShflSync,
+                vec![Expr::Sym(Sym::FullWarpMask), warp, Expr::int(0)],
+            );
+        }
+        let mut head = vec![
+            Stmt::DeclMany {
+                ty: Ty::ConstInt,
+                vars: vec![
+                    ("tid".into(), tid),
+                    ("warp".into(), warp),
+                    ("lane".into(), Expr::var("tid").modulo(Expr::int(32))),
+                ],
+            },
+            Stmt::Eval(Expr::Void(Box::new(Expr::var("warp")))),
+            Stmt::Eval(Expr::Void(Box::new(Expr::var("lane")))),
+        ];
         if let Some(ring) = &ring {
             let slot_of = self.ring_slot("it", stages);
-            for (t, ty, slot) in self.pipelined_slots() {
-                self.w
-                    .line(format!("{ty}* s{t}_cur = s{t} + {slot_of} * {slot};"));
+            for (t, slot) in self.pipelined().into_iter().map(|(_, t, slot)| (t, slot)) {
+                head.push(Stmt::local(
+                    Ty::ElemPtr(self.tile_dtype(Handle::from_index(t))),
+                    format!("s{t}_cur"),
+                    Expr::var(format!("s{t}")).plus(slot_of.clone().times(Expr::size(slot))),
+                ));
             }
             let mut waits = Vec::new();
             if !ring.cp_async.is_empty() {
@@ -1213,9 +1299,10 @@ impl Ctx<'_> {
                     vec![Expr::var("full").plus(slot_of), parity],
                 )));
             }
-            crate::emit::ir::print(&mut self.w, &waits);
-            self.ring.extend(waits);
+            self.ring.extend(waits.iter().cloned());
+            head.extend(waits);
         }
+        self.push(head)?;
         let prefetch = self.kp.barriers.prefetch;
         if (prefetch == Prefetch::None) != ring.is_none() {
             return Err(self.internal("the plan's ring refill does not match its pipeline"));
