@@ -561,8 +561,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     // Waits for `cp.async` copies outside a ring: exactly the plan's, each right before a
     // barrier or at a phase's end.
     {
-        let wait = "mucc::sm80::cp_async_wait_all();";
-        let printed = text.matches(wait).count();
+        let printed = mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::CpAsyncWaitAll).len();
         want(
             printed == kp.copy_waits.count(),
             format!(
@@ -1196,7 +1195,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     // never beside a cp.async ring (whose groups the wait would also wait for).
     let waited = engines.contains(&CopyEngine::CpAsyncWaited);
     want(
-        text.contains("mucc::sm80::cp_async_wait_all();") == waited,
+        mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::CpAsyncWaitAll).is_empty() != waited,
         format!("cp.async waits: plan {waited}"),
     );
     want(
@@ -1277,13 +1276,20 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         format!("trigger of the next launch: {}", kp.triggers_next),
     );
     if any_tma {
-        want(
-            text.contains(&format!(
-                "mucc::sm90::mbar_arrive_expect_tx(full + 0, {});",
-                kp.tma.bytes_per_stage()
-            )) && text.contains("mucc::sm90::mbar_wait(full + "),
-            "TMA ring barriers".into(),
-        );
+        use mucc::emit::ir::{Expr, Func, calls};
+        let ring = e
+            .rings
+            .iter()
+            .find(|r| r.name == name)
+            .map_or(&[][..], |r| &r.body[..]);
+        let full0 = Expr::var("full").plus(Expr::int(0));
+        let first = calls(ring, Func::MbarArriveExpectTx)
+            .into_iter()
+            .any(|a| a == [&full0, &Expr::size(kp.tma.bytes_per_stage())]);
+        let waits = calls(stmts, Func::MbarWait)
+            .into_iter()
+            .any(|a| matches!(a[0], Expr::Add(b, _) if **b == Expr::var("full")));
+        want(first && waits, "TMA ring barriers".into());
         check_tma_barriers(stmts, kp, &mut want);
     } else {
         want(
@@ -1304,11 +1310,25 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             {
                 let t = op.outputs[0].index();
                 let slot = kp.tiles[t].as_ref().unwrap().phys_elems;
-                let decl = match kp.split.cluster() {
-                    Some(_) => format!("s{t}_cur = s{t} + ((it - it0) % {stages}) * {slot};"),
-                    None => format!("s{t}_cur = s{t} + (it % {stages}) * {slot};"),
+                use mucc::emit::ir::{Expr, Stmt};
+                let rel = match kp.split.cluster() {
+                    Some(_) => Expr::var("it").minus(Expr::var("it0")).paren(),
+                    None => Expr::var("it"),
                 };
-                want(text.contains(&decl), format!("slot `{decl}`"));
+                let at = Expr::var(format!("s{t}")).plus(
+                    rel.modulo(Expr::size(stages))
+                        .paren()
+                        .times(Expr::size(slot)),
+                );
+                let body = stmts.iter().find_map(|s| match s {
+                    Stmt::For { var, body, .. } if var == "it" => Some(&body[..]),
+                    _ => None,
+                });
+                let found = body.and_then(|b| decl_of(b, &format!("s{t}_cur")));
+                want(
+                    found.is_some_and(|(_, e)| *e == at),
+                    format!("slot s{t}_cur: {found:?}, the plan's {at}"),
+                );
             }
         }
     } else {
