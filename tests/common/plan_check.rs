@@ -646,9 +646,20 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .map(|a| a.get(9).cloned().unwrap_or_default())
             .collect();
         let wgmma_b = "mucc::tb::Load::Wgmma";
+        // The functions the kernel's statements and its ring call.
+        let ring = e
+            .rings
+            .iter()
+            .find(|r| r.name == name)
+            .map_or(&[][..], |r| &r.body[..]);
+        let called: Vec<mucc::emit::ir::Func> = mucc::emit::ir::functions(stmts)
+            .into_iter()
+            .chain(mucc::emit::ir::functions(ring))
+            .collect();
+        let calls_any = |fs: &[mucc::emit::ir::Func]| fs.iter().any(|f| called.contains(f));
         let uses = |f: F| match f {
             F::CpAsync => text.contains("mucc::tb::cp_async_chunks<"),
-            F::Tma => text.contains("mucc::sm90::tma_load("),
+            F::Tma => calls_any(&[mucc::emit::ir::Func::TmaLoad]),
             F::Ldmatrix => text.contains("mucc::tb::Load::Ldmatrix"),
             // Every Mma<…> type whose B is not read by descriptor issues mma.sync.
             F::MmaSync => b_loads.iter().any(|b| b != wgmma_b),
@@ -659,11 +670,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 text.contains("mucc::sm90::cluster_sync()")
                     || text.contains("mucc::sm90::cluster_wait()")
             }
-            F::ProgrammaticLaunch => {
-                text.contains("mucc::sm90::grid_dependency_wait()")
-                    || text.contains("mucc::sm90::launch_dependents()")
-            }
-            F::RegisterRows => text.contains("mucc::tb::block_sums<") || text.contains("row_at["),
+            F::ProgrammaticLaunch => calls_any(&[
+                mucc::emit::ir::Func::GridDependencyWait,
+                mucc::emit::ir::Func::LaunchDependents,
+            ]),
+            F::RegisterRows => calls_any(&[
+                mucc::emit::ir::Func::TbLoadRun,
+                mucc::emit::ir::Func::TbStoreRun,
+            ]),
         };
         for f in [
             F::CpAsync,
