@@ -468,6 +468,40 @@ fn a_barrier_disagreement_fails_the_check() {
     assert!(kernels >= 10, "{kernels} kernels with barriers");
 }
 
+/// The finalisation check compares the code's divisor with the plan's: for every mean or RMS
+/// accumulator of the threadblock kernels of graph 0 of every corpus file on sm_90a, a plan
+/// whose divisor is one more fails the check.
+#[test]
+fn a_divisor_disagreement_fails_the_check() {
+    use mucc::sched::ops::OpPlan;
+    let mut tried = 0;
+    each_graph0_kernel(|f, k, kp, passes| {
+        for (i, op) in kp.ops.iter().enumerate() {
+            let OpPlan::Accum {
+                divisor: Some(d), ..
+            } = op
+            else {
+                continue;
+            };
+            let mut bad = kp.clone();
+            if let OpPlan::Accum { divisor, .. } = &mut bad.ops[i] {
+                *divisor = Some(d + 1);
+            }
+            tried += 1;
+            assert!(
+                !passes(&bad),
+                "{}: kernel {k}, op{i}: a divisor of {} passes",
+                f.display(),
+                d + 1
+            );
+        }
+    });
+    assert!(
+        tried > 0,
+        "no mean or RMS accumulator in graph 0 of the corpus"
+    );
+}
+
 /// The kernel check fails when the plan's write-backs and the code disagree: for graph 0 of
 /// every corpus file on sm_90a, dropping any one write-back from a kernel's plan, or changing a
 /// fragment store into an element store, is caught.

@@ -221,6 +221,9 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::TbClusterFoldPushed => "mucc::tb::cluster_fold_pushed",
         F::TbClusterFold => "mucc::tb::cluster_fold",
         F::TbClusterFoldRescaled => "mucc::tb::cluster_fold_rescaled",
+        F::TbForEach => "mucc::tb::for_each",
+        F::ToCompute => "mucc::to_compute",
+        F::FromCompute => "mucc::from_compute",
     }
 }
 

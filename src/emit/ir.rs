@@ -188,6 +188,12 @@ pub enum Func {
     TbClusterFold,
     /// `mucc::tb::cluster_fold_rescaled`: the same for online-softmax partials.
     TbClusterFoldRescaled,
+    /// `mucc::tb::for_each`: the block's threads share a tile's elements.
+    TbForEach,
+    /// `mucc::to_compute`: a stored value in its compute type.
+    ToCompute,
+    /// `mucc::from_compute`: a computed value in a stored type.
+    FromCompute,
 }
 
 /// A template argument of a runtime call.
@@ -335,6 +341,11 @@ pub enum Expr {
     Reinterpret(Ty, Box<Expr>),
     /// `(void)e`: a value marked used.
     Void(Box<Expr>),
+    /// A floating-point constant of a compute type (`float(256.0)`, the runtime's infinities).
+    Number(f64, DType),
+    /// `L::offset(e)`: the element offset of index `e` in the layout the generated code
+    /// declares as `L`.
+    LayoutOffset(String, Box<Expr>),
 }
 
 impl Expr {
@@ -489,6 +500,16 @@ pub enum Stmt {
     IfLine(Expr, Box<Stmt>),
     /// `return;`.
     Return,
+    /// `mucc::tb::for_each<threads, n>(tid, [&](int e, int) { … });`: the block's threads
+    /// share the `n` elements of a tile, `e` the element.
+    ForEachElement {
+        /// Threads of the block.
+        threads: usize,
+        /// Elements.
+        n: usize,
+        /// What each element does.
+        body: Vec<Stmt>,
+    },
     /// `static_assert(cond, "message");`.
     StaticAssert(Expr, String),
     /// `extern __shared__ __align__(align) unsigned char name[];`: the dynamic shared memory.
@@ -644,7 +665,11 @@ fn line_of(s: &Stmt) -> Option<String> {
                 b.to_string()
             }
         }
-        Stmt::Block(_) | Stmt::If(..) | Stmt::For { .. } | Stmt::Verbatim(_) => return None,
+        Stmt::Block(_)
+        | Stmt::If(..)
+        | Stmt::For { .. }
+        | Stmt::Verbatim(_)
+        | Stmt::ForEachElement { .. } => return None,
     })
 }
 
@@ -701,6 +726,14 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         Stmt::If(cond, body) => w.block(format!("if ({cond})"), "", |w| print(w, body)),
         Stmt::For { body, .. } => w.block(for_head(s), "", |w| print(w, body)),
         Stmt::Verbatim(text) => w.verbatim(text),
+        Stmt::ForEachElement { threads, n, body } => w.block(
+            format!(
+                "{}<{threads}, {n}>(tid, [&](int e, int)",
+                cxx::function(Func::TbForEach)
+            ),
+            ");",
+            |w| print(w, body),
+        ),
         // A note on a statement of several lines goes on a line of its own before it.
         Stmt::Noted(inner, text) => {
             w.line(format!("// {text}"));
@@ -777,6 +810,8 @@ impl fmt::Display for Expr {
             Expr::Construct(d, e) => write!(f, "{}({e})", cxx::ctype(*d)),
             Expr::Reinterpret(t, e) => write!(f, "reinterpret_cast<{}>({e})", cxx::ir_type(*t)),
             Expr::Void(e) => write!(f, "(void){e}"),
+            Expr::Number(x, d) => f.write_str(&cxx::number(*x, cxx::ctype(*d))),
+            Expr::LayoutOffset(l, e) => write!(f, "{l}::offset({e})"),
         }
     }
 }
@@ -811,8 +846,9 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Expr::Unary(_, b, _)
             | Expr::Construct(_, b)
             | Expr::Reinterpret(_, b)
-            | Expr::Void(b) => expr(b, f),
-            Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) => {}
+            | Expr::Void(b)
+            | Expr::LayoutOffset(_, b) => expr(b, f),
+            Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) | Expr::Number(..) => {}
         }
     }
     fn stmt<'a>(s: &'a Stmt, f: &mut dyn FnMut(&'a Expr)) {
@@ -838,6 +874,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
                 expr(to, f);
                 body.iter().for_each(|x| stmt(x, f));
             }
+            Stmt::ForEachElement { body, .. } => body.iter().for_each(|x| stmt(x, f)),
             Stmt::Array { init, .. } => init.iter().flatten().for_each(|x| expr(x, f)),
             Stmt::Noted(s, _) => stmt(s, f),
             Stmt::IfLine(c, s) => {
@@ -901,7 +938,10 @@ pub fn visit<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Stmt)) {
     for s in stmts {
         f(s);
         match s {
-            Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => visit(b, f),
+            Stmt::Block(b)
+            | Stmt::If(_, b)
+            | Stmt::For { body: b, .. }
+            | Stmt::ForEachElement { body: b, .. } => visit(b, f),
             Stmt::Noted(inner, _) | Stmt::IfLine(_, inner) => visit(std::slice::from_ref(inner), f),
             _ => {}
         }

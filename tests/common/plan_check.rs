@@ -960,6 +960,47 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             "no cluster code without a split".into(),
         ),
     }
+    // Mean and RMS accumulators finalised with the plan's divisor, element by element.
+    for (h, top) in tb.ops.iter() {
+        use mucc::emit::ir::{Expr, Func, Stmt};
+        use mucc::graph::ops::{AccumKind, UnaryOp};
+        let TbOpKind::Accum(kind) = top.kind else {
+            continue;
+        };
+        if !matches!(kind, AccumKind::RedLdMean | AccumKind::RedLdRms) {
+            continue;
+        }
+        let OpPlan::Accum {
+            divisor: Some(d), ..
+        } = kp.ops[h.index()]
+        else {
+            want(
+                false,
+                format!("op{}: a mean or RMS without a divisor", h.index()),
+            );
+            continue;
+        };
+        let cd = g.tensors[g.ops[Handle::from_index(k)].outputs[0]]
+            .dtype
+            .compute();
+        let mean = Expr::var("v").over(Expr::Number(d as f64, cd));
+        let want_value = match kind {
+            AccumKind::RedLdRms => Expr::Unary(UnaryOp::Sqrt, Box::new(mean), cd),
+            _ => mean,
+        };
+        let tile = Expr::var(format!("s{}", top.outputs[0].index()));
+        let found = stmts.iter().any(|s| match s {
+            Stmt::ForEachElement { body, .. } => body.iter().any(|x| {
+                matches!(x, Stmt::Assign(Expr::Index(t, _), Expr::TemplateCall(Func::FromCompute, _, v))
+                    if **t == tile && v[..] == [want_value.clone()])
+            }),
+            _ => false,
+        });
+        want(
+            found,
+            format!("op{} finalised with the plan's divisor {d}", h.index()),
+        );
+    }
     // Tiles at the plan's offsets, in the plan's types; the zero page.
     for (b, kind) in kp.smem.kinds.iter().enumerate() {
         use mucc::emit::ir::{Expr, Ty};

@@ -25,7 +25,7 @@ use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
 use crate::graph::kernel::{KernelGraph, KnOp, KnOpKind};
-use crate::graph::ops::{AccumKind, TbReduction};
+use crate::graph::ops::{AccumKind, TbReduction, UnaryOp};
 use crate::graph::shape::Shape;
 use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
@@ -842,7 +842,8 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
 /// After the loop: register write-backs and the finalisation of mean and RMS accumulators, each
 /// behind the barrier the plan gives it ([`crate::sched::plan::BodyBarriers`]).
 fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
-    let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
+    let (tb, kp, nt) = (ctx.tb, ctx.kp, ctx.nt);
+    let cd = ctx.dtype().compute();
     if kp.barriers.before_write_back && !kp.write_backs.is_empty() {
         ctx.barrier(BarrierReason::BeforeWriteBack, true)?;
     }
@@ -878,15 +879,16 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
             OpPlan::Accum { divisor, .. } => *divisor,
             _ => None,
         };
-        let count = |d: Option<usize>| -> Result<String, EmitError> {
+        let mean = |d: Option<usize>| -> Result<Expr, EmitError> {
             let d = d.ok_or_else(|| ctx.internal(&format!("op{} has no divisor", h.index())))?;
-            Ok(cxx::number(d as f64, cty))
+            Ok(Expr::var("v").over(Expr::Number(d as f64, cd)))
         };
         match kind {
-            AccumKind::RedLdMean => finalize.push((out, format!("v / {}", count(divisor)?))),
-            AccumKind::RedLdRms => {
-                finalize.push((out, format!("mucc::op::sqrt(v / {})", count(divisor)?)))
-            }
+            AccumKind::RedLdMean => finalize.push((out, mean(divisor)?)),
+            AccumKind::RedLdRms => finalize.push((
+                out,
+                Expr::Unary(UnaryOp::Sqrt, Box::new(mean(divisor)?), cd),
+            )),
             _ => {}
         }
     }
@@ -898,20 +900,26 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
         let s = tb.tensors[out].shape;
         let natural: Vec<usize> = (0..s.rank()).collect();
         let l = ctx.tile_layout(out, &natural)?;
-        let ty = ctx.tile_ctype(out);
-        let (o, n) = (out.index(), s.numel());
-        ctx.w.block(
-            format!("mucc::tb::for_each<{nt}, {n}>(tid, [&](int e, int)"),
-            ");",
-            |w| {
-                w.line(format!(
-                    "const {cty} v = mucc::to_compute(s{o}[{l}::offset(e)]);"
-                ));
-                w.line(format!(
-                    "s{o}[{l}::offset(e)] = mucc::from_compute<{ty}>({expr});"
-                ));
-            },
+        let ty = ctx.tile_dtype(out);
+        let elem = Expr::Index(
+            Box::new(Expr::var(format!("s{}", out.index()))),
+            Box::new(Expr::LayoutOffset(l, Box::new(Expr::var("e")))),
         );
+        ctx.push(vec![Stmt::ForEachElement {
+            threads: nt,
+            n: s.numel(),
+            body: vec![
+                Stmt::local(
+                    Ty::ConstElem(cd),
+                    "v",
+                    Expr::Call(Func::ToCompute, vec![elem.clone()]),
+                ),
+                Stmt::Assign(
+                    elem,
+                    Expr::TemplateCall(Func::FromCompute, vec![TArg::Elem(ty)], vec![expr]),
+                ),
+            ],
+        }])?;
     }
     Ok(())
 }
