@@ -1105,6 +1105,66 @@ mod tests {
     }
 
     #[test]
+    fn kernel_statements_print_with_their_notes_and_lambdas() {
+        let mut w = Writer::at(1);
+        let elem = Expr::Index(
+            Box::new(Expr::var("s3")),
+            Box::new(Expr::LayoutOffset("L0".into(), Box::new(Expr::var("e")))),
+        );
+        let body = [
+            Stmt::DynamicSmem {
+                align: 1024,
+                name: "smem_1024".into(),
+            },
+            Stmt::IfLine(
+                Expr::Ne(
+                    Box::new(Expr::Call(Func::ClusterRank, vec![])),
+                    Box::new(Expr::int(0)),
+                ),
+                Box::new(Stmt::Return),
+            ),
+            Stmt::Barrier {
+                reason: BarrierReason::BeforeWriteBack,
+                noted: true,
+            },
+            Stmt::Barrier {
+                reason: BarrierReason::EndOfBody,
+                noted: false,
+            },
+            Stmt::ForEachElement {
+                threads: 128,
+                n: 64,
+                body: vec![Stmt::Assign(
+                    elem.clone(),
+                    Expr::TemplateCall(
+                        Func::FromCompute,
+                        vec![TArg::Elem(DType::BF16)],
+                        vec![
+                            Expr::Call(Func::ToCompute, vec![elem])
+                                .over(Expr::Number(256.0, DType::F32)),
+                        ],
+                    ),
+                )],
+            },
+        ];
+        print(&mut w, &body);
+        assert_eq!(
+            w.finish(),
+            "  extern __shared__ __align__(1024) unsigned char smem_1024[];\n  \
+             if (mucc::sm90::cluster_rank() != 0) return;\n  \
+             __syncthreads();  // the loop body's reads finish before write-backs\n  \
+             __syncthreads();\n  \
+             mucc::tb::for_each<128, 64>(tid, [&](int e, int) {\n    \
+             s3[L0::offset(e)] = mucc::from_compute<mucc::bf16>(mucc::to_compute(s3[L0::offset(e)]) / float(256.0));\n  \
+             });\n"
+        );
+        assert_eq!(
+            barriers(&body),
+            [BarrierReason::BeforeWriteBack, BarrierReason::EndOfBody]
+        );
+    }
+
+    #[test]
     fn a_long_array_takes_one_element_per_line() {
         let items: Vec<Expr> = (0..12)
             .map(|i| Expr::Buffer(BufferMethod::Input, vec![Expr::int(i), Expr::int(123456)]))
