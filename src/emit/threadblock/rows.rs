@@ -54,26 +54,18 @@ impl Ctx<'_> {
             );
         }
         // Run k of row r of a tile: its first register `at` and its first column `col`.
+        // `(a · n + b) · vec`.
+        let runs_of = |a: &str, n: usize, b: &str| {
+            Expr::var(a)
+                .times(int(n))
+                .plus(Expr::var(b))
+                .paren()
+                .times(int(vec))
+        };
         let each_run = |body: Vec<Stmt>| {
             let mut inner = vec![
-                Stmt::local(
-                    Ty::ConstInt,
-                    "at",
-                    var("r")
-                        .times(int(runs))
-                        .plus(var("k"))
-                        .paren()
-                        .times(int(vec)),
-                ),
-                Stmt::local(
-                    Ty::ConstI64,
-                    "col",
-                    var("k")
-                        .times(int(nt))
-                        .plus(var("tid"))
-                        .paren()
-                        .times(int(vec)),
-                ),
+                Stmt::local(Ty::ConstInt, "at", runs_of("r", runs, "k")),
+                Stmt::local(Ty::ConstI64, "col", runs_of("k", nt, "tid")),
             ];
             inner.extend(body);
             Stmt::for_block(
