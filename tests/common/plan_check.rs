@@ -658,7 +658,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .collect();
         let calls_any = |fs: &[mucc::emit::ir::Func]| fs.iter().any(|f| called.contains(f));
         let uses = |f: F| match f {
-            F::CpAsync => text.contains("mucc::tb::cp_async_chunks<"),
+            F::CpAsync => calls_any(&[mucc::emit::ir::Func::TbCpAsyncChunks]),
             F::Tma => calls_any(&[mucc::emit::ir::Func::TmaLoad]),
             F::Ldmatrix => text.contains("mucc::tb::Load::Ldmatrix"),
             // Every Mma<…> type whose B is not read by descriptor issues mma.sync.

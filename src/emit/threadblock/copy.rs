@@ -125,8 +125,7 @@ impl Ctx<'_> {
     pub(super) fn input_copy(&mut self, op: Handle<TbOp>, phase: Phase) -> Result<(), EmitError> {
         let t = self.tb.ops[op].outputs[0];
         if self.ring_tiles.contains(&t.index()) {
-            self.w.line("// issued ahead by the pipeline");
-            return Ok(());
+            return self.push(vec![Stmt::Comment("issued ahead by the pipeline".into())]);
         }
         let iter = if phase == Phase::Loop {
             Iteration::Expr(Expr::var("it"))
@@ -141,8 +140,7 @@ impl Ctx<'_> {
             }
         );
         let copy = self.input_copy_stmt(op, Expr::var(format!("s{}", t.index())), &iter, waited)?;
-        print(&mut self.w, &[copy]);
-        Ok(())
+        self.push(vec![copy])
     }
 
     /// The copy of an output's tile to this block's region of its device tensor.

@@ -156,7 +156,7 @@ impl Ctx<'_> {
     }
 
     /// Appends statements to the body, after the lines written so far.
-    fn push(&mut self, stmts: Vec<Stmt>) -> Result<(), EmitError> {
+    pub(super) fn push(&mut self, stmts: Vec<Stmt>) -> Result<(), EmitError> {
         self.flush()?;
         self.body.extend(stmts);
         Ok(())
