@@ -332,14 +332,10 @@ fn a_prologue_disagreement_fails_the_check() {
             let b = e.bodies.iter().position(|b| b.name == name).unwrap();
             check_kernel(pg, &e, k, kp).unwrap();
             let body = &e.bodies[b].body;
-            let plain = |s: &Stmt| match s {
-                Stmt::Noted(inner, _) => (**inner).clone(),
-                other => other.clone(),
-            };
             let mut edits: Vec<(usize, Vec<Stmt>)> = Vec::new();
             // A tile pointer one element on.
             if let Some(i) = body.iter().position(|s| {
-                matches!(plain(s), Stmt::Decl { ref name, .. } if name.starts_with('s') && name[1..].parse::<usize>().is_ok())
+                matches!(s.unnoted(), Stmt::Decl { name, .. } if name.starts_with('s') && name[1..].parse::<usize>().is_ok())
             }) {
                 let mut v = body.clone();
                 if let Stmt::Decl { init, .. } = &mut v[i] {
@@ -354,7 +350,7 @@ fn a_prologue_disagreement_fails_the_check() {
             // The zero page dropped, or added where the plan has none.
             let zero = body
                 .iter()
-                .position(|s| matches!(plain(s), Stmt::IfLine(..)));
+                .position(|s| matches!(s.unnoted(), Stmt::IfLine(..)));
             let mut v = body.clone();
             match zero {
                 Some(i) => {

@@ -574,6 +574,14 @@ impl Stmt {
         Stmt::Noted(Box::new(self), text.into())
     }
 
+    /// The statement a note follows (`self` without a note).
+    pub fn unnoted(&self) -> &Stmt {
+        match self {
+            Stmt::Noted(inner, _) => inner,
+            other => other,
+        }
+    }
+
     /// A local declaration `ty name = init;`.
     pub fn local(ty: Ty, name: impl Into<String>, init: Expr) -> Stmt {
         Stmt::Decl {

@@ -30,19 +30,7 @@ fn check_rows(
     r: &mucc::sched::rows::RegisterRows,
     want: &mut impl FnMut(bool, String),
 ) {
-    use mucc::emit::ir::{Expr, Func, Stmt, Storage, TArg, calls, functions, walk};
-    // The template arguments of every call of `func` in `stmts`, nested ones included.
-    fn targs_of(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
-        let mut out: Vec<&[TArg]> = Vec::new();
-        walk(stmts, &mut |e| {
-            if let Expr::TemplateCall(f, t, _) = e
-                && *f == func
-            {
-                out.push(t);
-            }
-        });
-        out
-    }
+    use mucc::emit::ir::{Expr, Func, Stmt, Storage, TArg, calls, functions};
     let Some(body) = e.bodies.iter().find(|b| b.name == name) else {
         want(
             false,
@@ -76,17 +64,10 @@ fn check_rows(
             r.threads, r.runs, r.vec, r.cols
         ),
     );
-    // The top-level statements, a note's statement for the note.
-    let plain = |s: &'_ Stmt| -> Stmt {
-        match s {
-            Stmt::Noted(inner, _) => (**inner).clone(),
-            other => other.clone(),
-        }
-    };
     // The row sums' static scratch: the plan's bytes, floats per sum and warp row.
     let scratch: usize = body
         .iter()
-        .map(plain)
+        .map(Stmt::unnoted)
         .filter_map(|s| match s {
             Stmt::Array {
                 storage: Storage::Shared,
@@ -105,7 +86,7 @@ fn check_rows(
         .iter()
         .filter(|(_, o)| matches!(o.kind, TbOpKind::RmsNorm))
         .count();
-    let sums = targs_of(body, Func::TbBlockSums);
+    let sums = template_args_of(body, Func::TbBlockSums);
     want(
         r.row_sums == norms
             && sums.len() == norms
@@ -155,7 +136,7 @@ fn check_rows(
             });
             rows_at == Some((vec![r.rows], offsets.clone()))
                 && calls(b, func).len() == 1
-                && targs_of(b, func) == [&targs[..]]
+                && template_args_of(b, func) == [targs.clone()]
         });
         want(
             offsets.is_some() && ok,
@@ -192,7 +173,7 @@ fn collect_decls(stmts: &[mucc::emit::ir::Stmt], name: &str, out: &mut Vec<mucc:
             Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => {
                 collect_decls(b, name, out)
             }
-            Stmt::Noted(inner, _) => collect_decls(std::slice::from_ref(inner), name, out),
+            Stmt::Noted(..) => collect_decls(std::slice::from_ref(s.unnoted()), name, out),
             _ => {}
         }
     }
@@ -205,20 +186,14 @@ fn decl_of<'a>(
     name: &str,
 ) -> Option<(mucc::emit::ir::Ty, &'a mucc::emit::ir::Expr)> {
     use mucc::emit::ir::{Init, Stmt};
-    body.iter().find_map(|s| {
-        let s = match s {
-            Stmt::Noted(inner, _) => &**inner,
-            other => other,
-        };
-        match s {
-            Stmt::Decl {
-                ty,
-                name: n,
-                init: Init::Assign(e),
-                ..
-            } if n == name => Some((*ty, e)),
-            _ => None,
-        }
+    body.iter().find_map(|s| match s.unnoted() {
+        Stmt::Decl {
+            ty,
+            name: n,
+            init: Init::Assign(e),
+            ..
+        } if n == name => Some((*ty, e)),
+        _ => None,
     })
 }
 
@@ -235,13 +210,8 @@ fn zero_page(body: &[mucc::emit::ir::Stmt]) -> bool {
     );
     let zeroed = Stmt::Assign(word, Expr::Int(0, IntType::Unsigned));
     let cond = Expr::Lt(Box::new(Expr::var("tid")), Box::new(Expr::int(4)));
-    body.iter().any(|s| {
-        let s = match s {
-            Stmt::Noted(inner, _) => &**inner,
-            other => other,
-        };
-        matches!(s, Stmt::IfLine(c, st) if *c == cond && **st == zeroed)
-    })
+    body.iter()
+        .any(|s| matches!(s.unnoted(), Stmt::IfLine(c, st) if *c == cond && **st == zeroed))
 }
 
 /// The bounds of the kernel's for-loop over `it` among the top-level statements of `body`.

@@ -968,6 +968,16 @@ fn cluster_combine(
     Ok(())
 }
 
+/// The runtime's fold of partials combined by `c`; a rescaled combine has a function of its own.
+fn fold_of(c: crate::sched::plan::Combine) -> Option<Fold> {
+    use crate::sched::plan::Combine;
+    match c {
+        Combine::Sum => Some(Fold::Sum),
+        Combine::Max => Some(Fold::Max),
+        Combine::Rescaled { .. } => None,
+    }
+}
+
 /// `mucc::sm90::cluster_rank() != 0`: the CTAs other than CTA 0.
 fn others() -> Expr {
     Expr::Ne(
@@ -992,7 +1002,6 @@ fn push_partials(
     c: &crate::sched::plan::ClusterSplit,
     p: &crate::sched::plan::PushSlots,
 ) -> Result<(), EmitError> {
-    use crate::sched::plan::Combine;
     let (tb, nt, ctas) = (ctx.tb, ctx.nt, c.ctas);
     ctx.push(vec![
         Stmt::Comment(format!(
@@ -1013,12 +1022,8 @@ fn push_partials(
         let s = tb.tensors[t].shape;
         let l = ctx.tile_layout(t, &(0..s.rank()).collect::<Vec<_>>())?;
         let ty = ctx.tile_dtype(t);
-        let f = match part.combine {
-            Combine::Sum => Fold::Sum,
-            Combine::Max => Fold::Max,
-            Combine::Rescaled { .. } => {
-                return Err(ctx.internal("a rescaled partial is pushed"));
-            }
+        let Some(f) = fold_of(part.combine) else {
+            return Err(ctx.internal("a rescaled partial is pushed"));
         };
         let (slot, stride, n, tile) = (p.slots[i], p.strides[i], s.numel(), part.tile);
         let (tile, at) = (
@@ -1129,11 +1134,8 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
             )));
             continue;
         }
-        // (A rescaled partial was folded above.)
-        let f = if p.combine == Combine::Max {
-            Fold::Max
-        } else {
-            Fold::Sum
+        let Some(f) = fold_of(p.combine) else {
+            return Err(ctx.internal("a rescaled partial without its fold"));
         };
         folds.push(Stmt::Eval(Expr::TemplateCall(
             Func::TbClusterFold,
