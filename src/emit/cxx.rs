@@ -112,6 +112,41 @@ pub fn runtime_header(h: crate::sched::plan::RuntimeHeader) -> &'static str {
     }
 }
 
+/// A static member function of the runtime's matmul classes.
+pub fn method(m: super::ir::Method) -> &'static str {
+    use super::ir::Method as M;
+    match m {
+        M::Run => "run",
+        M::Zero => "zero",
+        M::Fill => "fill",
+        M::Each => "each",
+        M::Apply => "apply",
+        M::Pack => "pack",
+        M::RowSums => "row_sums",
+        M::RunFrom => "run_from",
+        M::RunFromKeys => "run_from_keys",
+        M::OnlinePack => "online_pack",
+        M::ScaleRows => "scale_rows",
+        M::EachRow => "each_row",
+        M::CombineKeys => "combine_keys",
+        M::At => "at",
+    }
+}
+
+/// A type member of the runtime's matmul classes.
+pub fn nested(n: super::ir::Nested) -> &'static str {
+    match n {
+        super::ir::Nested::Frag => "Frag",
+        super::ir::Nested::Packed => "Packed",
+    }
+}
+
+/// The matmul classes' count of fragment rows a thread holds.
+pub const FRAGMENT_ROWS: &str = "PM";
+
+/// The runtime's max functor, a template argument of row folds.
+pub const MAX_FUNCTOR: &str = "mucc::tb::Max";
+
 /// The runtime's fold of partial accumulators.
 pub fn fold(f: super::ir::Fold) -> &'static str {
     match f {
@@ -224,6 +259,21 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::TbForEach => "mucc::tb::for_each",
         F::ToCompute => "mucc::to_compute",
         F::FromCompute => "mucc::from_compute",
+        F::TbForEachUnrolled => "mucc::tb::for_each_unrolled",
+        F::TbForEachStep => "mucc::tb::for_each_step",
+        F::TbForEachRow => "mucc::tb::for_each_row",
+        F::TbRmsRows => "mucc::tb::rms_rows",
+        F::TbRunningMax => "mucc::tb::running_max",
+        F::TbAccAdd => "mucc::tb::acc_add",
+        F::TbAccMax => "mucc::tb::acc_max",
+        F::TbAccRescale => "mucc::tb::acc_rescale",
+        F::TbMaxOf => "mucc::tb::max_of",
+        F::TbMaxJoin => "mucc::tb::Max::join",
+        F::AtomicAdd => "atomicAdd",
+        F::ExpApprox => "mucc::op::exp_approx",
+        F::ExpApproxFtz => "mucc::op::exp_approx_ftz",
+        F::SiluApprox => "mucc::op::silu_approx",
+        F::SigmoidApprox => "mucc::op::sigmoid_approx",
     }
 }
 

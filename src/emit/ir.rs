@@ -194,6 +194,38 @@ pub enum Func {
     ToCompute,
     /// `mucc::from_compute`: a computed value in a stored type.
     FromCompute,
+    /// `mucc::tb::for_each_unrolled`: [`Func::TbForEach`] with the per-thread register slot
+    /// of each element a compile-time index.
+    TbForEachUnrolled,
+    /// `mucc::tb::for_each_step`: the block's threads share a tile's runs of consecutive
+    /// elements.
+    TbForEachStep,
+    /// `mucc::tb::for_each_row`: rows of a tile summed (or folded) by groups of threads.
+    TbForEachRow,
+    /// `mucc::tb::rms_rows`: rows of rms_norm, normalised values and row totals.
+    TbRmsRows,
+    /// `mucc::tb::running_max`: a running max over the iterations and its change.
+    TbRunningMax,
+    /// `mucc::tb::acc_add`: adds into a shared-memory accumulator element.
+    TbAccAdd,
+    /// `mucc::tb::acc_max`: the maximum into a shared-memory accumulator element.
+    TbAccMax,
+    /// `mucc::tb::acc_rescale`: rescales a shared-memory accumulator element and adds.
+    TbAccRescale,
+    /// `mucc::tb::max_of`: the larger of two values.
+    TbMaxOf,
+    /// `mucc::tb::Max::join`: the larger of two values as the max functor folds them.
+    TbMaxJoin,
+    /// `atomicAdd`.
+    AtomicAdd,
+    /// `mucc::op::exp_approx`: exp through `ex2.approx`.
+    ExpApprox,
+    /// `mucc::op::exp_approx_ftz`: the same, flushing subnormals to zero.
+    ExpApproxFtz,
+    /// `mucc::op::silu_approx`: silu through `ex2.approx` and `rcp.approx`.
+    SiluApprox,
+    /// `mucc::op::sigmoid_approx`: sigmoid through `ex2.approx` and `rcp.approx`.
+    SigmoidApprox,
 }
 
 /// A template argument of a runtime call.
@@ -209,6 +241,8 @@ pub enum TArg {
     Name(String),
     /// How the runtime folds partial accumulators.
     Fold(Fold),
+    /// The runtime's max functor (`mucc::tb::Max`), which row folds take.
+    MaxFunctor,
 }
 
 /// A fold of partial accumulators into one (`mucc::tb::FoldSum`, `FoldMax`).
@@ -225,6 +259,49 @@ impl TArg {
     pub fn int(v: usize) -> TArg {
         TArg::Int(v as i128)
     }
+}
+
+/// A static member function of the runtime's matmul classes (`mucc::tb::Mma`,
+/// `mucc::tb::FmaMatmul`), called through the kernel's alias of the class (`L3::run(…)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// The product of two tiles into a fragment.
+    Run,
+    /// A fragment set to zero.
+    Zero,
+    /// A fragment set to a value.
+    Fill,
+    /// Each element of a fragment, with its row and column.
+    Each,
+    /// The product slice by slice, each element with its row and column.
+    Apply,
+    /// A fragment's values through a function, packed in the 16-bit type.
+    Pack,
+    /// The rows of a packed fragment summed by warp shuffles.
+    RowSums,
+    /// The product with a packed fragment as the A operand.
+    RunFrom,
+    /// The same over a warp's share of a key split.
+    RunFromKeys,
+    /// exp(S − m) packed, with the running max, its rescaling factors and the row sums.
+    OnlinePack,
+    /// The rows of a fragment scaled.
+    ScaleRows,
+    /// Each fragment row a thread holds first.
+    EachRow,
+    /// The warps of a key split combined into the accumulators' tiles.
+    CombineKeys,
+    /// One element of an FMA product.
+    At,
+}
+
+/// A type member of the runtime's matmul classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nested {
+    /// The accumulator fragment of a warp.
+    Frag,
+    /// A fragment packed in the 16-bit type.
+    Packed,
 }
 
 /// A method of `mucc::host::Buffers` (the host entry's `buf`).
@@ -346,6 +423,11 @@ pub enum Expr {
     /// `L::offset(e)`: the element offset of index `e` in the layout the generated code
     /// declares as `L`.
     LayoutOffset(String, Box<Expr>),
+    /// `Class::method<targs>(args)`: a static member of a runtime class through the kernel's
+    /// alias `Class` (template arguments printed only when there are some).
+    Member(String, Method, Vec<TArg>, Vec<Expr>),
+    /// `Class::PM`: fragment rows a thread holds in a matmul class.
+    FragmentRows(String),
 }
 
 impl Expr {
@@ -429,6 +511,41 @@ pub enum Init {
     Array(Vec<Expr>),
 }
 
+/// A parameter of a lambda: its type and name (none for a parameter the body ignores).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    /// The type.
+    pub ty: Ty,
+    /// The name.
+    pub name: Option<String>,
+}
+
+impl Param {
+    /// A named parameter.
+    pub fn named(ty: Ty, name: &str) -> Param {
+        Param {
+            ty,
+            name: Some(name.into()),
+        }
+    }
+}
+
+/// A lambda capturing by reference: `[&](params) { body }`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lambda {
+    /// Its parameters.
+    pub params: Vec<Param>,
+    /// Its body.
+    pub body: Vec<Stmt>,
+}
+
+impl Lambda {
+    /// A lambda of `params` running `body`.
+    pub fn new(params: Vec<Param>, body: Vec<Stmt>) -> Lambda {
+        Lambda { params, body }
+    }
+}
+
 /// A statement.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt {
@@ -498,17 +615,44 @@ pub enum Stmt {
     Noted(Box<Stmt>, String),
     /// `if (cond) stmt` on one line.
     IfLine(Expr, Box<Stmt>),
-    /// `return;`.
-    Return,
-    /// `mucc::tb::for_each<threads, n>(tid, [&](int e, int) { … });`: the block's threads
-    /// share the `n` elements of a tile, `e` the element.
-    ForEachElement {
-        /// Threads of the block.
-        threads: usize,
-        /// Elements.
-        n: usize,
-        /// What each element does.
-        body: Vec<Stmt>,
+    /// `return;`, or `return e;`.
+    Return(Option<Expr>),
+    /// `if (cond) a` and `else b` on two lines.
+    IfElseLine(Expr, Box<Stmt>, Box<Stmt>),
+    /// A call whose last argument is a lambda written after the call's own arguments:
+    /// `f(args…, [&](params) { … });` (the runtime's thread loops, the matmul's element walks).
+    CallWith {
+        /// The call without the lambda ([`Expr::Call`] or [`Expr::TemplateCall`]).
+        call: Expr,
+        /// The lambda.
+        lambda: Lambda,
+    },
+    /// `auto name = [&](params) { … };`.
+    LambdaDecl {
+        /// Its name.
+        name: String,
+        /// The lambda.
+        lambda: Lambda,
+    },
+    /// A comment broken into `// ` lines that fit the line width at the level it is printed.
+    Remark(String),
+    /// `Class::Nested name;`: an object of a runtime class's member type.
+    NestedDecl {
+        /// The kernel's alias of the class.
+        class: String,
+        /// The member type.
+        ty: Nested,
+        /// The object's name.
+        name: String,
+    },
+    /// `ty a[d0][d1], b[d0][d1];`: local arrays of one type and extents given by expressions.
+    Arrays {
+        /// The element type.
+        ty: Ty,
+        /// Each array's name.
+        names: Vec<String>,
+        /// Their extents.
+        dims: Vec<Expr>,
     },
     /// `static_assert(cond, "message");`.
     StaticAssert(Expr, String),
@@ -580,6 +724,28 @@ impl Stmt {
             Stmt::Noted(inner, _) => inner,
             other => other,
         }
+    }
+
+    /// `func<targs>(tid, [&](params) { body });`: one of the runtime's loops that share work
+    /// among the block's threads.
+    pub fn thread_loop(func: Func, targs: Vec<TArg>, params: Vec<Param>, body: Vec<Stmt>) -> Stmt {
+        Stmt::CallWith {
+            call: Expr::TemplateCall(func, targs, vec![Expr::var("tid")]),
+            lambda: Lambda::new(params, body),
+        }
+    }
+
+    /// `auto name = [&](params) { body };`.
+    pub fn lambda(name: &str, params: Vec<Param>, body: Vec<Stmt>) -> Stmt {
+        Stmt::LambdaDecl {
+            name: name.into(),
+            lambda: Lambda::new(params, body),
+        }
+    }
+
+    /// `e;`.
+    pub fn eval(e: Expr) -> Stmt {
+        Stmt::Eval(e)
     }
 
     /// A local declaration `ty name = init;`.
@@ -664,7 +830,16 @@ fn line_of(s: &Stmt) -> Option<String> {
             format!("extern __shared__ __align__({align}) unsigned char {name}[];")
         }
         Stmt::Line(text) => text.clone(),
-        Stmt::Return => "return;".into(),
+        Stmt::NestedDecl { class, ty, name } => {
+            format!("{class}::{} {name};", cxx::nested(*ty))
+        }
+        Stmt::Arrays { ty, names, dims } => {
+            let extents: String = dims.iter().map(|d| format!("[{d}]")).collect();
+            let arrays: Vec<String> = names.iter().map(|n| format!("{n}{extents}")).collect();
+            format!("{} {};", cxx::ir_type(*ty), arrays.join(", "))
+        }
+        Stmt::Return(None) => "return;".into(),
+        Stmt::Return(Some(e)) => format!("return {e};"),
         Stmt::Barrier { reason, noted } => {
             let b = cxx::BLOCK_BARRIER;
             if *noted {
@@ -677,7 +852,10 @@ fn line_of(s: &Stmt) -> Option<String> {
         | Stmt::If(..)
         | Stmt::For { .. }
         | Stmt::Verbatim(_)
-        | Stmt::ForEachElement { .. } => return None,
+        | Stmt::IfElseLine(..)
+        | Stmt::CallWith { .. }
+        | Stmt::LambdaDecl { .. }
+        | Stmt::Remark(_) => return None,
     })
 }
 
@@ -689,6 +867,19 @@ fn for_head(s: &Stmt) -> String {
         }
         _ => String::new(),
     }
+}
+
+/// `[&](params)` of a lambda.
+fn lambda_head(l: &Lambda) -> String {
+    let params: Vec<String> = l
+        .params
+        .iter()
+        .map(|p| match &p.name {
+            Some(n) => format!("{} {n}", cxx::ir_type(p.ty)),
+            None => cxx::ir_type(p.ty).into_owned(),
+        })
+        .collect();
+    format!("[&]({})", params.join(", "))
 }
 
 fn print_stmt(w: &mut Writer, s: &Stmt) {
@@ -734,14 +925,30 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         Stmt::If(cond, body) => w.block(format!("if ({cond})"), "", |w| print(w, body)),
         Stmt::For { body, .. } => w.block(for_head(s), "", |w| print(w, body)),
         Stmt::Verbatim(text) => w.verbatim(text),
-        Stmt::ForEachElement { threads, n, body } => w.block(
-            format!(
-                "{}<{threads}, {n}>(tid, [&](int e, int)",
-                cxx::function(Func::TbForEach)
-            ),
-            ");",
-            |w| print(w, body),
-        ),
+        Stmt::IfElseLine(cond, a, b) => {
+            if let (Some(a), Some(b)) = (line_of(a), line_of(b)) {
+                w.line(format!("if ({cond}) {a}"));
+                w.line(format!("else {b}"));
+            }
+        }
+        Stmt::CallWith { call, lambda } => {
+            let text = call.to_string();
+            let head = text.strip_suffix(')').unwrap_or(&text);
+            let sep = if head.ends_with('(') { "" } else { ", " };
+            w.block(format!("{head}{sep}{}", lambda_head(lambda)), ");", |w| {
+                print(w, &lambda.body)
+            })
+        }
+        Stmt::LambdaDecl { name, lambda } => {
+            w.block(format!("auto {name} = {}", lambda_head(lambda)), ";", |w| {
+                print(w, &lambda.body)
+            })
+        }
+        Stmt::Remark(text) => {
+            for l in cxx::comment(text, 2 * w.level()) {
+                w.line(l);
+            }
+        }
         // A note on a statement of several lines goes on a line of its own before it.
         Stmt::Noted(inner, text) => {
             w.line(format!("// {text}"));
@@ -749,6 +956,24 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         }
         _ => {}
     }
+}
+
+/// Template arguments separated by commas.
+fn template_args_text(f: &mut fmt::Formatter<'_>, targs: &[TArg]) -> fmt::Result {
+    for (i, t) in targs.iter().enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        match t {
+            TArg::Elem(d) => f.write_str(cxx::ctype(*d))?,
+            TArg::Int(v) => write!(f, "{v}")?,
+            TArg::Bool(b) => write!(f, "{b}")?,
+            TArg::Name(n) => f.write_str(n)?,
+            TArg::Fold(c) => f.write_str(cxx::fold(*c))?,
+            TArg::MaxFunctor => f.write_str(cxx::MAX_FUNCTOR)?,
+        }
+    }
+    Ok(())
 }
 
 impl fmt::Display for Expr {
@@ -773,18 +998,7 @@ impl fmt::Display for Expr {
             }
             Expr::TemplateCall(func, targs, a) => {
                 write!(f, "{}<", cxx::function(*func))?;
-                for (i, t) in targs.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    match t {
-                        TArg::Elem(d) => f.write_str(cxx::ctype(*d))?,
-                        TArg::Int(v) => write!(f, "{v}")?,
-                        TArg::Bool(b) => write!(f, "{b}")?,
-                        TArg::Name(n) => f.write_str(n)?,
-                        TArg::Fold(c) => f.write_str(cxx::fold(*c))?,
-                    }
-                }
+                template_args_text(f, targs)?;
                 f.write_str(">(")?;
                 args(f, a)?;
                 f.write_char(')')
@@ -820,6 +1034,18 @@ impl fmt::Display for Expr {
             Expr::Void(e) => write!(f, "(void){e}"),
             Expr::Number(x, d) => f.write_str(&cxx::number(*x, cxx::ctype(*d))),
             Expr::LayoutOffset(l, e) => write!(f, "{l}::offset({e})"),
+            Expr::Member(class, m, targs, a) => {
+                write!(f, "{class}::{}", cxx::method(*m))?;
+                if !targs.is_empty() {
+                    f.write_char('<')?;
+                    template_args_text(f, targs)?;
+                    f.write_char('>')?;
+                }
+                f.write_char('(')?;
+                args(f, a)?;
+                f.write_char(')')
+            }
+            Expr::FragmentRows(class) => write!(f, "{class}::{}", cxx::FRAGMENT_ROWS),
         }
     }
 }
@@ -830,9 +1056,10 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
     fn expr<'a>(e: &'a Expr, f: &mut dyn FnMut(&'a Expr)) {
         f(e);
         match e {
-            Expr::Call(_, a) | Expr::TemplateCall(_, _, a) | Expr::Buffer(_, a) => {
-                a.iter().for_each(|x| expr(x, f))
-            }
+            Expr::Call(_, a)
+            | Expr::TemplateCall(_, _, a)
+            | Expr::Buffer(_, a)
+            | Expr::Member(_, _, _, a) => a.iter().for_each(|x| expr(x, f)),
             Expr::GroupedCall(_, groups) => groups.iter().flatten().for_each(|x| expr(x, f)),
             Expr::Add(a, b)
             | Expr::Sub(a, b)
@@ -856,7 +1083,12 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Expr::Reinterpret(_, b)
             | Expr::Void(b)
             | Expr::LayoutOffset(_, b) => expr(b, f),
-            Expr::Int(..) | Expr::Var(_) | Expr::Sym(_) | Expr::Object(_) | Expr::Number(..) => {}
+            Expr::Int(..)
+            | Expr::Var(_)
+            | Expr::Sym(_)
+            | Expr::Object(_)
+            | Expr::Number(..)
+            | Expr::FragmentRows(_) => {}
         }
     }
     fn stmt<'a>(s: &'a Stmt, f: &mut dyn FnMut(&'a Expr)) {
@@ -882,7 +1114,17 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
                 expr(to, f);
                 body.iter().for_each(|x| stmt(x, f));
             }
-            Stmt::ForEachElement { body, .. } => body.iter().for_each(|x| stmt(x, f)),
+            Stmt::CallWith { call, lambda } => {
+                expr(call, f);
+                lambda.body.iter().for_each(|x| stmt(x, f));
+            }
+            Stmt::LambdaDecl { lambda, .. } => lambda.body.iter().for_each(|x| stmt(x, f)),
+            Stmt::Return(e) => e.iter().for_each(|x| expr(x, f)),
+            Stmt::IfElseLine(c, a, b) => {
+                expr(c, f);
+                stmt(a, f);
+                stmt(b, f);
+            }
             Stmt::Array { init, .. } => init.iter().flatten().for_each(|x| expr(x, f)),
             Stmt::Noted(s, _) => stmt(s, f),
             Stmt::IfLine(c, s) => {
@@ -895,8 +1137,10 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Stmt::DynamicSmem { .. }
             | Stmt::Verbatim(_)
             | Stmt::Line(_)
-            | Stmt::Return
+            | Stmt::Remark(_)
+            | Stmt::NestedDecl { .. }
             | Stmt::Barrier { .. } => {}
+            Stmt::Arrays { dims, .. } => dims.iter().for_each(|x| expr(x, f)),
         }
     }
     stmts.iter().for_each(|s| stmt(s, f));
@@ -949,8 +1193,19 @@ pub fn visit<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Stmt)) {
             Stmt::Block(b)
             | Stmt::If(_, b)
             | Stmt::For { body: b, .. }
-            | Stmt::ForEachElement { body: b, .. } => visit(b, f),
+            | Stmt::CallWith {
+                lambda: Lambda { body: b, .. },
+                ..
+            }
+            | Stmt::LambdaDecl {
+                lambda: Lambda { body: b, .. },
+                ..
+            } => visit(b, f),
             Stmt::Noted(inner, _) | Stmt::IfLine(_, inner) => visit(std::slice::from_ref(inner), f),
+            Stmt::IfElseLine(_, a, b) => {
+                visit(std::slice::from_ref(a), f);
+                visit(std::slice::from_ref(b), f);
+            }
             _ => {}
         }
     }
@@ -1129,7 +1384,7 @@ mod tests {
                     Box::new(Expr::Call(Func::ClusterRank, vec![])),
                     Box::new(Expr::int(0)),
                 ),
-                Box::new(Stmt::Return),
+                Box::new(Stmt::Return(None)),
             ),
             Stmt::Barrier {
                 reason: BarrierReason::BeforeWriteBack,
@@ -1139,10 +1394,17 @@ mod tests {
                 reason: BarrierReason::EndOfBody,
                 noted: false,
             },
-            Stmt::ForEachElement {
-                threads: 128,
-                n: 64,
-                body: vec![Stmt::Assign(
+            Stmt::thread_loop(
+                Func::TbForEach,
+                vec![TArg::int(128), TArg::int(64)],
+                vec![
+                    Param::named(Ty::Int, "e"),
+                    Param {
+                        ty: Ty::Int,
+                        name: None,
+                    },
+                ],
+                vec![Stmt::Assign(
                     elem.clone(),
                     Expr::TemplateCall(
                         Func::FromCompute,
@@ -1153,7 +1415,33 @@ mod tests {
                         ],
                     ),
                 )],
-            },
+            ),
+            Stmt::Remark("op3 silu -> op4 mul -> op5 div -> op6 sqrt -> op7 output, a chain of five operators whose names make a line too long to print on one".into()),
+            Stmt::Block(vec![
+                Stmt::lambda(
+                    "elem",
+                    vec![Param::named(Ty::Int, "row"), Param::named(Ty::Int, "j")],
+                    vec![
+                        Stmt::Decl {
+                            storage: Storage::Auto,
+                            ty: Ty::Elem(DType::F32),
+                            name: "v".into(),
+                            init: Init::None,
+                        },
+                        Stmt::IfElseLine(
+                            Expr::Lt(Box::new(Expr::var("j")), Box::new(Expr::int(8))),
+                            Box::new(Stmt::Assign(Expr::var("v"), Expr::var("a"))),
+                            Box::new(Stmt::Assign(Expr::var("v"), Expr::var("b"))),
+                        ),
+                        Stmt::Return(Some(Expr::var("v").times(Expr::var("v")))),
+                    ],
+                ),
+                Stmt::Eval(Expr::TemplateCall(
+                    Func::TbForEachRow,
+                    vec![TArg::int(128), TArg::int(2), TArg::int(4), TArg::int(16), TArg::Elem(DType::F32), TArg::int(1), TArg::MaxFunctor],
+                    vec![Expr::var("tid"), Expr::var("elem"), Expr::var("sink")],
+                )),
+            ]),
         ];
         print(&mut w, &body);
         assert_eq!(
@@ -1164,7 +1452,18 @@ mod tests {
              __syncthreads();\n  \
              mucc::tb::for_each<128, 64>(tid, [&](int e, int) {\n    \
              s3[L0::offset(e)] = mucc::from_compute<mucc::bf16>(mucc::to_compute(s3[L0::offset(e)]) / float(256.0));\n  \
-             });\n"
+             });\n  \
+             // op3 silu -> op4 mul -> op5 div -> op6 sqrt -> op7 output, a chain of five operators whose names make a line too\n  \
+             // long to print on one\n  \
+             {\n    \
+             auto elem = [&](int row, int j) {\n      \
+             float v;\n      \
+             if (j < 8) v = a;\n      \
+             else v = b;\n      \
+             return v * v;\n    \
+             };\n    \
+             mucc::tb::for_each_row<128, 2, 4, 16, float, 1, mucc::tb::Max>(tid, elem, sink);\n  \
+             }\n"
         );
         assert_eq!(
             barriers(&body),

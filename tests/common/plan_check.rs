@@ -644,10 +644,13 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 mucc::emit::ir::Func::GridDependencyWait,
                 mucc::emit::ir::Func::LaunchDependents,
             ]),
-            F::RegisterRows => calls_any(&[
-                mucc::emit::ir::Func::TbLoadRun,
-                mucc::emit::ir::Func::TbStoreRun,
-            ]),
+            // Runs loaded or stored outside the threads' element loops (a chain's vector loads
+            // are inside them).
+            F::RegisterRows => {
+                let outside = functions_outside_lambdas(stmts);
+                outside.contains(&mucc::emit::ir::Func::TbLoadRun)
+                    || outside.contains(&mucc::emit::ir::Func::TbStoreRun)
+            }
         };
         for f in [
             F::CpAsync,
@@ -960,7 +963,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         };
         let tile = Expr::var(format!("s{}", top.outputs[0].index()));
         let found = stmts.iter().any(|s| match s {
-            Stmt::ForEachElement { body, .. } => body.iter().any(|x| {
+            Stmt::CallWith {
+                call: Expr::TemplateCall(Func::TbForEach, ..),
+                lambda,
+            } => lambda.body.iter().any(|x| {
                 matches!(x, Stmt::Assign(Expr::Index(t, _), Expr::TemplateCall(Func::FromCompute, _, v))
                     if **t == tile && v[..] == [want_value.clone()])
             }),
@@ -1902,4 +1908,26 @@ pub fn check_host(e: &Emitted) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The functions `stmts` call outside lambdas (the runtime's thread loops and the named
+/// lambdas of row passes), nested in blocks, loops and conditionals.
+fn functions_outside_lambdas(stmts: &[mucc::emit::ir::Stmt]) -> Vec<mucc::emit::ir::Func> {
+    use mucc::emit::ir::Stmt;
+    let mut out = Vec::new();
+    for s in stmts {
+        let found = match s.unnoted() {
+            Stmt::CallWith { .. } | Stmt::LambdaDecl { .. } => Vec::new(),
+            Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => {
+                functions_outside_lambdas(b)
+            }
+            other => mucc::emit::ir::functions(std::slice::from_ref(other)),
+        };
+        for f in found {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    out
 }

@@ -1,11 +1,12 @@
 //! One pass per chain: the leader computes a value (element-wise operators, a row of rms_norm,
 //! a reduction; matmuls in [`super::matmul`], copies in [`super::copy`]), the fused unary
 //! operators transform it in registers, and the sink stores or accumulates it, as the chain's
-//! plan says.
+//! plan says. Every pass is built as statements ([`crate::emit::ir`]).
 
 use super::Ctx;
 use crate::emit::EmitError;
-use crate::emit::cxx;
+use crate::emit::ir::{Expr, Func, Init, Param, Stmt, TArg, Ty};
+use crate::graph::DType;
 use crate::graph::arena::Handle;
 use crate::graph::ops::{AccumKind, TbReduction};
 use crate::graph::shape::Shape;
@@ -17,6 +18,58 @@ use crate::sched::plan::{ApproxExp, ChainPlan, Sink};
 /// Natural (row-major) order of a shape's dims.
 pub(super) fn natural(s: &Shape) -> Vec<usize> {
     (0..s.rank()).collect()
+}
+
+/// A variable.
+fn var(name: &str) -> Expr {
+    Expr::var(name)
+}
+
+/// An integer constant.
+fn int(v: usize) -> Expr {
+    Expr::size(v)
+}
+
+/// `base[index]`.
+pub(super) fn at(base: Expr, index: Expr) -> Expr {
+    Expr::Index(Box::new(base), Box::new(index))
+}
+
+/// `p[L::offset(e)]`: element `e` of a tile or tensor `p` through layout `l`.
+pub(super) fn elem_at(p: &str, l: String, e: Expr) -> Expr {
+    at(var(p), Expr::LayoutOffset(l, Box::new(e)))
+}
+
+/// `(void)name;`.
+pub(super) fn unused(name: &str) -> Stmt {
+    Stmt::Eval(Expr::Void(Box::new(var(name))))
+}
+
+/// An `int` parameter.
+pub(super) fn int_param(name: &str) -> Param {
+    Param::named(Ty::Int, name)
+}
+
+/// An `int` parameter the lambda ignores.
+pub(super) fn unnamed_int() -> Param {
+    Param {
+        ty: Ty::Int,
+        name: None,
+    }
+}
+
+/// `call(args);` as a statement.
+fn call(f: Func, args: Vec<Expr>) -> Stmt {
+    Stmt::Eval(Expr::Call(f, args))
+}
+
+/// The first element of a run read by [`Ctx::tile_read`] (`in0_[j]` → `in0_[0]`); a broadcast
+/// read is the same for every element.
+fn first_of_run(e: &Expr) -> Expr {
+    match e {
+        Expr::Index(b, j) if **j == var("j") => at((**b).clone(), int(0)),
+        other => other.clone(),
+    }
 }
 
 impl Ctx<'_> {
@@ -31,57 +84,53 @@ impl Ctx<'_> {
             .iter()
             .map(|&o| format!("op{} {}", o.index(), self.tb.ops[o].kind.name()))
             .collect();
-        for l in cxx::comment(&names.join(" -> "), 2 * self.w.level()) {
-            self.w.line(l);
-        }
+        self.push(vec![Stmt::Remark(names.join(" -> "))])?;
         if let Some(p) = self.kp.pipe_into(c) {
             let producer = self.kp.fusion.chains[p.producer].leader().index();
-            self.w.line(format!(
-                "// runs in op{producer}'s chain: s{} stays in registers (register pipe)",
+            return self.push(vec![Stmt::Comment(format!(
+                "runs in op{producer}'s chain: s{} stays in registers (register pipe)",
                 p.tile
-            ));
-            return Ok(());
+            ))]);
         }
         if let Some(p) = self.kp.pipe_from(c).cloned() {
             return self.pipe_chain(lead, &cp, &p);
         }
-        match &lop.kind {
-            TbOpKind::Input { .. } => self.input_copy(lead, phase),
-            TbOpKind::Output { .. } => self.output_copy(lead),
-            TbOpKind::Matmul => self.matmul_chain(lead, &cp),
-            TbOpKind::RmsNorm => self.rms_chain(lead, &lop, &cp),
+        let stmts = match &lop.kind {
+            TbOpKind::Input { .. } => return self.input_copy(lead, phase),
+            TbOpKind::Output { .. } => return self.output_copy(lead),
+            TbOpKind::Matmul => return self.matmul_chain(lead, &cp),
+            TbOpKind::RmsNorm => self.rms_chain(lead, &lop, &cp)?,
             TbOpKind::Reduction {
                 dim,
                 kind: TbReduction::Max,
-            } => self.running_max(&lop, *dim),
-            TbOpKind::Reduction { dim, kind } => self.reduction_chain(lead, &lop, *dim, *kind, &cp),
-            _ => self.elementwise_chain(&lop, &cp),
-        }
+            } => self.running_max(&lop, *dim)?,
+            TbOpKind::Reduction { dim, kind } => {
+                self.reduction_chain(lead, &lop, *dim, *kind, &cp)?
+            }
+            _ => self.elementwise_chain(&lop, &cp)?,
+        };
+        self.push(stmts)
     }
 
     /// `v = u(v);` for each unary member of chain plan `cp` (the last one's `exp`
     /// approximate where the plan says so), `v = b(v, side);` (or `b(side, v)`) for each
     /// binary member, its side tile read at element `at.2` of `at.0` walked in `at.1` (chains
     /// with binary members are element-wise, so their emitters pass `at`).
-    pub(super) fn member_lines(
+    pub(super) fn member_stmts(
         &mut self,
         cp: &ChainPlan,
-        at: Option<(&Shape, &[usize], &str)>,
-    ) -> Result<Vec<String>, EmitError> {
-        let c = self.compute();
+        at: Option<(&Shape, &[usize], &Expr)>,
+    ) -> Result<Vec<Stmt>, EmitError> {
+        let c = self.dtype().compute();
         let n = cp.members.len();
-        let mut lines = Vec::new();
+        let mut out = Vec::new();
         for (i, &m) in cp.members.iter().enumerate() {
             match &self.tb.ops[m].kind {
                 TbOpKind::Unary(u) => {
-                    lines.push(format!(
-                        "v = {};",
-                        unary(
-                            u,
-                            cp.approx_exp.filter(|_| i + 1 == n),
-                            cp.approx_logistic,
-                            c
-                        )
+                    let approx = cp.approx_exp.filter(|_| i + 1 == n);
+                    out.push(Stmt::Assign(
+                        var("v"),
+                        unary(u, approx, cp.approx_logistic, c),
                     ));
                 }
                 TbOpKind::Binary(b) => {
@@ -94,19 +143,22 @@ impl Ctx<'_> {
                         )));
                     };
                     let x = self.tile_read(side, space, order, e)?;
-                    lines.push(format!("const {c} side{i} = {x};"));
-                    let side = format!("side{i}");
+                    let name = format!("side{i}");
+                    out.push(Stmt::local(Ty::ConstElem(c), name.clone(), x));
                     let (l, r) = if value == 0 {
-                        ("v", side.as_str())
+                        (var("v"), var(&name))
                     } else {
-                        (side.as_str(), "v")
+                        (var(&name), var("v"))
                     };
-                    lines.push(format!("v = {};", cxx::binary(*b, l, r)));
+                    out.push(Stmt::Assign(
+                        var("v"),
+                        Expr::Binary(*b, Box::new(l), Box::new(r)),
+                    ));
                 }
                 _ => {}
             }
         }
-        Ok(lines)
+        Ok(out)
     }
 
     /// The plan's row split of `op` (a row-reducing operator or accumulator).
@@ -122,74 +174,83 @@ impl Ctx<'_> {
 
     /// Statements storing or accumulating `v` (compute type) at element `e` of the chain's
     /// space `space` walked in `order`; `r` is the per-thread register slot.
-    pub(super) fn sink_lines(
+    pub(super) fn sink_stmts(
         &mut self,
         sink: Sink,
         space: &Shape,
         order: &[usize],
-        e: &str,
-        r: &str,
-    ) -> Result<Vec<String>, EmitError> {
+        e: &Expr,
+        r: &Expr,
+    ) -> Result<Vec<Stmt>, EmitError> {
         Ok(match sink {
             Sink::Tile(t) => {
                 let l = self.tile_layout(t, order)?;
-                let ty = self.tile_ctype(t);
+                let ty = self.tile_dtype(t);
                 let p = self.tile_ref(t);
-                let v = self.stored_value(t, "v");
-                vec![format!(
-                    "{p}[{l}::offset({e})] = mucc::from_compute<{ty}>({v});"
+                let v = self.stored_value(t, var("v"));
+                vec![Stmt::Assign(
+                    elem_at(&p, l, e.clone()),
+                    Expr::TemplateCall(Func::FromCompute, vec![TArg::Elem(ty)], vec![v]),
                 )]
             }
             Sink::Global(o) => {
                 let (p, l) = self.global_out(o, space, order)?;
-                vec![format!(
-                    "{p}[{l}::offset({e})] = mucc::from_compute<{}>(v);",
-                    self.t()
+                vec![Stmt::Assign(
+                    elem_at(&p, l, e.clone()),
+                    Expr::TemplateCall(
+                        Func::FromCompute,
+                        vec![TArg::Elem(self.dtype())],
+                        vec![var("v")],
+                    ),
                 )]
             }
             Sink::Copy => return Err(self.internal("a copy chain has no value sink")),
             Sink::Accum(a) if self.accum_reduces(a) => {
-                let len = space.dim(space.rank() - 1);
-                self.reduce_atomic_lines(a, &format!("({e}) / {len}"), &format!("({e}) % {len}"))?
+                let len = int(space.dim(space.rank() - 1));
+                let row = e.clone().paren().over(len.clone());
+                let col = e.clone().paren().modulo(len);
+                self.reduce_atomic(a, row, col)?
             }
-            Sink::Accum(a) => self.accum_lines(a, space, order, e, r)?,
+            Sink::Accum(a) => self.accum_stmts(a, space, order, e, r)?,
         })
     }
 
     /// Statements accumulating `v` into element-wise accumulator `a`.
-    fn accum_lines(
+    fn accum_stmts(
         &mut self,
         a: Handle<TbOp>,
         space: &Shape,
         order: &[usize],
-        e: &str,
-        r: &str,
-    ) -> Result<Vec<String>, EmitError> {
+        e: &Expr,
+        r: &Expr,
+    ) -> Result<Vec<Stmt>, EmitError> {
         let TbOpKind::Accum(kind) = self.tb.ops[a].kind else {
             return Err(self.internal("an accumulator sink names a non-accumulator"));
         };
         let i = a.index();
         if self.in_registers(a) {
+            let reg = at(var(&format!("acc{i}")), r.clone());
             return match kind {
-                AccumKind::Max => Ok(vec![format!(
-                    "acc{i}[{r}] = mucc::tb::max_of(acc{i}[{r}], v);"
+                AccumKind::Max => Ok(vec![Stmt::Assign(
+                    reg.clone(),
+                    Expr::Call(Func::TbMaxOf, vec![reg, var("v")]),
                 )]),
-                AccumKind::Nored => Ok(vec![format!("acc{i}[{r}] += v;")]),
+                AccumKind::Nored => Ok(vec![Stmt::AddAssign(reg, var("v"))]),
                 _ => Err(self.internal(&format!("accumulator op{i} cannot live in registers"))),
             };
         }
         let out = self.tb.ops[a].outputs[0];
         let l = self.tile_layout(out, order)?;
-        let slot = format!("{}[{l}::offset({e})]", self.tile_ref(out));
+        let slot = elem_at(&self.tile_ref(out), l, e.clone());
         Ok(match kind {
-            AccumKind::Max => vec![format!("mucc::tb::acc_max({slot}, v);")],
-            AccumKind::Nored => vec![format!("mucc::tb::acc_add({slot}, v);")],
+            AccumKind::Max => vec![call(Func::TbAccMax, vec![slot, var("v")])],
+            AccumKind::Nored => vec![call(Func::TbAccAdd, vec![slot, var("v")])],
             AccumKind::NoredRescale => {
                 let scale = self.tb.ops[a].inputs[1];
                 let read = self.tile_read(scale, space, order, e)?;
                 vec![
-                    format!("const {} scale = {read};", self.compute()),
-                    format!("mucc::tb::acc_rescale({slot}, scale, v);"),
+                    Stmt::local(Ty::ConstElem(self.dtype().compute()), "scale", read),
+                    call(Func::TbAccRescale, vec![slot, var("scale"), var("v")]),
                 ]
             }
             _ => return Err(self.internal(&format!("accumulator op{i} reduces"))),
@@ -198,12 +259,12 @@ impl Ctx<'_> {
 
     /// Statements adding `v` at (`row`, `col`) of the space into reducing accumulator `a` with
     /// shared-memory atomics (its tile holds the compute type).
-    pub(super) fn reduce_atomic_lines(
+    pub(super) fn reduce_atomic(
         &mut self,
         a: Handle<TbOp>,
-        row: &str,
-        col: &str,
-    ) -> Result<Vec<String>, EmitError> {
+        row: Expr,
+        col: Expr,
+    ) -> Result<Vec<Stmt>, EmitError> {
         let TbOpKind::Accum(kind) = self.tb.ops[a].kind else {
             return Err(self.internal("an accumulator sink names a non-accumulator"));
         };
@@ -211,15 +272,14 @@ impl Ctx<'_> {
         let os = self.tb.tensors[out].shape;
         let l = self.tile_layout(out, &natural(&os))?;
         let p = self.tile_ref(out);
-        let n = os.dim(os.rank() - 1);
-        Ok(vec![match kind {
-            AccumKind::RedLdSum | AccumKind::RedLdMean => {
-                format!("atomicAdd(&{p}[{l}::offset({row})], v);")
-            }
-            AccumKind::RedLdRms => format!("atomicAdd(&{p}[{l}::offset({row})], v * v);"),
-            AccumKind::RedtoxLdSum => {
-                format!("atomicAdd(&{p}[{l}::offset(({row}) * {n} + ({col}) % {n})], v);")
-            }
+        let n = int(os.dim(os.rank() - 1));
+        let (index, value) = match kind {
+            AccumKind::RedLdSum | AccumKind::RedLdMean => (row, var("v")),
+            AccumKind::RedLdRms => (row, var("v").times(var("v"))),
+            AccumKind::RedtoxLdSum => (
+                row.paren().times(n.clone()).plus(col.paren().modulo(n)),
+                var("v"),
+            ),
             // Fusion never makes a rescaling accumulator a chain's sink (`graph::fusion`, rule 1:
             // it has a second input), so every reducing sink is one of the kinds above.
             _ => {
@@ -228,58 +288,65 @@ impl Ctx<'_> {
                     kind.name()
                 )));
             }
-        }])
+        };
+        Ok(vec![call(
+            Func::AtomicAdd,
+            vec![elem_at(&p, l, index).addr(), value],
+        )])
     }
 
     /// Statements adding row sum `s` of row `row` into reducing accumulator `a`.
-    pub(super) fn row_sink_lines(
-        &mut self,
-        a: Handle<TbOp>,
-        row: &str,
-    ) -> Result<Vec<String>, EmitError> {
+    pub(super) fn row_sink(&mut self, a: Handle<TbOp>, row: &Expr) -> Result<Vec<Stmt>, EmitError> {
         let out = self.tb.ops[a].outputs[0];
         let os = self.tb.tensors[out].shape;
         let natural = natural(&os);
         let l = self.tile_layout(out, &natural)?;
-        let slot = format!("{}[{l}::offset({row})]", self.tile_ref(out));
+        let slot = elem_at(&self.tile_ref(out), l, row.clone());
         Ok(match self.tb.ops[a].kind {
             TbOpKind::Accum(AccumKind::RedLdSumRescale) => {
                 let scale = self.tb.ops[a].inputs[1];
                 let read = self.tile_read(scale, &os, &natural, row)?;
                 vec![
-                    format!("const {} scale = {read};", self.compute()),
-                    format!("mucc::tb::acc_rescale({slot}, scale, s);"),
+                    Stmt::local(Ty::ConstElem(self.dtype().compute()), "scale", read),
+                    call(Func::TbAccRescale, vec![slot, var("scale"), var("s")]),
                 ]
             }
-            _ => vec![format!("mucc::tb::acc_add({slot}, s);")],
+            _ => vec![call(Func::TbAccAdd, vec![slot, var("s")])],
         })
     }
 
     /// Statements declaring `v`, the leader's value at element `e` of `space` (walked in
     /// `order`), with the members applied.
-    fn value_lines(
+    fn value_stmts(
         &mut self,
         lop: &TbOp,
         space: &Shape,
         order: &[usize],
-        e: &str,
+        e: &Expr,
         cp: &ChainPlan,
-    ) -> Result<Vec<String>, EmitError> {
-        let c = self.compute();
-        let mut lines = Vec::new();
+    ) -> Result<Vec<Stmt>, EmitError> {
+        let c = self.dtype().compute();
+        let mut out = Vec::new();
         match &lop.kind {
             TbOpKind::Unary(u) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
-                lines.push(format!("{c} v = {x};"));
+                out.push(Stmt::local(Ty::Elem(c), "v", x));
                 let approx = cp.approx_exp.filter(|_| cp.members.is_empty());
-                lines.push(format!("v = {};", unary(u, approx, cp.approx_logistic, c)));
+                out.push(Stmt::Assign(
+                    var("v"),
+                    unary(u, approx, cp.approx_logistic, c),
+                ));
             }
             TbOpKind::Binary(b) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
                 let y = self.tile_read(lop.inputs[1], space, order, e)?;
-                lines.push(format!("const {c} x0 = {x};"));
-                lines.push(format!("const {c} x1 = {y};"));
-                lines.push(format!("{c} v = {};", cxx::binary(*b, "x0", "x1")));
+                out.push(Stmt::local(Ty::ConstElem(c), "x0", x));
+                out.push(Stmt::local(Ty::ConstElem(c), "x1", y));
+                out.push(Stmt::local(
+                    Ty::Elem(c),
+                    "v",
+                    Expr::Binary(*b, Box::new(var("x0")), Box::new(var("x1"))),
+                ));
             }
             TbOpKind::Concat { dim } => {
                 let (a, b) = (lop.inputs[0], lop.inputs[1]);
@@ -287,26 +354,44 @@ impl Ctx<'_> {
                 let inner: usize = space.dims()[dim + 1..].iter().product();
                 let (eo, ea, eb) = (space.dim(*dim), sa.dim(*dim), sb.dim(*dim));
                 let nat = natural(&sa);
-                let ra = self.tile_read(
-                    a,
-                    &sa,
-                    &nat,
-                    &format!("(outer_ * {ea} + mid_) * {inner} + in_"),
-                )?;
-                let rb = self.tile_read(
-                    b,
-                    &sb,
-                    &nat,
-                    &format!("(outer_ * {eb} + mid_ - {ea}) * {inner} + in_"),
-                )?;
-                lines.push(format!("const int outer_ = ({e}) / {}, mid_ = (({e}) / {inner}) % {eo}, in_ = ({e}) % {inner};", eo * inner));
-                lines.push(format!("{c} v;"));
-                lines.push(format!("if (mid_ < {ea}) v = {ra};"));
-                lines.push(format!("else v = {rb};"));
+                // (outer_ · e + mid_) · inner + in_, with `mid_` less A's extent for B.
+                let element = |mid: Expr, extent: usize| {
+                    var("outer_")
+                        .times(int(extent))
+                        .plus(mid)
+                        .paren()
+                        .times(int(inner))
+                        .plus(var("in_"))
+                };
+                let ra = self.tile_read(a, &sa, &nat, &element(var("mid_"), ea))?;
+                let rb = self.tile_read(b, &sb, &nat, &element(var("mid_").minus(int(ea)), eb))?;
+                let e = e.clone().paren();
+                out.push(Stmt::DeclMany {
+                    ty: Ty::ConstInt,
+                    vars: vec![
+                        ("outer_".into(), e.clone().over(int(eo * inner))),
+                        (
+                            "mid_".into(),
+                            e.clone().over(int(inner)).paren().modulo(int(eo)),
+                        ),
+                        ("in_".into(), e.modulo(int(inner))),
+                    ],
+                });
+                out.push(Stmt::Decl {
+                    storage: crate::emit::ir::Storage::Auto,
+                    ty: Ty::Elem(c),
+                    name: "v".into(),
+                    init: Init::None,
+                });
+                out.push(Stmt::IfElseLine(
+                    Expr::Lt(Box::new(var("mid_")), Box::new(int(ea))),
+                    Box::new(Stmt::Assign(var("v"), ra)),
+                    Box::new(Stmt::Assign(var("v"), rb)),
+                ));
             }
             TbOpKind::Accum(_) => {
                 let x = self.tile_read(lop.inputs[0], space, order, e)?;
-                lines.push(format!("{c} v = {x};"));
+                out.push(Stmt::local(Ty::Elem(c), "v", x));
             }
             // `chain` sends only these kinds here (inputs, outputs, matmuls, rms_norm and
             // reductions have passes of their own).
@@ -317,12 +402,12 @@ impl Ctx<'_> {
                 )));
             }
         }
-        lines.extend(self.member_lines(cp, Some((space, order, e)))?);
-        Ok(lines)
+        out.extend(self.member_stmts(cp, Some((space, order, e)))?);
+        Ok(out)
     }
 
-    /// The value lines of a run of `v` elements starting at element `e` (each tile read by one
-    /// vector load, the element `j` of the run in the lines' loop) and those loads.
+    /// The value statements of a run of `v` elements starting at element `e` (each tile read
+    /// by one vector load, the element `j` of the run in the statements' loop) and those loads.
     fn vector_values(
         &mut self,
         lop: &TbOp,
@@ -330,18 +415,18 @@ impl Ctx<'_> {
         order: &[usize],
         cp: &ChainPlan,
         v: usize,
-    ) -> Result<(Vec<String>, Vec<String>), EmitError> {
+    ) -> Result<(Vec<Stmt>, Vec<Stmt>), EmitError> {
         self.vector_loads = Some((v, Vec::new()));
         self.broadcast_reads = cp.broadcast_reads.clone();
-        let body = self.value_lines(lop, space, order, "e", cp);
+        let body = self.value_stmts(lop, space, order, &var("e"), cp);
         let loads = self.vector_loads.take().map(|(_, l)| l).unwrap_or_default();
         self.broadcast_reads.clear();
         Ok((loads, body?))
     }
 
     /// An element-wise chain (unary, binary, concat leaders, or an accumulator as leader).
-    fn elementwise_chain(&mut self, lop: &TbOp, cp: &ChainPlan) -> Result<(), EmitError> {
-        let (nt, c) = (self.nt, self.compute());
+    fn elementwise_chain(&mut self, lop: &TbOp, cp: &ChainPlan) -> Result<Vec<Stmt>, EmitError> {
+        let (nt, c) = (self.nt, self.dtype().compute());
         // The space the leader produces (an accumulator leader: its input's).
         let space = match &lop.kind {
             TbOpKind::Accum(_) => self.tb.tensors[lop.inputs[0]].shape,
@@ -358,66 +443,73 @@ impl Ctx<'_> {
             let split = self.row_split(a)?;
             let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
             let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
-            let term = if rms { "v * v" } else { "v" };
-            let done = self.row_sink_lines(a, "row")?;
+            let term = if rms {
+                var("v").times(var("v"))
+            } else {
+                var("v")
+            };
+            let done = self.row_sink(a, &var("row"))?;
+            let sink = Stmt::lambda(
+                "sink",
+                vec![int_param("row"), Param::named(Ty::Elem(c), "s")],
+                done,
+            );
+            let mut targs = vec![
+                TArg::int(nt),
+                TArg::int(tpr),
+                TArg::int(rows),
+                TArg::int(len),
+                TArg::Elem(c),
+            ];
             let v = cp.vector;
-            if v > 1 {
+            let elem = if v > 1 {
                 // A run of v elements per call: one vector load per tile, the run's sum.
                 let (loads, mut body) = self.vector_values(lop, &space, &order, cp, v)?;
-                body.push(format!("s_ += {term};"));
-                let zero = cxx::number(0.0, c);
-                self.w.block("", "", |w| {
-                    w.block("auto elem = [&](int row, int j0)", ";", |w| {
-                        w.line(format!("const int e = row * {len} + j0;"));
-                        lines(w, &loads);
-                        w.line(format!("{c} s_ = {zero};"));
-                        w.line("#pragma unroll");
-                        w.block(format!("for (int j = 0; j < {v}; ++j)"), "", |w| {
-                            lines(w, &body)
-                        });
-                        w.line("return s_;");
-                    });
-                    w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
-                        lines(w, &done)
-                    });
-                    w.line(format!(
-                        "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {len}, {c}, {v}>(tid, elem, sink);"
-                    ));
-                });
-                return Ok(());
-            }
-            let mut elem =
-                self.value_lines(lop, &space, &order, &format!("row * {len} + j"), cp)?;
-            elem.push(format!("return {term};"));
-            self.w.block("", "", |w| {
-                w.block("auto elem = [&](int row, int j)", ";", |w| lines(w, &elem));
-                w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
-                    lines(w, &done)
-                });
-                w.line(format!(
-                    "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {len}, {c}>(tid, elem, sink);"
-                ));
-            });
-            return Ok(());
+                body.push(Stmt::AddAssign(var("s_"), term));
+                targs.push(TArg::int(v));
+                let mut elem = vec![Stmt::local(
+                    Ty::ConstInt,
+                    "e",
+                    var("row").times(int(len)).plus(var("j0")),
+                )];
+                elem.extend(loads);
+                elem.push(Stmt::local(Ty::Elem(c), "s_", Expr::Number(0.0, c)));
+                elem.push(Stmt::for_block("j", int(v), true, body));
+                elem.push(Stmt::Return(Some(var("s_"))));
+                Stmt::lambda("elem", vec![int_param("row"), int_param("j0")], elem)
+            } else {
+                let e = var("row").times(int(len)).plus(var("j"));
+                let mut elem = self.value_stmts(lop, &space, &order, &e, cp)?;
+                elem.push(Stmt::Return(Some(term)));
+                Stmt::lambda("elem", vec![int_param("row"), int_param("j")], elem)
+            };
+            return Ok(vec![Stmt::Block(vec![
+                elem,
+                sink,
+                Stmt::eval(Expr::TemplateCall(
+                    Func::TbForEachRow,
+                    targs,
+                    vec![var("tid"), var("elem"), var("sink")],
+                )),
+            ])]);
         }
         if cp.vector > 1 {
             return self.vector_chain(lop, cp, &space, &order);
         }
-        let mut body = self.value_lines(lop, &space, &order, "e", cp)?;
-        body.extend(self.sink_lines(cp.sink, &space, &order, "e", "r")?);
+        let mut body = self.value_stmts(lop, &space, &order, &var("e"), cp)?;
+        body.extend(self.sink_stmts(cp.sink, &space, &order, &var("e"), &var("r"))?);
         let unrolled = matches!(cp.sink, Sink::Accum(a) if self.in_registers(a));
         let (f, r) = if unrolled {
-            ("for_each_unrolled", "int r")
+            (Func::TbForEachUnrolled, int_param("r"))
         } else {
-            ("for_each", "int")
+            (Func::TbForEach, unnamed_int())
         };
-        let n = space.numel();
-        self.w.block(
-            format!("mucc::tb::{f}<{nt}, {n}>(tid, [&](int e, {r})"),
-            ");",
-            |w| lines(w, &body),
-        );
-        Ok(())
+        Ok(vec![Stmt::thread_loop(
+            f,
+            vec![TArg::int(nt), TArg::int(space.numel())],
+            vec![int_param("e"), r],
+            body,
+        )])
     }
 
     /// A vectorised element-wise chain ([`crate::sched::ChainPlan::vector`] V > 1, a tile or
@@ -430,7 +522,7 @@ impl Ctx<'_> {
         cp: &ChainPlan,
         space: &Shape,
         order: &[usize],
-    ) -> Result<(), EmitError> {
+    ) -> Result<Vec<Stmt>, EmitError> {
         let (p, l) = match cp.sink {
             Sink::Tile(sink) => (self.tile_ref(sink), self.tile_layout(sink, order)?),
             Sink::Global(o) => self.global_out(o, space, order)?,
@@ -440,31 +532,30 @@ impl Ctx<'_> {
                 ));
             }
         };
-        let (nt, c, v) = (self.nt, self.compute(), cp.vector);
+        let (nt, c, v) = (self.nt, self.dtype().compute(), cp.vector);
         let (loads, mut body) = self.vector_values(lop, space, order, cp, v)?;
-        body.push(match cp.sink {
-            Sink::Tile(t) => format!("out_[j] = {};", self.stored_value(t, "v")),
-            _ => "out_[j] = v;".into(),
-        });
-        self.w.block(
-            format!(
-                "mucc::tb::for_each_step<{nt}, {}, {v}>(tid, [&](int e)",
-                space.numel()
-            ),
-            ");",
-            |w| {
-                lines(w, &loads);
-                w.line(format!("{c} out_[{v}];"));
-                w.line("#pragma unroll");
-                w.block(format!("for (int j = 0; j < {v}; ++j)"), "", |w| {
-                    lines(w, &body)
-                });
-                w.line(format!(
-                    "mucc::tb::store_run<{v}>({p} + {l}::offset(e), out_);"
-                ));
-            },
-        );
-        Ok(())
+        let value = match cp.sink {
+            Sink::Tile(t) => self.stored_value(t, var("v")),
+            _ => var("v"),
+        };
+        body.push(Stmt::Assign(at(var("out_"), var("j")), value));
+        let mut step = loads;
+        step.push(Stmt::array(Ty::Elem(c), "out_", vec![v]));
+        step.push(Stmt::for_block("j", int(v), true, body));
+        step.push(Stmt::eval(Expr::TemplateCall(
+            Func::TbStoreRun,
+            vec![TArg::int(v)],
+            vec![
+                var(&p).plus(Expr::LayoutOffset(l, Box::new(var("e")))),
+                var("out_"),
+            ],
+        )));
+        Ok(vec![Stmt::thread_loop(
+            Func::TbForEachStep,
+            vec![TArg::int(nt), TArg::int(space.numel()), TArg::int(v)],
+            vec![int_param("e")],
+            step,
+        )])
     }
 
     /// A chain into a strided-group accumulator: each output element sums its group.
@@ -475,31 +566,34 @@ impl Ctx<'_> {
         space: &Shape,
         order: &[usize],
         cp: &ChainPlan,
-    ) -> Result<(), EmitError> {
-        let (nt, c) = (self.nt, self.compute());
+    ) -> Result<Vec<Stmt>, EmitError> {
+        let (nt, c) = (self.nt, self.dtype().compute());
         let out = self.tb.ops[a].outputs[0];
         let os = self.tb.tensors[out].shape;
         let dimx = self.tb.reduction_dimx;
         let len = space.dim(space.rank() - 1);
         let k = len / dimx;
-        let e = format!("(o / {dimx}) * {len} + kk * {dimx} + o % {dimx}");
-        let mut value = self.value_lines(lop, space, order, &e, cp)?;
-        value.push("s += v;".into());
+        // (o / dimx) · len + kk · dimx + o % dimx.
+        let e = var("o")
+            .over(int(dimx))
+            .paren()
+            .times(int(len))
+            .plus(var("kk").times(int(dimx)))
+            .plus(var("o").modulo(int(dimx)));
+        let mut value = self.value_stmts(lop, space, order, &e, cp)?;
+        value.push(Stmt::AddAssign(var("s"), var("v")));
         let l = self.tile_layout(out, &natural(&os))?;
         let p = self.tile_ref(out);
-        let n = os.numel();
-        self.w.block(
-            format!("mucc::tb::for_each<{nt}, {n}>(tid, [&](int o, int)"),
-            ");",
-            |w| {
-                w.line(format!("{c} s = {};", cxx::number(0.0, c)));
-                w.block(format!("for (int kk = 0; kk < {k}; ++kk)"), "", |w| {
-                    lines(w, &value)
-                });
-                w.line(format!("mucc::tb::acc_add({p}[{l}::offset(o)], s);"));
-            },
-        );
-        Ok(())
+        Ok(vec![Stmt::thread_loop(
+            Func::TbForEach,
+            vec![TArg::int(nt), TArg::int(os.numel())],
+            vec![int_param("o"), unnamed_int()],
+            vec![
+                Stmt::local(Ty::Elem(c), "s", Expr::Number(0.0, c)),
+                Stmt::for_block("kk", int(k), false, value),
+                call(Func::TbAccAdd, vec![elem_at(&p, l, var("o")), var("s")]),
+            ],
+        )])
     }
 
     /// rms_norm rows: the normalised values go through the members to the sink; a row-summing
@@ -509,48 +603,71 @@ impl Ctx<'_> {
         lead: Handle<TbOp>,
         lop: &TbOp,
         cp: &ChainPlan,
-    ) -> Result<(), EmitError> {
-        let (nt, c) = (self.nt, self.compute());
+    ) -> Result<Vec<Stmt>, EmitError> {
+        let (nt, c) = (self.nt, self.dtype().compute());
         let x = lop.inputs[0];
         let s = self.tb.tensors[x].shape;
         let split = self.row_split(lead)?;
         let (rows, len, tpr) = (split.rows, split.len, split.threads_per_row);
         let nat = natural(&s);
-        let xr = self.tile_read(x, &s, &nat, &format!("row * {len} + j"))?;
-        let mut out = vec!["(void)row;".to_string(), "(void)j;".to_string()];
-        out.extend(self.member_lines(cp, None)?);
-        let mut done = vec!["(void)row;".to_string(), "(void)s;".to_string()];
+        let e = var("row").times(int(len)).plus(var("j"));
+        let xr = self.tile_read(x, &s, &nat, &e)?;
+        let mut out = vec![unused("row"), unused("j")];
+        out.extend(self.member_stmts(cp, None)?);
+        let mut done = vec![unused("row"), unused("s")];
         let total = match cp.sink {
             Sink::Accum(a)
                 if self.accum_reduces(a)
                     && !matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedtoxLdSum)) =>
             {
                 let rms = matches!(self.tb.ops[a].kind, TbOpKind::Accum(AccumKind::RedLdRms));
-                out.push(if rms { "return v * v;" } else { "return v;" }.into());
-                done.extend(self.row_sink_lines(a, "row")?);
+                out.push(Stmt::Return(Some(if rms {
+                    var("v").times(var("v"))
+                } else {
+                    var("v")
+                })));
+                done.extend(self.row_sink(a, &var("row"))?);
                 true
             }
             sink => {
-                out.extend(self.sink_lines(sink, &s, &nat, &format!("row * {len} + j"), "0")?);
-                out.push(format!("return {};", cxx::number(0.0, c)));
+                out.extend(self.sink_stmts(sink, &s, &nat, &e, &int(0))?);
+                out.push(Stmt::Return(Some(Expr::Number(0.0, c))));
                 false
             }
         };
-        self.w.block("", "", |w| {
-            w.block("auto x = [&](int row, int j)", ";", |w| {
-                w.line(format!("return {xr};"))
-            });
-            w.block(format!("auto out = [&](int row, int j, {c} v)"), ";", |w| {
-                lines(w, &out)
-            });
-            w.block(format!("auto done = [&](int row, {c} s)"), ";", |w| {
-                lines(w, &done)
-            });
-            w.line(format!(
-                "mucc::tb::rms_rows<{nt}, {tpr}, {rows}, {len}, {total}, {c}>(tid, x, out, done);"
-            ));
-        });
-        Ok(())
+        Ok(vec![Stmt::Block(vec![
+            Stmt::lambda(
+                "x",
+                vec![int_param("row"), int_param("j")],
+                vec![Stmt::Return(Some(xr))],
+            ),
+            Stmt::lambda(
+                "out",
+                vec![
+                    int_param("row"),
+                    int_param("j"),
+                    Param::named(Ty::Elem(c), "v"),
+                ],
+                out,
+            ),
+            Stmt::lambda(
+                "done",
+                vec![int_param("row"), Param::named(Ty::Elem(c), "s")],
+                done,
+            ),
+            Stmt::eval(Expr::TemplateCall(
+                Func::TbRmsRows,
+                vec![
+                    TArg::int(nt),
+                    TArg::int(tpr),
+                    TArg::int(rows),
+                    TArg::int(len),
+                    TArg::Bool(total),
+                    TArg::Elem(c),
+                ],
+                vec![var("tid"), var("x"), var("out"), var("done")],
+            )),
+        ])])
     }
 
     /// A sum (or strided grouped sum) over one dim: a row per output element.
@@ -561,8 +678,8 @@ impl Ctx<'_> {
         dim: usize,
         kind: TbReduction,
         cp: &ChainPlan,
-    ) -> Result<(), EmitError> {
-        let (nt, c) = (self.nt, self.compute());
+    ) -> Result<Vec<Stmt>, EmitError> {
+        let (nt, c) = (self.nt, self.dtype().compute());
         let x = lop.inputs[0];
         let xs = self.tb.tensors[x].shape;
         let os = self.tb.tensors[lop.outputs[0]].shape;
@@ -576,8 +693,7 @@ impl Ctx<'_> {
         // The elements reduced per row: the plan's (a dim, or a dim / dimx for to-dimx).
         let (rows, tpr, k) = (split.rows, split.threads_per_row, split.len);
         // The element function: one element, or (a plain max by vectors, the plan's width) a
-        // run of v elements of a row by one vector load, the run's max (`run`: its first value
-        // and the value of element j).
+        // run of v elements of a row by one vector load, the run's max.
         let v = cp.vector;
         let by_vectors = v > 1;
         if by_vectors && !(kind == TbReduction::PlainMax && inner == 1) {
@@ -586,61 +702,86 @@ impl Ctx<'_> {
                 lead.index()
             )));
         }
-        let (elem, run) = if by_vectors {
+        let elem = if by_vectors {
             self.vector_loads = Some((v, Vec::new()));
             self.broadcast_reads = cp.broadcast_reads.clone();
-            let x0 = self.tile_read(x, &xs, &natural(&xs), "e");
-            let mut elem = vec![format!("const int e = row * {k} + j0;")];
+            let x0 = self.tile_read(x, &xs, &natural(&xs), &var("e"));
+            let mut elem = vec![Stmt::local(
+                Ty::ConstInt,
+                "e",
+                var("row").times(int(k)).plus(var("j0")),
+            )];
             elem.extend(self.vector_loads.take().map(|(_, l)| l).unwrap_or_default());
             self.broadcast_reads.clear();
             let x0 = x0?;
-            (elem, Some((x0.replace("[j]", "[0]"), x0)))
+            elem.push(Stmt::local(Ty::Elem(c), "s_", first_of_run(&x0)));
+            elem.push(Stmt::For {
+                var: "j".into(),
+                from: int(1),
+                to: int(v),
+                unroll: true,
+                inline: false,
+                body: vec![Stmt::Assign(
+                    var("s_"),
+                    Expr::Call(Func::TbMaxJoin, vec![var("s_"), x0]),
+                )],
+            });
+            elem.push(Stmt::Return(Some(var("s_"))));
+            Stmt::lambda("elem", vec![int_param("row"), int_param("j0")], elem)
         } else {
-            let idx = format!(
-                "(row / {ti}) * {tki} + (j * {to} + (row / {inner}) % {to}) * {inner} + row % {inner}",
-                ti = to * inner,
-                tki = to * k * inner
-            );
+            // (row / (to · inner)) · (to · k · inner) + (j · to + (row / inner) % to) · inner
+            // + row % inner.
+            let idx = var("row")
+                .over(int(to * inner))
+                .paren()
+                .times(int(to * k * inner))
+                .plus(
+                    var("j")
+                        .times(int(to))
+                        .plus(var("row").over(int(inner)).paren().modulo(int(to)))
+                        .paren()
+                        .times(int(inner)),
+                )
+                .plus(var("row").modulo(int(inner)));
             let xr = self.tile_read(x, &xs, &natural(&xs), &idx)?;
-            (vec![format!("return {xr};")], None)
+            Stmt::lambda(
+                "elem",
+                vec![int_param("row"), int_param("j")],
+                vec![Stmt::Return(Some(xr))],
+            )
         };
-        let mut sink = vec![format!("{c} v = s;")];
-        sink.extend(self.member_lines(cp, None)?);
-        sink.extend(self.sink_lines(cp.sink, &os, &natural(&os), "row", "0")?);
+        let mut sink = vec![Stmt::local(Ty::Elem(c), "v", var("s"))];
+        sink.extend(self.member_stmts(cp, None)?);
+        sink.extend(self.sink_stmts(cp.sink, &os, &natural(&os), &var("row"), &int(0))?);
+        let mut targs = vec![
+            TArg::int(nt),
+            TArg::int(tpr),
+            TArg::int(rows),
+            TArg::int(k),
+            TArg::Elem(c),
+        ];
         // The combining operation: a sum unless the plain max, with its run length.
-        let op = match kind {
-            TbReduction::PlainMax => format!(", {}, mucc::tb::Max", if by_vectors { v } else { 1 }),
-            _ => String::new(),
-        };
-        let head = if by_vectors {
-            "auto elem = [&](int row, int j0)"
-        } else {
-            "auto elem = [&](int row, int j)"
-        };
-        self.w.block("", "", |w| {
-            w.block(head, ";", |w| {
-                lines(w, &elem);
-                if let Some((first, at_j)) = &run {
-                    w.line(format!("{c} s_ = {first};"));
-                    w.line("#pragma unroll");
-                    w.block(format!("for (int j = 1; j < {v}; ++j)"), "", |w| {
-                        w.line(format!("s_ = mucc::tb::Max::join(s_, {at_j});"))
-                    });
-                    w.line("return s_;");
-                }
-            });
-            w.block(format!("auto sink = [&](int row, {c} s)"), ";", |w| {
-                lines(w, &sink)
-            });
-            w.line(format!(
-                "mucc::tb::for_each_row<{nt}, {tpr}, {rows}, {k}, {c}{op}>(tid, elem, sink);"
-            ));
-        });
-        Ok(())
+        if kind == TbReduction::PlainMax {
+            targs.push(TArg::int(if by_vectors { v } else { 1 }));
+            targs.push(TArg::MaxFunctor);
+        }
+        Ok(vec![Stmt::Block(vec![
+            elem,
+            Stmt::lambda(
+                "sink",
+                vec![int_param("row"), Param::named(Ty::Elem(c), "s")],
+                sink,
+            ),
+            Stmt::eval(Expr::TemplateCall(
+                Func::TbForEachRow,
+                targs,
+                vec![var("tid"), var("elem"), var("sink")],
+            )),
+        ])])
     }
 
     /// Running max over the iterations (out0, the state) and previous − new (out1).
-    fn running_max(&mut self, lop: &TbOp, dim: usize) -> Result<(), EmitError> {
+    fn running_max(&mut self, lop: &TbOp, dim: usize) -> Result<Vec<Stmt>, EmitError> {
         let nt = self.nt;
         let x = lop.inputs[0];
         let (o0, o1) = (lop.outputs[0], lop.outputs[1]);
@@ -653,11 +794,19 @@ impl Ctx<'_> {
         let l0 = self.tile_layout(o0, &nat)?;
         let l1 = self.tile_layout(o1, &nat)?;
         let (px, p0, p1) = (self.tile_ref(x), self.tile_ref(o0), self.tile_ref(o1));
-        let n = os.numel();
-        self.w.line(format!(
-            "mucc::tb::running_max<{nt}, {n}, {k}, {inner}, {lx}, {l0}, {l1}>(tid, {px}, {p0}, {p1});"
-        ));
-        Ok(())
+        Ok(vec![Stmt::eval(Expr::TemplateCall(
+            Func::TbRunningMax,
+            vec![
+                TArg::int(nt),
+                TArg::int(os.numel()),
+                TArg::int(k),
+                TArg::int(inner),
+                TArg::Name(lx),
+                TArg::Name(l0),
+                TArg::Name(l1),
+            ],
+            vec![var("tid"), var(&px), var(&p0), var(&p1)],
+        ))])
     }
 }
 
@@ -668,23 +817,15 @@ fn unary(
     u: &crate::graph::ops::UnaryOp,
     approx: Option<ApproxExp>,
     logistic: bool,
-    c: &str,
-) -> String {
+    c: DType,
+) -> Expr {
     use crate::graph::ops::UnaryOp;
-    match (u, approx) {
-        (UnaryOp::Exp, Some(ApproxExp::Ex2)) => "mucc::op::exp_approx(v)".to_string(),
-        (UnaryOp::Exp, Some(ApproxExp::Ex2FlushToZero)) => {
-            "mucc::op::exp_approx_ftz(v)".to_string()
-        }
-        (UnaryOp::Silu, _) if logistic => "mucc::op::silu_approx(v)".to_string(),
-        (UnaryOp::Sigmoid, _) if logistic => "mucc::op::sigmoid_approx(v)".to_string(),
-        (u, _) => cxx::unary(u, "v", c),
-    }
-}
-
-/// Writes `body`'s lines.
-pub(super) fn lines(w: &mut cxx::Writer, body: &[String]) {
-    for l in body {
-        w.line(l);
-    }
+    let f = match (u, approx) {
+        (UnaryOp::Exp, Some(ApproxExp::Ex2)) => Func::ExpApprox,
+        (UnaryOp::Exp, Some(ApproxExp::Ex2FlushToZero)) => Func::ExpApproxFtz,
+        (UnaryOp::Silu, _) if logistic => Func::SiluApprox,
+        (UnaryOp::Sigmoid, _) if logistic => Func::SigmoidApprox,
+        (u, _) => return Expr::Unary(*u, Box::new(var("v")), c),
+    };
+    Expr::Call(f, vec![var("v")])
 }

@@ -4,9 +4,10 @@
 //! accumulators after the loop.
 
 use super::Ctx;
-use super::chain::{lines, natural};
+use super::chain::{at, natural, unused};
 use crate::emit::EmitError;
 use crate::emit::cxx::ctype;
+use crate::emit::ir::{self, Expr, Func, Stmt};
 use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
 use crate::graph::threadblock::{TbOp, TbOpKind};
@@ -90,7 +91,7 @@ impl Ctx<'_> {
             .members
             .is_empty()
             .then(Vec::new)
-            .map_or_else(|| self.member_lines(cp, None), Ok)?;
+            .map_or_else(|| self.member_stmts(cp, None), Ok)?;
         if lowering == MatmulLowering::PerElement {
             // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
             let (la, lb) = (self.tile_layout(a, &nat)?, self.tile_layout(b, &nat)?);
@@ -99,8 +100,10 @@ impl Ctx<'_> {
                 "mucc::tb::FmaMatmul<{ta}, {tb}, {la}, {lb}, {m}, {n}, {k}>"
             ));
             each.extend(match cp.sink {
-                Sink::Accum(acc) if reducing => self.reduce_atomic_lines(acc, "row", "col")?,
-                sink => self.sink_lines(sink, &sc, &nat, "e", "r")?,
+                Sink::Accum(acc) if reducing => {
+                    self.reduce_atomic(acc, Expr::var("row"), Expr::var("col"))?
+                }
+                sink => self.sink_stmts(sink, &sc, &nat, &Expr::var("e"), &Expr::var("r"))?,
             });
             let c = self.compute();
             let into_registers =
@@ -117,13 +120,13 @@ impl Ctx<'_> {
                 |w| {
                     w.line(format!("const int row = e / {n}, col = e % {n};"));
                     w.line(format!("{c} v = {fma}::at({pa}, {pb}, row, col);"));
-                    lines(w, &each);
+                    ir::print(w, &each);
                 },
             );
             return Ok(());
         }
         let mt = self.matmul_type(lead)?;
-        let e = format!("row * {n} + col");
+        let e = Expr::var("row").times(Expr::size(n)).plus(Expr::var("col"));
         match (lowering, cp.sink) {
             (MatmulLowering::IntoFragment, Sink::Accum(acc)) => {
                 let i = acc.index();
@@ -132,11 +135,19 @@ impl Ctx<'_> {
             }
             (MatmulLowering::ThroughMembers, Sink::Accum(acc)) => {
                 let i = acc.index();
+                // acc.v[i][j][q]: the accumulator's fragment element.
+                let elem = ["i", "j", "q"].iter().fold(
+                    Expr::Field(Box::new(Expr::var(format!("acc{i}"))), "v"),
+                    |e, x| at(e, Expr::var(*x)),
+                );
                 each.push(
                     if matches!(self.tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Max)) {
-                        format!("acc{i}.v[i][j][q] = mucc::tb::max_of(acc{i}.v[i][j][q], v);")
+                        Stmt::Assign(
+                            elem.clone(),
+                            Expr::Call(Func::TbMaxOf, vec![elem, Expr::var("v")]),
+                        )
                     } else {
-                        format!("acc{i}.v[i][j][q] += v;")
+                        Stmt::AddAssign(elem, Expr::var("v"))
                     },
                 );
                 self.w.block("", "", |w| {
@@ -149,22 +160,24 @@ impl Ctx<'_> {
                         |w| {
                             w.line("(void)row;");
                             w.line("(void)col;");
-                            lines(w, &each);
+                            ir::print(w, &each);
                         },
                     );
                 });
             }
             (MatmulLowering::SliceBySlice, sink) => {
                 each.extend(match sink {
-                    Sink::Accum(acc) if reducing => self.reduce_atomic_lines(acc, "row", "col")?,
-                    sink => self.sink_lines(sink, &sc, &nat, &e, "0")?,
+                    Sink::Accum(acc) if reducing => {
+                        self.reduce_atomic(acc, Expr::var("row"), Expr::var("col"))?
+                    }
+                    sink => self.sink_stmts(sink, &sc, &nat, &e, &Expr::size(0))?,
                 });
                 self.w.block(
                     format!(
                         "{mt}::apply({pa}, {pb}, smem, warp, lane, [&](int row, int col, float v)"
                     ),
                     ");",
-                    |w| lines(w, &each),
+                    |w| ir::print(w, &each),
                 );
             }
             (l, sink) => {
@@ -201,9 +214,9 @@ impl Ctx<'_> {
         let tile = Handle::from_index(pipe.tile);
         let ty = ctype(self.tb.tensors[tile].dtype);
         let c = self.compute();
-        let mut each = vec!["(void)row;".to_string(), "(void)col;".to_string()];
-        each.extend(self.member_lines(cp, None)?);
-        each.push("return v;".to_string());
+        let mut each = vec![unused("row"), unused("col")];
+        each.extend(self.member_stmts(cp, None)?);
+        each.push(Stmt::Return(Some(Expr::var("v"))));
         let mut sums = Vec::new();
         for &r in &pipe.row_sums {
             let name = format!(
@@ -211,7 +224,7 @@ impl Ctx<'_> {
                 r.index(),
                 self.tb.ops[r].kind.name()
             );
-            sums.push((name, self.row_sink_lines(r, "row")?));
+            sums.push((name, self.row_sink(r, &Expr::var("row"))?));
         }
         let (t, m2) = (pipe.tile, pipe.matmul.index());
         self.w.block("", "", |w| {
@@ -226,7 +239,7 @@ impl Ctx<'_> {
                 w.block(
                     format!("{mt}::pack(pk_, p_, warp, lane, [&](int row, int col, {c} v)"),
                     ");",
-                    |w| lines(w, &each),
+                    |w| ir::print(w, &each),
                 );
             });
             for (name, sink) in &sums {
@@ -234,7 +247,7 @@ impl Ctx<'_> {
                 w.block(
                     format!("{mt}::row_sums(pk_, warp, lane, [&](int row, {c} s)"),
                     ");",
-                    |w| lines(w, sink),
+                    |w| ir::print(w, sink),
                 );
             }
             w.line(format!("// op{m2} matmul: A from the packed product"));

@@ -20,7 +20,7 @@ mod rows;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cxx::{self, Writer, ctype};
-use super::ir::{Expr, Fold, Func, IntType, Stmt, Sym, TArg, Ty};
+use super::ir::{Expr, Fold, Func, IntType, Param, Stmt, Sym, TArg, Ty};
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
@@ -56,7 +56,7 @@ pub(super) struct Ctx<'a> {
     ring_tiles: BTreeSet<usize>,
     /// While a vectorised chain is emitted ([`crate::sched::ChainPlan::vector`]): the vector
     /// loads of its step (tile reads then name element `j` of them).
-    vector_loads: Option<(usize, Vec<String>)>,
+    vector_loads: Option<(usize, Vec<Stmt>)>,
     /// While a vectorised chain is emitted: the tiles it reads once per step
     /// ([`crate::sched::ChainPlan::broadcast_reads`]).
     broadcast_reads: Vec<usize>,
@@ -235,15 +235,15 @@ impl Ctx<'_> {
         t: Handle<STensor>,
         space: &Shape,
         order: &[usize],
-        e: &str,
-    ) -> Result<String, EmitError> {
+        e: &Expr,
+    ) -> Result<Expr, EmitError> {
         let geo = self.kp.tiles[t.index()]
             .as_ref()
             .ok_or_else(|| self.internal(&format!("tile s{} has no shared memory", t.index())))?;
         let (strides, swizzle) = (geo.strides.0.clone(), geo.swizzle);
         let shape = self.tb.tensors[t].shape;
         let l = self.strided_layout(space, &shape, &strides, order, Some(swizzle));
-        let (p, c) = (self.tile_ref(t), self.compute());
+        let (p, c) = (Expr::var(self.tile_ref(t)), self.dtype().compute());
         let broadcast = self.broadcast_reads.contains(&t.index());
         if self.vector_loads.is_some()
             && broadcast
@@ -262,12 +262,27 @@ impl Ctx<'_> {
         {
             // One vector load per step (the plan made every step contiguous and aligned).
             let name = format!("in{}_", loads.len());
-            loads.push(format!(
-                "const auto {name} = mucc::tb::load_run<{v}, {c}>({p} + {l}::offset(e));"
+            loads.push(Stmt::local(
+                Ty::ConstAuto,
+                name.clone(),
+                Expr::TemplateCall(
+                    Func::TbLoadRun,
+                    vec![TArg::int(*v), TArg::Elem(c)],
+                    vec![p.plus(Expr::LayoutOffset(l, Box::new(Expr::var("e"))))],
+                ),
             ));
-            return Ok(format!("{name}[j]"));
+            return Ok(Expr::Index(
+                Box::new(Expr::var(name)),
+                Box::new(Expr::var("j")),
+            ));
         }
-        Ok(format!("mucc::to_compute({p}[{l}::offset({e})])"))
+        Ok(Expr::Call(
+            Func::ToCompute,
+            vec![Expr::Index(
+                Box::new(p),
+                Box::new(Expr::LayoutOffset(l, Box::new(e.clone()))),
+            )],
+        ))
     }
 
     /// The walk order the plan gives the chain containing `op`.
@@ -301,7 +316,7 @@ impl Ctx<'_> {
     /// Whether accumulator `a` reduces its tile's last dim.
     /// The value a chain stores into tile `t`: `v`, or `v + 0` where `t` is an accumulator's
     /// tile written once (the sum 0 + v, which turns −0 into +0).
-    fn stored_value(&self, t: Handle<STensor>, v: &str) -> String {
+    fn stored_value(&self, t: Handle<STensor>, v: Expr) -> Expr {
         let once = self.tb.producer(t).is_some_and(|p| {
             matches!(
                 self.kp.ops[p.index()],
@@ -312,9 +327,9 @@ impl Ctx<'_> {
             )
         });
         if once {
-            format!("{v} + {}", cxx::number(0.0, self.compute()))
+            v.plus(Expr::Number(0.0, self.dtype().compute()))
         } else {
-            v.to_string()
+            v
         }
     }
 
@@ -905,10 +920,17 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
             Box::new(Expr::var(format!("s{}", out.index()))),
             Box::new(Expr::LayoutOffset(l, Box::new(Expr::var("e")))),
         );
-        ctx.push(vec![Stmt::ForEachElement {
-            threads: nt,
-            n: s.numel(),
-            body: vec![
+        ctx.push(vec![Stmt::thread_loop(
+            Func::TbForEach,
+            vec![TArg::int(nt), TArg::int(s.numel())],
+            vec![
+                Param::named(Ty::Int, "e"),
+                Param {
+                    ty: Ty::Int,
+                    name: None,
+                },
+            ],
+            vec![
                 Stmt::local(
                     Ty::ConstElem(cd),
                     "v",
@@ -919,7 +941,7 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
                     Expr::TemplateCall(Func::FromCompute, vec![TArg::Elem(ty)], vec![expr]),
                 ),
             ],
-        }])?;
+        )])?;
     }
     Ok(())
 }
@@ -1061,7 +1083,7 @@ fn push_partials(
             vec![Expr::var("tid"), tile, at],
         )));
     }
-    pushes.push(Stmt::Return);
+    pushes.push(Stmt::Return(None));
     let mut out = vec![Stmt::If(others(), pushes)];
     out.push(
         Stmt::IfLine(
@@ -1158,7 +1180,7 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
         Stmt::If(rank0, folds),
         Stmt::Eval(Expr::Call(Func::ClusterSync, vec![]))
             .noted("CTA 0 has read the partials: the others may leave"),
-        Stmt::IfLine(others(), Box::new(Stmt::Return)),
+        Stmt::IfLine(others(), Box::new(Stmt::Return(None))),
     ])
 }
 
