@@ -1161,6 +1161,20 @@ pub fn calls(stmts: &[Stmt], func: Func) -> Vec<Vec<&Expr>> {
     out
 }
 
+/// Calls of `method` of a runtime class anywhere in `stmts` (lambda calls included), in
+/// order, each as its template arguments and arguments.
+pub fn member_calls(stmts: &[Stmt], method: Method) -> Vec<(&[TArg], Vec<&Expr>)> {
+    let mut out = Vec::new();
+    walk(stmts, &mut |e| {
+        if let Expr::Member(_, m, t, a) = e
+            && *m == method
+        {
+            out.push((&t[..], a.iter().collect()))
+        }
+    });
+    out
+}
+
 /// Every function `stmts` call, in order of first call.
 pub fn functions(stmts: &[Stmt]) -> Vec<Func> {
     let mut out = Vec::new();

@@ -575,12 +575,25 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     }
     // Matmul lowerings: each chain's way into its sink.
     {
+        use mucc::emit::ir::{Method, Nested, Stmt, member_calls, visit};
         use mucc::sched::plan::{MatmulLowering as L, Sink};
         let count = |l: L| kp.chains.iter().filter(|c| c.matmul == Some(l)).count();
+        let mut fragments = 0;
+        visit(stmts, &mut |s| {
+            if let Stmt::NestedDecl {
+                ty: Nested::Frag,
+                name,
+                ..
+            } = s
+                && name == "c_"
+            {
+                fragments += 1;
+            }
+        });
         want(
-            text.matches("::apply(").count() == count(L::SliceBySlice)
-                && text.matches("::Frag c_;").count() == count(L::ThroughMembers)
-                && (count(L::PerElement) > 0) == text.contains("FmaMatmul<"),
+            member_calls(stmts, Method::Apply).len() == count(L::SliceBySlice)
+                && fragments == count(L::ThroughMembers)
+                && member_calls(stmts, Method::At).len() == count(L::PerElement),
             format!(
                 "matmul lowerings: {} slice by slice, {} through members, {} per element",
                 count(L::SliceBySlice),
@@ -594,13 +607,21 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             }
             if let Sink::Accum(acc) = c.sink {
                 // A register pipe's consumer takes its A operand from the producer's fragment.
-                let call = if kp.pipe_into(i).is_some() {
-                    format!(">(acc{}, pk_, ", acc.index())
+                let acc_var = mucc::emit::ir::Expr::var(format!("acc{}", acc.index()));
+                let pk = mucc::emit::ir::Expr::var("pk_");
+                let found = if kp.pipe_into(i).is_some() {
+                    [Method::RunFrom, Method::RunFromKeys].iter().any(|&m| {
+                        member_calls(stmts, m)
+                            .iter()
+                            .any(|(_, a)| a.len() > 1 && *a[0] == acc_var && *a[1] == pk)
+                    })
                 } else {
-                    format!("::run(acc{}, ", acc.index())
+                    member_calls(stmts, Method::Run)
+                        .iter()
+                        .any(|(_, a)| a.first().is_some_and(|x| **x == acc_var))
                 };
                 want(
-                    text.contains(&call),
+                    found,
                     format!("op{} accumulated straight into its fragment", acc.index()),
                 );
             }
@@ -634,8 +655,15 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             // Every Mma<…> type whose B is not read by descriptor issues mma.sync.
             F::MmaSync => b_loads.iter().any(|b| b != wgmma_b),
             F::Wgmma => b_loads.iter().any(|b| b == wgmma_b),
-            F::FmaMatmul => text.contains("mucc::tb::FmaMatmul<"),
-            F::RegisterPipe => text.contains("::run_from<") || text.contains("::run_from_keys<"),
+            F::FmaMatmul => {
+                !mucc::emit::ir::member_calls(stmts, mucc::emit::ir::Method::At).is_empty()
+            }
+            F::RegisterPipe => [
+                mucc::emit::ir::Method::RunFrom,
+                mucc::emit::ir::Method::RunFromKeys,
+            ]
+            .iter()
+            .any(|&m| !mucc::emit::ir::member_calls(stmts, m).is_empty()),
             F::Cluster => {
                 text.contains("mucc::sm90::cluster_sync()")
                     || text.contains("mucc::sm90::cluster_wait()")
@@ -675,9 +703,12 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     }
     // exp by ex2.approx exactly where the plan rounds its value to 16 bits right after.
-    for (kind, call) in [
-        (ApproxExp::Ex2, "mucc::op::exp_approx("),
-        (ApproxExp::Ex2FlushToZero, "mucc::op::exp_approx_ftz("),
+    for (kind, func) in [
+        (ApproxExp::Ex2, mucc::emit::ir::Func::ExpApprox),
+        (
+            ApproxExp::Ex2FlushToZero,
+            mucc::emit::ir::Func::ExpApproxFtz,
+        ),
     ] {
         let approx = kp
             .chains
@@ -685,7 +716,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .filter(|c| c.approx_exp == Some(kind))
             .count();
         want(
-            text.matches(call).count() == approx,
+            mucc::emit::ir::calls(stmts, func).len() == approx,
             format!("{approx} chains with exp by {kind}"),
         );
     }
@@ -710,8 +741,8 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                     .count()
             })
             .sum::<usize>();
-        let found = text.matches("mucc::op::silu_approx(").count()
-            + text.matches("mucc::op::sigmoid_approx(").count();
+        let found = mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::SiluApprox).len()
+            + mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::SigmoidApprox).len();
         want(
             found == planned,
             format!("{found} approximate silu/sigmoid calls, plan {planned}"),
@@ -728,10 +759,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .filter(|&(i, c)| c.vector > 1 && !summed_by_rows(tb, kp, i, c))
             .map(|(_, c)| c.vector)
             .collect();
-        let mut found: Vec<usize> = template_args(&text, "mucc::tb::for_each_step<")
-            .iter()
-            .filter_map(|a| a.get(2).and_then(|v| v.parse().ok()))
-            .collect();
+        let mut found: Vec<usize> = Vec::new();
+        mucc::emit::ir::walk(stmts, &mut |e| {
+            if let mucc::emit::ir::Expr::TemplateCall(mucc::emit::ir::Func::TbForEachStep, t, _) = e
+                && let Some(mucc::emit::ir::TArg::Int(v)) = t.get(2)
+            {
+                found.push(*v as usize);
+            }
+        });
         planned.sort_unstable();
         found.sort_unstable();
         want(
@@ -744,8 +779,18 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .flat_map(|c| c.members.iter())
             .filter(|&&m| kp.fusion.side_input(tb, m).is_some())
             .count();
-        let side_reads =
-            text.matches("const float side").count() + text.matches("const double side").count();
+        let mut side_reads = 0;
+        mucc::emit::ir::visit(stmts, &mut |s| {
+            if let mucc::emit::ir::Stmt::Decl {
+                ty: mucc::emit::ir::Ty::ConstElem(_),
+                name,
+                ..
+            } = s
+                && name.starts_with("side")
+            {
+                side_reads += 1;
+            }
+        });
         want(
             side_reads == binary_members,
             format!("{binary_members} binary chain members, {side_reads} side reads in the code"),
@@ -754,23 +799,35 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     // Write-backs after the loop: each planned one printed once, and every register
     // accumulator with a buffer (its tile read after the loop) among them.
     {
+        use mucc::emit::ir::{Expr, Func, Method, calls, member_calls};
         use mucc::sched::plan::WriteBack;
+        // Calls of `m` whose first argument is accumulator `a`'s registers.
+        let of_acc = |m: Method, a: usize| {
+            let acc = Expr::var(format!("acc{a}"));
+            member_calls(stmts, m)
+                .iter()
+                .filter(|(_, args)| args.first().is_some_and(|x| **x == acc))
+                .count()
+        };
         for wb in &kp.write_backs {
             let a = wb.acc();
             let printed = match wb {
                 WriteBack::Store {
                     fragment_of: Some(_),
                     ..
-                } => text
-                    .matches(&format!("::each(acc{a}, warp, lane, "))
-                    .count(),
-                WriteBack::Store { .. } => text.matches(&format!("(acc{a}[r]);")).count(),
-                WriteBack::KeySplit { .. } => text
-                    .lines()
-                    .filter(|l| {
-                        l.contains("::combine_keys<") && l.contains(&format!(">(acc{a}, rm"))
-                    })
-                    .count(),
+                } => of_acc(Method::Each, a),
+                // Each thread's registers converted into the tile: from_compute(acc[r]).
+                WriteBack::Store { .. } => {
+                    let reg = Expr::Index(
+                        Box::new(Expr::var(format!("acc{a}"))),
+                        Box::new(Expr::var("r")),
+                    );
+                    calls(stmts, Func::FromCompute)
+                        .iter()
+                        .filter(|args| args.first().is_some_and(|x| **x == reg))
+                        .count()
+                }
+                WriteBack::KeySplit { .. } => of_acc(Method::CombineKeys, a),
             };
             want(
                 printed == 1,
@@ -783,7 +840,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             .filter(|w| matches!(w, WriteBack::KeySplit { .. }))
             .count();
         want(
-            text.matches("::combine_keys<").count() == key_splits,
+            member_calls(stmts, Method::CombineKeys).len() == key_splits,
             format!("{key_splits} key splits written back"),
         );
         for (h, _) in tb.ops.iter() {
@@ -810,15 +867,16 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         let online = on.iter().filter(|p| p.online.is_some()).count();
         // A key split's consumer runs on its warps' keys and combines them after the loop.
         let keys = on.iter().filter(|p| p.keys > 1).count();
+        use mucc::emit::ir::{Method, member_calls};
+        let n = |m: Method| member_calls(stmts, m).len();
         want(
-            text.matches("::run_from<").count() == on.len() - keys
-                && text.matches("::run_from_keys<").count() == keys
-                && text.matches("::combine_keys<").count() == keys
-                && text.matches("::row_sums(pk_, ").count()
-                    == on.iter().map(|p| p.row_sums.len()).sum::<usize>()
-                && text.matches("::pack(pk_, p_, ").count() == on.len() - online
-                && text.matches("::online_pack(pk_, p_, ").count() == online
-                && text.matches("::scale_rows(acc").count() == online,
+            n(Method::RunFrom) == on.len() - keys
+                && n(Method::RunFromKeys) == keys
+                && n(Method::CombineKeys) == keys
+                && n(Method::RowSums) == on.iter().map(|p| p.row_sums.len()).sum::<usize>()
+                && n(Method::Pack) == on.len() - online
+                && n(Method::OnlinePack) == online
+                && n(Method::ScaleRows) == online,
             format!(
                 "{} register pipes ({online} online, {keys} splitting the keys)",
                 on.len()

@@ -4,10 +4,11 @@
 //! accumulators after the loop.
 
 use super::Ctx;
-use super::chain::{at, natural, unused};
+use super::chain::{at, elem_at, int_param, natural, unnamed_int, unused};
 use crate::emit::EmitError;
 use crate::emit::cxx::ctype;
-use crate::emit::ir::{self, Expr, Func, Stmt};
+use crate::emit::ir::{Expr, Func, Lambda, Method, Nested, Param, Stmt, TArg, Ty};
+use crate::graph::DType;
 use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
 use crate::graph::threadblock::{TbOp, TbOpKind};
@@ -83,7 +84,7 @@ impl Ctx<'_> {
         let Some(lowering) = cp.matmul else {
             return Err(self.internal(&format!("op{} has no matmul lowering", lead.index())));
         };
-        let (pa, pb) = (self.tile_ref(a), self.tile_ref(b));
+        let (pa, pb) = (var(&self.tile_ref(a)), var(&self.tile_ref(b)));
         let nat = natural(&sc);
         let reducing = matches!(cp.sink, Sink::Accum(acc) if self.accum_reduces(acc));
         // What each element (row, col) of the product becomes.
@@ -100,91 +101,117 @@ impl Ctx<'_> {
                 "mucc::tb::FmaMatmul<{ta}, {tb}, {la}, {lb}, {m}, {n}, {k}>"
             ));
             each.extend(match cp.sink {
-                Sink::Accum(acc) if reducing => {
-                    self.reduce_atomic(acc, Expr::var("row"), Expr::var("col"))?
-                }
-                sink => self.sink_stmts(sink, &sc, &nat, &Expr::var("e"), &Expr::var("r"))?,
+                Sink::Accum(acc) if reducing => self.reduce_atomic(acc, var("row"), var("col"))?,
+                sink => self.sink_stmts(sink, &sc, &nat, &var("e"), &var("r"))?,
             });
-            let c = self.compute();
+            let c = self.dtype().compute();
             let into_registers =
                 matches!(cp.sink, Sink::Accum(acc) if !reducing && self.in_registers(acc));
             let (f, rp) = if into_registers {
-                ("for_each_unrolled", "int r")
+                (Func::TbForEachUnrolled, int_param("r"))
             } else {
-                ("for_each", "int")
+                (Func::TbForEach, unnamed_int())
             };
-            let nt = self.nt;
-            self.w.block(
-                format!("mucc::tb::{f}<{nt}, {}>(tid, [&](int e, {rp})", m * n),
-                ");",
-                |w| {
-                    w.line(format!("const int row = e / {n}, col = e % {n};"));
-                    w.line(format!("{c} v = {fma}::at({pa}, {pb}, row, col);"));
-                    ir::print(w, &each);
+            let mut body = vec![
+                Stmt::DeclMany {
+                    ty: Ty::ConstInt,
+                    vars: vec![
+                        ("row".into(), var("e").over(Expr::size(n))),
+                        ("col".into(), var("e").modulo(Expr::size(n))),
+                    ],
                 },
-            );
-            return Ok(());
+                Stmt::local(
+                    Ty::Elem(c),
+                    "v",
+                    member(&fma, Method::At, vec![pa, pb, var("row"), var("col")]),
+                ),
+            ];
+            body.extend(each);
+            return self.push(vec![Stmt::thread_loop(
+                f,
+                vec![TArg::int(self.nt), TArg::int(m * n)],
+                vec![int_param("e"), rp],
+                body,
+            )]);
         }
         let mt = self.matmul_type(lead)?;
-        let e = Expr::var("row").times(Expr::size(n)).plus(Expr::var("col"));
-        match (lowering, cp.sink) {
+        let e = var("row").times(Expr::size(n)).plus(var("col"));
+        let warp_args = |mut a: Vec<Expr>| {
+            a.extend([var("smem"), var("warp"), var("lane")]);
+            a
+        };
+        let stmts = match (lowering, cp.sink) {
             (MatmulLowering::IntoFragment, Sink::Accum(acc)) => {
-                let i = acc.index();
-                self.w
-                    .line(format!("{mt}::run(acc{i}, {pa}, {pb}, smem, warp, lane);"));
+                let acc = var(&format!("acc{}", acc.index()));
+                vec![Stmt::eval(member(
+                    &mt,
+                    Method::Run,
+                    warp_args(vec![acc, pa, pb]),
+                ))]
             }
             (MatmulLowering::ThroughMembers, Sink::Accum(acc)) => {
                 let i = acc.index();
                 // acc.v[i][j][q]: the accumulator's fragment element.
                 let elem = ["i", "j", "q"].iter().fold(
-                    Expr::Field(Box::new(Expr::var(format!("acc{i}"))), "v"),
-                    |e, x| at(e, Expr::var(*x)),
+                    Expr::Field(Box::new(var(&format!("acc{i}"))), "v"),
+                    |e, x| at(e, var(x)),
                 );
                 each.push(
                     if matches!(self.tb.ops[acc].kind, TbOpKind::Accum(AccumKind::Max)) {
                         Stmt::Assign(
                             elem.clone(),
-                            Expr::Call(Func::TbMaxOf, vec![elem, Expr::var("v")]),
+                            Expr::Call(Func::TbMaxOf, vec![elem, var("v")]),
                         )
                     } else {
-                        Stmt::AddAssign(elem, Expr::var("v"))
+                        Stmt::AddAssign(elem, var("v"))
                     },
                 );
-                self.w.block("", "", |w| {
-                    w.line(format!("{mt}::Frag c_;"));
-                    w.line(format!("{mt}::zero(c_);"));
-                    w.line(format!("{mt}::run(c_, {pa}, {pb}, smem, warp, lane);"));
-                    w.block(
-                        format!("{mt}::each(c_, warp, lane, [&](int row, int col, float v, int i, int j, int q)"),
-                        ");",
-                        |w| {
-                            w.line("(void)row;");
-                            w.line("(void)col;");
-                            ir::print(w, &each);
-                        },
-                    );
-                });
+                let mut body = vec![unused("row"), unused("col")];
+                body.extend(each);
+                vec![Stmt::Block(vec![
+                    nested(&mt, Nested::Frag, "c_"),
+                    Stmt::eval(member(&mt, Method::Zero, vec![var("c_")])),
+                    Stmt::eval(member(&mt, Method::Run, warp_args(vec![var("c_"), pa, pb]))),
+                    Stmt::CallWith {
+                        call: member(&mt, Method::Each, vec![var("c_"), var("warp"), var("lane")]),
+                        lambda: Lambda::new(
+                            vec![
+                                int_param("row"),
+                                int_param("col"),
+                                Param::named(Ty::Elem(DType::F32), "v"),
+                                int_param("i"),
+                                int_param("j"),
+                                int_param("q"),
+                            ],
+                            body,
+                        ),
+                    },
+                ])]
             }
             (MatmulLowering::SliceBySlice, sink) => {
                 each.extend(match sink {
                     Sink::Accum(acc) if reducing => {
-                        self.reduce_atomic(acc, Expr::var("row"), Expr::var("col"))?
+                        self.reduce_atomic(acc, var("row"), var("col"))?
                     }
                     sink => self.sink_stmts(sink, &sc, &nat, &e, &Expr::size(0))?,
                 });
-                self.w.block(
-                    format!(
-                        "{mt}::apply({pa}, {pb}, smem, warp, lane, [&](int row, int col, float v)"
+                vec![Stmt::CallWith {
+                    call: member(&mt, Method::Apply, warp_args(vec![pa, pb])),
+                    lambda: Lambda::new(
+                        vec![
+                            int_param("row"),
+                            int_param("col"),
+                            Param::named(Ty::Elem(DType::F32), "v"),
+                        ],
+                        each,
                     ),
-                    ");",
-                    |w| ir::print(w, &each),
-                );
+                }]
             }
             (l, sink) => {
                 return Err(self.internal(&format!("matmul lowering {l:?} into {sink:?}")));
             }
-        }
-        Ok(())
+        };
+        self.push(stmts)
     }
 
     /// The producer's chain of a register pipe: its matmul into a fragment, the members applied
@@ -206,56 +233,75 @@ impl Ctx<'_> {
             return self.online_pipe_chain(lead, pipe, online);
         }
         let lop = self.tb.ops[lead].clone();
-        let (pa, pb) = (self.tile_ref(lop.inputs[0]), self.tile_ref(lop.inputs[1]));
+        let (pa, pb) = (
+            var(&self.tile_ref(lop.inputs[0])),
+            var(&self.tile_ref(lop.inputs[1])),
+        );
         let mt = self.matmul_type(lead)?;
         let mt2 = self.matmul_type(pipe.matmul)?;
-        let b2 = self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]);
+        let b2 = var(&self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]));
         let acc = self.kp.fusion.chain(pipe.matmul).tail().index();
         let tile = Handle::from_index(pipe.tile);
         let ty = ctype(self.tb.tensors[tile].dtype);
-        let c = self.compute();
+        let c = self.dtype().compute();
         let mut each = vec![unused("row"), unused("col")];
         each.extend(self.member_stmts(cp, None)?);
-        each.push(Stmt::Return(Some(Expr::var("v"))));
+        each.push(Stmt::Return(Some(var("v"))));
         let mut sums = Vec::new();
         for &r in &pipe.row_sums {
-            let name = format!(
-                "// op{} {}: row sums by shuffles",
+            sums.push(Stmt::Comment(format!(
+                "op{} {}: row sums by shuffles",
                 r.index(),
                 self.tb.ops[r].kind.name()
-            );
-            sums.push((name, self.row_sink(r, &Expr::var("row"))?));
+            )));
+            let sink = self.row_sink(r, &var("row"))?;
+            sums.push(Stmt::CallWith {
+                call: member(
+                    &mt,
+                    Method::RowSums,
+                    vec![var("pk_"), var("warp"), var("lane")],
+                ),
+                lambda: Lambda::new(vec![int_param("row"), Param::named(Ty::Elem(c), "s")], sink),
+            });
         }
         let (t, m2) = (pipe.tile, pipe.matmul.index());
-        self.w.block("", "", |w| {
-            w.line(format!(
-                "// s{t} stays in registers: the product, through the members, packed in {ty}"
-            ));
-            w.line(format!("{mt}::Packed pk_;"));
-            w.block("", "", |w| {
-                w.line(format!("{mt}::Frag p_;"));
-                w.line(format!("{mt}::zero(p_);"));
-                w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
-                w.block(
-                    format!("{mt}::pack(pk_, p_, warp, lane, [&](int row, int col, {c} v)"),
-                    ");",
-                    |w| ir::print(w, &each),
-                );
-            });
-            for (name, sink) in &sums {
-                w.line(name);
-                w.block(
-                    format!("{mt}::row_sums(pk_, warp, lane, [&](int row, {c} s)"),
-                    ");",
-                    |w| ir::print(w, sink),
-                );
-            }
-            w.line(format!("// op{m2} matmul: A from the packed product"));
-            w.line(format!(
-                "{mt2}::run_from<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
-            ));
-        });
-        Ok(())
+        let mut block = vec![
+            Stmt::Comment(format!(
+                "s{t} stays in registers: the product, through the members, packed in {ty}"
+            )),
+            nested(&mt, Nested::Packed, "pk_"),
+            Stmt::Block(vec![
+                nested(&mt, Nested::Frag, "p_"),
+                Stmt::eval(member(&mt, Method::Zero, vec![var("p_")])),
+                Stmt::eval(member(&mt, Method::Run, product_args(var("p_"), pa, pb))),
+                Stmt::CallWith {
+                    call: member(
+                        &mt,
+                        Method::Pack,
+                        vec![var("pk_"), var("p_"), var("warp"), var("lane")],
+                    ),
+                    lambda: Lambda::new(
+                        vec![
+                            int_param("row"),
+                            int_param("col"),
+                            Param::named(Ty::Elem(c), "v"),
+                        ],
+                        each,
+                    ),
+                },
+            ]),
+        ];
+        block.extend(sums);
+        block.push(Stmt::Comment(format!(
+            "op{m2} matmul: A from the packed product"
+        )));
+        block.push(Stmt::eval(Expr::Member(
+            mt2,
+            Method::RunFrom,
+            vec![TArg::Name(mt)],
+            product_args(var(&format!("acc{acc}")), var("pk_"), b2),
+        )));
+        self.push(vec![Stmt::Block(block)])
     }
 
     /// The producer's chain of an online-softmax register pipe ([`OnlinePipe`]): the scores
@@ -268,90 +314,163 @@ impl Ctx<'_> {
         o: &OnlinePipe,
     ) -> Result<(), EmitError> {
         let lop = self.tb.ops[lead].clone();
-        let (pa, pb) = (self.tile_ref(lop.inputs[0]), self.tile_ref(lop.inputs[1]));
+        let (pa, pb) = (
+            var(&self.tile_ref(lop.inputs[0])),
+            var(&self.tile_ref(lop.inputs[1])),
+        );
         let mt = self.matmul_type(lead)?;
         let mt2 = self.matmul_type(pipe.matmul)?;
-        let b2 = self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]);
+        let b2 = var(&self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]));
         let acc = o.out_acc.index();
         let ty = ctype(self.tb.tensors[Handle::from_index(pipe.tile)].dtype);
         let row_store =
-            |ctx: &mut Self, a: Handle<TbOp>| -> Result<(usize, String, &'static str), EmitError> {
+            |ctx: &mut Self, a: Handle<TbOp>| -> Result<(usize, String, DType), EmitError> {
                 let out = ctx.tb.ops[a].outputs[0];
                 let s = ctx.tb.tensors[out].shape;
                 let l = ctx.tile_layout(out, &natural(&s))?;
-                Ok((out.index(), l, ctx.tile_ctype(out)))
+                Ok((out.index(), l, ctx.tile_dtype(out)))
             };
         let (ls, ll, lty) = row_store(self, o.sum_acc)?;
         let (ms, ml, mty) = row_store(self, o.max_acc)?;
         let (t, m2, mx) = (pipe.tile, pipe.matmul.index(), o.max.index());
         let (sa, xa) = (o.sum_acc.index(), o.max_acc.index());
         let keys = pipe.keys;
-        self.w.block("", "", |w| {
-            if keys > 1 {
-                w.line(format!(
-                    "// s{t} in registers: exp(S - m), m op{mx}'s running max of this warp's keys"
-                ));
-                w.line(format!("// (the keys split over {keys} warps), packed in {ty}"));
-            } else {
-                w.line(format!(
-                    "// s{t} stays in registers: exp(S - m) with op{mx}'s running max m, packed in {ty}"
-                ));
-            }
-            w.line(format!("{mt}::Packed pk_;"));
-            w.line(format!("float r_[{mt}::PM][2], l_[{mt}::PM][2];"));
-            w.block("", "", |w| {
-                w.line(format!("{mt}::Frag p_;"));
-                w.line(format!("{mt}::zero(p_);"));
-                w.line(format!("{mt}::run(p_, {pa}, {pb}, smem, warp, lane);"));
-                w.line(format!(
-                    "{mt}::online_pack(pk_, p_, rm{mx}_, r_, l_, warp, lane);"
-                ));
-            });
-            if keys > 1 {
-                // Each warp's l stays in registers; l and m reach their tiles after the loop
-                // (`combine_keys`).
-                w.line(format!(
-                    "// op{acc} accum_nored_rescale: O <- O * r, rows of this warp's fragment"
-                ));
-                w.line(format!("{mt2}::scale_rows(acc{acc}, r_, warp);"));
-                w.line(format!(
-                    "// op{sa} accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers"
-                ));
-                w.line("#pragma unroll");
-                w.line(format!(
-                    "for (int i = 0; i < {mt}::PM; ++i) for (int h = 0; h < 2; ++h) lw{sa}_[i][h] = lw{sa}_[i][h] * r_[i][h] + l_[i][h];"
-                ));
-                w.line(format!(
-                    "// op{m2} matmul: A from the packed product, this warp's keys"
-                ));
-                w.line(format!(
-                    "{mt2}::run_from_keys<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
-                ));
-                return;
-            }
-            w.line(format!("// op{acc} accum_nored_rescale: O <- O * r, rows of the fragment"));
-            w.line(format!("{mt2}::scale_rows(acc{acc}, r_, warp);"));
-            w.line(format!(
-                "// op{sa} accum_red_ld_sum_rescale and op{xa} accum_max: per row, by its first lane"
-            ));
-            w.block(
-                format!("{mt}::each_row(warp, lane, [&](int row, int i, int h)"),
-                ");",
-                |w| {
-                    w.line(format!(
-                        "s{ls}[{ll}::offset(row)] = mucc::from_compute<{lty}>(mucc::to_compute(s{ls}[{ll}::offset(row)]) * r_[i][h] + l_[i][h]);"
-                    ));
-                    w.line(format!(
-                        "s{ms}[{ml}::offset(row)] = mucc::from_compute<{mty}>(rm{mx}_[i][h]);"
-                    ));
+        let rows = || Expr::FragmentRows(mt.clone());
+        // name[i][h].
+        let ih = |name: &str| at(at(var(name), var("i")), var("h"));
+        let mut block = if keys > 1 {
+            vec![
+                Stmt::Comment(format!(
+                    "s{t} in registers: exp(S - m), m op{mx}'s running max of this warp's keys"
+                )),
+                Stmt::Comment(format!(
+                    "(the keys split over {keys} warps), packed in {ty}"
+                )),
+            ]
+        } else {
+            vec![Stmt::Comment(format!(
+                "s{t} stays in registers: exp(S - m) with op{mx}'s running max m, packed in {ty}"
+            ))]
+        };
+        block.extend([
+            nested(&mt, Nested::Packed, "pk_"),
+            Stmt::Arrays {
+                ty: Ty::Elem(DType::F32),
+                names: vec!["r_".into(), "l_".into()],
+                dims: vec![rows(), Expr::size(2)],
+            },
+            Stmt::Block(vec![
+                nested(&mt, Nested::Frag, "p_"),
+                Stmt::eval(member(&mt, Method::Zero, vec![var("p_")])),
+                Stmt::eval(member(&mt, Method::Run, product_args(var("p_"), pa, pb))),
+                Stmt::eval(member(
+                    &mt,
+                    Method::OnlinePack,
+                    vec![
+                        var("pk_"),
+                        var("p_"),
+                        var(&format!("rm{mx}_")),
+                        var("r_"),
+                        var("l_"),
+                        var("warp"),
+                        var("lane"),
+                    ],
+                )),
+            ]),
+        ]);
+        let acc_v = var(&format!("acc{acc}"));
+        let scale_rows = Stmt::eval(member(
+            &mt2,
+            Method::ScaleRows,
+            vec![acc_v.clone(), var("r_"), var("warp")],
+        ));
+        if keys > 1 {
+            // Each warp's l stays in registers; l and m reach their tiles after the loop
+            // (`combine_keys`).
+            let lw = format!("lw{sa}_");
+            block.extend([
+                Stmt::Comment(format!(
+                    "op{acc} accum_nored_rescale: O <- O * r, rows of this warp's fragment"
+                )),
+                scale_rows,
+                Stmt::Comment(format!(
+                    "op{sa} accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers"
+                )),
+                Stmt::For {
+                    var: "i".into(),
+                    from: Expr::size(0),
+                    to: rows(),
+                    unroll: true,
+                    inline: true,
+                    body: vec![Stmt::for_inline(
+                        "h",
+                        Expr::size(2),
+                        false,
+                        vec![Stmt::Assign(
+                            ih(&lw),
+                            ih(&lw).times(ih("r_")).plus(ih("l_")),
+                        )],
+                    )],
                 },
-            );
-            w.line(format!("// op{m2} matmul: A from the packed product"));
-            w.line(format!(
-                "{mt2}::run_from<{mt}>(acc{acc}, pk_, {b2}, smem, warp, lane);"
-            ));
-        });
-        Ok(())
+                Stmt::Comment(format!(
+                    "op{m2} matmul: A from the packed product, this warp's keys"
+                )),
+                Stmt::eval(Expr::Member(
+                    mt2.clone(),
+                    Method::RunFromKeys,
+                    vec![TArg::Name(mt.clone())],
+                    product_args(acc_v, var("pk_"), b2),
+                )),
+            ]);
+            return self.push(vec![Stmt::Block(block)]);
+        }
+        let sum_slot = elem_at(&format!("s{ls}"), ll, var("row"));
+        let max_slot = elem_at(&format!("s{ms}"), ml, var("row"));
+        block.extend([
+            Stmt::Comment(format!(
+                "op{acc} accum_nored_rescale: O <- O * r, rows of the fragment"
+            )),
+            scale_rows,
+            Stmt::Comment(format!(
+                "op{sa} accum_red_ld_sum_rescale and op{xa} accum_max: per row, by its first lane"
+            )),
+            Stmt::CallWith {
+                call: member(&mt, Method::EachRow, vec![var("warp"), var("lane")]),
+                lambda: Lambda::new(
+                    vec![int_param("row"), int_param("i"), int_param("h")],
+                    vec![
+                        Stmt::Assign(
+                            sum_slot.clone(),
+                            Expr::TemplateCall(
+                                Func::FromCompute,
+                                vec![TArg::Elem(lty)],
+                                vec![
+                                    Expr::Call(Func::ToCompute, vec![sum_slot])
+                                        .times(ih("r_"))
+                                        .plus(ih("l_")),
+                                ],
+                            ),
+                        ),
+                        Stmt::Assign(
+                            max_slot,
+                            Expr::TemplateCall(
+                                Func::FromCompute,
+                                vec![TArg::Elem(mty)],
+                                vec![ih(&format!("rm{mx}_"))],
+                            ),
+                        ),
+                    ],
+                ),
+            },
+            Stmt::Comment(format!("op{m2} matmul: A from the packed product")),
+            Stmt::eval(Expr::Member(
+                mt2,
+                Method::RunFrom,
+                vec![TArg::Name(mt)],
+                product_args(acc_v, var("pk_"), b2),
+            )),
+        ]);
+        self.push(vec![Stmt::Block(block)])
     }
 
     /// After the loop of a key split ([`RegisterPipe::keys`] > 1): the warps' running maxima,
@@ -363,15 +482,15 @@ impl Ctx<'_> {
         o: &OnlinePipe,
     ) -> Result<(), EmitError> {
         let mt2 = self.matmul_type(pipe.matmul)?;
-        let mut tile = |a: Handle<TbOp>| -> Result<(usize, String, &'static str), EmitError> {
+        let mut tile = |a: Handle<TbOp>| -> Result<(usize, String), EmitError> {
             let out = self.tb.ops[a].outputs[0];
             let s = self.tb.tensors[out].shape;
             let l = self.tile_layout(out, &natural(&s))?;
-            Ok((out.index(), l, self.tile_ctype(out)))
+            Ok((out.index(), l))
         };
-        let (ms, ml, _) = tile(o.max_acc)?;
-        let (ls, ll, _) = tile(o.sum_acc)?;
-        let (os, ol, _) = tile(o.out_acc)?;
+        let (ms, ml) = tile(o.max_acc)?;
+        let (ls, ll) = tile(o.sum_acc)?;
+        let (os, ol) = tile(o.out_acc)?;
         let (mx, sa, acc) = (o.max.index(), o.sum_acc.index(), o.out_acc.index());
         let Some((slice, tile_bytes)) = self.kp.smem.kinds.iter().find_map(|k| match *k {
             crate::sched::plan::SmemKind::KeySplit {
@@ -385,15 +504,38 @@ impl Ctx<'_> {
             return Err(self.internal(&format!("the key split of op{acc} has no buffer of slices")));
         };
         let nt = self.nt;
-        self.w.line(format!(
-            "// op{}, op{sa} and op{acc}: the {} warps' maxima, sums and output fragments combined",
+        let comment = Stmt::Comment(format!(
+            "op{}, op{sa} and op{acc}: the {} warps' maxima, sums and output fragments combined",
             o.max_acc.index(),
             pipe.keys
         ));
-        self.w.line(format!(
-            "{mt2}::combine_keys<{ml}, {ll}, {ol}, {slice}, {tile_bytes}, {nt}>(acc{acc}, rm{mx}_, lw{sa}_, s{ms}, s{ls}, s{os}, tid, warp, lane);"
-        ));
-        Ok(())
+        let combine = Expr::Member(
+            mt2,
+            Method::CombineKeys,
+            vec![
+                TArg::Name(ml),
+                TArg::Name(ll),
+                TArg::Name(ol),
+                TArg::int(slice),
+                TArg::int(tile_bytes),
+                TArg::int(nt),
+            ],
+            [
+                format!("acc{acc}"),
+                format!("rm{mx}_"),
+                format!("lw{sa}_"),
+                format!("s{ms}"),
+                format!("s{ls}"),
+                format!("s{os}"),
+                "tid".into(),
+                "warp".into(),
+                "lane".into(),
+            ]
+            .iter()
+            .map(|n| var(n))
+            .collect(),
+        );
+        self.push(vec![comment, Stmt::eval(combine)])
     }
 
     /// Writes register accumulator `acc` into its shared-memory buffer: from the fragment of
@@ -405,37 +547,71 @@ impl Ctx<'_> {
     ) -> Result<(), EmitError> {
         let out = self.tb.ops[acc].outputs[0];
         let s = self.tb.tensors[out].shape;
-        let ty = self.tile_ctype(out);
+        let ty = self.tile_dtype(out);
         let (a, o, nt) = (acc.index(), out.index(), self.nt);
-        if let Some(mm) = fragment_of {
+        let store = |e: Expr, v: Expr, l: String| {
+            Stmt::Assign(
+                elem_at(&format!("s{o}"), l, e),
+                Expr::TemplateCall(Func::FromCompute, vec![TArg::Elem(ty)], vec![v]),
+            )
+        };
+        let stmt = if let Some(mm) = fragment_of {
             let mt = self.matmul_type(mm)?;
             let l = self.tile_layout(out, &natural(&s))?;
             let n = s.dim(s.rank() - 1);
-            self.w.block(
-                format!(
-                    "{mt}::each(acc{a}, warp, lane, [&](int row, int col, float v, int, int, int)"
+            let e = var("row").times(Expr::size(n)).plus(var("col"));
+            Stmt::CallWith {
+                call: member(
+                    &mt,
+                    Method::Each,
+                    vec![var(&format!("acc{a}")), var("warp"), var("lane")],
                 ),
-                ");",
-                |w| {
-                    w.line(format!(
-                        "s{o}[{l}::offset(row * {n} + col)] = mucc::from_compute<{ty}>(v);"
-                    ))
-                },
-            );
+                lambda: Lambda::new(
+                    vec![
+                        int_param("row"),
+                        int_param("col"),
+                        Param::named(Ty::Elem(DType::F32), "v"),
+                        unnamed_int(),
+                        unnamed_int(),
+                        unnamed_int(),
+                    ],
+                    vec![store(e, var("v"), l)],
+                ),
+            }
         } else {
             let order = self.order(acc);
             let l = self.tile_layout(out, &order)?;
-            let n = s.numel();
-            self.w.block(
-                format!("mucc::tb::for_each_unrolled<{nt}, {n}>(tid, [&](int e, int r)"),
-                ");",
-                |w| {
-                    w.line(format!(
-                        "s{o}[{l}::offset(e)] = mucc::from_compute<{ty}>(acc{a}[r]);"
-                    ))
-                },
-            );
-        }
-        Ok(())
+            Stmt::thread_loop(
+                Func::TbForEachUnrolled,
+                vec![TArg::int(nt), TArg::int(s.numel())],
+                vec![int_param("e"), int_param("r")],
+                vec![store(var("e"), at(var(&format!("acc{a}")), var("r")), l)],
+            )
+        };
+        self.push(vec![stmt])
     }
+}
+
+/// A variable.
+fn var(name: &str) -> Expr {
+    Expr::var(name)
+}
+
+/// `Class::method(args)` without template arguments.
+fn member(class: &str, m: Method, args: Vec<Expr>) -> Expr {
+    Expr::Member(class.into(), m, Vec::new(), args)
+}
+
+/// `Class::Nested name;`.
+fn nested(class: &str, ty: Nested, name: &str) -> Stmt {
+    Stmt::NestedDecl {
+        class: class.into(),
+        ty,
+        name: name.into(),
+    }
+}
+
+/// The arguments of a product into `c` from `a` and `b`: `c, a, b, smem, warp, lane`.
+fn product_args(c: Expr, a: Expr, b: Expr) -> Vec<Expr> {
+    vec![c, a, b, var("smem"), var("warp"), var("lane")]
 }
