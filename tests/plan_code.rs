@@ -101,10 +101,11 @@ fn every_kernel_follows_its_plan() {
     );
 }
 
-/// The check fails when code and plan disagree: the 96-thread 7×13 golden with its code edited
-/// to reduce rows one per thread while the plan says eight.
+/// The check fails when code and plan disagree: the 96-thread 7×13 golden with its statements
+/// edited to reduce rows one per thread while the plan says eight.
 #[test]
 fn a_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Func, Stmt, TArg};
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock/tiles_7x13_f32.json");
     let file = read_file(&path, &ImportOptions::default()).unwrap();
     let g = &file.graphs[0].graph;
@@ -117,10 +118,19 @@ fn a_disagreement_fails_the_check() {
     let mut e = mucc::emit::emit(g, &p, "test").unwrap();
     let (&k, kp) = p.kernels.iter().next().unwrap();
     check_kernel(g, &e, k, kp).unwrap();
-    assert!(e.source.contains("rms_rows<96, 8, 7, 13,"));
-    e.source = e
-        .source
-        .replace("rms_rows<96, 8, 7, 13,", "rms_rows<96, 1, 7, 13,");
+    // The rms_rows call (in the chain's block) with one thread per row.
+    fn edit(stmts: &mut [Stmt]) -> bool {
+        stmts.iter_mut().any(|s| match s {
+            Stmt::Block(b) | Stmt::For { body: b, .. } | Stmt::If(_, b) => edit(b),
+            Stmt::Eval(Expr::TemplateCall(Func::TbRmsRows, t, _)) => {
+                assert_eq!(t[..4], [96, 8, 7, 13].map(TArg::int));
+                t[1] = TArg::int(1);
+                true
+            }
+            _ => false,
+        })
+    }
+    assert!(e.bodies.iter_mut().any(|b| edit(&mut b.body)));
     let err = check_kernel(g, &e, k, kp).unwrap_err();
     assert!(err.contains("row splits"), "{err}");
 }

@@ -141,6 +141,14 @@ pub fn nested(n: super::ir::Nested) -> &'static str {
     }
 }
 
+/// An fp32 constant of the register states' initial values.
+pub fn f32_const(c: super::ir::F32Const) -> &'static str {
+    match c {
+        super::ir::F32Const::Zero => "0.0f",
+        super::ir::F32Const::NegInfinity => "-__int_as_float(0x7f800000)",
+    }
+}
+
 /// The matmul classes' count of fragment rows a thread holds.
 pub const FRAGMENT_ROWS: &str = "PM";
 
@@ -274,6 +282,12 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::ExpApproxFtz => "mucc::op::exp_approx_ftz",
         F::SiluApprox => "mucc::op::silu_approx",
         F::SigmoidApprox => "mucc::op::sigmoid_approx",
+        F::TbFill => "mucc::tb::fill",
+        F::TbCopyChunksCvt => "mucc::tb::copy_chunks_cvt",
+        F::TbClusterSoftmaxCombine => "mucc::tb::cluster_softmax_combine",
+        F::XchgArriveAndSum => "mucc::xchg::arrive_and_sum",
+        F::XchgSlot => "mucc::xchg::slot",
+        F::XchgCopyLl => "mucc::xchg::copy_ll",
     }
 }
 
@@ -354,12 +368,6 @@ pub fn ctype(d: DType) -> &'static str {
         // Validation rejects these.
         DType::F8 | DType::F4 | DType::I4 | DType::U4 => "void",
     }
-}
-
-/// The C++ type arithmetic on `d` runs in (`mucc::Compute<T>`): float for 16-bit floats and
-/// fp32, double otherwise.
-pub fn compute_ctype(d: DType) -> &'static str {
-    ctype(d.compute())
 }
 
 /// A value of compute type `c` (`float` or `double`) equal to `x`: a literal that reads back as
@@ -676,11 +684,6 @@ impl Writer {
         self.level += 1;
         body(self);
         self.level -= 1;
-    }
-
-    /// Text already laid out (lines with their indentation and newlines), appended as it is.
-    pub fn verbatim(&mut self, text: &str) {
-        self.out.push_str(text);
     }
 
     /// The lines written so far.

@@ -226,6 +226,18 @@ pub enum Func {
     SiluApprox,
     /// `mucc::op::sigmoid_approx`: sigmoid through `ex2.approx` and `rcp.approx`.
     SigmoidApprox,
+    /// `mucc::tb::fill`: every element of a tile set to a value.
+    TbFill,
+    /// `mucc::tb::copy_chunks_cvt`: [`Func::TbCopyChunks`] converting each chunk's elements.
+    TbCopyChunksCvt,
+    /// `mucc::tb::cluster_softmax_combine`: the CTAs of a cluster combine their key splits.
+    TbClusterSoftmaxCombine,
+    /// `mucc::xchg::arrive_and_sum`: the fused all-reduce's last blocks sum the GPUs' slots.
+    XchgArriveAndSum,
+    /// `mucc::xchg::slot`: a GPU's slot of an exchange region.
+    XchgSlot,
+    /// `mucc::xchg::copy_ll`: a tile copied into a peer's slot with its flag.
+    XchgCopyLl,
 }
 
 /// A template argument of a runtime call.
@@ -293,6 +305,15 @@ pub enum Method {
     CombineKeys,
     /// One element of an FMA product.
     At,
+}
+
+/// An fp32 constant of the register states' initial values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum F32Const {
+    /// Zero.
+    Zero,
+    /// −∞ (from its bit pattern).
+    NegInfinity,
 }
 
 /// A type member of the runtime's matmul classes.
@@ -428,6 +449,10 @@ pub enum Expr {
     Member(String, Method, Vec<TArg>, Vec<Expr>),
     /// `Class::PM`: fragment rows a thread holds in a matmul class.
     FragmentRows(String),
+    /// `a = b` as an expression (the value of a chained assignment).
+    Assign(Box<Expr>, Box<Expr>),
+    /// An fp32 constant in the spelling the register states start from.
+    F32(F32Const),
 }
 
 impl Expr {
@@ -546,6 +571,17 @@ impl Lambda {
     }
 }
 
+/// Where a loop's body goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopForm {
+    /// In a block: `for (…) {`, the body, `}`.
+    Block,
+    /// On the loop's line (`{ a; b; }` for several statements).
+    SameLine,
+    /// One level deeper on the lines after the loop's, without braces (one statement).
+    NextLine,
+}
+
 /// A statement.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt {
@@ -604,8 +640,8 @@ pub enum Stmt {
         to: Expr,
         /// Preceded by `#pragma unroll`.
         unroll: bool,
-        /// The body on the loop's line (`{ a; b; }` for several statements) instead of a block.
-        inline: bool,
+        /// Where the body goes.
+        form: LoopForm,
         /// The body.
         body: Vec<Stmt>,
     },
@@ -663,11 +699,6 @@ pub enum Stmt {
         /// Its name.
         name: String,
     },
-    /// Lines the emitter wrote as text (the parts of a threadblock kernel's body not yet built
-    /// as statements), indented for the level they were written at.
-    Verbatim(String),
-    /// One line of text not yet built as a statement, printed at the current level.
-    Line(String),
     /// `__syncthreads();` for the plan's reason, which a note after it names where `noted`.
     Barrier {
         /// Why the block waits here.
@@ -685,7 +716,7 @@ impl Stmt {
             from: Expr::int(0),
             to,
             unroll,
-            inline: false,
+            form: LoopForm::Block,
             body,
         }
     }
@@ -697,7 +728,7 @@ impl Stmt {
             from: Expr::int(0),
             to,
             unroll,
-            inline: true,
+            form: LoopForm::SameLine,
             body,
         }
     }
@@ -815,7 +846,9 @@ fn line_of(s: &Stmt) -> Option<String> {
             }
         }
         Stmt::For {
-            inline: true, body, ..
+            form: LoopForm::SameLine,
+            body,
+            ..
         } => {
             let parts = body.iter().map(line_of).collect::<Option<Vec<String>>>()?;
             match &parts[..] {
@@ -829,7 +862,6 @@ fn line_of(s: &Stmt) -> Option<String> {
         Stmt::DynamicSmem { align, name } => {
             format!("extern __shared__ __align__({align}) unsigned char {name}[];")
         }
-        Stmt::Line(text) => text.clone(),
         Stmt::NestedDecl { class, ty, name } => {
             format!("{class}::{} {name};", cxx::nested(*ty))
         }
@@ -851,7 +883,6 @@ fn line_of(s: &Stmt) -> Option<String> {
         Stmt::Block(_)
         | Stmt::If(..)
         | Stmt::For { .. }
-        | Stmt::Verbatim(_)
         | Stmt::IfElseLine(..)
         | Stmt::CallWith { .. }
         | Stmt::LambdaDecl { .. }
@@ -923,8 +954,15 @@ fn print_stmt(w: &mut Writer, s: &Stmt) {
         }
         Stmt::Block(body) => w.block("", "", |w| print(w, body)),
         Stmt::If(cond, body) => w.block(format!("if ({cond})"), "", |w| print(w, body)),
+        Stmt::For {
+            form: LoopForm::NextLine,
+            body,
+            ..
+        } => {
+            w.line(for_head(s));
+            w.indented(|w| print(w, body));
+        }
         Stmt::For { body, .. } => w.block(for_head(s), "", |w| print(w, body)),
-        Stmt::Verbatim(text) => w.verbatim(text),
         Stmt::IfElseLine(cond, a, b) => {
             if let (Some(a), Some(b)) = (line_of(a), line_of(b)) {
                 w.line(format!("if ({cond}) {a}"));
@@ -1046,6 +1084,8 @@ impl fmt::Display for Expr {
                 f.write_char(')')
             }
             Expr::FragmentRows(class) => write!(f, "{class}::{}", cxx::FRAGMENT_ROWS),
+            Expr::Assign(a, b) => write!(f, "{a} = {b}"),
+            Expr::F32(c) => f.write_str(cxx::f32_const(*c)),
         }
     }
 }
@@ -1071,6 +1111,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Expr::Eq(a, b)
             | Expr::Ne(a, b)
             | Expr::Index(a, b)
+            | Expr::Assign(a, b)
             | Expr::Binary(_, a, b) => {
                 expr(a, f);
                 expr(b, f);
@@ -1088,6 +1129,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Expr::Sym(_)
             | Expr::Object(_)
             | Expr::Number(..)
+            | Expr::F32(_)
             | Expr::FragmentRows(_) => {}
         }
     }
@@ -1135,8 +1177,6 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             Stmt::UsingNamespace(_)
             | Stmt::Comment(_)
             | Stmt::DynamicSmem { .. }
-            | Stmt::Verbatim(_)
-            | Stmt::Line(_)
             | Stmt::Remark(_)
             | Stmt::NestedDecl { .. }
             | Stmt::Barrier { .. } => {}

@@ -69,8 +69,8 @@ pub struct Emitted {
     /// query first where a kernel all-reduces).
     pub host: Vec<HostStep>,
     /// The bodies of the kernels as statements, in kernel order: the kernel-level operators'
-    /// kernels and the threadblock kernels (whose parts not yet built as statements are
-    /// [`ir::Stmt::Verbatim`] text).
+    /// kernels and the threadblock kernels (their declarations of layout and matmul-class
+    /// aliases apart, which are text).
     pub bodies: Vec<ir::KernelBody>,
     /// Per threadblock kernel, in kernel order, its pipeline ring as statements: the prologue's
     /// copies and TMA issue blocks, the loop's waits for the current stage, the refill block

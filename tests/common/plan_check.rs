@@ -242,6 +242,17 @@ fn template_args_of(
     out
 }
 
+/// The integer template arguments `range` of a call (a test failure names a non-integer).
+fn ints(args: &[mucc::emit::ir::TArg], range: std::ops::Range<usize>) -> Vec<usize> {
+    args[range]
+        .iter()
+        .map(|a| match a {
+            mucc::emit::ir::TArg::Int(v) => *v as usize,
+            other => panic!("not an integer: {other:?} in {args:?}"),
+        })
+        .collect()
+}
+
 /// The thread indices the for-loop's body declares (its first statement): name and value.
 fn loop_vars(body: &[mucc::emit::ir::Stmt]) -> Vec<(String, mucc::emit::ir::Expr)> {
     body.iter()
@@ -474,11 +485,11 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             Err(errs.join("; "))
         };
     }
-    // Barriers: exactly the schedule's and the body's own (each loop barrier printed once),
-    // for the plan's reasons, and no other in the text.
+    // Barriers: exactly the schedule's and the body's own (each loop barrier once), for the
+    // plan's reasons, and no other.
     let (pre, body, post) = kp.schedule.barrier_counts();
     let planned = pre + body + post + kp.barriers.reasons().len();
-    let printed = text.matches("__syncthreads();").count();
+    let printed = mucc::emit::ir::barriers(stmts).len();
     let mut reasons: Vec<String> = mucc::emit::ir::barriers(stmts)
         .iter()
         .map(|r| format!("{r:?}"))
@@ -664,10 +675,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             ]
             .iter()
             .any(|&m| !mucc::emit::ir::member_calls(stmts, m).is_empty()),
-            F::Cluster => {
-                text.contains("mucc::sm90::cluster_sync()")
-                    || text.contains("mucc::sm90::cluster_wait()")
-            }
+            F::Cluster => calls_any(&[
+                mucc::emit::ir::Func::ClusterSync,
+                mucc::emit::ir::Func::ClusterWait,
+            ]),
             F::ProgrammaticLaunch => calls_any(&[
                 mucc::emit::ir::Func::GridDependencyWait,
                 mucc::emit::ir::Func::LaunchDependents,
@@ -986,10 +997,34 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 want(count(Func::ClusterSync) == 2, "two cluster barriers".into());
             }
         }
-        None => want(
-            !text.contains("cluster_") && !text.contains("blockIdx.x /"),
-            "no cluster code without a split".into(),
-        ),
+        None => {
+            use mucc::emit::ir::{Expr, Func, Sym, functions, walk};
+            let cluster = [
+                Func::ClusterRank,
+                Func::ClusterSync,
+                Func::ClusterWait,
+                Func::ClusterArriveRelaxed,
+                Func::TbClusterPush,
+                Func::TbClusterFold,
+                Func::TbClusterFoldPushed,
+                Func::TbClusterFoldRescaled,
+                Func::TbClusterSoftmaxCombine,
+            ];
+            let mut block_divided = false;
+            walk(stmts, &mut |e| {
+                if let Expr::Div(a, _) = e
+                    && **a == Expr::Sym(Sym::BlockIdx(0))
+                {
+                    block_divided = true;
+                }
+            });
+            want(
+                !functions(stmts).iter().any(|f| cluster.contains(f))
+                    && !block_divided
+                    && !text.contains("__cluster_dims__"),
+                "no cluster code without a split".into(),
+            )
+        }
     }
     // Mean and RMS accumulators finalised with the plan's divisor, element by element.
     for (h, top) in tb.ops.iter() {
@@ -1085,10 +1120,13 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     }
     let mut emitted: Vec<(usize, usize, usize)> = Vec::new();
-    for prefix in ["mucc::tb::rms_rows<", "mucc::tb::for_each_row<"] {
-        for a in template_args(&text, prefix) {
-            let v = nums(&a, 0..4);
-            want(v[0] == nt, format!("{prefix} with {} threads", v[0]));
+    for f in [
+        mucc::emit::ir::Func::TbRmsRows,
+        mucc::emit::ir::Func::TbForEachRow,
+    ] {
+        for a in template_args_of(stmts, f) {
+            let v = ints(&a, 0..4);
+            want(v[0] == nt, format!("{f:?} with {} threads", v[0]));
             emitted.push((v[1], v[2], v[3]));
         }
     }
@@ -1107,10 +1145,15 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         .filter(|&(i, c)| summed_by_rows(tb, kp, i, c))
         .map(|(_, c)| c.vector)
         .collect();
-    let mut emitted_vectors: Vec<usize> = template_args(&text, "mucc::tb::for_each_row<")
-        .into_iter()
-        .map(|a| a.get(5).map_or(1, |v| v.parse().unwrap_or(0)))
-        .collect();
+    let mut emitted_vectors: Vec<usize> =
+        template_args_of(stmts, mucc::emit::ir::Func::TbForEachRow)
+            .into_iter()
+            .map(|a| match a.get(5) {
+                None => 1,
+                Some(mucc::emit::ir::TArg::Int(v)) => *v as usize,
+                Some(_) => 0,
+            })
+            .collect();
     // Rows a register pipe sums by shuffles have no for_each_row call.
     row_vectors.retain(|&v| v > 1);
     emitted_vectors.retain(|&v| v != 1);
@@ -1241,19 +1284,19 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         });
     }
     let mut copies_code = BTreeSet::new();
-    for f in [
-        "cp_async_chunks",
-        "copy_chunks",
-        "copy_chunks_cvt",
-        "copy_elems",
+    for (f, func) in [
+        ("cp_async_chunks", mucc::emit::ir::Func::TbCpAsyncChunks),
+        ("copy_chunks", mucc::emit::ir::Func::TbCopyChunks),
+        ("copy_chunks_cvt", mucc::emit::ir::Func::TbCopyChunksCvt),
+        ("copy_elems", mucc::emit::ir::Func::TbCopyElems),
     ] {
-        for a in template_args(&text, &format!("mucc::tb::{f}<")) {
-            let v = nums(&a, 0..2);
+        for a in template_args_of(stmts, func) {
+            let v = ints(&a, 0..2);
             want(v[0] == nt, format!("{f} with {} threads", v[0]));
             let chunk = if f == "copy_elems" {
                 1
             } else {
-                nums(&a, 2..3)[0]
+                ints(&a, 2..3)[0]
             };
             copies_code.insert((f, v[1], chunk));
         }
@@ -1382,15 +1425,18 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         check_tma_barriers(stmts, kp, &mut want);
     } else {
         want(
-            !text.contains("mucc::sm90::tma_load"),
+            mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::TmaLoad).is_empty(),
             "no TMA load without a plan's".into(),
         );
     }
     if stages > 1 {
+        use mucc::emit::ir::{Func, Stmt, TArg, template_args};
+        let comment = Stmt::Comment(format!("software pipeline: {stages} stages"));
+        let mut announced = false;
+        mucc::emit::ir::visit(stmts, &mut |s| announced |= *s == comment);
+        let waits = template_args(stmts, Func::CpAsyncWait);
         want(
-            text.contains(&format!("// software pipeline: {stages} stages"))
-                && text.contains(&format!("mucc::sm80::cp_async_wait<{}>();", stages - 2))
-                    == any_cp_async,
+            announced && waits.iter().any(|t| *t == [TArg::int(stages - 2)]) == any_cp_async,
             format!("pipeline of {stages} stages"),
         );
         for (h, op) in tb.ops.iter() {
@@ -1421,8 +1467,15 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             }
         }
     } else {
+        use mucc::emit::ir::{Func, functions};
+        let cp_async = [
+            Func::TbCpAsyncChunks,
+            Func::CpAsyncCommit,
+            Func::CpAsyncWait,
+            Func::CpAsyncWaitAll,
+        ];
         want(
-            !text.contains("cp_async") || waited,
+            !functions(stmts).iter().any(|f| cp_async.contains(f)) || waited,
             "no cp.async without a ring or waited copies".into(),
         );
     }
@@ -1457,13 +1510,25 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             ..
         } = p
         {
-            let decl = match fragment_of {
-                Some(_) => format!("::Frag acc{h};"),
-                None => format!("acc{h}[{per_thread}];"),
-            };
+            use mucc::emit::ir::{Nested, Stmt, visit};
+            let name = format!("acc{h}");
+            let mut found = false;
+            visit(stmts, &mut |s| match s {
+                Stmt::NestedDecl {
+                    ty: Nested::Frag,
+                    name: n,
+                    ..
+                } if fragment_of.is_some() => found |= *n == name,
+                Stmt::Array { name: n, dims, .. } if fragment_of.is_none() => {
+                    found |= *n == name && dims[..] == [*per_thread]
+                }
+                _ => {}
+            });
             want(
-                text.contains(&decl),
-                format!("register accumulator `{decl}`"),
+                found,
+                format!(
+                    "register accumulator {name} ({per_thread} per thread, fragment {fragment_of:?})"
+                ),
             );
         }
     }

@@ -5,7 +5,7 @@
 
 use super::Ctx;
 use crate::emit::EmitError;
-use crate::emit::ir::{Expr, Func, Init, Param, Stmt, TArg, Ty};
+use crate::emit::ir::{Expr, Func, Init, LoopForm, Param, Stmt, TArg, Ty};
 use crate::graph::DType;
 use crate::graph::arena::Handle;
 use crate::graph::ops::{AccumKind, TbReduction};
@@ -720,7 +720,7 @@ impl Ctx<'_> {
                 from: int(1),
                 to: int(v),
                 unroll: true,
-                inline: false,
+                form: LoopForm::Block,
                 body: vec![Stmt::Assign(
                     var("s_"),
                     Expr::Call(Func::TbMaxJoin, vec![var("s_"), x0]),

@@ -6,7 +6,7 @@
 
 use super::{Ctx, Iteration};
 use crate::emit::EmitError;
-use crate::emit::ir::{Expr, Func, Stmt, Sym, TArg, Ty, print};
+use crate::emit::ir::{Expr, Func, LoopForm, Stmt, Sym, TArg, Ty};
 use crate::graph::arena::Handle;
 use crate::graph::threadblock::{TbOp, TbOpKind};
 use crate::sched::ops::{Copy, CopyEngine, OpPlan};
@@ -151,21 +151,26 @@ impl Ctx<'_> {
         let sl = self.tile_layout(s_t, &order)?;
         let (p, gl) = self.global_out(op, &s, &order)?;
         let (nt, n) = (self.nt, s.numel());
-        let src = self.tile_ref(s_t);
-        let line = match &self.kp.ops[op.index()] {
+        let src = Expr::var(self.tile_ref(s_t));
+        let (f, mut targs) = match &self.kp.ops[op.index()] {
             OpPlan::Output {
                 copy: Some(c @ Copy::Chunked { chunk_elems, .. }),
-            } => {
-                let f = if c.converts() {
-                    "copy_chunks_cvt"
+            } => (
+                if c.converts() {
+                    Func::TbCopyChunksCvt
                 } else {
-                    "copy_chunks"
-                };
-                format!("mucc::tb::{f}<{nt}, {n}, {chunk_elems}, {gl}, {sl}>(tid, {p}, {src});")
-            }
-            _ => format!("mucc::tb::copy_elems<{nt}, {n}, {gl}, {sl}>(tid, {p}, {src});"),
+                    Func::TbCopyChunks
+                },
+                vec![TArg::int(nt), TArg::int(n), TArg::int(*chunk_elems)],
+            ),
+            _ => (Func::TbCopyElems, vec![TArg::int(nt), TArg::int(n)]),
         };
-        self.w.line(line);
+        targs.extend([TArg::Name(gl.clone()), TArg::Name(sl.clone())]);
+        let mut out = vec![Stmt::Eval(Expr::TemplateCall(
+            f,
+            targs,
+            vec![Expr::var("tid"), Expr::var(&p), src.clone()],
+        ))];
         if let Some(x) = self
             .kp
             .exchange
@@ -174,20 +179,45 @@ impl Ctx<'_> {
         {
             // The same values, with this execution's flag, into this GPU's slot on every GPU
             // (fused all-reduce).
-            let t = self.t();
             let TbOpKind::Output { output: j, .. } = self.tb.ops[op].kind else {
                 return Err(self.internal("an exchange mirrors an operator that is no output"));
             };
-            let peer = format!(
-                "mucc::xchg::slot<{}, {}>(xb[r], {}, xe & 1, xr) + ({p} - out{j})",
-                x.gpus, x.slot_bytes, x.region
+            // slot<gpus, slot bytes>(xb[r], region, xe & 1, xr) + (p - out_j).
+            let slot = Expr::TemplateCall(
+                Func::XchgSlot,
+                vec![TArg::int(x.gpus), TArg::int(x.slot_bytes)],
+                vec![
+                    Expr::Index(Box::new(Expr::var("xb")), Box::new(Expr::var("r"))),
+                    Expr::size(x.region),
+                    Expr::BitAnd(Box::new(Expr::var("xe")), Box::new(Expr::int(1))),
+                    Expr::var("xr"),
+                ],
             );
-            self.w.line(format!("for (int r = 0; r < {}; ++r)", x.gpus));
-            self.w.line(format!(
-                "  mucc::xchg::copy_ll<{nt}, {n}, {gl}, {sl}, {t}>(tid, {peer}, {src}, static_cast<unsigned>(xe + 1));"
-            ));
+            let peer = slot.plus(Expr::var(&p).minus(Expr::var(format!("out{j}"))).paren());
+            let flag = Expr::Call(
+                Func::CastToUnsigned,
+                vec![Expr::var("xe").plus(Expr::int(1))],
+            );
+            out.push(Stmt::For {
+                var: "r".into(),
+                from: Expr::int(0),
+                to: Expr::size(x.gpus),
+                unroll: false,
+                form: LoopForm::NextLine,
+                body: vec![Stmt::Eval(Expr::TemplateCall(
+                    Func::XchgCopyLl,
+                    vec![
+                        TArg::int(nt),
+                        TArg::int(n),
+                        TArg::Name(gl),
+                        TArg::Name(sl),
+                        TArg::Elem(self.dtype()),
+                    ],
+                    vec![Expr::var("tid"), peer, src, flag],
+                ))],
+            });
         }
-        Ok(())
+        self.push(out)
     }
 
     /// Thread 0's TMA loads of iteration `iter` into ring slot `slot`, announced on the slot's
@@ -318,9 +348,8 @@ impl Ctx<'_> {
                 ring.push(Stmt::Eval(Expr::Call(Func::CpAsyncCommit, vec![])));
             }
         }
-        print(&mut self.w, &ring);
-        self.ring.extend(ring);
-        Ok(())
+        self.ring.extend(ring.iter().cloned());
+        self.push(ring)
     }
 
     /// Inside the loop, after its first barrier: the copies of iteration
@@ -352,8 +381,7 @@ impl Ctx<'_> {
             block.push(Stmt::Eval(Expr::Call(Func::CpAsyncCommit, vec![])));
         }
         let block = Stmt::Block(block);
-        print(&mut self.w, std::slice::from_ref(&block));
-        self.ring.push(block);
-        Ok(())
+        self.ring.push(block.clone());
+        self.push(vec![block])
     }
 }

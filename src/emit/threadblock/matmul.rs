@@ -7,7 +7,7 @@ use super::Ctx;
 use super::chain::{at, elem_at, int_param, natural, unnamed_int, unused};
 use crate::emit::EmitError;
 use crate::emit::cxx::ctype;
-use crate::emit::ir::{Expr, Func, Lambda, Method, Nested, Param, Stmt, TArg, Ty};
+use crate::emit::ir::{Expr, Func, Lambda, LoopForm, Method, Nested, Param, Stmt, TArg, Ty};
 use crate::graph::DType;
 use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
@@ -401,7 +401,7 @@ impl Ctx<'_> {
                     from: Expr::size(0),
                     to: rows(),
                     unroll: true,
-                    inline: true,
+                    form: LoopForm::SameLine,
                     body: vec![Stmt::for_inline(
                         "h",
                         Expr::size(2),

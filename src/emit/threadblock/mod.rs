@@ -20,7 +20,9 @@ mod rows;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cxx::{self, Writer, ctype};
-use super::ir::{Expr, Fold, Func, IntType, Param, Stmt, Sym, TArg, Ty};
+use super::ir::{
+    Expr, F32Const, Fold, Func, IntType, LoopForm, Method, Nested, Param, Stmt, Sym, TArg, Ty,
+};
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
 use crate::graph::arena::Handle;
@@ -44,8 +46,6 @@ pub(super) struct Ctx<'a> {
     kp: &'a KernelPlan,
     /// Threads per block.
     nt: usize,
-    /// The kernel body.
-    w: Writer,
     /// Type → alias name.
     aliases: BTreeMap<String, String>,
     /// `using` declarations of the aliases, in order.
@@ -60,10 +60,8 @@ pub(super) struct Ctx<'a> {
     /// While a vectorised chain is emitted: the tiles it reads once per step
     /// ([`crate::sched::ChainPlan::broadcast_reads`]).
     broadcast_reads: Vec<usize>,
-    /// The body as statements, up to the lines of `w` not yet moved into it ([`Ctx::flush`]).
+    /// The statements of the body (of the loop while [`Ctx::nested`] builds it).
     body: Vec<Stmt>,
-    /// The level of the statements being added (1: the kernel's body).
-    depth: usize,
     /// The pipeline ring's statements as printed: the prologue, the loop's waits for the
     /// current stage, the refill block ([`crate::emit::Emitted::rings`]).
     ring: Vec<Stmt>,
@@ -125,11 +123,6 @@ impl Ctx<'_> {
         ctype(self.dtype())
     }
 
-    /// The compute type.
-    fn compute(&self) -> &'static str {
-        cxx::compute_ctype(self.g.tensors[self.op.outputs[0]].dtype)
-    }
-
     /// The element type tile `t` is stored in (the plan's).
     fn tile_dtype(&self, t: Handle<STensor>) -> crate::graph::DType {
         self.kp.tiles[t.index()]
@@ -142,39 +135,19 @@ impl Ctx<'_> {
         ctype(self.tile_dtype(t))
     }
 
-    /// Moves the lines written so far into the body's statements (as text); they must have
-    /// closed every block they opened.
-    fn flush(&mut self) -> Result<(), EmitError> {
-        if self.w.level() != self.depth {
-            return Err(self.internal("statements added inside a block written as lines"));
-        }
-        let text = std::mem::replace(&mut self.w, Writer::at(self.depth)).finish();
-        if !text.is_empty() {
-            self.body.push(Stmt::Verbatim(text));
-        }
-        Ok(())
-    }
-
-    /// Appends statements to the body, after the lines written so far.
+    /// Appends statements to the body.
     pub(super) fn push(&mut self, stmts: Vec<Stmt>) -> Result<(), EmitError> {
-        self.flush()?;
         self.body.extend(stmts);
         Ok(())
     }
 
-    /// The statements `f` adds (lines included), one level deeper: the body of a loop or a
-    /// conditional.
+    /// The statements `f` adds: the body of a loop or a conditional.
     fn nested(
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<(), EmitError>,
     ) -> Result<Vec<Stmt>, EmitError> {
-        self.flush()?;
         let outer = std::mem::take(&mut self.body);
-        self.depth += 1;
-        self.w = Writer::at(self.depth);
-        let done = f(self).and_then(|()| self.flush());
-        self.depth -= 1;
-        self.w = Writer::at(self.depth);
+        let done = f(self);
         let inner = std::mem::replace(&mut self.body, outer);
         done.map(|()| inner)
     }
@@ -372,7 +345,6 @@ pub(super) fn emit(
         tb,
         kp,
         nt: kp.cta.threads,
-        w: Writer::at(1),
         aliases: BTreeMap::new(),
         alias_defs: Vec::new(),
         ring_plan: kp.ring(),
@@ -381,7 +353,6 @@ pub(super) fn emit(
         broadcast_reads: Vec::new(),
         ring: Vec::new(),
         body: Vec::new(),
-        depth: 1,
     };
     if let Some(r) = &ctx.ring_plan {
         for op in r.cp_async.iter().chain(&r.tma) {
@@ -396,7 +367,6 @@ pub(super) fn emit(
     } else {
         tile_body(&mut ctx)?;
     }
-    ctx.flush()?;
     let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
     let mut text = Writer::at(1);
     for d in &ctx.alias_defs {
@@ -496,7 +466,8 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     }
     ctx.step_barrier(Phase::PostLoop, kp.schedule.post_loop.len(), None)?;
     if let Some(x) = &kp.exchange {
-        exchange_end(ctx, x);
+        let end = exchange_end(ctx, x);
+        ctx.push(end)?;
     }
     Ok(())
 }
@@ -580,16 +551,33 @@ fn exchange_start(x: &crate::sched::exchange::Exchange) -> Vec<Stmt> {
 
 /// The end of a kernel performing an all-reduce: the last block to finish on this GPU meets
 /// the other GPUs' last blocks and sums.
-fn exchange_end(ctx: &mut Ctx, x: &crate::sched::exchange::Exchange) {
-    let (t, nt) = (ctx.t(), ctx.nt);
-    ctx.w.line(format!(
-        "// all-reduce op {}: the last {} blocks sum the {} GPUs' {} elements into its output",
-        x.all_reduce, x.helpers, x.gpus, x.count
-    ));
-    ctx.w.line(format!(
-        "mucc::xchg::arrive_and_sum<{t}, {}, {nt}, {}, {}, {}, {}>(tid, xb, xr, {}, xe, xrecv);",
-        x.gpus, x.blocks, x.helpers, x.count, x.slot_bytes, x.region,
-    ));
+fn exchange_end(ctx: &Ctx, x: &crate::sched::exchange::Exchange) -> Vec<Stmt> {
+    vec![
+        Stmt::Comment(format!(
+            "all-reduce op {}: the last {} blocks sum the {} GPUs' {} elements into its output",
+            x.all_reduce, x.helpers, x.gpus, x.count
+        )),
+        Stmt::Eval(Expr::TemplateCall(
+            Func::XchgArriveAndSum,
+            vec![
+                TArg::Elem(ctx.dtype()),
+                TArg::int(x.gpus),
+                TArg::int(ctx.nt),
+                TArg::int(x.blocks),
+                TArg::int(x.helpers),
+                TArg::int(x.count),
+                TArg::int(x.slot_bytes),
+            ],
+            vec![
+                Expr::var("tid"),
+                Expr::var("xb"),
+                Expr::var("xr"),
+                Expr::size(x.region),
+                Expr::var("xe"),
+                Expr::var("xrecv"),
+            ],
+        )),
+    ]
 }
 
 /// Thread indices, the zero page, tile pointers at the plan's offsets, block offsets of every
@@ -762,27 +750,26 @@ fn push_barrier(p: &crate::sched::plan::PushSlots) -> Vec<Stmt> {
 /// Initial accumulator state (registers, fragments or tiles) and running-max states, then the
 /// plan's barrier when shared memory was written.
 fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
-    let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.compute());
+    let (tb, kp, nt, cty) = (ctx.tb, ctx.kp, ctx.nt, ctx.dtype().compute());
+    let mut out = Vec::new();
     for p in kp.register_pipes() {
         if let Some(o) = &p.online {
             let mt = ctx.matmul_type(kp.fusion.chains[p.producer].leader())?;
             let mx = o.max.index();
-            ctx.w.line(format!(
-                "// op{mx} reduction_max: the running max of each fragment row, in registers"
-            ));
-            ctx.w.line(format!("float rm{mx}_[{mt}::PM][2];"));
-            ctx.w.line(format!(
-                "for (int i = 0; i < {mt}::PM; ++i) rm{mx}_[i][0] = rm{mx}_[i][1] = -__int_as_float(0x7f800000);"
+            out.push(Stmt::Comment(format!(
+                "op{mx} reduction_max: the running max of each fragment row, in registers"
+            )));
+            out.extend(fragment_row_state(
+                &mt,
+                &format!("rm{mx}_"),
+                F32Const::NegInfinity,
             ));
             if p.keys > 1 {
                 let sa = o.sum_acc.index();
-                ctx.w.line(format!(
-                    "// op{sa} accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)"
-                ));
-                ctx.w.line(format!("float lw{sa}_[{mt}::PM][2];"));
-                ctx.w.line(format!(
-                    "for (int i = 0; i < {mt}::PM; ++i) lw{sa}_[i][0] = lw{sa}_[i][1] = 0.0f;"
-                ));
+                out.push(Stmt::Comment(format!(
+                    "op{sa} accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)"
+                )));
+                out.extend(fragment_row_state(&mt, &format!("lw{sa}_"), F32Const::Zero));
             }
         }
     }
@@ -798,11 +785,11 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
             | TbOpKind::Reduction {
                 kind: TbReduction::Max,
                 ..
-            } => cxx::number(f64::NEG_INFINITY, cty),
-            TbOpKind::Accum(_) => cxx::number(0.0, cty),
+            } => Expr::Number(f64::NEG_INFINITY, cty),
+            TbOpKind::Accum(_) => Expr::Number(0.0, cty),
             _ => continue,
         };
-        let out = top.outputs[0];
+        let out_t = top.outputs[0];
         match (&top.kind, &kp.ops[h.index()]) {
             // Its chain stores its value; nothing to start from.
             (
@@ -823,35 +810,85 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
                     ..
                 },
             ) => {
-                let a = h.index();
+                let acc = format!("acc{}", h.index());
                 if let Some(mm) = *fragment_of {
                     let mt = ctx.matmul_type(mm)?;
-                    ctx.w.line(format!("{mt}::Frag acc{a};"));
-                    ctx.w.line(format!("{mt}::fill(acc{a}, {init});"));
+                    out.push(Stmt::NestedDecl {
+                        class: mt.clone(),
+                        ty: Nested::Frag,
+                        name: acc.clone(),
+                    });
+                    out.push(Stmt::Eval(Expr::Member(
+                        mt,
+                        Method::Fill,
+                        Vec::new(),
+                        vec![Expr::var(acc), init],
+                    )));
                 } else {
-                    ctx.w.line(format!("{cty} acc{a}[{per_thread}];"));
-                    ctx.w.line("#pragma unroll");
-                    ctx.w.line(format!(
-                        "for (int r = 0; r < {per_thread}; ++r) acc{a}[r] = {init};"
+                    out.push(Stmt::array(Ty::Elem(cty), acc.clone(), vec![*per_thread]));
+                    out.push(Stmt::for_inline(
+                        "r",
+                        Expr::size(*per_thread),
+                        true,
+                        vec![Stmt::Assign(
+                            Expr::Index(Box::new(Expr::var(acc)), Box::new(Expr::var("r"))),
+                            init,
+                        )],
                     ));
                 }
             }
             _ => {
-                let s = tb.tensors[out].shape;
+                let s = tb.tensors[out_t].shape;
                 let natural: Vec<usize> = (0..s.rank()).collect();
-                let l = ctx.tile_layout(out, &natural)?;
-                let n = s.numel();
-                let t = out.index();
-                ctx.w.line(format!(
-                    "mucc::tb::fill<{nt}, {n}, {l}>(tid, s{t}, {init});"
-                ));
+                let l = ctx.tile_layout(out_t, &natural)?;
+                out.push(Stmt::Eval(Expr::TemplateCall(
+                    Func::TbFill,
+                    vec![TArg::int(nt), TArg::int(s.numel()), TArg::Name(l)],
+                    vec![
+                        Expr::var("tid"),
+                        Expr::var(format!("s{}", out_t.index())),
+                        init,
+                    ],
+                )));
             }
         }
     }
+    ctx.push(out)?;
     if kp.barriers.after_initial_state {
         ctx.barrier(BarrierReason::InitialState, false)?;
     }
     Ok(())
+}
+
+/// `float name[Class::PM][2];` and a loop setting every element to `init`: a per-row state of
+/// a matmul fragment (its running max or its row sums).
+fn fragment_row_state(class: &str, name: &str, init: F32Const) -> Vec<Stmt> {
+    let rows = Expr::FragmentRows(class.into());
+    let row = |h: usize| {
+        Expr::Index(
+            Box::new(Expr::Index(
+                Box::new(Expr::var(name)),
+                Box::new(Expr::var("i")),
+            )),
+            Box::new(Expr::size(h)),
+        )
+    };
+    vec![
+        Stmt::Arrays {
+            ty: Ty::Elem(crate::graph::DType::F32),
+            names: vec![name.into()],
+            dims: vec![rows.clone(), Expr::size(2)],
+        },
+        Stmt::for_inline(
+            "i",
+            rows,
+            false,
+            vec![Stmt::Assign(
+                row(0),
+                Expr::Assign(Box::new(row(1)), Box::new(Expr::F32(init))),
+            )],
+        ),
+    ]
 }
 
 /// After the loop: register write-backs and the finalisation of mean and RMS accumulators, each
@@ -968,26 +1005,45 @@ fn cluster_combine(
     let s = tb.tensors[Handle::from_index(c.o_tile)].shape;
     let natural: Vec<usize> = (0..s.rank()).collect();
     let ly = ctx.strided_layout(&s, &s, &c.out_strides, &natural, None);
-    let ty = ctx.tile_ctype(Handle::from_index(c.o_tile));
-    let t = ctx.t();
-    let off = ctx.block_offset(&c.region).to_string();
+    let ty = ctx.tile_dtype(Handle::from_index(c.o_tile));
+    let off = ctx.block_offset(&c.region);
     let (rows, d, ctas, rpc) = (c.rows, c.d, c.ctas, c.rows_per_cta);
-    ctx.w.line(format!(
-        "// kernel op {} (softmax_combine): the {ctas} CTAs of the cluster, its key splits,",
-        c.combine
-    ));
-    ctx.w.line(format!(
-        "// combine their partials; CTA r stores rows [r·{rpc}, (r + 1)·{rpc}) of the output"
-    ));
-    ctx.w
-        .line("mucc::sm90::cluster_sync();  // every CTA's partials are complete");
-    ctx.w.line(format!(
-        "mucc::tb::cluster_softmax_combine<{nt}, {rows}, {d}, {ctas}, {rpc}, {lo}, {ll}, {lm}, {ly}, {ty}, {t}>(tid, s{}, s{}, s{}, ycomb + {off});",
-        c.o_tile, c.l_tile, c.m_tile
-    ));
-    ctx.w
-        .line("mucc::sm90::cluster_sync();  // the others have read this CTA's partials");
-    Ok(())
+    let sync = || Stmt::Eval(Expr::Call(Func::ClusterSync, vec![]));
+    let tile = |t: usize| Expr::var(format!("s{t}"));
+    ctx.push(vec![
+        Stmt::Comment(format!(
+            "kernel op {} (softmax_combine): the {ctas} CTAs of the cluster, its key splits,",
+            c.combine
+        )),
+        Stmt::Comment(format!(
+            "combine their partials; CTA r stores rows [r·{rpc}, (r + 1)·{rpc}) of the output"
+        )),
+        sync().noted("every CTA's partials are complete"),
+        Stmt::Eval(Expr::TemplateCall(
+            Func::TbClusterSoftmaxCombine,
+            vec![
+                TArg::int(nt),
+                TArg::int(rows),
+                TArg::int(d),
+                TArg::int(ctas),
+                TArg::int(rpc),
+                TArg::Name(lo),
+                TArg::Name(ll),
+                TArg::Name(lm),
+                TArg::Name(ly),
+                TArg::Elem(ty),
+                TArg::Elem(ctx.dtype()),
+            ],
+            vec![
+                Expr::var("tid"),
+                tile(c.o_tile),
+                tile(c.l_tile),
+                tile(c.m_tile),
+                Expr::var("ycomb").plus(off),
+            ],
+        )),
+        sync().noted("the others have read this CTA's partials"),
+    ])
 }
 
 /// The runtime's fold of partials combined by `c`; a rescaled combine has a function of its own.
@@ -1264,7 +1320,7 @@ impl Ctx<'_> {
             from: lo,
             to: hi,
             unroll: false,
-            inline: false,
+            form: LoopForm::Block,
             body,
         }])
     }
