@@ -112,6 +112,49 @@ pub fn runtime_header(h: crate::sched::plan::RuntimeHeader) -> &'static str {
     }
 }
 
+/// The spelling of a type a kernel aliases.
+pub fn alias_type(t: &super::ir::AliasType) -> String {
+    use super::ir::AliasType;
+    match t {
+        AliasType::Layout {
+            dims,
+            strides,
+            swizzle,
+        } => layout(
+            dims,
+            strides,
+            swizzle.map(|(b, m, s)| Swizzle::Xor { b, m, s }),
+        ),
+        AliasType::Mma(t) => {
+            let keys = t.keys.map_or(String::new(), |k| format!(", {k}"));
+            format!(
+                "mucc::tb::Mma<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}{keys}>",
+                ctype(t.dtype),
+                t.la,
+                t.lb,
+                t.mnk.0,
+                t.mnk.1,
+                t.mnk.2,
+                t.warps.0,
+                t.warps.1,
+                operand_load(t.loads.0),
+                operand_load(t.loads.1),
+                t.walks.a,
+                t.walks.b,
+                t.walks.slice_n_tiles
+            )
+        }
+        AliasType::Fma { a, b, la, lb, mnk } => format!(
+            "mucc::tb::FmaMatmul<{}, {}, {la}, {lb}, {}, {}, {}>",
+            ctype(*a),
+            ctype(*b),
+            mnk.0,
+            mnk.1,
+            mnk.2
+        ),
+    }
+}
+
 /// A static member function of the runtime's matmul classes.
 pub fn method(m: super::ir::Method) -> &'static str {
     use super::ir::Method as M;

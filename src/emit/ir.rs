@@ -11,6 +11,8 @@ use std::fmt::{self, Write as _};
 use super::cxx::{self, Writer};
 use crate::graph::DType;
 use crate::graph::ops::{BinaryOp, UnaryOp};
+use crate::layout::swizzle::Swizzle;
+use crate::sched::ops::{MatmulWalks, OperandLoad};
 use crate::sched::order::BarrierReason;
 
 /// A C++ type the generated code declares.
@@ -305,6 +307,73 @@ pub enum Method {
     CombineKeys,
     /// One element of an FMA product.
     At,
+}
+
+/// A type a kernel names through an alias (`using L3 = …;`), which the kernel's code then uses
+/// as a template argument, a layout (`L3::offset`) or a class (`L3::run`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AliasType {
+    /// `mucc::Layout<Shape<dims…>, Stride<strides…>>`, inside `mucc::SwizzledLayout` with the
+    /// XOR swizzle (b, m, s) where there is one.
+    Layout {
+        /// Extents.
+        dims: Vec<usize>,
+        /// Strides in elements.
+        strides: Vec<usize>,
+        /// The XOR swizzle's bits, chunk bits and shift.
+        swizzle: Option<(u32, u32, u32)>,
+    },
+    /// `mucc::tb::Mma<…>`: a tensor-core product.
+    Mma(MmaType),
+    /// `mucc::tb::FmaMatmul<…>`: a product by FMA, a thread per element.
+    Fma {
+        /// A's stored type.
+        a: DType,
+        /// B's stored type.
+        b: DType,
+        /// A's layout alias.
+        la: String,
+        /// B's layout alias.
+        lb: String,
+        /// M, N and K.
+        mnk: (usize, usize, usize),
+    },
+}
+
+impl AliasType {
+    /// A layout over `dims` with `strides`, swizzled where `swizzle` is an XOR swizzle (the
+    /// others are in the strides).
+    pub fn layout(dims: &[usize], strides: &[usize], swizzle: Option<Swizzle>) -> AliasType {
+        AliasType::Layout {
+            dims: dims.to_vec(),
+            strides: strides.to_vec(),
+            swizzle: match swizzle {
+                Some(Swizzle::Xor { b, m, s }) => Some((b, m, s)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// The template arguments of a `mucc::tb::Mma` class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MmaType {
+    /// The operands' element type.
+    pub dtype: DType,
+    /// A's layout alias.
+    pub la: String,
+    /// B's layout alias.
+    pub lb: String,
+    /// M, N and K.
+    pub mnk: (usize, usize, usize),
+    /// Warps along M and N.
+    pub warps: (usize, usize),
+    /// How A and B reach the tensor cores.
+    pub loads: (OperandLoad, OperandLoad),
+    /// The address walks and the slice width.
+    pub walks: MatmulWalks,
+    /// The warps a key split runs K over (`None`: no split).
+    pub keys: Option<usize>,
 }
 
 /// An fp32 constant of the register states' initial values.
@@ -681,6 +750,13 @@ pub enum Stmt {
         /// The object's name.
         name: String,
     },
+    /// `using name = ty;`: an alias of a runtime type.
+    Using {
+        /// The alias.
+        name: String,
+        /// The type.
+        ty: AliasType,
+    },
     /// `ty a[d0][d1], b[d0][d1];`: local arrays of one type and extents given by expressions.
     Arrays {
         /// The element type.
@@ -862,6 +938,7 @@ fn line_of(s: &Stmt) -> Option<String> {
         Stmt::DynamicSmem { align, name } => {
             format!("extern __shared__ __align__({align}) unsigned char {name}[];")
         }
+        Stmt::Using { name, ty } => format!("using {name} = {};", cxx::alias_type(ty)),
         Stmt::NestedDecl { class, ty, name } => {
             format!("{class}::{} {name};", cxx::nested(*ty))
         }
@@ -1179,6 +1256,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             | Stmt::DynamicSmem { .. }
             | Stmt::Remark(_)
             | Stmt::NestedDecl { .. }
+            | Stmt::Using { .. }
             | Stmt::Barrier { .. } => {}
             Stmt::Arrays { dims, .. } => dims.iter().for_each(|x| expr(x, f)),
         }

@@ -242,6 +242,17 @@ fn template_args_of(
     out
 }
 
+/// The types the kernel's statements alias (`using L<n> = …;`), in order.
+fn aliases(stmts: &[mucc::emit::ir::Stmt]) -> Vec<&mucc::emit::ir::AliasType> {
+    stmts
+        .iter()
+        .filter_map(|s| match s {
+            mucc::emit::ir::Stmt::Using { ty, .. } => Some(ty),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The integer template arguments `range` of a call (a test failure names a non-integer).
 fn ints(args: &[mucc::emit::ir::TArg], range: std::ops::Range<usize>) -> Vec<usize> {
     args[range]
@@ -325,44 +336,6 @@ pub fn kernel_text(source: &str, name: &str) -> String {
         .join(" ")
 }
 
-/// The template argument lists of every `prefix<…>` in `text` (top-level commas split them).
-pub fn template_args(text: &str, prefix: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(prefix) {
-        let after = &rest[i + prefix.len()..];
-        let mut depth = 1;
-        let mut args = Vec::new();
-        let mut cur = String::new();
-        let mut end = after.len();
-        for (j, ch) in after.char_indices() {
-            match ch {
-                '<' | '(' => {
-                    depth += 1;
-                    cur.push(ch);
-                }
-                '>' | ')' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        args.push(cur.trim().to_string());
-                        end = j;
-                        break;
-                    }
-                    cur.push(ch);
-                }
-                ',' if depth == 1 => {
-                    args.push(cur.trim().to_string());
-                    cur.clear();
-                }
-                _ => cur.push(ch),
-            }
-        }
-        out.push(args);
-        rest = &after[end..];
-    }
-    out
-}
-
 /// Whether chain `i` (plan `c`) of `kp` ends in an accumulator that sums the rows of its values,
 /// or is led by a plain max (a `tb::for_each_row` call either way; strided groups apart).
 fn summed_by_rows(
@@ -382,16 +355,6 @@ fn summed_by_rows(
         || matches!(c.sink, mucc::sched::plan::Sink::Accum(a)
         if matches!(tb.ops[a].kind, TbOpKind::Accum(k)
             if k.reduces_last_dim() && k != mucc::graph::AccumKind::RedtoxLdSum))
-}
-
-fn nums(args: &[String], range: std::ops::Range<usize>) -> Vec<usize> {
-    args[range]
-        .iter()
-        .map(|a| {
-            a.parse()
-                .unwrap_or_else(|_| panic!("not a number: {a} in {args:?}"))
-        })
-        .collect()
 }
 
 fn launch_of<'a>(e: &'a Emitted, name: &str) -> &'a KernelLaunch {
@@ -642,12 +605,16 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     {
         use mucc::sched::plan::Feature as F;
         let has = kp.features();
-        // The B load (tenth template argument) of every Mma<…> type in the code.
-        let b_loads: Vec<String> = template_args(&text, "mucc::tb::Mma<")
+        // The A and B loads of every Mma class the kernel aliases.
+        let mma_loads: Vec<(OperandLoad, OperandLoad)> = aliases(stmts)
             .into_iter()
-            .map(|a| a.get(9).cloned().unwrap_or_default())
+            .filter_map(|t| match t {
+                mucc::emit::ir::AliasType::Mma(t) => Some(t.loads),
+                _ => None,
+            })
             .collect();
-        let wgmma_b = "mucc::tb::Load::Wgmma";
+        let b_loads: Vec<OperandLoad> = mma_loads.iter().map(|l| l.1).collect();
+        let wgmma_b = &OperandLoad::WgmmaDescriptor;
         // The functions the kernel's statements and its ring call.
         let ring = e
             .rings
@@ -662,7 +629,12 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         let uses = |f: F| match f {
             F::CpAsync => calls_any(&[mucc::emit::ir::Func::TbCpAsyncChunks]),
             F::Tma => calls_any(&[mucc::emit::ir::Func::TmaLoad]),
-            F::Ldmatrix => text.contains("mucc::tb::Load::Ldmatrix"),
+            // `ldmatrix` or `ldmatrix.trans`.
+            F::Ldmatrix => mma_loads.iter().any(|l| {
+                [l.0, l.1]
+                    .iter()
+                    .any(|x| matches!(x, OperandLoad::Ldmatrix | OperandLoad::LdmatrixTrans))
+            }),
             // Every Mma<…> type whose B is not read by descriptor issues mma.sync.
             F::MmaSync => b_loads.iter().any(|b| b != wgmma_b),
             F::Wgmma => b_loads.iter().any(|b| b == wgmma_b),
@@ -1219,33 +1191,33 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             }
         }
     }
-    let mma_code: BTreeSet<_> = template_args(&text, "mucc::tb::Mma<")
+    let mma_code: BTreeSet<_> = aliases(stmts)
         .into_iter()
-        .map(|a| {
-            let v = nums(&a, 3..8);
-            (
-                a[0].clone(),
-                (v[0], v[1], v[2]),
-                (v[3], v[4]),
-                a[8].clone(),
-                a[9].clone(),
+        .filter_map(|t| match t {
+            mucc::emit::ir::AliasType::Mma(t) => Some((
+                ctype(t.dtype).to_string(),
+                t.mnk,
+                t.warps,
+                mucc::emit::cxx::operand_load(t.loads.0).to_string(),
+                mucc::emit::cxx::operand_load(t.loads.1).to_string(),
                 (
-                    a[10].clone(),
-                    a[11].clone(),
-                    a[12].parse::<usize>().unwrap_or(0),
+                    t.walks.a.to_string(),
+                    t.walks.b.to_string(),
+                    t.walks.slice_n_tiles,
                 ),
-            )
+            )),
+            _ => None,
         })
         .collect();
     want(
         mma_plan == mma_code,
         format!("mma: plan {mma_plan:?}, code {mma_code:?}"),
     );
-    let fma_code: BTreeSet<_> = template_args(&text, "mucc::tb::FmaMatmul<")
+    let fma_code: BTreeSet<_> = aliases(stmts)
         .into_iter()
-        .map(|a| {
-            let v = nums(&a, 4..7);
-            (v[0], v[1], v[2])
+        .filter_map(|t| match t {
+            mucc::emit::ir::AliasType::Fma { mnk, .. } => Some(*mnk),
+            _ => None,
         })
         .collect();
     want(
@@ -1336,10 +1308,17 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
     );
     // TMA loads: their tensor-map parameters, the stage barriers, the bytes each stage announces
     // and one load per iteration and input.
+    let tma_loads = mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::TmaLoad);
     for (m, l, _) in kp.tma.maps() {
+        use mucc::emit::ir::Expr;
+        let map = Expr::var(format!("tm{m}")).addr();
+        let loaded = tma_loads.iter().any(|a| {
+            a.len() > 2
+                && *a[1] == map
+                && matches!(a[2], Expr::Add(b, _) if **b == Expr::var("full"))
+        });
         want(
-            text.contains(&format!("mucc::sm90::TensorMap tm{m}"))
-                && text.contains(&format!("&tm{m}, full + ")),
+            text.contains(&format!("mucc::sm90::TensorMap tm{m}")) && loaded,
             format!("tensor map tm{m} of op{}", l.op),
         );
     }
@@ -1491,9 +1470,15 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             },
         )
         .collect();
-    let swz_code: BTreeSet<String> = template_args(&text, "mucc::Swizzle<")
+    let swz_code: BTreeSet<String> = aliases(stmts)
         .into_iter()
-        .map(|a| a.join(", "))
+        .filter_map(|t| match t {
+            mucc::emit::ir::AliasType::Layout {
+                swizzle: Some((b, m, s)),
+                ..
+            } => Some(format!("{b}, {m}, {s}")),
+            _ => None,
+        })
         .collect();
     want(
         swz_plan == swz_code,

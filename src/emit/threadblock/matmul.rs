@@ -7,7 +7,9 @@ use super::Ctx;
 use super::chain::{at, elem_at, int_param, natural, unnamed_int, unused};
 use crate::emit::EmitError;
 use crate::emit::cxx::ctype;
-use crate::emit::ir::{Expr, Func, Lambda, LoopForm, Method, Nested, Param, Stmt, TArg, Ty};
+use crate::emit::ir::{
+    AliasType, Expr, Func, Lambda, LoopForm, Method, MmaType, Nested, Param, Stmt, TArg, Ty,
+};
 use crate::graph::DType;
 use crate::graph::arena::Handle;
 use crate::graph::ops::AccumKind;
@@ -37,7 +39,7 @@ impl Ctx<'_> {
         // A piped A operand has no tile: its logical row-major layout only names its shape.
         let la = if load_a == OperandLoad::Fragment {
             let strides = sa.row_major_strides();
-            self.alias(crate::emit::cxx::layout(sa.dims(), &strides.0, None))
+            self.alias(AliasType::layout(sa.dims(), &strides.0, None))
         } else {
             self.tile_layout(a, &nat)?
         };
@@ -47,16 +49,17 @@ impl Ctx<'_> {
             .kp
             .register_pipes()
             .find(|p| p.matmul == mm && p.keys > 1)
-            .map_or(String::new(), |p| format!(", {}", p.keys));
-        Ok(self.alias(format!(
-            "mucc::tb::Mma<{}, {la}, {lb}, {m}, {n}, {k}, {wm}, {wn}, {}, {}, {}, {}, {}{keys}>",
-            ctype(dtype),
-            crate::emit::cxx::operand_load(load_a),
-            crate::emit::cxx::operand_load(load_b),
-            walks.a,
-            walks.b,
-            walks.slice_n_tiles
-        )))
+            .map(|p| p.keys);
+        Ok(self.alias(AliasType::Mma(MmaType {
+            dtype,
+            la,
+            lb,
+            mnk: (m, n, k),
+            warps: (wm, wn),
+            loads: (load_a, load_b),
+            walks,
+            keys,
+        })))
     }
 
     /// A matmul chain.
@@ -96,10 +99,13 @@ impl Ctx<'_> {
         if lowering == MatmulLowering::PerElement {
             // FMA: a thread per element of C (also when an operand is an fp32 accumulator tile).
             let (la, lb) = (self.tile_layout(a, &nat)?, self.tile_layout(b, &nat)?);
-            let (ta, tb) = (self.tile_ctype(a), self.tile_ctype(b));
-            let fma = self.alias(format!(
-                "mucc::tb::FmaMatmul<{ta}, {tb}, {la}, {lb}, {m}, {n}, {k}>"
-            ));
+            let fma = self.alias(AliasType::Fma {
+                a: self.tile_dtype(a),
+                b: self.tile_dtype(b),
+                la,
+                lb,
+                mnk: (m, n, k),
+            });
             each.extend(match cp.sink {
                 Sink::Accum(acc) if reducing => self.reduce_atomic(acc, var("row"), var("col"))?,
                 sink => self.sink_stmts(sink, &sc, &nat, &var("e"), &var("r"))?,

@@ -17,11 +17,12 @@ mod copy;
 mod matmul;
 mod rows;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::cxx::{self, Writer, ctype};
 use super::ir::{
-    Expr, F32Const, Fold, Func, IntType, LoopForm, Method, Nested, Param, Stmt, Sym, TArg, Ty,
+    AliasType, Expr, F32Const, Fold, Func, IntType, LoopForm, Method, Nested, Param, Stmt, Sym,
+    TArg, Ty,
 };
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
@@ -47,9 +48,7 @@ pub(super) struct Ctx<'a> {
     /// Threads per block.
     nt: usize,
     /// Type → alias name.
-    aliases: BTreeMap<String, String>,
-    /// `using` declarations of the aliases, in order.
-    alias_defs: Vec<String>,
+    aliases: Vec<(AliasType, String)>,
     /// The loop's ring of pipeline stages ([`KernelPlan::ring`]).
     ring_plan: Option<Ring>,
     /// The tiles of the ring's inputs (read through their current slot, `s<t>_cur`).
@@ -103,13 +102,12 @@ impl Ctx<'_> {
     }
 
     /// An alias `Ln` for type `ty` (declared once at the top of the kernel).
-    fn alias(&mut self, ty: String) -> String {
-        if let Some(a) = self.aliases.get(&ty) {
+    fn alias(&mut self, ty: AliasType) -> String {
+        if let Some((_, a)) = self.aliases.iter().find(|(t, _)| *t == ty) {
             return a.clone();
         }
         let name = format!("L{}", self.aliases.len());
-        self.alias_defs.push(format!("using {name} = {ty};"));
-        self.aliases.insert(ty, name.clone());
+        self.aliases.push((ty, name.clone()));
         name
     }
 
@@ -128,11 +126,6 @@ impl Ctx<'_> {
         self.kp.tiles[t.index()]
             .as_ref()
             .map_or(self.tb.tensors[t].dtype, |g| g.dtype)
-    }
-
-    /// The C++ type tile `t` is stored in (the plan's).
-    fn tile_ctype(&self, t: Handle<STensor>) -> &'static str {
-        ctype(self.tile_dtype(t))
     }
 
     /// Appends statements to the body.
@@ -174,7 +167,7 @@ impl Ctx<'_> {
         let shape = self.tb.tensors[t].shape;
         let (dims, strides) = geo.layout_dims(&shape, order);
         let swizzle = geo.swizzle;
-        Ok(self.alias(cxx::layout(&dims, &strides, Some(swizzle))))
+        Ok(self.alias(AliasType::layout(&dims, &strides, Some(swizzle))))
     }
 
     /// A layout over `space` (in `order`) for an operand of shape `shape` with `strides`:
@@ -198,7 +191,7 @@ impl Ctx<'_> {
                 }
             })
             .collect();
-        self.alias(cxx::layout(&dims, &st, swizzle))
+        self.alias(AliasType::layout(&dims, &st, swizzle))
     }
 
     /// The compute-type value of tile `t` at element `e` of `space` walked in `order`
@@ -345,8 +338,7 @@ pub(super) fn emit(
         tb,
         kp,
         nt: kp.cta.threads,
-        aliases: BTreeMap::new(),
-        alias_defs: Vec::new(),
+        aliases: Vec::new(),
         ring_plan: kp.ring(),
         ring_tiles: BTreeSet::new(),
         vector_loads: None,
@@ -368,11 +360,14 @@ pub(super) fn emit(
         tile_body(&mut ctx)?;
     }
     let name = plan.symbols.kernel(&format!("k{}_customized", kn.index()));
+    // The aliases first, in the order the body asked for them.
+    let mut stmts: Vec<Stmt> = std::mem::take(&mut ctx.aliases)
+        .into_iter()
+        .map(|(ty, name)| Stmt::Using { name, ty })
+        .collect();
+    stmts.append(&mut ctx.body);
     let mut text = Writer::at(1);
-    for d in &ctx.alias_defs {
-        text.line(d);
-    }
-    super::ir::print(&mut text, &ctx.body);
+    super::ir::print(&mut text, &stmts);
     let text = text.finish();
     let comment = format!(
         "kernel op {}: kn_customized_op grid ({}, {}, {}), block ({}, {}, {}), forloop {}, {} bytes of shared memory",
@@ -423,7 +418,7 @@ pub(super) fn emit(
     };
     let body = super::ir::KernelBody {
         name: launch.name.clone(),
-        body: ctx.body,
+        body: stmts,
     };
     Ok(ThreadblockKernel {
         view,
