@@ -390,18 +390,15 @@ impl Ctx<'_> {
             Method::ScaleRows,
             vec![acc_v.clone(), var("r_"), var("warp")],
         ));
-        if keys > 1 {
-            // Each warp's l stays in registers; l and m reach their tiles after the loop
-            // (`combine_keys`).
+        // What differs with a key split: each warp's l stays in registers (l and m reach their
+        // tiles after the loop, `combine_keys`) and the consumer runs on the warp's keys.
+        let (rows_of, sums_note, sums, consumer, of_keys) = if keys > 1 {
             let lw = format!("lw{sa}_");
-            block.extend([
-                Stmt::Comment(format!(
-                    "op{acc} accum_nored_rescale: O <- O * r, rows of this warp's fragment"
-                )),
-                scale_rows,
-                Stmt::Comment(format!(
+            (
+                "rows of this warp's fragment",
+                format!(
                     "op{sa} accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers"
-                )),
+                ),
                 Stmt::For {
                     var: "i".into(),
                     from: Expr::size(0),
@@ -418,60 +415,51 @@ impl Ctx<'_> {
                         )],
                     )],
                 },
-                Stmt::Comment(format!(
-                    "op{m2} matmul: A from the packed product, this warp's keys"
-                )),
-                Stmt::eval(Expr::Member(
-                    mt2.clone(),
-                    Method::RunFromKeys,
-                    vec![TArg::Name(mt.clone())],
-                    product_args(acc_v, var("pk_"), b2),
-                )),
-            ]);
-            return self.push(vec![Stmt::Block(block)]);
-        }
-        let sum_slot = elem_at(&format!("s{ls}"), ll, var("row"));
-        let max_slot = elem_at(&format!("s{ms}"), ml, var("row"));
+                Method::RunFromKeys,
+                ", this warp's keys",
+            )
+        } else {
+            let sum_slot = elem_at(&format!("s{ls}"), ll, var("row"));
+            let max_slot = elem_at(&format!("s{ms}"), ml, var("row"));
+            let store = |slot: Expr, ty: DType, v: Expr| {
+                Stmt::Assign(
+                    slot,
+                    Expr::TemplateCall(Func::FromCompute, vec![TArg::Elem(ty)], vec![v]),
+                )
+            };
+            let sum = Expr::Call(Func::ToCompute, vec![sum_slot.clone()])
+                .times(ih("r_"))
+                .plus(ih("l_"));
+            (
+                "rows of the fragment",
+                format!(
+                    "op{sa} accum_red_ld_sum_rescale and op{xa} accum_max: per row, by its first lane"
+                ),
+                Stmt::CallWith {
+                    call: member(&mt, Method::EachRow, vec![var("warp"), var("lane")]),
+                    lambda: Lambda::new(
+                        vec![int_param("row"), int_param("i"), int_param("h")],
+                        vec![
+                            store(sum_slot, lty, sum),
+                            store(max_slot, mty, ih(&format!("rm{mx}_"))),
+                        ],
+                    ),
+                },
+                Method::RunFrom,
+                "",
+            )
+        };
         block.extend([
             Stmt::Comment(format!(
-                "op{acc} accum_nored_rescale: O <- O * r, rows of the fragment"
+                "op{acc} accum_nored_rescale: O <- O * r, {rows_of}"
             )),
             scale_rows,
-            Stmt::Comment(format!(
-                "op{sa} accum_red_ld_sum_rescale and op{xa} accum_max: per row, by its first lane"
-            )),
-            Stmt::CallWith {
-                call: member(&mt, Method::EachRow, vec![var("warp"), var("lane")]),
-                lambda: Lambda::new(
-                    vec![int_param("row"), int_param("i"), int_param("h")],
-                    vec![
-                        Stmt::Assign(
-                            sum_slot.clone(),
-                            Expr::TemplateCall(
-                                Func::FromCompute,
-                                vec![TArg::Elem(lty)],
-                                vec![
-                                    Expr::Call(Func::ToCompute, vec![sum_slot])
-                                        .times(ih("r_"))
-                                        .plus(ih("l_")),
-                                ],
-                            ),
-                        ),
-                        Stmt::Assign(
-                            max_slot,
-                            Expr::TemplateCall(
-                                Func::FromCompute,
-                                vec![TArg::Elem(mty)],
-                                vec![ih(&format!("rm{mx}_"))],
-                            ),
-                        ),
-                    ],
-                ),
-            },
-            Stmt::Comment(format!("op{m2} matmul: A from the packed product")),
+            Stmt::Comment(sums_note),
+            sums,
+            Stmt::Comment(format!("op{m2} matmul: A from the packed product{of_keys}")),
             Stmt::eval(Expr::Member(
                 mt2,
-                Method::RunFrom,
+                consumer,
                 vec![TArg::Name(mt)],
                 product_args(acc_v, var("pk_"), b2),
             )),
