@@ -564,6 +564,31 @@ pub fn kernel_signature(launch_bounds: &str, name: &str, params: &[String]) -> S
     signature(head, params)
 }
 
+/// A threadblock kernel's parameter in element type `t`.
+pub fn kernel_param(p: super::ir::KernelParam, t: DType) -> String {
+    use super::ir::KernelParam as P;
+    let t = ctype(t);
+    match p {
+        P::Output(j) => format!("{t}* __restrict__ out{j}"),
+        P::Input(i) => format!("const {t}* __restrict__ in{i}"),
+        P::CombineOutput => format!("{t}* __restrict__ ycomb"),
+        P::ExchangeResult => format!("{t}* xrecv"),
+        P::ExchangeBuffer(r) => format!("unsigned char* x{r}"),
+        P::Rank => "unsigned long long xrank".into(),
+        P::TensorMap(m) => format!("const __grid_constant__ mucc::sm90::TensorMap tm{m}"),
+    }
+}
+
+/// A threadblock kernel's signature up to the opening brace.
+pub fn threadblock_signature(name: &str, s: &super::ir::Signature) -> String {
+    let bounds = format!("{}, {}", s.bounds.0, s.bounds.1);
+    let params: Vec<String> = s.params.iter().map(|p| kernel_param(*p, s.elem)).collect();
+    match s.cluster {
+        Some(dims) => cluster_kernel_signature(dims, &bounds, name, &params),
+        None => kernel_signature(&bounds, name, &params),
+    }
+}
+
 /// [`kernel_signature`] of a kernel launched as clusters of `dims` CTAs (`__cluster_dims__`:
 /// the launch needs no cluster attribute).
 pub fn cluster_kernel_signature(

@@ -1365,8 +1365,42 @@ pub fn template_args(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
 pub struct KernelBody {
     /// The kernel's name.
     pub name: String,
+    /// Its signature, where it was built as one (threadblock kernels).
+    pub signature: Option<Signature>,
     /// Its body.
     pub body: Vec<Stmt>,
+}
+
+/// A parameter of a threadblock kernel, in the element type of the kernel's device tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelParam {
+    /// Output `j`: `T* __restrict__ out<j>`.
+    Output(usize),
+    /// Input `i`: `const T* __restrict__ in<i>`.
+    Input(usize),
+    /// The output of a combine in the kernel's clusters: `T* __restrict__ ycomb`.
+    CombineOutput,
+    /// The fused all-reduce's result: `T* xrecv`.
+    ExchangeResult,
+    /// GPU `r`'s exchange buffer: `unsigned char* x<r>`.
+    ExchangeBuffer(usize),
+    /// This GPU's rank: `unsigned long long xrank`.
+    Rank,
+    /// Tensor map `m`: `const __grid_constant__ mucc::sm90::TensorMap tm<m>`.
+    TensorMap(usize),
+}
+
+/// The signature of a threadblock kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    /// Threads per CTA and the CTAs per SM the launch bounds promise.
+    pub bounds: (usize, usize),
+    /// `__cluster_dims__`, where the kernel is launched in clusters.
+    pub cluster: Option<[usize; 3]>,
+    /// The element type of the device tensors.
+    pub elem: DType,
+    /// The parameters, in order.
+    pub params: Vec<KernelParam>,
 }
 
 #[cfg(test)]

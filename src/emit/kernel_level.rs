@@ -187,6 +187,7 @@ fn elementwise(name: &str, comment: String, e: Elementwise<'_>) -> (KernelView, 
 fn body_of(name: &str, body: Vec<Stmt>) -> KernelBody {
     KernelBody {
         name: name.to_string(),
+        signature: None,
         body,
     }
 }

@@ -321,21 +321,6 @@ fn check_tma_barriers(
     );
 }
 
-/// The text of kernel `name`: from its signature to the closing brace at column 0, with every
-/// run of whitespace collapsed to one space (statements broken over lines read as one).
-pub fn kernel_text(source: &str, name: &str) -> String {
-    let start = source
-        .find(&format!(" {name}("))
-        .unwrap_or_else(|| panic!("kernel {name} is missing"));
-    let end = source[start..]
-        .find("\n}\n")
-        .map_or(source.len(), |e| start + e);
-    source[start..end]
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Whether chain `i` (plan `c`) of `kp` ends in an accumulator that sums the rows of its values,
 /// or is led by a plain max (a `tb::for_each_row` call either way; strided groups apart).
 fn summed_by_rows(
@@ -374,14 +359,13 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         return Err("not customized".into());
     };
     let name = format!("k{k}_customized");
-    let text = kernel_text(&e.source, &name);
-    let Some(stmts) = e
+    let Some((stmts, sig)) = e
         .bodies
         .iter()
         .find(|b| b.name == name)
-        .map(|b| &b.body[..])
+        .and_then(|b| Some((&b.body[..], b.signature.as_ref()?)))
     else {
-        return Err(format!("no statements of kernel {name}"));
+        return Err(format!("no statements or signature of kernel {name}"));
     };
     let nt = kp.cta.threads;
     let mut errs = Vec::new();
@@ -993,7 +977,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             want(
                 !functions(stmts).iter().any(|f| cluster.contains(f))
                     && !block_divided
-                    && !text.contains("__cluster_dims__"),
+                    && sig.cluster.is_none(),
                 "no cluster code without a split".into(),
             )
         }
@@ -1143,11 +1127,11 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         } = &kp.ops[h.index()]
         {
             let t = op.outputs[0].index();
-            let arg = format!("(tid, s{t}, ");
+            let tile = mucc::emit::ir::Expr::var(format!("s{t}"));
             want(
-                !text
-                    .lines()
-                    .any(|l| l.contains("mucc::tb::fill<") && l.contains(&arg)),
+                !mucc::emit::ir::calls(stmts, mucc::emit::ir::Func::TbFill)
+                    .iter()
+                    .any(|a| a.get(1).is_some_and(|x| **x == tile)),
                 format!("s{t}, an accumulator written once, is filled"),
             );
         }
@@ -1318,12 +1302,15 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 && matches!(a[2], Expr::Add(b, _) if **b == Expr::var("full"))
         });
         want(
-            text.contains(&format!("mucc::sm90::TensorMap tm{m}")) && loaded,
+            sig.params
+                .contains(&mucc::emit::ir::KernelParam::TensorMap(m))
+                && loaded,
             format!("tensor map tm{m} of op{}", l.op),
         );
     }
     want(
-        !text.contains(&format!("mucc::sm90::TensorMap tm{}", kp.tma.map_count())),
+        !sig.params
+            .contains(&mucc::emit::ir::KernelParam::TensorMap(kp.tma.map_count())),
         format!("{} tensor maps", kp.tma.map_count()),
     );
     // The launch encodes the maps in parameter order with each copy's box, every box dim within

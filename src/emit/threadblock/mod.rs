@@ -19,10 +19,10 @@ mod rows;
 
 use std::collections::BTreeSet;
 
-use super::cxx::{self, Writer, ctype};
+use super::cxx::{self, Writer};
 use super::ir::{
-    AliasType, Expr, F32Const, Fold, Func, IntType, LoopForm, Method, Nested, Param, Stmt, Sym,
-    TArg, Ty,
+    AliasType, Expr, F32Const, Fold, Func, IntType, KernelParam, LoopForm, Method, Nested, Param,
+    Signature, Stmt, Sym, TArg, Ty,
 };
 use super::launch::{KernelLaunch, TensorMapSpec};
 use super::{EmitError, KernelView};
@@ -114,11 +114,6 @@ impl Ctx<'_> {
     /// The element type of the device tensors.
     fn dtype(&self) -> crate::graph::DType {
         self.g.tensors[self.op.outputs[0]].dtype
-    }
-
-    /// The C++ element type of the device tensors.
-    fn t(&self) -> &'static str {
-        ctype(self.dtype())
     }
 
     /// The element type tile `t` is stored in (the plan's).
@@ -381,11 +376,14 @@ pub(super) fn emit(
         tb.forloop_range,
         kp.smem.total,
     );
-    let bounds = format!("{}, {}", kp.cta.threads, kp.cta.min_blocks_per_sm);
-    let mut view = KernelView::new(&comment, String::new(), &bounds, &name, &params, text);
-    if let Some(dims) = kp.cluster_dims() {
-        view.signature = cxx::cluster_kernel_signature(dims, &bounds, &name, &params);
-    }
+    let sig = Signature {
+        bounds: (kp.cta.threads, kp.cta.min_blocks_per_sm),
+        cluster: kp.cluster_dims(),
+        elem: ctx.dtype(),
+        params,
+    };
+    let mut view = KernelView::new(&comment, String::new(), "", &name, &[], text);
+    view.signature = cxx::threadblock_signature(&name, &sig);
     view.comment.extend(cxx::comment(
         &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
         0,
@@ -414,10 +412,12 @@ pub(super) fn emit(
     };
     let ring = super::ir::KernelBody {
         name: launch.name.clone(),
+        signature: None,
         body: ctx.ring,
     };
     let body = super::ir::KernelBody {
         name: launch.name.clone(),
+        signature: Some(sig),
         body: stmts,
     };
     Ok(ThreadblockKernel {
@@ -468,37 +468,35 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
 }
 
 /// Parameters (outputs, then inputs, as typed pointers) and their launch bindings.
-fn signature(ctx: &Ctx) -> (Vec<String>, Vec<crate::sched::plan::Binding>) {
-    let (g, plan, op, t) = (ctx.g, ctx.plan, ctx.op, ctx.t());
+fn signature(ctx: &Ctx) -> (Vec<KernelParam>, Vec<crate::sched::plan::Binding>) {
+    let (g, plan, op) = (ctx.g, ctx.plan, ctx.op);
     let mut params = Vec::new();
     let mut args = Vec::new();
     for (j, &o) in op.outputs.iter().enumerate() {
-        params.push(format!("{t}* __restrict__ out{j}"));
+        params.push(KernelParam::Output(j));
         args.push(plan.binding(o, g.tensors[o].dtype.bytes()));
     }
     for (i, &x) in op.inputs.iter().enumerate() {
-        params.push(format!("const {t}* __restrict__ in{i}"));
+        params.push(KernelParam::Input(i));
         args.push(plan.binding(x, g.tensors[x].dtype.bytes()));
     }
     if let Some(c) = &ctx.kp.cluster_combine {
-        params.push(format!("{t}* __restrict__ ycomb"));
+        params.push(KernelParam::CombineOutput);
         args.push(c.out);
     }
     if let Some(x) = &ctx.kp.exchange {
         use crate::sched::plan::Binding;
-        params.push(format!("{t}* xrecv"));
+        params.push(KernelParam::ExchangeResult);
         args.push(x.recv);
         for r in 0..x.gpus {
-            params.push(format!("unsigned char* x{r}"));
+            params.push(KernelParam::ExchangeBuffer(r));
             args.push(Binding::Exchange { rank: r });
         }
-        params.push("unsigned long long xrank".into());
+        params.push(KernelParam::Rank);
         args.push(Binding::Rank);
     }
     for (m, _, _) in ctx.kp.tma.maps() {
-        params.push(format!(
-            "const __grid_constant__ mucc::sm90::TensorMap tm{m}"
-        ));
+        params.push(KernelParam::TensorMap(m));
     }
     (params, args)
 }
