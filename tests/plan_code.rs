@@ -1,8 +1,8 @@
 //! The generated code follows the plan: for every corpus graph and every golden input, for both
 //! targets, the numbers the emitted kernels pass to the runtime (threads, row splits, warp
 //! grids, operand loads, copy widths, pipeline depth, tile offsets and types, swizzles, register
-//! accumulators, vector widths, launches) are read back from the source and compared with the
-//! plan's fields. A disagreement like an explain that says 8 threads per row while the code
+//! accumulators, vector widths, launches) are read back from the kernels' statements
+//! (`mucc::emit::ir`) and compared with the plan's fields. A disagreement like an explain that says 8 threads per row while the code
 //! uses 1 fails here. Also: no generated line is longer than 120 characters.
 
 mod common;
@@ -322,6 +322,146 @@ fn a_register_rows_disagreement_fails_the_check() {
         kernels >= 2 && applied.iter().all(|&n| n > 0),
         "{kernels} register-rows kernels, edits applied {applied:?}"
     );
+}
+
+/// The chain, matmul and signature checks read the kernel's statements: in the tile kernels of
+/// graph 0 of every corpus file on sm_90a, another warp grid in an `Mma` class, another row
+/// split in a row pass, another vector width in a vector step, a product no longer run into its
+/// accumulator's fragment, a register accumulator under another name, a cluster attribute
+/// without a split or a tensor-map parameter dropped is caught.
+#[test]
+fn a_chain_matmul_or_signature_disagreement_fails_the_check() {
+    use mucc::emit::ir::{AliasType, Expr, Func, Lambda, Method, Nested, Stmt, TArg};
+    // Applies `edit` to the first statement of `body` (nested ones, lambdas' included) it
+    // accepts.
+    fn edit_first(body: &mut [Stmt], edit: &mut dyn FnMut(&mut Stmt) -> bool) -> bool {
+        for s in body {
+            if edit(s) {
+                return true;
+            }
+            let done = match s {
+                Stmt::Block(b)
+                | Stmt::If(_, b)
+                | Stmt::For { body: b, .. }
+                | Stmt::CallWith {
+                    lambda: Lambda { body: b, .. },
+                    ..
+                }
+                | Stmt::LambdaDecl {
+                    lambda: Lambda { body: b, .. },
+                    ..
+                } => edit_first(b, edit),
+                _ => false,
+            };
+            if done {
+                return true;
+            }
+        }
+        false
+    }
+    let bump = |t: &mut TArg| match t {
+        TArg::Int(v) => {
+            *v += 1;
+            true
+        }
+        _ => false,
+    };
+    let mut applied = [0; 7];
+    for (f, g, p, e) in graph0_emitted() {
+        let pg = p.graph(&g);
+        for (&k, kp) in &p.kernels {
+            if kp.rows().is_some() {
+                continue;
+            }
+            let name = format!("k{k}_customized");
+            let b = e.bodies.iter().position(|b| b.name == name).unwrap();
+            check_kernel(pg, &e, k, kp).unwrap();
+            let edits: [&mut dyn FnMut(&mut Stmt) -> bool; 5] = [
+                &mut |s| match s {
+                    Stmt::Using {
+                        ty: AliasType::Mma(t),
+                        ..
+                    } => {
+                        t.warps.0 += 1;
+                        true
+                    }
+                    _ => false,
+                },
+                &mut |s| match s {
+                    Stmt::Eval(Expr::TemplateCall(Func::TbForEachRow | Func::TbRmsRows, t, _)) => {
+                        bump(&mut t[1])
+                    }
+                    _ => false,
+                },
+                &mut |s| match s {
+                    Stmt::CallWith {
+                        call: Expr::TemplateCall(Func::TbForEachStep, t, _),
+                        ..
+                    } => bump(&mut t[2]),
+                    _ => false,
+                },
+                &mut |s| match s {
+                    Stmt::Eval(Expr::Member(_, m @ Method::Run, _, a)) if matches!(a.first(), Some(Expr::Var(n)) if n.starts_with("acc")) =>
+                    {
+                        *m = Method::Zero;
+                        true
+                    }
+                    _ => false,
+                },
+                &mut |s| match s {
+                    Stmt::NestedDecl {
+                        ty: Nested::Frag,
+                        name,
+                        ..
+                    }
+                    | Stmt::Array { name, .. }
+                        if name.starts_with("acc") =>
+                    {
+                        name.push('x');
+                        true
+                    }
+                    _ => false,
+                },
+            ];
+            for (i, edit) in edits.into_iter().enumerate() {
+                let mut bad = e.clone();
+                if !edit_first(&mut bad.bodies[b].body, edit) {
+                    continue;
+                }
+                applied[i] += 1;
+                assert!(
+                    check_kernel(pg, &bad, k, kp).is_err(),
+                    "{}: {name}, edit {i} not caught",
+                    f.display()
+                );
+            }
+            // The signature: clusters without a split, a tensor map dropped.
+            fn sig(bad: &mut mucc::emit::Emitted, b: usize) -> &mut mucc::emit::ir::Signature {
+                bad.bodies[b].signature.as_mut().unwrap()
+            }
+            if kp.split.cluster().is_none() {
+                let mut bad = e.clone();
+                sig(&mut bad, b).cluster = Some([2, 1, 1]);
+                applied[5] += 1;
+                assert!(
+                    check_kernel(pg, &bad, k, kp).is_err(),
+                    "{}: {name}, cluster dims not caught",
+                    f.display()
+                );
+            }
+            if kp.tma.map_count() > 0 {
+                let mut bad = e.clone();
+                sig(&mut bad, b).params.pop();
+                applied[6] += 1;
+                assert!(
+                    check_kernel(pg, &bad, k, kp).is_err(),
+                    "{}: {name}, a dropped tensor map not caught",
+                    f.display()
+                );
+            }
+        }
+    }
+    assert!(applied.iter().all(|&n| n > 0), "edits applied {applied:?}");
 }
 
 /// The prologue check reads the kernel's statements: in every threadblock kernel of graph 0
