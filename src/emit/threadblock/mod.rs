@@ -382,8 +382,12 @@ pub(super) fn emit(
         elem: ctx.dtype(),
         params,
     };
-    let mut view = KernelView::new(&comment, String::new(), "", &name, &[], text);
-    view.signature = cxx::threadblock_signature(&name, &sig);
+    let mut view = KernelView {
+        comment: cxx::comment(&comment, 0),
+        preamble: String::new(),
+        signature: cxx::threadblock_signature(&name, &sig),
+        body: text,
+    };
     view.comment.extend(cxx::comment(
         &format!("schedule {}", kp.schedule.compact(&kp.fusion)),
         0,
