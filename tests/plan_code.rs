@@ -36,6 +36,38 @@ fn graph0_emitted() -> Vec<(
         .collect()
 }
 
+/// Applies `edit` to the first statement of `body` it accepts, nested ones included (blocks,
+/// conditionals, loops and lambdas' bodies), in order: whether one was edited.
+fn edit_first(
+    body: &mut [mucc::emit::ir::Stmt],
+    edit: &mut dyn FnMut(&mut mucc::emit::ir::Stmt) -> bool,
+) -> bool {
+    use mucc::emit::ir::{Lambda, Stmt};
+    for s in body {
+        if edit(s) {
+            return true;
+        }
+        let done = match s {
+            Stmt::Block(b)
+            | Stmt::If(_, b)
+            | Stmt::For { body: b, .. }
+            | Stmt::CallWith {
+                lambda: Lambda { body: b, .. },
+                ..
+            }
+            | Stmt::LambdaDecl {
+                lambda: Lambda { body: b, .. },
+                ..
+            } => edit_first(b, edit),
+            _ => false,
+        };
+        if done {
+            return true;
+        }
+    }
+    false
+}
+
 /// Calls `f` with the kernel check of each threadblock kernel of graph 0 of every corpus file
 /// on sm_90a (which passes for the plan as made) and that kernel's plan, to be mutated.
 fn each_graph0_kernel(
@@ -119,18 +151,19 @@ fn a_disagreement_fails_the_check() {
     let (&k, kp) = p.kernels.iter().next().unwrap();
     check_kernel(g, &e, k, kp).unwrap();
     // The rms_rows call (in the chain's block) with one thread per row.
-    fn edit(stmts: &mut [Stmt]) -> bool {
-        stmts.iter_mut().any(|s| match s {
-            Stmt::Block(b) | Stmt::For { body: b, .. } | Stmt::If(_, b) => edit(b),
-            Stmt::Eval(Expr::TemplateCall(Func::TbRmsRows, t, _)) => {
-                assert_eq!(t[..4], [96, 8, 7, 13].map(TArg::int));
-                t[1] = TArg::int(1);
-                true
-            }
-            _ => false,
-        })
-    }
-    assert!(e.bodies.iter_mut().any(|b| edit(&mut b.body)));
+    let mut edit = |s: &mut Stmt| match s {
+        Stmt::Eval(Expr::TemplateCall(Func::TbRmsRows, t, _)) => {
+            assert_eq!(t[..4], [96, 8, 7, 13].map(TArg::int));
+            t[1] = TArg::int(1);
+            true
+        }
+        _ => false,
+    };
+    assert!(
+        e.bodies
+            .iter_mut()
+            .any(|b| edit_first(&mut b.body, &mut edit))
+    );
     let err = check_kernel(g, &e, k, kp).unwrap_err();
     assert!(err.contains("row splits"), "{err}");
 }
@@ -246,22 +279,6 @@ fn a_kernel_level_disagreement_fails_the_check() {
 #[test]
 fn a_register_rows_disagreement_fails_the_check() {
     use mucc::emit::ir::{Expr, Func, Stmt, TArg};
-    // Applies `edit` to the first statement of `body` (nested ones included) it accepts.
-    fn edit_first(body: &mut [Stmt], edit: &mut dyn FnMut(&mut Stmt) -> bool) -> bool {
-        for s in body {
-            if edit(s) {
-                return true;
-            }
-            let done = match s {
-                Stmt::Block(b) | Stmt::If(_, b) | Stmt::For { body: b, .. } => edit_first(b, edit),
-                _ => false,
-            };
-            if done {
-                return true;
-            }
-        }
-        false
-    }
     let mut kernels = 0;
     let mut applied = [0; 3];
     for (f, g, p, e) in graph0_emitted() {
@@ -331,34 +348,7 @@ fn a_register_rows_disagreement_fails_the_check() {
 /// without a split or a tensor-map parameter dropped is caught.
 #[test]
 fn a_chain_matmul_or_signature_disagreement_fails_the_check() {
-    use mucc::emit::ir::{AliasType, Expr, Func, Lambda, Method, Nested, Stmt, TArg};
-    // Applies `edit` to the first statement of `body` (nested ones, lambdas' included) it
-    // accepts.
-    fn edit_first(body: &mut [Stmt], edit: &mut dyn FnMut(&mut Stmt) -> bool) -> bool {
-        for s in body {
-            if edit(s) {
-                return true;
-            }
-            let done = match s {
-                Stmt::Block(b)
-                | Stmt::If(_, b)
-                | Stmt::For { body: b, .. }
-                | Stmt::CallWith {
-                    lambda: Lambda { body: b, .. },
-                    ..
-                }
-                | Stmt::LambdaDecl {
-                    lambda: Lambda { body: b, .. },
-                    ..
-                } => edit_first(b, edit),
-                _ => false,
-            };
-            if done {
-                return true;
-            }
-        }
-        false
-    }
+    use mucc::emit::ir::{AliasType, Expr, Func, Method, Nested, Stmt, TArg};
     let bump = |t: &mut TArg| match t {
         TArg::Int(v) => {
             *v += 1;

@@ -84,13 +84,14 @@ impl Ctx<'_> {
             .iter()
             .map(|&o| format!("op{} {}", o.index(), self.tb.ops[o].kind.name()))
             .collect();
-        self.push(vec![Stmt::Remark(names.join(" -> "))])?;
+        self.push(vec![Stmt::Remark(names.join(" -> "))]);
         if let Some(p) = self.kp.pipe_into(c) {
             let producer = self.kp.fusion.chains[p.producer].leader().index();
-            return self.push(vec![Stmt::Comment(format!(
+            self.push(vec![Stmt::Comment(format!(
                 "runs in op{producer}'s chain: s{} stays in registers (register pipe)",
                 p.tile
             ))]);
+            return Ok(());
         }
         if let Some(p) = self.kp.pipe_from(c).cloned() {
             return self.pipe_chain(lead, &cp, &p);
@@ -109,7 +110,8 @@ impl Ctx<'_> {
             }
             _ => self.elementwise_chain(&lop, &cp)?,
         };
-        self.push(stmts)
+        self.push(stmts);
+        Ok(())
     }
 
     /// `v = u(v);` for each unary member of chain plan `cp` (the last one's `exp`

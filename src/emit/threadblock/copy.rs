@@ -125,7 +125,8 @@ impl Ctx<'_> {
     pub(super) fn input_copy(&mut self, op: Handle<TbOp>, phase: Phase) -> Result<(), EmitError> {
         let t = self.tb.ops[op].outputs[0];
         if self.ring_tiles.contains(&t.index()) {
-            return self.push(vec![Stmt::Comment("issued ahead by the pipeline".into())]);
+            self.push(vec![Stmt::Comment("issued ahead by the pipeline".into())]);
+            return Ok(());
         }
         let iter = if phase == Phase::Loop {
             Iteration::Expr(Expr::var("it"))
@@ -140,7 +141,8 @@ impl Ctx<'_> {
             }
         );
         let copy = self.input_copy_stmt(op, Expr::var(format!("s{}", t.index())), &iter, waited)?;
-        self.push(vec![copy])
+        self.push(vec![copy]);
+        Ok(())
     }
 
     /// The copy of an output's tile to this block's region of its device tensor.
@@ -217,7 +219,8 @@ impl Ctx<'_> {
                 ))],
             });
         }
-        self.push(out)
+        self.push(out);
+        Ok(())
     }
 
     /// Thread 0's TMA loads of iteration `iter` into ring slot `slot`, announced on the slot's
@@ -349,7 +352,8 @@ impl Ctx<'_> {
             }
         }
         self.ring.extend(ring.iter().cloned());
-        self.push(ring)
+        self.push(ring);
+        Ok(())
     }
 
     /// Inside the loop, after its first barrier: the copies of iteration
@@ -382,6 +386,7 @@ impl Ctx<'_> {
         }
         let block = Stmt::Block(block);
         self.ring.push(block.clone());
-        self.push(vec![block])
+        self.push(vec![block]);
+        Ok(())
     }
 }

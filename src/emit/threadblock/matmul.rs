@@ -133,12 +133,13 @@ impl Ctx<'_> {
                 ),
             ];
             body.extend(each);
-            return self.push(vec![Stmt::thread_loop(
+            self.push(vec![Stmt::thread_loop(
                 f,
                 vec![TArg::int(self.nt), TArg::int(m * n)],
                 vec![int_param("e"), rp],
                 body,
             )]);
+            return Ok(());
         }
         let mt = self.matmul_type(lead)?;
         let e = var("row").times(Expr::size(n)).plus(var("col"));
@@ -217,7 +218,8 @@ impl Ctx<'_> {
                 return Err(self.internal(&format!("matmul lowering {l:?} into {sink:?}")));
             }
         };
-        self.push(stmts)
+        self.push(stmts);
+        Ok(())
     }
 
     /// The producer's chain of a register pipe: its matmul into a fragment, the members applied
@@ -307,7 +309,8 @@ impl Ctx<'_> {
             vec![TArg::Name(mt)],
             product_args(var(&format!("acc{acc}")), var("pk_"), b2),
         )));
-        self.push(vec![Stmt::Block(block)])
+        self.push(vec![Stmt::Block(block)]);
+        Ok(())
     }
 
     /// The producer's chain of an online-softmax register pipe ([`OnlinePipe`]): the scores
@@ -464,7 +467,8 @@ impl Ctx<'_> {
                 product_args(acc_v, var("pk_"), b2),
             )),
         ]);
-        self.push(vec![Stmt::Block(block)])
+        self.push(vec![Stmt::Block(block)]);
+        Ok(())
     }
 
     /// After the loop of a key split ([`RegisterPipe::keys`] > 1): the warps' running maxima,
@@ -529,7 +533,8 @@ impl Ctx<'_> {
             .map(|n| var(n))
             .collect(),
         );
-        self.push(vec![comment, Stmt::eval(combine)])
+        self.push(vec![comment, Stmt::eval(combine)]);
+        Ok(())
     }
 
     /// Writes register accumulator `acc` into its shared-memory buffer: from the fragment of
@@ -582,7 +587,8 @@ impl Ctx<'_> {
                 vec![store(var("e"), at(var(&format!("acc{a}")), var("r")), l)],
             )
         };
-        self.push(vec![stmt])
+        self.push(vec![stmt]);
+        Ok(())
     }
 }
 

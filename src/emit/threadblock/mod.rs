@@ -86,7 +86,8 @@ impl Ctx<'_> {
                 noted: false,
             });
         }
-        self.push(out)
+        self.push(out);
+        Ok(())
     }
 
     fn err(&self, reason: String) -> EmitError {
@@ -124,9 +125,8 @@ impl Ctx<'_> {
     }
 
     /// Appends statements to the body.
-    pub(super) fn push(&mut self, stmts: Vec<Stmt>) -> Result<(), EmitError> {
+    pub(super) fn push(&mut self, stmts: Vec<Stmt>) {
         self.body.extend(stmts);
-        Ok(())
     }
 
     /// The statements `f` adds: the body of a loop or a conditional.
@@ -142,7 +142,8 @@ impl Ctx<'_> {
 
     /// A barrier for `reason` (its note printed where `noted`).
     fn barrier(&mut self, reason: BarrierReason, noted: bool) -> Result<(), EmitError> {
-        self.push(vec![Stmt::Barrier { reason, noted }])
+        self.push(vec![Stmt::Barrier { reason, noted }]);
+        Ok(())
     }
 
     /// The pointer of tile `t` (the current pipeline slot for pipelined inputs).
@@ -350,7 +351,7 @@ pub(super) fn emit(
     let (params, args) = signature(&ctx);
     if let Some(r) = kp.rows() {
         let stmts = ctx.rows_body(r)?;
-        ctx.push(stmts)?;
+        ctx.push(stmts);
     } else {
         tile_body(&mut ctx)?;
     }
@@ -451,7 +452,7 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
         ctx.push(vec![
             Stmt::Eval(Expr::Call(Func::LaunchDependents, vec![]))
                 .noted("the loop is done: the next kernel may launch"),
-        ])?;
+        ]);
     }
     after_loop(ctx)?;
     if let Some(c) = &kp.cluster_combine {
@@ -466,7 +467,7 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     ctx.step_barrier(Phase::PostLoop, kp.schedule.post_loop.len(), None)?;
     if let Some(x) = &kp.exchange {
         let end = exchange_end(ctx, x);
-        ctx.push(end)?;
+        ctx.push(end);
     }
     Ok(())
 }
@@ -669,7 +670,8 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
         );
     }
     out.extend(ctx.block_pointers()?);
-    ctx.push(out)
+    ctx.push(out);
+    Ok(())
 }
 
 /// `name = reinterpret_cast<mucc::u64*>(smem + offset)`: mbarriers in shared memory.
@@ -850,7 +852,7 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
             }
         }
     }
-    ctx.push(out)?;
+    ctx.push(out);
     if kp.barriers.after_initial_state {
         ctx.barrier(BarrierReason::InitialState, false)?;
     }
@@ -975,7 +977,7 @@ fn after_loop(ctx: &mut Ctx) -> Result<(), EmitError> {
                     Expr::TemplateCall(Func::FromCompute, vec![TArg::Elem(ty)], vec![expr]),
                 ),
             ],
-        )])?;
+        )]);
     }
     Ok(())
 }
@@ -1040,7 +1042,8 @@ fn cluster_combine(
             ],
         )),
         sync().noted("the others have read this CTA's partials"),
-    ])
+    ]);
+    Ok(())
 }
 
 /// The runtime's fold of partials combined by `c`; a rescaled combine has a function of its own.
@@ -1089,7 +1092,7 @@ fn push_partials(
             reason: BarrierReason::BeforePush,
             noted: true,
         },
-    ])?;
+    ]);
     let mut pushes = Vec::new();
     let mut folds = Vec::new();
     for (i, part) in c.partials.iter().enumerate() {
@@ -1153,7 +1156,8 @@ fn push_partials(
         vec![Expr::var("push"), Expr::int(0)],
     )));
     out.extend(folds);
-    ctx.push(out)
+    ctx.push(out);
+    Ok(())
 }
 
 /// Under a cluster split: the partial accumulators of its CTAs reach CTA 0, pushed
@@ -1174,7 +1178,7 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
         )),
         Stmt::Eval(Expr::Call(Func::ClusterSync, vec![]))
             .noted("every CTA's partials are complete"),
-    ])?;
+    ]);
     let mut folds = Vec::new();
     for (i, p) in c.partials.iter().enumerate() {
         if ctx.kp.barriers.after_rescaled_folds == Some(i) {
@@ -1234,7 +1238,8 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
         Stmt::Eval(Expr::Call(Func::ClusterSync, vec![]))
             .noted("CTA 0 has read the partials: the others may leave"),
         Stmt::IfLine(others(), Box::new(Stmt::Return(None))),
-    ])
+    ]);
+    Ok(())
 }
 
 /// A loop iteration in a copy: the first (the tile at the block's region itself) or an
@@ -1305,7 +1310,7 @@ impl Ctx<'_> {
                 Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
                     .times(Expr::size(c.iters)),
             ));
-            self.push(out)?;
+            self.push(out);
         }
         let (lo, hi) = self.loop_bounds();
         self.pipeline_prologue()?;
@@ -1319,7 +1324,8 @@ impl Ctx<'_> {
             unroll: false,
             form: LoopForm::Block,
             body,
-        }])
+        }]);
+        Ok(())
     }
 
     /// One iteration of the for-loop: its thread indices, the current stage's slots and waits,
@@ -1387,7 +1393,7 @@ impl Ctx<'_> {
             self.ring.extend(waits.iter().cloned());
             head.extend(waits);
         }
-        self.push(head)?;
+        self.push(head);
         let prefetch = self.kp.barriers.prefetch;
         if (prefetch == Prefetch::None) != ring.is_none() {
             return Err(self.internal("the plan's ring refill does not match its pipeline"));
