@@ -271,6 +271,17 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
         p.workspace_packing.peak, p.workspace_packing.lower_bound, p.workspace_packing.heuristic
     );
     s.push_str(&memory::dump(&p.workspace, &p.workspace_packing, 0));
+    if p.counter_bytes > 0 {
+        let at = p.counters_at();
+        let _ = writeln!(
+            s,
+            "  [{at:>7}, {:>7})  {:>7} B  arrival counters of the last-block combines (zero \
+             before the first call, left zero by every call; {} B of workspace in all)",
+            at + p.counter_bytes,
+            p.counter_bytes,
+            p.workspace_bytes()
+        );
+    }
     for u in &p.unfused {
         let _ = writeln!(
             s,
@@ -301,6 +312,9 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             let _ = writeln!(s, "  cluster split: none ({why})");
             if let Some(c) = &kp.cluster_combine {
                 let _ = writeln!(s, "  cluster combine: {c}");
+            }
+            if let Some(c) = &kp.last_block_combine {
+                let _ = writeln!(s, "  last-block combine: {c}");
             }
         }
         Split::Cluster(c) => {
@@ -1151,6 +1165,19 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 rows,
                 splits,
                 d,
+                form: crate::sched::combine::CombineForm::LastBlock { kernel },
+                ..
+            } => format!(
+                "softmax combination of {splits} key splits for {rows} rows of {d}, performed by \
+                 the last block of each group of kernel op {kernel} to finish (no launch of its \
+                 own; arrival counters: {} B at workspace +{})",
+                p.counter_bytes,
+                p.counters_at()
+            ),
+            KnOpPlan::SoftmaxCombine {
+                rows,
+                splits,
+                d,
                 vector,
                 group,
                 split_lanes,
@@ -1160,8 +1187,8 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
             } => format!(
                 "softmax combination of {splits} key splits for {rows} rows of {d}: {} threads \
                  per row ({group} along the outputs with {vector}-element vectors{}), weights \
-                 exp(m - max m) in registers, no shared memory; {} blocks x {} threads; not in \
-                 the attention kernel's clusters: {why}",
+                 exp(m - max m) in registers, no shared memory; {} blocks x {} threads; not \
+                 folded into the attention kernel: {why}",
                 group * split_lanes,
                 if *split_lanes == 1 {
                     ", each summing every split".to_string()

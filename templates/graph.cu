@@ -23,6 +23,10 @@
 // being the current one (cudaSetDevice); an NCCL failure returns MUCC_NCCL_ERROR_BASE + an
 // ncclResult_t.
 {% endif -%}
+{% if counters > 0 -%}
+// The workspace's last {{ counters }} bytes are arrival counters: zero before the first call
+// (allocate the workspace zeroed), and every call leaves them zero; keep them for this graph.
+{% endif -%}
 {% if exchange > 0 -%}
 // A kernel sums over the GPUs itself: `exchange[r]` is GPU r's exchange buffer of
 // {{ exchange }} bytes as this device addresses it (peer memory: cudaIpc handles or an NCCL

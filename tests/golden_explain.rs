@@ -20,6 +20,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         cluster_split: true,
         cluster_push: true,
         cluster_combine: false,
+        last_block_combine: false,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,

@@ -256,6 +256,7 @@ fn kernel_level_goldens() {
             cluster_split: true,
             cluster_push: true,
             cluster_combine: false,
+            last_block_combine: false,
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,

@@ -279,6 +279,7 @@ fn opts(arch: Arch) -> Options {
         cluster_split: true,
         cluster_push: true,
         cluster_combine: false,
+        last_block_combine: false,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -411,6 +412,45 @@ fn cluster_combine_golden() {
         "mha_bs8.json, graph 25",
         &o,
     );
+}
+
+/// Split attention combined in its last blocks (`--last-block-combine on`): mha_bs8's graph 30
+/// stores its 4 key splits' partials, and the last block of each group of 4 combines them and
+/// stores the output; no combining kernel follows. On both targets.
+#[test]
+fn last_block_combine_golden() {
+    let f = mucc::read_file(
+        &common::corpus_dir().join("mha_bs8.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[30].graph;
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let mut o = opts(arch);
+        o.last_block_combine = true;
+        let (p, e) = mucc::transpile::transpile(g, &o, "mha_bs8.json, graph 30").unwrap();
+        let combined: Vec<_> = p
+            .kernels
+            .values()
+            .filter_map(|k| k.last_block_combine.as_ref())
+            .collect();
+        assert_eq!(combined.len(), 1, "one kernel combines in its last blocks");
+        assert_eq!((combined[0].splits, combined[0].axis, combined[0].groups), (4, 1, 256));
+        assert!(p.counter_bytes >= 1024 && e.launch.counter_bytes == p.counter_bytes);
+        assert!(
+            e.source.contains("mucc::tb::arrive_last<4>(")
+                && e.source.contains("mucc::tb::combine_splits<")
+                && !e.source.contains("mucc::kn::softmax_combine<")
+                && e.source.contains("arrival counters: zero before the first call"),
+            "the attention kernel combines; no combining kernel; the contract is stated"
+        );
+        emit_golden_with(
+            "mha_bs8.g30.last_block_combine",
+            g,
+            "mha_bs8.json, graph 30",
+            &o,
+        );
+    }
 }
 
 /// The corpus goldens use every threadblock operator kind that occurs in the corpus.

@@ -699,6 +699,108 @@ fn a_copy_wait_disagreement_fails_the_check() {
     assert!(tried >= 3, "{tried} waits tried");
 }
 
+/// The kernel check fails when a last-block combine and its code disagree: mha_bs8 g30 and
+/// gqa_bs8 g0 on both targets with `--last-block-combine on`, their arrival's split count, the
+/// combine's vector or a partial's step edited, the guarded combine or the whole arrival
+/// removed, and the plan without the combine.
+#[test]
+fn a_last_block_combine_disagreement_fails_the_check() {
+    use mucc::emit::ir::{Expr, Func, Stmt, TArg};
+    for (file, graph) in [("mha_bs8.json", 30), ("gqa_bs8.json", 0)] {
+        let f = read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
+        let g = &f.graphs[graph].graph;
+        for target in Target::all() {
+            let opts = Options {
+                last_block_combine: true,
+                ..Options::for_target(target)
+            };
+            let p = plan(g, &opts).unwrap();
+            let e = mucc::emit::emit(g, &p, "test").unwrap();
+            let pg = p.graph(g);
+            let (k, kp) = p
+                .kernels
+                .iter()
+                .find(|(_, kp)| kp.last_block_combine.is_some())
+                .unwrap_or_else(|| panic!("{file} g{graph}: no last-block combine"));
+            check_kernel(pg, &e, *k, kp).unwrap();
+            let name = format!("k{k}_customized");
+            let edited = |edit: &mut dyn FnMut(&mut Stmt) -> bool| {
+                let mut bad = e.clone();
+                let body = &mut bad.bodies.iter_mut().find(|b| b.name == name).unwrap().body;
+                assert!(edit_first(body, edit), "{file} g{graph}: nothing to edit");
+                bad
+            };
+            let edits: Vec<(&str, Box<dyn FnMut(&mut Stmt) -> bool>)> = vec![
+                (
+                    "split count",
+                    Box::new(|s: &mut Stmt| match s {
+                        Stmt::If(Expr::TemplateCall(Func::TbArriveLast, t, _), _) => {
+                            t[0] = TArg::int(99);
+                            true
+                        }
+                        _ => false,
+                    }),
+                ),
+                (
+                    "vector",
+                    Box::new(|s: &mut Stmt| match s {
+                        Stmt::Eval(Expr::TemplateCall(Func::TbCombineSplits, t, _)) => {
+                            t[4] = TArg::int(1);
+                            true
+                        }
+                        _ => false,
+                    }),
+                ),
+                (
+                    "O step",
+                    Box::new(|s: &mut Stmt| match s {
+                        Stmt::Eval(Expr::TemplateCall(Func::TbCombineSplits, _, a)) => {
+                            a[2] = Expr::size(7);
+                            true
+                        }
+                        _ => false,
+                    }),
+                ),
+                (
+                    "combine",
+                    Box::new(|s: &mut Stmt| match s {
+                        Stmt::If(Expr::TemplateCall(Func::TbArriveLast, _, _), b) => {
+                            b.clear();
+                            true
+                        }
+                        _ => false,
+                    }),
+                ),
+                (
+                    "arrival",
+                    Box::new(|s: &mut Stmt| match s {
+                        Stmt::If(Expr::TemplateCall(Func::TbArriveLast, _, _), _) => {
+                            *s = Stmt::Comment("gone".into());
+                            true
+                        }
+                        _ => false,
+                    }),
+                ),
+            ];
+            for (what, mut edit) in edits {
+                let bad = edited(&mut *edit);
+                assert!(
+                    check_kernel(pg, &bad, *k, kp).is_err(),
+                    "{file} g{graph} {}: edited {what} passed",
+                    target.arch
+                );
+            }
+            let mut other = kp.clone();
+            other.last_block_combine = None;
+            assert!(
+                check_kernel(pg, &e, *k, &other).is_err(),
+                "{file} g{graph} {}: the plan without the combine passed",
+                target.arch
+            );
+        }
+    }
+}
+
 /// The kernel check fails when the fold CTA 0 runs behind the after-rescaled-folds barrier is
 /// not the plan's, or the plan has no such barrier: mha_bs1 g8 on sm_90a (a cluster split whose
 /// rescaled partials read the max tile).

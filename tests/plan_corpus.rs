@@ -117,6 +117,7 @@ fn every_corpus_graph_plans_for_both_targets() {
                         cluster_split: true,
                         cluster_push: true,
                         cluster_combine: false,
+                        last_block_combine: false,
                         cta: Default::default(),
                         register_pipes: true,
                         register_rows: true,
@@ -198,6 +199,7 @@ fn plans_are_deterministic() {
                 cluster_split: true,
                 cluster_push: true,
                 cluster_combine: false,
+                last_block_combine: false,
                 cta: Default::default(),
                 register_pipes: true,
                 register_rows: true,
@@ -420,6 +422,86 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
     assert_eq!((shifted, grouped), (55, 14));
 }
 
+/// With `--last-block-combine on`, every `softmax_combine` of the attention files is performed
+/// by its attention kernel's last blocks on both targets, except behind the for-loops split
+/// over a cluster on sm_90a (mha_bs1), which keep the combining kernel and say why. The plan's
+/// group counters fit the counters' bytes past every workspace buffer, one per group, and the
+/// kernel's grid holds `groups × splits` blocks.
+#[test]
+fn last_block_combine_where_its_rules_hold() {
+    use mucc::sched::KnOpPlan;
+    use mucc::sched::combine::{CombineForm, NoFold};
+    use mucc::target::Arch;
+    // (file, last-block combines on sm_90a, on sm_80).
+    let expected = [
+        ("mha_bs8.json", 24, 24),
+        ("mqa_bs8.json", 17, 17),
+        ("gqa_bs8.json", 10, 10),
+        ("mqa_bs1.json", 12, 12),
+        ("gqa_bs1.json", 28, 28),
+        ("mha_bs1.json", 0, 14),
+        ("single_mqa_bs1.json", 1, 1),
+    ];
+    for (file, on90, on80) in expected {
+        let f = read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
+        for (arch, want) in [(Arch::Sm90a, on90), (Arch::Sm80, on80)] {
+            let mut folded = 0;
+            for (i, lg) in f.graphs.iter().enumerate() {
+                let opts = Options {
+                    last_block_combine: true,
+                    ..Options::for_target(Target::new(arch))
+                };
+                let p = mucc::sched::plan(&lg.graph, &opts).unwrap();
+                let g = p.graph(&lg.graph);
+                let mut counters = 0;
+                for (c, k) in p.kernel_ops.iter().enumerate() {
+                    let KnOpPlan::SoftmaxCombine { form, splits, .. } = k else {
+                        continue;
+                    };
+                    match form {
+                        CombineForm::LastBlock { kernel } => {
+                            folded += 1;
+                            let kp = &p.kernels[kernel];
+                            let lb = kp.last_block_combine.as_ref().expect("the kernel combines");
+                            assert_eq!((lb.combine, lb.splits), (c, *splits), "{file} g{i}");
+                            let KnOpKind::Customized(tb) =
+                                &g.ops[mucc::graph::arena::Handle::from_index(*kernel)].kind
+                            else {
+                                panic!("{file} g{i}: kernel op {kernel} is not customized");
+                            };
+                            assert_eq!(tb.grid[lb.axis], lb.splits, "{file} g{i}");
+                            assert_eq!(
+                                lb.groups * lb.splits,
+                                tb.grid.iter().product::<usize>(),
+                                "{file} g{i}"
+                            );
+                            assert!(lb.counters >= p.workspace_packing.peak, "{file} g{i}");
+                            assert!(
+                                lb.counters + 4 * lb.groups <= p.workspace_bytes(),
+                                "{file} g{i}: counters past the workspace"
+                            );
+                            assert!(kp.cluster_combine.is_none() && kp.split.cluster().is_none());
+                            assert!(
+                                !kp.schedule.post_loop.is_empty(),
+                                "{file} g{i}: the partials are still stored"
+                            );
+                            counters += lb.groups;
+                        }
+                        CombineForm::Kernel(why) => assert!(
+                            arch == Arch::Sm90a && *why == NoFold::LoopSplit,
+                            "{file} g{i} {arch}: {why}"
+                        ),
+                        CombineForm::InCluster { .. } => panic!("{file} g{i}: in a cluster"),
+                    }
+                }
+                assert!(p.counter_bytes >= 4 * counters, "{file} g{i}");
+                assert_eq!(p.counter_bytes == 0, counters == 0, "{file} g{i}");
+            }
+            assert_eq!(folded, want, "{file} {arch}");
+        }
+    }
+}
+
 /// `--cluster-combine` on sm_90a: the combining step of every split attention candidate whose
 /// key splits are 2 to 8 blocks of a kernel without a loop split runs in that kernel's clusters
 /// (the partial outputs leave its schedule, their block regions go, the kernel's cluster is its
@@ -428,7 +510,7 @@ fn shifted_scores_compute_the_graphs_function_within_range() {
 #[test]
 fn cluster_combine_where_its_rules_hold() {
     use mucc::sched::KnOpPlan;
-    use mucc::sched::combine::{CombineForm, NoClusterCombine};
+    use mucc::sched::combine::{CombineForm, NoFold};
     use mucc::target::Arch;
     // (file, combines in clusters, combining kernels kept) with the option on, sm_90a.
     let expected = [
@@ -460,8 +542,8 @@ fn cluster_combine_where_its_rules_hold() {
                     .collect()
             };
             for (what, q, why) in [
-                ("default", &default, NoClusterCombine::OffByDefault),
-                ("sm_80", &p80, NoClusterCombine::NotHopper),
+                ("default", &default, NoFold::OffByDefault),
+                ("sm_80", &p80, NoFold::NotHopper),
             ] {
                 assert!(
                     forms(q)
@@ -505,12 +587,13 @@ fn cluster_combine_where_its_rules_hold() {
                         assert!(
                             matches!(
                                 why,
-                                NoClusterCombine::TooManySplits { splits: 16 }
-                                    | NoClusterCombine::LoopSplit
+                                NoFold::TooManySplits { splits: 16 }
+                                    | NoFold::LoopSplit
                             ),
                             "{file} g{i}: {why}"
                         );
                     }
+                    CombineForm::LastBlock { .. } => panic!("{file} g{i}: in the last blocks"),
                 }
             }
         }

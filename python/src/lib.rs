@@ -1016,10 +1016,10 @@ impl Kernel {
 
     /// The workspace's address for `stream` (allocated once per stream; 0 without one).
     fn _workspace(&self, py: Python<'_>, stream: usize) -> PyResult<u64> {
-        let bytes = self.plan().workspace_bytes;
+        let (bytes, counters) = (self.plan().workspace_bytes, self.plan().counter_bytes);
         self.calls
             .borrow_mut()
-            .workspace(py, bytes, stream)?
+            .workspace(py, bytes, counters, stream)?
             .ok_or_else(|| {
                 cuda_err("the workspace is allocated through torch, which is not set up")
             })
@@ -1118,7 +1118,9 @@ fn compile(
             )));
         }
         let mut gpu = open_gpu(device)?;
-        let (opts, tuned) = options(g, gpu.arch, path, cta, tune);
+        let (mut opts, tuned) = options(g, gpu.arch, path, cta, tune);
+        // The kernel allocates its workspace zeroed, as the arrival counters need.
+        opts.last_block_combine = true;
         let (p, e) = mucc::transpile::transpile(g, &opts, &graph.origin)
             .map_err(|e| compile_err(format!("{}: {e}", graph.origin)))?;
         let compiler = Compiler::new(CompilerOptions::default()).map_err(compile_err)?;

@@ -16,6 +16,7 @@
 //   threadblock/copy.h    tb::copy_chunks, cp_async_chunks, copy_elems (tile <-> device tensor)
 //   threadblock/accum.h   tb::acc_add, acc_max, acc_rescale, max_of, fill, running_max
 //   threadblock/matmul.h  tb::Mma (tensor cores), tb::FmaMatmul
+//   threadblock/arrival.h tb::arrive_last, combine_splits (the last block of a group combines)
 //   host.h                error checks and cuBLAS (host only, not under NVRTC)
 //   nccl.h                NCCL error checks for multi-GPU graphs (host only; included by
 //                         generated files whose graph runs on several GPUs)
@@ -31,4 +32,5 @@
 #include "threadblock/copy.h"
 #include "threadblock/accum.h"
 #include "threadblock/matmul.h"
+#include "threadblock/arrival.h"
 #include "host.h"

@@ -94,6 +94,10 @@ pub const RUNTIME_HEADERS: &[(&str, &str)] = &[
         "mucc/threadblock/matmul.h",
         include_str!("../../runtime-headers/mucc/threadblock/matmul.h"),
     ),
+    (
+        "mucc/threadblock/arrival.h",
+        include_str!("../../runtime-headers/mucc/threadblock/arrival.h"),
+    ),
 ];
 
 /// Why a compilation could not produce a cubin.

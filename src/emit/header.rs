@@ -81,6 +81,16 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
         lines.push(describe("output", j, d));
     }
     lines.push(format!(" *   workspace: {} bytes", plan.workspace_bytes));
+    if plan.counter_bytes > 0 {
+        lines.push(format!(
+            " *   its last {} bytes are arrival counters: zero before the first call (allocate the",
+            plan.counter_bytes
+        ));
+        lines.push(
+            " *   workspace zeroed), left zero by every call; keep the workspace for this graph"
+                .to_string(),
+        );
+    }
     lines.push(" */".to_string());
     lines.push(format!("#ifndef {guard}"));
     lines.push(format!("#define {guard}"));
@@ -91,6 +101,12 @@ pub fn header(guard: &str, source: &str, plan: &LaunchPlan) -> String {
         "#define MUCC_WORKSPACE_BYTES {}",
         plan.workspace_bytes
     ));
+    if plan.counter_bytes > 0 {
+        lines.push(format!(
+            "#define MUCC_WORKSPACE_COUNTER_BYTES {}",
+            plan.counter_bytes
+        ));
+    }
     lines.push(format!(
         "#define MUCC_CUBLAS_ERROR_BASE {CUBLAS_ERROR_BASE}"
     ));

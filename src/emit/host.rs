@@ -364,6 +364,7 @@ mod tests {
             })],
             gpus: 1,
             exchange_bytes: 0,
+            counter_bytes: 0,
             entry: "mucc_execute".into(),
         }
     }

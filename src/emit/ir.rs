@@ -234,6 +234,10 @@ pub enum Func {
     TbCopyChunksCvt,
     /// `mucc::tb::cluster_softmax_combine`: the CTAs of a cluster combine their key splits.
     TbClusterSoftmaxCombine,
+    /// `mucc::tb::arrive_last`: a block arrives on its group's counter; true in the last one.
+    TbArriveLast,
+    /// `mucc::tb::combine_splits`: the last block of a group combines the key splits' partials.
+    TbCombineSplits,
     /// `mucc::xchg::arrive_and_sum`: the fused all-reduce's last blocks sum the GPUs' slots.
     XchgArriveAndSum,
     /// `mucc::xchg::slot`: a GPU's slot of an exchange region.
@@ -1378,8 +1382,10 @@ pub enum KernelParam {
     Output(usize),
     /// Input `i`: `const T* __restrict__ in<i>`.
     Input(usize),
-    /// The output of a combine in the kernel's clusters: `T* __restrict__ ycomb`.
+    /// The output of a combine in the kernel's clusters or last blocks: `T* __restrict__ ycomb`.
     CombineOutput,
+    /// The arrival counters of a last-block combine: `unsigned* __restrict__ arrivals`.
+    ArrivalCounters,
     /// The fused all-reduce's result: `T* xrecv`.
     ExchangeResult,
     /// GPU `r`'s exchange buffer: `unsigned char* x<r>`.

@@ -315,9 +315,11 @@ pub(super) fn emit(
             fused: crate::sched::exchange::AllReduceForm::Fused { .. },
             ..
         } => return (None, Vec::new()),
-        // The attention kernel's clusters perform it.
+        // The attention kernel performs it (in its clusters or its last blocks).
         KnOpPlan::SoftmaxCombine {
-            form: crate::sched::combine::CombineForm::InCluster { .. },
+            form:
+                crate::sched::combine::CombineForm::InCluster { .. }
+                | crate::sched::combine::CombineForm::LastBlock { .. },
             ..
         } => return (None, Vec::new()),
         KnOpPlan::Gemm { calls, .. } => {

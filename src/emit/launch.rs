@@ -146,6 +146,12 @@ pub struct LaunchPlan {
     /// takes every GPU's buffer, as this GPU addresses it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub exchange_bytes: usize,
+    /// Bytes at the end of the workspace that hold arrival counters (last-block combines): zero
+    /// before the first execution, and every execution leaves them zero, so the caller
+    /// allocates the workspace zeroed once and keeps it for this plan (0: none, the workspace
+    /// may hold anything before a call).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub counter_bytes: usize,
     /// The host entry's name in the generated file (`mucc_execute` unless the plan's symbols
     /// say otherwise).
     #[serde(default = "default_entry", skip_serializing_if = "is_default_entry")]

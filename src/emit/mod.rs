@@ -127,6 +127,8 @@ struct FileView {
     gpus: usize,
     /// Bytes of each GPU's exchange buffer (0: the entry takes none).
     exchange: usize,
+    /// Bytes of arrival counters at the end of the workspace (0: none).
+    counters: usize,
 }
 
 /// The caller's buffers and the workspace, as the header comment lists them, and as launch
@@ -213,6 +215,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         steps,
         gpus: plan.gpus,
         exchange_bytes: plan.exchange_bytes,
+        counter_bytes: plan.counter_bytes,
         entry: plan.symbols.entry().to_string(),
     };
     // Header comment lines (the template prints "// " before each): wrapped to the line limit,
@@ -255,6 +258,7 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
         ),
         gpus: launch.gpus,
         exchange: launch.exchange_bytes,
+        counters: launch.counter_bytes,
     };
     let mut source = view
         .render()

@@ -642,6 +642,7 @@ fn plan_kernel_with(
         no_wgmma,
         exchange: None,
         cluster_combine: None,
+        last_block_combine: None,
         body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
         loop_indices,

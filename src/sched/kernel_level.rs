@@ -597,7 +597,7 @@ impl Planner<'_> {
                         threads: COMBINE_THREADS,
                     },
                     form: super::combine::CombineForm::Kernel(
-                        super::combine::NoClusterCombine::NotHopper,
+                        super::combine::NoFold::NotHopper,
                     ),
                 }
             }

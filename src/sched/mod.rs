@@ -70,7 +70,7 @@ fn plan_dependent_launches(
                 ..
             }
             | KnOpPlan::SoftmaxCombine {
-                form: combine::CombineForm::InCluster { .. },
+                form: combine::CombineForm::InCluster { .. } | combine::CombineForm::LastBlock { .. },
                 ..
             } => {}
             KnOpPlan::Gemm { .. } | KnOpPlan::AllReduce { .. } => prev = Prev::Library,
@@ -400,13 +400,17 @@ fn plan_graph(
     let mut kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs, target)?;
     let exchange_bytes =
         exchange::fuse_all_reduces(g, &mut kernel_ops, &mut kernels, opts.all_reduce);
-    combine::fuse_softmax_combines(
+    let counter_bytes = combine::fuse_softmax_combines(
         g,
         &dt,
         &mut kernel_ops,
         &mut kernels,
-        opts.path.hopper(target),
-        opts.cluster_combine,
+        combine::FoldChoice {
+            hopper: opts.path.hopper(target),
+            cluster: opts.cluster_combine,
+            last_block: opts.last_block_combine,
+            counters_at: workspace_packing.peak.next_multiple_of(plan::WORKSPACE_ALIGN),
+        },
     );
     plan_dependent_launches(&kernel_ops, &mut kernels, opts);
     let unfused = dtensors::unfused(g, &dt);
@@ -425,6 +429,7 @@ fn plan_graph(
         symbols: opts.symbols.clone(),
         gpus,
         exchange_bytes,
+        counter_bytes,
         rewrite: rewrite::Rewrite::default(),
         elapsed: start.elapsed(),
     })

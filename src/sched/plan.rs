@@ -58,6 +58,13 @@ pub struct Options {
     /// kernel's clusters ([`super::combine`], `--cluster-combine`). Off by default: measured
     /// slower on an H200 (docs/benchmarks.md).
     pub cluster_combine: bool,
+    /// Whether split attention kernels run their combining step in the last block of each
+    /// group of key splits to finish ([`super::combine::LastBlockCombine`],
+    /// `--last-block-combine`). Off in the library's defaults: the workspace must then be zero
+    /// before the first call, which callers of `transpile` and `build` output provide
+    /// themselves; `run`, `bench`, `tune` and the Python extension, which allocate it, turn it
+    /// on.
+    pub last_block_combine: bool,
     /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
     /// guess, not semantics, so the planner may choose its own.
     pub cta: CtaChoice,
@@ -110,6 +117,7 @@ impl Options {
             cluster_split: true,
             cluster_push: true,
             cluster_combine: false,
+            last_block_combine: false,
             cta: CtaChoice::Auto,
             register_pipes: true,
             register_rows: true,
@@ -1537,6 +1545,9 @@ pub struct KernelPlan {
     /// The combining step of split attention this kernel performs in its clusters
     /// ([`super::combine`]).
     pub cluster_combine: Option<super::combine::ClusterCombine>,
+    /// The combining step of split attention this kernel performs in the last block of each
+    /// group of key splits ([`super::combine`]).
+    pub last_block_combine: Option<super::combine::LastBlockCombine>,
     /// How the body computes: through the schedule's shared-memory tiles, or every tile in
     /// registers ([`super::rows`]).
     pub body: Body,
@@ -1701,7 +1712,7 @@ impl KernelPlan {
     /// The cluster shape the kernel is compiled with (`__cluster_dims__`): the CTAs of a
     /// cluster split along x ([`Split::Cluster`]), or the key splits of a cluster combine
     /// ([`KernelPlan::cluster_combine`], which a split kernel never gets:
-    /// `NoClusterCombine::LoopSplit`); `None`: no clusters.
+    /// `NoFold::LoopSplit`); `None`: no clusters.
     pub fn cluster_dims(&self) -> Option<[usize; 3]> {
         match (&self.split, &self.cluster_combine) {
             (Split::Cluster(c), _) => Some([c.ctas, 1, 1]),
@@ -2267,6 +2278,10 @@ pub struct GraphPlan {
     /// Bytes of the exchange buffer every GPU needs for the all-reduces fused into kernels
     /// ([`super::exchange`]; 0: none).
     pub exchange_bytes: usize,
+    /// Bytes of arrival counters at the end of the workspace (last-block combines,
+    /// [`super::combine::LastBlockCombine`]): zero before the first execution, and every
+    /// execution leaves them zero (0: none).
+    pub counter_bytes: usize,
     /// The rewrite planned instead of the caller's graph (kernel-level matmuls fused into their
     /// reader), and the matmuls kept and why; every index in the other fields refers to
     /// [`GraphPlan::graph`].
@@ -2307,9 +2322,17 @@ impl GraphPlan {
         v
     }
 
-    /// Workspace bytes.
+    /// Workspace bytes: the buffers' peak, then the arrival counters ([`GraphPlan::counter_bytes`]).
     pub fn workspace_bytes(&self) -> usize {
-        self.workspace_packing.peak
+        match self.counter_bytes {
+            0 => self.workspace_packing.peak,
+            c => self.counters_at() + c,
+        }
+    }
+
+    /// Where the arrival counters start in the workspace: past every buffer, aligned.
+    pub fn counters_at(&self) -> usize {
+        self.workspace_packing.peak.next_multiple_of(WORKSPACE_ALIGN)
     }
 
     /// Whether any tensor lives in the workspace.

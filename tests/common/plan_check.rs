@@ -982,6 +982,75 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             )
         }
     }
+    // The last-block combine: after every other statement, one arrival on the group's counter
+    // (the plan's splits) guarding one combine of the plan's shape, vector and partial steps,
+    // and the two parameters it reads; none of them without it.
+    {
+        use mucc::emit::ir::{Expr, Func, KernelParam, Stmt, TArg, functions, walk};
+        let arrivals: Vec<(&[TArg], &Vec<Stmt>)> = stmts
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::If(Expr::TemplateCall(Func::TbArriveLast, t, _), body) => Some((&t[..], body)),
+                _ => None,
+            })
+            .collect();
+        let mut anywhere = 0;
+        walk(stmts, &mut |e| {
+            if let Expr::TemplateCall(Func::TbArriveLast | Func::TbCombineSplits, _, _) = e {
+                anywhere += 1;
+            }
+        });
+        let params = |p: KernelParam| sig.params.iter().filter(|&&q| q == p).count();
+        match &kp.last_block_combine {
+            Some(c) => {
+                let last = matches!(stmts.last(), Some(Stmt::If(Expr::TemplateCall(Func::TbArriveLast, _, _), _)));
+                want(
+                    arrivals.len() == 1 && anywhere == 2 && last,
+                    "one arrival, last in the body, guarding one combine".into(),
+                );
+                if let [(t, body)] = arrivals[..] {
+                    want(t == [TArg::int(c.splits)], format!("an arrival of {} splits", c.splits));
+                    let combine = body.iter().find_map(|s| match s {
+                        Stmt::Eval(Expr::TemplateCall(Func::TbCombineSplits, t, a)) => Some((t, a)),
+                        _ => None,
+                    });
+                    match combine {
+                        Some((t, a)) => {
+                            let want_ints: Vec<TArg> = [c.rows, c.d, c.splits, c.vector]
+                                .into_iter()
+                                .map(TArg::int)
+                                .collect();
+                            want(
+                                t.len() == 10 && t[1..5] == want_ints[..],
+                                format!("a combine of {} rows of {}, {} splits, {}-element vectors", c.rows, c.d, c.splits, c.vector),
+                            );
+                            let steps: Vec<&Expr> = [2, 4, 6].iter().filter_map(|&i| a.get(i)).collect();
+                            let want_steps = [c.o.step, c.l.step, c.m.step].map(Expr::size);
+                            want(
+                                steps.len() == 3 && steps.iter().zip(&want_steps).all(|(a, b)| *a == b),
+                                format!("partial steps {:?}", [c.o.step, c.l.step, c.m.step]),
+                            );
+                        }
+                        None => want(false, "the arrival guards a combine".into()),
+                    }
+                }
+                want(
+                    params(KernelParam::CombineOutput) == 1 && params(KernelParam::ArrivalCounters) == 1,
+                    "the combine's output and the counters as parameters".into(),
+                );
+                want(
+                    kp.cluster_combine.is_none() && sig.cluster.is_none() && kp.split.cluster().is_none(),
+                    "no cluster beside a last-block combine".into(),
+                );
+            }
+            None => want(
+                anywhere == 0
+                    && params(KernelParam::ArrivalCounters) == 0
+                    && !functions(stmts).contains(&Func::TbCombineSplits),
+                "no arrival without a last-block combine".into(),
+            ),
+        }
+    }
     // Mean and RMS accumulators finalised with the plan's divisor, element by element.
     for (h, top) in tb.ops.iter() {
         use mucc::emit::ir::{Expr, Func, Stmt};
@@ -1631,13 +1700,14 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 (launch.blocks, launch.threads),
             )?,
             KnOpPlan::SoftmaxCombine { .. } => {
-                // Performed by the attention kernel's clusters: no kernel of its own.
+                // Performed by the attention kernel (its clusters or last blocks): no kernel of
+                // its own.
                 if e.bodies
                     .iter()
                     .any(|b| b.name.contains(&format!("k{k}_softmax_combine")))
                 {
                     return Err(format!(
-                        "kernel op {k}: a combining kernel beside the cluster combine"
+                        "kernel op {k}: a combining kernel beside the attention kernel's combine"
                     ));
                 }
             }
@@ -1854,7 +1924,27 @@ pub fn check_rings(p: &GraphPlan, e: &Emitted) -> Result<(), String> {
 /// Plans and emits `g` for `target` and checks the code against the plan.
 pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitted, String> {
     let opts = Options::for_target(target);
-    let p = plan(g, &opts).map_err(|e| format!("{what}: {e}"))?;
+    let (p, e) = check_with(g, &opts, what)?;
+    // Graphs with a combining step of split attention: also with it in the last blocks.
+    let combines = p
+        .kernel_ops
+        .iter()
+        .any(|k| matches!(k, mucc::sched::KnOpPlan::SoftmaxCombine { .. }));
+    if combines {
+        let last = Options {
+            last_block_combine: true,
+            ..opts
+        };
+        let what = format!("{what}, --last-block-combine on");
+        check_with(g, &last, &what)?;
+    }
+    Ok(e)
+}
+
+/// [`check_graph`] under `opts`: the plan and the emitted code.
+fn check_with(g: &KernelGraph, opts: &Options, what: &str) -> Result<(GraphPlan, Emitted), String> {
+    let target = opts.target;
+    let p = plan(g, opts).map_err(|e| format!("{what}: {e}"))?;
     let e = mucc::emit::emit(g, &p, what).map_err(|e| format!("{what}: {e}"))?;
     // The plan's indices refer to the graph it was made for (rewritten or not).
     let g = p.graph(g);
@@ -1887,7 +1977,7 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
             target.arch
         ));
     }
-    Ok(e)
+    Ok((p, e))
 }
 
 /// The host entry's statements ([`mucc::emit::ir`]) against the launch plan, by structure:

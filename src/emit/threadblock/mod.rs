@@ -465,6 +465,9 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
         }
     }
     ctx.step_barrier(Phase::PostLoop, kp.schedule.post_loop.len(), None)?;
+    if let Some(c) = &kp.last_block_combine {
+        last_block_combine(ctx, c);
+    }
     if let Some(x) = &kp.exchange {
         let end = exchange_end(ctx, x);
         ctx.push(end);
@@ -488,6 +491,12 @@ fn signature(ctx: &Ctx) -> (Vec<KernelParam>, Vec<crate::sched::plan::Binding>) 
     if let Some(c) = &ctx.kp.cluster_combine {
         params.push(KernelParam::CombineOutput);
         args.push(c.out);
+    }
+    if let Some(c) = &ctx.kp.last_block_combine {
+        params.push(KernelParam::CombineOutput);
+        args.push(c.out);
+        params.push(KernelParam::ArrivalCounters);
+        args.push(c.counter_binding());
     }
     if let Some(x) = &ctx.kp.exchange {
         use crate::sched::plan::Binding;
@@ -1044,6 +1053,70 @@ fn cluster_combine(
         sync().noted("the others have read this CTA's partials"),
     ]);
     Ok(())
+}
+
+/// The combining step of split attention in the kernel's last blocks
+/// ([`crate::sched::combine::LastBlockCombine`]): after its partials are stored, the block
+/// arrives on its group's counter; the last of the group reads the group's partials back,
+/// combines them and stores the block's rows of the output.
+fn last_block_combine(ctx: &mut Ctx, c: &crate::sched::combine::LastBlockCombine) {
+    let (nt, ty) = (ctx.nt, ctx.dtype());
+    let natural: Vec<usize> = (0..c.tile.rank()).collect();
+    let rows = c.tile.with_dim(c.tile.rank() - 1, 1);
+    let lo = ctx.strided_layout(&c.tile, &c.tile, &c.o.strides, &natural, None);
+    let ll = ctx.strided_layout(&rows, &rows, &c.l.strides, &natural, None);
+    let lm = ctx.strided_layout(&rows, &rows, &c.m.strides, &natural, None);
+    let ly = ctx.strided_layout(&c.tile, &c.tile, &c.out_strides, &natural, None);
+    let partial = |ctx: &Ctx, p: &crate::sched::combine::PartialRead| {
+        [
+            Expr::var(format!("out{}", p.output)).plus(ctx.block_offset(&p.region)),
+            Expr::size(p.step),
+        ]
+    };
+    let [o, os] = partial(ctx, &c.o);
+    let [l, ls] = partial(ctx, &c.l);
+    let [m, ms] = partial(ctx, &c.m);
+    let arrive = Expr::TemplateCall(
+        Func::TbArriveLast,
+        vec![TArg::int(c.splits)],
+        vec![
+            Expr::var("tid"),
+            Expr::var("arrivals").plus(ctx.block_offset(&c.counter_index)),
+        ],
+    );
+    let combine = Stmt::Eval(Expr::TemplateCall(
+        Func::TbCombineSplits,
+        vec![
+            TArg::int(nt),
+            TArg::int(c.rows),
+            TArg::int(c.d),
+            TArg::int(c.splits),
+            TArg::int(c.vector),
+            TArg::Name(lo),
+            TArg::Name(ll),
+            TArg::Name(lm),
+            TArg::Name(ly),
+            TArg::Elem(ty),
+        ],
+        vec![
+            Expr::var("tid"),
+            o,
+            os,
+            l,
+            ls,
+            m,
+            ms,
+            Expr::var("ycomb").plus(ctx.block_offset(&c.region)),
+        ],
+    ));
+    ctx.push(vec![
+        Stmt::Comment(format!(
+            "kernel op {} (softmax_combine): the last of the {} key-split blocks of these rows",
+            c.combine, c.splits
+        )),
+        Stmt::Comment("to store its partials combines the group's".into()),
+        Stmt::If(arrive, vec![combine]),
+    ]);
 }
 
 /// The runtime's fold of partials combined by `c`; a rescaled combine has a function of its own.
