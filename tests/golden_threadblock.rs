@@ -435,13 +435,17 @@ fn last_block_combine_golden() {
             .filter_map(|k| k.last_block_combine.as_ref())
             .collect();
         assert_eq!(combined.len(), 1, "one kernel combines in its last blocks");
-        assert_eq!((combined[0].splits, combined[0].axis, combined[0].groups), (4, 1, 256));
+        assert_eq!(
+            (combined[0].splits, combined[0].axis, combined[0].groups),
+            (4, 1, 256)
+        );
         assert!(p.counter_bytes >= 1024 && e.launch.counter_bytes == p.counter_bytes);
         assert!(
             e.source.contains("mucc::tb::arrive_last<4>(")
                 && e.source.contains("mucc::tb::combine_splits<")
                 && !e.source.contains("mucc::kn::softmax_combine<")
-                && e.source.contains("arrival counters: zero before the first call"),
+                && e.source
+                    .contains("arrival counters: zero before the first call"),
             "the attention kernel combines; no combining kernel; the contract is stated"
         );
         emit_golden_with(

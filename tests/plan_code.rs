@@ -730,7 +730,8 @@ fn a_last_block_combine_disagreement_fails_the_check() {
                 assert!(edit_first(body, edit), "{file} g{graph}: nothing to edit");
                 bad
             };
-            let edits: Vec<(&str, Box<dyn FnMut(&mut Stmt) -> bool>)> = vec![
+            type Edit = Box<dyn FnMut(&mut Stmt) -> bool>;
+            let edits: Vec<(&str, Edit)> = vec![
                 (
                     "split count",
                     Box::new(|s: &mut Stmt| match s {

@@ -587,8 +587,7 @@ fn cluster_combine_where_its_rules_hold() {
                         assert!(
                             matches!(
                                 why,
-                                NoFold::TooManySplits { splits: 16 }
-                                    | NoFold::LoopSplit
+                                NoFold::TooManySplits { splits: 16 } | NoFold::LoopSplit
                             ),
                             "{file} g{i}: {why}"
                         );

@@ -232,9 +232,9 @@ impl fmt::Display for NoFold {
                  splits combines, the workspace then zeroed before the first call; \
                  --cluster-combine: its clusters)",
             ),
-            NoFold::NotHopper => f.write_str(
-                "clusters are sm_90a (Hopper path), and --last-block-combine is off",
-            ),
+            NoFold::NotHopper => {
+                f.write_str("clusters are sm_90a (Hopper path), and --last-block-combine is off")
+            }
             NoFold::OffByDefault => f.write_str(
                 "the last-block form is off, and the cluster form off by default, measured slower \
                  on an H200 (--cluster-combine turns it on)",
@@ -257,9 +257,7 @@ impl fmt::Display for NoFold {
             NoFold::LoopSplit => {
                 f.write_str("the attention kernel's for-loop is split over a cluster already")
             }
-            NoFold::Exchange => {
-                f.write_str("the attention kernel performs a fused all-reduce")
-            }
+            NoFold::Exchange => f.write_str("the attention kernel performs a fused all-reduce"),
             NoFold::RegisterRows => {
                 f.write_str("the attention kernel keeps its tiles in registers (register rows)")
             }
@@ -349,8 +347,7 @@ pub(super) fn fuse_softmax_combines(
             *f = form;
         }
     }
-    (counters * 4).next_multiple_of(super::plan::WORKSPACE_ALIGN)
-        * usize::from(counters > 0)
+    (counters * 4).next_multiple_of(super::plan::WORKSPACE_ALIGN) * usize::from(counters > 0)
 }
 
 /// What both forms of folding need of a combining step and its attention kernel: they are
@@ -549,7 +546,10 @@ fn decide_last_block(
     };
     let out_strides = dt[f.y].strides.0.clone();
     let region = super::kernel::output_region(tb, omap, &tile, &out_strides, Some(f.axis));
-    let out = Binding::of(dt[f.y].placement, g.tensors[Handle::from_index(f.y)].dtype.bytes());
+    let out = Binding::of(
+        dt[f.y].placement,
+        g.tensors[Handle::from_index(f.y)].dtype.bytes(),
+    );
     let elem = g.tensors[Handle::from_index(f.y)].dtype.bytes();
     let last = tile.rank() - 1;
     // The widest vector (≤ 16 bytes) that every row of O and of the output starts at, and
@@ -559,9 +559,9 @@ fn decide_last_block(
         .find(|&v| {
             let ok = |strides: &[usize], region: &BlockRegion, step: usize| {
                 strides[last] == 1
-                    && strides[..last].iter().all(|s| s % v == 0)
-                    && region.steps.iter().all(|&(_, e)| e % v == 0)
-                    && step % v == 0
+                    && strides[..last].iter().all(|s| s.is_multiple_of(v))
+                    && region.steps.iter().all(|&(_, e)| e.is_multiple_of(v))
+                    && step.is_multiple_of(v)
             };
             v * elem <= 16
                 && f.d.is_multiple_of(v)
@@ -595,10 +595,7 @@ fn decide_last_block(
             out_strides,
             region,
             counters: counters_at,
-            counter_index: BlockRegion {
-                steps,
-                per_iter: 0,
-            },
+            counter_index: BlockRegion { steps, per_iter: 0 },
             groups,
         },
     ))

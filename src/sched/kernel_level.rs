@@ -596,9 +596,7 @@ impl Planner<'_> {
                             .clamp(1, MAX_BLOCKS) as u32,
                         threads: COMBINE_THREADS,
                     },
-                    form: super::combine::CombineForm::Kernel(
-                        super::combine::NoFold::NotHopper,
-                    ),
+                    form: super::combine::CombineForm::Kernel(super::combine::NoFold::NotHopper),
                 }
             }
         })

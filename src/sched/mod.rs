@@ -70,7 +70,8 @@ fn plan_dependent_launches(
                 ..
             }
             | KnOpPlan::SoftmaxCombine {
-                form: combine::CombineForm::InCluster { .. } | combine::CombineForm::LastBlock { .. },
+                form:
+                    combine::CombineForm::InCluster { .. } | combine::CombineForm::LastBlock { .. },
                 ..
             } => {}
             KnOpPlan::Gemm { .. } | KnOpPlan::AllReduce { .. } => prev = Prev::Library,
@@ -409,7 +410,9 @@ fn plan_graph(
             hopper: opts.path.hopper(target),
             cluster: opts.cluster_combine,
             last_block: opts.last_block_combine,
-            counters_at: workspace_packing.peak.next_multiple_of(plan::WORKSPACE_ALIGN),
+            counters_at: workspace_packing
+                .peak
+                .next_multiple_of(plan::WORKSPACE_ALIGN),
         },
     );
     plan_dependent_launches(&kernel_ops, &mut kernels, opts);

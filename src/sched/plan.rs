@@ -2332,7 +2332,9 @@ impl GraphPlan {
 
     /// Where the arrival counters start in the workspace: past every buffer, aligned.
     pub fn counters_at(&self) -> usize {
-        self.workspace_packing.peak.next_multiple_of(WORKSPACE_ALIGN)
+        self.workspace_packing
+            .peak
+            .next_multiple_of(WORKSPACE_ALIGN)
     }
 
     /// Whether any tensor lives in the workspace.

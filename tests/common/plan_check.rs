@@ -990,7 +990,9 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         let arrivals: Vec<(&[TArg], &Vec<Stmt>)> = stmts
             .iter()
             .filter_map(|s| match s {
-                Stmt::If(Expr::TemplateCall(Func::TbArriveLast, t, _), body) => Some((&t[..], body)),
+                Stmt::If(Expr::TemplateCall(Func::TbArriveLast, t, _), body) => {
+                    Some((&t[..], body))
+                }
                 _ => None,
             })
             .collect();
@@ -1003,13 +1005,19 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         let params = |p: KernelParam| sig.params.iter().filter(|&&q| q == p).count();
         match &kp.last_block_combine {
             Some(c) => {
-                let last = matches!(stmts.last(), Some(Stmt::If(Expr::TemplateCall(Func::TbArriveLast, _, _), _)));
+                let last = matches!(
+                    stmts.last(),
+                    Some(Stmt::If(Expr::TemplateCall(Func::TbArriveLast, _, _), _))
+                );
                 want(
                     arrivals.len() == 1 && anywhere == 2 && last,
                     "one arrival, last in the body, guarding one combine".into(),
                 );
                 if let [(t, body)] = arrivals[..] {
-                    want(t == [TArg::int(c.splits)], format!("an arrival of {} splits", c.splits));
+                    want(
+                        t == [TArg::int(c.splits)],
+                        format!("an arrival of {} splits", c.splits),
+                    );
                     let combine = body.iter().find_map(|s| match s {
                         Stmt::Eval(Expr::TemplateCall(Func::TbCombineSplits, t, a)) => Some((t, a)),
                         _ => None,
@@ -1022,12 +1030,17 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                                 .collect();
                             want(
                                 t.len() == 10 && t[1..5] == want_ints[..],
-                                format!("a combine of {} rows of {}, {} splits, {}-element vectors", c.rows, c.d, c.splits, c.vector),
+                                format!(
+                                    "a combine of {} rows of {}, {} splits, {}-element vectors",
+                                    c.rows, c.d, c.splits, c.vector
+                                ),
                             );
-                            let steps: Vec<&Expr> = [2, 4, 6].iter().filter_map(|&i| a.get(i)).collect();
+                            let steps: Vec<&Expr> =
+                                [2, 4, 6].iter().filter_map(|&i| a.get(i)).collect();
                             let want_steps = [c.o.step, c.l.step, c.m.step].map(Expr::size);
                             want(
-                                steps.len() == 3 && steps.iter().zip(&want_steps).all(|(a, b)| *a == b),
+                                steps.len() == 3
+                                    && steps.iter().zip(&want_steps).all(|(a, b)| *a == b),
                                 format!("partial steps {:?}", [c.o.step, c.l.step, c.m.step]),
                             );
                         }
@@ -1035,11 +1048,14 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                     }
                 }
                 want(
-                    params(KernelParam::CombineOutput) == 1 && params(KernelParam::ArrivalCounters) == 1,
+                    params(KernelParam::CombineOutput) == 1
+                        && params(KernelParam::ArrivalCounters) == 1,
                     "the combine's output and the counters as parameters".into(),
                 );
                 want(
-                    kp.cluster_combine.is_none() && sig.cluster.is_none() && kp.split.cluster().is_none(),
+                    kp.cluster_combine.is_none()
+                        && sig.cluster.is_none()
+                        && kp.split.cluster().is_none(),
                     "no cluster beside a last-block combine".into(),
                 );
             }
