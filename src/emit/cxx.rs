@@ -561,16 +561,20 @@ pub fn wrap(text: &str, width: usize) -> Vec<String> {
 
 /// A kernel's signature up to the opening brace: on one line when it fits, else one parameter
 /// per line.
-pub fn kernel_signature(launch_bounds: &str, name: &str, params: &[String]) -> String {
+fn kernel_signature(launch_bounds: &str, name: &str, params: &[String]) -> String {
     let head = format!("extern \"C\" __global__ void __launch_bounds__({launch_bounds}) {name}(");
     signature(head, params)
 }
 
-/// A threadblock kernel's parameter in element type `t`.
+/// A kernel's parameter in element type `t`.
 pub fn kernel_param(p: super::ir::KernelParam, t: DType) -> String {
     use super::ir::KernelParam as P;
     let t = ctype(t);
+    let written = |w: bool| if w { "" } else { "const " };
     match p {
+        P::View(i) => format!("{}{t}* __restrict__ v{i}", written(i == 0)),
+        P::Whole { written: w } => format!("{}{t}* __restrict__ whole", written(w)),
+        P::Part { index, written: w } => format!("{}{t}* __restrict__ p{index}", written(w)),
         P::Output(j) => format!("{t}* __restrict__ out{j}"),
         P::Input(i) => format!("const {t}* __restrict__ in{i}"),
         P::CombineOutput => format!("{t}* __restrict__ ycomb"),
@@ -582,9 +586,12 @@ pub fn kernel_param(p: super::ir::KernelParam, t: DType) -> String {
     }
 }
 
-/// A threadblock kernel's signature up to the opening brace.
-pub fn threadblock_signature(name: &str, s: &super::ir::Signature) -> String {
-    let bounds = format!("{}, {}", s.bounds.0, s.bounds.1);
+/// A kernel's signature up to the opening brace.
+pub fn typed_kernel_signature(name: &str, s: &super::ir::Signature) -> String {
+    let bounds = match s.bounds {
+        (threads, Some(blocks)) => format!("{threads}, {blocks}"),
+        (threads, None) => threads.to_string(),
+    };
     let params: Vec<String> = s.params.iter().map(|p| kernel_param(*p, s.elem)).collect();
     match s.cluster {
         Some(dims) => cluster_kernel_signature(dims, &bounds, name, &params),
@@ -594,7 +601,7 @@ pub fn threadblock_signature(name: &str, s: &super::ir::Signature) -> String {
 
 /// [`kernel_signature`] of a kernel launched as clusters of `dims` CTAs (`__cluster_dims__`:
 /// the launch needs no cluster attribute).
-pub fn cluster_kernel_signature(
+fn cluster_kernel_signature(
     dims: [usize; 3],
     launch_bounds: &str,
     name: &str,

@@ -1369,15 +1369,31 @@ pub fn template_args(stmts: &[Stmt], func: Func) -> Vec<&[TArg]> {
 pub struct KernelBody {
     /// The kernel's name.
     pub name: String,
-    /// Its signature, where it was built as one (threadblock kernels).
+    /// Its signature (every kernel's; none on the view of a kernel's ring statements,
+    /// `Emitted::rings`).
     pub signature: Option<Signature>,
     /// Its body.
     pub body: Vec<Stmt>,
 }
 
-/// A parameter of a threadblock kernel, in the element type of the kernel's device tensors.
+/// A parameter of a kernel, in the element type of the kernel's device tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelParam {
+    /// View `i` of a kernel-level operator: `T* __restrict__ v0` (the written one) or
+    /// `const T* __restrict__ v<i>`.
+    View(usize),
+    /// The whole tensor of a concat (written) or split (read): `[const] T* __restrict__ whole`.
+    Whole {
+        /// Whether the kernel writes it.
+        written: bool,
+    },
+    /// Part `index` of a concat (read) or split (written): `[const] T* __restrict__ p<index>`.
+    Part {
+        /// The part.
+        index: usize,
+        /// Whether the kernel writes it.
+        written: bool,
+    },
     /// Output `j`: `T* __restrict__ out<j>`.
     Output(usize),
     /// Input `i`: `const T* __restrict__ in<i>`.
@@ -1396,11 +1412,12 @@ pub enum KernelParam {
     TensorMap(usize),
 }
 
-/// The signature of a threadblock kernel.
+/// The signature of a kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signature {
-    /// Threads per CTA and the CTAs per SM the launch bounds promise.
-    pub bounds: (usize, usize),
+    /// Threads per CTA and the CTAs per SM the launch bounds promise (threadblock kernels;
+    /// kernel-level kernels promise none).
+    pub bounds: (usize, Option<usize>),
     /// `__cluster_dims__`, where the kernel is launched in clusters.
     pub cluster: Option<[usize; 3]>,
     /// The element type of the device tensors.

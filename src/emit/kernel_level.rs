@@ -3,7 +3,7 @@
 
 use super::KernelView;
 use super::cxx::{self, Writer, ctype};
-use super::ir::{self, Expr, Func, KernelBody, Stmt, TArg};
+use super::ir::{self, Expr, Func, KernelBody, KernelParam, Signature, Stmt, TArg};
 use super::launch::{AllReduceCall, KernelLaunch, Step};
 use crate::graph::arena::Handle;
 use crate::graph::dtype::DType;
@@ -67,17 +67,19 @@ fn launch(name: &str, l: GridStride, args: Vec<crate::sched::plan::Binding>) -> 
     })
 }
 
+/// The signature of a kernel-level kernel of `threads` threads over `params` in `dtype`.
+fn signature(threads: u32, dtype: DType, params: Vec<KernelParam>) -> Signature {
+    Signature {
+        bounds: (threads as usize, None),
+        cluster: None,
+        elem: dtype,
+        params,
+    }
+}
+
 /// Typed pointer parameters `v0` (written) and `v1…` (read).
-fn view_params(t: &str, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            if i == 0 {
-                format!("{t}* __restrict__ v0")
-            } else {
-                format!("const {t}* __restrict__ v{i}")
-            }
-        })
-        .collect()
+fn view_params(n: usize) -> Vec<KernelParam> {
+    (0..n).map(KernelParam::View).collect()
 }
 
 /// The functor of an element-wise kernel (`NAME_op`), if it needs one.
@@ -129,7 +131,6 @@ fn elementwise(name: &str, comment: String, e: Elementwise<'_>) -> (KernelView, 
         vector,
         launch: l,
     } = e;
-    let t = ctype(*dtype);
     let views: Vec<&View> = std::iter::once(out).chain(ins).collect();
     let named: Vec<(String, &View)> = views
         .iter()
@@ -170,24 +171,16 @@ fn elementwise(name: &str, comment: String, e: Elementwise<'_>) -> (KernelView, 
     ];
     let mut body = Writer::at(1);
     ir::print(&mut body, &stmts);
-    let params = view_params(t, views.len());
-    let threads = l.threads.to_string();
-    let view = KernelView::new(
-        &comment,
-        pre.finish(),
-        &threads,
-        name,
-        &params,
-        body.finish(),
-    );
+    let sig = signature(l.threads, *dtype, view_params(views.len()));
+    let view = KernelView::new(&comment, pre.finish(), name, &sig, body.finish());
     let step = launch(name, *l, views.iter().map(|v| v.at).collect());
-    (view, body_of(name, stmts), step)
+    (view, body_of(name, stmts, sig), step)
 }
 
-fn body_of(name: &str, body: Vec<Stmt>) -> KernelBody {
+fn body_of(name: &str, body: Vec<Stmt>, sig: Signature) -> KernelBody {
     KernelBody {
         name: name.to_string(),
-        signature: None,
+        signature: Some(sig),
         body,
     }
 }
@@ -202,7 +195,6 @@ fn parts(
     dtype: DType,
     l: GridStride,
 ) -> (KernelView, KernelBody, Step) {
-    let t = ctype(dtype);
     let mut named = Vec::new();
     for (i, p) in parts.iter().enumerate() {
         named.push((format!("Part{i}"), &p.part));
@@ -210,11 +202,7 @@ fn parts(
     }
     let mut pre = Writer::new();
     aliases(&mut pre, name, &named);
-    let mut params = vec![if concat {
-        format!("{t}* __restrict__ whole")
-    } else {
-        format!("const {t}* __restrict__ whole")
-    }];
+    let mut params = vec![KernelParam::Whole { written: concat }];
     let mut stmts = vec![Stmt::UsingNamespace(format!("{name}_l"))];
     let mut args = vec![whole.at];
     for (i, p) in parts.iter().enumerate() {
@@ -222,10 +210,16 @@ fn parts(
         let part = Expr::var(format!("p{i}"));
         let (whole_l, part_l) = (format!("Whole{i}"), format!("Part{i}"));
         let (targs, call_args) = if concat {
-            params.push(format!("const {t}* __restrict__ p{i}"));
+            params.push(KernelParam::Part {
+                index: i,
+                written: false,
+            });
             ([whole_l, part_l], vec![at_whole, part])
         } else {
-            params.push(format!("{t}* __restrict__ p{i}"));
+            params.push(KernelParam::Part {
+                index: i,
+                written: true,
+            });
             ([part_l, whole_l], vec![part, at_whole])
         };
         let mut targs: Vec<TArg> = targs.into_iter().map(TArg::Name).collect();
@@ -239,16 +233,9 @@ fn parts(
     }
     let mut body = Writer::at(1);
     ir::print(&mut body, &stmts);
-    let threads = l.threads.to_string();
-    let view = KernelView::new(
-        &comment,
-        pre.finish(),
-        &threads,
-        name,
-        &params,
-        body.finish(),
-    );
-    (view, body_of(name, stmts), launch(name, l, args))
+    let sig = signature(l.threads, dtype, params);
+    let view = KernelView::new(&comment, pre.finish(), name, &sig, body.finish());
+    (view, body_of(name, stmts, sig), launch(name, l, args))
 }
 
 /// A kernel over `views` (the first written, the others read) whose body is one runtime call
@@ -281,19 +268,11 @@ fn views_kernel(
     ];
     let mut body = Writer::at(1);
     ir::print(&mut body, &stmts);
-    let params = view_params(ctype(dtype), views.len());
-    let threads = l.threads.to_string();
-    let view = KernelView::new(
-        &comment,
-        pre.finish(),
-        &threads,
-        name,
-        &params,
-        body.finish(),
-    );
+    let sig = signature(l.threads, dtype, view_params(views.len()));
+    let view = KernelView::new(&comment, pre.finish(), name, &sig, body.finish());
     (
         view,
-        body_of(name, stmts),
+        body_of(name, stmts, sig),
         launch(name, l, views.iter().map(|v| v.at).collect()),
     )
 }

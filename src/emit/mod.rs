@@ -92,20 +92,18 @@ struct KernelView {
 }
 
 impl KernelView {
-    /// A kernel `name` with `__launch_bounds__(launch_bounds)`, typed pointer `params` and
-    /// `body` (lines at level 1).
+    /// A kernel `name` with signature `sig` and `body` (lines at level 1).
     fn new(
         comment: &str,
         preamble: String,
-        launch_bounds: &str,
         name: &str,
-        params: &[String],
+        sig: &ir::Signature,
         body: String,
     ) -> KernelView {
         KernelView {
             comment: cxx::comment(comment, 0),
             preamble,
-            signature: cxx::kernel_signature(launch_bounds, name, params),
+            signature: cxx::typed_kernel_signature(name, sig),
             body,
         }
     }

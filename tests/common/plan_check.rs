@@ -1600,7 +1600,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
 /// from its statements ([`mucc::emit::ir`]), takes the plan's element type, layouts and
 /// numbers, and its launch the plan's grid and block.
 pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result<(), String> {
-    use mucc::emit::ir::{Func, TArg, template_args};
+    use mucc::emit::ir::{Func, KernelParam, TArg, template_args};
     let names = |n: usize| (0..n).map(|i| TArg::Name(format!("L{i}")));
     let ints = |v: &[usize]| v.iter().map(|&x| TArg::int(x)).collect::<Vec<_>>();
     for (h, op) in g.ops.iter() {
@@ -1612,6 +1612,26 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 .map(|b| &b.body[..])
                 .ok_or_else(|| format!("kernel op {k}: no kernel {name}"))
         };
+        // The signature of kernel `name`: its launch's threads as launch bounds, no cluster,
+        // `elem` the element type, and views v0 (written), v1, … as parameters.
+        let signed = |name: &str, elem: Option<&TArg>| {
+            let sig = e
+                .bodies
+                .iter()
+                .find(|b| b.name == name)
+                .and_then(|b| b.signature.as_ref());
+            let l = launch_of(e, name);
+            sig.is_some_and(|s| {
+                s.bounds == (l.block[0] as usize, None)
+                    && s.cluster.is_none()
+                    && elem.is_none_or(|t| !matches!(t, TArg::Elem(_)) || *t == TArg::Elem(s.elem))
+                    && s.params
+                        .iter()
+                        .enumerate()
+                        .all(|(i, p)| *p == KernelParam::View(i))
+                    && s.params.len() == l.args.len()
+            })
+        };
         let check = |name: String, f: Func, expect: Vec<TArg>, launch: (u32, u32)| {
             let calls = template_args(body(&name)?, f);
             let l = launch_of(e, &name);
@@ -1619,6 +1639,7 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 || calls[0].len() < expect.len()
                 || calls[0][..expect.len()] != expect[..]
                 || (l.grid[0], l.block[0]) != launch
+                || !signed(&name, expect.first())
             {
                 Err(format!(
                     "kernel op {k} ({name}): {f:?} {calls:?} launch {:?}x{:?}, plan {expect:?} {launch:?}",
@@ -1727,8 +1748,26 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                     ));
                 }
             }
-            KnOpPlan::Parts { parts, .. } => {
-                let calls = template_args(body(&format!("k{k}_{}", op.kind.name()))?, Func::KnCopy);
+            KnOpPlan::Parts { parts, concat, .. } => {
+                let name = format!("k{k}_{}", op.kind.name());
+                let want_params: Vec<KernelParam> =
+                    std::iter::once(KernelParam::Whole { written: *concat })
+                        .chain((0..parts.len()).map(|index| KernelParam::Part {
+                            index,
+                            written: !*concat,
+                        }))
+                        .collect();
+                let sig = e
+                    .bodies
+                    .iter()
+                    .find(|b| b.name == name)
+                    .and_then(|b| b.signature.as_ref());
+                if sig.map(|s| &s.params) != Some(&want_params) {
+                    return Err(format!(
+                        "kernel op {k}: parameters {sig:?}, plan {want_params:?}"
+                    ));
+                }
+                let calls = template_args(body(&name)?, Func::KnCopy);
                 let v: Vec<Option<&TArg>> = calls.iter().map(|a| a.get(1)).collect();
                 let want: Vec<TArg> = parts.iter().map(|c| TArg::int(c.vector)).collect();
                 if v.len() != want.len() || v.iter().zip(&want).any(|(a, b)| *a != Some(b)) {

@@ -378,7 +378,7 @@ pub(super) fn emit(
         kp.smem.total,
     );
     let sig = Signature {
-        bounds: (kp.cta.threads, kp.cta.min_blocks_per_sm),
+        bounds: (kp.cta.threads, Some(kp.cta.min_blocks_per_sm)),
         cluster: kp.cluster_dims(),
         elem: ctx.dtype(),
         params,
@@ -386,7 +386,7 @@ pub(super) fn emit(
     let mut view = KernelView {
         comment: cxx::comment(&comment, 0),
         preamble: String::new(),
-        signature: cxx::threadblock_signature(&name, &sig),
+        signature: cxx::typed_kernel_signature(&name, &sig),
         body: text,
     };
     view.comment.extend(cxx::comment(
