@@ -1118,9 +1118,7 @@ fn compile(
             )));
         }
         let mut gpu = open_gpu(device)?;
-        let (mut opts, tuned) = options(g, gpu.arch, path, cta, tune);
-        // The kernel allocates its workspace zeroed, as the arrival counters need.
-        opts.last_block_combine = true;
+        let (opts, tuned) = options(g, gpu.arch, path, cta, tune);
         let (p, e) = mucc::transpile::transpile(g, &opts, &graph.origin)
             .map_err(|e| compile_err(format!("{}: {e}", graph.origin)))?;
         let compiler = Compiler::new(CompilerOptions::default()).map_err(compile_err)?;

@@ -72,8 +72,7 @@ pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
         no_fuse_matmuls: a.path.no_fuse_matmuls,
         no_cluster_push: a.path.no_cluster_push,
         cluster_combine: a.path.cluster_combine,
-        // The runner allocates the workspace zeroed, as the counters need.
-        no_last_block_combine: !a.path.last_block_combine.unwrap_or(true),
+        last_block_combine: a.path.last_block_combine,
         online_softmax: a.path.online_softmax,
         // The runner provides the exchange buffers the fused form needs.
         all_reduce: a

@@ -201,15 +201,15 @@ pub struct PathArg {
     #[arg(long)]
     pub cluster_combine: bool,
     /// Run the combining step of split attention in the attention kernel's last blocks: each
-    /// block stores its key split's partials and arrives on a counter of its group (the
-    /// blocks of its query rows); the last to arrive reads the group's partials back, combines
-    /// them and stores the rows, instead of a combining kernel after it (`explain` says where
-    /// and why not). The counters live at the end of the workspace, which must be zero before
-    /// the first call (each call leaves them zero). Default: `on` for `run` and `bench`, which
-    /// allocate the workspace zeroed; `off` for `transpile`, `build` and `explain`, whose
-    /// callers provide it. Both compute the same function up to rounding.
-    #[arg(long = "last-block-combine", value_name = "on|off", value_parser = on_off)]
-    pub last_block_combine: Option<bool>,
+    /// block stores its key split's partials and arrives on a counter of its group (the blocks
+    /// of its query rows); the last to arrive reads the group's partials back, combines them
+    /// and stores the rows, instead of a combining kernel after it (`explain` says where and
+    /// why not). The counters live at the end of the workspace, which must then be zero before
+    /// the first call (each call leaves them zero; `run`, `bench` and `tune` allocate it
+    /// zeroed). Off by default: measured slower on an H100 (docs/benchmarks.md). Both compute
+    /// the same function up to rounding.
+    #[arg(long)]
+    pub last_block_combine: bool,
     /// Where split attention kernels compute their softmax online: they keep a running row
     /// max, rescale their sums and write the max, and a combining kernel rescales the partials
     /// of the key splits, so that no exponential overflows. `piped`: where the rewritten
@@ -260,15 +260,6 @@ pub struct PathArg {
     pub coarsen_loops: Option<u32>,
 }
 
-/// `on` or `off`.
-fn on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("`{s}`: expected on or off")),
-    }
-}
-
 impl PathArg {
     /// The loop rewrite asked for (`--refine-loops`, `--coarsen-loops`), else `otherwise`.
     pub fn loop_choice(&self, otherwise: mucc::sched::RefineChoice) -> mucc::sched::RefineChoice {
@@ -288,7 +279,7 @@ impl PathArg {
             && !self.no_cluster_push
             && !self.no_fuse_matmuls
             && !self.cluster_combine
-            && self.last_block_combine.is_none()
+            && !self.last_block_combine
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
             && self.max_stages.is_none()
             && self.resident_blocks.is_none()
@@ -319,7 +310,7 @@ impl PathArg {
         opts.cluster_push = !self.no_cluster_push;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.cluster_combine = self.cluster_combine;
-        opts.last_block_combine = self.last_block_combine.unwrap_or(false);
+        opts.last_block_combine = self.last_block_combine;
         opts.online_softmax = self.online_softmax;
         opts.all_reduce = self.all_reduce.unwrap_or_default();
         if let Some(s) = self.max_stages {

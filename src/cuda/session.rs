@@ -59,10 +59,10 @@ pub struct SessionOptions {
     /// Run the combining step of split attention in the attention kernel's clusters
     /// (`--cluster-combine`; off by default).
     pub cluster_combine: bool,
-    /// Keep split attention's combining kernel instead of running the step in the last block
-    /// of each group of key splits (`--last-block-combine off`; on by default here: the
-    /// session allocates the workspace zeroed, as the counters need).
-    pub no_last_block_combine: bool,
+    /// Run the combining step of split attention in the last block of each group of key
+    /// splits (`--last-block-combine`; off by default; the session allocates the workspace
+    /// zeroed, as the counters need).
+    pub last_block_combine: bool,
     /// Where attention kernels compute their softmax online (`--online-softmax`).
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
     /// How multi-GPU plans run their all-reduces (`--all-reduce`).
@@ -134,7 +134,7 @@ impl Session {
             cluster_split: true,
             cluster_push: !a.no_cluster_push,
             cluster_combine: a.cluster_combine,
-            last_block_combine: !a.no_last_block_combine,
+            last_block_combine: a.last_block_combine,
             cta: a.cta,
             register_pipes: !a.no_register_pipes,
             register_rows: !a.no_register_rows,

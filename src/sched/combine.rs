@@ -7,7 +7,7 @@
 //! trip of the partials through device memory. Two forms fold that step into the attention
 //! kernel ([`CombineForm`]):
 //!
-//! * **In the last block** ([`LastBlockCombine`], `--last-block-combine on`): every block stores
+//! * **In the last block** ([`LastBlockCombine`], `--last-block-combine`): every block stores
 //!   its partials as before, then arrives on a counter of its group (the blocks that share its
 //!   query rows, one per key split; [`LastBlockCombine::counters`] in the workspace). The block
 //!   that arrives last, seeing every other block's partials behind the counter's release and
@@ -16,9 +16,10 @@
 //!   stores the rows, and sets the counter back to zero. No block waits for another. The
 //!   counters are the workspace's last bytes: zero before the first execution (the caller's
 //!   contract, `LaunchPlan::counter_bytes`), zero again after every one. Runtime:
-//!   `mucc::tb::arrive_last` and `mucc::tb::combine_splits` (`mucc/threadblock/arrival.h`). On
-//!   by default where mucc allocates the workspace (`run`, `bench`, `tune`, Python); off for
-//!   `transpile`, `build` and `explain`, whose callers provide it.
+//!   `mucc::tb::arrive_last` and `mucc::tb::combine_splits` (`mucc/threadblock/arrival.h`). Off
+//!   by default: on an NVIDIA H100 the attention kernels took 3–8.5 µs longer than with the
+//!   combining kernel (2.8–3.5 µs) they saved — the last block of each group combines alone,
+//!   after every load of its group is done (docs/benchmarks.md, "Not adopted").
 //! * **In its clusters** ([`ClusterCombine`], sm_90a, `--cluster-combine`): where the key
 //!   splits are 2 to [`MAX_CTAS`] blocks along one grid axis, the kernel is launched with
 //!   clusters of exactly those blocks (`__cluster_dims__` along that axis). After the loop each
@@ -179,12 +180,11 @@ impl ClusterCombine {
 /// Why a `softmax_combine` keeps its own kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NoFold {
-    /// Neither form is asked for (`--last-block-combine on`, `--cluster-combine`).
+    /// Not the Hopper path, and the last-block form is off by default (`--last-block-combine`).
     Off,
     /// Not the Hopper path (clusters are sm_90a), and the last-block form is off.
     NotHopper,
-    /// The cluster form is off by default (`--cluster-combine` turns it on), and the last-block
-    /// form is off.
+    /// Both forms are off by default (`--last-block-combine`, `--cluster-combine`; sm_90a).
     OffByDefault,
     /// Its partials are not all written by one threadblock kernel.
     NotOneKernel,
@@ -228,16 +228,15 @@ impl fmt::Display for NoFold {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NoFold::Off => f.write_str(
-                "neither form is on (--last-block-combine on: its last block per group of key \
-                 splits combines, the workspace then zeroed before the first call; \
-                 --cluster-combine: its clusters)",
+                "off by default, measured slower (--last-block-combine: its last block per \
+                 group of key splits combines; clusters are sm_90a)",
             ),
             NoFold::NotHopper => {
                 f.write_str("clusters are sm_90a (Hopper path), and --last-block-combine is off")
             }
             NoFold::OffByDefault => f.write_str(
-                "the last-block form is off, and the cluster form off by default, measured slower \
-                 on an H200 (--cluster-combine turns it on)",
+                "off by default, both forms measured slower (--last-block-combine: its last \
+                 block per group of key splits combines; --cluster-combine: its clusters)",
             ),
             NoFold::NotOneKernel => {
                 f.write_str("its partials are not all written by one threadblock kernel")

@@ -60,10 +60,8 @@ pub struct Options {
     pub cluster_combine: bool,
     /// Whether split attention kernels run their combining step in the last block of each
     /// group of key splits to finish ([`super::combine::LastBlockCombine`],
-    /// `--last-block-combine`). Off in the library's defaults: the workspace must then be zero
-    /// before the first call, which callers of `transpile` and `build` output provide
-    /// themselves; `run`, `bench`, `tune` and the Python extension, which allocate it, turn it
-    /// on.
+    /// `--last-block-combine`; the workspace must then be zero before the first call). Off by
+    /// default: measured slower on an H100 (docs/benchmarks.md).
     pub last_block_combine: bool,
     /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
     /// guess, not semantics, so the planner may choose its own.
