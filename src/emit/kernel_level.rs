@@ -132,13 +132,7 @@ fn elementwise(name: &str, comment: String, e: Elementwise<'_>) -> (KernelView, 
         launch: l,
     } = e;
     let views: Vec<&View> = std::iter::once(out).chain(ins).collect();
-    let named: Vec<(String, &View)> = views
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (format!("L{i}"), *v))
-        .collect();
-    let mut pre = Writer::new();
-    aliases(&mut pre, name, &named);
+    let mut pre = view_aliases(name, &views);
     functor(&mut pre, name, *op, *dtype);
     let functor_name = format!("{name}_op");
     let layouts = |n: usize| (0..n).map(|i| TArg::Name(format!("L{i}")));
@@ -169,20 +163,47 @@ fn elementwise(name: &str, comment: String, e: Elementwise<'_>) -> (KernelView, 
         Stmt::UsingNamespace(format!("{name}_l")),
         Stmt::Eval(Expr::TemplateCall(f, targs, args)),
     ];
-    let mut body = Writer::at(1);
-    ir::print(&mut body, &stmts);
-    let sig = signature(l.threads, *dtype, view_params(views.len()));
-    let view = KernelView::new(&comment, pre.finish(), name, &sig, body.finish());
-    let step = launch(name, *l, views.iter().map(|v| v.at).collect());
-    (view, body_of(name, stmts, sig), step)
+    let params = (l.threads, *dtype, view_params(views.len()));
+    let (view, body) = kernel(name, &comment, pre, stmts, params);
+    (
+        view,
+        body,
+        launch(name, *l, views.iter().map(|v| v.at).collect()),
+    )
 }
 
-fn body_of(name: &str, body: Vec<Stmt>, sig: Signature) -> KernelBody {
-    KernelBody {
+/// The kernel `name` of `threads` threads in `dtype` over `params`: its view (the comment,
+/// the declarations `pre` before it, the signature and `stmts` printed) and its statements.
+fn kernel(
+    name: &str,
+    comment: &str,
+    pre: Writer,
+    stmts: Vec<Stmt>,
+    (threads, dtype, params): (u32, DType, Vec<KernelParam>),
+) -> (KernelView, KernelBody) {
+    let mut body = Writer::at(1);
+    ir::print(&mut body, &stmts);
+    let sig = signature(threads, dtype, params);
+    let view = KernelView::new(comment, pre.finish(), name, &sig, body.finish());
+    let body = KernelBody {
         name: name.to_string(),
         signature: Some(sig),
-        body,
-    }
+        body: stmts,
+    };
+    (view, body)
+}
+
+/// The declarations before a kernel over `views`: their layouts `L0, L1, …` in namespace
+/// `<name>_l`.
+fn view_aliases(name: &str, views: &[&View]) -> Writer {
+    let named: Vec<(String, &View)> = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("L{i}"), *v))
+        .collect();
+    let mut pre = Writer::new();
+    aliases(&mut pre, name, &named);
+    pre
 }
 
 /// A concat (parts → whole) or split/chunk (whole → parts) kernel: one copy per part.
@@ -231,11 +252,8 @@ fn parts(
         )));
         args.push(p.part.at);
     }
-    let mut body = Writer::at(1);
-    ir::print(&mut body, &stmts);
-    let sig = signature(l.threads, dtype, params);
-    let view = KernelView::new(&comment, pre.finish(), name, &sig, body.finish());
-    (view, body_of(name, stmts, sig), launch(name, l, args))
+    let (view, body) = kernel(name, &comment, pre, stmts, (l.threads, dtype, params));
+    (view, body, launch(name, l, args))
 }
 
 /// A kernel over `views` (the first written, the others read) whose body is one runtime call
@@ -248,13 +266,7 @@ fn views_kernel(
     l: GridStride,
     call: (Func, Vec<TArg>),
 ) -> (KernelView, KernelBody, Step) {
-    let named: Vec<(String, &View)> = views
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (format!("L{i}"), *v))
-        .collect();
-    let mut pre = Writer::new();
-    aliases(&mut pre, name, &named);
+    let pre = view_aliases(name, views);
     let (f, mut targs) = call;
     // The element type, then the views' layouts, then the call's own arguments.
     let layouts = (0..views.len()).map(|i| TArg::Name(format!("L{i}")));
@@ -266,13 +278,11 @@ fn views_kernel(
         Stmt::UsingNamespace(format!("{name}_l")),
         Stmt::Eval(Expr::TemplateCall(f, targs, args)),
     ];
-    let mut body = Writer::at(1);
-    ir::print(&mut body, &stmts);
-    let sig = signature(l.threads, dtype, view_params(views.len()));
-    let view = KernelView::new(&comment, pre.finish(), name, &sig, body.finish());
+    let params = (l.threads, dtype, view_params(views.len()));
+    let (view, body) = kernel(name, &comment, pre, stmts, params);
     (
         view,
-        body_of(name, stmts, sig),
+        body,
         launch(name, l, views.iter().map(|v| v.at).collect()),
     )
 }
