@@ -1167,13 +1167,18 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 d,
                 form: crate::sched::combine::CombineForm::LastBlock { kernel },
                 ..
-            } => format!(
-                "softmax combination of {splits} key splits for {rows} rows of {d}, performed by \
-                 the last block of each group of kernel op {kernel} to finish (no launch of its \
-                 own; arrival counters: {} B at workspace +{})",
-                p.counter_bytes,
-                p.counters_at()
-            ),
+            } => {
+                let (groups, at) = p
+                    .kernels
+                    .get(kernel)
+                    .and_then(|k| k.last_block_combine.as_ref())
+                    .map_or((0, 0), |c| (c.groups, c.counters));
+                format!(
+                    "softmax combination of {splits} key splits for {rows} rows of {d}, \
+                     performed by the last block of each group of kernel op {kernel} to finish \
+                     (no launch of its own; {groups} arrival counters at workspace +{at})"
+                )
+            }
             KnOpPlan::SoftmaxCombine {
                 rows,
                 splits,

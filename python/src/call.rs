@@ -260,13 +260,11 @@ impl Calls {
     }
 
     /// The workspace's address for `stream` (allocated once per stream through torch), 0 when
-    /// the plan needs none. A plan with arrival counters (`counters` bytes at its end) gets it
-    /// zeroed, the zeros written before the first launch on any stream.
+    /// the plan needs none.
     pub(crate) fn workspace(
         &mut self,
         py: Python<'_>,
         bytes: usize,
-        counters: usize,
         stream: usize,
     ) -> PyResult<Option<u64>> {
         if bytes == 0 {
@@ -276,18 +274,10 @@ impl Calls {
             return Ok(Some(*p));
         }
         let t = or_slow!(self.torch.as_ref());
-        let alloc = if counters > 0 {
-            intern!(py, "new_zeros")
-        } else {
-            intern!(py, "new_empty")
-        };
-        let buf = t.bytes_template.bind(py).call_method1(alloc, ((bytes,),))?;
-        if counters > 0 {
-            // torch zeroes on its current stream, which need not be `stream`.
-            py.import("torch")?
-                .getattr("cuda")?
-                .call_method1("synchronize", (t.device,))?;
-        }
+        let buf = t
+            .bytes_template
+            .bind(py)
+            .call_method1(intern!(py, "new_empty"), ((bytes,),))?;
         let p: u64 = buf.call_method0(intern!(py, "data_ptr"))?.extract()?;
         self.workspaces.push((stream, buf.unbind(), p));
         Ok(Some(p))
@@ -420,7 +410,7 @@ impl Calls {
                 optrs.push(t.call_method0(intern!(py, "data_ptr"))?.extract()?);
             }
         }
-        let ws = or_slow!(self.workspace(py, plan.workspace_bytes, plan.counter_bytes, s)?);
+        let ws = or_slow!(self.workspace(py, plan.workspace_bytes, s)?);
         let bufs = RawBuffers {
             inputs: &ptrs,
             outputs: &optrs,

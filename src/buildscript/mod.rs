@@ -566,6 +566,17 @@ impl Kernels {
         let emitted = nvcc::prepare(lg, &source, &opts).map_err(|(stage, message)| {
             err(stage, (stage != Stage::Validate).then_some(arch), message)
         })?;
+        // The bindings document the workspace as scratch: a plan that needs it zeroed before
+        // the first call (arrival counters) is refused, never run wrong.
+        if emitted.launch.counter_bytes > 0 {
+            return Err(err(
+                Stage::Transpile,
+                Some(arch),
+                "the plan keeps arrival counters in its workspace, which the bindings do not \
+                 zero"
+                    .to_string(),
+            ));
+        }
         let path = lib_dir.join(format!("{}_{tag}.cu", g.name));
         write_if_changed(&path, &emitted.source).map_err(|e| err(Stage::Write, Some(arch), e))?;
         Ok(CompiledFile {

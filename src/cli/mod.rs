@@ -205,9 +205,9 @@ pub struct PathArg {
     /// of its query rows); the last to arrive reads the group's partials back, combines them
     /// and stores the rows, instead of a combining kernel after it (`explain` says where and
     /// why not). The counters live at the end of the workspace, which must then be zero before
-    /// the first call (each call leaves them zero; `run`, `bench` and `tune` allocate it
-    /// zeroed). Off by default: measured slower on an H100 (docs/benchmarks.md). Both compute
-    /// the same function up to rounding.
+    /// the first call (each call leaves them zero; `run` and `bench` allocate it zeroed). Off
+    /// by default: measured slower on an H100 (docs/benchmarks.md). Both compute the same
+    /// function up to rounding.
     #[arg(long)]
     pub last_block_combine: bool,
     /// Where split attention kernels compute their softmax online: they keep a running row

@@ -150,7 +150,11 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
     let p = &a.gpu.path;
     if !p.tunable() {
         return Err(Failure::User(
-            "mucc tune tries every variant of the code path and CTA itself: --path, --warps, --dependent-launch and --no-tune do not apply to it".into(),
+            "mucc tune tries the variants of the default plan itself: --path, --warps, \
+             --dependent-launch, --no-tune and the options that change the plan (--no-*, \
+             --cluster-combine, --last-block-combine, --online-softmax, --max-stages, \
+             --resident-blocks, --refine-loops, --coarsen-loops) do not apply to it"
+                .into(),
         ));
     }
     let file = load(&a.input)?;

@@ -449,10 +449,8 @@ fn locate(
     let rank = os.rank();
     let d = os.dim(rank - 1);
     let rows = os.numel() / d.max(1);
-    let row_tile = |t: usize| {
-        let s = tb.tensors[Handle::from_index(t)].shape;
-        s.rank() == rank && s.dim(rank - 1) == 1 && s.numel() == rows
-    };
+    // l and m: O's tile with its last dim 1 (the same rows, in the same dims).
+    let row_tile = |t: usize| tb.tensors[Handle::from_index(t)].shape == os.with_dim(rank - 1, 1);
     if !row_tile(l_tile) || !row_tile(m_tile) {
         return Err(NoFold::Shape("l and m are not one element per row of O"));
     }
@@ -518,12 +516,17 @@ fn decide_last_block(
         let Some(region) = &kp.regions[f.writers[n]] else {
             return Err(NoFold::Shape("a partial's writer has no block region"));
         };
-        let step = region
+        let Some(step) = region
             .steps
             .iter()
             .find(|&&(a, _)| a == f.axis)
             .map(|&(_, e)| e)
-            .unwrap_or_default();
+            .filter(|&e| e > 0)
+        else {
+            return Err(NoFold::Shape(
+                "the key-split axis does not move a partial's block region",
+            ));
+        };
         Ok(PartialRead {
             output: f.outputs[n],
             strides: dt[f.partials[n]].strides.0.clone(),

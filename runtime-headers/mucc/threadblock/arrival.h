@@ -47,6 +47,8 @@ __device__ __forceinline__ void combine_splits(int tid, const T* o, i64 os, cons
                                                T* __restrict__ y) {
   using C = Compute<T>;
   static_assert(D % VEC == 0, "VEC must divide D");
+  static_assert(LO::size == ROWS * D && LY::size == ROWS * D, "O and y: ROWS rows of D");
+  static_assert(LL::size == ROWS && LM::size == ROWS, "l and m: one element per row");
   constexpr i64 PER_ROW = D / VEC;
   for (i64 e = tid; e < ROWS * PER_ROW; e += NT) {
     const i64 row = e / PER_ROW, j = (e % PER_ROW) * VEC;
