@@ -572,7 +572,7 @@ pub fn kernel_param(p: super::ir::KernelParam, t: DType) -> String {
     let t = ctype(t);
     let written = |w: bool| if w { "" } else { "const " };
     match p {
-        P::View(i) => format!("{}{t}* __restrict__ v{i}", written(i == 0)),
+        P::View { index, written: w } => format!("{}{t}* __restrict__ v{index}", written(w)),
         P::Whole { written: w } => format!("{}{t}* __restrict__ whole", written(w)),
         P::Part { index, written: w } => format!("{}{t}* __restrict__ p{index}", written(w)),
         P::Output(j) => format!("{t}* __restrict__ out{j}"),

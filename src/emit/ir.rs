@@ -1379,9 +1379,14 @@ pub struct KernelBody {
 /// A parameter of a kernel, in the element type of the kernel's device tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelParam {
-    /// View `i` of a kernel-level operator: `T* __restrict__ v0` (the written one) or
-    /// `const T* __restrict__ v<i>`.
-    View(usize),
+    /// View `index` of a kernel-level operator: `[const] T* __restrict__ v<index>` (view 0 is
+    /// the one written).
+    View {
+        /// The view.
+        index: usize,
+        /// Whether the kernel writes it.
+        written: bool,
+    },
     /// The whole tensor of a concat (written) or split (read): `[const] T* __restrict__ whole`.
     Whole {
         /// Whether the kernel writes it.

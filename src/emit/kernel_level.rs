@@ -79,7 +79,12 @@ fn signature(threads: u32, dtype: DType, params: Vec<KernelParam>) -> Signature 
 
 /// Typed pointer parameters `v0` (written) and `v1…` (read).
 fn view_params(n: usize) -> Vec<KernelParam> {
-    (0..n).map(KernelParam::View).collect()
+    (0..n)
+        .map(|index| KernelParam::View {
+            index,
+            written: index == 0,
+        })
+        .collect()
 }
 
 /// The functor of an element-wise kernel (`NAME_op`), if it needs one.

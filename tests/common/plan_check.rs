@@ -1625,10 +1625,12 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
                 s.bounds == (l.block[0] as usize, None)
                     && s.cluster.is_none()
                     && elem.is_none_or(|t| !matches!(t, TArg::Elem(_)) || *t == TArg::Elem(s.elem))
-                    && s.params
-                        .iter()
-                        .enumerate()
-                        .all(|(i, p)| *p == KernelParam::View(i))
+                    && s.params.iter().enumerate().all(|(i, p)| {
+                        *p == KernelParam::View {
+                            index: i,
+                            written: i == 0,
+                        }
+                    })
                     && s.params.len() == l.args.len()
             })
         };
