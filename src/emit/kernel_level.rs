@@ -310,12 +310,9 @@ pub(super) fn emit(
             ..
         } => return (None, Vec::new()),
         // The attention kernel performs it (in its clusters or its last blocks).
-        KnOpPlan::SoftmaxCombine {
-            form:
-                crate::sched::combine::CombineForm::InCluster { .. }
-                | crate::sched::combine::CombineForm::LastBlock { .. },
-            ..
-        } => return (None, Vec::new()),
+        KnOpPlan::SoftmaxCombine { form, .. } if form.folded_into().is_some() => {
+            return (None, Vec::new());
+        }
         KnOpPlan::Gemm { calls, .. } => {
             return (None, calls.iter().cloned().map(Step::Gemm).collect());
         }
@@ -417,7 +414,8 @@ pub(super) fn emit(
             group,
             split_lanes,
             launch,
-            form: crate::sched::combine::CombineForm::Kernel(_),
+            // A kernel of its own: the folded forms returned above.
+            form: _,
         } => {
             let name = symbols.kernel(&format!("k{k}_softmax_combine"));
             let call = (

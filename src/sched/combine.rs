@@ -105,11 +105,8 @@ pub struct LastBlockCombine {
     pub axis: usize,
     /// Blocks per group: the key splits.
     pub splits: usize,
-    /// The block's rows (of the O tile, over its last dim).
-    pub rows: usize,
-    /// Elements per row (the O tile's last dim, the output's last dim).
-    pub d: usize,
-    /// The shape of the O tile, whose rows the partials' and the output's layouts walk.
+    /// The shape of the O tile, whose rows the partials' and the output's layouts walk
+    /// ([`LastBlockCombine::rows`] rows of [`LastBlockCombine::d`]).
     pub tile: crate::graph::Shape,
     /// The partial outputs O, row sums l and row maxima m, as stored by the kernel.
     pub o: PartialRead,
@@ -369,6 +366,8 @@ struct Found {
     d: usize,
     /// The key-split grid axis.
     axis: usize,
+    /// The dim map of O's writer (an output operator).
+    omap: crate::graph::ops::DimMap,
     /// The combining step's output tensor.
     y: usize,
 }
@@ -492,6 +491,7 @@ fn locate(
         rows,
         d,
         axis,
+        omap: mo,
         y: y.index(),
     })
 }
@@ -543,11 +543,8 @@ fn decide_last_block(
         })
     };
     let (o, l, m) = (read(0)?, read(1)?, read(2)?);
-    let TbOpKind::Output { omap, .. } = tb.ops[Handle::from_index(f.writers[0])].kind else {
-        return Err(NoFold::Shape("a partial's writer is no output"));
-    };
     let out_strides = dt[f.y].strides.0.clone();
-    let region = super::kernel::output_region(tb, omap, &tile, &out_strides, Some(f.axis));
+    let region = super::kernel::output_region(tb, f.omap, &tile, &out_strides, Some(f.axis));
     let out = Binding::of(
         dt[f.y].placement,
         g.tensors[Handle::from_index(f.y)].dtype.bytes(),
@@ -586,8 +583,6 @@ fn decide_last_block(
             combine: i,
             axis: f.axis,
             splits: f.splits,
-            rows: f.rows,
-            d: f.d,
             tile,
             o,
             l,
@@ -642,11 +637,8 @@ fn decide(
         }
     }
     let os = tb.tensors[Handle::from_index(o_tile)].shape;
-    let TbOpKind::Output { omap: mo, .. } = tb.ops[Handle::from_index(f.writers[0])].kind else {
-        return Err(NoFold::Shape("a partial's writer is no output"));
-    };
     let out_strides = dt[f.y].strides.0.clone();
-    let region = super::kernel::output_region(tb, mo, &os, &out_strides, Some(f.axis));
+    let region = super::kernel::output_region(tb, f.omap, &os, &out_strides, Some(f.axis));
     let post_only_outputs = kp.schedule.post_loop.iter().all(|s| match s {
         Step::Barrier(_) => true,
         Step::Run(c) => {
@@ -718,6 +710,16 @@ impl fmt::Display for ClusterCombine {
 }
 
 impl LastBlockCombine {
+    /// Elements per row: the O tile's last dim (the output's last dim).
+    pub fn d(&self) -> usize {
+        self.tile.dim(self.tile.rank() - 1)
+    }
+
+    /// The block's rows: the O tile's elements over its last dim.
+    pub fn rows(&self) -> usize {
+        self.tile.numel() / self.d().max(1)
+    }
+
     /// Where the kernel's counters are (its launch argument).
     pub fn counter_binding(&self) -> Binding {
         Binding::Workspace {
@@ -755,8 +757,8 @@ impl fmt::Display for LastBlockCombine {
             self.m.output,
             self.m.region,
             self.m.step,
-            self.rows,
-            self.d,
+            self.rows(),
+            self.d(),
             self.region,
             self.vector,
         )

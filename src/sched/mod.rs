@@ -68,12 +68,9 @@ fn plan_dependent_launches(
             KnOpPlan::AllReduce {
                 fused: exchange::AllReduceForm::Fused { .. },
                 ..
-            }
-            | KnOpPlan::SoftmaxCombine {
-                form:
-                    combine::CombineForm::InCluster { .. } | combine::CombineForm::LastBlock { .. },
-                ..
             } => {}
+            // Performed by the attention kernel: no launch of its own.
+            KnOpPlan::SoftmaxCombine { form, .. } if form.folded_into().is_some() => {}
             KnOpPlan::Gemm { .. } | KnOpPlan::AllReduce { .. } => prev = Prev::Library,
             KnOpPlan::Customized => {
                 let Some(kp) = kernels.get_mut(&i) else {

@@ -1024,7 +1024,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                     });
                     match combine {
                         Some((t, a)) => {
-                            let want_ints: Vec<TArg> = [c.rows, c.d, c.splits, c.vector]
+                            let want_ints: Vec<TArg> = [c.rows(), c.d(), c.splits, c.vector]
                                 .into_iter()
                                 .map(TArg::int)
                                 .collect();
@@ -1032,7 +1032,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                                 t.len() == 10 && t[1..5] == want_ints[..],
                                 format!(
                                     "a combine of {} rows of {}, {} splits, {}-element vectors",
-                                    c.rows, c.d, c.splits, c.vector
+                                    c.rows(),
+                                    c.d(),
+                                    c.splits,
+                                    c.vector
                                 ),
                             );
                             let steps: Vec<&Expr> =

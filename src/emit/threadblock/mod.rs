@@ -1088,8 +1088,8 @@ fn last_block_combine(ctx: &mut Ctx, c: &crate::sched::combine::LastBlockCombine
         Func::TbCombineSplits,
         vec![
             TArg::int(nt),
-            TArg::int(c.rows),
-            TArg::int(c.d),
+            TArg::int(c.rows()),
+            TArg::int(c.d()),
             TArg::int(c.splits),
             TArg::int(c.vector),
             TArg::Name(lo),
