@@ -822,6 +822,34 @@ fn bench_checks_its_svg_chart_path_before_touching_the_gpu() {
     assert!(err.contains("are the same file"), "{err}");
 }
 
+#[test]
+fn an_edited_source_replaces_one_graph_of_one_gpu_only() {
+    // Refused before the GPU is opened, so these hold with or without one.
+    let lora = corpus("lora.json");
+    let src = tmp("edited.cu");
+    std::fs::write(&src, "// edited\n").unwrap();
+    let s = src.to_string_lossy().into_owned();
+    for cmd in ["run", "bench"] {
+        let o = mucc(&[cmd, &lora, "--all", "--source", &s]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{cmd}: {err}");
+        assert_eq!(
+            err,
+            "error: --source replaces one graph's generated code: select one graph (--graph N) \
+             of one GPU (4 selected)\n",
+            "{cmd}"
+        );
+        assert!(out.is_empty(), "{cmd}: {out}");
+    }
+    let o = mucc(&["tune", &lora, "--graph", "1", "--source", &s]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--source (one edited kernel source) does not apply"),
+        "{err}"
+    );
+}
+
 /// Runs mucc with stderr on a new pseudo-terminal (stdout stays a pipe); returns the exit code,
 /// stdout, and what reached the terminal.
 #[cfg(target_os = "linux")]

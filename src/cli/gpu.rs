@@ -34,6 +34,13 @@ pub struct GpuArgs {
     /// NCCL use its low-latency kernels; `plain`: ordinary allocations.
     #[arg(long, value_enum, default_value_t = AllReduceBuffersArg::Symmetric)]
     pub all_reduce_buffers: AllReduceBuffersArg,
+    /// Compile this CUDA file instead of the graph's generated source: an edited copy of
+    /// `mucc transpile`'s output (made with the same planning options), run, checked and timed
+    /// under the graph's own launch plan, so it must keep the kernels' names, parameters,
+    /// grids and shared-memory sizes. The tuning cache is not applied. For trying a change to a
+    /// kernel by hand; one graph on one GPU.
+    #[arg(long, value_name = "FILE")]
+    pub source: Option<PathBuf>,
 }
 
 /// `--all-reduce-buffers`.
@@ -55,8 +62,46 @@ impl AllReduceBuffersArg {
     }
 }
 
-/// Opens the GPU and the compiler `a` names.
+/// Opens the GPU and the compiler `a` names, with `--source`'s text when given.
 pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
+    let source = a.source.as_deref().map(read_source).transpose()?;
+    let mut session = open_plain(a)?;
+    if source.is_some() {
+        // The edited source was transpiled with the command line's options: plan with them
+        // too, not with a tuning cache's.
+        session.tune = None;
+    }
+    session.source = source;
+    Ok(session)
+}
+
+/// The text of a `--source` file.
+fn read_source(p: &std::path::Path) -> Result<String, Failure> {
+    std::fs::read_to_string(p)
+        .map_err(|e| Failure::User(format!("--source {}: {e}", super::shown(p))))
+}
+
+/// Refuses `--source` unless `indices` are one graph of one GPU (`gpus`: its mesh size).
+pub fn check_source(a: &GpuArgs, indices: &[usize], gpus: usize) -> Result<(), Failure> {
+    if a.source.is_none() {
+        return Ok(());
+    }
+    if indices.len() != 1 || gpus != 1 {
+        return Err(Failure::User(format!(
+            "--source replaces one graph's generated code: select one graph (--graph N) of one GPU ({} selected{})",
+            indices.len(),
+            if gpus > 1 {
+                format!(", on {gpus} GPUs")
+            } else {
+                String::new()
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// Opens the GPU and the compiler `a` names.
+fn open_plain(a: &GpuArgs) -> Result<Session, Failure> {
     Session::open(&SessionOptions {
         device: a.device,
         runtime_headers: a.runtime_headers.clone(),

@@ -97,6 +97,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;
     let gpus = super::mesh_size(&file, &indices)?;
+    super::gpu::check_source(&a.gpu, &indices, gpus)?;
     if gpus > 1 {
         return run_ranks(&a, &file, &indices, gpus);
     }

@@ -157,6 +157,12 @@ pub fn run(a: TuneArgs) -> Result<(), Failure> {
                 .into(),
         ));
     }
+    if a.gpu.source.is_some() {
+        return Err(Failure::User(
+            "mucc tune compiles the variants it plans; --source (one edited kernel source) does not apply to it"
+                .into(),
+        ));
+    }
     let file = load(&a.input)?;
     print_warnings(&file);
     let indices = a.select.indices(&file, false)?;

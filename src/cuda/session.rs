@@ -113,6 +113,11 @@ pub struct Session {
     pub opts: Options,
     /// The tuning cache whose results [`Session::prepare`] applies (`None`: `--no-tune`).
     pub tune: Option<TuneCache>,
+    /// CUDA source compiled in place of every graph's generated source (`--source FILE`: an
+    /// edited copy of `mucc transpile`'s output, timed and checked under the graph's own launch
+    /// plan, whose kernels, parameters, grids and shared-memory sizes it must keep). `None`:
+    /// the generated source.
+    pub source: Option<String>,
 }
 
 impl Session {
@@ -151,6 +156,7 @@ impl Session {
             compiler,
             opts,
             tune: (!a.no_tune).then(TuneCache::default_location),
+            source: None,
         })
     }
 
@@ -393,7 +399,7 @@ impl Session {
         let path = crate::emit::cxx::comment_safe(&format!("{file}.{arch}.cu"));
         let cubin = self.compiler.compile(&Source {
             path: &path,
-            text: &emitted.source,
+            text: self.source.as_deref().unwrap_or(&emitted.source),
             arch,
         })?;
         Ok((emitted, cubin, transpile_seconds, plan.rewrite.graph))
