@@ -515,10 +515,17 @@ fn ring(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
         Prefetch::EndOfBody => "behind a barrier of its own at the end of the body",
         Prefetch::None => "never (the plan has no refill)",
     };
+    use crate::sched::plan::RingStart;
+    let start = match kp.ring_start {
+        RingStart::BeforePreLoop | RingStart::AfterPreLoop { .. } | RingStart::CpAsyncOnly => {
+            format!(" ({})", kp.ring_start)
+        }
+        RingStart::NoRing | RingStart::AtLoop => String::new(),
+    };
     let _ = writeln!(
         s,
-        "  ring: {} stages of {}; {} iteration(s) loaded before the loop; each iteration waits {}, \
-         and refills the slot read one iteration before with iteration it + {} {refill}",
+        "  ring: {} stages of {}; {} iteration(s) loaded before the loop{start}; each iteration \
+         waits {}, and refills the slot read one iteration before with iteration it + {} {refill}",
         r.stages,
         inputs.join(", "),
         r.prologue(),

@@ -704,6 +704,52 @@ fn a_copy_wait_disagreement_fails_the_check() {
 /// combine's vector or a partial's step edited, the guarded combine or the whole arrival
 /// removed, and the plan without the combine.
 #[test]
+fn a_ring_prologue_off_its_planned_place_fails_the_check() {
+    use mucc::sched::plan::RingStart;
+    use mucc::target::Arch;
+    // mha_bs8 g30 and gqa_bs8 g0 load Q before their loop: on sm_90a the ring loads by TMA and
+    // its prologue goes ahead of the Q load; on sm_80 it copies by cp.async only and stays.
+    for (file, graph) in [("mha_bs8.json", 30), ("gqa_bs8.json", 0)] {
+        let f = read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
+        let g = &f.graphs[graph].graph;
+        for target in Target::all() {
+            let p = plan(g, &Options::for_target(target)).unwrap();
+            let e = mucc::emit::emit(g, &p, "test").unwrap();
+            let pg = p.graph(g);
+            let (k, kp) = p
+                .kernels
+                .iter()
+                .find(|(_, kp)| kp.ring().is_some())
+                .unwrap_or_else(|| panic!("{file} g{graph}: no ring"));
+            let want = match target.arch {
+                Arch::Sm90a => RingStart::BeforePreLoop,
+                _ => RingStart::CpAsyncOnly,
+            };
+            assert_eq!(kp.ring_start, want, "{file} g{graph} {target:?}");
+            check_kernel(pg, &e, *k, kp).unwrap();
+            // The same code against a plan that puts the prologue at the other place, and the
+            // plan's own place against code printed for the other.
+            let other = |s: RingStart| match s {
+                RingStart::BeforePreLoop => RingStart::AfterPreLoop { tile: 0 },
+                _ => RingStart::BeforePreLoop,
+            };
+            let mut moved = kp.clone();
+            moved.ring_start = other(kp.ring_start);
+            let err = check_kernel(pg, &e, *k, &moved).unwrap_err();
+            assert!(err.contains("ring prologue"), "{file} g{graph}: {err}");
+            let mut p_moved = p.clone();
+            for (_, kp) in p_moved.kernels.iter_mut() {
+                kp.ring_start = other(kp.ring_start);
+            }
+            let e_moved = mucc::emit::emit(g, &p_moved, "test").unwrap();
+            let err = check_kernel(pg, &e_moved, *k, kp).unwrap_err();
+            assert!(err.contains("ring prologue"), "{file} g{graph}: {err}");
+            check_kernel(pg, &e_moved, *k, &moved).unwrap();
+        }
+    }
+}
+
+#[test]
 fn a_last_block_combine_disagreement_fails_the_check() {
     use mucc::emit::ir::{Expr, Func, Stmt, TArg};
     for (file, graph) in [("mha_bs8.json", 30), ("gqa_bs8.json", 0)] {

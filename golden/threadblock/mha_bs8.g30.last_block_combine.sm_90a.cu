@@ -22,20 +22,20 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     mucc::f16* __restrict__ ycomb,
     unsigned* __restrict__ arrivals,
     const __grid_constant__ mucc::sm90::TensorMap tm0) {
-  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
-      3>>;
-  using L1 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
-  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
+  using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<8192, 128, 1>>, mucc::Swizzle<3,
       3, 4>>;
-  using L3 = mucc::tb::Mma<mucc::f16, L0, L2, 16, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
-      mucc::tb::Load::LdmatrixTrans, false, true, 4>;
-  using L4 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
-  using L5 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>;
-  using L6 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
+  using L1 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
+  using L2 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>, mucc::Swizzle<3, 3,
       3>>;
-  using L7 = mucc::tb::Mma<mucc::f16, L5, L6, 16, 64, 128, 1, 1, mucc::tb::Load::Fragment,
+  using L3 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<1024, 64, 1>>;
+  using L4 = mucc::tb::Mma<mucc::f16, L2, L0, 16, 128, 64, 1, 4, mucc::tb::Load::Ldmatrix,
+      mucc::tb::Load::LdmatrixTrans, false, true, 4>;
+  using L5 = mucc::Layout<mucc::Shape<1, 16, 1>, mucc::Stride<16, 1, 16>>;
+  using L6 = mucc::Layout<mucc::Shape<1, 16, 128>, mucc::Stride<2048, 128, 1>>;
+  using L7 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<1, 128, 64>, mucc::Stride<8192, 64, 1>>, mucc::Swizzle<3, 3,
+      3>>;
+  using L8 = mucc::tb::Mma<mucc::f16, L6, L7, 16, 64, 128, 1, 1, mucc::tb::Load::Fragment,
       mucc::tb::Load::LdmatrixTrans, false, true, 8, 4>;
-  using L8 = mucc::Layout<mucc::Shape<1, 64, 128>, mucc::Stride<262144, 4096, 1>>;
   using L9 = mucc::Layout<mucc::Shape<1, 16, 64>, mucc::Stride<4096, 256, 1>>;
   using L10 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<16, 16, 1>>;
   using L11 = mucc::Layout<mucc::Shape<1, 1, 16>, mucc::Stride<128, 1, 8>>;
@@ -66,28 +66,28 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
   mucc::f16* go12 = out0 + static_cast<mucc::i64>(blockIdx.x) * 4096 + static_cast<mucc::i64>(blockIdx.y) * 64;
   mucc::f16* go13 = out1 + static_cast<mucc::i64>(blockIdx.x) * 128 + static_cast<mucc::i64>(blockIdx.y) * 1;
   mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.x) * 128 + static_cast<mucc::i64>(blockIdx.y) * 1;
-  // op1 input
-  mucc::tb::copy_chunks<128, 1024, 8, L0, L1>(tid, s1, gi1);
-  __syncthreads();
-  // op4 reduction_max: the running max of each fragment row, in registers
-  float rm4_[L3::PM][2];
-  for (int i = 0; i < L3::PM; ++i) rm4_[i][0] = rm4_[i][1] = -__int_as_float(0x7f800000);
-  // op9 accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)
-  float lw9_[L3::PM][2];
-  for (int i = 0; i < L3::PM; ++i) lw9_[i][0] = lw9_[i][1] = 0.0f;
-  mucc::tb::fill<128, 16, L4>(tid, s9, mucc::neg_inf<float>());
-  mucc::tb::fill<128, 16, L4>(tid, s10, float(0.0));
-  L7::Frag acc11;
-  L7::fill(acc11, float(0.0));
-  __syncthreads();
   // software pipeline: 2 stages
-  mucc::tb::cp_async_chunks<128, 8192, 8, L2, L8>(tid, s2 + 0, gi2);
+  mucc::tb::cp_async_chunks<128, 8192, 8, L0, L1>(tid, s2 + 0, gi2);
   if (tid == 0) {
     mucc::sm90::mbar_arrive_expect_tx(full + 0, 16384);
     mucc::sm90::tma_load(s0 + 0 * 8192, &tm0, full + 0, 0, static_cast<int>(blockIdx.y) * 1024 + (0) * 128,
         static_cast<int>(blockIdx.x) * 1);
   }
   mucc::sm80::cp_async_commit();
+  // op1 input
+  mucc::tb::copy_chunks<128, 1024, 8, L2, L3>(tid, s1, gi1);
+  __syncthreads();
+  // op4 reduction_max: the running max of each fragment row, in registers
+  float rm4_[L4::PM][2];
+  for (int i = 0; i < L4::PM; ++i) rm4_[i][0] = rm4_[i][1] = -__int_as_float(0x7f800000);
+  // op9 accum_red_ld_sum_rescale: this warp's row sums, in registers (a key split)
+  float lw9_[L4::PM][2];
+  for (int i = 0; i < L4::PM; ++i) lw9_[i][0] = lw9_[i][1] = 0.0f;
+  mucc::tb::fill<128, 16, L5>(tid, s9, mucc::neg_inf<float>());
+  mucc::tb::fill<128, 16, L5>(tid, s10, float(0.0));
+  L8::Frag acc11;
+  L8::fill(acc11, float(0.0));
+  __syncthreads();
   for (int it = 0; it < 8; ++it) {
     const int tid = mucc::opaque(tid_k), warp = tid / 32, lane = tid % 32;
     (void)warp;
@@ -104,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     {
       const int pf = it + 1;
       if (pf < 8) {
-        mucc::tb::cp_async_chunks<128, 8192, 8, L2, L8>(tid, s2 + (pf % 2) * 8192,
+        mucc::tb::cp_async_chunks<128, 8192, 8, L0, L1>(tid, s2 + (pf % 2) * 8192,
             gi2 + static_cast<mucc::i64>(pf) * 128);
         if (tid == 0) {
           mucc::sm90::mbar_arrive_expect_tx(full + (pf % 2), 16384);
@@ -118,21 +118,21 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     {
       // s7 in registers: exp(S - m), m op4's running max of this warp's keys
       // (the keys split over 4 warps), packed in mucc::f16
-      L3::Packed pk_;
-      float r_[L3::PM][2], l_[L3::PM][2];
+      L4::Packed pk_;
+      float r_[L4::PM][2], l_[L4::PM][2];
       {
-        L3::Frag p_;
-        L3::zero(p_);
-        L3::run(p_, s1, s2_cur, smem, warp, lane);
-        L3::online_pack(pk_, p_, rm4_, r_, l_, warp, lane);
+        L4::Frag p_;
+        L4::zero(p_);
+        L4::run(p_, s1, s2_cur, smem, warp, lane);
+        L4::online_pack(pk_, p_, rm4_, r_, l_, warp, lane);
       }
       // op11 accum_nored_rescale: O <- O * r, rows of this warp's fragment
-      L7::scale_rows(acc11, r_, warp);
+      L8::scale_rows(acc11, r_, warp);
       // op9 accum_red_ld_sum_rescale: this warp's l <- l * r + sum, in registers
       #pragma unroll
-      for (int i = 0; i < L3::PM; ++i) for (int h = 0; h < 2; ++h) lw9_[i][h] = lw9_[i][h] * r_[i][h] + l_[i][h];
+      for (int i = 0; i < L4::PM; ++i) for (int h = 0; h < 2; ++h) lw9_[i][h] = lw9_[i][h] * r_[i][h] + l_[i][h];
       // op10 matmul: A from the packed product, this warp's keys
-      L7::run_from_keys<L3>(acc11, pk_, s0_cur, smem, warp, lane);
+      L8::run_from_keys<L4>(acc11, pk_, s0_cur, smem, warp, lane);
     }
     // op4 reduction_2_max
     // runs in op3's chain: s7 stays in registers (register pipe)
@@ -151,10 +151,10 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
     __syncthreads();
   }
   // op8, op9 and op11: the 4 warps' maxima, sums and output fragments combined
-  L7::combine_keys<L4, L4, L1, 4224, 4096, 128>(acc11, rm4_, lw9_, s9, s10, s12, tid, warp, lane);
+  L8::combine_keys<L5, L5, L3, 4224, 4096, 128>(acc11, rm4_, lw9_, s9, s10, s12, tid, warp, lane);
   __syncthreads();
   // op12 output
-  mucc::tb::copy_chunks_cvt<128, 1024, 4, L9, L1>(tid, go12, s12);
+  mucc::tb::copy_chunks_cvt<128, 1024, 4, L9, L3>(tid, go12, s12);
   // op13 output
   mucc::tb::copy_elems<128, 16, L11, L10>(tid, go13, s10);
   // op14 output
@@ -162,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
   // kernel op 4 (softmax_combine): the last of the 4 key-split blocks of these rows
   // to store its partials combines the group's
   if (mucc::tb::arrive_last<4>(tid, arrivals + static_cast<mucc::i64>(blockIdx.x) * 1)) {
-    mucc::tb::combine_splits<128, 16, 64, 4, 8, L9, L12, L12, L1, mucc::f16>(tid,
+    mucc::tb::combine_splits<128, 16, 64, 4, 8, L9, L12, L12, L3, mucc::f16>(tid,
         out0 + static_cast<mucc::i64>(blockIdx.x) * 4096, 64, out1 + static_cast<mucc::i64>(blockIdx.x) * 128, 1,
         out2 + static_cast<mucc::i64>(blockIdx.x) * 128, 1, ycomb + static_cast<mucc::i64>(blockIdx.x) * 1024);
   }

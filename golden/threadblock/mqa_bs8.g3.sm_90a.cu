@@ -67,6 +67,14 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
       + static_cast<mucc::i64>(blockIdx.z) * 512;
   mucc::f16* go14 = out2 + static_cast<mucc::i64>(blockIdx.x) * 8192 + static_cast<mucc::i64>(blockIdx.y) * 1
       + static_cast<mucc::i64>(blockIdx.z) * 512;
+  // software pipeline: 2 stages
+  if (tid == 0) {
+    mucc::sm90::mbar_arrive_expect_tx(full + 0, 32768);
+    mucc::sm90::tma_load(s1 + 0 * 8192, &tm0, full + 0, 0, 0, static_cast<int>(blockIdx.y) * 8 + (0) * 2,
+        static_cast<int>(blockIdx.x) * 1);
+    mucc::sm90::tma_load(s2 + 0 * 8192, &tm1, full + 0, 0, static_cast<int>(blockIdx.y) * 512 + (0) * 128,
+        static_cast<int>(blockIdx.x) * 1);
+  }
   // op0 input
   mucc::tb::copy_chunks<128, 4096, 8, L0, L1>(tid, s0, gi0);
   __syncthreads();
@@ -78,14 +86,6 @@ extern "C" __global__ void __launch_bounds__(128, 3) k3_customized(
   L7::Frag acc11;
   L7::fill(acc11, float(0.0));
   __syncthreads();
-  // software pipeline: 2 stages
-  if (tid == 0) {
-    mucc::sm90::mbar_arrive_expect_tx(full + 0, 32768);
-    mucc::sm90::tma_load(s1 + 0 * 8192, &tm0, full + 0, 0, 0, static_cast<int>(blockIdx.y) * 8 + (0) * 2,
-        static_cast<int>(blockIdx.x) * 1);
-    mucc::sm90::tma_load(s2 + 0 * 8192, &tm1, full + 0, 0, static_cast<int>(blockIdx.y) * 512 + (0) * 128,
-        static_cast<int>(blockIdx.x) * 1);
-  }
   for (int it = 0; it < 4; ++it) {
     const int tid = mucc::opaque(tid_k), warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;
     (void)warp;

@@ -12,8 +12,8 @@ use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
     Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather,
     HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices, MatmulLowering, NoPush, Options, Partial,
-    PipeDecision, PlanError, Prefetch, PushSlots, Sink, SmemPlan, Split, SplitOff, WgmmaOff,
-    WriteBack, ZERO_PAGE,
+    PipeDecision, PlanError, Prefetch, PushSlots, RingStart, Sink, SmemPlan, Split, SplitOff,
+    WgmmaOff, WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -610,8 +610,9 @@ fn plan_kernel_with(
         )
     });
     let loop_indices = plan_loop_indices(&ops, &pipes);
-    Ok(KernelPlan {
+    let mut kp = KernelPlan {
         barriers,
+        ring_start: RingStart::NoRing,
         regions,
         split,
         tma,
@@ -648,7 +649,60 @@ fn plan_kernel_with(
         loop_indices,
         write_backs,
         copy_waits,
-    })
+    };
+    kp.ring_start = plan_ring_start(tb, &kp);
+    Ok(kp)
+}
+
+/// Where the ring's prologue is issued ([`RingStart`]): ahead of the pre-loop steps where the
+/// kernel has some, the ring loads by TMA (one thread hands the stage to the copy engine and
+/// the threads' own pre-loop loads go out at once), and no tile that dies before the loop
+/// shares memory with the ring's slots (tiles alive in the loop never do: the packing keeps
+/// live buffers apart). Measured on an H100 (docs/benchmarks.md): the split attention kernels,
+/// whose Q load otherwise delays every CTA's first stage by a load's latency, 0.93–0.99× the
+/// time on the Hopper path; rings of `cp.async` copies only (the Ampere path) 0.99–1.07×.
+pub(super) fn plan_ring_start(tb: &TbGraph, kp: &KernelPlan) -> RingStart {
+    let Some(ring) = kp.ring() else {
+        return RingStart::NoRing;
+    };
+    if !kp
+        .schedule
+        .phase(Phase::PreLoop)
+        .iter()
+        .any(|s| matches!(s, Step::Run(_)))
+    {
+        return RingStart::AtLoop;
+    }
+    if ring.tma.is_empty() {
+        return RingStart::CpAsyncOnly;
+    }
+    let smem = &kp.smem;
+    let bytes = |b: usize| {
+        let lo = smem.offset(b);
+        lo..lo + smem.buffers[b].bytes
+    };
+    let slots: Vec<usize> = tb
+        .ops
+        .iter()
+        .filter(|(h, _)| ring.holds(h.index()))
+        .filter_map(|(_, top)| smem.buffer_of(top.outputs.first()?.index()))
+        .collect();
+    for &b in &slots {
+        let (born, at) = (smem.buffers[b].start, bytes(b));
+        for (c, buf) in smem.buffers.iter().enumerate() {
+            let other = bytes(c);
+            if !slots.contains(&c)
+                && buf.end <= born
+                && other.start < at.end
+                && at.start < other.end
+            {
+                return RingStart::AfterPreLoop {
+                    tile: smem.kinds[c].tile(),
+                };
+            }
+        }
+    }
+    RingStart::BeforePreLoop
 }
 
 /// Re-plans in atom columns ([`super::ops::in_atom_columns`]) the B tile of each register

@@ -1528,6 +1528,8 @@ pub struct KernelPlan {
     pub triggers_next: bool,
     /// The body's barriers beyond the schedule's, and where the loop refills its ring.
     pub barriers: BodyBarriers,
+    /// Where the loop's ring issues its prologue (the loads of its first iterations).
+    pub ring_start: RingStart,
     /// Per threadblock operator: for an input the copies read (every input but TMA loads, which
     /// address the tensor by coordinates) and for an output, where this block's region of its
     /// device tensor starts.
@@ -2117,6 +2119,55 @@ impl std::fmt::Display for BlockRegion {
             return f.write_str("0");
         }
         f.write_str(&terms.join(" + "))
+    }
+}
+
+/// Where a kernel issues its ring's prologue ([`Ring::prologue`]: the loads of the first
+/// iterations of its share of the loop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingStart {
+    /// No ring: nothing to issue.
+    NoRing,
+    /// Just before the loop: the kernel has no pre-loop steps.
+    AtLoop,
+    /// At the start of the kernel, ahead of the pre-loop steps and the accumulators' initial
+    /// state, so that the first stages stream while the pre-loop loads (attention's Q tile)
+    /// are in flight instead of after them. Its slots share no memory with a tile that dies
+    /// before the loop.
+    BeforePreLoop,
+    /// Just before the loop, after the pre-loop steps: tile `tile`, which dies before the loop,
+    /// shares shared memory with the ring's slots.
+    AfterPreLoop {
+        /// The tile the slots reuse the memory of.
+        tile: usize,
+    },
+    /// Just before the loop, after the pre-loop steps: the ring copies by `cp.async` only, which
+    /// every thread issues ahead of its own pre-loop loads (measured slower on an H100:
+    /// gqa_bs8 g0 on the Ampere path 1.07× the time).
+    CpAsyncOnly,
+}
+
+impl std::fmt::Display for RingStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingStart::NoRing => write!(f, "no ring"),
+            RingStart::AtLoop => write!(f, "issued just before the loop"),
+            RingStart::BeforePreLoop => write!(
+                f,
+                "issued at the kernel's start, ahead of the pre-loop steps, so that it streams \
+                 while their loads are in flight"
+            ),
+            RingStart::AfterPreLoop { tile } => write!(
+                f,
+                "issued after the pre-loop steps (its slots reuse the shared memory of s{tile}, \
+                 which dies before the loop)"
+            ),
+            RingStart::CpAsyncOnly => write!(
+                f,
+                "issued after the pre-loop steps: a ring of cp.async copies only, which every \
+                 thread would issue ahead of its own pre-loop loads, measured slower"
+            ),
+        }
     }
 }
 

@@ -459,6 +459,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             kp.barriers.reasons()
         ),
     );
+    check_ring_start(tb, stmts, kp, &mut want);
     // The fold CTA 0 of a cluster split runs behind a barrier: the plan's, right after it.
     if let Some(i) = kp.barriers.after_rescaled_folds {
         let why = mucc::sched::order::BarrierReason::AfterRescaledFolds.to_string();
@@ -2175,4 +2176,69 @@ fn functions_outside_lambdas(stmts: &[mucc::emit::ir::Stmt]) -> Vec<mucc::emit::
         }
     }
     out
+}
+
+/// The ring's prologue where the plan issues it ([`RingStart`]): ahead of every barrier of the
+/// kernel (so ahead of the pre-loop steps, which end with one) or after the last one before the
+/// loop; and a prologue ahead of the pre-loop steps reuses no memory of a tile that dies before
+/// the loop.
+fn check_ring_start(
+    tb: &mucc::graph::threadblock::TbGraph,
+    stmts: &[mucc::emit::ir::Stmt],
+    kp: &KernelPlan,
+    want: &mut impl FnMut(bool, String),
+) {
+    use mucc::emit::ir::Stmt;
+    use mucc::sched::plan::RingStart;
+    let at = |f: &dyn Fn(&Stmt) -> bool| stmts.iter().position(f);
+    let prologue = at(&|s| matches!(s, Stmt::Comment(c) if c.starts_with("software pipeline")));
+    let the_loop = at(&|s| matches!(s, Stmt::For { var, .. } if var == "it"));
+    let barriers: Vec<usize> = (0..stmts.len())
+        .filter(|&i| matches!(stmts[i], Stmt::Barrier { .. }))
+        .collect();
+    let ok = match (kp.ring_start, prologue, the_loop) {
+        (RingStart::NoRing, None, _) => true,
+        (RingStart::BeforePreLoop, Some(p), Some(l)) => {
+            barriers.first().is_some_and(|&b| p < b && b < l)
+        }
+        (
+            RingStart::AtLoop | RingStart::AfterPreLoop { .. } | RingStart::CpAsyncOnly,
+            Some(p),
+            Some(l),
+        ) => !barriers.iter().any(|&b| p < b && b < l),
+        _ => false,
+    };
+    want(
+        ok,
+        format!(
+            "ring prologue {:?}: at statement {prologue:?}, loop at {the_loop:?}, barriers at {barriers:?}",
+            kp.ring_start
+        ),
+    );
+    if kp.ring_start == RingStart::BeforePreLoop
+        && let Some(ring) = kp.ring()
+    {
+        let smem = &kp.smem;
+        let span = |b: usize| (smem.offset(b), smem.offset(b) + smem.buffers[b].bytes);
+        let slots: Vec<usize> = tb
+            .ops
+            .iter()
+            .filter(|(h, _)| ring.holds(h.index()))
+            .filter_map(|(_, top)| smem.buffer_of(top.outputs.first()?.index()))
+            .collect();
+        for &b in &slots {
+            let (lo, hi) = span(b);
+            let reused = (0..smem.buffers.len()).find(|&c| {
+                let (clo, chi) = span(c);
+                !slots.contains(&c)
+                    && smem.buffers[c].end <= smem.buffers[b].start
+                    && clo < hi
+                    && lo < chi
+            });
+            want(
+                reused.is_none(),
+                format!("ring slots issued early over buffer {reused:?}, dead before the loop"),
+            );
+        }
+    }
 }

@@ -34,7 +34,9 @@ use crate::graph::threadblock::{STensor, TbGraph, TbOp, TbOpKind};
 use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{BarrierReason, Phase, Step};
-use crate::sched::plan::{GraphPlan, KernelPlan, LoopIndices, Prefetch, Ring, WriteBack};
+use crate::sched::plan::{
+    ClusterSplit, GraphPlan, KernelPlan, LoopIndices, Prefetch, Ring, RingStart, WriteBack,
+};
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
 /// layout aliases declared so far.
@@ -434,10 +436,17 @@ pub(super) fn emit(
 }
 
 /// The body over the schedule's shared-memory tiles: prologue, pre-loop steps, accumulators,
-/// the for-loop, and the post-loop steps.
+/// the for-loop, and the post-loop steps; the ring's prologue ahead of the pre-loop steps
+/// where the plan puts it there ([`RingStart::BeforePreLoop`]), else before the loop.
 fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     let kp = ctx.kp;
     prologue(ctx)?;
+    if kp.ring_start == RingStart::BeforePreLoop {
+        if let Some(c) = kp.split.cluster() {
+            ctx.push(first_iteration(c));
+        }
+        ctx.pipeline_prologue()?;
+    }
     for (i, st) in kp.schedule.pre_loop.iter().enumerate() {
         match *st {
             Step::Barrier(r) => ctx.step_barrier(Phase::PreLoop, i, Some(r))?,
@@ -866,6 +875,23 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
         ctx.barrier(BarrierReason::InitialState, false)?;
     }
     Ok(())
+}
+
+/// Under a cluster split: this CTA's first iteration `it0`, which the ring's prologue and the
+/// loop start from.
+fn first_iteration(c: &ClusterSplit) -> Vec<Stmt> {
+    vec![
+        Stmt::Comment(format!(
+            "cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
+            c.iters
+        )),
+        Stmt::local(
+            Ty::ConstInt,
+            "it0",
+            Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
+                .times(Expr::size(c.iters)),
+        ),
+    ]
 }
 
 /// `float name[Class::PM][2];` and a loop setting every element to `init`: a per-row state of
@@ -1365,6 +1391,7 @@ impl Ctx<'_> {
     /// the oldest pending stage, the body with its barriers, and the refill of the ring where
     /// the plan puts it ([`crate::sched::plan::Prefetch`]).
     fn for_loop(&mut self) -> Result<(), EmitError> {
+        let early = self.kp.ring_start == RingStart::BeforePreLoop;
         if let Some(c) = self.kp.split.cluster() {
             let mut out = Vec::new();
             if c.gather.push().is_some() {
@@ -1373,20 +1400,15 @@ impl Ctx<'_> {
                         .noted("CTA 0's push barrier is initialised"),
                 );
             }
-            out.push(Stmt::Comment(format!(
-                "cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
-                c.iters
-            )));
-            out.push(Stmt::local(
-                Ty::ConstInt,
-                "it0",
-                Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
-                    .times(Expr::size(c.iters)),
-            ));
+            if !early {
+                out.extend(first_iteration(c));
+            }
             self.push(out);
         }
         let (lo, hi) = self.loop_bounds();
-        self.pipeline_prologue()?;
+        if !early {
+            self.pipeline_prologue()?;
+        }
         let ring = self.ring_plan.clone();
         let stages = ring.as_ref().map_or(1, |r| r.stages);
         let body = self.nested(|s| s.loop_body(ring, stages))?;
