@@ -365,6 +365,22 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// Where the example builds: kept between runs of the test, so that only the first compiles
+/// its dependencies — under mucc's cache folder (`$MUCC_CACHE_DIR`, default `~/.cache/mucc`),
+/// which outlives a checkout (CI's clean clones), or under cargo's per-test temporary folder
+/// with `MUCC_NO_CACHE=1` or no home.
+fn example_target_dir() -> PathBuf {
+    let no_cache = std::env::var_os("MUCC_NO_CACHE").is_some_and(|v| v == "1");
+    let base = std::env::var_os("MUCC_CACHE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mucc")));
+    match base {
+        Some(b) if !no_cache => b.join("rust-embed-target"),
+        _ => PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rust-embed-target"),
+    }
+}
+
 #[test]
 fn example_crate_builds_links_and_reruns_only_when_a_graph_changes() {
     if !have_cuda() {
@@ -379,8 +395,7 @@ fn example_crate_builds_links_and_reruns_only_when_a_graph_changes() {
     let patched = text.replace("path = \"../..\"", &format!("path = {root:?}"));
     assert_ne!(patched, text);
     std::fs::write(&manifest, patched).unwrap();
-    // Kept between runs of the test, so that only the first one compiles the dependencies.
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rust-embed-target");
+    let target = example_target_dir();
 
     let bin = target.join("debug/mucc-rust-embed");
     build_example(&dir, &target);

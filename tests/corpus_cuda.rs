@@ -28,7 +28,6 @@ use mucc::emit::launch::Step;
 use mucc::sched::Options;
 use mucc::target::{Arch, Target};
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 /// Files per nvcc invocation.
 const BATCH: usize = 24;
@@ -175,73 +174,23 @@ fn cuda_home() -> Option<PathBuf> {
     Some(home)
 }
 
-/// The digest of every runtime header, by path relative to `runtime-headers/` and contents (a
-/// change invalidates the cache; where the checkout lives and the folder's README do not).
-fn headers_digest() -> String {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.extension().is_some_and(|e| e == "h") {
-                out.push(p);
-            }
-        }
-    }
-    let root = crate_dir().join("runtime-headers");
-    let mut files = Vec::new();
-    walk(&root, &mut files);
-    files.sort();
-    let mut h = Sha256::new();
-    for f in files {
-        h.update(f.strip_prefix(&root).unwrap().to_string_lossy().as_bytes());
-        h.update(std::fs::read(&f).unwrap());
-    }
-    format!("{:x}", h.finalize())
-}
-
-struct Cache {
-    dir: Option<PathBuf>,
-}
+/// The outcomes cached in `corpus-cuda`.
+struct Cache(common::compile_cache::CompileCache);
 
 impl Cache {
     fn new() -> Cache {
-        if std::env::var_os("MUCC_NO_CACHE").is_some_and(|v| v == "1") {
-            return Cache { dir: None };
-        }
-        // As mucc does, an empty MUCC_CACHE_DIR counts as unset.
-        let base = std::env::var_os("MUCC_CACHE_DIR")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mucc")));
-        let dir = base.map(|b| b.join("corpus-cuda"));
-        if let Some(d) = &dir {
-            let _ = std::fs::create_dir_all(d);
-        }
-        Cache { dir }
+        Cache(common::compile_cache::CompileCache::new("corpus-cuda"))
     }
     fn get(&self, key: &str) -> Option<Outcome> {
-        let d = self.dir.as_ref()?;
-        Outcome::from_line(&std::fs::read_to_string(d.join(key)).ok()?)
+        Outcome::from_line(&self.0.get(key)?)
     }
     fn put(&self, key: &str, o: &Outcome) {
-        if let Some(d) = &self.dir {
-            // Write then rename: a concurrent reader never sees half a file.
-            let tmp = d.join(format!("{key}.{}", std::process::id()));
-            if std::fs::write(&tmp, o.to_line()).is_ok() {
-                let _ = std::fs::rename(&tmp, d.join(key));
-            }
-        }
+        self.0.put(key, &o.to_line());
     }
 }
 
 fn key(kind: &str, tool: &str, headers: &str, arch: Arch, source: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [kind, tool, headers, arch_name(arch), source] {
-        h.update(part.as_bytes());
-        h.update([0u8]);
-    }
-    format!("{kind}-{:x}", h.finalize())
+    common::compile_cache::key(&[kind, tool, headers, arch_name(arch), source])
 }
 
 /// ptxas figures per kernel of a `-Xptxas -v` log: (kernel, registers, spill bytes).
@@ -541,7 +490,7 @@ fn every_corpus_graph_transpiles_and_compiles_for_sm80_and_sm90a() {
             .stdout,
     )
     .to_string();
-    let headers = headers_digest();
+    let headers = common::compile_cache::headers_digest();
     let cache = Cache::new();
     let dir = std::env::temp_dir().join(format!("mucc-corpus-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

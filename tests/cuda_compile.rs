@@ -5,6 +5,12 @@
 //! Needs the CUDA 13.0 toolchain of `scripts/cuda-toolchain.sh` (which `scripts/test.sh`
 //! sources): nvcc from `$MUCC_CUDA_HOME/bin` and `libnvrtc.so.13` on `LD_LIBRARY_PATH`. Without
 //! it the tests fail, naming the script, unless `MUCC_SKIP_CUDA=1`.
+//!
+//! Successful compiles are cached by content (`tests/common/compile_cache.rs`, folder
+//! `golden-cuda`): a golden, runtime header or compiler that changes is compiled again;
+//! `MUCC_NO_CACHE=1` compiles everything.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,6 +99,68 @@ fn ptxas_figures(log: &str) -> Figures {
 /// The figures and seconds of a compile, or why it failed.
 type Compiled = Result<(Figures, f64), String>;
 
+/// The cache of this file's compiles, and what every key includes: nvcc's version and the
+/// runtime headers' digest.
+fn cache() -> &'static (common::compile_cache::CompileCache, String, String) {
+    static CACHE: std::sync::OnceLock<(common::compile_cache::CompileCache, String, String)> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(|| {
+        let home = std::env::var_os("MUCC_CUDA_HOME").map(PathBuf::from);
+        let version = home
+            .and_then(|h| {
+                Command::new(h.join("bin/nvcc"))
+                    .arg("--version")
+                    .output()
+                    .ok()
+            })
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        (
+            common::compile_cache::CompileCache::new("golden-cuda"),
+            version,
+            common::compile_cache::headers_digest(),
+        )
+    })
+}
+
+/// [`nvcc`] through the cache: a hit returns the figures of the first compile (no spills, or
+/// it would not have been stored) and 0 seconds.
+fn nvcc_cached(home: &Path, src: &Path) -> Compiled {
+    let (cache, version, headers) = cache();
+    let text = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let nccl = std::env::var("MUCC_NCCL_HOME").unwrap_or_default();
+    let archs = archs_of(src).join(",");
+    let key = common::compile_cache::key(&["golden-nvcc", version, headers, &archs, &nccl, &text]);
+    if let Some(line) = cache.get(&key) {
+        let v: Vec<&str> = line.split_whitespace().collect();
+        if let [kernels, regs] = v.as_slice()
+            && let (Ok(kernels), Ok(max_registers)) = (kernels.parse(), regs.parse())
+        {
+            let f = Figures {
+                max_registers,
+                spill_bytes: 0,
+                kernels,
+            };
+            return Ok((f, 0.0));
+        }
+    }
+    let r = nvcc(home, src)?;
+    cache.put(&key, &format!("{} {}", r.0.kernels, r.0.max_registers));
+    Ok(r)
+}
+
+/// [`nvrtc`] through the cache (0 seconds on a hit).
+fn nvrtc_cached(home: &Path, src: &str, arch: &'static str) -> Result<f64, String> {
+    let (cache, _, headers) = cache();
+    let key = common::compile_cache::key(&["golden-nvrtc", "libnvrtc.so.13", headers, arch, src]);
+    if cache.get(&key).is_some() {
+        return Ok(0.0);
+    }
+    let secs = nvrtc(home, src, arch)?;
+    cache.put(&key, "ok");
+    Ok(secs)
+}
+
 /// Compiles `src` (host and device code) for both targets.
 fn nvcc(home: &Path, src: &Path) -> Compiled {
     let out = std::env::temp_dir().join(format!(
@@ -158,7 +226,7 @@ fn goldens_compile_with_nvcc_for_sm80_and_sm90a() {
     let results: Vec<(PathBuf, Compiled)> = golden_sources()
         .into_par_iter()
         .map(|p| {
-            let r = nvcc(&home, &p);
+            let r = nvcc_cached(&home, &p);
             (p, r)
         })
         .collect();
@@ -190,7 +258,7 @@ fn goldens_compile_with_nvrtc() {
     for p in golden_sources() {
         let src = std::fs::read_to_string(&p).unwrap();
         for &arch in archs_of(&p) {
-            match nvrtc(&home, &src, arch) {
+            match nvrtc_cached(&home, &src, arch) {
                 Ok(secs) => eprintln!(
                     "nvrtc {:<40} {arch:<6} {secs:>5.2} s",
                     p.file_name().unwrap().to_string_lossy(),
@@ -270,14 +338,14 @@ fn fused_tensor_parallel_workloads_compile_for_sm90a() {
         .flat_map(|(path, src)| {
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             let mut bad = Vec::new();
-            match nvcc(&home, path) {
+            match nvcc_cached(&home, path) {
                 Ok((f, secs)) => eprintln!(
                     "nvcc {name:<40} {secs:>5.2} s  {} kernels, max {} registers, 0 spills",
                     f.kernels, f.max_registers
                 ),
                 Err(e) => bad.push(e),
             }
-            match nvrtc(&home, src, "sm_90a") {
+            match nvrtc_cached(&home, src, "sm_90a") {
                 Ok(secs) => eprintln!("nvrtc {name:<40} sm_90a {secs:>5.2} s"),
                 Err(e) => bad.push(format!("{name} (NVRTC): {e}")),
             }

@@ -13,21 +13,23 @@ use crate::target::Arch;
 
 /// The Rust element type of `dt` in the bindings, or `None` when it has none.
 pub fn rust_type(dt: DType) -> Option<&'static str> {
-    Some(match dt {
-        DType::F16 => "::half::f16",
-        DType::BF16 => "::half::bf16",
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::I8 => "i8",
-        DType::U8 => "u8",
-        DType::I16 => "i16",
-        DType::U16 => "u16",
-        DType::I32 => "i32",
-        DType::U32 => "u32",
-        DType::I64 => "i64",
-        DType::U64 => "u64",
-        DType::F8 | DType::F4 | DType::I4 | DType::U4 => return None,
-    })
+    match dt {
+        DType::F16 => Some("::half::f16"),
+        DType::BF16 => Some("::half::bf16"),
+        // No Rust type holds one element of these.
+        DType::F8 | DType::F4 | DType::I4 | DType::U4 => None,
+        // The primitive types are spelled as mucc names the dtypes.
+        DType::F32
+        | DType::F64
+        | DType::I8
+        | DType::U8
+        | DType::I16
+        | DType::U16
+        | DType::I32
+        | DType::U32
+        | DType::I64
+        | DType::U64 => Some(dt.name()),
+    }
 }
 
 /// The compute capabilities whose kernels `arch` provides, as a Rust pattern over

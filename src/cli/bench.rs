@@ -10,7 +10,6 @@
 mod chart;
 
 use std::io::Write;
-use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use mucc::cuda::bench::{Ceilings, Launch, TimingOptions};
@@ -168,13 +167,8 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
     super::out::check(&outputs, &[a.input.file.as_path()], a.force)?;
     let mut session = super::gpu::open(&a.gpu)?;
     let name = a.input.file.display().to_string();
-    let bar = super::progress::bar(
-        indices.len() as u64,
-        "graphs",
-        format!("compiling {} graphs", indices.len()),
-    );
-    let t0 = Instant::now();
-    let prepared = session.prepare(
+    let (prepared, bar, prepare_seconds) = super::gpu::prepare_with_bar(
+        &session,
         &file,
         &name,
         &indices,
@@ -185,7 +179,6 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
             budget: a.budget.budget(),
         },
     );
-    let prepare_seconds = t0.elapsed().as_secs_f64();
     // The ceilings, once: bandwidth, and the matrix rate of every operand type the graphs use.
     let mut dtypes: Vec<DType> = indices
         .iter()

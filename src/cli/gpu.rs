@@ -62,6 +62,30 @@ impl AllReduceBuffersArg {
     }
 }
 
+/// [`Session::prepare`] of `indices` behind a progress bar (the bar is returned to count the
+/// graphs as they run; lines are printed through its `suspend` while it exists), and the
+/// seconds it took.
+pub fn prepare_with_bar(
+    session: &Session,
+    file: &mucc::MirageFile,
+    name: &str,
+    indices: &[usize],
+    choice: InputChoice,
+) -> (
+    Vec<Result<Prepared, mucc::cuda::session::PrepareError>>,
+    indicatif::ProgressBar,
+    f64,
+) {
+    let bar = super::progress::bar(
+        indices.len() as u64,
+        "graphs",
+        format!("compiling {} graphs", indices.len()),
+    );
+    let t0 = std::time::Instant::now();
+    let prepared = session.prepare(file, name, indices, choice);
+    (prepared, bar, t0.elapsed().as_secs_f64())
+}
+
 /// Opens the GPU and the compiler `a` names, with `--source`'s text when given.
 pub fn open(a: &GpuArgs) -> Result<Session, Failure> {
     let source = a.source.as_deref().map(read_source).transpose()?;

@@ -2,7 +2,6 @@
 //! compare every output with the CPU interpreter.
 
 use std::io::Write;
-use std::time::Instant;
 
 use clap::Args;
 use mucc::MirageFile;
@@ -112,13 +111,8 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         mucc::graph::interp::format_scale(a.scale)
     )?;
     // Lines are printed through `bar.suspend` while the bar exists (see `super::progress`).
-    let bar = super::progress::bar(
-        indices.len() as u64,
-        "graphs",
-        format!("compiling {} graphs", indices.len()),
-    );
-    let t0 = Instant::now();
-    let prepared = session.prepare(
+    let (prepared, bar, seconds) = super::gpu::prepare_with_bar(
+        &session,
         &file,
         &name,
         &indices,
@@ -133,10 +127,9 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         bar.suspend(|| {
             writeln!(
                 out,
-                "{} graphs transpiled and compiled{} in {:.1} s (in parallel)",
+                "{} graphs transpiled and compiled{} in {seconds:.1} s (in parallel)",
                 indices.len(),
                 if a.check { ", references computed" } else { "" },
-                t0.elapsed().as_secs_f64()
             )
         })?;
     }

@@ -339,6 +339,30 @@ mod tests {
         }
     }
 
+    /// An operand of `shape` and `strides` at workspace byte `off`.
+    fn op<'a>(shape: &'a Shape, strides: &'a Strides, off: usize) -> Operand<'a> {
+        Operand {
+            shape,
+            strides,
+            at: ws(off),
+        }
+    }
+
+    /// `gemm_calls` of A, B, C given as (shape, strides, workspace byte offset).
+    fn gemm_of(
+        a: (&Shape, &Strides, usize),
+        b: (&Shape, &Strides, usize),
+        c: (&Shape, &Strides, usize),
+        dtype: DType,
+    ) -> Result<(Vec<GemmCall>, bool), GemmError> {
+        gemm_calls(
+            &op(a.0, a.1, a.2),
+            &op(b.0, b.1, b.2),
+            &op(c.0, c.1, c.2),
+            dtype,
+        )
+    }
+
     #[test]
     fn row_major_product_is_a_transposed_column_major_one() {
         let (sa, sb, sc) = (
@@ -351,22 +375,10 @@ mod tests {
             sb.row_major_strides(),
             sc.row_major_strides(),
         );
-        let calls = gemm_calls(
-            &Operand {
-                shape: &sa,
-                strides: &ta,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sb,
-                strides: &tb,
-                at: ws(1024),
-            },
-            &Operand {
-                shape: &sc,
-                strides: &tc,
-                at: ws(8192),
-            },
+        let calls = gemm_of(
+            (&sa, &ta, 0),
+            (&sb, &tb, 1024),
+            (&sc, &tc, 8192),
             DType::F16,
         )
         .unwrap()
@@ -394,26 +406,9 @@ mod tests {
         let ta = sa.row_major_strides();
         let tb = sb.col_major_strides();
         let tc = sc.row_major_strides();
-        let calls = gemm_calls(
-            &Operand {
-                shape: &sa,
-                strides: &ta,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sb,
-                strides: &tb,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sc,
-                strides: &tc,
-                at: ws(0),
-            },
-            DType::BF16,
-        )
-        .unwrap()
-        .0;
+        let calls = gemm_of((&sa, &ta, 0), (&sb, &tb, 0), (&sc, &tc, 0), DType::BF16)
+            .unwrap()
+            .0;
         let g = &calls[0];
         assert_eq!(g.batch, 32);
         assert_eq!((g.m, g.n, g.k), (4096, 16, 64));
@@ -437,48 +432,13 @@ mod tests {
         // A's batch dims are swapped in memory: dim 0 inner to dim 1.
         let ta = Strides(vec![20, 40, 5, 1]);
         let (tb, tc) = (sb.row_major_strides(), sc.row_major_strides());
-        let calls = gemm_calls(
-            &Operand {
-                shape: &sa,
-                strides: &ta,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sb,
-                strides: &tb,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sc,
-                strides: &tc,
-                at: ws(0),
-            },
-            DType::F32,
-        )
-        .unwrap()
-        .0;
+        let calls = gemm_of((&sa, &ta, 0), (&sb, &tb, 0), (&sc, &tc, 0), DType::F32)
+            .unwrap()
+            .0;
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].batch, 3);
         assert_eq!(calls[1].c, ws(0).offset_by(72));
-        let e = gemm_calls(
-            &Operand {
-                shape: &sa,
-                strides: &ta,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sb,
-                strides: &tb,
-                at: ws(0),
-            },
-            &Operand {
-                shape: &sc,
-                strides: &tc,
-                at: ws(0),
-            },
-            DType::I32,
-        )
-        .unwrap_err();
+        let e = gemm_of((&sa, &ta, 0), (&sb, &tb, 0), (&sc, &tc, 0), DType::I32).unwrap_err();
         assert_eq!(e, GemmError::DType(DType::I32));
         assert!(e.to_string().contains("not supported"));
     }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod compile_cache;
 pub mod plan_check;
 
 use std::path::PathBuf;

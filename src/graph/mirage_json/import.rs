@@ -530,6 +530,27 @@ struct TensorFields {
     guid: i64,
 }
 
+impl TensorFields {
+    /// Checks a consumer's copy (these fields, read from `j`) against the tensor's definition.
+    fn matches(&self, j: &J, shape: &Shape, dtype: DType) -> JResult<()> {
+        if self.shape != *shape {
+            return Err(j.key("dim")?.err(ErrorKind::CopyMismatch {
+                what: "shape",
+                here: self.shape.to_string(),
+                producer: shape.to_string(),
+            }));
+        }
+        if self.dtype != dtype {
+            return Err(j.key("data_type")?.err(ErrorKind::CopyMismatch {
+                what: "data_type",
+                here: self.dtype.to_string(),
+                producer: dtype.to_string(),
+            }));
+        }
+        Ok(())
+    }
+}
+
 /// Mirage's `DmemLayout` names (the field is not the memory layout; strides are elsewhere).
 const DMEM_LAYOUTS: &[&str] = &["DmemRowMajor", "DmemColumnMajor", "DmemUnknownLayout"];
 /// Mirage's `SmemLayout` names.
@@ -718,21 +739,7 @@ impl GraphImporter {
     fn check_copy(&self, tj: &J, h: Handle<DTensor>) -> JResult<()> {
         let f = parse_tensor_fields(tj, self.table)?;
         let d = &self.g.tensors[h];
-        if f.shape != d.shape {
-            return Err(tj.key("dim")?.err(ErrorKind::CopyMismatch {
-                what: "shape",
-                here: f.shape.to_string(),
-                producer: d.shape.to_string(),
-            }));
-        }
-        if f.dtype != d.dtype {
-            return Err(tj.key("data_type")?.err(ErrorKind::CopyMismatch {
-                what: "data_type",
-                here: f.dtype.to_string(),
-                producer: d.dtype.to_string(),
-            }));
-        }
-        Ok(())
+        f.matches(tj, &d.shape, d.dtype)
     }
 
     fn define_dtensor(&mut self, tj: &J) -> JResult<Handle<DTensor>> {
@@ -911,22 +918,8 @@ impl GraphImporter {
                     let &(h, _) = sguids
                         .get(&guid)
                         .ok_or_else(|| gj.err(ErrorKind::DanglingGuid(guid)))?;
-                    let f = parse_tensor_fields(sj, self.table)?;
                     let s = &tb.tensors[h];
-                    if f.shape != s.shape {
-                        return Err(sj.key("dim")?.err(ErrorKind::CopyMismatch {
-                            what: "shape",
-                            here: f.shape.to_string(),
-                            producer: s.shape.to_string(),
-                        }));
-                    }
-                    if f.dtype != s.dtype {
-                        return Err(sj.key("data_type")?.err(ErrorKind::CopyMismatch {
-                            what: "data_type",
-                            here: f.dtype.to_string(),
-                            producer: s.dtype.to_string(),
-                        }));
-                    }
+                    parse_tensor_fields(sj, self.table)?.matches(sj, &s.shape, s.dtype)?;
                     if let Some(aj) = sj.opt_key("after_accum")?
                         && aj.bool()? != s.after_accum
                     {
