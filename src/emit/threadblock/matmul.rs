@@ -222,6 +222,24 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// A register pipe's operands: the producer's A and B tiles, the producer's and the
+    /// consumer's matmul classes, and the consumer's B tile (aliased in that order).
+    fn pipe_operands(
+        &mut self,
+        lead: Handle<TbOp>,
+        pipe: &RegisterPipe,
+    ) -> Result<(Expr, Expr, String, String, Expr), EmitError> {
+        let lop = self.tb.ops[lead].clone();
+        let (pa, pb) = (
+            var(&self.tile_ref(lop.inputs[0])),
+            var(&self.tile_ref(lop.inputs[1])),
+        );
+        let mt = self.matmul_type(lead)?;
+        let mt2 = self.matmul_type(pipe.matmul)?;
+        let b2 = var(&self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]));
+        Ok((pa, pb, mt, mt2, b2))
+    }
+
     /// The producer's chain of a register pipe: its matmul into a fragment, the members applied
     /// and the values packed in the tile's 16-bit type, the row sums of the packed values into
     /// their accumulators, and the consumer matmul with the packed product as its A operand.
@@ -240,14 +258,7 @@ impl Ctx<'_> {
         if let Some(online) = &pipe.online {
             return self.online_pipe_chain(lead, pipe, online);
         }
-        let lop = self.tb.ops[lead].clone();
-        let (pa, pb) = (
-            var(&self.tile_ref(lop.inputs[0])),
-            var(&self.tile_ref(lop.inputs[1])),
-        );
-        let mt = self.matmul_type(lead)?;
-        let mt2 = self.matmul_type(pipe.matmul)?;
-        let b2 = var(&self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]));
+        let (pa, pb, mt, mt2, b2) = self.pipe_operands(lead, pipe)?;
         let acc = self.kp.fusion.chain(pipe.matmul).tail().index();
         let tile = Handle::from_index(pipe.tile);
         let ty = ctype(self.tb.tensors[tile].dtype);
@@ -322,14 +333,7 @@ impl Ctx<'_> {
         pipe: &RegisterPipe,
         o: &OnlinePipe,
     ) -> Result<(), EmitError> {
-        let lop = self.tb.ops[lead].clone();
-        let (pa, pb) = (
-            var(&self.tile_ref(lop.inputs[0])),
-            var(&self.tile_ref(lop.inputs[1])),
-        );
-        let mt = self.matmul_type(lead)?;
-        let mt2 = self.matmul_type(pipe.matmul)?;
-        let b2 = var(&self.tile_ref(self.tb.ops[pipe.matmul].inputs[1]));
+        let (pa, pb, mt, mt2, b2) = self.pipe_operands(lead, pipe)?;
         let acc = o.out_acc.index();
         let ty = ctype(self.tb.tensors[Handle::from_index(pipe.tile)].dtype);
         let row_store =

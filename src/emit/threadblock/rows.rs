@@ -7,8 +7,18 @@
 use super::Ctx;
 use crate::emit::EmitError;
 use crate::emit::ir::{Expr, Func, Stmt, Storage, Sym, TArg, Ty};
+use crate::graph::DType;
 use crate::graph::threadblock::TbOpKind;
 use crate::sched::rows::RegisterRows;
+
+/// `c v[n];` and an unrolled loop over its elements `i` running `body`: one element-wise
+/// operator of a register row.
+fn each_element(c: DType, v: &str, n: usize, body: Vec<Stmt>) -> [Stmt; 2] {
+    [
+        Stmt::array(Ty::Elem(c), v, vec![n]),
+        Stmt::for_inline("i", Expr::size(n), true, body),
+    ]
+}
 
 /// `base[index]`.
 fn at(base: &str, index: Expr) -> Expr {
@@ -153,11 +163,10 @@ impl Ctx<'_> {
                         format!("v{}", op.inputs[0].index()),
                         format!("v{}", op.outputs[0].index()),
                     );
-                    out.push(Stmt::array(Ty::Elem(c), &v, vec![n]));
-                    out.push(Stmt::for_inline(
-                        "i",
-                        int(n),
-                        true,
+                    out.extend(each_element(
+                        c,
+                        &v,
+                        n,
                         vec![
                             Stmt::local(Ty::ConstElem(c), "x", at(&a, var("i"))),
                             Stmt::Assign(at(&v, var("i")), Expr::Unary(*u, Box::new(var("x")), c)),
@@ -170,11 +179,10 @@ impl Ctx<'_> {
                         format!("v{}", op.inputs[1].index()),
                         format!("v{}", op.outputs[0].index()),
                     );
-                    out.push(Stmt::array(Ty::Elem(c), &v, vec![n]));
-                    out.push(Stmt::for_inline(
-                        "i",
-                        int(n),
-                        true,
+                    out.extend(each_element(
+                        c,
+                        &v,
+                        n,
                         vec![Stmt::Assign(
                             at(&v, var("i")),
                             Expr::Binary(
