@@ -370,15 +370,8 @@ fn copy_dir(from: &Path, to: &Path) {
 /// which outlives a checkout (CI's clean clones), or under cargo's per-test temporary folder
 /// with `MUCC_NO_CACHE=1` or no home.
 fn example_target_dir() -> PathBuf {
-    let no_cache = std::env::var_os("MUCC_NO_CACHE").is_some_and(|v| v == "1");
-    let base = std::env::var_os("MUCC_CACHE_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mucc")));
-    match base {
-        Some(b) if !no_cache => b.join("rust-embed-target"),
-        _ => PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rust-embed-target"),
-    }
+    common::compile_cache::cache_folder("rust-embed-target")
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rust-embed-target"))
 }
 
 #[test]

@@ -677,20 +677,11 @@ pub(super) fn plan_ring_start(tb: &TbGraph, kp: &KernelPlan) -> RingStart {
         return RingStart::CpAsyncOnly;
     }
     let smem = &kp.smem;
-    let bytes = |b: usize| {
-        let lo = smem.offset(b);
-        lo..lo + smem.buffers[b].bytes
-    };
-    let slots: Vec<usize> = tb
-        .ops
-        .iter()
-        .filter(|(h, _)| ring.holds(h.index()))
-        .filter_map(|(_, top)| smem.buffer_of(top.outputs.first()?.index()))
-        .collect();
+    let slots = kp.ring_slots(tb);
     for &b in &slots {
-        let (born, at) = (smem.buffers[b].start, bytes(b));
+        let (born, at) = (smem.buffers[b].start, smem.bytes(b));
         for (c, buf) in smem.buffers.iter().enumerate() {
-            let other = bytes(c);
+            let other = smem.bytes(c);
             if !slots.contains(&c)
                 && buf.end <= born
                 && other.start < at.end

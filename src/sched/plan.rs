@@ -696,6 +696,12 @@ impl SmemPlan {
     pub fn buffer_of(&self, t: usize) -> Option<usize> {
         self.kinds.iter().position(|k| k.tile() == t)
     }
+
+    /// The bytes of dynamic shared memory buffer `b` occupies.
+    pub fn bytes(&self, b: usize) -> std::ops::Range<usize> {
+        let lo = self.offset(b);
+        lo..lo + self.buffers[b].bytes
+    }
 }
 
 /// The emitter and runtime headers a threadblock kernel is written with (one emitter and one
@@ -2267,6 +2273,19 @@ impl KernelPlan {
             }
         }
         (stages > 1 && !(ring.cp_async.is_empty() && ring.tma.is_empty())).then_some(ring)
+    }
+
+    /// The shared-memory buffers of the ring's slots (those of its inputs' tiles), in operator
+    /// order; empty without a ring.
+    pub fn ring_slots(&self, tb: &crate::graph::threadblock::TbGraph) -> Vec<usize> {
+        let Some(ring) = self.ring() else {
+            return Vec::new();
+        };
+        tb.ops
+            .iter()
+            .filter(|(h, _)| ring.holds(h.index()))
+            .filter_map(|(_, top)| self.smem.buffer_of(top.outputs.first()?.index()))
+            .collect()
     }
 
     /// Pipeline stages of the loop's `cp.async` ring (1: no ring).

@@ -47,6 +47,19 @@ pub fn key(parts: &[&str]) -> String {
     )
 }
 
+/// `folder` under the tests' cache (`$MUCC_CACHE_DIR`, an empty value counting as unset as
+/// mucc does, else `~/.cache/mucc`); `None` with `MUCC_NO_CACHE=1` or without a home.
+pub fn cache_folder(folder: &str) -> Option<PathBuf> {
+    if std::env::var_os("MUCC_NO_CACHE").is_some_and(|v| v == "1") {
+        return None;
+    }
+    std::env::var_os("MUCC_CACHE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mucc")))
+        .map(|b| b.join(folder))
+}
+
 /// Outcomes by key, in one folder of the cache.
 pub struct CompileCache {
     dir: Option<PathBuf>,
@@ -55,15 +68,7 @@ pub struct CompileCache {
 impl CompileCache {
     /// The cache folder `folder`, or none with `MUCC_NO_CACHE=1` or without a home.
     pub fn new(folder: &str) -> CompileCache {
-        if std::env::var_os("MUCC_NO_CACHE").is_some_and(|v| v == "1") {
-            return CompileCache { dir: None };
-        }
-        // As mucc does, an empty MUCC_CACHE_DIR counts as unset.
-        let base = std::env::var_os("MUCC_CACHE_DIR")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mucc")));
-        let dir = base.map(|b| b.join(folder));
+        let dir = cache_folder(folder);
         if let Some(d) = &dir {
             let _ = std::fs::create_dir_all(d);
         }

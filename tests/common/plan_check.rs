@@ -2215,25 +2215,17 @@ fn check_ring_start(
             kp.ring_start
         ),
     );
-    if kp.ring_start == RingStart::BeforePreLoop
-        && let Some(ring) = kp.ring()
-    {
+    if kp.ring_start == RingStart::BeforePreLoop {
         let smem = &kp.smem;
-        let span = |b: usize| (smem.offset(b), smem.offset(b) + smem.buffers[b].bytes);
-        let slots: Vec<usize> = tb
-            .ops
-            .iter()
-            .filter(|(h, _)| ring.holds(h.index()))
-            .filter_map(|(_, top)| smem.buffer_of(top.outputs.first()?.index()))
-            .collect();
+        let slots = kp.ring_slots(tb);
         for &b in &slots {
-            let (lo, hi) = span(b);
+            let at = smem.bytes(b);
             let reused = (0..smem.buffers.len()).find(|&c| {
-                let (clo, chi) = span(c);
+                let other = smem.bytes(c);
                 !slots.contains(&c)
                     && smem.buffers[c].end <= smem.buffers[b].start
-                    && clo < hi
-                    && lo < chi
+                    && other.start < at.end
+                    && at.start < other.end
             });
             want(
                 reused.is_none(),
