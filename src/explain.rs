@@ -60,20 +60,30 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
     };
     for a in &p.rewrite.softmax.applied {
         let replaced: Vec<String> = a.replaced.iter().map(|r| r.to_string()).collect();
-        let _ = writeln!(
-            s,
-            "online softmax: kernel op {} ({} key split{}) keeps a running row max m, \
-             exponentiates S - m and rescales its sums; it also writes l and m per split, and \
-             kernel op {} (softmax_combine) sums the partials times exp(m - max m) and divides, \
-             in place of kernel op{} {} ({numbering}; the ops below are numbered as in the \
-             rewritten graph; --online-softmax off keeps the graph's form)",
-            a.kernel,
-            a.splits,
-            if a.splits == 1 { "" } else { "s" },
-            a.combine,
+        let ops = format!(
+            "kernel op{} {}",
             if replaced.len() == 1 { "" } else { "s" },
             replaced.join(", ")
         );
+        let what = match a.combine {
+            Some(c) => format!(
+                "it also writes l and m per split, and kernel op {c} (softmax_combine) sums the \
+                 partials times exp(m - max m) and divides, in place of {ops}"
+            ),
+            None => format!("it divides O by l itself, in place of {ops}"),
+        };
+        let _ = writeln!(
+            s,
+            "online softmax: kernel op {} ({} key split{}) keeps a running row max m, \
+             exponentiates S - m and rescales its sums; {what} ({numbering}; the ops below are \
+             numbered as in the rewritten graph; --online-softmax off keeps the graph's form)",
+            a.kernel,
+            a.splits,
+            if a.splits == 1 { "" } else { "s" },
+        );
+        if a.splits > 1 {
+            let _ = writeln!(s, "key splits: kernel op {}: {}", a.kernel, a.fold);
+        }
     }
     let shift = &p.rewrite.shift;
     for (k, why) in &p.rewrite.softmax.declined {

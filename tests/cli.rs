@@ -1072,6 +1072,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
         register_rows: true,
         refine: None,
         coarsen: None,
+        fold_splits: true,
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {

@@ -111,6 +111,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 wgmma: true,
                 fuse_matmuls: true,
                 online_softmax: Default::default(),
+                fold_key_splits: Default::default(),
                 all_reduce: Default::default(),
                 max_stages: None,
                 resident_blocks: None,

@@ -27,6 +27,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
+        fold_key_splits: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
         resident_blocks: None,

@@ -263,6 +263,7 @@ fn kernel_level_goldens() {
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
+            fold_key_splits: Default::default(),
             all_reduce: Default::default(),
             max_stages: None,
             resident_blocks: None,

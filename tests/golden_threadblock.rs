@@ -286,6 +286,7 @@ fn opts(arch: Arch) -> Options {
         wgmma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
+        fold_key_splits: Default::default(),
         all_reduce: Default::default(),
         max_stages: None,
         resident_blocks: None,
@@ -392,6 +393,8 @@ fn cluster_combine_golden() {
     let g = &f.graphs[25].graph;
     let mut o = opts(Arch::Sm90a);
     o.cluster_combine = true;
+    // Folded key splits leave nothing to combine.
+    o.fold_key_splits = mucc::sched::softmax::KeyFold::Off;
     let (p, e) = mucc::transpile::transpile(g, &o, "mha_bs8.json, graph 25").unwrap();
     let combined: Vec<_> = p
         .kernels
@@ -428,6 +431,7 @@ fn last_block_combine_golden() {
     for arch in [Arch::Sm80, Arch::Sm90a] {
         let mut o = opts(arch);
         o.last_block_combine = true;
+        o.fold_key_splits = mucc::sched::softmax::KeyFold::Off;
         let (p, e) = mucc::transpile::transpile(g, &o, "mha_bs8.json, graph 30").unwrap();
         let combined: Vec<_> = p
             .kernels
@@ -485,4 +489,37 @@ fn corpus_goldens_cover_every_corpus_operator_kind() {
         "not covered by a corpus golden: {missing:?}"
     );
     assert!(all.len() >= 12, "{all:?}");
+}
+
+/// Split attention with its key splits folded into the loop (the planner's rule on sm_90a):
+/// mha_bs8's graph 30 runs its 4 key splits in one block's loop of 16 iterations, divides O by
+/// l after the loop and stores the output; no combining kernel follows.
+#[test]
+fn folded_key_splits_golden() {
+    let f = mucc::read_file(
+        &common::corpus_dir().join("mha_bs8.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[30].graph;
+    let o = opts(Arch::Sm90a);
+    let (p, e) = mucc::transpile::transpile(g, &o, "mha_bs8.json, graph 30").unwrap();
+    let a = &p.rewrite.softmax.applied[0];
+    assert!(
+        matches!(
+            a.fold,
+            mucc::sched::softmax::SplitFold::Folded {
+                factor: 4,
+                left: 1,
+                ..
+            }
+        ),
+        "{}",
+        a.fold
+    );
+    assert!(
+        !e.source.contains("softmax_combine"),
+        "the attention kernel divides; no combining kernel"
+    );
+    emit_golden_with("mha_bs8.g30.folded", g, "mha_bs8.json, graph 30", &o);
 }

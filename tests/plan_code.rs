@@ -756,8 +756,10 @@ fn a_last_block_combine_disagreement_fails_the_check() {
         let f = read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
         let g = &f.graphs[graph].graph;
         for target in Target::all() {
+            // Folded key splits need no combining step; this test wants one.
             let opts = Options {
                 last_block_combine: true,
+                fold_key_splits: mucc::sched::softmax::KeyFold::Off,
                 ..Options::for_target(target)
             };
             let p = plan(g, &opts).unwrap();
@@ -1036,5 +1038,52 @@ fn row_blocks_follow_their_plan_in_registers() {
             }
             check_graph(g, target, name).unwrap();
         }
+    }
+}
+
+/// mha_bs8 g30's four key splits fold into its loop on sm_90a (the planner's rule: 256 blocks
+/// without them fill the 132 SMs): no combining step, the attention kernel stores the graph's
+/// output and follows its plan; `--fold-key-splits off` and sm_80 keep the combining kernel.
+#[test]
+fn folded_key_splits_leave_no_combining_step() {
+    use mucc::sched::KnOpPlan;
+    use mucc::sched::softmax::{KeyFold, SplitFold};
+    use mucc::target::Arch;
+    let f = read_file(
+        &common::corpus_dir().join("mha_bs8.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[30].graph;
+    for (arch, fold, folded) in [
+        (Arch::Sm90a, KeyFold::Auto, true),
+        (Arch::Sm90a, KeyFold::Off, false),
+        (Arch::Sm80, KeyFold::Auto, false),
+        (Arch::Sm80, KeyFold::By(4), true),
+    ] {
+        let opts = Options {
+            fold_key_splits: fold,
+            ..Options::for_target(Target::new(arch))
+        };
+        let p = plan(g, &opts).unwrap();
+        let a = &p.rewrite.softmax.applied[0];
+        let what = format!("{arch:?} {fold}");
+        assert_eq!(
+            matches!(a.fold, SplitFold::Folded { left: 1, .. }),
+            folded,
+            "{what}: {}",
+            a.fold
+        );
+        let combines = p
+            .kernel_ops
+            .iter()
+            .filter(|k| matches!(k, KnOpPlan::SoftmaxCombine { .. }))
+            .count();
+        assert_eq!(combines, usize::from(!folded), "{what}");
+        assert_eq!(a.combine.is_none(), folded, "{what}");
+        let e = mucc::emit::emit(g, &p, "test").unwrap();
+        let pg = p.graph(g);
+        let kp = &p.kernels[&a.rewritten];
+        check_kernel(pg, &e, a.rewritten, kp).unwrap();
     }
 }

@@ -143,6 +143,7 @@ fn open_plain(a: &GpuArgs) -> Result<Session, Failure> {
         cluster_combine: a.path.cluster_combine,
         last_block_combine: a.path.last_block_combine,
         online_softmax: a.path.online_softmax,
+        fold_key_splits: a.path.fold_key_splits,
         // The runner provides the exchange buffers the fused form needs.
         all_reduce: a
             .path

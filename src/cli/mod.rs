@@ -218,6 +218,14 @@ pub struct PathArg {
     /// kernels and why not. The function is the same up to rounding.
     #[arg(long = "online-softmax", value_name = "off|piped|always", default_value = "piped", value_parser = |s: &str| s.parse::<mucc::sched::softmax::SoftmaxChoice>())]
     pub online_softmax: mucc::sched::softmax::SoftmaxChoice,
+    /// Whether split attention runs several key splits one after the other in one block's
+    /// for-loop: `N` folds N consecutive splits where N divides them (the splits' count folds
+    /// them all: the kernel then divides by the row sums itself and no combining kernel
+    /// runs); `off`: every split stays a block; `auto` (default): the planner's rule, which
+    /// folds every split on the Hopper path where the blocks without the splits fill the SMs.
+    /// `explain` says which kernels and why not. The function is the same up to rounding.
+    #[arg(long = "fold-key-splits", value_name = "off|auto|N", default_value = "auto", value_parser = |s: &str| s.parse::<mucc::sched::softmax::KeyFold>())]
+    pub fold_key_splits: mucc::sched::softmax::KeyFold,
     /// How a graph on several GPUs runs its all-reduces: `fused`: the kernel writing an
     /// all-reduce's input performs it where `explain` shows the rules hold (its blocks store
     /// their tiles as (value, flag) words into every GPU's exchange buffer, its last blocks
@@ -281,6 +289,7 @@ impl PathArg {
             && !self.cluster_combine
             && !self.last_block_combine
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
+            && self.fold_key_splits == mucc::sched::softmax::KeyFold::default()
             && self.max_stages.is_none()
             && self.resident_blocks.is_none()
             && self.refine_loops.is_none()
@@ -312,6 +321,7 @@ impl PathArg {
         opts.cluster_combine = self.cluster_combine;
         opts.last_block_combine = self.last_block_combine;
         opts.online_softmax = self.online_softmax;
+        opts.fold_key_splits = self.fold_key_splits;
         opts.all_reduce = self.all_reduce.unwrap_or_default();
         if let Some(s) = self.max_stages {
             opts.max_stages = Some(s as usize);

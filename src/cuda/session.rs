@@ -65,6 +65,8 @@ pub struct SessionOptions {
     pub last_block_combine: bool,
     /// Where attention kernels compute their softmax online (`--online-softmax`).
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
+    /// Whether split attention's key splits fold into the kernel's loop (`--fold-key-splits`).
+    pub fold_key_splits: crate::sched::softmax::KeyFold,
     /// How multi-GPU plans run their all-reduces (`--all-reduce`).
     pub all_reduce: crate::sched::exchange::AllReduceChoice,
     /// The deepest pipeline ring a threadblock kernel may get (`--max-stages`).
@@ -146,6 +148,7 @@ impl Session {
             wgmma: !a.no_wgmma,
             fuse_matmuls: !a.no_fuse_matmuls,
             online_softmax: a.online_softmax,
+            fold_key_splits: a.fold_key_splits,
             all_reduce: a.all_reduce,
             max_stages: a.max_stages,
             resident_blocks: a.resident_blocks,

@@ -51,6 +51,10 @@ pub struct Variant {
     /// coarsening existed). Never together with `refine`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coarsen: Option<usize>,
+    /// Whether split attention's key splits may fold into the kernel's loop by the planner's
+    /// rule (`sched::softmax::KeyFold`; absent in caches written before the fold existed: on).
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub fold_splits: bool,
 }
 
 fn on() -> bool {
@@ -83,6 +87,7 @@ impl Variant {
         register_rows: true,
         refine: None,
         coarsen: None,
+        fold_splits: true,
     };
 
     /// `base` with this variant's knobs.
@@ -106,6 +111,11 @@ impl Variant {
                 self.coarsen,
                 crate::sched::RefineChoice::Auto,
             ),
+            fold_key_splits: if self.fold_splits {
+                base.fold_key_splits
+            } else {
+                crate::sched::softmax::KeyFold::Off
+            },
             ..base.clone()
         }
     }
@@ -140,6 +150,9 @@ impl fmt::Display for Variant {
         if let Some(c) = self.coarsen {
             write!(f, " coarsen={c}")?;
         }
+        if !self.fold_splits {
+            f.write_str(" fold=off")?;
+        }
         Ok(())
     }
 }
@@ -172,8 +185,8 @@ pub const TUNED_COARSEN: [usize; 1] = [2];
 /// per CTA (shared-memory tiles, as any asked CTA), without matmul fusion, without register
 /// rows (tiles with the cost model's CTA), with the shallower rings of [`TUNED_STAGES`] and the
 /// loop refinements of [`TUNED_REFINE`] and coarsenings of [`TUNED_COARSEN`]; on sm_90a
-/// also the Hopper path with and without the cluster split and programmatic launches, and the
-/// Ampere path. Variants that plan to the same code as an earlier one are measured once
+/// also the Hopper path with and without the cluster split and programmatic launches, the
+/// default with split attention's key splits kept as blocks (no fold), and the Ampere path. Variants that plan to the same code as an earlier one are measured once
 /// (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
     let mut v = vec![Variant::DEFAULT];
@@ -220,6 +233,10 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
                 ..Variant::DEFAULT
             });
         }
+        v.push(Variant {
+            fold_splits: false,
+            ..Variant::DEFAULT
+        });
         v.push(Variant {
             path: VariantPath::Ampere,
             cluster_split: false,
@@ -648,7 +665,21 @@ mod tests {
         }
         let n = TUNED_WARPS.len() + TUNED_STAGES.len() + TUNED_REFINE.len() + TUNED_COARSEN.len();
         assert_eq!(variants(Arch::Sm80).len(), 3 + n);
-        assert_eq!(variants(Arch::Sm90a).len(), 7 + n);
+        assert_eq!(variants(Arch::Sm90a).len(), 8 + n);
+        // One keeps split attention's key splits as blocks.
+        let unfolded = variants(Arch::Sm90a)[7 + n - 1];
+        assert_eq!(unfolded.to_string(), "path=auto split=on pdl=off fold=off");
+        assert_eq!(
+            unfolded
+                .apply(&Options::for_target(Target::new(Arch::Sm90a)))
+                .fold_key_splits,
+            crate::sched::softmax::KeyFold::Off
+        );
+        assert!(
+            !serde_json::to_string(&Variant::DEFAULT)
+                .unwrap()
+                .contains("fold")
+        );
         // The shallower rings follow the unfused and the tiles-only variants; one plans 8 warps.
         let shallow = variants(Arch::Sm90a)[3 + TUNED_WARPS.len() + 2];
         assert_eq!(

@@ -303,12 +303,18 @@ const MIN_RESIDENT_WARPS: usize = 8;
 ///   runs more than [`SHORT_LOOP`]: mha_bs1's attention candidates (64 blocks, 4 iterations)
 ///   took 0.85–0.87× the time refined by 2 with rings of 2 (22.11 → 19.07 µs for graph 10).
 ///
+/// - [`RuleRefinement::Folded`] (`folded`): a split attention kernel whose every key split was
+///   folded into its loop keeps the shape of the large grid it came from: mha_bs8 graph 30
+///   folded, 256 blocks, took 92.25 µs as one 8-warp CTA per SM over tiles of 256 keys and
+///   90.2 refined by 2 as blocks of the µGraph's 4 warps (H100, docs/benchmarks.md).
+///
 /// The loops of kernels that hold several blocks per SM or pipeline already lost when refined
 /// (gated_mlp, rmsnorm, decode linears: 1.01–1.77×).
 pub(super) fn rule_refinement(
     tb: &TbGraph,
     kp: &KernelPlan,
     opts: &Options,
+    folded: bool,
 ) -> Result<super::refine::RuleRefinement, super::refine::RuleKept> {
     use super::refine::{AUTO_FACTOR, RuleKept, RuleRefinement};
     let target = &opts.target;
@@ -318,6 +324,9 @@ pub(super) fn rule_refinement(
     }
     if opts.cta != CtaChoice::Auto {
         return Err(RuleKept::CtaAsked);
+    }
+    if folded {
+        return Ok(RuleRefinement::Folded);
     }
     if tb.num_blocks() < 4 * target.typical_sms {
         if kp.pipeline_stages() > 1 {

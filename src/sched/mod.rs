@@ -32,7 +32,7 @@ pub mod smem;
 pub mod softmax;
 pub mod tma;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::graph::fusion::{FusionPlan, fuse};
@@ -138,16 +138,47 @@ fn plan_with_softmax(
     g: &KernelGraph,
     opts: &Options,
 ) -> Result<(GraphPlan, softmax::SoftmaxRewrite, Option<Box<KernelGraph>>), PlanError> {
-    use softmax::{NoOnlineSoftmax, SoftmaxChoice};
+    use softmax::{NoOnlineSoftmax, SoftmaxChoice, SplitFold, SplitsKept};
     let on = opts.online_softmax != SoftmaxChoice::Off;
-    let mut sm = softmax::online_softmax(g, on);
+    let mut ask = softmax::FoldAsk {
+        choice: opts.fold_key_splits,
+        hopper: opts.path.hopper(&opts.target),
+        sms: opts.target.typical_sms,
+    };
+    let mut sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
     let mut vetoed: BTreeMap<usize, NoOnlineSoftmax> = BTreeMap::new();
-    // At most twice: the second time without the kernels that did not pipe.
-    for _ in 0..2 {
+    // Why folded key splits were given up (the folded graph did not plan).
+    let mut unfolded: Option<SplitsKept> = None;
+    let mut was_folded: Vec<usize> = Vec::new();
+    // At most three times: again without folded key splits where the folded graph did not
+    // plan, and without the kernels that did not pipe.
+    for _ in 0..3 {
         let Some(g3) = sm.graph.take() else { break };
-        let (p, g4) = match plan_refined(&g3, opts) {
+        let folded: BTreeSet<usize> = sm
+            .applied
+            .iter()
+            .filter(|a| a.combine.is_none())
+            .map(|a| a.rewritten)
+            .collect();
+        let (p, g4) = match plan_refined(&g3, opts, &folded) {
             Ok(p) => p,
             Err(e) => {
+                let folded = sm
+                    .applied
+                    .iter()
+                    .any(|a| matches!(a.fold, SplitFold::Folded { .. }));
+                if folded && unfolded.is_none() {
+                    was_folded = sm
+                        .applied
+                        .iter()
+                        .filter(|a| matches!(a.fold, SplitFold::Folded { .. }))
+                        .map(|a| a.kernel)
+                        .collect();
+                    unfolded = Some(SplitsKept::Plan(plan::RewriteFailure::Plan(e)));
+                    ask.choice = softmax::KeyFold::Off;
+                    sm = softmax::online_softmax_where(g, on, &ask, &|k| vetoed.get(&k).cloned());
+                    continue;
+                }
                 sm.undo(NoOnlineSoftmax::Plan(plan::RewriteFailure::Plan(e)));
                 break;
             }
@@ -159,8 +190,15 @@ fn plan_with_softmax(
                 }
             }
             if !vetoed.is_empty() {
-                sm = softmax::online_softmax_where(g, on, &|k| vetoed.get(&k).cloned());
+                sm = softmax::online_softmax_where(g, on, &ask, &|k| vetoed.get(&k).cloned());
                 continue;
+            }
+        }
+        if let Some(why) = &unfolded {
+            for a in &mut sm.applied {
+                if was_folded.contains(&a.kernel) {
+                    a.fold = SplitFold::Kept(why.clone());
+                }
             }
         }
         return Ok((p, sm, Some(g4.unwrap_or(g3))));
@@ -180,7 +218,7 @@ fn plan_shifted(
     let on = opts.online_softmax != softmax::SoftmaxChoice::Off;
     let mut sh = shift::shift_scores(g, on);
     if let Some(g2) = sh.graph.take() {
-        match plan_refined(&g2, opts) {
+        match plan_refined(&g2, opts, &BTreeSet::new()) {
             Ok((mut p, g3)) => {
                 p.rewrite.shift = sh;
                 return Ok((p, Some(g3.unwrap_or(g2))));
@@ -188,7 +226,7 @@ fn plan_shifted(
             Err(e) => sh.undo(shift::NoShift::Plan(plan::RewriteFailure::Plan(e))),
         }
     }
-    let (mut p, g3) = plan_refined(g, opts)?;
+    let (mut p, g3) = plan_refined(g, opts, &BTreeSet::new())?;
     p.rewrite.shift = sh;
     Ok((p, g3))
 }
@@ -196,14 +234,16 @@ fn plan_shifted(
 /// Plans `g` with its customized operators' loops refined by [`Options::refine_loops`] where
 /// their bodies allow and the refined graph plans ([`refine::refine_loops`]), else as it is;
 /// returns the plan (what was refined in its [`GraphPlan::rewrite`]'s `loops`) and the refined
-/// graph if one was planned.
+/// graph if one was planned. `folded`: the kernels whose every key split the softmax rewrite
+/// folded into the loop (for the planner's rule, [`refine::RuleRefinement::Folded`]).
 fn plan_refined(
     g: &KernelGraph,
     opts: &Options,
+    folded: &BTreeSet<usize>,
 ) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
     let none = BTreeMap::new();
     let Some(scale) = opts.refine_loops.scale() else {
-        return plan_auto_refined(g, opts);
+        return plan_auto_refined(g, opts, folded);
     };
     let mut lr = refine::rescale_loops(g, scale);
     if let Some(g2) = lr.graph.take() {
@@ -229,6 +269,7 @@ fn plan_refined(
 fn plan_auto_refined(
     g: &KernelGraph,
     opts: &Options,
+    folded: &BTreeSet<usize>,
 ) -> Result<(GraphPlan, Option<Box<KernelGraph>>), PlanError> {
     use refine::{NotRefined, RuleKept, RuleRefinement};
     let mut p = plan_graph(g, opts, &BTreeMap::new())?;
@@ -250,7 +291,7 @@ fn plan_auto_refined(
             let Some(kp) = p.kernels.get(&k) else {
                 return Err(unplanned());
             };
-            kernel::rule_refinement(tb, kp, opts)
+            kernel::rule_refinement(tb, kp, opts, folded.contains(&k))
                 .map(Some)
                 .map_err(NotRefined::Rule)
         };
@@ -279,7 +320,9 @@ fn plan_auto_refined(
             .filter_map(|(&k, why)| {
                 let kp = p2.kernels.get(&k)?;
                 match why {
-                    RuleRefinement::Occupancy if kp.cta.min_blocks_per_sm < refine::AUTO_BLOCKS => {
+                    RuleRefinement::Occupancy | RuleRefinement::Folded
+                        if kp.cta.min_blocks_per_sm < refine::AUTO_BLOCKS =>
+                    {
                         let blocks = kp.cta.min_blocks_per_sm;
                         Some((k, RuleKept::TooFew { blocks }))
                     }
@@ -355,7 +398,7 @@ fn plan_graph(
         let kl = &layout.kernels[&k];
         let kp = match rules.get(&k) {
             None => kernel::plan_kernel(g, k, tb, fusion, kl, &dt, opts, false)?,
-            Some(refine::RuleRefinement::Occupancy) => {
+            Some(refine::RuleRefinement::Occupancy | refine::RuleRefinement::Folded) => {
                 kernel::plan_kernel(g, k, tb, fusion, kl, &dt, opts, true)?
             }
             Some(refine::RuleRefinement::Pipeline) => {

@@ -83,6 +83,10 @@ pub struct Options {
     /// ([`super::softmax`]; by default where the rescaling stays in registers,
     /// `--online-softmax` chooses).
     pub online_softmax: super::softmax::SoftmaxChoice,
+    /// Whether the online-softmax rewrite folds key splits into the attention kernel's loop
+    /// ([`super::softmax::KeyFold`]; by default the planner's rule, `--fold-key-splits`
+    /// chooses).
+    pub fold_key_splits: super::softmax::KeyFold,
     /// The deepest pipeline ring (stages) a threadblock kernel may get, below the target's
     /// maximum (`None`: the target's, 4). A tuning variant and `--max-stages` lower it: a
     /// shallower ring takes less shared memory, so more CTAs stream at once.
@@ -122,6 +126,7 @@ impl Options {
             wgmma: true,
             fuse_matmuls: true,
             online_softmax: super::softmax::SoftmaxChoice::Piped,
+            fold_key_splits: super::softmax::KeyFold::Auto,
             all_reduce: super::exchange::AllReduceChoice::Nccl,
             max_stages: None,
             resident_blocks: None,

@@ -135,6 +135,10 @@ pub enum RuleRefinement {
     /// A grid of fewer than 4 blocks per SM whose loop is too short to pipeline: refined, its
     /// loads pipeline in rings of at most [`AUTO_PIPELINE_STAGES`] stages.
     Pipeline,
+    /// A split attention kernel whose every key split was folded into its loop
+    /// ([`super::softmax::SplitFold`]): refined and planned as the large grid it came from,
+    /// [`AUTO_BLOCKS`] of the µGraph's CTA per SM.
+    Folded,
 }
 
 impl fmt::Display for RuleRefinement {
@@ -149,6 +153,11 @@ impl fmt::Display for RuleRefinement {
                 f,
                 "the planner's rule: its small grid's loop was too short to pipeline, refined its \
                  loads pipeline in rings of {AUTO_PIPELINE_STAGES}"
+            ),
+            RuleRefinement::Folded => write!(
+                f,
+                "the planner's rule: its key splits were folded into the loop, refined {AUTO_BLOCKS} \
+                 blocks of the µGraph's CTA fit per SM as in the grid it came from"
             ),
         }
     }
