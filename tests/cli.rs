@@ -324,7 +324,8 @@ fn explain_all_prints_every_graph_in_order() {
 #[test]
 fn attention_softmax_is_online_where_it_pipes() {
     // gqa_bs8 graph 8: 16 key splits, 64-row tiles on 4 warps: the rewritten kernel keeps its
-    // scores in an online register pipe, and one softmax_combine operator replaces kernel op 4.
+    // scores in an online register pipe, and one softmax_combine operator replaces kernel op 4
+    // (its 16 splits kept as blocks here; the fold is tested below).
     let args = [
         "explain",
         &corpus("gqa_bs8.json"),
@@ -332,6 +333,8 @@ fn attention_softmax_is_online_where_it_pipes() {
         "8",
         "--arch",
         "sm_90a",
+        "--fold-key-splits",
+        "off",
     ];
     let o = mucc(&args);
     let (out, err) = text(&o);
@@ -396,9 +399,75 @@ fn attention_softmax_is_online_where_it_pipes() {
     assert!(err.contains("expected off, piped or always"), "{err}");
 }
 
+/// Key splits folded into the loop: by the planner's rule on sm_90a (gqa_bs8's 1,024 blocks of
+/// 16 splits by 2, mha_bs8's 4 splits all, without a combining kernel), none on sm_80 unless
+/// asked, a factor that does not divide the splits refused with its reason, a bad value an
+/// error.
+#[test]
+fn key_splits_fold_into_the_loop() {
+    let explain = |file: &str, graph: &str, arch: &str, extra: &[&str]| {
+        let f = corpus(file);
+        let mut args = vec!["explain", f.as_str(), "--graph", graph, "--arch", arch];
+        args.extend_from_slice(extra);
+        let o = mucc(&args);
+        let (out, err) = text(&o);
+        (o.status.code(), out, err)
+    };
+    let (code, out, err) = explain("gqa_bs8.json", "8", "sm_90a", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "key splits: kernel op 3: 2 key splits folded into each block's for-loop (8 blocks \
+             along y left, 8 iterations instead of 4; the planner's rule: the largest fold that \
+             leaves two blocks per SM"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("softmax combination of 8 key splits"), "{out}");
+    let (code, out, err) = explain("mha_bs8.json", "30", "sm_90a", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("it divides O by l itself, in place of kernel ops 4, 5"),
+        "{out}"
+    );
+    assert!(
+        out.contains("no combining step; the planner's rule"),
+        "{out}"
+    );
+    assert!(!out.contains("kn_softmax_combine_op"), "{out}");
+    assert!(
+        out.contains("its key splits were folded into the loop, refined 3 blocks"),
+        "{out}"
+    );
+    let (code, out, err) = explain("gqa_bs8.json", "8", "sm_80", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "the key splits stay blocks: the planner's rule folds on the Hopper path only"
+        ),
+        "{out}"
+    );
+    let (code, out, err) = explain("gqa_bs8.json", "8", "sm_80", &["--fold-key-splits", "4"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("4 key splits folded into each block's for-loop (4 blocks along y left, 16 iterations instead of 4; --fold-key-splits)"), "{out}");
+    let (code, out, err) = explain("gqa_bs8.json", "8", "sm_90a", &["--fold-key-splits", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("the key splits stay blocks: 3 does not divide the 16 key splits"),
+        "{out}"
+    );
+    let (code, _, err) = explain("gqa_bs8.json", "8", "sm_90a", &["--fold-key-splits", "0"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("expected off, auto or a factor from 1 to 64"),
+        "{err}"
+    );
+}
+
 #[test]
 fn matmuls_fuse_into_their_reader_unless_turned_off() {
-    // mha_bs8 graph 25: S = Q·K (a kernel-level matmul) read by one customized operator.
+    // mha_bs8 graph 25: S = Q·K (a kernel-level matmul) read by one customized operator (its
+    // key splits kept as blocks: folded, the rule plans another CTA).
     let args = [
         "explain",
         &corpus("mha_bs8.json"),
@@ -406,6 +475,8 @@ fn matmuls_fuse_into_their_reader_unless_turned_off() {
         "25",
         "--arch",
         "sm_90a",
+        "--fold-key-splits",
+        "off",
     ];
     let o = mucc(&args);
     let (out, err) = text(&o);
@@ -577,6 +648,8 @@ fn explain_prints_the_plan_and_draws_it() {
             "sm_90a",
             "--graph",
             "25",
+            "--fold-key-splits",
+            "off",
             file.as_str(),
         ];
         args.extend_from_slice(extra);

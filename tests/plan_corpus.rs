@@ -449,8 +449,10 @@ fn last_block_combine_where_its_rules_hold() {
         for (arch, want) in [(Arch::Sm90a, on90), (Arch::Sm80, on80)] {
             let mut folded = 0;
             for (i, lg) in f.graphs.iter().enumerate() {
+                // Key splits kept as blocks: folded, some have nothing to combine.
                 let opts = Options {
                     last_block_combine: true,
+                    fold_key_splits: mucc::sched::softmax::KeyFold::Off,
                     ..Options::for_target(Target::new(arch))
                 };
                 let p = mucc::sched::plan(&lg.graph, &opts).unwrap();
@@ -527,7 +529,11 @@ fn cluster_combine_where_its_rules_hold() {
         let f = read_file(&common::corpus_dir().join(file), &ImportOptions::default()).unwrap();
         let mut counts = (0, 0);
         for (i, lg) in f.graphs.iter().enumerate() {
-            let mut opts = Options::for_target(Target::new(Arch::Sm90a));
+            // Key splits kept as blocks: folded, some have nothing to combine.
+            let mut opts = Options {
+                fold_key_splits: mucc::sched::softmax::KeyFold::Off,
+                ..Options::for_target(Target::new(Arch::Sm90a))
+            };
             let default = mucc::sched::plan(&lg.graph, &opts).unwrap();
             opts.cluster_combine = true;
             let p = mucc::sched::plan(&lg.graph, &opts).unwrap();
