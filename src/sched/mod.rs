@@ -163,17 +163,14 @@ fn plan_with_softmax(
         let (p, g4) = match plan_refined(&g3, opts, &folded) {
             Ok(p) => p,
             Err(e) => {
-                let folded = sm
+                let folded: Vec<usize> = sm
                     .applied
                     .iter()
-                    .any(|a| matches!(a.fold, SplitFold::Folded { .. }));
-                if folded && unfolded.is_none() {
-                    was_folded = sm
-                        .applied
-                        .iter()
-                        .filter(|a| matches!(a.fold, SplitFold::Folded { .. }))
-                        .map(|a| a.kernel)
-                        .collect();
+                    .filter(|a| matches!(a.fold, SplitFold::Folded { .. }))
+                    .map(|a| a.kernel)
+                    .collect();
+                if !folded.is_empty() && unfolded.is_none() {
+                    was_folded = folded;
                     unfolded = Some(SplitsKept::Plan(plan::RewriteFailure::Plan(e)));
                     ask.choice = softmax::KeyFold::Off;
                     sm = softmax::online_softmax_where(g, on, &ask, &|k| vetoed.get(&k).cloned());

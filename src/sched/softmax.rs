@@ -336,18 +336,18 @@ fn fold_factor(
     if splits <= 1 {
         return Err(SplitsKept::NoSplit);
     }
-    if ask.choice == KeyFold::Off {
-        return Err(SplitsKept::Off);
-    }
+    let asked = match ask.choice {
+        KeyFold::Off | KeyFold::By(..=1) => return Err(SplitsKept::Off),
+        KeyFold::By(f) => Some(f),
+        KeyFold::Auto => None,
+    };
     if !looped {
         return Err(SplitsKept::NotLooped);
     }
-    match ask.choice {
-        KeyFold::Off => Err(SplitsKept::Off),
-        KeyFold::By(f) if f > 1 && splits.is_multiple_of(f) => Ok((f, false)),
-        KeyFold::By(1) => Err(SplitsKept::Off),
-        KeyFold::By(factor) => Err(SplitsKept::Indivisible { splits, factor }),
-        KeyFold::Auto => fold_rule(tb.num_blocks(), splits, ask).map(|f| (f, true)),
+    match asked {
+        Some(f) if splits.is_multiple_of(f) => Ok((f, false)),
+        Some(factor) => Err(SplitsKept::Indivisible { splits, factor }),
+        None => fold_rule(tb.num_blocks(), splits, ask).map(|f| (f, true)),
     }
 }
 
