@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use mucc::cuda::session::{Measurement, fastest};
 
-use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared};
+use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared, check_outputs};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 use mucc::cuda::session::Session;
 
@@ -129,10 +129,10 @@ fn measure(
 ) -> Result<Measured, String> {
     let shared;
     let inputs: &[_] = match &prep.drawn {
-        Some(d) => &d.inputs,
+        Some(d) => d.first_rank(),
         None => {
-            shared = cache.get(graph, a.seed, a.scale);
-            &shared
+            shared = cache.get(graph, a.seed, a.scale)?;
+            shared.first().map_or(&[], Vec::as_slice)
         }
     };
     let m = session.measure(
@@ -523,8 +523,8 @@ fn bench_ranks(
     indices: &[usize],
     n: usize,
 ) -> Result<(), Failure> {
-    use mucc::cuda::{Gpu, RunError, multi};
-    use mucc::graph::interp::{self, InputSpec};
+    use mucc::cuda::{RunError, multi};
+    use mucc::graph::interp::HostTensor;
     if a.json || a.json_out.is_some() || a.svg.is_some() {
         return Err(Failure::User(
             "--json, --json-out and --svg describe one-GPU runs; a graph on several GPUs prints \
@@ -532,7 +532,7 @@ fn bench_ranks(
                 .into(),
         ));
     }
-    let (mut session, mut others, gpus_line) = super::gpu::open_ranks(&a.gpu, n)?;
+    let (mut session, gpus_line) = super::gpu::open_mesh(&a.gpu, n)?;
     let name = a.input.file.display().to_string();
     let mut out = stdout();
     writeln!(
@@ -548,14 +548,23 @@ fn bench_ranks(
         "{:>5}  {:>10}  {:>24}  {:>12}  {:>10}  {:>10}  check",
         "graph", "us", "per rank us", "all-red. us", "algbw GB/s", "busbw GB/s"
     )?;
-    let budget = a.budget.budget();
-    let prepared = super::gpu::prepare_ranks(&session, file, &name, indices, &budget);
+    let (prepared, bar, _) = super::gpu::prepare_with_bar(
+        &session,
+        file,
+        &name,
+        indices,
+        InputChoice {
+            seed: a.seed,
+            scale: a.scale,
+            check: a.check,
+            budget: a.budget.budget(),
+        },
+    );
+    bar.finish_and_clear();
     let mut failed = 0usize;
+    let mut cache = InputCache::default();
     for (&i, prep) in indices.iter().zip(prepared) {
         let g = &file.graphs[i].graph;
-        let mut gpus: Vec<&mut Gpu> = std::iter::once(&mut session.gpu)
-            .chain(others.iter_mut())
-            .collect();
         let result = (|| -> Result<(multi::RankTiming, String), (String, bool)> {
             let plain = |e: String| (e, false);
             let run = |e: RunError| {
@@ -564,45 +573,41 @@ fn bench_ranks(
             };
             let prep = prep.map_err(|e| plain(e.to_string()))?;
             let launch = &prep.emitted.launch;
-            let (inputs, verdict) = if a.check {
-                let d = multi::ranked_inputs_and_reference(g, a.seed, a.scale, &budget)
-                    .map_err(plain)?;
-                let outs = multi::run_on_ranks(
-                    &mut gpus,
-                    &prep.cubin.bytes,
-                    launch,
-                    &d.inputs,
-                    a.gpu.all_reduce_buffers.placement(),
-                )
-                .map_err(run)?;
-                let cmp = multi::check_ranks(g, &d, &outs).map_err(plain)?;
-                let worst = cmp
-                    .iter()
-                    .flatten()
-                    .map(|c| c.rel_l2)
-                    .fold(0.0f64, f64::max);
-                let ok = cmp.iter().flatten().all(Comparison::passed);
-                let v = format!(
-                    "{} (worst rel err {worst:.2e})",
-                    if ok { "ok" } else { "FAIL" }
-                );
-                (d.inputs, v)
-            } else {
-                let spec = InputSpec {
-                    seed: a.seed,
-                    scale: a.scale,
-                };
-                let inputs = interp::shard_inputs(g, &interp::random_global_inputs(g, spec))
-                    .map_err(|e| plain(e.to_string()))?;
-                (inputs, "unchecked".to_string())
+            let placement = a.gpu.all_reduce_buffers.placement();
+            let cached_inputs;
+            let (inputs, verdict): (Vec<&[HostTensor]>, String) = match &prep.drawn {
+                Some(d) => {
+                    let inputs: Vec<&[HostTensor]> =
+                        d.inputs.iter().map(|r| r.as_slice()).collect();
+                    let outs = session
+                        .run(&prep.cubin.bytes, launch, &inputs, placement)
+                        .map_err(run)?;
+                    let cmp = check_outputs(g, d, &outs).map_err(plain)?;
+                    let worst = cmp
+                        .iter()
+                        .flatten()
+                        .map(|c| c.rel_l2)
+                        .fold(0.0f64, f64::max);
+                    let ok = cmp.iter().flatten().all(Comparison::passed);
+                    let v = format!(
+                        "{} (worst rel err {worst:.2e})",
+                        if ok { "ok" } else { "FAIL" }
+                    );
+                    (inputs, v)
+                }
+                None => {
+                    cached_inputs = cache.get(g, a.seed, a.scale).map_err(plain)?;
+                    let inputs = cached_inputs.iter().map(Vec::as_slice).collect();
+                    (inputs, "unchecked".to_string())
+                }
             };
             let t = multi::time_on_ranks(
-                &mut gpus,
+                &mut session.gpus(),
                 &prep.cubin.bytes,
                 launch,
                 &inputs,
                 &timing_options(a),
-                a.gpu.all_reduce_buffers.placement(),
+                placement,
             )
             .map_err(run)?;
             Ok((t, verdict))

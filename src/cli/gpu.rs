@@ -7,9 +7,7 @@ use mucc::cuda::session::{Session, SessionOptions};
 
 use super::Failure;
 
-pub use mucc::cuda::session::{
-    Drawn, InputCache, InputChoice, Prepared, check_outputs, read_outputs, upload_inputs,
-};
+pub use mucc::cuda::session::{Drawn, InputCache, InputChoice, Prepared, check_outputs};
 
 /// Options of the commands that run on a GPU.
 #[derive(Args, Debug, Clone)]
@@ -156,15 +154,17 @@ fn open_plain(a: &GpuArgs) -> Result<Session, Failure> {
     .map_err(|e| Failure::User(e.to_string()))
 }
 
-/// The GPUs of a command on `n` GPUs: the session (rank 0, device `a.device`) and the other
-/// ranks, joined by NCCL ([`mucc::cuda::multi::open_ranks`]), and a line naming them.
-pub fn open_ranks(
-    a: &GpuArgs,
-    n: usize,
-) -> Result<(Session, Vec<mucc::cuda::Gpu>, String), Failure> {
+/// The GPUs of a command on `n` GPUs (one is a mesh of one): the session, its GPU rank 0
+/// (device `a.device`) and, on several, the other ranks joined by NCCL
+/// ([`Session::join_ranks`]); and a line naming them.
+pub fn open_mesh(a: &GpuArgs, n: usize) -> Result<(Session, String), Failure> {
     use mucc::cuda::multi;
     let mut session = open(a)?;
-    let others = multi::open_ranks(&mut session.gpu, a.device, n).map_err(|e| {
+    if n <= 1 {
+        let line = format!("GPU: {}", session.describe());
+        return Ok((session, line));
+    }
+    session.join_ranks(a.device, n).map_err(|e| {
         exit_if_stuck(&e);
         Failure::User(e.to_string())
     })?;
@@ -178,7 +178,9 @@ pub fn open_ranks(
     // The fused all-reduce needs every GPU to address the others' memory; without that, the
     // default falls back to NCCL (an explicit --all-reduce fused fails with the reason later).
     if a.path.all_reduce.is_none() {
-        let all: Vec<&mucc::cuda::Gpu> = std::iter::once(&session.gpu).chain(&others).collect();
+        let all: Vec<&mucc::cuda::Gpu> = std::iter::once(&session.gpu)
+            .chain(&session.others)
+            .collect();
         let missing = multi::missing_peer_access(&all).map_err(|e| Failure::User(e.to_string()))?;
         if let Some((i, j)) = missing {
             session.opts.all_reduce = mucc::sched::exchange::AllReduceChoice::Nccl;
@@ -187,7 +189,7 @@ pub fn open_ranks(
             ));
         }
     }
-    Ok((session, others, line))
+    Ok((session, line))
 }
 
 /// Ends the process at once when some GPU's work never finishes (`RunError::is_stuck`):
@@ -199,29 +201,4 @@ pub fn exit_if_stuck(e: &mucc::cuda::RunError) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-}
-
-/// Validates, transpiles and compiles the graphs of a command on several GPUs; their inputs
-/// (and references) are drawn per rank afterwards, from global inputs sharded by the input
-/// maps, so `Session::prepare` draws nothing here (it still checks that the inputs fit the
-/// host-memory budget).
-pub fn prepare_ranks(
-    session: &Session,
-    file: &mucc::MirageFile,
-    name: &str,
-    indices: &[usize],
-    budget: &mucc::graph::interp::Budget,
-) -> Vec<Result<Prepared, mucc::cuda::session::PrepareError>> {
-    session.prepare(
-        file,
-        name,
-        indices,
-        InputChoice {
-            // Unused without a check: nothing is drawn.
-            seed: 0,
-            scale: 1.0,
-            check: false,
-            budget: *budget,
-        },
-    )
 }

@@ -108,8 +108,14 @@ fn tune_graph(
                     (t, Some(format!("same code as {same}")))
                 } else {
                     seen.push((key, *v));
-                    match session.measure(&emitted, &cubin, g, &drawn.inputs, Some(&drawn), &timing)
-                    {
+                    match session.measure(
+                        &emitted,
+                        &cubin,
+                        g,
+                        drawn.first_rank(),
+                        Some(&drawn),
+                        &timing,
+                    ) {
                         Err(e) => (None, Some(format!("failed to run: {e}"))),
                         Ok(m) if !m.passed() => (None, Some("failed the check".into())),
                         Ok(m) => (Some(m.timing.median_us), None),

@@ -4,9 +4,10 @@
 //! all-reduce steps run as `ncclAllReduce` (sum) on the rank's stream.
 //!
 //! Every rank runs the same launch plan on its own shards (a µGraph's shapes are per GPU);
-//! [`check_ranks`] compares each rank's outputs with the interpreter's
+//! [`super::session::check_outputs`] compares each rank's outputs with the interpreter's
 //! ([`crate::graph::interp::evaluate_ranks`]), which is how Mirage checks its multi-GPU
-//! graphs too (GPU by GPU).
+//! graphs too (GPU by GPU). One GPU is a mesh of one: [`run_on_ranks`] runs a one-GPU graph
+//! by [`super::session::run_once`], and [`super::session::Drawn`] holds one rank.
 //!
 //! NCCL is loaded at run time (cudarc's `dynamic-loading`): a machine without it gets
 //! [`RunError::NoNccl`] before anything is allocated, one with too few devices
@@ -23,11 +24,10 @@ use cudarc::nccl::sys as nccl;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use super::bench::{Launch, TimingOptions, median};
-use super::data::{self, Comparison};
 use super::run::{Buffers, Gpu, Program, RunError, driver_available, step_name};
 use crate::emit::launch::{AllReduceCall, NcclDataType};
-use crate::graph::interp::{self, Array, HostTensor, InputSpec, Rounding};
-use crate::graph::{DType, KernelGraph};
+use crate::graph::DType;
+use crate::graph::interp::{Array, HostTensor};
 
 /// A GPU's rank in a communicator (destroyed with it).
 pub struct NcclRank {
@@ -650,7 +650,7 @@ pub fn time_on_ranks(
     gpus: &mut [&mut Gpu],
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
-    inputs: &[Vec<HostTensor>],
+    inputs: &[&[HostTensor]],
     opts: &TimingOptions,
     placement: AllReduceBuffers,
 ) -> Result<RankTiming, RunError> {
@@ -994,7 +994,7 @@ fn with_ranks<T>(
     gpus: &mut [&mut Gpu],
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
-    inputs: &[Vec<HostTensor>],
+    inputs: &[&[HostTensor]],
     placement: AllReduceBuffers,
     f: impl FnOnce(&[RankRun<'_>], &str) -> Result<T, RunError>,
 ) -> Result<T, RunError> {
@@ -1037,7 +1037,7 @@ fn with_ranks<T>(
             Some(w) => unsafe { gpu.alloc_placed(prog, w.items[r].2 as u64, WINDOW_ALIGN)? },
             None => gpu.alloc(prog)?,
         };
-        super::session::upload_inputs(gpu, &mut b, launch, &inputs[r])
+        super::session::upload_inputs(gpu, &mut b, launch, inputs[r])
             .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))?;
         gpu.poison_outputs(&mut b, 0xff)?;
         if let Some(x) = &exchange {
@@ -1071,15 +1071,18 @@ fn with_ranks<T>(
     result
 }
 
-/// Runs one compiled graph on every rank ([`execute_ranks`], after `with_ranks`'s setup)
-/// and reads every rank's outputs back.
+/// Runs one compiled graph once on every rank and reads every rank's outputs back: on one GPU
+/// [`super::session::run_once`], on several [`execute_ranks`] after `with_ranks`'s setup.
 pub fn run_on_ranks(
     gpus: &mut [&mut Gpu],
     cubin: &[u8],
     launch: &crate::emit::launch::LaunchPlan,
-    inputs: &[Vec<HostTensor>],
+    inputs: &[&[HostTensor]],
     placement: AllReduceBuffers,
 ) -> Result<Vec<Vec<(DType, Array)>>, RunError> {
+    if let ([gpu], [inputs]) = (&mut *gpus, inputs) {
+        return super::session::run_once(gpu, cubin, launch, inputs).map(|o| vec![o]);
+    }
     with_ranks(gpus, cubin, launch, inputs, placement, |ranks, _| {
         execute_ranks(ranks)?;
         ranks
@@ -1090,59 +1093,6 @@ pub fn run_on_ranks(
                     .map_err(|e| RunError::Plan(format!("rank {r}: {e}")))
             })
             .collect()
-    })
-}
-
-/// Every rank's inputs (global inputs drawn once and sharded by the graph's input maps), the
-/// interpreter's per-rank outputs on them, the scale used and why it was lowered.
-pub struct RankedDrawn {
-    /// `inputs[r]`: rank `r`'s input buffers.
-    pub inputs: Vec<Vec<HostTensor>>,
-    /// `reference[r][j]`: output `j` as rank `r` computes it (per-GPU shape), in f64.
-    pub reference: Vec<Vec<Array>>,
-    /// The scale the global inputs were drawn at.
-    pub scale: f64,
-    /// Why the scale was lowered, if it was.
-    pub note: Option<String>,
-}
-
-/// Global inputs drawn at `scale` and sharded, with the per-rank reference; the scale is
-/// halved while a stored tensor of some rank would leave its dtype's range (as
-/// [`super::session::inputs_and_reference`] does on one GPU).
-pub fn ranked_inputs_and_reference(
-    g: &KernelGraph,
-    seed: u64,
-    scale: f64,
-    budget: &interp::Budget,
-) -> Result<RankedDrawn, String> {
-    interp::estimate(g).check(g, budget)?;
-    let ((inputs, reference), scale, note) = super::session::draw_in_range(scale, |scale| {
-        let global = interp::random_global_inputs(g, InputSpec { seed, scale });
-        let inputs = interp::shard_inputs(g, &global).map_err(|e| e.to_string())?;
-        let (reference, excess) = interp::evaluate_ranks(g, inputs.clone(), Rounding::Exact)
-            .map_err(|e| e.to_string())?;
-        Ok(((inputs, reference), excess))
-    })?;
-    Ok(RankedDrawn {
-        inputs,
-        reference,
-        scale,
-        note,
-    })
-}
-
-/// Compares every rank's `outputs[r]` with the reference, widening the bound of outputs that
-/// fail by their error alone with their storage-rounding sensitivity (the per-rank reference
-/// evaluated again with [`Rounding::Stored`], only when some output needs it).
-pub fn check_ranks(
-    g: &KernelGraph,
-    drawn: &RankedDrawn,
-    outputs: &[Vec<(DType, Array)>],
-) -> Result<Vec<Vec<Comparison>>, String> {
-    data::compare_widened(outputs, &drawn.reference, || {
-        interp::evaluate_ranks(g, drawn.inputs.clone(), Rounding::Stored)
-            .map(|(stored, _)| stored)
-            .map_err(|e| format!("the storage-rounding reference: {e}"))
     })
 }
 

@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use super::bench::{Timing, TimingOptions, rotation_sets};
 use super::data;
+use super::multi;
 use super::tune::{TuneCache, TuneEntry, tuned_options};
 use super::{Buffers, CompileError, Compiler, CompilerOptions, Cubin, Gpu, RunError, Source};
 use crate::MirageFile;
@@ -107,8 +108,10 @@ pub enum PrepareError {
 
 /// An open GPU, a compiler for it, and the planning options for its target.
 pub struct Session {
-    /// The GPU.
+    /// The GPU (rank 0 of a multi-GPU run).
     pub gpu: Gpu,
+    /// The other ranks' GPUs, joined by NCCL ([`Session::join_ranks`]); empty on one GPU.
+    pub others: Vec<Gpu>,
     /// NVRTC with its cache.
     pub compiler: Compiler,
     /// Planning options for the GPU's target.
@@ -156,11 +159,40 @@ impl Session {
         };
         Ok(Session {
             gpu,
+            others: Vec::new(),
             compiler,
             opts,
             tune: (!a.no_tune).then(TuneCache::default_location),
             source: None,
         })
+    }
+
+    /// Opens the GPUs of ranks 1 to `n` − 1 (devices `device + 1` on) and joins every rank,
+    /// the session's GPU as rank 0, by NCCL ([`multi::open_ranks`]); on one GPU nothing.
+    pub fn join_ranks(&mut self, device: usize, n: usize) -> Result<(), RunError> {
+        if n > 1 {
+            self.others = multi::open_ranks(&mut self.gpu, device, n)?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's GPU, rank 0 first.
+    pub fn gpus(&mut self) -> Vec<&mut Gpu> {
+        std::iter::once(&mut self.gpu)
+            .chain(self.others.iter_mut())
+            .collect()
+    }
+
+    /// Runs a compiled graph once on every rank ([`multi::run_on_ranks`]; one GPU is a mesh of
+    /// one) on `inputs[r]`, and returns every rank's outputs.
+    pub fn run(
+        &mut self,
+        cubin: &[u8],
+        launch: &LaunchPlan,
+        inputs: &[&[HostTensor]],
+        placement: multi::AllReduceBuffers,
+    ) -> Result<Vec<Vec<(DType, Array)>>, RunError> {
+        multi::run_on_ranks(&mut self.gpus(), cubin, launch, inputs, placement)
     }
 
     /// One line naming the GPU and the compiler.
@@ -314,10 +346,10 @@ impl Session {
                     let drawn = p.drawn.as_ref().or(shared);
                     let own;
                     let inputs: &[HostTensor] = match drawn {
-                        Some(d) => &d.inputs,
+                        Some(d) => d.first_rank(),
                         None => {
-                            own = cache.get(g, inputs.seed, inputs.scale);
-                            &own
+                            own = cache.get(g, inputs.seed, inputs.scale)?;
+                            own.first().map_or(&[], Vec::as_slice)
                         }
                     };
                     self.measure(&p.emitted, &p.cubin, g, inputs, drawn, timing)
@@ -432,7 +464,7 @@ impl Session {
                 gpu.execute_checked(&prog, &first)
                     .map_err(|e| e.to_string())?;
                 let outs = read_outputs(gpu, &first, launch)?;
-                let cmp = check_outputs(g, drawn, &outs)?;
+                let cmp = check_outputs(g, drawn, &[outs])?.pop().unwrap_or_default();
                 gpu.poison_outputs(&mut first, 0xff)
                     .map_err(|e| e.to_string())?;
                 Some(cmp)
@@ -520,22 +552,28 @@ pub type Compiled = (Emitted, Cubin, f64, Option<Box<KernelGraph>>);
 
 /// Inputs drawn once for consecutive graphs with the same input signature (shapes, dtypes,
 /// strides), as the candidates of one file have: drawing them is the costliest host step of
-/// a run without `--check` on large graphs.
+/// a run without `--check` on large graphs. Every rank's ([`draw_inputs`]).
 #[derive(Default)]
 pub struct InputCache {
-    key: Vec<(Vec<usize>, DType, Vec<usize>)>,
-    inputs: Rc<Vec<HostTensor>>,
+    key: Option<(Signature, usize)>,
+    inputs: Rc<Vec<Vec<HostTensor>>>,
 }
 
 impl InputCache {
-    /// The inputs of `g` drawn at `seed` and `scale` (the same for every call of one cache).
-    pub fn get(&mut self, g: &KernelGraph, seed: u64, scale: f64) -> Rc<Vec<HostTensor>> {
-        let key = signature(g);
-        if key != self.key || self.inputs.is_empty() {
-            self.inputs = Rc::new(interp::random_inputs(g, InputSpec { seed, scale }));
+    /// Every rank's inputs of `g` drawn at `seed` and `scale` (the same for every call of one
+    /// cache).
+    pub fn get(
+        &mut self,
+        g: &KernelGraph,
+        seed: u64,
+        scale: f64,
+    ) -> Result<Rc<Vec<Vec<HostTensor>>>, String> {
+        let key = Some((signature(g), g.sharding.num_gpus()));
+        if key != self.key {
+            self.inputs = Rc::new(draw_inputs(g, InputSpec { seed, scale })?);
             self.key = key;
         }
-        self.inputs.clone()
+        Ok(self.inputs.clone())
     }
 }
 
@@ -667,16 +705,31 @@ impl Prepared {
     }
 }
 
-/// Inputs, reference outputs, the input scale used, and why it was lowered (if it was).
+/// Every rank's inputs, the interpreter's outputs on them, the input scale used, and why it
+/// was lowered (if it was). A graph on one GPU is a mesh of one rank; a graph on several has
+/// its global inputs drawn once and sharded by its input maps.
 pub struct Drawn {
-    /// The inputs (shared with the other graphs of a [`Session::prepare`] drawn alike).
-    pub inputs: Arc<Vec<HostTensor>>,
-    /// The interpreter's outputs on them.
-    pub reference: Vec<Array>,
+    /// `inputs[r]`: rank `r`'s input buffers (on one GPU, shared with the other graphs of a
+    /// [`Session::prepare`] drawn alike).
+    pub inputs: Vec<Arc<Vec<HostTensor>>>,
+    /// `reference[r][j]`: output `j` as rank `r` computes it (per-GPU shape), in f64.
+    pub reference: Vec<Vec<Array>>,
     /// The scale the inputs were drawn at.
     pub scale: f64,
     /// Why the scale was lowered, if it was.
     pub note: Option<String>,
+}
+
+impl Drawn {
+    /// Rank 0's inputs (a one-GPU graph's).
+    pub fn first_rank(&self) -> &[HostTensor] {
+        self.inputs.first().map_or(&[], |r| r.as_slice())
+    }
+
+    /// Rank `r`'s inputs, copied (as [`interp`] and the GPU's buffers take them).
+    pub fn rank_inputs(&self) -> Vec<Vec<HostTensor>> {
+        self.inputs.iter().map(|i| i.to_vec()).collect()
+    }
 }
 
 /// Inputs drawn at `scale`, halved while the reference overflows a stored tensor's dtype.
@@ -703,7 +756,17 @@ pub fn inputs_and_reference_for(
     drawn_with(g, runs, seed, scale, budget, None)
 }
 
-/// [`inputs_and_reference_for`] with the inputs taken from `pool` when given.
+/// Every rank's inputs of `g` drawn as `spec` says, without a reference: on one GPU its own
+/// inputs, on several the global inputs sharded by the input maps.
+pub fn draw_inputs(g: &KernelGraph, spec: InputSpec) -> Result<Vec<Vec<HostTensor>>, String> {
+    if g.sharding.num_gpus() > 1 {
+        interp::shard_inputs(g, &interp::random_global_inputs(g, spec)).map_err(|e| e.to_string())
+    } else {
+        Ok(vec![interp::random_inputs(g, spec)])
+    }
+}
+
+/// [`inputs_and_reference_for`] with a one-GPU graph's inputs taken from `pool` when given.
 fn drawn_with(
     g: &KernelGraph,
     runs: Option<&KernelGraph>,
@@ -716,25 +779,42 @@ fn drawn_with(
     if let Some(r) = runs {
         interp::estimate(r).check(r, budget)?;
     }
-    let ((inputs, reference), scale, note) = draw_in_range(scale, |scale| {
-        let spec = InputSpec { seed, scale };
-        let (inputs, arrays) = match pool {
-            Some(p) => (p.get(g, spec), p.arrays(g, spec)),
-            None => {
-                let inputs = Arc::new(interp::random_inputs(g, spec));
-                let arrays = Arc::new(interp::logical_arrays(&inputs));
-                (inputs, arrays)
+    let ((inputs, reference), scale, note) = if g.sharding.num_gpus() > 1 {
+        draw_in_range(scale, |scale| {
+            let inputs = draw_inputs(g, InputSpec { seed, scale })?;
+            let evaluate = |g: &KernelGraph| {
+                interp::evaluate_ranks(g, inputs.clone(), interp::Rounding::Exact)
+            };
+            let (reference, mut excess) = evaluate(g).map_err(|e| e.to_string())?;
+            if let Some(r) = runs {
+                excess = evaluate(r)
+                    .map_err(|e| format!("the rewritten graph: {e}"))?
+                    .1;
             }
-        };
-        let (outs, mut excess) =
-            interp::evaluate_shared_ranged(g, &arrays).map_err(|e| e.to_string())?;
-        if let Some(r) = runs {
-            excess = interp::evaluate_shared_ranged(r, &arrays)
-                .map_err(|e| format!("the rewritten graph: {e}"))?
-                .1;
-        }
-        Ok(((inputs, outs), excess))
-    })?;
+            let inputs = inputs.into_iter().map(Arc::new).collect();
+            Ok(((inputs, reference), excess))
+        })?
+    } else {
+        draw_in_range(scale, |scale| {
+            let spec = InputSpec { seed, scale };
+            let (inputs, arrays) = match pool {
+                Some(p) => (p.get(g, spec), p.arrays(g, spec)),
+                None => {
+                    let inputs = Arc::new(interp::random_inputs(g, spec));
+                    let arrays = Arc::new(interp::logical_arrays(&inputs));
+                    (inputs, arrays)
+                }
+            };
+            let (outs, mut excess) =
+                interp::evaluate_shared_ranged(g, &arrays).map_err(|e| e.to_string())?;
+            if let Some(r) = runs {
+                excess = interp::evaluate_shared_ranged(r, &arrays)
+                    .map_err(|e| format!("the rewritten graph: {e}"))?
+                    .1;
+            }
+            Ok(((vec![inputs], vec![outs]), excess))
+        })?
+    };
     Ok(Drawn {
         inputs,
         reference,
@@ -774,23 +854,46 @@ pub(crate) fn draw_in_range<T>(
     ))
 }
 
-/// Compares the GPU's `outputs` with `drawn`'s exact reference. Floating-point outputs that
-/// fail by their error alone are judged again with their storage-rounding sensitivity
-/// ([`data::SENSITIVITY_FACTOR`]): the reference is evaluated a second time, rounding every
-/// stored value ([`interp::Rounding::Stored`]), only when some output needs it.
+/// Compares every rank's outputs (`outputs[r]`, as the GPU wrote them) with `drawn`'s exact
+/// reference; per rank, per output. Floating-point outputs that fail by their error alone are
+/// judged again with their storage-rounding sensitivity ([`data::SENSITIVITY_FACTOR`]): the
+/// reference is evaluated a second time, rounding every stored value
+/// ([`interp::Rounding::Stored`]), only when some output needs it.
 pub fn check_outputs(
     g: &KernelGraph,
     drawn: &Drawn,
-    outputs: &[(DType, Array)],
-) -> Result<Vec<data::Comparison>, String> {
-    let reference: &[Array] = &drawn.reference;
+    outputs: &[Vec<(DType, Array)>],
+) -> Result<Vec<Vec<data::Comparison>>, String> {
     let stored = || {
-        interp::evaluate_rounded(g, drawn.inputs.to_vec(), interp::Rounding::Stored)
-            .map(|(stored, _)| vec![stored])
+        let rounded = if g.sharding.num_gpus() > 1 {
+            interp::evaluate_ranks(g, drawn.rank_inputs(), interp::Rounding::Stored)
+        } else {
+            let inputs = drawn.inputs.first().map(|i| i.to_vec()).unwrap_or_default();
+            interp::evaluate_rounded(g, inputs, interp::Rounding::Stored)
+                .map(|(stored, excess)| (vec![stored], excess))
+        };
+        rounded
+            .map(|(stored, _)| stored)
             .map_err(|e| format!("the storage-rounding reference: {e}"))
     };
-    let mut cmp = data::compare_widened(&[outputs], &[reference], stored)?;
-    Ok(cmp.pop().unwrap_or_default())
+    data::compare_widened(outputs, &drawn.reference, stored)
+}
+
+/// Runs a compiled graph once on one GPU: loads it, allocates its buffers, uploads `inputs`,
+/// poisons the outputs (so that an unwritten element shows), runs every step waiting for each
+/// (a failure names its step), and reads the outputs back.
+pub fn run_once(
+    gpu: &mut Gpu,
+    cubin: &[u8],
+    launch: &LaunchPlan,
+    inputs: &[HostTensor],
+) -> Result<Vec<(DType, Array)>, RunError> {
+    let prog = gpu.load(cubin, launch)?;
+    let mut bufs = gpu.alloc(&prog)?;
+    upload_inputs(gpu, &mut bufs, launch, inputs).map_err(RunError::Plan)?;
+    gpu.poison_outputs(&mut bufs, 0xff)?;
+    gpu.execute_checked(&prog, &bufs)?;
+    read_outputs(gpu, &bufs, launch).map_err(RunError::Plan)
 }
 
 /// Copies `inputs` into the input buffers of `bufs` (padded to each buffer's size).
@@ -943,16 +1046,21 @@ mod tests {
         let budget = interp::Budget::default();
         let da = drawn_with(&a, None, 5, 0.5, &budget, Some(&pool)).unwrap();
         let db = drawn_with(&b, None, 5, 0.5, &budget, Some(&pool)).unwrap();
-        assert!(Arc::ptr_eq(&da.inputs, &db.inputs));
-        assert_ne!(da.reference[0].data, db.reference[0].data);
+        assert_eq!(
+            (da.inputs.len(), da.reference.len()),
+            (1, 1),
+            "a mesh of one"
+        );
+        assert!(Arc::ptr_eq(&da.inputs[0], &db.inputs[0]));
+        assert_ne!(da.reference[0][0].data, db.reference[0][0].data);
         let alone = inputs_and_reference(&a, 5, 0.5, &budget).unwrap();
-        assert_eq!(*alone.inputs, *da.inputs);
-        assert_eq!(alone.reference[0].data, da.reference[0].data);
+        assert_eq!(alone.first_rank(), da.first_rank());
+        assert_eq!(alone.reference[0][0].data, da.reference[0][0].data);
         // The references share one conversion of the inputs, and equal the walk over copies.
         assert!(Arc::ptr_eq(&pool.arrays(&a, spec), &pool.arrays(&b, spec)));
         assert_eq!(
-            da.reference,
-            interp::evaluate(&a, &da.inputs).unwrap(),
+            da.reference[0],
+            interp::evaluate(&a, da.first_rank()).unwrap(),
             "shared arrays, copied buffers"
         );
     }

@@ -218,7 +218,7 @@ fn multi_gpu_references_are_budgeted_over_every_rank() {
         );
     }
     // `run`/`bench --check --gpus` draw their reference through the same estimate.
-    let e = mucc::cuda::multi::ranked_inputs_and_reference(&g, 0, 1.0, &Default::default())
+    let e = mucc::cuda::session::inputs_and_reference(&g, 0, 1.0, &Default::default())
         .err()
         .expect("refused");
     assert!(e.contains("on 1023 GPUs"), "{e}");
