@@ -8,7 +8,7 @@ not implement (per-iteration outputs, ``store_in_dmem``) raise instead of being 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Generic, Sequence, TypeVar
 
 from . import _mucc
 from ._dtypes import as_dtype, dtype, float16, from_mucc_name
@@ -89,7 +89,83 @@ class STensor:
         return f"STensor(shape={self.shape}, dtype={self.dtype})"
 
 
-class TBGraph:
+T = TypeVar("T")
+
+
+class _Operators(Generic[T]):
+    """The operators a kernel graph and a threadblock graph share (Mirage gives both the same
+    names): each takes and returns the graph's own tensors (``T``), through the builder
+    ``self._b`` and the subclass's ``_handle`` (tensor to builder handle, refusing another
+    graph's) and ``_wrap`` (builder handle to tensor)."""
+
+    _b: Any
+
+    def _handle(self, t: T) -> int:
+        raise NotImplementedError
+
+    def _wrap(self, h: int) -> T:
+        raise NotImplementedError
+
+    def matmul(self, A: T, B: T) -> T:
+        return self._wrap(self._b.matmul(self._handle(A), self._handle(B)))
+
+    def _unary(self, op: str, A: T) -> T:
+        return self._wrap(self._b.unary(op, self._handle(A)))
+
+    def exp(self, A: T) -> T:
+        return self._unary("exp", A)
+
+    def silu(self, A: T) -> T:
+        return self._unary("silu", A)
+
+    def gelu(self, A: T) -> T:
+        return self._unary("gelu", A)
+
+    def relu(self, A: T) -> T:
+        return self._unary("relu", A)
+
+    def sigmoid(self, A: T) -> T:
+        return self._unary("sigmoid", A)
+
+    def square(self, A: T) -> T:
+        return self._unary("square", A)
+
+    def sqrt(self, A: T) -> T:
+        return self._unary("sqrt", A)
+
+    def log(self, A: T) -> T:
+        return self._unary("log", A)
+
+    def clamp(self, A: T, min_val: float, max_val: float) -> T:
+        return self._wrap(self._b.clamp(self._handle(A), float(min_val), float(max_val)))
+
+    def mul_scalar(self, A: T, scalar: float) -> T:
+        return self._wrap(self._b.mul_scalar(self._handle(A), float(scalar)))
+
+    def _binary(self, op: str, A: T, B: T) -> T:
+        return self._wrap(self._b.binary(op, self._handle(A), self._handle(B)))
+
+    def add(self, A: T, B: T) -> T:
+        return self._binary("add", A, B)
+
+    def sub(self, A: T, B: T) -> T:
+        return self._binary("sub", A, B)
+
+    def mul(self, A: T, B: T) -> T:
+        return self._binary("mul", A, B)
+
+    def div(self, A: T, B: T) -> T:
+        return self._binary("div", A, B)
+
+    def pow(self, A: T, B: T) -> T:
+        return self._binary("pow", A, B)
+
+    def reduction(self, A: T, dim: int) -> T:
+        """Sum over ``dim``, which becomes 1."""
+        return self._wrap(self._b.reduction(self._handle(A), int(dim)))
+
+
+class TBGraph(_Operators["STensor"]):
     """A threadblock graph: the body of a customized operator (Mirage's ``TBGraph``)."""
 
     def __init__(self, grid_dim: Sequence[int], block_dim: Sequence[int], forloop_range: int,
@@ -126,63 +202,11 @@ class TBGraph:
         """Stores the after-loop tile ``stensor``; grid axes place it along ``output_map``."""
         self._b.new_output(self._tile(stensor), _triple(output_map, "output_map"), int(forloop_dim))
 
-    def matmul(self, A: STensor, B: STensor) -> STensor:
-        return STensor(self, self._b.matmul(self._tile(A), self._tile(B)))
+    def _handle(self, t: STensor) -> int:
+        return self._tile(t)
 
-    def _unary(self, op: str, A: STensor) -> STensor:
-        return STensor(self, self._b.unary(op, self._tile(A)))
-
-    def exp(self, A: STensor) -> STensor:
-        return self._unary("exp", A)
-
-    def silu(self, A: STensor) -> STensor:
-        return self._unary("silu", A)
-
-    def gelu(self, A: STensor) -> STensor:
-        return self._unary("gelu", A)
-
-    def relu(self, A: STensor) -> STensor:
-        return self._unary("relu", A)
-
-    def sigmoid(self, A: STensor) -> STensor:
-        return self._unary("sigmoid", A)
-
-    def square(self, A: STensor) -> STensor:
-        return self._unary("square", A)
-
-    def sqrt(self, A: STensor) -> STensor:
-        return self._unary("sqrt", A)
-
-    def log(self, A: STensor) -> STensor:
-        return self._unary("log", A)
-
-    def clamp(self, A: STensor, min_val: float, max_val: float) -> STensor:
-        return STensor(self, self._b.clamp(self._tile(A), float(min_val), float(max_val)))
-
-    def mul_scalar(self, A: STensor, scalar: float) -> STensor:
-        return STensor(self, self._b.mul_scalar(self._tile(A), float(scalar)))
-
-    def _binary(self, op: str, A: STensor, B: STensor) -> STensor:
-        return STensor(self, self._b.binary(op, self._tile(A), self._tile(B)))
-
-    def add(self, A: STensor, B: STensor) -> STensor:
-        return self._binary("add", A, B)
-
-    def sub(self, A: STensor, B: STensor) -> STensor:
-        return self._binary("sub", A, B)
-
-    def mul(self, A: STensor, B: STensor) -> STensor:
-        return self._binary("mul", A, B)
-
-    def div(self, A: STensor, B: STensor) -> STensor:
-        return self._binary("div", A, B)
-
-    def pow(self, A: STensor, B: STensor) -> STensor:
-        return self._binary("pow", A, B)
-
-    def reduction(self, A: STensor, dim: int) -> STensor:
-        """Sum over ``dim``, which becomes 1."""
-        return STensor(self, self._b.reduction(self._tile(A), int(dim)))
+    def _wrap(self, h: int) -> STensor:
+        return STensor(self, h)
 
     def reduction_to_dimx(self, A: STensor, dim: int) -> STensor:
         """Strided grouped sum of ``dim`` down to ``reduction_dimx``."""
@@ -208,7 +232,7 @@ class TBGraph:
         return STensor(self, self._b.forloop_accum_rescale(self._tile(A), self._tile(B), acc))
 
 
-class KNGraph:
+class KNGraph(_Operators["DTensor"]):
     """A kernel graph being built (Mirage's ``KNGraph``). Once its outputs are marked it is a
     graph like those :func:`mucc.load` returns: ``transpile``, ``explain``, ``eval``,
     ``validate``, ``to_json`` and :func:`mucc.compile` work on it."""
@@ -238,63 +262,11 @@ class KNGraph:
             strides = row_major(A.shape)
         self._b.mark_output(h, [int(s) for s in strides])
 
-    def matmul(self, A: DTensor, B: DTensor) -> DTensor:
-        return DTensor(self, self._b.matmul(self._t(A), self._t(B)))
+    def _handle(self, t: DTensor) -> int:
+        return self._t(t)
 
-    def _unary(self, op: str, A: DTensor) -> DTensor:
-        return DTensor(self, self._b.unary(op, self._t(A)))
-
-    def exp(self, A: DTensor) -> DTensor:
-        return self._unary("exp", A)
-
-    def silu(self, A: DTensor) -> DTensor:
-        return self._unary("silu", A)
-
-    def gelu(self, A: DTensor) -> DTensor:
-        return self._unary("gelu", A)
-
-    def relu(self, A: DTensor) -> DTensor:
-        return self._unary("relu", A)
-
-    def sigmoid(self, A: DTensor) -> DTensor:
-        return self._unary("sigmoid", A)
-
-    def sqrt(self, A: DTensor) -> DTensor:
-        return self._unary("sqrt", A)
-
-    def square(self, A: DTensor) -> DTensor:
-        return self._unary("square", A)
-
-    def log(self, A: DTensor) -> DTensor:
-        return self._unary("log", A)
-
-    def clamp(self, A: DTensor, min_val: float, max_val: float) -> DTensor:
-        return DTensor(self, self._b.clamp(self._t(A), float(min_val), float(max_val)))
-
-    def mul_scalar(self, A: DTensor, scalar: float) -> DTensor:
-        return DTensor(self, self._b.mul_scalar(self._t(A), float(scalar)))
-
-    def _binary(self, op: str, A: DTensor, B: DTensor) -> DTensor:
-        return DTensor(self, self._b.binary(op, self._t(A), self._t(B)))
-
-    def add(self, A: DTensor, B: DTensor) -> DTensor:
-        return self._binary("add", A, B)
-
-    def sub(self, A: DTensor, B: DTensor) -> DTensor:
-        return self._binary("sub", A, B)
-
-    def mul(self, A: DTensor, B: DTensor) -> DTensor:
-        return self._binary("mul", A, B)
-
-    def div(self, A: DTensor, B: DTensor) -> DTensor:
-        return self._binary("div", A, B)
-
-    def pow(self, A: DTensor, B: DTensor) -> DTensor:
-        return self._binary("pow", A, B)
-
-    def reduction(self, A: DTensor, dim: int) -> DTensor:
-        """Sum over ``dim``, which becomes 1."""
-        return DTensor(self, self._b.reduction(self._t(A), int(dim)))
+    def _wrap(self, h: int) -> DTensor:
+        return DTensor(self, h)
 
     def rms_norm(self, A: DTensor, normalized_shape: Sequence[int]) -> DTensor:
         """RMS normalisation over the trailing dims ``normalized_shape`` (no weight, no eps)."""
