@@ -58,13 +58,8 @@ pub struct BenchArgs {
     /// graph that passes can be marked fastest.
     #[arg(long)]
     check: bool,
-    /// Seed of the random inputs.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Half-width of the input distribution (lowered per graph with `--check` while a stored
-    /// tensor would overflow).
-    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
-    scale: f64,
+    #[command(flatten)]
+    draw: super::DrawArgs,
     /// Print one JSON document instead of the table.
     #[arg(long, conflicts_with = "json_out")]
     json: bool,
@@ -131,7 +126,7 @@ fn measure(
     let inputs: &[_] = match &prep.drawn {
         Some(d) => d.first_rank(),
         None => {
-            shared = cache.get(graph, a.seed, a.scale)?;
+            shared = cache.get(graph, a.draw.seed, a.draw.scale)?;
             shared.first().map_or(&[], Vec::as_slice)
         }
     };
@@ -173,8 +168,8 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
         &name,
         &indices,
         InputChoice {
-            seed: a.seed,
-            scale: a.scale,
+            seed: a.draw.seed,
+            scale: a.draw.scale,
             check: a.check,
             budget: a.budget.budget(),
         },
@@ -290,8 +285,8 @@ fn svg_chart(
         "mucc bench: {}, median of {} samples, inputs seed {} scale {}{}",
         launch_name(a.launch),
         a.iters.max(1),
-        a.seed,
-        mucc::graph::interp::format_scale(a.scale),
+        a.draw.seed,
+        mucc::graph::interp::format_scale(a.draw.scale),
         if a.check { ", checked" } else { "" }
     )];
     let ceilings_note = format!("ceilings (measured): {}", describe_ceilings(ceilings));
@@ -343,8 +338,8 @@ fn table(
         session.describe(),
         launch_name(a.launch),
         a.iters.max(1),
-        a.seed,
-        mucc::graph::interp::format_scale(a.scale)
+        a.draw.seed,
+        mucc::graph::interp::format_scale(a.draw.scale)
     )?;
     writeln!(out, "ceilings (measured): {}", describe_ceilings(ceilings))?;
     writeln!(
@@ -503,8 +498,8 @@ fn json_report(
             "launch": match a.launch { LaunchArg::Graph => "graph", LaunchArg::Stream => "stream" },
             "iters": a.iters.max(1),
             "warmup": a.warmup,
-            "seed": a.seed,
-            "scale": a.scale,
+            "seed": a.draw.seed,
+            "scale": a.draw.scale,
             "check": a.check,
         },
         "prepare_seconds": prepare_seconds,
@@ -554,8 +549,8 @@ fn bench_ranks(
         &name,
         indices,
         InputChoice {
-            seed: a.seed,
-            scale: a.scale,
+            seed: a.draw.seed,
+            scale: a.draw.scale,
             check: a.check,
             budget: a.budget.budget(),
         },
@@ -596,7 +591,7 @@ fn bench_ranks(
                     (inputs, v)
                 }
                 None => {
-                    cached_inputs = cache.get(g, a.seed, a.scale).map_err(plain)?;
+                    cached_inputs = cache.get(g, a.draw.seed, a.draw.scale).map_err(plain)?;
                     let inputs = cached_inputs.iter().map(Vec::as_slice).collect();
                     (inputs, "unchecked".to_string())
                 }

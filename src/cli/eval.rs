@@ -17,12 +17,8 @@ pub struct EvalArgs {
     input: InputArgs,
     #[command(flatten)]
     select: GraphSelection,
-    /// Seed of the random inputs (uniform in [−scale, scale), rounded to the input dtype).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Half-width of the input distribution.
-    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
-    scale: f64,
+    #[command(flatten)]
+    draw: super::DrawArgs,
     /// Write the inputs and reference outputs of the (single) evaluated graph into this
     /// directory: `in<i>.bin` (the caller buffer, strides applied, as little-endian f64; padding
     /// is NaN), `ref<j>.bin` (logical row-major f64) and `manifest.json` (shapes, strides, dtypes).
@@ -217,20 +213,20 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
         super::out::check(&dump_paths(dir, g), &[a.input.file.as_path()], a.force)?;
     }
     let spec = InputSpec {
-        seed: a.seed,
-        scale: a.scale,
+        seed: a.draw.seed,
+        scale: a.draw.scale,
     };
     let mut out = stdout();
     writeln!(
         out,
         "inputs: uniform in [-{s}, {s}), seed {}, rounded to each input's dtype{}",
-        a.seed,
+        a.draw.seed,
         if a.rounding == RoundingArg::Stored {
             "; every stored tensor, tile and accumulator rounded to its dtype"
         } else {
             ""
         },
-        s = interp::format_scale(a.scale)
+        s = interp::format_scale(a.draw.scale)
     )?;
     let bar = super::progress::bar(indices.len() as u64, "graphs", "");
     // Candidates of one file share their inputs: draw them once per signature.
@@ -297,7 +293,7 @@ pub fn run(a: EvalArgs) -> Result<(), Failure> {
                 eprintln!(
                     "warning: graph {i}: {n} values of input {k}{} are infinite: --scale {} is beyond the largest finite {}{}, so every result that depends on them is infinite or NaN; lower --scale",
                     dtype.map_or(String::new(), |d| format!(" ({})", d.name())),
-                    interp::format_scale(a.scale),
+                    interp::format_scale(a.draw.scale),
                     dtype.map_or("value".into(), |d| d.name().to_string()),
                     limit.map_or(String::new(), |l| format!(" ({l:.4e})")),
                 );

@@ -100,6 +100,19 @@ fn parse_gpus(s: &str) -> Result<usize, String> {
     }
 }
 
+/// How the random inputs are drawn (`eval`, `run`, `bench`, `tune`).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct DrawArgs {
+    /// Seed of the random inputs (uniform in [−scale, scale), rounded to the input dtype).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Half-width of the input distribution. Where outputs are checked (`run --check`, `bench
+    /// --check`, `tune`), halved per graph while a tensor the GPU stores would leave its
+    /// dtype's finite range on these inputs; `eval` warns instead.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale)]
+    pub scale: f64,
+}
+
 /// Limits of the f64 reference (`mucc eval`, and `--check` of `run` and `bench`).
 #[derive(Args, Debug, Clone)]
 pub struct BudgetArgs {

@@ -23,14 +23,8 @@ pub struct RunArgs {
     /// with a non-finite or unwritten element.
     #[arg(long)]
     check: bool,
-    /// Seed of the random inputs.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Half-width of the input distribution (uniform in [−scale, scale)). With `--check`,
-    /// halved per graph while a tensor the GPU stores would leave its dtype's finite range on
-    /// these inputs.
-    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
-    scale: f64,
+    #[command(flatten)]
+    draw: super::DrawArgs,
     #[command(flatten)]
     gpu: GpuArgs,
     #[command(flatten)]
@@ -104,8 +98,8 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
     let mut out = stdout();
     let inputs_line = format!(
         "inputs seed {} scale {}",
-        a.seed,
-        mucc::graph::interp::format_scale(a.scale)
+        a.draw.seed,
+        mucc::graph::interp::format_scale(a.draw.scale)
     );
     if gpus > 1 {
         writeln!(
@@ -122,8 +116,8 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         &name,
         &indices,
         InputChoice {
-            seed: a.seed,
-            scale: a.scale,
+            seed: a.draw.seed,
+            scale: a.draw.scale,
             check: a.check,
             budget: a.budget.budget(),
         },
@@ -176,7 +170,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
             let inputs: Vec<&[HostTensor]> = match drawn {
                 Some(d) => d.inputs.iter().map(|r| r.as_slice()).collect(),
                 None => {
-                    cached_inputs = cache.get(g, a.seed, a.scale).map_err(plain)?;
+                    cached_inputs = cache.get(g, a.draw.seed, a.draw.scale).map_err(plain)?;
                     cached_inputs.iter().map(Vec::as_slice).collect()
                 }
             };

@@ -35,13 +35,8 @@ pub struct TuneArgs {
     /// Untimed samples before the timed ones.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
-    /// Seed of the random inputs of the check.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Half-width of the input distribution (lowered per graph while a stored tensor would
-    /// overflow, as `run --check` does).
-    #[arg(long, default_value_t = 1.0, value_parser = super::parse_scale)]
-    scale: f64,
+    #[command(flatten)]
+    draw: super::DrawArgs,
     /// Tune again even when the cache has this graph for this GPU and mucc version.
     #[arg(long)]
     retune: bool,
@@ -71,7 +66,7 @@ fn tune_graph(
     hash: &str,
     bar: &ProgressBar,
 ) -> Result<TuneEntry, String> {
-    let drawn = inputs_and_reference(g, a.seed, a.scale, &a.budget.budget())?;
+    let drawn = inputs_and_reference(g, a.draw.seed, a.draw.scale, &a.budget.budget())?;
     let base = Options::for_target(Target::new(session.gpu.arch));
     let variants = tune::variants(session.gpu.arch);
     let compiled: Vec<_> = {

@@ -735,6 +735,38 @@ impl GraphImporter {
         Ok(h)
     }
 
+    /// Binds a `tb_input_op` or `tb_output_op` (`oj`, `what` "input" or "output") to the
+    /// customized operator's port `pos` (`ports` as the file records them, `handles` as
+    /// imported): its `dtensor` must name that port's guid (threadblock ports are bound by
+    /// position) and copy its fields.
+    fn bind_port(
+        &self,
+        oj: &J,
+        what: &str,
+        ports: &[J],
+        handles: &[Handle<DTensor>],
+        pos: usize,
+    ) -> JResult<()> {
+        let dj = oj.key("dtensor")?;
+        let port = ports.get(pos).ok_or_else(|| {
+            oj.err(ErrorKind::Invalid(format!(
+                "tb_{what}_op number {} but the customized operator has only {} {what}s",
+                pos + 1,
+                ports.len()
+            )))
+        })?;
+        let gj = dj.key("guid")?;
+        let guid = gj.int()?;
+        let want = port.key("guid")?.int()?;
+        if guid != want {
+            return Err(gj.err(ErrorKind::Invalid(format!(
+                "tb_{what}_op number {} names DTensor guid {guid}, but {what} {pos} of the customized operator is guid {want} (threadblock {what}s are bound by position)",
+                pos + 1
+            ))));
+        }
+        self.check_copy(&dj, handles[pos])
+    }
+
     /// Checks a consumer's copy of a DTensor against its definition.
     fn check_copy(&self, tj: &J, h: Handle<DTensor>) -> JResult<()> {
         let f = parse_tensor_fields(tj, self.table)?;
@@ -961,16 +993,7 @@ impl GraphImporter {
                 };
                 let kind = match name {
                     TbName::Input => {
-                        let dj = oj.key("dtensor")?;
-                        let kn_in = kn_ins.get(in_pos).ok_or_else(|| {
-                            oj.err(ErrorKind::Invalid(format!(
-                                "tb_input_op number {} but the customized operator has only {} inputs",
-                                in_pos + 1,
-                                kn_ins.len()
-                            )))
-                        })?;
-                        bind_guid(&dj, kn_in, "input", in_pos)?;
-                        self.check_copy(&dj, inputs[in_pos])?;
+                        self.bind_port(oj, "input", kn_ins, inputs, in_pos)?;
                         let imap = parse_map(&oj.key("input_map")?)?;
                         let fj = oj.key("forloop_dim")?;
                         let f = fj.int_in(-1, MAX_DIMS as i64 - 1, "forloop_dim")?;
@@ -982,16 +1005,7 @@ impl GraphImporter {
                         }
                     }
                     TbName::Output => {
-                        let dj = oj.key("dtensor")?;
-                        let kn_out = kn_outs.get(out_pos).ok_or_else(|| {
-                            oj.err(ErrorKind::Invalid(format!(
-                                "tb_output_op number {} but the customized operator has only {} outputs",
-                                out_pos + 1,
-                                kn_outs.len()
-                            )))
-                        })?;
-                        bind_guid(&dj, kn_out, "output", out_pos)?;
-                        self.check_copy(&dj, outputs[out_pos])?;
+                        self.bind_port(oj, "output", kn_outs, outputs, out_pos)?;
                         let omap = parse_map(&oj.key("output_map")?)?;
                         out_pos += 1;
                         if outs_j.len() > 1 {
@@ -1088,21 +1102,6 @@ impl GraphImporter {
         }
         Ok((tb, origins))
     }
-}
-
-/// Checks that a threadblock input/output operator's `dtensor` is the customized operator's
-/// tensor at the same position.
-fn bind_guid(dj: &J, kn_t: &J, what: &str, pos: usize) -> JResult<()> {
-    let gj = dj.key("guid")?;
-    let guid = gj.int()?;
-    let want = kn_t.key("guid")?.int()?;
-    if guid != want {
-        return Err(gj.err(ErrorKind::Invalid(format!(
-            "tb_{what}_op number {} names DTensor guid {guid}, but {what} {pos} of the customized operator is guid {want} (threadblock {what}s are bound by position)",
-            pos + 1
-        ))));
-    }
-    Ok(())
 }
 
 /// A kernel input's or output's GPU map; absent (the May-2024 schema) means replicated.
