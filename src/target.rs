@@ -110,34 +110,31 @@ pub fn needs_smem_opt_in(dynamic_smem: usize) -> bool {
 impl Target {
     /// The target of an architecture.
     pub fn new(arch: Arch) -> Target {
+        // What both architectures share; each arm below says how it differs.
+        let ampere = Target {
+            arch: Arch::Sm80,
+            smem_per_block: 163 * 1024 - RUNTIME_STATIC_SMEM,
+            smem_per_sm: 164 * 1024,
+            device_memory: 80 << 30,
+            typical_sms: 108,
+            max_pipeline_stages: 4,
+            accum_register_budget: 64,
+            smem_line_bytes: 128,
+            max_copy_bytes: 16,
+            has_ldmatrix: true,
+            has_cp_async: true,
+            has_tma_wgmma: false,
+        };
         match arch {
-            Arch::Sm80 => Target {
-                arch,
-                smem_per_block: 163 * 1024 - RUNTIME_STATIC_SMEM,
-                smem_per_sm: 164 * 1024,
-                device_memory: 80 << 30,
-                typical_sms: 108,
-                max_pipeline_stages: 4,
-                accum_register_budget: 64,
-                smem_line_bytes: 128,
-                max_copy_bytes: 16,
-                has_ldmatrix: true,
-                has_cp_async: true,
-                has_tma_wgmma: false,
-            },
+            Arch::Sm80 => ampere,
             Arch::Sm90a => Target {
                 arch,
                 smem_per_block: 227 * 1024 - RUNTIME_STATIC_SMEM,
                 smem_per_sm: 228 * 1024,
                 device_memory: 141 << 30,
                 typical_sms: 132,
-                max_pipeline_stages: 4,
-                accum_register_budget: 64,
-                smem_line_bytes: 128,
-                max_copy_bytes: 16,
-                has_ldmatrix: true,
-                has_cp_async: true,
                 has_tma_wgmma: true,
+                ..ampere
             },
         }
     }
