@@ -400,9 +400,9 @@ fn attention_softmax_is_online_where_it_pipes() {
 }
 
 /// Key splits folded into the loop: by the planner's rule on sm_90a (gqa_bs8's 1,024 blocks of
-/// 16 splits by 2, mha_bs8's 4 splits all, without a combining kernel), none on sm_80 unless
-/// asked, a factor that does not divide the splits refused with its reason, a bad value an
-/// error.
+/// 16 splits by 2, mqa_bs8's of 8 splits by 4, mha_bs8's 4 splits all, without a combining
+/// kernel; gqa_bs1's one wave not at all), none on sm_80 unless asked, a factor that does not
+/// divide the splits refused with its reason, a bad value an error.
 #[test]
 fn key_splits_fold_into_the_loop() {
     let explain = |file: &str, graph: &str, arch: &str, extra: &[&str]| {
@@ -418,12 +418,32 @@ fn key_splits_fold_into_the_loop() {
     assert!(
         out.contains(
             "key splits: kernel op 3: 2 key splits folded into each block's for-loop (8 blocks \
-             along y left, 8 iterations instead of 4; the planner's rule: the largest fold that \
-             leaves two blocks per SM"
+             along y left, 8 iterations instead of 4; the planner's rule: the smallest fold \
+             whose grid runs in one wave of 5 blocks per SM (their shared memory's limit) with \
+             a block on every SM"
         ),
         "{out}"
     );
     assert!(out.contains("softmax combination of 8 key splits"), "{out}");
+    let (code, out, err) = explain("mqa_bs8.json", "0", "sm_90a", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "4 key splits folded into each block's for-loop (2 blocks along y left, 16 \
+             iterations instead of 4; the planner's rule: the smallest fold whose grid runs in \
+             one wave of 3 blocks per SM"
+        ),
+        "{out}"
+    );
+    let (code, out, err) = explain("gqa_bs1.json", "0", "sm_90a", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "the key splits stay blocks: the planner's rule folds where the grid would \
+             take more than one wave, and its 256 blocks fit the 396 of one"
+        ),
+        "{out}"
+    );
     let (code, out, err) = explain("mha_bs8.json", "30", "sm_90a", &[]);
     assert_eq!(code, Some(0), "{err}");
     assert!(

@@ -349,12 +349,17 @@ pub(super) fn rule_refinement(
     if warps >= MIN_RESIDENT_WARPS {
         return Err(RuleKept::WideCta { warps });
     }
-    let fit =
-        target.smem_per_sm / (kp.smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM).max(1);
+    let fit = blocks_by_smem(target, kp.smem.total);
     if fit > 1 {
         return Err(RuleKept::Resident { blocks: fit });
     }
     Ok(RuleRefinement::Occupancy)
+}
+
+/// How many blocks of `smem_total` bytes of dynamic shared memory an SM of `target` holds
+/// (the runtime's static arrays and the driver's reservation counted per block).
+pub(crate) fn blocks_by_smem(target: &Target, smem_total: usize) -> usize {
+    target.smem_per_sm / (smem_total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM).max(1)
 }
 
 /// Iterations of a loop too short to pipeline its loads (the cost model gives such kernels 16
@@ -573,8 +578,7 @@ fn plan_kernel_with(
     // took 169 registers on the GPU's NVRTC and fit two blocks per SM instead of the three
     // planned (ncu, H100); with it ptxas stays at 164. Three blocks of 4 warps cap a thread at
     // 168 registers; one or two blocks of up to 4 warps leave the limit at 255.
-    let smem_fit =
-        target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK + RUNTIME_STATIC_SMEM).max(1);
+    let smem_fit = blocks_by_smem(target, smem.total);
     let mut min_blocks_per_sm = resident_blocks.min(smem_fit).max(1);
     if let Split::Cluster(c) = &mut split {
         c.gather = plan_gather(tb, c, &mut smem, &tiles, target, opts.cluster_push);

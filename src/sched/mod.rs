@@ -144,8 +144,17 @@ fn plan_with_softmax(
         choice: opts.fold_key_splits,
         hopper: opts.path.hopper(&opts.target),
         sms: opts.target.typical_sms,
+        resident: BTreeMap::new(),
     };
     let mut sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
+    if sm
+        .applied
+        .iter()
+        .any(|a| a.fold == SplitFold::Kept(SplitsKept::Unmeasured))
+    {
+        ask.resident = resident_unfolded(g, on, &ask, opts);
+        sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
+    }
     let mut vetoed: BTreeMap<usize, NoOnlineSoftmax> = BTreeMap::new();
     // Why folded key splits were given up (the folded graph did not plan).
     let mut unfolded: Option<SplitsKept> = None;
@@ -202,6 +211,38 @@ fn plan_with_softmax(
     }
     let (p, g4) = plan_shifted(g, opts)?;
     Ok((p, sm, g4))
+}
+
+/// For the key-fold rule ([`softmax::fold_rule`]): per attention kernel the online-softmax
+/// rewrite applies to (its index in `g`), the blocks an SM holds by the shared memory of that
+/// kernel planned with its key splits kept; empty where that graph does not plan.
+fn resident_unfolded(
+    g: &KernelGraph,
+    on: bool,
+    ask: &softmax::FoldAsk,
+    opts: &Options,
+) -> BTreeMap<usize, usize> {
+    let kept = softmax::FoldAsk {
+        choice: softmax::KeyFold::Off,
+        ..ask.clone()
+    };
+    let sm = softmax::online_softmax_where(g, on, &kept, &|_| None);
+    let Some(g3) = &sm.graph else {
+        return BTreeMap::new();
+    };
+    let Ok((p, _)) = plan_refined(g3, opts, &BTreeSet::new()) else {
+        return BTreeMap::new();
+    };
+    sm.applied
+        .iter()
+        .filter_map(|a| {
+            let kp = p.kernels.get(&a.rewritten)?;
+            Some((
+                a.kernel,
+                kernel::blocks_by_smem(&opts.target, kp.smem.total),
+            ))
+        })
+        .collect()
 }
 
 /// Plans `g` with the exponentials of its loaded scores taken less their row max where that

@@ -155,8 +155,9 @@ impl fmt::Display for KeyFold {
 /// The largest factor `--fold-key-splits` takes.
 pub const MAX_FOLD: usize = 64;
 
-/// What the planner asks of the fold: the choice, and what the rule needs of the target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What the planner asks of the fold: the choice, and what the rule needs of the target and
+/// of the kernels.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FoldAsk {
     /// The choice.
     pub choice: KeyFold,
@@ -164,6 +165,10 @@ pub struct FoldAsk {
     pub hopper: bool,
     /// The target's SMs ([`crate::target::Target::typical_sms`]).
     pub sms: usize,
+    /// Per kernel operator (its index in the graph), the blocks an SM holds by the shared
+    /// memory of its kernel planned with the key splits kept (the planner measures it when the
+    /// rule needs it: [`SplitsKept::Unmeasured`]).
+    pub resident: BTreeMap<usize, usize>,
 }
 
 impl FoldAsk {
@@ -172,7 +177,23 @@ impl FoldAsk {
         choice: KeyFold::Off,
         hopper: false,
         sms: 0,
+        resident: BTreeMap::new(),
     };
+}
+
+/// Why the key splits folded by the factor they did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoldBy {
+    /// `--fold-key-splits N`.
+    Asked,
+    /// The rule: the grid without any split still has a block for every SM.
+    FillsSms,
+    /// The rule: the smallest fold whose grid runs in one wave of `resident` blocks per SM
+    /// (their shared memory's limit) with a block for every SM.
+    OneWave {
+        /// Blocks per SM by shared memory.
+        resident: usize,
+    },
 }
 
 /// What the rewrite did with a kernel's key splits ([`OnlineSoftmax::fold`]).
@@ -191,8 +212,8 @@ pub enum SplitFold {
         axis: usize,
         /// The for-loop's iterations before and after.
         forloop: [usize; 2],
-        /// Whether the planner's rule chose it (else `--fold-key-splits`).
-        rule: bool,
+        /// What chose it.
+        by: FoldBy,
     },
 }
 
@@ -214,8 +235,19 @@ pub enum SplitsKept {
     },
     /// The rule: not the Hopper path.
     AmperePath,
-    /// The rule: the grid without the splits would not fill the SMs, nor would any partial
-    /// fold leave two blocks per SM.
+    /// The rule: the grid already runs in one wave (`blocks` within `wave`, the SMs times the
+    /// blocks each holds).
+    OneWave {
+        /// The grid's blocks.
+        blocks: usize,
+        /// Blocks of one wave.
+        wave: usize,
+    },
+    /// The rule needs the blocks per SM of the kernel with its splits kept, and that graph did
+    /// not plan.
+    Unmeasured,
+    /// The rule: the grid without the splits would not fill the SMs, and no partial fold both
+    /// fits one wave and leaves a block for every SM.
     FewBlocks {
         /// The grid's blocks.
         blocks: usize,
@@ -237,7 +269,7 @@ impl fmt::Display for SplitFold {
                 left,
                 axis,
                 forloop: [from, to],
-                rule,
+                by,
             } => {
                 write!(
                     f,
@@ -251,18 +283,18 @@ impl fmt::Display for SplitFold {
                         "; the kernel divides O by l and stores the result, no combining step",
                     )?;
                 }
-                if *rule && *left == 1 {
-                    f.write_str(
+                match by {
+                    FoldBy::FillsSms => f.write_str(
                         "; the planner's rule: the grid without the splits fills the SMs; \
                          --fold-key-splits off keeps them)",
-                    )
-                } else if *rule {
-                    f.write_str(
-                        "; the planner's rule: the largest fold that leaves two blocks per SM; \
-                         --fold-key-splits off keeps them)",
-                    )
-                } else {
-                    f.write_str("; --fold-key-splits)")
+                    ),
+                    FoldBy::OneWave { resident } => write!(
+                        f,
+                        "; the planner's rule: the smallest fold whose grid runs in one wave of \
+                         {resident} blocks per SM (their shared memory's limit) with a block on \
+                         every SM; --fold-key-splits off keeps them)"
+                    ),
+                    FoldBy::Asked => f.write_str("; --fold-key-splits)"),
                 }
             }
         }
@@ -283,15 +315,24 @@ impl fmt::Display for SplitsKept {
             SplitsKept::AmperePath => f.write_str(
                 "the planner's rule folds on the Hopper path only (--fold-key-splits N asks)",
             ),
+            SplitsKept::OneWave { blocks, wave } => write!(
+                f,
+                "the planner's rule folds where the grid would take more than one wave, and its \
+                 {blocks} blocks fit the {wave} of one (--fold-key-splits N asks)"
+            ),
+            SplitsKept::Unmeasured => f.write_str(
+                "the planner's rule needs the blocks per SM of the kernel with its splits kept, \
+                 and that graph does not plan (--fold-key-splits N asks)",
+            ),
             SplitsKept::FewBlocks {
                 blocks,
                 splits,
                 sms,
             } => write!(
                 f,
-                "the planner's rule folds every split where the grid without them fills the SMs \
-                 and some where two blocks per SM remain, and {blocks} blocks of {splits} splits \
-                 on {sms} SMs allow neither (--fold-key-splits N asks)"
+                "the planner's rule folds every split where the grid without them fills the SMs, \
+                 else the least that fits one wave with a block on every SM, and {blocks} blocks \
+                 of {splits} splits on {sms} SMs allow neither (--fold-key-splits N asks)"
             ),
             SplitsKept::Plan(why) => write!(f, "the folded graph does not plan: {why}"),
         }
@@ -300,24 +341,37 @@ impl fmt::Display for SplitsKept {
 
 /// The planner's rule ([`KeyFold::Auto`]), on the Hopper path: a kernel whose grid without
 /// its key splits still has a block for every SM folds all of them into the loop (no combining
-/// step runs); otherwise the largest factor that leaves at least two blocks per SM, if any
-/// (the combining step stays, over fewer partials). Measured on an NVIDIA H100
-/// (docs/benchmarks.md, "Key splits folded into the loop"): mha_bs8 graph 30 (1,024 blocks, 4
-/// splits) 96.5 µs → 90.2 folded fully, 99.2 by 2; gqa_bs8 graph 0 (1,024 blocks, 16 splits)
-/// 25.5 → 20.0 by 2, 23.2 by 4; mqa_bs8 graph 0 (1,024 blocks, 8 splits) 34.2 → 34.2 by 2, 32.4
-/// by 4, 43.6 by 8; grids of 128 blocks or fewer slower folded (gqa_bs1 9.0 → 11.4, mqa_bs1 9.8
-/// → 14.6 by 2, mha_bs1 19.2 → 24.2).
-pub fn fold_rule(blocks: usize, splits: usize, ask: &FoldAsk) -> Result<usize, SplitsKept> {
+/// step runs); otherwise, where the grid takes more than one wave of `resident` blocks per SM
+/// (what their shared memory allows; `None`: not measured), the smallest factor whose grid
+/// fits one wave and still has a block for every SM (the combining step stays, over fewer
+/// partials). Measured on an NVIDIA H100 (docs/benchmarks.md, "Key splits folded into the
+/// loop"): mha_bs8 graph 30 (1,024 blocks, 4 splits) 96.5 µs → 90.2 folded fully, 99.2 by 2;
+/// gqa_bs8 (1,024 blocks, 16 splits, 5 blocks per SM) 25.5 → 20.1 by 2 (one wave of 660),
+/// 23.0 by 4; mqa_bs8 (1,024 blocks, 8 splits, 3 blocks per SM) 34.2 → 33.7 by 2 (512 blocks
+/// in waves of 396), 31.2 by 4, 43.6 by 8 (128 blocks on 132 SMs); grids of 128 blocks or
+/// fewer, one wave already, slower folded (gqa_bs1 9.0 → 11.4, mqa_bs1 9.8 → 14.6 by 2,
+/// mha_bs1 19.2 → 24.2).
+pub fn fold_rule(
+    blocks: usize,
+    splits: usize,
+    resident: Option<usize>,
+    ask: &FoldAsk,
+) -> Result<(usize, FoldBy), SplitsKept> {
     if !ask.hopper {
         return Err(SplitsKept::AmperePath);
     }
     let splits = splits.max(1);
     if blocks / splits >= ask.sms {
-        return Ok(splits);
+        return Ok((splits, FoldBy::FillsSms));
+    }
+    let resident = resident.ok_or(SplitsKept::Unmeasured)?.max(1);
+    let wave = resident * ask.sms;
+    if blocks <= wave {
+        return Err(SplitsKept::OneWave { blocks, wave });
     }
     (2..splits)
-        .rev()
-        .find(|&f| splits.is_multiple_of(f) && blocks / f >= 2 * ask.sms)
+        .find(|&f| splits.is_multiple_of(f) && blocks / f <= wave && blocks / f >= ask.sms)
+        .map(|f| (f, FoldBy::OneWave { resident }))
         .ok_or(SplitsKept::FewBlocks {
             blocks,
             splits,
@@ -329,10 +383,11 @@ pub fn fold_rule(blocks: usize, splits: usize, ask: &FoldAsk) -> Result<usize, S
 /// it, or why they stay blocks; `looped`: the for-loop walks the keys of K and V.
 fn fold_factor(
     tb: &TbGraph,
+    kernel: usize,
     splits: usize,
     looped: bool,
     ask: &FoldAsk,
-) -> Result<(usize, bool), SplitsKept> {
+) -> Result<(usize, FoldBy), SplitsKept> {
     if splits <= 1 {
         return Err(SplitsKept::NoSplit);
     }
@@ -345,9 +400,14 @@ fn fold_factor(
         return Err(SplitsKept::NotLooped);
     }
     match asked {
-        Some(f) if splits.is_multiple_of(f) => Ok((f, false)),
+        Some(f) if splits.is_multiple_of(f) => Ok((f, FoldBy::Asked)),
         Some(factor) => Err(SplitsKept::Indivisible { splits, factor }),
-        None => fold_rule(tb.num_blocks(), splits, ask).map(|f| (f, true)),
+        None => fold_rule(
+            tb.num_blocks(),
+            splits,
+            ask.resident.get(&kernel).copied(),
+            ask,
+        ),
     }
 }
 
@@ -760,9 +820,8 @@ struct Found {
     axis: Option<usize>,
     /// Whether the for-loop walks the keys of K and V.
     looped: bool,
-    /// Splits per block after the fold and whether the planner's rule chose it, or why the
-    /// splits stay blocks.
-    fold: Result<(usize, bool), SplitsKept>,
+    /// Splits per block after the fold and what chose it, or why the splits stay blocks.
+    fold: Result<(usize, FoldBy), SplitsKept>,
     o: Handle<DTensor>,
     l: Handle<DTensor>,
     omap: DimMap,
@@ -807,7 +866,7 @@ pub fn online_softmax_where(
         }
         match recognise(g, h, tb, &exps).and_then(|f| check_combine(g, tb, f)) {
             Ok(mut f) => {
-                f.fold = fold_factor(tb, f.splits, f.looped, fold);
+                f.fold = fold_factor(tb, h.index(), f.splits, f.looped, fold);
                 found.push(f)
             }
             Err(why) => rw.declined.push((h.index(), why)),
@@ -1293,12 +1352,12 @@ fn rebuild(
         let factor = f.fold.as_ref().map_or(1, |&(k, _)| k);
         let left = f.splits / factor;
         let fold = match (&f.fold, f.axis) {
-            (Ok((_, rule)), Some(axis)) => SplitFold::Folded {
+            (Ok((_, by)), Some(axis)) => SplitFold::Folded {
                 factor,
                 left,
                 axis,
                 forloop: [tb.forloop_range, tb.forloop_range * factor],
-                rule: *rule,
+                by: *by,
             },
             (Err(why), _) => SplitFold::Kept(why.clone()),
             (Ok(_), None) => SplitFold::Kept(SplitsKept::NoSplit),
@@ -1665,6 +1724,7 @@ pub(crate) mod tests {
             choice,
             hopper: true,
             sms: 4,
+            resident: BTreeMap::new(),
         };
         for (choice, left) in [(KeyFold::By(4), 1), (KeyFold::By(2), 2), (KeyFold::Auto, 1)] {
             let rw = online_softmax_where(&g, true, &ask(choice), &|_| None);
@@ -1675,13 +1735,17 @@ pub(crate) mod tests {
                 left: l,
                 axis: 1,
                 forloop: [2, f2],
-                rule,
+                by,
             } = a.fold
             else {
                 panic!("{choice}: {:?}", a.fold);
             };
             assert_eq!((l, factor * l, f2), (left, 4, 2 * factor), "{choice}");
-            assert_eq!(rule, choice == KeyFold::Auto);
+            let want = match choice {
+                KeyFold::Auto => FoldBy::FillsSms,
+                _ => FoldBy::Asked,
+            };
+            assert_eq!(by, want, "{choice}");
             assert_eq!(a.combine.is_none(), left == 1, "{choice}");
             let g2 = rw.graph.expect("rewritten");
             let KnOpKind::Customized(tb) = &g2.ops[Handle::from_index(a.rewritten)].kind else {
@@ -1716,32 +1780,69 @@ pub(crate) mod tests {
             assert_eq!(rw.applied[0].fold, SplitFold::Kept(why), "{choice}");
             assert!(rw.applied[0].combine.is_some());
         }
-        // The rule: 16 blocks of 4 splits against 8 SMs (by 2: 8 blocks, fewer than two per
-        // SM), and off the Hopper path.
-        let few = FoldAsk {
+        // The rule: 16 blocks of 4 splits against 8 SMs, two blocks per SM by shared memory:
+        // the grid is one wave already; without the blocks per SM, the rule cannot tell.
+        let mut few = FoldAsk {
             sms: 8,
             ..ask(KeyFold::Auto)
         };
         let rw = online_softmax_where(&g, true, &few, &|_| None);
+        assert_eq!(rw.applied[0].fold, SplitFold::Kept(SplitsKept::Unmeasured));
+        few.resident.insert(rw.applied[0].kernel, 2);
+        let rw = online_softmax_where(&g, true, &few, &|_| None);
         assert_eq!(
             rw.applied[0].fold,
-            SplitFold::Kept(SplitsKept::FewBlocks {
+            SplitFold::Kept(SplitsKept::OneWave {
                 blocks: 16,
-                splits: 4,
-                sms: 8
+                wave: 16
             })
         );
-        let rule = |blocks, splits, sms| fold_rule(blocks, splits, &FoldAsk { sms, ..few });
-        assert_eq!(rule(16, 4, 4), Ok(4));
-        assert_eq!(rule(16, 4, 3), Ok(4));
-        assert!(rule(16, 4, 5).is_err());
-        // 64 blocks of 8 splits on 10 SMs: by 4 leaves 16 blocks, by 2 leaves 32 (≥ 2 · 10).
-        assert_eq!(rule(64, 8, 10), Ok(2));
-        // The corpus shapes on 132 SMs: gqa_bs8, mha_bs8, mqa_bs8, gqa_bs1.
-        assert_eq!(rule(1024, 16, 132), Ok(2));
-        assert_eq!(rule(1024, 4, 132), Ok(4));
-        assert_eq!(rule(1024, 8, 132), Ok(2));
-        assert!(rule(128, 16, 132).is_err());
+        // One block per SM: 16 blocks take two waves of 8; by 2, one wave of 8 blocks.
+        few.resident.insert(rw.applied[0].kernel, 1);
+        let rw = online_softmax_where(&g, true, &few, &|_| None);
+        assert!(
+            matches!(
+                rw.applied[0].fold,
+                SplitFold::Folded {
+                    factor: 2,
+                    left: 2,
+                    by: FoldBy::OneWave { resident: 1 },
+                    ..
+                }
+            ),
+            "{:?}",
+            rw.applied[0].fold
+        );
+        let rule = |blocks, splits, resident, sms| {
+            fold_rule(
+                blocks,
+                splits,
+                Some(resident),
+                &FoldAsk {
+                    sms,
+                    ..ask(KeyFold::Auto)
+                },
+            )
+            .map(|(f, _)| f)
+        };
+        assert_eq!(rule(16, 4, 1, 4), Ok(4));
+        assert_eq!(rule(16, 4, 1, 3), Ok(4));
+        // 16 blocks on 5 SMs of one block each: by 2, 8 blocks take two waves; by 4, 4 leave
+        // an SM idle.
+        assert!(matches!(
+            rule(16, 4, 1, 5),
+            Err(SplitsKept::FewBlocks { .. })
+        ));
+        // The corpus shapes on 132 SMs: gqa_bs8 (5 blocks per SM by shared memory), mha_bs8,
+        // mqa_bs8 (3 per SM), gqa_bs1 (one wave already).
+        assert_eq!(rule(1024, 16, 5, 132), Ok(2));
+        assert_eq!(rule(1024, 4, 3, 132), Ok(4));
+        assert_eq!(rule(1024, 8, 3, 132), Ok(4));
+        assert_eq!(rule(1024, 8, 4, 132), Ok(2));
+        assert!(matches!(
+            rule(128, 16, 2, 132),
+            Err(SplitsKept::OneWave { .. })
+        ));
         let ampere = FoldAsk {
             hopper: false,
             ..ask(KeyFold::Auto)
