@@ -147,12 +147,17 @@ fn plan_with_softmax(
         resident: BTreeMap::new(),
     };
     let mut sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
+    // The graph with the splits kept, planned to measure the blocks per SM, and its plan: the
+    // plan is taken as it is where the rule then folds nothing.
+    let mut kept: Option<Unfolded> = None;
     if sm
         .applied
         .iter()
         .any(|a| a.fold == SplitFold::Kept(SplitsKept::Unmeasured))
     {
-        ask.resident = resident_unfolded(g, on, &ask, opts);
+        let (resident, planned) = resident_unfolded(g, on, &ask, opts);
+        ask.resident = resident;
+        kept = planned;
         sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
     }
     let mut vetoed: BTreeMap<usize, NoOnlineSoftmax> = BTreeMap::new();
@@ -169,7 +174,11 @@ fn plan_with_softmax(
             .filter(|a| a.combine.is_none())
             .map(|a| a.rewritten)
             .collect();
-        let (p, g4) = match plan_refined(&g3, opts, &folded) {
+        let planned = match kept.take() {
+            Some((g0, planned)) if *g0 == *g3 => Ok(planned),
+            _ => plan_refined(&g3, opts, &folded),
+        };
+        let (p, g4) = match planned {
             Ok(p) => p,
             Err(e) => {
                 let folded: Vec<usize> = sm
@@ -213,36 +222,42 @@ fn plan_with_softmax(
     Ok((p, sm, g4))
 }
 
+/// A graph rewritten with its key splits kept, and its plan ([`plan_refined`]'s result).
+type Unfolded = (Box<KernelGraph>, (GraphPlan, Option<Box<KernelGraph>>));
+
 /// For the key-fold rule ([`softmax::fold_rule`]): per attention kernel the online-softmax
 /// rewrite applies to (its index in `g`), the blocks an SM holds by the shared memory of that
-/// kernel planned with its key splits kept; empty where that graph does not plan.
+/// kernel planned with its key splits kept (empty where that graph does not plan); and that
+/// graph with its plan, which the caller reuses where the rule folds nothing.
 fn resident_unfolded(
     g: &KernelGraph,
     on: bool,
     ask: &softmax::FoldAsk,
     opts: &Options,
-) -> BTreeMap<usize, usize> {
+) -> (BTreeMap<usize, usize>, Option<Unfolded>) {
     let kept = softmax::FoldAsk {
         choice: softmax::KeyFold::Off,
         ..ask.clone()
     };
-    let sm = softmax::online_softmax_where(g, on, &kept, &|_| None);
-    let Some(g3) = &sm.graph else {
-        return BTreeMap::new();
+    let mut sm = softmax::online_softmax_where(g, on, &kept, &|_| None);
+    let Some(g3) = sm.graph.take() else {
+        return (BTreeMap::new(), None);
     };
-    let Ok((p, _)) = plan_refined(g3, opts, &BTreeSet::new()) else {
-        return BTreeMap::new();
+    let Ok(planned) = plan_refined(&g3, opts, &BTreeSet::new()) else {
+        return (BTreeMap::new(), None);
     };
-    sm.applied
+    let resident = sm
+        .applied
         .iter()
         .filter_map(|a| {
-            let kp = p.kernels.get(&a.rewritten)?;
+            let kp = planned.0.kernels.get(&a.rewritten)?;
             Some((
                 a.kernel,
                 kernel::blocks_by_smem(&opts.target, kp.smem.total),
             ))
         })
-        .collect()
+        .collect();
+    (resident, Some((g3, planned)))
 }
 
 /// Plans `g` with the exponentials of its loaded scores taken less their row max where that
