@@ -864,15 +864,9 @@ pub fn check_outputs(
     drawn: &Drawn,
     outputs: &[Vec<(DType, Array)>],
 ) -> Result<Vec<Vec<data::Comparison>>, String> {
+    // One GPU is a mesh of one rank: `evaluate_ranks` walks it as `evaluate_rounded` would.
     let stored = || {
-        let rounded = if g.sharding.num_gpus() > 1 {
-            interp::evaluate_ranks(g, drawn.rank_inputs(), interp::Rounding::Stored)
-        } else {
-            let inputs = drawn.inputs.first().map(|i| i.to_vec()).unwrap_or_default();
-            interp::evaluate_rounded(g, inputs, interp::Rounding::Stored)
-                .map(|(stored, excess)| (vec![stored], excess))
-        };
-        rounded
+        interp::evaluate_ranks(g, drawn.rank_inputs(), interp::Rounding::Stored)
             .map(|(stored, _)| stored)
             .map_err(|e| format!("the storage-rounding reference: {e}"))
     };
@@ -1063,5 +1057,23 @@ mod tests {
             interp::evaluate(&a, da.first_rank()).unwrap(),
             "shared arrays, copied buffers"
         );
+    }
+
+    /// The storage-rounding reference `check_outputs` takes for every mesh: on one GPU it is
+    /// the one-rank walk's.
+    #[test]
+    fn one_gpu_is_a_mesh_of_one_rank_for_the_rounded_reference() {
+        let g = graph(8, true);
+        let inputs = interp::random_inputs(
+            &g,
+            InputSpec {
+                seed: 3,
+                scale: 1.0,
+            },
+        );
+        let (ranks, _) =
+            interp::evaluate_ranks(&g, vec![inputs.clone()], interp::Rounding::Stored).unwrap();
+        let (one, _) = interp::evaluate_rounded(&g, inputs, interp::Rounding::Stored).unwrap();
+        assert_eq!(ranks, vec![one]);
     }
 }
