@@ -78,6 +78,7 @@ struct Cfg {
   int fixed;   // > 0: exactly this many CTAs per column block (else one wave of `split` per SM)
   int cluster; // 1: the CTAs of a column block form a cluster (as mucc's cluster split), which
                // ends with a cluster barrier
+  int l2;      // L2 promotion of the tensor map: 0 256B (mucc's), 1 none, 2 128B, 3 64B
 };
 
 __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total, Cfg c, float* sink) {
@@ -213,8 +214,12 @@ int main() {
   };
   // MUCC_TMA_QUICK=1: the four decode shapes, a few configurations without delay.
   const bool quick = std::getenv("MUCC_TMA_QUICK") != nullptr;
+  // MUCC_TMA_SPLITS=1: the two small decode shapes with the K range split over 1-8x more CTAs
+  // than a cluster of 8 allows (is it the number of CTAs streaming at once that bounds them?).
+  const bool splits = std::getenv("MUCC_TMA_SPLITS") != nullptr;
   std::vector<Shape> shapes = {{11008, 2048}, {18944, 3584}};
   if (quick) shapes = {{3584, 4608}, {11008, 2048}, {2048, 22016}, {18944, 3584}};
+  if (splits) shapes = {{11008, 2048}, {3584, 4608}};
   for (Shape sh : shapes) {
     const size_t bytes = size_t(sh.k) * sh.n * 2;
     const int copies = 4;  // rotated, past the L2
@@ -224,9 +229,18 @@ int main() {
       CK(cudaMemset(p, 1, bytes));
     }
     std::printf("\nW %d x %d bf16 (%.1f MB)\n", sh.k, sh.n, bytes / 1e6);
-    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s %3s\n", "bk", "boxes", "stages", "ctas", "ws",
-                "delay", "ef", "smem", "us", "GB/s", "cl");
+    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s %3s %3s\n", "bk", "boxes", "stages", "ctas", "ws",
+                "delay", "ef", "smem", "us", "GB/s", "cl", "l2");
     std::vector<Cfg> cfgs;
+    if (splits) {
+      const std::vector<int> fixed = sh.k == 11008 ? std::vector<int>{8, 16} : std::vector<int>{4, 8};
+      const std::vector<int> bks = sh.k == 11008 ? std::vector<int>{172, 86} : std::vector<int>{56};
+      for (int l2 : {0, 1, 2, 3})
+        for (int f : fixed)
+          for (int bk : bks)
+            for (int stages : {2, 3})
+              if ((sh.k + bk - 1) / bk >= 2 * f) cfgs.push_back({bk, 1, stages + (sh.k == 3584), 0, 0, 0, 0, f, 0, l2});
+    }
     if (quick) {
       for (int ws : {0, 1})
         for (int bk : {56, 172})
@@ -241,14 +255,14 @@ int main() {
         for (int stages : {2, 3, 4}) cfgs.push_back({bk, 1, stages, 0, 0, 0, 0, split, cl});
     }
     for (int ws : {0, 1})
-      if (!quick)
+      if (!quick && !splits)
       for (int delay : {0, 600})
         for (int bk : {172, 86, 256})
           for (int stages : {2, 3, 4, 6, 8})
             for (int per_sm : {1, 2, 3}) cfgs.push_back({bk, 1, stages, per_sm, ws, delay, 0, 0, 0});
-    if (!quick)
+    if (!quick && !splits)
       for (int ef : {1}) cfgs.push_back({172, 1, 4, 2, 1, 0, ef, 0, 0});
-    if (!quick)
+    if (!quick && !splits)
       for (int stages : {2, 4}) cfgs.push_back({172, 2, stages, 2, 1, 0, 0, 0, 0});
     for (Cfg c : cfgs) {
       const int col_blocks = sh.n / (64 * c.boxes);
@@ -273,7 +287,11 @@ int main() {
         cuuint32_t es[2] = {1, 1};
         if (encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w[i], dims, strides, box, es,
                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+                   c.l2 == 1   ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                   : c.l2 == 2 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                   : c.l2 == 3 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                               : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
           std::printf("encode failed\n");
           return 1;
         }
@@ -312,8 +330,8 @@ int main() {
       cudaGraphDestroy(graph);
       cudaStreamDestroy(st);
       const double us = ms * 1e3 / reps;
-      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f %3d\n", c.bk, c.boxes, c.stages, ctas, c.ws,
-                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9, c.cluster);
+      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f %3d %3d\n", c.bk, c.boxes, c.stages, ctas, c.ws,
+                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9, c.cluster, c.l2);
     }
     for (auto p : w) cudaFree(p);
   }
