@@ -423,7 +423,9 @@ fn tma(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
         let _ = writeln!(s, "  TMA loads: none (no pipelined input)");
         return;
     }
-    if !t.loads.is_empty() {
+    if t.loads.is_empty() {
+        let _ = writeln!(s, "  TMA loads: none");
+    } else {
         let _ = writeln!(
             s,
             "  TMA loads: {} B per stage, issued by thread 0, completing on the stages' mbarriers at \

@@ -1158,14 +1158,7 @@ fn tuned_variant_from_the_cache_is_used_and_said() {
     let ampere = Variant {
         path: VariantPath::Ampere,
         cluster_split: false,
-        warps: None,
-        dependent_launch: false,
-        fuse_matmuls: true,
-        stages: None,
-        register_rows: true,
-        refine: None,
-        coarsen: None,
-        fold_splits: true,
+        ..Variant::DEFAULT
     };
     TuneCache::at(cache_dir.join("tune"))
         .store(&TuneEntry {
@@ -1326,4 +1319,44 @@ fn multi_gpu_graphs_are_interpreted_transpiled_and_refused_where_unsupported() {
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.starts_with("error: no CUDA driver found"), "{err}");
+}
+
+/// `--no-tma` keeps every streamed tile on `cp.async` on the Hopper path: `explain` names each
+/// input and the option, and the transpiled kernel issues no bulk tensor load and encodes no
+/// tensor map, while the cluster split stays.
+#[test]
+fn no_tma_keeps_streamed_tiles_on_cp_async() {
+    let f = corpus("single_gated_mlp.json");
+    let o = mucc(&["explain", &f, "--arch", "sm_90a"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.contains("op1 input -> s1 by tensor map tm1"), "{out}");
+    let o = mucc(&["explain", &f, "--arch", "sm_90a", "--no-tma"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.contains("  TMA loads: none\n"), "{out}");
+    for op in 0..3 {
+        assert!(
+            out.contains(&format!(
+                "op{op} input keeps cp.async: TMA is turned off (--no-tma)"
+            )),
+            "{out}"
+        );
+    }
+    assert!(out.contains("cluster split: 2 CTAs per block"), "{out}");
+    let transpile = |extra: &[&str], name: &str| {
+        let cu = tmp(name);
+        let _ = std::fs::remove_file(&cu);
+        let mut args = vec!["transpile", f.as_str(), "--arch", "sm_90a", "-o"];
+        args.push(cu.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let o = mucc(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+        std::fs::read_to_string(&cu).unwrap()
+    };
+    let with = transpile(&[], "sgm_tma.cu");
+    assert!(with.contains("mucc::sm90::tma_load("));
+    let without = transpile(&["--no-tma"], "sgm_no_tma.cu");
+    assert!(!without.contains("tma_load") && !without.contains("tensor_map"));
+    assert!(without.contains("__cluster_dims__(2, 1, 1)"));
 }

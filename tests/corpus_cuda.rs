@@ -109,6 +109,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 register_pipes: true,
                 register_rows: true,
                 wgmma: true,
+                tma: true,
                 fuse_matmuls: true,
                 online_softmax: Default::default(),
                 fold_key_splits: Default::default(),

@@ -25,6 +25,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         register_pipes: true,
         register_rows: true,
         wgmma: true,
+        tma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
         fold_key_splits: Default::default(),

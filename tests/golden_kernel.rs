@@ -261,6 +261,7 @@ fn kernel_level_goldens() {
             register_pipes: true,
             register_rows: true,
             wgmma: true,
+            tma: true,
             fuse_matmuls: true,
             online_softmax: Default::default(),
             fold_key_splits: Default::default(),

@@ -284,6 +284,7 @@ fn opts(arch: Arch) -> Options {
         register_pipes: true,
         register_rows: true,
         wgmma: true,
+        tma: true,
         fuse_matmuls: true,
         online_softmax: Default::default(),
         fold_key_splits: Default::default(),

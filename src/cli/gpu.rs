@@ -136,6 +136,7 @@ fn open_plain(a: &GpuArgs) -> Result<Session, Failure> {
         no_register_pipes: a.path.no_register_pipes,
         no_register_rows: a.path.no_register_rows,
         no_wgmma: a.path.no_wgmma,
+        no_tma: a.path.no_tma,
         no_fuse_matmuls: a.path.no_fuse_matmuls,
         no_cluster_push: a.path.no_cluster_push,
         cluster_combine: a.path.cluster_combine,

@@ -194,6 +194,12 @@ pub struct PathArg {
     /// says which and why). For comparison: both compute the same function.
     #[arg(long)]
     pub no_wgmma: bool,
+    /// Load every for-loop's streamed tiles by `cp.async`: no bulk tensor copies (TMA) on the
+    /// Hopper path (`explain` names each input that keeps `cp.async` and why). Some decode
+    /// weights stream faster this way (docs/benchmarks.md); `mucc tune` tries it. Both
+    /// compute the same function.
+    #[arg(long)]
+    pub no_tma: bool,
     /// Keep every kernel-level matmul a separate step (a cuBLAS call): a matmul whose product
     /// only one customized operator reads is otherwise computed per tile inside it, where the
     /// rewritten graph plans (`explain` says which and why). For comparison: both compute the
@@ -297,6 +303,7 @@ impl PathArg {
             && !self.no_register_pipes
             && !self.no_register_rows
             && !self.no_wgmma
+            && !self.no_tma
             && !self.no_cluster_push
             && !self.no_fuse_matmuls
             && !self.cluster_combine
@@ -329,6 +336,7 @@ impl PathArg {
         opts.register_pipes = !self.no_register_pipes;
         opts.register_rows = !self.no_register_rows;
         opts.wgmma = !self.no_wgmma;
+        opts.tma = !self.no_tma;
         opts.cluster_push = !self.no_cluster_push;
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.cluster_combine = self.cluster_combine;

@@ -51,6 +51,8 @@ pub struct SessionOptions {
     pub no_register_rows: bool,
     /// Run every tensor-core matmul with `mma.sync` (no `wgmma`, for comparison).
     pub no_wgmma: bool,
+    /// Load every streamed tile by `cp.async` (no TMA on the Hopper path).
+    pub no_tma: bool,
     /// Keep every kernel-level matmul a separate step (no fusion into its reader, for
     /// comparison).
     pub no_fuse_matmuls: bool,
@@ -149,6 +151,7 @@ impl Session {
             register_pipes: !a.no_register_pipes,
             register_rows: !a.no_register_rows,
             wgmma: !a.no_wgmma,
+            tma: !a.no_tma,
             fuse_matmuls: !a.no_fuse_matmuls,
             online_softmax: a.online_softmax,
             fold_key_splits: a.fold_key_splits,

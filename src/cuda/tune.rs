@@ -55,6 +55,10 @@ pub struct Variant {
     /// rule (`sched::softmax::KeyFold`; absent in caches written before the fold existed: on).
     #[serde(default = "on", skip_serializing_if = "is_on")]
     pub fold_splits: bool,
+    /// Whether the Hopper path may load streamed tiles by TMA (`Options::tma`; absent in
+    /// caches written before the knob existed: on).
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub tma: bool,
 }
 
 fn on() -> bool {
@@ -88,6 +92,7 @@ impl Variant {
         refine: None,
         coarsen: None,
         fold_splits: true,
+        tma: true,
     };
 
     /// `base` with this variant's knobs.
@@ -116,6 +121,7 @@ impl Variant {
             } else {
                 crate::sched::softmax::KeyFold::Off
             },
+            tma: self.tma,
             ..base.clone()
         }
     }
@@ -153,6 +159,9 @@ impl fmt::Display for Variant {
         if !self.fold_splits {
             f.write_str(" fold=off")?;
         }
+        if !self.tma {
+            f.write_str(" tma=off")?;
+        }
         Ok(())
     }
 }
@@ -181,12 +190,20 @@ pub const TUNED_REFINE: [(usize, Option<usize>); 4] =
 /// with the graph's 64 of 56; other decode shapes equal or slower.
 pub const TUNED_COARSEN: [usize; 1] = [2];
 
+/// Loop refinements tried with every streamed tile on `cp.async` (sm_90a; `Options::tma`
+/// off). Measured (NVIDIA H100, docs/benchmarks.md "Streamed tiles by `cp.async`"):
+/// decode_m1_bf16_11008x2048 16.79 µs refined by 2 on `cp.async` against 17.91 by the
+/// default plan (TMA, unrefined) and 17.49 refined by 2 by TMA; decode_m1_bf16_3584x4608
+/// 13.50 unrefined on `cp.async` against 13.79.
+pub const TUNED_NO_TMA_REFINE: [Option<usize>; 2] = [None, Some(2)];
+
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
 /// per CTA (shared-memory tiles, as any asked CTA), without matmul fusion, without register
 /// rows (tiles with the cost model's CTA), with the shallower rings of [`TUNED_STAGES`] and the
 /// loop refinements of [`TUNED_REFINE`] and coarsenings of [`TUNED_COARSEN`]; on sm_90a
 /// also the Hopper path with and without the cluster split and programmatic launches, the
-/// default with split attention's key splits kept as blocks (no fold), and the Ampere path. Variants that plan to the same code as an earlier one are measured once
+/// default with split attention's key splits kept as blocks (no fold), streamed tiles on
+/// `cp.async` (no TMA) with the refinements of [`TUNED_NO_TMA_REFINE`], and the Ampere path. Variants that plan to the same code as an earlier one are measured once
 /// (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
     let mut v = vec![Variant::DEFAULT];
@@ -237,6 +254,13 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
             fold_splits: false,
             ..Variant::DEFAULT
         });
+        for refine in TUNED_NO_TMA_REFINE {
+            v.push(Variant {
+                tma: false,
+                refine,
+                ..Variant::DEFAULT
+            });
+        }
         v.push(Variant {
             path: VariantPath::Ampere,
             cluster_split: false,
@@ -665,7 +689,8 @@ mod tests {
         }
         let n = TUNED_WARPS.len() + TUNED_STAGES.len() + TUNED_REFINE.len() + TUNED_COARSEN.len();
         assert_eq!(variants(Arch::Sm80).len(), 3 + n);
-        assert_eq!(variants(Arch::Sm90a).len(), 8 + n);
+        let no_tma = TUNED_NO_TMA_REFINE.len();
+        assert_eq!(variants(Arch::Sm90a).len(), 8 + n + no_tma);
         // One keeps split attention's key splits as blocks.
         let unfolded = variants(Arch::Sm90a)[7 + n - 1];
         assert_eq!(unfolded.to_string(), "path=auto split=on pdl=off fold=off");
@@ -679,6 +704,36 @@ mod tests {
             !serde_json::to_string(&Variant::DEFAULT)
                 .unwrap()
                 .contains("fold")
+        );
+        // Two load every streamed tile by cp.async, one of them refined by 2.
+        let cp_async: Vec<String> = variants(Arch::Sm90a)[7 + n..7 + n + no_tma]
+            .iter()
+            .map(|v| {
+                assert!(!v.apply(&Options::for_target(Target::new(Arch::Sm90a))).tma);
+                v.to_string()
+            })
+            .collect();
+        assert_eq!(
+            cp_async,
+            [
+                "path=auto split=on pdl=off tma=off",
+                "path=auto split=on pdl=off refine=2 tma=off"
+            ]
+        );
+        assert!(
+            Variant::DEFAULT
+                .apply(&Options::for_target(Target::new(Arch::Sm90a)))
+                .tma
+        );
+        assert!(variants(Arch::Sm80).iter().all(|v| v.tma));
+        let back: Variant = serde_json::from_str(
+            r#"{"path":"auto","cluster_split":true,"dependent_launch":false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            back,
+            Variant::DEFAULT,
+            "a cache entry from before the knob reads as TMA on"
         );
         // The shallower rings follow the unfused and the tiles-only variants; one plans 8 warps.
         let shallow = variants(Arch::Sm90a)[3 + TUNED_WARPS.len() + 2];

@@ -439,7 +439,7 @@ fn plan_kernel_with(
         Vec::new()
     };
     let mut tma = if hopper {
-        plan_tma(tb, &ops, &tiles, &ins)
+        plan_tma(tb, &ops, &tiles, &ins, opts.tma)
     } else {
         TmaPlan::default()
     };
@@ -453,7 +453,7 @@ fn plan_kernel_with(
         for (t, rows) in unloaded {
             tiles[t] = Some(rows);
         }
-        tma = plan_tma(tb, &ops, &tiles, &ins);
+        tma = plan_tma(tb, &ops, &tiles, &ins, opts.tma);
     }
     pad_slots(&tma, &mut tiles);
     pad_ring_slots(tb, &ops, &mut tiles, target);

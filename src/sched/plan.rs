@@ -76,6 +76,10 @@ pub struct Options {
     /// Whether the Hopper path may run a register pipe's consumer matmul as `wgmma`
     /// ([`super::ops::MatmulInstr::WgmmaM64K16`]; on by default, `--no-wgmma` turns it off).
     pub wgmma: bool,
+    /// Whether the Hopper path may load a for-loop's streamed tiles by bulk tensor copies
+    /// ([`super::tma`]; on by default, `--no-tma` and the tuning variant `tma=off` keep every
+    /// such tile on `cp.async`, which streams some decode weights faster).
+    pub tma: bool,
     /// Whether a kernel-level matmul read only by a customized operator may be computed per
     /// tile inside it ([`super::rewrite`]; on by default, `--no-fuse-matmuls` turns it off).
     pub fuse_matmuls: bool,
@@ -124,6 +128,7 @@ impl Options {
             register_pipes: true,
             register_rows: true,
             wgmma: true,
+            tma: true,
             fuse_matmuls: true,
             online_softmax: super::softmax::SoftmaxChoice::Piped,
             fold_key_splits: super::softmax::KeyFold::Auto,

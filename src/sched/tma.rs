@@ -335,6 +335,8 @@ pub enum TmaOff {
     ColumnsNotDense,
     /// One pipeline stage fits: no ring to load into.
     NoRing,
+    /// TMA is turned off (`Options::tma`: `--no-tma`, the tuning variant `tma=off`).
+    TurnedOff,
 }
 
 impl fmt::Display for TmaOff {
@@ -410,6 +412,7 @@ impl fmt::Display for TmaOff {
             ),
             TmaOff::ColumnsNotDense => f.write_str("the columns are not the dense box"),
             TmaOff::NoRing => f.write_str("one pipeline stage fits: no ring to load into"),
+            TmaOff::TurnedOff => f.write_str("TMA is turned off (--no-tma)"),
         }
     }
 }
@@ -710,12 +713,14 @@ fn columns_load(
 }
 
 /// The TMA loads of the in-loop chunked inputs of `tb` (candidates for the pipeline), given
-/// the device tensors of the operator's inputs. `barriers` is set by the caller.
+/// the device tensors of the operator's inputs; with `enabled` false none, each candidate
+/// marked [`TmaOff::TurnedOff`]. `barriers` is set by the caller.
 pub fn plan_tma(
     tb: &TbGraph,
     ops: &[OpPlan],
     tiles: &[Option<TileGeometry>],
     ins: &super::kernel::Side,
+    enabled: bool,
 ) -> TmaPlan {
     let mut plan = TmaPlan::default();
     if tb.forloop_range < 2 {
@@ -743,6 +748,10 @@ pub fn plan_tma(
         let Some(geo) = tiles[tile].as_ref() else {
             continue;
         };
+        if !enabled {
+            plan.off.push((h.index(), TmaOff::TurnedOff));
+            continue;
+        }
         let (dshape, dstrides, _) = &ins[input];
         match plan_load(
             tb,
@@ -926,5 +935,40 @@ mod tests {
             let kp = p.kernels.values().next().unwrap();
             assert!(kp.tma.loads.is_empty() && kp.tma.off.is_empty());
         }
+    }
+
+    #[test]
+    fn tma_turned_off_keeps_every_streamed_tile_on_cp_async_and_says_so() {
+        let g = decode_gated_linear(1, 11008, 2048, 32, 64, DType::BF16).unwrap();
+        let opts = Options {
+            tma: false,
+            ..Options::for_target(Target::new(Arch::Sm90a))
+        };
+        let p = crate::sched::plan(&g, &opts).unwrap();
+        let kp = p.kernels.values().next().unwrap();
+        assert!(kp.tma.loads.is_empty());
+        // X, its gate and W: every in-loop chunked input names the option.
+        assert_eq!(
+            kp.tma.off,
+            vec![
+                (0, TmaOff::TurnedOff),
+                (1, TmaOff::TurnedOff),
+                (2, TmaOff::TurnedOff)
+            ]
+        );
+        assert!(kp.ops.iter().all(|o| !matches!(
+            o,
+            OpPlan::Input {
+                engine: CopyEngine::Tma,
+                ..
+            }
+        )));
+        // The rest of the Hopper plan stays: the cluster split and a ring of cp.async stages.
+        assert!(matches!(kp.split, crate::sched::plan::Split::Cluster(_)));
+        assert!(kp.pipeline_stages() >= 2);
+        assert_eq!(
+            TmaOff::TurnedOff.to_string(),
+            "TMA is turned off (--no-tma)"
+        );
     }
 }
