@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use mucc::cuda::session::{Measurement, fastest};
 
-use super::gpu::{GpuArgs, InputCache, InputChoice, Prepared, check_outputs};
+use super::gpu::{GpuArgs, InputCache, Prepared, check_outputs};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 use mucc::cuda::session::Session;
 
@@ -167,12 +167,7 @@ pub fn run(a: BenchArgs) -> Result<(), Failure> {
         &file,
         &name,
         &indices,
-        InputChoice {
-            seed: a.draw.seed,
-            scale: a.draw.scale,
-            check: a.check,
-            budget: a.budget.budget(),
-        },
+        a.draw.choice(a.check, &a.budget),
     );
     // The ceilings, once: bandwidth, and the matrix rate of every operand type the graphs use.
     let mut dtypes: Vec<DType> = indices
@@ -548,12 +543,7 @@ fn bench_ranks(
         file,
         &name,
         indices,
-        InputChoice {
-            seed: a.draw.seed,
-            scale: a.draw.scale,
-            check: a.check,
-            budget: a.budget.budget(),
-        },
+        a.draw.choice(a.check, &a.budget),
     );
     bar.finish_and_clear();
     let mut failed = 0usize;

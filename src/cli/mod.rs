@@ -113,6 +113,19 @@ pub struct DrawArgs {
     pub scale: f64,
 }
 
+impl DrawArgs {
+    /// The inputs a GPU command draws: these, checked against the f64 reference within
+    /// `budget` when `check` is set.
+    pub fn choice(&self, check: bool, budget: &BudgetArgs) -> mucc::cuda::session::InputChoice {
+        mucc::cuda::session::InputChoice {
+            seed: self.seed,
+            scale: self.scale,
+            check,
+            budget: budget.budget(),
+        }
+    }
+}
+
 /// Limits of the f64 reference (`mucc eval`, and `--check` of `run` and `bench`).
 #[derive(Args, Debug, Clone)]
 pub struct BudgetArgs {

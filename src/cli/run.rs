@@ -8,7 +8,7 @@ use mucc::cuda::RunError;
 use mucc::cuda::data::Comparison;
 use mucc::graph::interp::HostTensor;
 
-use super::gpu::{Drawn, GpuArgs, InputCache, InputChoice, check_outputs};
+use super::gpu::{Drawn, GpuArgs, InputCache, check_outputs};
 use super::{Failure, GraphSelection, InputArgs, load, print_warnings, stdout};
 
 /// Arguments of `mucc run`.
@@ -115,12 +115,7 @@ pub fn run(a: RunArgs) -> Result<(), Failure> {
         &file,
         &name,
         &indices,
-        InputChoice {
-            seed: a.draw.seed,
-            scale: a.draw.scale,
-            check: a.check,
-            budget: a.budget.budget(),
-        },
+        a.draw.choice(a.check, &a.budget),
     );
     if indices.len() > 1 {
         bar.suspend(|| {
