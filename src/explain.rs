@@ -420,7 +420,15 @@ fn list<T: ToString>(v: &[T]) -> String {
 fn tma(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
     let t = &kp.tma;
     if t.loads.is_empty() && t.off.is_empty() {
-        let _ = writeln!(s, "  TMA loads: none (no pipelined input)");
+        let why = if matches!(
+            kp.split,
+            crate::sched::plan::Split::Off(crate::sched::plan::SplitOff::Ampere)
+        ) {
+            "the Ampere path"
+        } else {
+            "no pipelined input"
+        };
+        let _ = writeln!(s, "  TMA loads: none ({why})");
         return;
     }
     if t.loads.is_empty() {

@@ -1344,6 +1344,13 @@ fn no_tma_keeps_streamed_tiles_on_cp_async() {
         );
     }
     assert!(out.contains("cluster split: 2 CTAs per block"), "{out}");
+    let o = mucc(&["explain", &f, "--arch", "sm_90a", "--path", "ampere"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains("  TMA loads: none (the Ampere path)\n"),
+        "{out}"
+    );
     let transpile = |extra: &[&str], name: &str| {
         let cu = tmp(name);
         let _ = std::fs::remove_file(&cu);
