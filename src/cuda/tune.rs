@@ -193,8 +193,8 @@ pub const TUNED_COARSEN: [usize; 1] = [2];
 /// Loop refinements tried with every streamed tile on `cp.async` (sm_90a; `Options::tma`
 /// off). Measured (NVIDIA H100, docs/benchmarks.md "Streamed tiles by `cp.async`"):
 /// decode_m1_bf16_11008x2048 16.79 µs refined by 2 on `cp.async` against 17.91 by the
-/// default plan (TMA, unrefined) and 17.49 refined by 2 by TMA; decode_m1_bf16_3584x4608
-/// 13.50 unrefined on `cp.async` against 13.79.
+/// default plan (TMA, unrefined; 17.49 refined by 2 by TMA in another run);
+/// decode_m1_bf16_3584x4608 13.50 unrefined on `cp.async` against 13.79.
 pub const TUNED_NO_TMA_REFINE: [Option<usize>; 2] = [None, Some(2)];
 
 /// The variants worth trying for `arch`, the default first: the default with 4, 8 and 16 warps
