@@ -47,9 +47,9 @@ grep -E '^(transpile|nvcc|nvrtc|test result)' "$log" || true
 rm -f "$log"
 echo "corpus compile check took $(( $(date +%s) - start )) s"
 
-step "cargo test --release"
+step "cargo test --release (the corpus compile check ran above)"
 start=$(date +%s)
-cargo test --release
+cargo test --release -- --skip every_corpus_graph_transpiles_and_compiles_for_sm80_and_sm90a
 echo "tests took $(( $(date +%s) - start )) s"
 
 step "Python package: pip install ./python into a virtual environment, then pytest"
