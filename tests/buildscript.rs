@@ -322,6 +322,7 @@ fn cargo_build(dir: &Path, target: &Path, env: &[(&str, &Path)]) -> (bool, Strin
         // optimisation or debug info for mucc (25% of the test's build time on two cores).
         .env("CARGO_PROFILE_DEV_PACKAGE_MUCC_OPT_LEVEL", "0")
         .env("CARGO_PROFILE_DEV_DEBUG", "false")
+        .env("CARGO_INCREMENTAL", "0")
         .env_remove("MUCC_EMBED_ARCHS");
     for (k, v) in env {
         cmd.env(k, v);

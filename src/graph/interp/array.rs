@@ -9,6 +9,38 @@ use crate::graph::shape::{MAX_DIMS, Shape};
 /// Work (elements or multiply-adds) above which an operation is split across threads.
 const PARALLEL_WORK: usize = 1 << 20;
 
+/// One row of a matmul's result: `c` (n values) += Σₚ `arow`[p] · row p of `bmat` (k × n), the
+/// products added in the order of p. With AVX2 where the CPU has it: the same multiplications
+/// and additions, each rounded as before (no fused multiply-add), four lanes at a time.
+fn matmul_row(arow: &[f64], bmat: &[f64], c: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { matmul_row_avx2(arow, bmat, c) };
+    }
+    matmul_row_plain(arow, bmat, c);
+}
+
+#[inline(always)]
+fn matmul_row_plain(arow: &[f64], bmat: &[f64], c: &mut [f64]) {
+    let n = c.len();
+    for (p, &x) in arow.iter().enumerate() {
+        for (cv, &bv) in c.iter_mut().zip(&bmat[p * n..(p + 1) * n]) {
+            *cv += x * bv;
+        }
+    }
+}
+
+/// [`matmul_row_plain`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn matmul_row_avx2(arow: &[f64], bmat: &[f64], c: &mut [f64]) {
+    matmul_row_plain(arow, bmat, c);
+}
+
 /// A dense, row-major array of f64 values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Array {
@@ -185,11 +217,7 @@ impl Array {
             let (bt, i) = (idx / m, idx % m);
             let arow = &a.data[bt * m * k + i * k..][..k];
             let bmat = &b.data[bt * k * n..][..k * n];
-            for (p, &x) in arow.iter().enumerate() {
-                for (cv, &bv) in c.iter_mut().zip(&bmat[p * n..(p + 1) * n]) {
-                    *cv += x * bv;
-                }
-            }
+            matmul_row(arow, bmat, c);
         };
         if n > 0 && batch * m * n * k >= PARALLEL_WORK {
             data.par_chunks_mut(n)
@@ -349,6 +377,28 @@ mod tests {
         let col = arr(&[2, 1], &[1., 2.]);
         let outer = Array::binary(&row, &col, BinaryOp::Mul, Shape::new(&[2, 3]).unwrap());
         assert_eq!(outer.data, vec![1., 0., -1., 2., 0., -2.]);
+    }
+
+    #[test]
+    fn vector_matmul_rows_round_as_the_plain_loop() {
+        // Values whose products and sums round: the lanes must add in the same order.
+        let (k, n) = (37, 29);
+        let val = |i: usize| ((i * 7919 % 1009) as f64 - 504.5) / 97.3;
+        let arow: Vec<f64> = (0..k).map(val).collect();
+        let bmat: Vec<f64> = (0..k * n).map(|i| val(i + 11)).collect();
+        let mut plain = vec![0.25; n];
+        matmul_row_plain(&arow, &bmat, &mut plain);
+        let mut dispatched = vec![0.25; n];
+        matmul_row(&arow, &bmat, &mut dispatched);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&plain), bits(&dispatched));
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut wide = vec![0.25; n];
+            // SAFETY: checked just above.
+            unsafe { matmul_row_avx2(&arow, &bmat, &mut wide) };
+            assert_eq!(bits(&plain), bits(&wide));
+        }
     }
 
     #[test]
