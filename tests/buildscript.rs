@@ -319,7 +319,8 @@ fn cargo_build(dir: &Path, target: &Path, env: &[(&str, &Path)]) -> (bool, Strin
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", target)
         // The test builds and links the example but never runs its interpreter: no
-        // optimisation or debug info for mucc (25% of the test's build time on two cores).
+        // optimisation or debug info for mucc (25% of the test's build time on two cores), and
+        // no incremental state (a copy of the example builds from scratch once).
         .env("CARGO_PROFILE_DEV_PACKAGE_MUCC_OPT_LEVEL", "0")
         .env("CARGO_PROFILE_DEV_DEBUG", "false")
         .env("CARGO_INCREMENTAL", "0")

@@ -380,24 +380,30 @@ mod tests {
     }
 
     #[test]
-    fn vector_matmul_rows_round_as_the_plain_loop() {
-        // Values whose products and sums round: the lanes must add in the same order.
-        let (k, n) = (37, 29);
+    fn matmul_rows_round_as_the_plain_loop() {
+        // Values whose products and sums round: every element must add its products in the
+        // order of p, in every lane.
+        let (m, k, n) = (3, 37, 29);
         let val = |i: usize| ((i * 7919 % 1009) as f64 - 504.5) / 97.3;
-        let arow: Vec<f64> = (0..k).map(val).collect();
-        let bmat: Vec<f64> = (0..k * n).map(|i| val(i + 11)).collect();
-        let mut plain = vec![0.25; n];
-        matmul_row_plain(&arow, &bmat, &mut plain);
-        let mut dispatched = vec![0.25; n];
-        matmul_row(&arow, &bmat, &mut dispatched);
+        let a: Vec<f64> = (0..m * k).map(val).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| val(i + 11)).collect();
+        let mut want = vec![0.0; m * n];
+        for i in 0..m {
+            for p in 0..k {
+                for j in 0..n {
+                    want[i * n + j] += a[i * k + p] * b[p * n + j];
+                }
+            }
+        }
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&plain), bits(&dispatched));
+        let got = Array::matmul(&arr(&[m, k], &a), &arr(&[k, n], &b));
+        assert_eq!(bits(&got.data), bits(&want));
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            let mut wide = vec![0.25; n];
+            let mut wide = vec![0.0; n];
             // SAFETY: checked just above.
-            unsafe { matmul_row_avx2(&arow, &bmat, &mut wide) };
-            assert_eq!(bits(&plain), bits(&wide));
+            unsafe { matmul_row_avx2(&a[..k], &b, &mut wide) };
+            assert_eq!(bits(&wide), bits(&want[..n]));
         }
     }
 
