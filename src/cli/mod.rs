@@ -276,9 +276,11 @@ pub struct PathArg {
     pub max_stages: Option<u32>,
     /// Blocks per SM (1 to 8) to plan every threadblock kernel over shared-memory tiles for:
     /// its ring is sized so that shared memory holds that many, and ptxas is promised as many
-    /// as fit (launch bounds), which caps a thread's registers. By default the planner's rule
-    /// (1 to 3 by block size, grid and the fill of the last wave; `explain` shows the count).
-    /// Any count computes the same function.
+    /// as fit (launch bounds), which caps a thread's registers. A for-loop split over a
+    /// cluster (sm_90a) counts on that many CTAs per SM as far as shared memory and threads
+    /// allow, beyond its own cap of 4 (larger clusters may then fit in one wave). By default
+    /// the planner's rule (1 to 3 by block size, grid and the fill of the last wave; `explain`
+    /// shows the count). Any count computes the same function.
     #[arg(long = "resident-blocks", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=8))]
     pub resident_blocks: Option<u32>,
     /// Refine customized operators' for-loops by N (1 to 8) where their bodies allow: N times

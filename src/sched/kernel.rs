@@ -533,7 +533,16 @@ fn plan_kernel_with(
         .collect();
     let mut split = if hopper && opts.cluster_split {
         plan_split(
-            tb, threads, &fusion, &sched, &ops, &tiles, &smem, target, &pipes,
+            tb,
+            threads,
+            &fusion,
+            &sched,
+            &ops,
+            &tiles,
+            &smem,
+            target,
+            &pipes,
+            opts.resident_blocks,
         )
     } else if hopper {
         Split::Off(SplitOff::TurnedOff)
@@ -566,7 +575,7 @@ fn plan_kernel_with(
                 break;
             };
             let split_r = plan_split(
-                tb, threads, &fusion, &sched, &ops_r, &tiles, &smem_r, target, &pipes,
+                tb, threads, &fusion, &sched, &ops_r, &tiles, &smem_r, target, &pipes, None,
             );
             if ctas(&split_r) > ctas(&split) {
                 (ops, tma, smem, split, resident_blocks) = (ops_r, tma_r, smem_r, split_r, r);
@@ -1194,8 +1203,14 @@ const CLUSTER_SIZES: [usize; 3] = [8, 4, 2];
 /// against 15.4; the 8-warp kernels execute 1.56× the instructions).
 const SPLIT_REGS_PER_THREAD: usize = 128;
 
-/// Resident CTAs per SM a split kernel promises at most.
+/// Resident CTAs per SM a split kernel promises at most (unless asked for more).
 const SPLIT_MAX_RESIDENT: usize = 4;
+
+/// Registers per thread ptxas can give `threads`-thread CTAs when `resident` of them share an
+/// SM's 65,536: it allocates them in steps of 8 per thread, 255 at most.
+fn split_regs_at(threads: usize, resident: usize) -> usize {
+    ((64 * 1024) / (threads.max(1) * resident.max(1)) / 8 * 8).min(255)
+}
 
 /// Share of the GPU's CTA slots clusters of 4 or 8 CTAs can fill at once: a cluster must fit in
 /// one GPC, so a GPC's leftover slots stay empty (H200, 2 CTAs per SM: 30 clusters of 8 at most,
@@ -1208,7 +1223,9 @@ const CLUSTER_PACKING: f64 = 0.9;
 /// accumulators that combine after the fact (sums, mean and RMS before their division, max),
 /// with every read accumulator in shared memory in the compute type; C divides the loop, leaves
 /// each CTA two iterations or more (its pipeline gets at most as many stages as iterations),
-/// and all CTAs fit on the GPU at once (one wave).
+/// and all CTAs fit on the GPU at once (one wave). `asked` (`--resident-blocks`) replaces the
+/// CTAs per SM the split counts on (at most what shared memory and threads allow; the
+/// registers per thread follow from it instead of bounding it).
 #[allow(clippy::too_many_arguments)]
 fn plan_split(
     tb: &TbGraph,
@@ -1220,6 +1237,7 @@ fn plan_split(
     smem: &SmemPlan,
     target: &Target,
     pipes: &[PipeDecision],
+    asked: Option<usize>,
 ) -> Split {
     let blocks = tb.num_blocks();
     // An online-softmax register pipe's running max, rescaled sums and max accumulator combine
@@ -1326,12 +1344,20 @@ fn plan_split(
     partials.sort_by_key(|p| !matches!(p.combine, Combine::Rescaled { .. }));
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
     let by_threads = 2048 / threads.max(1);
-    let regs_per_thread = SPLIT_REGS_PER_THREAD;
-    let by_regs = (64 * 1024) / (threads.max(1) * regs_per_thread);
-    let resident_per_sm = by_smem
-        .min(by_threads)
-        .min(by_regs)
-        .clamp(1, SPLIT_MAX_RESIDENT);
+    let (resident_per_sm, regs_per_thread) = match asked {
+        Some(n) => {
+            let r = by_smem.min(by_threads).min(n).max(1);
+            (r, split_regs_at(threads, r))
+        }
+        None => {
+            let by_regs = (64 * 1024) / (threads.max(1) * SPLIT_REGS_PER_THREAD);
+            let r = by_smem
+                .min(by_threads)
+                .min(by_regs)
+                .clamp(1, SPLIT_MAX_RESIDENT);
+            (r, SPLIT_REGS_PER_THREAD)
+        }
+    };
     let slots = target.typical_sms * resident_per_sm;
     for ctas in CLUSTER_SIZES {
         if f.is_multiple_of(ctas)
@@ -2462,6 +2488,45 @@ mod tests {
         let one = plan(Some(1), Some(4));
         assert_eq!((one.cta.resident_blocks, one.cta.min_blocks_per_sm), (1, 1));
         assert_eq!(one.pipeline_stages(), 4);
+    }
+
+    /// An asked residency (`--resident-blocks`) is also what a cluster split counts on, beyond
+    /// the split's own cap of 4 CTAs per SM and its 128-register budget: the decode graph of 72
+    /// blocks (3584 × 4608) splits over clusters of 4 at 4 CTAs per SM by default, over clusters
+    /// of 8 (576 CTAs, one wave only at 5 per SM) at 96 registers per thread when 5 are asked;
+    /// shared memory still bounds the count.
+    #[test]
+    fn asked_residency_reaches_the_cluster_split() {
+        use crate::graph::DType;
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::{CtaChoice, Options};
+        use crate::target::Arch;
+        let g = decode_gated_linear(1, 3584, 4608, 72, 64, DType::BF16).unwrap();
+        let split = |resident_blocks: Option<usize>| {
+            let o = Options {
+                resident_blocks,
+                cta: CtaChoice::Warps(4),
+                ..Options::for_target(Target::new(Arch::Sm90a))
+            };
+            let p = crate::sched::plan(&g, &o).unwrap();
+            let kp = p.kernels.values().next().unwrap().clone();
+            let Split::Cluster(c) = &kp.split else {
+                panic!("no cluster split: {:?}", kp.split)
+            };
+            (
+                c.ctas,
+                c.resident_per_sm,
+                c.regs_per_thread,
+                kp.cta.min_blocks_per_sm,
+            )
+        };
+        assert_eq!(split(None), (4, 4, SPLIT_REGS_PER_THREAD, 4));
+        assert_eq!(split(Some(5)), (8, 5, 96, 5));
+        assert_eq!(split_regs_at(128, 5), 96);
+        // 12 would need 12 × 128 threads and more shared memory than an SM has for 12: 7 fit
+        // by shared memory (about 30 KB each), 16 by threads; 7 are counted on.
+        let (_, resident, regs, _) = split(Some(12));
+        assert_eq!((resident, regs), (7, 72));
     }
 
     /// Attention over 64 keys per iteration on sm_90a: both matmuls of the register pipe run as

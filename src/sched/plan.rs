@@ -843,8 +843,9 @@ pub struct ClusterSplit {
     /// The accumulators combined after the loop.
     pub partials: Vec<Partial>,
     /// CTAs of the kernel one SM can hold (shared memory, threads, and `regs_per_thread`
-    /// registers; at most 4), which bounded `ctas` (clusters of 4 or 8 count on 90% of the
-    /// GPU's slots: a cluster fits in one GPC); the launch bounds promise them.
+    /// registers; at most 4 unless `--resident-blocks` asks for more), which bounded `ctas`
+    /// (clusters of 4 or 8 count on 90% of the GPU's slots: a cluster fits in one GPC); the
+    /// launch bounds promise them.
     pub resident_per_sm: usize,
     /// Registers per thread the residency counts on: ptxas may use up to
     /// 65536 / (threads × `resident_per_sm`).
