@@ -41,6 +41,28 @@ unsafe fn matmul_row_avx2(arow: &[f64], bmat: &[f64], c: &mut [f64]) {
     matmul_row_plain(arow, bmat, c);
 }
 
+/// The largest |x| over the finite values of `data`, and `init` (which it returns when there
+/// are none). Four running maxima, so that the loop does not wait on one comparison after
+/// another: the maximum of a set is the same in any order.
+pub fn finite_max_abs(data: &[f64], init: f64) -> f64 {
+    let mut m = [init; 4];
+    let chunks = data.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (mi, &x) in m.iter_mut().zip(c) {
+            if x.is_finite() {
+                *mi = mi.max(x.abs());
+            }
+        }
+    }
+    for &x in rest {
+        if x.is_finite() {
+            m[0] = m[0].max(x.abs());
+        }
+    }
+    m[0].max(m[1]).max(m[2].max(m[3]))
+}
+
 /// A dense, row-major array of f64 values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Array {
@@ -405,6 +427,25 @@ mod tests {
             unsafe { matmul_row_avx2(&a[..k], &b, &mut wide) };
             assert_eq!(bits(&wide), bits(&want[..n]));
         }
+    }
+
+    #[test]
+    fn finite_max_abs_skips_what_is_not_finite() {
+        let v = [
+            1.0,
+            -7.5,
+            f64::NAN,
+            f64::INFINITY,
+            3.0,
+            f64::NEG_INFINITY,
+            -2.0,
+        ];
+        assert_eq!(finite_max_abs(&v, 0.0), 7.5);
+        assert_eq!(finite_max_abs(&v, 9.0), 9.0);
+        assert_eq!(finite_max_abs(&[f64::NAN, f64::INFINITY], 0.5), 0.5);
+        assert_eq!(finite_max_abs(&[], 0.0), 0.0);
+        let long: Vec<f64> = (0..37).map(|i| (i as f64 - 20.0) * 0.75).collect();
+        assert_eq!(finite_max_abs(&long, 0.0), 15.0);
     }
 
     #[test]

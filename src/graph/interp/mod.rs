@@ -492,11 +492,7 @@ impl<'g> Walk<'g> {
         let dtype = self.g.tensors[t].dtype;
         if let Some(limit) = dtype.max_finite() {
             // Infinite reference values are infinite in the compiled code too.
-            let max_abs = a
-                .data
-                .iter()
-                .filter(|x| x.is_finite())
-                .fold(0.0f64, |m, x| m.max(x.abs()));
+            let max_abs = array::finite_max_abs(&a.data, 0.0);
             if max_abs > limit {
                 excess.push(RangeExcess {
                     place: RangePlace::Tensor(t),

@@ -169,11 +169,7 @@ impl<'a> Block<'a> {
         if dtype.max_finite().is_some() {
             let m = &mut self.tile_max[t.index()];
             // Infinite reference values are infinite in the compiled code too: no overflow.
-            *m = a
-                .data
-                .iter()
-                .filter(|x| x.is_finite())
-                .fold(*m, |m, x| m.max(x.abs()));
+            *m = super::array::finite_max_abs(&a.data, *m);
         }
         self.values[t.index()] = Some(a);
     }
