@@ -1206,10 +1206,13 @@ const SPLIT_REGS_PER_THREAD: usize = 128;
 /// Resident CTAs per SM a split kernel promises at most (unless asked for more).
 const SPLIT_MAX_RESIDENT: usize = 4;
 
+/// 32-bit registers of one SM (sm_80 and sm_90a alike).
+const REGS_PER_SM: usize = 64 * 1024;
+
 /// Registers per thread ptxas can give `threads`-thread CTAs when `resident` of them share an
-/// SM's 65,536: it allocates them in steps of 8 per thread, 255 at most.
+/// SM's [`REGS_PER_SM`]: it allocates them in steps of 8 per thread, 255 at most.
 fn split_regs_at(threads: usize, resident: usize) -> usize {
-    ((64 * 1024) / (threads.max(1) * resident.max(1)) / 8 * 8).min(255)
+    (REGS_PER_SM / (threads.max(1) * resident.max(1)) / 8 * 8).min(255)
 }
 
 /// Share of the GPU's CTA slots clusters of 4 or 8 CTAs can fill at once: a cluster must fit in
@@ -1350,7 +1353,7 @@ fn plan_split(
             (r, split_regs_at(threads, r))
         }
         None => {
-            let by_regs = (64 * 1024) / (threads.max(1) * SPLIT_REGS_PER_THREAD);
+            let by_regs = REGS_PER_SM / (threads.max(1) * SPLIT_REGS_PER_THREAD);
             let r = by_smem
                 .min(by_threads)
                 .min(by_regs)

@@ -848,7 +848,8 @@ pub struct ClusterSplit {
     /// launch bounds promise them.
     pub resident_per_sm: usize,
     /// Registers per thread the residency counts on: ptxas may use up to
-    /// 65536 / (threads × `resident_per_sm`).
+    /// 65536 / (threads × `resident_per_sm`) (with `--resident-blocks`, exactly that, in steps
+    /// of 8).
     pub regs_per_thread: usize,
     /// How the partials reach CTA 0.
     pub gather: Gather,
