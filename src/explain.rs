@@ -281,12 +281,21 @@ pub fn explain(g: &KernelGraph, p: &GraphPlan) -> String {
         p.workspace_packing.peak, p.workspace_packing.lower_bound, p.workspace_packing.heuristic
     );
     s.push_str(&memory::dump(&p.workspace, &p.workspace_packing, 0));
+    if p.split_bytes > 0 {
+        let at = p.splits_at();
+        let _ = writeln!(
+            s,
+            "  [{at:>7}, {:>7})  {:>7} B  partial slots of the grid splits",
+            at + p.split_bytes,
+            p.split_bytes,
+        );
+    }
     if p.counter_bytes > 0 {
         let at = p.counters_at();
         let _ = writeln!(
             s,
-            "  [{at:>7}, {:>7})  {:>7} B  arrival counters of the last-block combines (zero \
-             before the first call, left zero by every call; {} B of workspace in all)",
+            "  [{at:>7}, {:>7})  {:>7} B  arrival counters (last-block combines, grid splits; \
+             zero before the first call, left zero by every call; {} B of workspace in all)",
             at + p.counter_bytes,
             p.counter_bytes,
             p.workspace_bytes()
@@ -344,20 +353,7 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                 c.resident_per_sm,
                 c.regs_per_thread
             );
-            let parts: Vec<String> = c
-                .partials
-                .iter()
-                .map(|p| {
-                    let how = match p.combine {
-                        Combine::Sum => "sum".to_string(),
-                        Combine::Max => "max".to_string(),
-                        Combine::Rescaled { max_tile } => {
-                            format!("rows rescaled to the largest max of s{max_tile}, summed")
-                        }
-                    };
-                    format!("{} s{} ({how})", op_name(tb, p.accum), p.tile)
-                })
-                .collect();
+            let parts = partial_list(tb, &c.partials);
             match &c.gather {
                 Gather::Push(p) => {
                     let slots: Vec<String> = c
@@ -405,7 +401,70 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
                 );
             }
         }
+        Split::Grid(g) => {
+            let lg = kp.launch_grid();
+            let _ = writeln!(
+                s,
+                "  grid split (--grid-split): {} CTAs per block along x (launch grid ({}, {}, {}), \
+                 no clusters), {} of {} iterations each; {} CTA(s) per SM counted on (at {} \
+                 registers per thread)",
+                g.ctas,
+                lg[0],
+                lg[1],
+                lg[2],
+                g.iters,
+                tb.forloop_range,
+                g.resident_per_sm,
+                g.regs_per_thread
+            );
+            let slots: Vec<String> = g
+                .partials
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    format!(
+                        "s{} at workspace +{} ({} × {} B per slot)",
+                        p.tile,
+                        g.slots_at + g.slot_offsets[i],
+                        g.slot_elems[i],
+                        g.elem_bytes[i]
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "    after the loop every CTA stores its partials into its slots ({}; block b's CTA \
+                 r at slot b·{} + r) and arrives on its block's counter (u32 at workspace +{} + \
+                 b); the last to arrive folds the {} slots in CTA order and alone runs the \
+                 post-loop operators: {}",
+                slots.join(", "),
+                g.ctas,
+                g.counters_at,
+                g.ctas,
+                partial_list(tb, &g.partials).join(", ")
+            );
+        }
     }
+    if let Some(why) = &kp.grid_split_off {
+        let _ = writeln!(s, "  grid split (--grid-split): none ({why})");
+    }
+}
+
+/// Each partial accumulator of a split: its operator, tile and how the CTAs' partials combine.
+fn partial_list(tb: &TbGraph, partials: &[crate::sched::plan::Partial]) -> Vec<String> {
+    partials
+        .iter()
+        .map(|p| {
+            let how = match p.combine {
+                Combine::Sum => "sum".to_string(),
+                Combine::Max => "max".to_string(),
+                Combine::Rescaled { max_tile } => {
+                    format!("rows rescaled to the largest max of s{max_tile}, summed")
+                }
+            };
+            format!("{} s{} ({how})", op_name(tb, p.accum), p.tile)
+        })
+        .collect()
 }
 
 fn list<T: ToString>(v: &[T]) -> String {
@@ -595,6 +654,8 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     if p.target.has_tma_wgmma {
         split(s, tb, kp);
         tma(s, tb, kp);
+    } else if kp.split.grid().is_some() || kp.grid_split_off.is_some() {
+        split(s, tb, kp);
     }
     ring(s, tb, kp);
     if p.target.has_tma_wgmma {

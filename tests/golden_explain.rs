@@ -21,6 +21,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
+        grid_split: None,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,

@@ -280,6 +280,7 @@ fn opts(arch: Arch) -> Options {
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
+        grid_split: None,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -457,6 +458,52 @@ fn last_block_combine_golden() {
             "mha_bs8.g30.last_block_combine",
             g,
             "mha_bs8.json, graph 30",
+            &o,
+        );
+    }
+}
+
+/// A for-loop split over CTAs that fold through the workspace (`--grid-split 8 --warps 4`): the
+/// decode linear 18944×3584 (56 blocks of a 64-iteration loop) runs 448 CTAs of 8 iterations;
+/// each stores its partial accumulator into its slot and arrives on its block's counter, and
+/// the last of each block folds the 8 slots and stores the output. On both targets (no
+/// cluster on either).
+#[test]
+fn grid_split_golden() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock");
+    let f = mucc::read_file(
+        &dir.join("decode_m1_18944x3584_bf16.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[0].graph;
+    for arch in [Arch::Sm80, Arch::Sm90a] {
+        let mut o = opts(arch);
+        o.grid_split = Some(8);
+        o.cta = mucc::sched::CtaChoice::Warps(4);
+        let (p, e) = mucc::transpile::transpile(g, &o, "decode_m1_18944x3584_bf16.json").unwrap();
+        let splits: Vec<_> = p.kernels.values().filter_map(|k| k.split.grid()).collect();
+        assert_eq!(splits.len(), 1, "one kernel splits over the grid");
+        let gs = splits[0];
+        assert_eq!((gs.ctas, gs.iters, gs.blocks), (8, 8, 56));
+        // One f32 slot of the 64-column accumulator per CTA, then one counter per block.
+        assert_eq!(p.split_bytes, (56 * 8 * 64 * 4usize).next_multiple_of(128));
+        assert_eq!(p.counter_bytes, 56 * 4);
+        assert_eq!(gs.counters_at, p.counters_at());
+        assert!(p.kernels.values().all(|k| k.cluster_dims().is_none()));
+        assert_eq!(e.launch.counter_bytes, p.counter_bytes);
+        assert!(
+            e.source.contains("mucc::tb::store_partial<")
+                && e.source.contains("mucc::tb::arrive_last<8>(")
+                && e.source.contains("mucc::tb::fold_partials<")
+                && e.source.contains("blockIdx.x % 8")
+                && !e.source.contains("__cluster_dims__"),
+            "stores, an arrival of 8 CTAs, folds; no cluster"
+        );
+        emit_golden_with(
+            "decode_m1_18944x3584_bf16.grid_split",
+            g,
+            "decode_m1_18944x3584_bf16.json",
             &o,
         );
     }

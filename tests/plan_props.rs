@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cluster_push: true, cluster_combine: false, last_block_combine: false, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, tma: true, fuse_matmuls: true, online_softmax: Default::default(), fold_key_splits: Default::default(), all_reduce: Default::default(), max_stages: None, resident_blocks: None, refine_loops: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cluster_push: true, cluster_combine: false, last_block_combine: false, grid_split: None, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, tma: true, fuse_matmuls: true, online_softmax: Default::default(), fold_key_splits: Default::default(), all_reduce: Default::default(), max_stages: None, resident_blocks: None, refine_loops: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -185,6 +185,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
+        grid_split: None,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -293,6 +294,7 @@ fn shared_memory_overflow_is_an_error() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
+            grid_split: None,
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,
@@ -348,6 +350,7 @@ fn workspace_reuses_dead_intermediates() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
+            grid_split: None,
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,
@@ -473,6 +476,7 @@ fn plan_for(
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
+        grid_split: None,
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -609,6 +613,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
+            grid_split: None,
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,

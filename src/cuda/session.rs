@@ -66,6 +66,9 @@ pub struct SessionOptions {
     /// splits (`--last-block-combine`; off by default; the session allocates the workspace
     /// zeroed, as the counters need).
     pub last_block_combine: bool,
+    /// CTAs per block of a grid split of kernels' for-loops (`--grid-split`; off by default;
+    /// the session allocates the workspace zeroed, as its counters need).
+    pub grid_split: Option<usize>,
     /// Where attention kernels compute their softmax online (`--online-softmax`).
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
     /// Whether split attention's key splits fold into the kernel's loop (`--fold-key-splits`).
@@ -147,6 +150,7 @@ impl Session {
             cluster_push: !a.no_cluster_push,
             cluster_combine: a.cluster_combine,
             last_block_combine: a.last_block_combine,
+            grid_split: a.grid_split,
             cta: a.cta,
             register_pipes: !a.no_register_pipes,
             register_rows: !a.no_register_rows,

@@ -236,6 +236,10 @@ pub enum Func {
     TbClusterSoftmaxCombine,
     /// `mucc::tb::arrive_last`: a block arrives on its group's counter; true in the last one.
     TbArriveLast,
+    /// `mucc::tb::store_partial`: a grid split's CTA stores a partial tile into its slot.
+    TbStorePartial,
+    /// `mucc::tb::fold_partials`: a grid split's last CTA folds every CTA's slot into its tile.
+    TbFoldPartials,
     /// `mucc::tb::combine_splits`: the last block of a group combines the key splits' partials.
     TbCombineSplits,
     /// `mucc::xchg::arrive_and_sum`: the fused all-reduce's last blocks sum the GPUs' slots.
@@ -499,6 +503,8 @@ pub enum Expr {
     Eq(Box<Expr>, Box<Expr>),
     /// `a != b`.
     Ne(Box<Expr>, Box<Expr>),
+    /// `!e` (the builder parenthesises an `e` that needs it).
+    Not(Box<Expr>),
     /// `(e)`: the printer adds no parentheses of its own, so the builder places them.
     Paren(Box<Expr>),
     /// An operator of the graph on one value of the given compute type (the runtime's
@@ -1145,6 +1151,7 @@ impl fmt::Display for Expr {
             Expr::Lt(a, b) => write!(f, "{a} < {b}"),
             Expr::Eq(a, b) => write!(f, "{a} == {b}"),
             Expr::Ne(a, b) => write!(f, "{a} != {b}"),
+            Expr::Not(e) => write!(f, "!{e}"),
             Expr::Paren(e) => write!(f, "({e})"),
             Expr::Unary(u, e, d) => f.write_str(&cxx::unary(u, &e.to_string(), cxx::ctype(*d))),
             Expr::Binary(b, x, y) => f.write_str(&cxx::binary(*b, &x.to_string(), &y.to_string())),
@@ -1199,6 +1206,7 @@ pub fn walk<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(&'a Expr)) {
             }
             Expr::Field(b, _)
             | Expr::AddrOf(b)
+            | Expr::Not(b)
             | Expr::Paren(b)
             | Expr::Unary(_, b, _)
             | Expr::Construct(_, b)
@@ -1405,8 +1413,11 @@ pub enum KernelParam {
     Input(usize),
     /// The output of a combine in the kernel's clusters or last blocks: `T* __restrict__ ycomb`.
     CombineOutput,
-    /// The arrival counters of a last-block combine: `unsigned* __restrict__ arrivals`.
+    /// The arrival counters of a last-block combine or a grid split:
+    /// `unsigned* __restrict__ arrivals`.
     ArrivalCounters,
+    /// A grid split's partial slots: `unsigned char* __restrict__ slots`.
+    SplitSlots,
     /// The fused all-reduce's result: `T* xrecv`.
     ExchangeResult,
     /// GPU `r`'s exchange buffer: `unsigned char* x<r>`.

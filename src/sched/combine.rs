@@ -251,7 +251,7 @@ impl fmt::Display for NoFold {
                  kernel, it could overlap tensors still live there)",
             ),
             NoFold::LoopSplit => {
-                f.write_str("the attention kernel's for-loop is split over a cluster already")
+                f.write_str("the attention kernel's for-loop is split over several CTAs already")
             }
             NoFold::Exchange => f.write_str("the attention kernel performs a fused all-reduce"),
             NoFold::RegisterRows => {
@@ -418,7 +418,7 @@ fn locate(
     if !matches!(dt[y.index()].placement, Placement::Output(_)) {
         return Err(NoFold::OutputInWorkspace);
     }
-    if kp.split.cluster().is_some() {
+    if kp.split.ctas() > 1 {
         return Err(NoFold::LoopSplit);
     }
     if kp.exchange.is_some() {

@@ -10,10 +10,10 @@ use super::order::{Phase, Schedule, Step};
 use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
-    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather,
-    HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices, MatmulLowering, NoPush, Options, Partial,
-    PipeDecision, PlanError, Prefetch, PushSlots, RingStart, Sink, SmemPlan, Split, SplitOff,
-    WgmmaOff, WriteBack, ZERO_PAGE,
+    Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather, GridSplit,
+    GridSplitOff, HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices, MatmulLowering, NoPush,
+    Options, Partial, PipeDecision, PlanError, Prefetch, PushSlots, RingStart, Sink, SmemPlan,
+    Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -582,6 +582,26 @@ fn plan_kernel_with(
             }
         }
     }
+    // A grid split asked for replaces the cluster split where its rules hold.
+    let mut grid_split_off = None;
+    if let Some(n) = opts.grid_split {
+        match plan_grid_split(
+            tb,
+            threads,
+            &fusion,
+            &sched,
+            &ops,
+            &tiles,
+            &smem,
+            target,
+            &pipes,
+            opts.resident_blocks,
+            n,
+        ) {
+            Ok(g) => split = Split::Grid(g),
+            Err(why) => grid_split_off = Some(why),
+        }
+    }
     // The resident blocks wanted, as far as shared memory holds them, promised to ptxas so
     // that it keeps registers for them too: without the promise, mqa_bs8 g3's piped kernel
     // took 169 registers on the GPU's NVRTC and fit two blocks per SM instead of the three
@@ -592,18 +612,28 @@ fn plan_kernel_with(
     if let Split::Cluster(c) = &mut split {
         c.gather = plan_gather(tb, c, &mut smem, &tiles, target, opts.cluster_push);
     }
-    if let Split::Cluster(c) = &split {
-        // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
-        min_blocks_per_sm = c.resident_per_sm;
-        resident_blocks = match c.gather.push() {
+    let counted = match &split {
+        Split::Cluster(c) => Some((
+            c.resident_per_sm,
+            c.iters,
             // The slots took the room of some of the CTAs counted on.
-            Some(p) if p.resident_before.is_some() => c.resident_per_sm,
-            _ => resident_blocks.max(c.resident_per_sm),
+            c.gather.push().is_some_and(|p| p.resident_before.is_some()),
+        )),
+        Split::Grid(g) => Some((g.resident_per_sm, g.iters, false)),
+        Split::Off(_) => None,
+    };
+    if let Some((resident, iters, pushed_out)) = counted {
+        // The CTAs per SM the split counted on, promised to ptxas (it keeps registers for them).
+        min_blocks_per_sm = resident;
+        resident_blocks = if pushed_out {
+            resident
+        } else {
+            resident_blocks.max(resident)
         };
         // A CTA's share of the loop bounds its ring (the slots stay allocated).
         for p in &mut ops {
             if let OpPlan::Input { stages, .. } = p {
-                *stages = (*stages).min(c.iters);
+                *stages = (*stages).min(iters);
             }
         }
     }
@@ -618,9 +648,11 @@ fn plan_kernel_with(
     let copy_waits = plan_copy_waits(&fusion, &ops, &sched);
     let mut barriers = plan_body_barriers(tb, &ops, &smem, &sched, &write_backs);
     barriers.after_rescaled_folds = split.cluster().and_then(after_rescaled_folds);
-    barriers.before_push = split
-        .cluster()
-        .is_some_and(|c| matches!(c.gather, Gather::Push(_)));
+    barriers.before_push = match &split {
+        Split::Cluster(c) => matches!(c.gather, Gather::Push(_)),
+        Split::Grid(_) => true,
+        Split::Off(_) => false,
+    };
     let regions = plan_regions(g, op, tb, dt, &tma);
     let uniform_warp = ops.iter().any(|o| {
         matches!(
@@ -666,6 +698,7 @@ fn plan_kernel_with(
         exchange: None,
         cluster_combine: None,
         last_block_combine: None,
+        grid_split_off,
         body: super::plan::Body::Tiles(super::rows::RowsOff::NotPlanned),
         uniform_warp,
         loop_indices,
@@ -1242,6 +1275,64 @@ fn plan_split(
     pipes: &[PipeDecision],
     asked: Option<usize>,
 ) -> Split {
+    let basis = match split_basis(
+        tb, threads, fusion, sched, ops, tiles, smem, target, pipes, asked,
+    ) {
+        Ok(b) => b,
+        Err(why) => return Split::Off(why),
+    };
+    let (f, blocks) = (tb.forloop_range, tb.num_blocks());
+    let slots = target.typical_sms * basis.resident_per_sm;
+    for ctas in CLUSTER_SIZES {
+        if f.is_multiple_of(ctas)
+            && f / ctas >= 2
+            && cluster_fits(blocks, ctas, basis.resident_per_sm, target)
+        {
+            return Split::Cluster(ClusterSplit {
+                ctas,
+                iters: f / ctas,
+                partials: basis.partials,
+                resident_per_sm: basis.resident_per_sm,
+                regs_per_thread: basis.regs_per_thread,
+                // Decided once the split is final (`plan_gather`).
+                gather: Gather::Fold(NoPush::TurnedOff),
+            });
+        }
+    }
+    Split::Off(SplitOff::NoClusterFits {
+        iterations: f,
+        blocks,
+        slots,
+    })
+}
+
+/// What any split of a kernel's loop combines, and the CTAs per SM it counts on.
+struct SplitBasis {
+    /// The accumulators combined after the loop (rescaled ones first).
+    partials: Vec<Partial>,
+    /// CTAs per SM (see [`ClusterSplit::resident_per_sm`]).
+    resident_per_sm: usize,
+    /// Registers per thread at that residency.
+    regs_per_thread: usize,
+}
+
+/// The rules every split of the loop shares (two iterations or more, a grid that leaves SMs
+/// idle, accumulators that combine after the fact: [`split_partials`]) and the residency it
+/// counts on: at most [`SPLIT_MAX_RESIDENT`] CTAs per SM at [`SPLIT_REGS_PER_THREAD`]
+/// registers, or the `asked` count as far as shared memory and threads allow.
+#[allow(clippy::too_many_arguments)]
+fn split_basis(
+    tb: &TbGraph,
+    threads: usize,
+    fusion: &FusionPlan,
+    sched: &Schedule,
+    ops: &[OpPlan],
+    tiles: &[Option<TileGeometry>],
+    smem: &SmemPlan,
+    target: &Target,
+    pipes: &[PipeDecision],
+    asked: Option<usize>,
+) -> Result<SplitBasis, SplitOff> {
     let blocks = tb.num_blocks();
     // An online-softmax register pipe's running max, rescaled sums and max accumulator combine
     // as one: the sums rescaled to the CTAs' largest max, then the max. Only for a split of the
@@ -1252,97 +1343,21 @@ fn plan_split(
         .clone()
         .filter(|p| p.keys > 1)
         .find_map(|p| p.online.as_ref());
-    let f = tb.forloop_range;
-    if f < 2 {
-        return Split::Off(SplitOff::OneIteration);
+    if tb.forloop_range < 2 {
+        return Err(SplitOff::OneIteration);
     }
     if blocks >= target.typical_sms {
-        return Split::Off(SplitOff::GridFills {
+        return Err(SplitOff::GridFills {
             blocks,
             sms: target.typical_sms,
         });
     }
     if let Some(p) = piped.clone().find(|p| p.keys == 1 && p.online.is_some()) {
-        return Split::Off(SplitOff::OnlineRows {
+        return Err(SplitOff::OnlineRows {
             max_op: p.online.as_ref().map_or(0, |o| o.max.index()),
         });
     }
-    let mut partials = Vec::new();
-    for (h, op) in tb.ops.iter() {
-        let name = op.kind.name();
-        match (&op.kind, &ops[h.index()]) {
-            (
-                TbOpKind::Reduction {
-                    kind: TbReduction::Max,
-                    ..
-                },
-                OpPlan::RunningMax,
-            ) if online.is_none_or(|o| o.max != h) => {
-                return Split::Off(SplitOff::RunningMax {
-                    op: h.index(),
-                    kind: name,
-                });
-            }
-            (TbOpKind::Output { .. }, _)
-                if sched.phase[fusion.chain_of[h.index()]] == Phase::Loop =>
-            {
-                return Split::Off(SplitOff::StoresInLoop {
-                    op: h.index(),
-                    kind: name,
-                });
-            }
-            (TbOpKind::Accum(kind), _) => {
-                let combine = match kind {
-                    AccumKind::Nored
-                    | AccumKind::RedLdSum
-                    | AccumKind::RedLdMean
-                    | AccumKind::RedLdRms
-                    | AccumKind::RedtoxLdSum => Combine::Sum,
-                    AccumKind::Max => Combine::Max,
-                    AccumKind::NoredRescale | AccumKind::RedLdSumRescale => match online {
-                        Some(o) if h == o.out_acc || h == o.sum_acc => {
-                            let max_tile = tb.ops[o.max_acc].outputs[0].index();
-                            if smem.buffer_of(max_tile).is_none() {
-                                return Split::Off(SplitOff::RescaleMaxNotKept {
-                                    op: h.index(),
-                                    kind: name,
-                                });
-                            }
-                            Combine::Rescaled { max_tile }
-                        }
-                        _ => {
-                            return Split::Off(SplitOff::Rescales {
-                                op: h.index(),
-                                kind: name,
-                            });
-                        }
-                    },
-                };
-                let tile = op.outputs[0].index();
-                if smem.buffer_of(tile).is_none() {
-                    // Nothing reads it: nothing to combine.
-                    continue;
-                }
-                let dtype = tiles[tile].as_ref().map(|g| g.dtype);
-                if !matches!(dtype, Some(DType::F32 | DType::F64)) {
-                    return Split::Off(SplitOff::NarrowPartial {
-                        op: h.index(),
-                        kind: name,
-                        dtype,
-                    });
-                }
-                partials.push(Partial {
-                    accum: h,
-                    tile,
-                    combine,
-                });
-            }
-            _ => {}
-        }
-    }
-    if partials.is_empty() {
-        return Split::Off(SplitOff::NothingToCombine);
-    }
+    let mut partials = split_partials(tb, fusion, sched, ops, tiles, smem, online)?;
     // Rescaled partials read every CTA's max tile: they combine before it does.
     partials.sort_by_key(|p| !matches!(p.combine, Combine::Rescaled { .. }));
     let by_smem = target.smem_per_sm / (smem.total + DRIVER_SMEM_PER_BLOCK);
@@ -1361,28 +1376,169 @@ fn plan_split(
             (r, SPLIT_REGS_PER_THREAD)
         }
     };
-    let slots = target.typical_sms * resident_per_sm;
-    for ctas in CLUSTER_SIZES {
-        if f.is_multiple_of(ctas)
-            && f / ctas >= 2
-            && cluster_fits(blocks, ctas, resident_per_sm, target)
-        {
-            return Split::Cluster(ClusterSplit {
-                ctas,
-                iters: f / ctas,
-                partials,
-                resident_per_sm,
-                regs_per_thread,
-                // Decided once the split is final (`plan_gather`).
-                gather: Gather::Fold(NoPush::TurnedOff),
-            });
+    Ok(SplitBasis {
+        partials,
+        resident_per_sm,
+        regs_per_thread,
+    })
+}
+
+/// A grid split of the loop over `ctas` CTAs per block (`--grid-split`, [`GridSplit`]), where
+/// the rules every split shares hold ([`split_basis`]), `ctas` divides the loop into shares of
+/// two iterations or more, and no partial is rescaled (only CTAs of a cluster see each other's
+/// running maxima). Its workspace offsets are placed over the whole graph later.
+#[allow(clippy::too_many_arguments)]
+fn plan_grid_split(
+    tb: &TbGraph,
+    threads: usize,
+    fusion: &FusionPlan,
+    sched: &Schedule,
+    ops: &[OpPlan],
+    tiles: &[Option<TileGeometry>],
+    smem: &SmemPlan,
+    target: &Target,
+    pipes: &[PipeDecision],
+    asked: Option<usize>,
+    ctas: usize,
+) -> Result<GridSplit, GridSplitOff> {
+    let f = tb.forloop_range;
+    let basis = split_basis(
+        tb, threads, fusion, sched, ops, tiles, smem, target, pipes, asked,
+    )
+    .map_err(GridSplitOff::Split)?;
+    if ctas < 2 || !f.is_multiple_of(ctas) || f / ctas < 2 {
+        return Err(GridSplitOff::NotDividing {
+            iterations: f,
+            ctas,
+        });
+    }
+    if let Some(p) = basis
+        .partials
+        .iter()
+        .find(|p| matches!(p.combine, Combine::Rescaled { .. }))
+    {
+        return Err(GridSplitOff::Rescaled {
+            op: p.accum.index(),
+        });
+    }
+    let mut slot_elems = Vec::new();
+    let mut elem_bytes = Vec::new();
+    let mut slot_offsets = Vec::new();
+    let blocks = tb.num_blocks();
+    let mut at = 0;
+    for p in &basis.partials {
+        let t = Handle::from_index(p.tile);
+        let n = tb.tensors[t].shape.numel();
+        let b = tiles[p.tile].as_ref().map_or(4, |g| g.dtype.bytes());
+        slot_offsets.push(at);
+        slot_elems.push(n);
+        elem_bytes.push(b);
+        at = (at + blocks * ctas * n * b).next_multiple_of(16);
+    }
+    Ok(GridSplit {
+        ctas,
+        iters: f / ctas,
+        partials: basis.partials,
+        resident_per_sm: basis.resident_per_sm,
+        regs_per_thread: basis.regs_per_thread,
+        blocks,
+        slot_elems,
+        elem_bytes,
+        slot_offsets,
+        // Placed over the whole graph (`sched::place_grid_split_slots`).
+        slots_at: 0,
+        counters_at: 0,
+    })
+}
+
+/// The accumulators the CTAs of a split loop combine after it (in operator order), or why the
+/// loop cannot be split: `online` is the online-softmax pipe whose rescaled partials combine.
+fn split_partials(
+    tb: &TbGraph,
+    fusion: &FusionPlan,
+    sched: &Schedule,
+    ops: &[OpPlan],
+    tiles: &[Option<TileGeometry>],
+    smem: &SmemPlan,
+    online: Option<&super::plan::OnlinePipe>,
+) -> Result<Vec<Partial>, SplitOff> {
+    let mut partials = Vec::new();
+    for (h, op) in tb.ops.iter() {
+        let name = op.kind.name();
+        match (&op.kind, &ops[h.index()]) {
+            (
+                TbOpKind::Reduction {
+                    kind: TbReduction::Max,
+                    ..
+                },
+                OpPlan::RunningMax,
+            ) if online.is_none_or(|o| o.max != h) => {
+                return Err(SplitOff::RunningMax {
+                    op: h.index(),
+                    kind: name,
+                });
+            }
+            (TbOpKind::Output { .. }, _)
+                if sched.phase[fusion.chain_of[h.index()]] == Phase::Loop =>
+            {
+                return Err(SplitOff::StoresInLoop {
+                    op: h.index(),
+                    kind: name,
+                });
+            }
+            (TbOpKind::Accum(kind), _) => {
+                let combine = match kind {
+                    AccumKind::Nored
+                    | AccumKind::RedLdSum
+                    | AccumKind::RedLdMean
+                    | AccumKind::RedLdRms
+                    | AccumKind::RedtoxLdSum => Combine::Sum,
+                    AccumKind::Max => Combine::Max,
+                    AccumKind::NoredRescale | AccumKind::RedLdSumRescale => match online {
+                        Some(o) if h == o.out_acc || h == o.sum_acc => {
+                            let max_tile = tb.ops[o.max_acc].outputs[0].index();
+                            if smem.buffer_of(max_tile).is_none() {
+                                return Err(SplitOff::RescaleMaxNotKept {
+                                    op: h.index(),
+                                    kind: name,
+                                });
+                            }
+                            Combine::Rescaled { max_tile }
+                        }
+                        _ => {
+                            return Err(SplitOff::Rescales {
+                                op: h.index(),
+                                kind: name,
+                            });
+                        }
+                    },
+                };
+                let tile = op.outputs[0].index();
+                if smem.buffer_of(tile).is_none() {
+                    // Nothing reads it: nothing to combine.
+                    continue;
+                }
+                let dtype = tiles[tile].as_ref().map(|g| g.dtype);
+                if !matches!(dtype, Some(DType::F32 | DType::F64)) {
+                    return Err(SplitOff::NarrowPartial {
+                        op: h.index(),
+                        kind: name,
+                        dtype,
+                    });
+                }
+                partials.push(Partial {
+                    accum: h,
+                    tile,
+                    combine,
+                });
+            }
+            _ => {}
         }
     }
-    Split::Off(SplitOff::NoClusterFits {
-        iterations: f,
-        blocks,
-        slots,
-    })
+    if partials.is_empty() {
+        return Err(SplitOff::NothingToCombine);
+    }
+    Ok(partials)
 }
 
 /// Geometry of every tile that lives in shared memory, with the chunk sizes its accesses need:
@@ -2530,6 +2686,74 @@ mod tests {
         // by shared memory (about 30 KB each), 16 by threads; 7 are counted on.
         let (_, resident, regs, _) = split(Some(12));
         assert_eq!((resident, regs), (7, 72));
+    }
+
+    /// `--grid-split N` replaces the cluster split of a decode linear (72 blocks, 64 iterations)
+    /// on both targets where N divides the loop into shares of two or more, with the residency
+    /// the split counts on; otherwise the kernel keeps its plan and says why. A grid of a block
+    /// per SM or more is not split.
+    #[test]
+    fn grid_split_where_its_rules_hold() {
+        use crate::graph::DType;
+        use crate::graph::workloads::decode_gated_linear;
+        use crate::sched::plan::{CtaChoice, GridSplitOff, Options};
+        use crate::target::Arch;
+        let plan = |g: &crate::graph::kernel::KernelGraph, arch, n| {
+            let o = Options {
+                grid_split: Some(n),
+                cta: CtaChoice::Warps(4),
+                ..Options::for_target(Target::new(arch))
+            };
+            let p = crate::sched::plan(g, &o).unwrap();
+            let kp = p.kernels.values().next().unwrap().clone();
+            (p, kp)
+        };
+        let g = decode_gated_linear(1, 3584, 4608, 72, 64, DType::BF16).unwrap();
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let (p, kp) = plan(&g, arch, 16);
+            let gs = kp.split.grid().expect("a grid split");
+            assert_eq!((gs.ctas, gs.iters, gs.blocks), (16, 4, 72));
+            assert_eq!(kp.launch_grid(), [72 * 16, 1, 1]);
+            assert_eq!(kp.cta.min_blocks_per_sm, gs.resident_per_sm);
+            assert!(kp.grid_split_off.is_none() && kp.cluster_dims().is_none());
+            // One f32 slot of the 64-column accumulator per CTA past the (empty) buffers, one
+            // counter per block after them; the launch binds both.
+            assert_eq!(
+                (&gs.slot_elems[..], &gs.elem_bytes[..]),
+                (&[64][..], &[4][..])
+            );
+            assert_eq!(gs.slots_at, p.splits_at());
+            assert_eq!(p.split_bytes, 72 * 16 * 64 * 4);
+            assert_eq!((gs.counters_at, p.counter_bytes), (p.counters_at(), 72 * 4));
+            assert_eq!(p.workspace_bytes(), p.counters_at() + 72 * 4);
+            assert!(kp.barriers.before_push);
+            // A CTA's share bounds its ring.
+            assert!(kp.ops.iter().all(|o| match o {
+                OpPlan::Input { stages, .. } => *stages <= 4,
+                _ => true,
+            }));
+            let (p, kp) = plan(&g, arch, 3);
+            assert_eq!(
+                kp.grid_split_off,
+                Some(GridSplitOff::NotDividing {
+                    iterations: 64,
+                    ctas: 3
+                })
+            );
+            assert_eq!((p.split_bytes, kp.split.grid()), (0, None));
+            let (_, kp) = plan(&g, arch, 64);
+            assert!(matches!(
+                kp.grid_split_off,
+                Some(GridSplitOff::NotDividing { .. })
+            ));
+        }
+        // 264 blocks fill the 132 SMs.
+        let g = decode_gated_linear(1, 3584, 264 * 16, 264, 64, DType::BF16).unwrap();
+        let (_, kp) = plan(&g, Arch::Sm90a, 4);
+        assert!(matches!(
+            kp.grid_split_off,
+            Some(GridSplitOff::Split(SplitOff::GridFills { blocks: 264, .. }))
+        ));
     }
 
     /// Attention over 64 keys per iteration on sm_90a: both matmuls of the register pipe run as

@@ -42,6 +42,32 @@ use crate::layout::solve::resolve;
 pub use kernel_level::KnOpPlan;
 pub use plan::{CtaChoice, GraphPlan, KernelPlan, Options, PathChoice, PlanError, RefineChoice};
 
+/// Places the partial slots of every grid split ([`plan::GridSplit`]) one kernel after the
+/// other from workspace byte `at` (each kernel's aligned); returns their bytes.
+fn place_grid_split_slots(kernels: &mut BTreeMap<usize, plan::KernelPlan>, at: usize) -> usize {
+    let mut end = at;
+    for kp in kernels.values_mut() {
+        if let plan::Split::Grid(gs) = &mut kp.split {
+            gs.slots_at = end;
+            end = (end + gs.slot_bytes()).next_multiple_of(plan::WORKSPACE_ALIGN);
+        }
+    }
+    end - at
+}
+
+/// Places the arrival counters of every grid split from workspace byte `at` (after the
+/// last-block combines' counters); returns their bytes.
+fn place_grid_split_counters(kernels: &mut BTreeMap<usize, plan::KernelPlan>, at: usize) -> usize {
+    let mut end = at;
+    for kp in kernels.values_mut() {
+        if let plan::Split::Grid(gs) = &mut kp.split {
+            gs.counters_at = end;
+            end += gs.counter_bytes();
+        }
+    }
+    end - at
+}
+
 /// Which threadblock kernels launch programmatically (sm_90a, Hopper path): those whose
 /// previous step is a generated kernel (a cuBLAS call or the graph's start keeps a plain
 /// launch); a threadblock kernel followed by one triggers it at its start.
@@ -494,7 +520,9 @@ fn plan_graph(
     let mut kernel_ops = kernel_level::plan_kernel_ops(g, &dt, &outputs, target)?;
     let exchange_bytes =
         exchange::fuse_all_reduces(g, &mut kernel_ops, &mut kernels, opts.all_reduce);
-    let counter_bytes = combine::fuse_softmax_combines(
+    let split_bytes = place_grid_split_slots(&mut kernels, plan::splits_at(workspace_packing.peak));
+    let counters_at = plan::counters_at(workspace_packing.peak, split_bytes);
+    let mut counter_bytes = combine::fuse_softmax_combines(
         g,
         &dt,
         &mut kernel_ops,
@@ -503,11 +531,10 @@ fn plan_graph(
             hopper: opts.path.hopper(target),
             cluster: opts.cluster_combine,
             last_block: opts.last_block_combine,
-            counters_at: workspace_packing
-                .peak
-                .next_multiple_of(plan::WORKSPACE_ALIGN),
+            counters_at,
         },
     );
+    counter_bytes += place_grid_split_counters(&mut kernels, counters_at + counter_bytes);
     plan_dependent_launches(&kernel_ops, &mut kernels, opts);
     let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {
@@ -525,6 +552,7 @@ fn plan_graph(
         symbols: opts.symbols.clone(),
         gpus,
         exchange_bytes,
+        split_bytes,
         counter_bytes,
         rewrite: rewrite::Rewrite::default(),
         elapsed: start.elapsed(),

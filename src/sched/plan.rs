@@ -63,6 +63,10 @@ pub struct Options {
     /// `--last-block-combine`; the workspace must then be zero before the first call). Off by
     /// default: measured slower on an H100 (docs/benchmarks.md).
     pub last_block_combine: bool,
+    /// CTAs per µGraph block of a grid split ([`GridSplit`], `--grid-split N`): a kernel's
+    /// for-loop split over N CTAs that fold their partials through the workspace, where the
+    /// rules hold; it replaces a cluster split. `None` (default): no grid split.
+    pub grid_split: Option<usize>,
     /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
     /// guess, not semantics, so the planner may choose its own.
     pub cta: CtaChoice,
@@ -124,6 +128,7 @@ impl Options {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
+            grid_split: None,
             cta: CtaChoice::Auto,
             register_pipes: true,
             register_rows: true,
@@ -754,6 +759,9 @@ pub enum Feature {
     /// A for-loop split over a thread-block cluster, partials combined through distributed
     /// shared memory.
     Cluster,
+    /// A for-loop split over CTAs that fold their partials through the workspace behind an
+    /// arrival counter ([`GridSplit`]).
+    GridSplit,
     /// Programmatic dependent launch (`griddepcontrol`).
     ProgrammaticLaunch,
     /// Every tile in registers: 16-byte loads and stores, row sums by warp shuffles
@@ -797,13 +805,14 @@ impl fmt::Display for Feature {
             Feature::FmaMatmul => "FMA matmuls",
             Feature::RegisterPipe => "register pipe",
             Feature::Cluster => "cluster",
+            Feature::GridSplit => "grid split",
             Feature::ProgrammaticLaunch => "griddepcontrol",
             Feature::RegisterRows => "register rows",
         })
     }
 }
 
-/// How partial accumulators of the CTAs of a cluster combine.
+/// How partial accumulators of the CTAs of a split combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Combine {
     /// Added (sums; mean and RMS add their partial sums before the division and the root).
@@ -819,7 +828,7 @@ pub enum Combine {
     },
 }
 
-/// One accumulator tile that the CTAs of a cluster combine after the loop.
+/// One accumulator tile that the CTAs of a split combine after the loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Partial {
     /// The accumulator.
@@ -935,6 +944,101 @@ impl fmt::Display for NoPush {
     }
 }
 
+/// A for-loop split over CTAs that need not run at once (`--grid-split N`; sm_80 and sm_90a):
+/// each µGraph block runs as `ctas` consecutive CTAs along x; CTA r runs iterations
+/// [r·iters, (r+1)·iters) into its own accumulators, stores its partial tiles into its slots in
+/// the workspace and arrives on its block's counter (`mucc::tb::arrive_last`); the last CTA to
+/// arrive folds every CTA's slots in CTA order (the same rounding whichever CTA is last) into
+/// its tiles and alone runs the post-loop operators. No CTA waits for another, so the CTAs may
+/// take several waves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GridSplit {
+    /// CTAs per µGraph block.
+    pub ctas: usize,
+    /// Iterations per CTA.
+    pub iters: usize,
+    /// The accumulators combined after the loop (sums and maxima: no rescaled partials).
+    pub partials: Vec<Partial>,
+    /// CTAs of the kernel one SM holds at once (the launch bounds promise them).
+    pub resident_per_sm: usize,
+    /// Registers per thread the residency counts on.
+    pub regs_per_thread: usize,
+    /// µGraph blocks (one counter and `ctas` slots per partial each).
+    pub blocks: usize,
+    /// Per partial, in [`GridSplit::partials`] order: its slots' elements (the tile's).
+    pub slot_elems: Vec<usize>,
+    /// Per partial: bytes of an element (the tile's type, f32 or f64).
+    pub elem_bytes: Vec<usize>,
+    /// Per partial: the byte offset of its slots from [`GridSplit::slots_at`]; block b's CTA
+    /// r's slot starts `(b · ctas + r) · elems · bytes` further, the tile's elements in
+    /// row-major order.
+    pub slot_offsets: Vec<usize>,
+    /// Workspace byte offset of the kernel's slots (placed over the whole graph, past its
+    /// buffers: [`GraphPlan::split_bytes`]).
+    pub slots_at: usize,
+    /// Workspace byte offset of the kernel's arrival counters (one u32 per µGraph block, among
+    /// [`GraphPlan::counter_bytes`]: zero before the first execution, left zero by each).
+    pub counters_at: usize,
+}
+
+impl GridSplit {
+    /// Bytes of the kernel's slots.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_elems
+            .iter()
+            .zip(&self.elem_bytes)
+            .map(|(n, b)| self.blocks * self.ctas * n * b)
+            .sum()
+    }
+
+    /// Bytes of the kernel's arrival counters.
+    pub fn counter_bytes(&self) -> usize {
+        4 * self.blocks
+    }
+}
+
+/// Why a kernel asked for a grid split (`--grid-split N`) has none ([`KernelPlan::grid_split_off`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GridSplitOff {
+    /// N does not divide the loop into shares of 2 iterations or more.
+    NotDividing {
+        /// Iterations of the loop.
+        iterations: usize,
+        /// CTAs asked per block.
+        ctas: usize,
+    },
+    /// A rule the cluster split shares (the loop, the grid, the accumulators).
+    Split(SplitOff),
+    /// An online-softmax partial: it is rescaled to the largest running max of the CTAs, which
+    /// only a cluster split combines.
+    Rescaled {
+        /// The accumulator.
+        op: usize,
+    },
+    /// A combining step or an all-reduce runs in this kernel's blocks.
+    FusedStep,
+}
+
+impl fmt::Display for GridSplitOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GridSplitOff::NotDividing { iterations, ctas } => write!(
+                f,
+                "{ctas} CTAs do not divide the {iterations} iterations into shares of 2 or more"
+            ),
+            GridSplitOff::Split(why) => why.fmt(f),
+            GridSplitOff::Rescaled { op } => write!(
+                f,
+                "op {op} is an online-softmax partial (rescaled to the CTAs' largest running max: \
+                 only a cluster split combines it)"
+            ),
+            GridSplitOff::FusedStep => {
+                f.write_str("a combining step or an all-reduce runs in this kernel's blocks")
+            }
+        }
+    }
+}
+
 /// Programmatic dependent launch of a threadblock kernel (sm_90a): launched with programmatic
 /// stream serialisation, so that its CTAs may start while the previous kernel finishes; it waits
 /// (`griddepcontrol.wait`) for that kernel's completion and memory before anything else.
@@ -980,13 +1084,15 @@ impl DependentLaunch {
     }
 }
 
-/// Whether and how a kernel's for-loop is split over a cluster.
+/// Whether and how a kernel's for-loop is split over several CTAs per µGraph block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Split {
     /// Not split, and why.
     Off(SplitOff),
-    /// Split.
+    /// Split over the CTAs of a cluster (sm_90a).
     Cluster(ClusterSplit),
+    /// Split over CTAs that fold their partials through the workspace.
+    Grid(GridSplit),
 }
 
 /// Why a kernel's for-loop is not split over a cluster ([`Split::Off`]).
@@ -1173,13 +1279,39 @@ impl Split {
     pub fn cluster(&self) -> Option<&ClusterSplit> {
         match self {
             Split::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The grid split, if any.
+    pub fn grid(&self) -> Option<&GridSplit> {
+        match self {
+            Split::Grid(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// CTAs per µGraph block and iterations per CTA, under either split.
+    pub fn share(&self) -> Option<(usize, usize)> {
+        match self {
             Split::Off(_) => None,
+            Split::Cluster(c) => Some((c.ctas, c.iters)),
+            Split::Grid(g) => Some((g.ctas, g.iters)),
         }
     }
 
     /// CTAs per µGraph block (1 without a split).
     pub fn ctas(&self) -> usize {
-        self.cluster().map_or(1, |c| c.ctas)
+        self.share().map_or(1, |(c, _)| c)
+    }
+
+    /// The partial accumulators the CTAs combine (none without a split).
+    pub fn partials(&self) -> &[Partial] {
+        match self {
+            Split::Off(_) => &[],
+            Split::Cluster(c) => &c.partials,
+            Split::Grid(g) => &g.partials,
+        }
     }
 }
 
@@ -1566,6 +1698,9 @@ pub struct KernelPlan {
     /// The combining step of split attention this kernel performs in the last block of each
     /// group of key splits ([`super::combine`]).
     pub last_block_combine: Option<super::combine::LastBlockCombine>,
+    /// Why the grid split asked for (`--grid-split`) is not this kernel's; `None` when none was
+    /// asked or it is.
+    pub grid_split_off: Option<GridSplitOff>,
     /// How the body computes: through the schedule's shared-memory tiles, or every tile in
     /// registers ([`super::rows`]).
     pub body: Body,
@@ -1735,7 +1870,7 @@ impl KernelPlan {
         match (&self.split, &self.cluster_combine) {
             (Split::Cluster(c), _) => Some([c.ctas, 1, 1]),
             (Split::Off(_), Some(c)) => Some(c.dims()),
-            (Split::Off(_), None) => None,
+            (Split::Off(_) | Split::Grid(_), _) => None,
         }
     }
 }
@@ -1800,6 +1935,7 @@ impl KernelPlan {
             self.split.cluster().is_some() || self.cluster_combine.is_some(),
             Feature::Cluster,
         );
+        add(self.split.grid().is_some(), Feature::GridSplit);
         add(
             self.dependent.is_programmatic() || self.triggers_next,
             Feature::ProgrammaticLaunch,
@@ -2221,8 +2357,9 @@ pub struct BodyBarriers {
     /// max tile: the index in [`ClusterSplit::partials`] of the first fold after them, which
     /// CTA 0 runs behind a barrier (the max tile's own fold among them).
     pub after_rescaled_folds: Option<usize>,
-    /// Under a cluster split whose partials are pushed ([`Gather::Push`]): a barrier after the
-    /// write-backs, before the CTAs read their partial tiles to push or fold them.
+    /// Under a cluster split whose partials are pushed ([`Gather::Push`]) or a grid split
+    /// ([`GridSplit`]): a barrier after the write-backs, before the CTAs read their partial
+    /// tiles to push or store them.
     pub before_push: bool,
 }
 
@@ -2358,9 +2495,12 @@ pub struct GraphPlan {
     /// Bytes of the exchange buffer every GPU needs for the all-reduces fused into kernels
     /// ([`super::exchange`]; 0: none).
     pub exchange_bytes: usize,
+    /// Bytes of the grid splits' partial slots ([`GridSplit`]), past the workspace's buffers
+    /// at [`GraphPlan::splits_at`] (0: none).
+    pub split_bytes: usize,
     /// Bytes of arrival counters at the end of the workspace (last-block combines,
-    /// [`super::combine::LastBlockCombine`]): zero before the first execution, and every
-    /// execution leaves them zero (0: none).
+    /// [`super::combine::LastBlockCombine`], and grid splits, [`GridSplit`]): zero before the
+    /// first execution, and every execution leaves them zero (0: none).
     pub counter_bytes: usize,
     /// The rewrite planned instead of the caller's graph (kernel-level matmuls fused into their
     /// reader), and the matmuls kept and why; every index in the other fields refers to
@@ -2368,6 +2508,17 @@ pub struct GraphPlan {
     pub rewrite: super::rewrite::Rewrite,
     /// Time spent planning.
     pub elapsed: Duration,
+}
+
+/// Where the grid splits' slots start in a workspace whose buffers take `peak` bytes.
+pub fn splits_at(peak: usize) -> usize {
+    peak.next_multiple_of(WORKSPACE_ALIGN)
+}
+
+/// Where the arrival counters start in a workspace whose buffers take `peak` bytes, followed by
+/// `split_bytes` of grid-split slots.
+pub fn counters_at(peak: usize, split_bytes: usize) -> usize {
+    (splits_at(peak) + split_bytes).next_multiple_of(WORKSPACE_ALIGN)
 }
 
 impl GraphPlan {
@@ -2402,19 +2553,24 @@ impl GraphPlan {
         v
     }
 
-    /// Workspace bytes: the buffers' peak, then the arrival counters ([`GraphPlan::counter_bytes`]).
+    /// Workspace bytes: the buffers' peak, then the grid splits' slots
+    /// ([`GraphPlan::split_bytes`]), then the arrival counters ([`GraphPlan::counter_bytes`]).
     pub fn workspace_bytes(&self) -> usize {
-        match self.counter_bytes {
-            0 => self.workspace_packing.peak,
-            c => self.counters_at() + c,
+        match (self.split_bytes, self.counter_bytes) {
+            (0, 0) => self.workspace_packing.peak,
+            (s, 0) => self.splits_at() + s,
+            (_, c) => self.counters_at() + c,
         }
     }
 
-    /// Where the arrival counters start in the workspace: past every buffer, aligned.
+    /// Where the grid splits' slots start in the workspace: past every buffer, aligned.
+    pub fn splits_at(&self) -> usize {
+        splits_at(self.workspace_packing.peak)
+    }
+
+    /// Where the arrival counters start in the workspace: past every buffer and slot, aligned.
     pub fn counters_at(&self) -> usize {
-        self.workspace_packing
-            .peak
-            .next_multiple_of(WORKSPACE_ALIGN)
+        counters_at(self.workspace_packing.peak, self.split_bytes)
     }
 
     /// Whether any tensor lives in the workspace.

@@ -636,6 +636,10 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 mucc::emit::ir::Func::ClusterSync,
                 mucc::emit::ir::Func::ClusterWait,
             ]),
+            F::GridSplit => calls_any(&[
+                mucc::emit::ir::Func::TbStorePartial,
+                mucc::emit::ir::Func::TbFoldPartials,
+            ]),
             F::ProgrammaticLaunch => calls_any(&[
                 mucc::emit::ir::Func::GridDependencyWait,
                 mucc::emit::ir::Func::LaunchDependents,
@@ -868,6 +872,111 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
         }
     }
     // The cluster split: this CTA's share of the loop, and a fold per partial accumulator.
+    // The grid split: this CTA's share from its place among the block's CTAs, a store and a
+    // fold per partial accumulator, one arrival guarding the folds, its two parameters.
+    {
+        use mucc::emit::ir::{Expr, Func, KernelParam, Stmt, Sym, TArg, Ty, calls};
+        let params = |p: KernelParam| sig.params.iter().filter(|&&q| q == p).count();
+        let args_of = |f: Func| -> Vec<Vec<Expr>> {
+            calls(stmts, f)
+                .into_iter()
+                .map(|a| a.into_iter().cloned().collect())
+                .collect()
+        };
+        match kp.split.grid() {
+            Some(g) => {
+                let rank = Expr::Call(
+                    Func::CastToInt,
+                    vec![Expr::Sym(Sym::BlockIdx(0)).modulo(Expr::size(g.ctas))],
+                );
+                let share = Expr::var("rsplit").times(Expr::size(g.iters));
+                let it0 = Expr::var("it0");
+                want(
+                    decl_of(stmts, "rsplit") == Some((Ty::ConstInt, &rank))
+                        && decl_of(stmts, "it0") == Some((Ty::ConstInt, &share))
+                        && loop_bounds(stmts) == Some((it0.clone(), it0.plus(Expr::size(g.iters)))),
+                    format!(
+                        "a loop share of {} iterations from it0 = (blockIdx.x % {}) · {}",
+                        g.iters, g.ctas, g.iters
+                    ),
+                );
+                let (stores, folds) =
+                    (args_of(Func::TbStorePartial), args_of(Func::TbFoldPartials));
+                let fold_targs = template_args_of(stmts, Func::TbFoldPartials);
+                for (i, p) in g.partials.iter().enumerate() {
+                    let (tile, base) = (
+                        Expr::var(format!("s{}", p.tile)),
+                        Expr::var(format!("gs{}", p.tile)),
+                    );
+                    let n = g.slot_elems[i];
+                    want(
+                        stores.iter().any(|a| {
+                            a[1] == tile
+                                && a[2]
+                                    == base.clone().plus(Expr::var("rsplit").times(Expr::size(n)))
+                        }),
+                        format!("a store of s{} into this CTA's slot of {n}", p.tile),
+                    );
+                    want(
+                        folds.iter().any(|a| a[1..] == [tile.clone(), base.clone()])
+                            && fold_targs.iter().any(|t| {
+                                t[..3] == [TArg::int(nt), TArg::int(n), TArg::int(g.ctas)]
+                            }),
+                        format!("a fold of the {} slots of s{}", g.ctas, p.tile),
+                    );
+                }
+                let guards: Vec<&Stmt> = stmts
+                    .iter()
+                    .map(Stmt::unnoted)
+                    .filter(|s| {
+                        matches!(s, Stmt::IfLine(Expr::Not(a), r)
+                            if matches!(**a, Expr::TemplateCall(Func::TbArriveLast, ref t, _)
+                                if t[..] == [TArg::int(g.ctas)])
+                                && matches!(**r, Stmt::Return(None)))
+                    })
+                    .collect();
+                want(
+                    guards.len() == 1
+                        && stores.len() == g.partials.len()
+                        && folds.len() == g.partials.len(),
+                    format!(
+                        "one arrival of {} CTAs guarding the folds, one store and fold per partial",
+                        g.ctas
+                    ),
+                );
+                // The stores before the arrival, the folds after it.
+                let at = |f: &dyn Fn(&Stmt) -> bool| stmts.iter().map(Stmt::unnoted).position(f);
+                let guard = at(&|s| matches!(s, Stmt::IfLine(Expr::Not(_), _)));
+                let store = at(&|s| {
+                    matches!(
+                        s,
+                        Stmt::Eval(Expr::TemplateCall(Func::TbStorePartial, _, _))
+                    )
+                });
+                let fold = at(&|s| {
+                    matches!(
+                        s,
+                        Stmt::Eval(Expr::TemplateCall(Func::TbFoldPartials, _, _))
+                    )
+                });
+                want(
+                    matches!((store, guard, fold), (Some(a), Some(b), Some(c)) if a < b && b < c),
+                    "stores, then the arrival, then the folds".into(),
+                );
+                want(
+                    params(KernelParam::SplitSlots) == 1
+                        && params(KernelParam::ArrivalCounters) == 1,
+                    "the slots and the counters as parameters".into(),
+                );
+            }
+            None => want(
+                params(KernelParam::SplitSlots) == 0
+                    && args_of(Func::TbStorePartial).is_empty()
+                    && args_of(Func::TbFoldPartials).is_empty(),
+                "no partial slots without a grid split".into(),
+            ),
+        }
+    }
     match kp.split.cluster() {
         Some(c) => {
             use mucc::emit::ir::{Expr, Func, Ty, calls};
@@ -977,7 +1086,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             });
             want(
                 !functions(stmts).iter().any(|f| cluster.contains(f))
-                    && !block_divided
+                    && (!block_divided || kp.split.grid().is_some())
                     && sig.cluster.is_none(),
                 "no cluster code without a split".into(),
             )
@@ -1057,18 +1166,19 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                     "the combine's output and the counters as parameters".into(),
                 );
                 want(
-                    kp.cluster_combine.is_none()
-                        && sig.cluster.is_none()
-                        && kp.split.cluster().is_none(),
+                    kp.cluster_combine.is_none() && sig.cluster.is_none() && kp.split.ctas() == 1,
                     "no cluster beside a last-block combine".into(),
                 );
             }
-            None => want(
-                anywhere == 0
-                    && params(KernelParam::ArrivalCounters) == 0
-                    && !functions(stmts).contains(&Func::TbCombineSplits),
-                "no arrival without a last-block combine".into(),
-            ),
+            None => {
+                let grid = usize::from(kp.split.grid().is_some());
+                want(
+                    anywhere == grid
+                        && params(KernelParam::ArrivalCounters) == grid
+                        && !functions(stmts).contains(&Func::TbCombineSplits),
+                    "no arrival without a last-block combine (but a grid split's)".into(),
+                )
+            }
         }
     }
     // Mean and RMS accumulators finalised with the plan's divisor, element by element.
@@ -1501,7 +1611,7 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
                 let t = op.outputs[0].index();
                 let slot = kp.tiles[t].as_ref().unwrap().phys_elems;
                 use mucc::emit::ir::{Expr, Stmt};
-                let rel = match kp.split.cluster() {
+                let rel = match kp.split.share() {
                     Some(_) => Expr::var("it").minus(Expr::var("it0")).paren(),
                     None => Expr::var("it"),
                 };
@@ -1994,10 +2104,23 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
     if combines {
         let last = Options {
             last_block_combine: true,
-            ..opts
+            ..opts.clone()
         };
         let what = format!("{what}, --last-block-combine on");
         check_with(g, &last, &what)?;
+    }
+    // Graphs with a kernel whose loop a split may take: also with grid splits of 2.
+    let splittable = p.graph(g).ops.iter().any(|(_, op)| {
+        matches!(&op.kind, mucc::graph::kernel::KnOpKind::Customized(tb)
+            if tb.num_blocks() < target.typical_sms && tb.forloop_range >= 4)
+    });
+    if splittable {
+        let grid = Options {
+            grid_split: Some(2),
+            ..opts
+        };
+        let what = format!("{what}, --grid-split 2");
+        check_with(g, &grid, &what)?;
     }
     Ok(e)
 }

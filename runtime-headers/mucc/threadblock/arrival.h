@@ -7,12 +7,30 @@
 //
 // The counter is a u32 in the workspace: zero before the first launch; the last block of the
 // group sets it back to zero, so every launch finds it so.
+//
+// A grid split (the for-loop of one block shared by S CTAs that need not run at once) uses the
+// same counter, one per block: every CTA stores its partial accumulator tiles into its slots
+// in the workspace, then
+//
+//   if (!arrive_last<S>(tid, counter)) return;
+//   fold_partials<...>(…) for each accumulator tile;   // slot 0, 1, …, S − 1 in this order
+//
+// so the folded value does not depend on which CTA arrives last.
 #pragma once
 
+#include "accum.h"
 #include "loops.h"
 
 namespace mucc {
 namespace tb {
+
+// How partial accumulators combine.
+struct FoldSum {
+  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return a + b; }
+};
+struct FoldMax {
+  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return max_of(a, b); }
+};
 
 // Called by all threads of the block after their stores of its partials. Thread 0 releases
 // them (the fence orders every thread's stores, which the barrier ordered before it, before
@@ -32,6 +50,27 @@ __device__ __forceinline__ bool arrive_last(int tid, unsigned* counter) {
     }
   }
   return __syncthreads_or(last) != 0;
+}
+
+// A grid split's CTA stores its partial tile t (N elements of shared memory at L) into its slot
+// of the workspace, in row-major order, past the L1 cache (the CTA that folds it may run on
+// another SM). Called by the CTA's NT threads before arrive_last.
+template <int NT, i64 N, class L, class T>
+__device__ __forceinline__ void store_partial(int tid, const T* t, T* slot) {
+  for_each<NT, N>(tid, [&](int e, int) { __stcg(slot + e, t[L::offset(e)]); });
+}
+
+// The last CTA of a grid split's block (after arrive_last): t[L(e)] = F(slot_0[e], slot_1[e],
+// …, slot_{S-1}[e]) for the N elements of its tile, slot r at `slots` + r·N, read past the L1
+// cache, always in this order (the same rounding whichever CTA folds).
+template <int NT, i64 N, int S, class F, class L, class T>
+__device__ __forceinline__ void fold_partials(int tid, T* t, const T* slots) {
+  for_each<NT, N>(tid, [&](int e, int) {
+    T v = __ldcg(slots + e);
+#pragma unroll
+    for (int r = 1; r < S; ++r) v = F::apply(v, __ldcg(slots + r * N + e));
+    t[L::offset(e)] = v;
+  });
 }
 
 // The combination of S key splits' partials stored by the blocks of a group: split s's O (ROWS

@@ -28,6 +28,7 @@
 #include "../arch/sm90.h"
 #include "../ops.h"
 #include "accum.h"
+#include "arrival.h"
 #include "loops.h"
 
 namespace mucc {
@@ -46,14 +47,6 @@ __device__ __forceinline__ double ld_peer(const double* p, unsigned rank) {
 }  // namespace sm90
 
 namespace tb {
-
-// How partial accumulators combine.
-struct FoldSum {
-  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return a + b; }
-};
-struct FoldMax {
-  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return max_of(a, b); }
-};
 
 // t[L(e)] = F(t[L(e)], peer_1[L(e)], …, peer_{CTAS-1}[L(e)]) for the N elements of a tile
 // (T is float or double: partials are kept in the compute type), called by CTA 0's NT threads.

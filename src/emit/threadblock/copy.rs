@@ -14,12 +14,12 @@ use crate::sched::order::Phase;
 use crate::sched::plan::BlockRegion;
 
 impl Ctx<'_> {
-    /// The µGraph block index along grid axis `a`: under a cluster split the CTAs of a
-    /// cluster are consecutive along x.
+    /// The µGraph block index along grid axis `a`: under a split the CTAs of a block are
+    /// consecutive along x.
     fn block_index(&self, a: usize) -> Expr {
         let b = Expr::Sym(Sym::BlockIdx(a));
-        match self.kp.split.cluster() {
-            Some(c) if a == 0 => b.over(Expr::size(c.ctas)),
+        match self.kp.split.share() {
+            Some((ctas, _)) if a == 0 => b.over(Expr::size(ctas)),
             _ => b,
         }
     }
@@ -322,8 +322,8 @@ impl Ctx<'_> {
         let share = self
             .kp
             .split
-            .cluster()
-            .map_or(self.tb.forloop_range, |c| c.iters);
+            .share()
+            .map_or(self.tb.forloop_range, |(_, iters)| iters);
         if r.stages > share {
             return Err(self.internal("a pipeline deeper than the CTA's share of its loop"));
         }

@@ -35,7 +35,7 @@ use crate::layout::swizzle::Swizzle;
 use crate::sched::ops::{AccumStorage, OpPlan};
 use crate::sched::order::{BarrierReason, Phase, Step};
 use crate::sched::plan::{
-    ClusterSplit, GraphPlan, KernelPlan, LoopIndices, Prefetch, Ring, RingStart, WriteBack,
+    GraphPlan, GridSplit, KernelPlan, LoopIndices, Prefetch, Ring, RingStart, Split, WriteBack,
 };
 
 /// What the printing of one kernel needs: the graph and plan, the body being written, and the
@@ -442,9 +442,7 @@ fn tile_body(ctx: &mut Ctx) -> Result<(), EmitError> {
     let kp = ctx.kp;
     prologue(ctx)?;
     if kp.ring_start == RingStart::BeforePreLoop {
-        if let Some(c) = kp.split.cluster() {
-            ctx.push(first_iteration(c));
-        }
+        ctx.push(first_iteration(&kp.split));
         ctx.pipeline_prologue()?;
     }
     for (i, st) in kp.schedule.pre_loop.iter().enumerate() {
@@ -506,6 +504,21 @@ fn signature(ctx: &Ctx) -> (Vec<KernelParam>, Vec<crate::sched::plan::Binding>) 
         args.push(c.out);
         params.push(KernelParam::ArrivalCounters);
         args.push(c.counter_binding());
+    }
+    if let Some(g) = ctx.kp.split.grid() {
+        use crate::sched::plan::Binding;
+        params.push(KernelParam::SplitSlots);
+        args.push(Binding::Workspace {
+            byte_offset: g.slots_at,
+            elem_offset: 0,
+            elem_bytes: 1,
+        });
+        params.push(KernelParam::ArrivalCounters);
+        args.push(Binding::Workspace {
+            byte_offset: g.counters_at,
+            elem_offset: 0,
+            elem_bytes: 4,
+        });
     }
     if let Some(x) = &ctx.kp.exchange {
         use crate::sched::plan::Binding;
@@ -879,19 +892,43 @@ fn accumulator_state(ctx: &mut Ctx) -> Result<(), EmitError> {
 
 /// Under a cluster split: this CTA's first iteration `it0`, which the ring's prologue and the
 /// loop start from.
-fn first_iteration(c: &ClusterSplit) -> Vec<Stmt> {
-    vec![
-        Stmt::Comment(format!(
-            "cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
-            c.iters
-        )),
-        Stmt::local(
-            Ty::ConstInt,
-            "it0",
-            Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
-                .times(Expr::size(c.iters)),
-        ),
-    ]
+fn first_iteration(split: &Split) -> Vec<Stmt> {
+    match split {
+        Split::Off(_) => Vec::new(),
+        Split::Cluster(c) => vec![
+            Stmt::Comment(format!(
+                "cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
+                c.iters
+            )),
+            Stmt::local(
+                Ty::ConstInt,
+                "it0",
+                Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
+                    .times(Expr::size(c.iters)),
+            ),
+        ],
+        Split::Grid(g) => vec![
+            Stmt::Comment(format!(
+                "grid split: CTA r (blockIdx.x % {0}) of the block's {0} runs iterations \
+                 [r·{1}, (r + 1)·{1})",
+                g.ctas, g.iters
+            )),
+            Stmt::local(Ty::ConstInt, "rsplit", grid_split_rank(g)),
+            Stmt::local(
+                Ty::ConstInt,
+                "it0",
+                Expr::var("rsplit").times(Expr::size(g.iters)),
+            ),
+        ],
+    }
+}
+
+/// `(int)(blockIdx.x % ctas)`: this CTA's place among its block's CTAs under a grid split.
+fn grid_split_rank(g: &GridSplit) -> Expr {
+    Expr::Call(
+        Func::CastToInt,
+        vec![Expr::Sym(Sym::BlockIdx(0)).modulo(Expr::size(g.ctas))],
+    )
 }
 
 /// `float name[Class::PM][2];` and a loop setting every element to `init`: a per-row state of
@@ -1264,6 +1301,9 @@ fn push_partials(
 /// complete before, read after), then the other CTAs leave and CTA 0 alone runs the post-loop
 /// operators.
 fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
+    if let Some(g) = ctx.kp.split.grid() {
+        return grid_partials(ctx, g);
+    }
     let Some(c) = ctx.kp.split.cluster() else {
         return Ok(());
     };
@@ -1341,6 +1381,103 @@ fn combine_partials(ctx: &mut Ctx) -> Result<(), EmitError> {
     Ok(())
 }
 
+/// Under a grid split: every CTA stores its partial accumulators into its slots and arrives on
+/// its block's counter; the others leave, and the last to arrive folds every CTA's slots into
+/// its tiles and alone runs the post-loop operators.
+fn grid_partials(ctx: &mut Ctx, g: &GridSplit) -> Result<(), EmitError> {
+    let (tb, nt) = (ctx.tb, ctx.nt);
+    let mut out = vec![Stmt::Comment(format!(
+        "grid split: the {} CTAs of a block store their partials; the last to arrive folds them",
+        g.ctas
+    ))];
+    if ctx.kp.barriers.before_push {
+        out.push(Stmt::Barrier {
+            reason: BarrierReason::BeforePush,
+            noted: true,
+        });
+    }
+    let mut folds = Vec::new();
+    for (i, part) in g.partials.iter().enumerate() {
+        let t = Handle::from_index(part.tile);
+        let s = tb.tensors[t].shape;
+        let l = ctx.tile_layout(t, &(0..s.rank()).collect::<Vec<_>>())?;
+        let ty = ctx.tile_dtype(t);
+        let Some(f) = fold_of(part.combine) else {
+            return Err(ctx.internal("a rescaled partial under a grid split"));
+        };
+        let n = g.slot_elems[i];
+        if n != s.numel() || g.elem_bytes[i] != ty.bytes() {
+            return Err(ctx.internal("a grid split's slot does not match its tile"));
+        }
+        // This block's slots of the partial: `ctas` of `n` elements.
+        let block = ctx.block_offset(&grid_block_region(ctx, g.ctas * n));
+        let base = format!("gs{}", part.tile);
+        out.push(Stmt::local(
+            Ty::ElemPtr(ty),
+            base.clone(),
+            Expr::Reinterpret(
+                Ty::ElemPtr(ty),
+                Box::new(Expr::var("slots").plus(Expr::size(g.slot_offsets[i]))),
+            )
+            .plus(block),
+        ));
+        let tile = Expr::var(format!("s{}", part.tile));
+        out.push(Stmt::Eval(Expr::TemplateCall(
+            Func::TbStorePartial,
+            vec![
+                TArg::int(nt),
+                TArg::int(n),
+                TArg::Name(l.clone()),
+                TArg::Elem(ty),
+            ],
+            vec![
+                Expr::var("tid"),
+                tile.clone(),
+                Expr::var(base.clone()).plus(Expr::var("rsplit").times(Expr::size(n))),
+            ],
+        )));
+        folds.push(Stmt::Eval(Expr::TemplateCall(
+            Func::TbFoldPartials,
+            vec![
+                TArg::int(nt),
+                TArg::int(n),
+                TArg::int(g.ctas),
+                TArg::Fold(f),
+                TArg::Name(l),
+                TArg::Elem(ty),
+            ],
+            vec![Expr::var("tid"), tile, Expr::var(base)],
+        )));
+    }
+    let arrive = Expr::TemplateCall(
+        Func::TbArriveLast,
+        vec![TArg::int(g.ctas)],
+        vec![
+            Expr::var("tid"),
+            Expr::var("arrivals").plus(ctx.block_offset(&grid_block_region(ctx, 1))),
+        ],
+    );
+    out.push(
+        Stmt::IfLine(Expr::Not(Box::new(arrive)), Box::new(Stmt::Return(None)))
+            .noted("the block's other CTAs have stored theirs"),
+    );
+    out.extend(folds);
+    ctx.push(out);
+    Ok(())
+}
+
+/// The µGraph block's linear index times `elems` as a block region: x, then y, then z.
+fn grid_block_region(ctx: &Ctx, elems: usize) -> crate::sched::plan::BlockRegion {
+    let [gx, gy, gz] = ctx.kp.cta.grid;
+    let steps = [(0, elems), (1, gx * elems), (2, gx * gy * elems)]
+        .into_iter()
+        .zip([gx, gy, gz])
+        .filter(|&(_, n)| n > 1)
+        .map(|(s, _)| s)
+        .collect();
+    crate::sched::plan::BlockRegion { steps, per_iter: 0 }
+}
+
 /// A loop iteration in a copy: the first (the tile at the block's region itself) or an
 /// expression.
 #[derive(Clone, Debug, PartialEq)]
@@ -1365,14 +1502,14 @@ impl Ctx<'_> {
     /// This CTA's first iteration, when it is not 0: `it0` (declared before the pipeline
     /// prologue) under a cluster split.
     fn loop_start(&self) -> Option<Expr> {
-        self.kp.split.cluster().map(|_| Expr::var("it0"))
+        self.kp.split.share().map(|_| Expr::var("it0"))
     }
 
     /// The first iteration of this CTA and the end of its share: the whole loop, or under a
     /// cluster split `it0` onwards.
     pub(super) fn loop_bounds(&self) -> (Expr, Expr) {
-        match self.kp.split.cluster() {
-            Some(c) => (Expr::var("it0"), Expr::var("it0").plus(Expr::size(c.iters))),
+        match self.kp.split.share() {
+            Some((_, iters)) => (Expr::var("it0"), Expr::var("it0").plus(Expr::size(iters))),
             None => (Expr::size(0), Expr::size(self.tb.forloop_range)),
         }
     }
@@ -1392,19 +1529,22 @@ impl Ctx<'_> {
     /// the plan puts it ([`crate::sched::plan::Prefetch`]).
     fn for_loop(&mut self) -> Result<(), EmitError> {
         let early = self.kp.ring_start == RingStart::BeforePreLoop;
-        if let Some(c) = self.kp.split.cluster() {
-            let mut out = Vec::new();
-            if c.gather.push().is_some() {
-                out.push(
-                    Stmt::Eval(Expr::Call(Func::ClusterArriveRelaxed, vec![]))
-                        .noted("CTA 0's push barrier is initialised"),
-                );
-            }
-            if !early {
-                out.extend(first_iteration(c));
-            }
-            self.push(out);
+        let mut out = Vec::new();
+        if self
+            .kp
+            .split
+            .cluster()
+            .is_some_and(|c| c.gather.push().is_some())
+        {
+            out.push(
+                Stmt::Eval(Expr::Call(Func::ClusterArriveRelaxed, vec![]))
+                    .noted("CTA 0's push barrier is initialised"),
+            );
         }
+        if !early {
+            out.extend(first_iteration(&self.kp.split));
+        }
+        self.push(out);
         let (lo, hi) = self.loop_bounds();
         if !early {
             self.pipeline_prologue()?;
