@@ -405,9 +405,14 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             let lg = kp.launch_grid();
             let _ = writeln!(
                 s,
-                "  grid split (--grid-split): {} CTAs per block along x (launch grid ({}, {}, {}), \
-                 no clusters), {} of {} iterations each; {} CTA(s) per SM counted on (at {} \
+                "  grid split ({}): {} CTAs per block along x (launch grid ({}, {}, {}), no \
+                 clusters), {} of {} iterations each; {} CTA(s) per SM counted on (at {} \
                  registers per thread)",
+                if g.asked {
+                    "--grid-split"
+                } else {
+                    "the planner's rule: the Ampere path's grid leaves SMs idle"
+                },
                 g.ctas,
                 lg[0],
                 lg[1],

@@ -105,7 +105,7 @@ fn transpile_corpus() -> Vec<Unit> {
                 cluster_push: true,
                 cluster_combine: false,
                 last_block_combine: false,
-                grid_split: None,
+                grid_split: Default::default(),
                 cta: Default::default(),
                 register_pipes: true,
                 register_rows: true,

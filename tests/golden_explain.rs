@@ -21,7 +21,7 @@ fn explain(file: &str, graph: usize, arch: Arch) -> String {
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
-        grid_split: None,
+        grid_split: Default::default(),
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,

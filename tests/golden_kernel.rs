@@ -257,7 +257,7 @@ fn kernel_level_goldens() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
-            grid_split: None,
+            grid_split: Default::default(),
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,

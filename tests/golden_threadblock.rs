@@ -280,7 +280,7 @@ fn opts(arch: Arch) -> Options {
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
-        grid_split: None,
+        grid_split: Default::default(),
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -479,7 +479,7 @@ fn grid_split_golden() {
     let g = &f.graphs[0].graph;
     for arch in [Arch::Sm80, Arch::Sm90a] {
         let mut o = opts(arch);
-        o.grid_split = Some(8);
+        o.grid_split = mucc::sched::GridSplitChoice::Ctas(8);
         o.cta = mucc::sched::CtaChoice::Warps(4);
         let (p, e) = mucc::transpile::transpile(g, &o, "decode_m1_18944x3584_bf16.json").unwrap();
         let splits: Vec<_> = p.kernels.values().filter_map(|k| k.split.grid()).collect();

@@ -131,7 +131,7 @@ proptest! {
         let Some(g) = build(grid_x, f, n_in, &ops, &accs, &post) else {
             return Err(TestCaseError::reject("builder refused the combination"));
         };
-        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cluster_push: true, cluster_combine: false, last_block_combine: false, grid_split: None, cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, tma: true, fuse_matmuls: true, online_softmax: Default::default(), fold_key_splits: Default::default(), all_reduce: Default::default(), max_stages: None, resident_blocks: None, refine_loops: Default::default() };
+        let opts = Options { target: Target::new(arch), solve: SolveOptions::default(), path: Default::default(), dependent_launch: false, symbols: Default::default(), cluster_split: true, cluster_push: true, cluster_combine: false, last_block_combine: false, grid_split: Default::default(), cta: Default::default(), register_pipes: true, register_rows: true, wgmma: true, tma: true, fuse_matmuls: true, online_softmax: Default::default(), fold_key_splits: Default::default(), all_reduce: Default::default(), max_stages: None, resident_blocks: None, refine_loops: Default::default() };
         let plan = mucc::sched::plan(&g, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (_, tb) = g.customized_ops().next().unwrap();
         let kp = plan.kernels.values().next().unwrap();
@@ -185,7 +185,7 @@ fn unsatisfiable_layouts_name_the_conflicting_operators() {
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
-        grid_split: None,
+        grid_split: Default::default(),
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -294,7 +294,7 @@ fn shared_memory_overflow_is_an_error() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
-            grid_split: None,
+            grid_split: Default::default(),
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,
@@ -350,7 +350,7 @@ fn workspace_reuses_dead_intermediates() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
-            grid_split: None,
+            grid_split: Default::default(),
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,
@@ -476,7 +476,7 @@ fn plan_for(
         cluster_push: true,
         cluster_combine: false,
         last_block_combine: false,
-        grid_split: None,
+        grid_split: Default::default(),
         cta: Default::default(),
         register_pipes: true,
         register_rows: true,
@@ -516,15 +516,30 @@ fn cluster_split_follows_grid_path_and_accumulators() {
     let kp = p.kernels.values().next().unwrap();
     assert_eq!(kp.launch_grid(), [32, 1, 1]);
     assert!(kp.pipeline_stages() <= c.iters);
-    // The same graph on the Ampere path, and on sm_80: no split.
-    assert_eq!(
-        one(&small, Arch::Sm90a, PathChoice::Ampere),
-        Split::Off(SplitOff::Ampere)
-    );
-    assert_eq!(
-        one(&small, Arch::Sm80, PathChoice::Auto),
-        Split::Off(SplitOff::Ampere)
-    );
+    // The same graph on the Ampere path, and on sm_80: no cluster split; the planner's grid
+    // split over the most CTAs that keep 4 iterations each (4 blocks launch fewer than 1.5 CTAs
+    // per SM at any count); none with `--grid-split off`.
+    for arch in [Arch::Sm90a, Arch::Sm80] {
+        let path = if arch == Arch::Sm90a {
+            PathChoice::Ampere
+        } else {
+            PathChoice::Auto
+        };
+        let Split::Grid(g) = one(&small, arch, path) else {
+            panic!("{arch}: the Ampere path's rule should split 4 blocks over the grid")
+        };
+        assert_eq!((g.ctas, g.iters, g.asked), (16, 4, false), "{arch}");
+        let off = Options {
+            path,
+            grid_split: mucc::sched::GridSplitChoice::Off,
+            ..Options::for_target(Target::new(arch))
+        };
+        let p = mucc::sched::plan(&small, &off).unwrap();
+        assert_eq!(
+            p.kernels.values().next().unwrap().split,
+            Split::Off(SplitOff::Ampere)
+        );
+    }
     // The Hopper path on sm_80 is an error, not a silent fallback.
     let e = plan_for(&small, Arch::Sm80, PathChoice::Hopper).unwrap_err();
     assert!(matches!(e, PlanError::PathUnavailable { .. }), "{e}");
@@ -613,7 +628,7 @@ fn dependent_launch_follows_option_path_and_previous_step() {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
-            grid_split: None,
+            grid_split: Default::default(),
             cta: Default::default(),
             register_pipes: true,
             register_rows: true,

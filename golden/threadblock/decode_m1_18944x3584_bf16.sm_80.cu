@@ -5,7 +5,7 @@
 // input 1: %1 [1, 18944] bf16 strides [18944, 1]
 // input 2: %2 [18944, 3584] bf16 strides [3584, 1]
 // output 0: %3 [1, 3584] bf16 strides [3584, 1] (3584 elements)
-// workspace: 0 bytes
+// workspace: 57568 bytes
 
 #include "mucc/runtime.h"
 
@@ -15,7 +15,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
     const mucc::bf16* __restrict__ in1,
-    const mucc::bf16* __restrict__ in2) {
+    const mucc::bf16* __restrict__ in2,
+    unsigned char* __restrict__ slots,
+    unsigned* __restrict__ arrivals) {
   using L0 = mucc::Layout<mucc::Shape<1, 296>, mucc::Stride<296, 1>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<296, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 1, 64, 296, 1, 8, mucc::tb::Load::Ldmatrix,
@@ -38,31 +40,34 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
   float* s6 = reinterpret_cast<float*>(smem + 128);  // s6 (tb_forloop_accum_nored_op)
   const mucc::bf16* gi0 = in0 + 0;
   const mucc::bf16* gi1 = in1 + 0;
-  const mucc::bf16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x) * 64;
-  mucc::bf16* go7 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
+  const mucc::bf16* gi2 = in2 + static_cast<mucc::i64>(blockIdx.x / 4) * 64;
+  mucc::bf16* go7 = out0 + static_cast<mucc::i64>(blockIdx.x / 4) * 64;
   L2::Frag acc6;
   L2::fill(acc6, float(0.0));
   __syncthreads();
+  // grid split: CTA r (blockIdx.x % 4) of the block's 4 runs iterations [r·16, (r + 1)·16)
+  const int rsplit = static_cast<int>(blockIdx.x % 4);
+  const int it0 = rsplit * 16;
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + 0, gi0);
-  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + 0, gi1);
-  mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + 0, gi2);
+  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 296);
+  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 296);
+  mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + 0, gi2 + static_cast<mucc::i64>(it0) * 1060864);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + 320, gi0 + static_cast<mucc::i64>(1) * 296);
-  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + 320, gi1 + static_cast<mucc::i64>(1) * 296);
-  mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + 18944, gi2 + static_cast<mucc::i64>(1) * 1060864);
+  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + 320, gi0 + static_cast<mucc::i64>(it0 + 1) * 296);
+  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + 320, gi1 + static_cast<mucc::i64>(it0 + 1) * 296);
+  mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + 18944, gi2 + static_cast<mucc::i64>(it0 + 1) * 1060864);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + 640, gi0 + static_cast<mucc::i64>(2) * 296);
-  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + 640, gi1 + static_cast<mucc::i64>(2) * 296);
-  mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + 37888, gi2 + static_cast<mucc::i64>(2) * 1060864);
+  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + 640, gi0 + static_cast<mucc::i64>(it0 + 2) * 296);
+  mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + 640, gi1 + static_cast<mucc::i64>(it0 + 2) * 296);
+  mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + 37888, gi2 + static_cast<mucc::i64>(it0 + 2) * 1060864);
   mucc::sm80::cp_async_commit();
-  for (int it = 0; it < 64; ++it) {
+  for (int it = it0; it < it0 + 16; ++it) {
     const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    mucc::bf16* s0_cur = s0 + (it % 4) * 320;
-    mucc::bf16* s1_cur = s1 + (it % 4) * 320;
-    mucc::bf16* s2_cur = s2 + (it % 4) * 18944;
+    mucc::bf16* s0_cur = s0 + ((it - it0) % 4) * 320;
+    mucc::bf16* s1_cur = s1 + ((it - it0) % 4) * 320;
+    mucc::bf16* s2_cur = s2 + ((it - it0) % 4) * 18944;
     mucc::sm80::cp_async_wait<2>();
     // op0 input
     // issued ahead by the pipeline
@@ -73,12 +78,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
     __syncthreads();
     {
       const int pf = it + 3;
-      if (pf < 64) {
-        mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + (pf % 4) * 320,
+      if (pf < it0 + 16) {
+        mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s0 + ((pf - it0) % 4) * 320,
             gi0 + static_cast<mucc::i64>(pf) * 296);
-        mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + (pf % 4) * 320,
+        mucc::tb::cp_async_chunks<256, 296, 8, L0, L3>(tid, s1 + ((pf - it0) % 4) * 320,
             gi1 + static_cast<mucc::i64>(pf) * 296);
-        mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + (pf % 4) * 18944,
+        mucc::tb::cp_async_chunks<256, 18944, 8, L1, L4>(tid, s2 + ((pf - it0) % 4) * 18944,
             gi2 + static_cast<mucc::i64>(pf) * 1060864);
       }
       mucc::sm80::cp_async_commit();
@@ -99,6 +104,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
   L2::each(acc6, warp, lane, [&](int row, int col, float v, int, int, int) {
     s6[L5::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
+  // grid split: the 4 CTAs of a block store their partials; the last to arrive folds them
+  __syncthreads();  // the partial tiles are complete before they are pushed
+  float* gs6 = reinterpret_cast<float*>(slots + 0) + static_cast<mucc::i64>(blockIdx.x / 4) * 256;
+  mucc::tb::store_partial<256, 64, L5, float>(tid, s6, gs6 + rsplit * 64);
+  if (!mucc::tb::arrive_last<4>(tid,
+      arrivals + static_cast<mucc::i64>(blockIdx.x / 4) * 1)) return;  // the block's other CTAs have stored theirs
+  mucc::tb::fold_partials<256, 64, 4, mucc::tb::FoldSum, L5, float>(tid, s6, gs6);
   __syncthreads();
   // op7 output
   mucc::tb::copy_chunks_cvt<256, 64, 4, L6, L5>(tid, go7, s6);
@@ -106,8 +118,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) k3_customized(
 
 #ifndef __CUDACC_RTC__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
-// (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
+// (16-byte aligned, laid out as the comments above say); `workspace` holds 57568 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
+// The workspace's last 224 bytes are arrival counters: zero before the first call
+// (allocate the workspace zeroed), and every call leaves them zero; keep them for this graph.
 extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
                             cudaStream_t stream) {
   const mucc::host::Buffers buf{inputs, outputs, workspace};
@@ -118,8 +132,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     const void* kernel = reinterpret_cast<const void*>(&k3_customized);
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 157392, smem_set));
-    void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(56, 1, 1), dim3(256, 1, 1), 157392, stream, args));
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.in(2, 0), buf.ws(0), buf.ws(57344)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(224, 1, 1), dim3(256, 1, 1), 157392, stream, args));
   }
 
   return 0;

@@ -4,16 +4,18 @@
 // input 0: %0 [16, 4096] bf16 strides [4096, 1]
 // input 1: %1 [4096, 128] bf16 strides [128, 1]
 // output 0: %2 [16, 128] bf16 strides [128, 1] (2048 elements)
-// workspace: 0 bytes
+// workspace: 133128 bytes
 
 #include "mucc/runtime.h"
 
 // kernel op 2: kn_customized_op grid (2, 1, 1), block (256, 1, 1), forloop 64, 41088 bytes of shared memory
 // schedule - | 0,1 2,4 | 5
-extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
+extern "C" __global__ void __launch_bounds__(256, 2) k2_customized(
     mucc::bf16* __restrict__ out0,
     const mucc::bf16* __restrict__ in0,
-    const mucc::bf16* __restrict__ in1) {
+    const mucc::bf16* __restrict__ in1,
+    unsigned char* __restrict__ slots,
+    unsigned* __restrict__ arrivals) {
   using L0 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<16, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L1 = mucc::SwizzledLayout<mucc::Layout<mucc::Shape<64, 64>, mucc::Stride<64, 1>>, mucc::Swizzle<3, 3, 3>>;
   using L2 = mucc::tb::Mma<mucc::bf16, L0, L1, 16, 64, 64, 1, 8, mucc::tb::Load::Ldmatrix,
@@ -36,28 +38,31 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
   float* s3 = reinterpret_cast<float*>(smem + 128);  // s3 (tb_forloop_accum_nored_op)
   float* s4 = reinterpret_cast<float*>(smem + 16);  // s4 (tb_forloop_accum_red_ld_mean_op)
   const mucc::bf16* gi0 = in0 + 0;
-  const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x) * 64;
-  mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x) * 64;
+  const mucc::bf16* gi1 = in1 + static_cast<mucc::i64>(blockIdx.x / 16) * 64;
+  mucc::bf16* go6 = out0 + static_cast<mucc::i64>(blockIdx.x / 16) * 64;
   L2::Frag acc3;
   L2::fill(acc3, float(0.0));
   mucc::tb::fill<256, 16, L3>(tid, s4, float(0.0));
   __syncthreads();
+  // grid split: CTA r (blockIdx.x % 16) of the block's 16 runs iterations [r·4, (r + 1)·4)
+  const int rsplit = static_cast<int>(blockIdx.x % 16);
+  const int it0 = rsplit * 4;
   // software pipeline: 4 stages
-  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 0, gi0);
-  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 0, gi1);
+  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 0, gi0 + static_cast<mucc::i64>(it0) * 64);
+  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 0, gi1 + static_cast<mucc::i64>(it0) * 8192);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(1) * 64);
-  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(1) * 8192);
+  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 1024, gi0 + static_cast<mucc::i64>(it0 + 1) * 64);
+  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 4096, gi1 + static_cast<mucc::i64>(it0 + 1) * 8192);
   mucc::sm80::cp_async_commit();
-  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 2048, gi0 + static_cast<mucc::i64>(2) * 64);
-  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(2) * 8192);
+  mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + 2048, gi0 + static_cast<mucc::i64>(it0 + 2) * 64);
+  mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + 8192, gi1 + static_cast<mucc::i64>(it0 + 2) * 8192);
   mucc::sm80::cp_async_commit();
-  for (int it = 0; it < 64; ++it) {
+  for (int it = it0; it < it0 + 4; ++it) {
     const int tid = tid_k, warp = tid / 32, lane = tid % 32;
     (void)warp;
     (void)lane;
-    mucc::bf16* s0_cur = s0 + (it % 4) * 1024;
-    mucc::bf16* s1_cur = s1 + (it % 4) * 4096;
+    mucc::bf16* s0_cur = s0 + ((it - it0) % 4) * 1024;
+    mucc::bf16* s1_cur = s1 + ((it - it0) % 4) * 4096;
     mucc::sm80::cp_async_wait<2>();
     // op0 input
     // issued ahead by the pipeline
@@ -66,10 +71,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
     __syncthreads();
     {
       const int pf = it + 3;
-      if (pf < 64) {
-        mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + (pf % 4) * 1024,
+      if (pf < it0 + 4) {
+        mucc::tb::cp_async_chunks<256, 1024, 8, L0, L4>(tid, s0 + ((pf - it0) % 4) * 1024,
             gi0 + static_cast<mucc::i64>(pf) * 64);
-        mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + (pf % 4) * 4096,
+        mucc::tb::cp_async_chunks<256, 4096, 8, L1, L5>(tid, s1 + ((pf - it0) % 4) * 4096,
             gi1 + static_cast<mucc::i64>(pf) * 8192);
       }
       mucc::sm80::cp_async_commit();
@@ -99,6 +104,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
   L2::each(acc3, warp, lane, [&](int row, int col, float v, int, int, int) {
     s3[L6::offset(row * 64 + col)] = mucc::from_compute<float>(v);
   });
+  // grid split: the 16 CTAs of a block store their partials; the last to arrive folds them
+  __syncthreads();  // the partial tiles are complete before they are pushed
+  float* gs3 = reinterpret_cast<float*>(slots + 0) + static_cast<mucc::i64>(blockIdx.x / 16) * 16384;
+  mucc::tb::store_partial<256, 1024, L6, float>(tid, s3, gs3 + rsplit * 1024);
+  float* gs4 = reinterpret_cast<float*>(slots + 131072) + static_cast<mucc::i64>(blockIdx.x / 16) * 256;
+  mucc::tb::store_partial<256, 16, L3, float>(tid, s4, gs4 + rsplit * 16);
+  if (!mucc::tb::arrive_last<16>(tid,
+      arrivals + static_cast<mucc::i64>(blockIdx.x / 16) * 1)) return;  // the block's other CTAs have stored theirs
+  mucc::tb::fold_partials<256, 1024, 16, mucc::tb::FoldSum, L6, float>(tid, s3, gs3);
+  mucc::tb::fold_partials<256, 16, 16, mucc::tb::FoldSum, L3, float>(tid, s4, gs4);
   __syncthreads();
   mucc::tb::for_each<256, 16>(tid, [&](int e, int) {
     const float v = mucc::to_compute(s4[L3::offset(e)]);
@@ -122,8 +137,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) k2_customized(
 
 #ifndef __CUDACC_RTC__
 // Runs the graph on `stream`. `inputs` and `outputs` are the caller's buffers in graph order
-// (16-byte aligned, laid out as the comments above say); `workspace` holds 0 bytes
+// (16-byte aligned, laid out as the comments above say); `workspace` holds 133128 bytes
 // (128-byte aligned). Returns 0, a cudaError_t, or MUCC_CUBLAS_ERROR_BASE + a cublasStatus_t.
+// The workspace's last 8 bytes are arrival counters: zero before the first call
+// (allocate the workspace zeroed), and every call leaves them zero; keep them for this graph.
 extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, void* workspace,
                             cudaStream_t stream) {
   const mucc::host::Buffers buf{inputs, outputs, workspace};
@@ -132,8 +149,8 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
   // launch k2_customized
   {
     const void* kernel = reinterpret_cast<const void*>(&k2_customized);
-    void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(2, 1, 1), dim3(256, 1, 1), 41088, stream, args));
+    void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0), buf.ws(0), buf.ws(133120)};
+    MUCC_CHECK(mucc::host::launch(kernel, dim3(32, 1, 1), dim3(256, 1, 1), 41088, stream, args));
   }
 
   return 0;

@@ -265,6 +265,7 @@ impl Calls {
         &mut self,
         py: Python<'_>,
         bytes: usize,
+        zeroed: bool,
         stream: usize,
     ) -> PyResult<Option<u64>> {
         if bytes == 0 {
@@ -279,6 +280,21 @@ impl Calls {
             .bind(py)
             .call_method1(intern!(py, "new_empty"), ((bytes,),))?;
         let p: u64 = buf.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        if zeroed {
+            // Arrival counters (grid splits, last-block combines) start at zero; every
+            // execution leaves them so. Zeroed on the stream the executions use, ahead of them.
+            // SAFETY: `p` is a live allocation of `bytes` bytes of this device, `stream` a live
+            // stream of it (the caller's).
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    p,
+                    0,
+                    bytes,
+                    stream as cudarc::driver::sys::CUstream,
+                )
+            }
+            .map_err(|e| crate::cuda_err(format!("zeroing the workspace: {e}")))?;
+        }
         self.workspaces.push((stream, buf.unbind(), p));
         Ok(Some(p))
     }
@@ -410,7 +426,7 @@ impl Calls {
                 optrs.push(t.call_method0(intern!(py, "data_ptr"))?.extract()?);
             }
         }
-        let ws = or_slow!(self.workspace(py, plan.workspace_bytes, s)?);
+        let ws = or_slow!(self.workspace(py, plan.workspace_bytes, plan.counter_bytes > 0, s)?);
         let bufs = RawBuffers {
             inputs: &ptrs,
             outputs: &optrs,

@@ -1016,10 +1016,10 @@ impl Kernel {
 
     /// The workspace's address for `stream` (allocated once per stream; 0 without one).
     fn _workspace(&self, py: Python<'_>, stream: usize) -> PyResult<u64> {
-        let bytes = self.plan().workspace_bytes;
+        let (bytes, zeroed) = (self.plan().workspace_bytes, self.plan().counter_bytes > 0);
         self.calls
             .borrow_mut()
-            .workspace(py, bytes, stream)?
+            .workspace(py, bytes, zeroed, stream)?
             .ok_or_else(|| {
                 cuda_err("the workspace is allocated through torch, which is not set up")
             })
@@ -1121,15 +1121,6 @@ fn compile(
         let (opts, tuned) = options(g, gpu.arch, path, cta, tune);
         let (p, e) = mucc::transpile::transpile(g, &opts, &graph.origin)
             .map_err(|e| compile_err(format!("{}: {e}", graph.origin)))?;
-        // The workspace is allocated uninitialised (`Calls::workspace`): a plan whose
-        // workspace must start zeroed (arrival counters) is refused, never run wrong.
-        if e.launch.counter_bytes > 0 {
-            return Err(compile_err(format!(
-                "{}: the plan keeps arrival counters in its workspace (--last-block-combine), \
-                 which the Python package does not allocate zeroed",
-                graph.origin
-            )));
-        }
         let compiler = Compiler::new(CompilerOptions::default()).map_err(compile_err)?;
         let name = mucc::emit::cxx::comment_safe(&format!("{}.{}.cu", graph.origin, gpu.arch));
         let cubin = compiler

@@ -141,7 +141,7 @@ fn open_plain(a: &GpuArgs) -> Result<Session, Failure> {
         no_cluster_push: a.path.no_cluster_push,
         cluster_combine: a.path.cluster_combine,
         last_block_combine: a.path.last_block_combine,
-        grid_split: a.path.grid_split.map(|n| n as usize),
+        grid_split: a.path.grid_split,
         online_softmax: a.path.online_softmax,
         fold_key_splits: a.path.fold_key_splits,
         // The runner provides the exchange buffers the fused form needs.

@@ -242,16 +242,18 @@ pub struct PathArg {
     /// function up to rounding.
     #[arg(long)]
     pub last_block_combine: bool,
-    /// Split the for-loop of every threadblock kernel whose grid leaves SMs idle over N CTAs
-    /// per block (2 to 64) that need not run at once: each accumulates its share of the
-    /// iterations, stores its partial accumulators into the workspace and arrives on its
-    /// block's counter; the last to arrive folds every CTA's partials in CTA order and runs
-    /// the operators after the loop. It replaces a cluster split where the rules hold
-    /// (`explain` says where and why not). The counters live at the end of the workspace,
-    /// which must then be zero before the first call (each call leaves them zero; `run` and
-    /// `bench` allocate it zeroed). Off by default. The function is the same up to rounding.
-    #[arg(long = "grid-split", value_name = "N", value_parser = clap::value_parser!(u32).range(2..=64))]
-    pub grid_split: Option<u32>,
+    /// Split the for-loop of threadblock kernels whose grid leaves SMs idle over CTAs that need
+    /// not run at once: each accumulates its share of the iterations, stores its partial
+    /// accumulators into the workspace and arrives on its block's counter; the last to arrive
+    /// folds every CTA's partials in CTA order and runs the operators after the loop. `N` (2 to
+    /// 64): N CTAs per block wherever the rules hold, on either path (it replaces a cluster
+    /// split; `explain` says where and why not); `off`: none; `auto` (default): the planner's
+    /// rule, which splits on the Ampere path (no clusters there) the kernels whose grid leaves
+    /// a quarter of the SMs idle or more. The counters live at the end of the workspace, which
+    /// must then be zero before the first call (each call leaves them zero; `run` and `bench`
+    /// allocate it zeroed). The function is the same up to rounding.
+    #[arg(long = "grid-split", value_name = "auto|off|N", default_value = "auto", value_parser = |s: &str| s.parse::<mucc::sched::GridSplitChoice>())]
+    pub grid_split: mucc::sched::GridSplitChoice,
     /// Where split attention kernels compute their softmax online: they keep a running row
     /// max, rescale their sums and write the max, and a combining kernel rescales the partials
     /// of the key splits, so that no exponential overflows. `piped`: where the rewritten
@@ -333,7 +335,7 @@ impl PathArg {
             && !self.no_fuse_matmuls
             && !self.cluster_combine
             && !self.last_block_combine
-            && self.grid_split.is_none()
+            && self.grid_split == mucc::sched::GridSplitChoice::Auto
             && self.online_softmax == mucc::sched::softmax::SoftmaxChoice::default()
             && self.fold_key_splits == mucc::sched::softmax::KeyFold::default()
             && self.max_stages.is_none()
@@ -367,7 +369,7 @@ impl PathArg {
         opts.fuse_matmuls = !self.no_fuse_matmuls;
         opts.cluster_combine = self.cluster_combine;
         opts.last_block_combine = self.last_block_combine;
-        opts.grid_split = self.grid_split.map(|n| n as usize);
+        opts.grid_split = self.grid_split;
         opts.online_softmax = self.online_softmax;
         opts.fold_key_splits = self.fold_key_splits;
         opts.all_reduce = self.all_reduce.unwrap_or_default();

@@ -68,7 +68,7 @@ pub struct SessionOptions {
     pub last_block_combine: bool,
     /// CTAs per block of a grid split of kernels' for-loops (`--grid-split`; off by default;
     /// the session allocates the workspace zeroed, as its counters need).
-    pub grid_split: Option<usize>,
+    pub grid_split: crate::sched::GridSplitChoice,
     /// Where attention kernels compute their softmax online (`--online-softmax`).
     pub online_softmax: crate::sched::softmax::SoftmaxChoice,
     /// Whether split attention's key splits fold into the kernel's loop (`--fold-key-splits`).

@@ -59,6 +59,10 @@ pub struct Variant {
     /// caches written before the knob existed: on).
     #[serde(default = "on", skip_serializing_if = "is_on")]
     pub tma: bool,
+    /// Whether the Ampere path may split small grids' loops over CTAs by the planner's rule
+    /// (`Options::grid_split`; absent in caches written before the rule existed: on).
+    #[serde(default = "on", skip_serializing_if = "is_on")]
+    pub grid_split: bool,
 }
 
 fn on() -> bool {
@@ -93,6 +97,7 @@ impl Variant {
         coarsen: None,
         fold_splits: true,
         tma: true,
+        grid_split: true,
     };
 
     /// `base` with this variant's knobs.
@@ -122,6 +127,11 @@ impl Variant {
                 crate::sched::softmax::KeyFold::Off
             },
             tma: self.tma,
+            grid_split: if self.grid_split {
+                base.grid_split
+            } else {
+                crate::sched::GridSplitChoice::Off
+            },
             ..base.clone()
         }
     }
@@ -161,6 +171,9 @@ impl fmt::Display for Variant {
         }
         if !self.tma {
             f.write_str(" tma=off")?;
+        }
+        if !self.grid_split {
+            f.write_str(" gsplit=off")?;
         }
         Ok(())
     }
@@ -203,7 +216,10 @@ pub const TUNED_NO_TMA_REFINE: [Option<usize>; 2] = [None, Some(2)];
 /// loop refinements of [`TUNED_REFINE`] and coarsenings of [`TUNED_COARSEN`]; on sm_90a
 /// also the Hopper path with and without the cluster split and programmatic launches, the
 /// default with split attention's key splits kept as blocks (no fold), streamed tiles on
-/// `cp.async` (no TMA) with the refinements of [`TUNED_NO_TMA_REFINE`], and the Ampere path. Variants that plan to the same code as an earlier one are measured once
+/// `cp.async` (no TMA) with the refinements of [`TUNED_NO_TMA_REFINE`], and the Ampere path;
+/// on sm_80 the default without the grid split of small grids (measured on an H100's Ampere
+/// path, docs/benchmarks.md: gated_mlp g4 and g6 1.17x slower split, the decode linears and
+/// rmsnorm faster). Variants that plan to the same code as an earlier one are measured once
 /// (`mucc tune`).
 pub fn variants(arch: Arch) -> Vec<Variant> {
     let mut v = vec![Variant::DEFAULT];
@@ -238,6 +254,12 @@ pub fn variants(arch: Arch) -> Vec<Variant> {
     for coarsen in TUNED_COARSEN {
         v.push(Variant {
             coarsen: Some(coarsen),
+            ..Variant::DEFAULT
+        });
+    }
+    if arch == Arch::Sm80 {
+        v.push(Variant {
+            grid_split: false,
             ..Variant::DEFAULT
         });
     }
@@ -688,7 +710,12 @@ mod tests {
             assert_eq!(d.len(), v.len(), "{arch}");
         }
         let n = TUNED_WARPS.len() + TUNED_STAGES.len() + TUNED_REFINE.len() + TUNED_COARSEN.len();
-        assert_eq!(variants(Arch::Sm80).len(), 3 + n);
+        // sm_80 adds the default without the grid split of small grids.
+        assert_eq!(variants(Arch::Sm80).len(), 4 + n);
+        assert_eq!(
+            variants(Arch::Sm80).last().unwrap().to_string(),
+            "path=auto split=on pdl=off gsplit=off"
+        );
         let no_tma = TUNED_NO_TMA_REFINE.len();
         assert_eq!(variants(Arch::Sm90a).len(), 8 + n + no_tma);
         // One keeps split attention's key splits as blocks.

@@ -11,9 +11,9 @@ use super::pipe::plan_pipes;
 use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
     Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather, GridSplit,
-    GridSplitOff, HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices, MatmulLowering, NoPush,
-    Options, Partial, PipeDecision, PlanError, Prefetch, PushSlots, RingStart, Sink, SmemPlan,
-    Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
+    GridSplitChoice, GridSplitOff, HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices,
+    MatmulLowering, NoPush, Options, Partial, PipeDecision, PlanError, Prefetch, PushSlots,
+    RingStart, Sink, SmemPlan, Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -582,9 +582,15 @@ fn plan_kernel_with(
             }
         }
     }
-    // A grid split asked for replaces the cluster split where its rules hold.
+    // A grid split asked for replaces the cluster split where its rules hold; by the planner's
+    // rule, the Ampere path splits small grids.
     let mut grid_split_off = None;
-    if let Some(n) = opts.grid_split {
+    let grid_ctas = match opts.grid_split {
+        GridSplitChoice::Ctas(n) => Some(n),
+        GridSplitChoice::Auto if !hopper => auto_grid_split(tb, target),
+        _ => None,
+    };
+    if let Some(n) = grid_ctas {
         match plan_grid_split(
             tb,
             threads,
@@ -596,10 +602,14 @@ fn plan_kernel_with(
             target,
             &pipes,
             opts.resident_blocks,
-            n,
+            (n, matches!(opts.grid_split, GridSplitChoice::Ctas(_))),
         ) {
             Ok(g) => split = Split::Grid(g),
-            Err(why) => grid_split_off = Some(why),
+            // The rule's reasons stay unsaid: it tries every small grid.
+            Err(why) if matches!(opts.grid_split, GridSplitChoice::Ctas(_)) => {
+                grid_split_off = Some(why)
+            }
+            Err(_) => {}
         }
     }
     // The resident blocks wanted, as far as shared memory holds them, promised to ptxas so
@@ -1383,6 +1393,35 @@ fn split_basis(
     })
 }
 
+/// Iterations a CTA of a grid split the planner's rule makes keeps at least (its ring
+/// pipelines them).
+const GRID_SPLIT_MIN_ITERS: usize = 4;
+
+/// Most CTAs per block the planner's rule gives a grid split.
+const GRID_SPLIT_MAX_CTAS: usize = 16;
+
+/// CTAs per block of the planner's grid split ([`GridSplitChoice::Auto`], the Ampere path: no
+/// cluster split there), for a grid that leaves a quarter of the SMs idle or more: the fewest
+/// that launch 1.5 CTAs per SM or more, among the divisors of the loop that leave each CTA
+/// [`GRID_SPLIT_MIN_ITERS`] iterations or more (at most [`GRID_SPLIT_MAX_CTAS`]); the most of
+/// them when none does. Measured on an H100 with `--path ampere --warps 4` (docs/benchmarks.md):
+/// the decode linears of 32 blocks 3.4-4.7x faster split over 8 CTAs (over 4 or 16: slower
+/// than 8), of 56 and 72 blocks 1.4-1.8x over 4 (over 8: slower than 4).
+fn auto_grid_split(tb: &TbGraph, target: &Target) -> Option<usize> {
+    let (blocks, f, sms) = (tb.num_blocks(), tb.forloop_range, target.typical_sms);
+    if blocks * 4 > sms * 3 {
+        return None;
+    }
+    let candidates: Vec<usize> = (2..=GRID_SPLIT_MAX_CTAS)
+        .filter(|&n| f.is_multiple_of(n) && f / n >= GRID_SPLIT_MIN_ITERS)
+        .collect();
+    candidates
+        .iter()
+        .copied()
+        .find(|&n| 2 * blocks * n >= 3 * sms)
+        .or(candidates.last().copied())
+}
+
 /// A grid split of the loop over `ctas` CTAs per block (`--grid-split`, [`GridSplit`]), where
 /// the rules every split shares hold ([`split_basis`]), `ctas` divides the loop into shares of
 /// two iterations or more, and no partial is rescaled (only CTAs of a cluster see each other's
@@ -1399,7 +1438,7 @@ fn plan_grid_split(
     target: &Target,
     pipes: &[PipeDecision],
     asked: Option<usize>,
-    ctas: usize,
+    (ctas, by_option): (usize, bool),
 ) -> Result<GridSplit, GridSplitOff> {
     let f = tb.forloop_range;
     let basis = split_basis(
@@ -1437,6 +1476,7 @@ fn plan_grid_split(
     }
     Ok(GridSplit {
         ctas,
+        asked: by_option,
         iters: f / ctas,
         partials: basis.partials,
         resident_per_sm: basis.resident_per_sm,
@@ -2696,11 +2736,11 @@ mod tests {
     fn grid_split_where_its_rules_hold() {
         use crate::graph::DType;
         use crate::graph::workloads::decode_gated_linear;
-        use crate::sched::plan::{CtaChoice, GridSplitOff, Options};
+        use crate::sched::plan::{CtaChoice, GridSplitChoice, GridSplitOff, Options};
         use crate::target::Arch;
         let plan = |g: &crate::graph::kernel::KernelGraph, arch, n| {
             let o = Options {
-                grid_split: Some(n),
+                grid_split: GridSplitChoice::Ctas(n),
                 cta: CtaChoice::Warps(4),
                 ..Options::for_target(Target::new(arch))
             };

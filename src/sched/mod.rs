@@ -40,7 +40,9 @@ use crate::graph::kernel::KernelGraph;
 use crate::layout::solve::resolve;
 
 pub use kernel_level::KnOpPlan;
-pub use plan::{CtaChoice, GraphPlan, KernelPlan, Options, PathChoice, PlanError, RefineChoice};
+pub use plan::{
+    CtaChoice, GraphPlan, GridSplitChoice, KernelPlan, Options, PathChoice, PlanError, RefineChoice,
+};
 
 /// Places the partial slots of every grid split ([`plan::GridSplit`]) one kernel after the
 /// other from workspace byte `at` (each kernel's aligned); returns their bytes.

@@ -63,10 +63,10 @@ pub struct Options {
     /// `--last-block-combine`; the workspace must then be zero before the first call). Off by
     /// default: measured slower on an H100 (docs/benchmarks.md).
     pub last_block_combine: bool,
-    /// CTAs per µGraph block of a grid split ([`GridSplit`], `--grid-split N`): a kernel's
-    /// for-loop split over N CTAs that fold their partials through the workspace, where the
-    /// rules hold; it replaces a cluster split. `None` (default): no grid split.
-    pub grid_split: Option<usize>,
+    /// Whether kernels split their for-loop over CTAs that fold their partials through the
+    /// workspace ([`GridSplit`], `--grid-split`): by default the planner's rule (the Ampere
+    /// path's small grids); `Ctas(N)` wherever the rules hold, replacing a cluster split.
+    pub grid_split: GridSplitChoice,
     /// Threads per CTA of threadblock kernels (`--warps`): the µGraph's `block_dim` is Mirage's
     /// guess, not semantics, so the planner may choose its own.
     pub cta: CtaChoice,
@@ -128,7 +128,7 @@ impl Options {
             cluster_push: true,
             cluster_combine: false,
             last_block_combine: false,
-            grid_split: None,
+            grid_split: GridSplitChoice::Auto,
             cta: CtaChoice::Auto,
             register_pipes: true,
             register_rows: true,
@@ -311,6 +311,52 @@ pub enum CtaChoice {
 
 /// Most warps a CTA may have (1024 threads).
 pub const MAX_WARPS: usize = 32;
+
+/// Most CTAs per block a grid split may have (`--grid-split N`).
+pub const MAX_GRID_SPLIT: usize = 64;
+
+/// Whether threadblock kernels split their for-loop over CTAs that fold their partials through
+/// the workspace ([`GridSplit`], `--grid-split`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GridSplitChoice {
+    /// The planner's rule (`sched::kernel::auto_grid_split`): on the Ampere path, where no
+    /// cluster split exists, kernels whose grid leaves a quarter of the SMs idle or more.
+    #[default]
+    Auto,
+    /// No grid split.
+    Off,
+    /// This many CTAs per block (2 to [`MAX_GRID_SPLIT`]) wherever the rules hold, on either
+    /// path (it replaces a cluster split).
+    Ctas(usize),
+}
+
+impl std::str::FromStr for GridSplitChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GridSplitChoice::Auto),
+            "off" => Ok(GridSplitChoice::Off),
+            _ => match s.parse::<usize>() {
+                Ok(n) if (2..=MAX_GRID_SPLIT).contains(&n) => Ok(GridSplitChoice::Ctas(n)),
+                _ => Err(format!(
+                    "unknown grid split `{}` (expected auto, off or a number of CTAs from 2 to \
+                     {MAX_GRID_SPLIT})",
+                    crate::graph::error::clip(s)
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for GridSplitChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GridSplitChoice::Auto => f.write_str("auto"),
+            GridSplitChoice::Off => f.write_str("off"),
+            GridSplitChoice::Ctas(n) => write!(f, "{n}"),
+        }
+    }
+}
 
 impl std::str::FromStr for CtaChoice {
     type Err = String;
@@ -955,6 +1001,8 @@ impl fmt::Display for NoPush {
 pub struct GridSplit {
     /// CTAs per µGraph block.
     pub ctas: usize,
+    /// Whether `--grid-split N` asked for it (else the planner's rule chose it).
+    pub asked: bool,
     /// Iterations per CTA.
     pub iters: usize,
     /// The accumulators combined after the loop (sums and maxima: no rescaled partials).

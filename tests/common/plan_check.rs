@@ -2116,7 +2116,7 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
     });
     if splittable {
         let grid = Options {
-            grid_split: Some(2),
+            grid_split: mucc::sched::GridSplitChoice::Ctas(2),
             ..opts
         };
         let what = format!("{what}, --grid-split 2");
