@@ -109,6 +109,12 @@ pub enum NotFused {
         /// The writer.
         kernel: usize,
     },
+    /// The writer's loop is split over the grid ([`super::plan::GridSplit`]): its blocks
+    /// finish in the order their last CTAs arrive, a case the exchange was not measured with.
+    GridSplit {
+        /// The writer.
+        kernel: usize,
+    },
     /// A step runs between the writer and the all-reduce.
     StepBetween {
         /// That step's kernel operator.
@@ -159,6 +165,11 @@ impl std::fmt::Display for NotFused {
             NotFused::AlreadyFused { kernel } => write!(
                 f,
                 "kernel op {kernel} already performs another all-reduce (one per kernel)"
+            ),
+            NotFused::GridSplit { kernel } => write!(
+                f,
+                "kernel op {kernel} splits its loop over the grid (not combined with a fused \
+                 all-reduce)"
             ),
             NotFused::StepBetween { op, kernel } => write!(
                 f,
@@ -299,6 +310,9 @@ fn decide(
     };
     if kp.exchange.is_some() {
         return Err(NotFused::AlreadyFused { kernel: k });
+    }
+    if kp.split.grid().is_some() {
+        return Err(NotFused::GridSplit { kernel: k });
     }
     if let Some(j) = (k + 1..ar).find(|&j| !matches!(kernel_ops[j], KnOpPlan::Nothing)) {
         return Err(NotFused::StepBetween { op: j, kernel: k });

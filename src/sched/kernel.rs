@@ -2728,6 +2728,28 @@ mod tests {
         assert_eq!((resident, regs), (7, 72));
     }
 
+    /// A grid split's slot bytes end at its last partial's slots, past the alignment padding
+    /// between partials (3 blocks × 2 CTAs × 1 f32 = 24 bytes, the next partial at 32).
+    #[test]
+    fn grid_split_slots_count_their_padding() {
+        let g = GridSplit {
+            ctas: 2,
+            asked: true,
+            iters: 2,
+            partials: Vec::new(),
+            resident_per_sm: 1,
+            regs_per_thread: 128,
+            blocks: 3,
+            slot_elems: vec![1, 4],
+            elem_bytes: vec![4, 4],
+            slot_offsets: vec![0, 32],
+            slots_at: 0,
+            counters_at: 0,
+        };
+        assert_eq!(g.slot_bytes(), 32 + 3 * 2 * 4 * 4);
+        assert_eq!(g.counter_bytes(), 12);
+    }
+
     /// `--grid-split N` replaces the cluster split of a decode linear (72 blocks, 64 iterations)
     /// on both targets where N divides the loop into shares of two or more, with the residency
     /// the split counts on; otherwise the kernel keeps its plan and says why. A grid of a block

@@ -1030,13 +1030,16 @@ pub struct GridSplit {
 }
 
 impl GridSplit {
-    /// Bytes of the kernel's slots.
+    /// Bytes of the kernel's slots: the end of the last partial's (each partial's start is
+    /// aligned, [`GridSplit::slot_offsets`]).
     pub fn slot_bytes(&self) -> usize {
-        self.slot_elems
-            .iter()
-            .zip(&self.elem_bytes)
-            .map(|(n, b)| self.blocks * self.ctas * n * b)
-            .sum()
+        (0..self.slot_elems.len())
+            .map(|i| {
+                self.slot_offsets[i]
+                    + self.blocks * self.ctas * self.slot_elems[i] * self.elem_bytes[i]
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Bytes of the kernel's arrival counters.
