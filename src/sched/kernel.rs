@@ -585,6 +585,7 @@ fn plan_kernel_with(
     // A grid split asked for replaces the cluster split where its rules hold; by the planner's
     // rule, the Ampere path splits small grids.
     let mut grid_split_off = None;
+    let split_asked = matches!(opts.grid_split, GridSplitChoice::Ctas(_));
     let grid_ctas = match opts.grid_split {
         GridSplitChoice::Ctas(n) => Some(n),
         GridSplitChoice::Auto if !hopper => auto_grid_split(tb, target),
@@ -602,13 +603,11 @@ fn plan_kernel_with(
             target,
             &pipes,
             opts.resident_blocks,
-            (n, matches!(opts.grid_split, GridSplitChoice::Ctas(_))),
+            (n, split_asked),
         ) {
             Ok(g) => split = Split::Grid(g),
             // The rule's reasons stay unsaid: it tries every small grid.
-            Err(why) if matches!(opts.grid_split, GridSplitChoice::Ctas(_)) => {
-                grid_split_off = Some(why)
-            }
+            Err(why) if split_asked => grid_split_off = Some(why),
             Err(_) => {}
         }
     }
