@@ -450,8 +450,8 @@ fn split(s: &mut String, tb: &TbGraph, kp: &KernelPlan) {
             );
         }
     }
-    if let Some(why) = &kp.grid_split_off {
-        let _ = writeln!(s, "  grid split (--grid-split): none ({why})");
+    if let Some(none) = &kp.grid_split_off {
+        let _ = writeln!(s, "  {none}");
     }
 }
 
@@ -659,8 +659,11 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     if p.target.has_tma_wgmma {
         split(s, tb, kp);
         tma(s, tb, kp);
-    } else if kp.split.grid().is_some() || kp.grid_split_off.is_some() {
+    } else if kp.split.grid().is_some() {
         split(s, tb, kp);
+    } else if let Some(none) = &kp.grid_split_off {
+        // Without clusters, the grid split alone is considered.
+        let _ = writeln!(s, "  {none}");
     }
     ring(s, tb, kp);
     if p.target.has_tma_wgmma {

@@ -12,8 +12,8 @@ use super::plan::{
     ApproxExp, BlockRegion, BodyBarriers, ChainPlan, ClusterSplit, CodePath, Combine, CopyWaits,
     Cta, CtaChoice, CtaSource, CtaWhy, DTensorGeometry, DependentLaunch, Gather, GridSplit,
     GridSplitChoice, GridSplitOff, HOISTED_ACCUM_REGISTERS, KernelPlan, LoopIndices,
-    MatmulLowering, NoPush, Options, Partial, PipeDecision, PlanError, Prefetch, PushSlots,
-    RingStart, Sink, SmemPlan, Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
+    MatmulLowering, NoGridSplit, NoPush, Options, Partial, PipeDecision, PlanError, Prefetch,
+    PushSlots, RingStart, Sink, SmemPlan, Split, SplitOff, WgmmaOff, WriteBack, ZERO_PAGE,
 };
 use super::smem::{SMEM_LINE, smem_plan};
 use super::tma::{TmaPlan, pad_slots, plan_tma};
@@ -532,18 +532,18 @@ fn plan_kernel_with(
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
     let mut split = if hopper && opts.cluster_split {
-        plan_split(
+        plan_split(&SplitInputs {
             tb,
             threads,
-            &fusion,
-            &sched,
-            &ops,
-            &tiles,
-            &smem,
+            fusion: &fusion,
+            sched: &sched,
+            ops: &ops,
+            tiles: &tiles,
+            smem: &smem,
             target,
-            &pipes,
-            opts.resident_blocks,
-        )
+            pipes: &pipes,
+            asked: opts.resident_blocks,
+        })
     } else if hopper {
         Split::Off(SplitOff::TurnedOff)
     } else {
@@ -574,43 +574,59 @@ fn plan_kernel_with(
             ) else {
                 break;
             };
-            let split_r = plan_split(
-                tb, threads, &fusion, &sched, &ops_r, &tiles, &smem_r, target, &pipes, None,
-            );
+            let split_r = plan_split(&SplitInputs {
+                tb,
+                threads,
+                fusion: &fusion,
+                sched: &sched,
+                ops: &ops_r,
+                tiles: &tiles,
+                smem: &smem_r,
+                target,
+                pipes: &pipes,
+                asked: None,
+            });
             if ctas(&split_r) > ctas(&split) {
                 (ops, tma, smem, split, resident_blocks) = (ops_r, tma_r, smem_r, split_r, r);
             }
         }
     }
     // A grid split asked for replaces the cluster split where its rules hold; by the planner's
-    // rule, the Ampere path splits small grids.
-    let mut grid_split_off = None;
+    // rule, the Ampere path splits small grids. Either says why a kernel has none.
     let split_asked = matches!(opts.grid_split, GridSplitChoice::Ctas(_));
     let grid_ctas = match opts.grid_split {
-        GridSplitChoice::Ctas(n) => Some(n),
-        GridSplitChoice::Auto if !hopper => auto_grid_split(tb, target),
+        GridSplitChoice::Ctas(n) => Some(Ok(n)),
+        GridSplitChoice::Auto if !hopper => Some(auto_grid_split(tb, target)),
         _ => None,
     };
-    if let Some(n) = grid_ctas {
-        match plan_grid_split(
-            tb,
-            threads,
-            &fusion,
-            &sched,
-            &ops,
-            &tiles,
-            &smem,
-            target,
-            &pipes,
-            opts.resident_blocks,
-            (n, split_asked),
-        ) {
-            Ok(g) => split = Split::Grid(g),
-            // The rule's reasons stay unsaid: it tries every small grid.
-            Err(why) if split_asked => grid_split_off = Some(why),
-            Err(_) => {}
+    let grid_split = grid_ctas.map(|n| {
+        n.and_then(|n| {
+            let inputs = SplitInputs {
+                tb,
+                threads,
+                fusion: &fusion,
+                sched: &sched,
+                ops: &ops,
+                tiles: &tiles,
+                smem: &smem,
+                target,
+                pipes: &pipes,
+                asked: opts.resident_blocks,
+            };
+            plan_grid_split(&inputs, n, split_asked)
+        })
+    });
+    let grid_split_off = match grid_split {
+        Some(Ok(g)) => {
+            split = Split::Grid(g);
+            None
         }
-    }
+        Some(Err(why)) => Some(NoGridSplit {
+            asked: split_asked,
+            why,
+        }),
+        None => None,
+    };
     // The resident blocks wanted, as far as shared memory holds them, promised to ptxas so
     // that it keeps registers for them too: without the promise, mqa_bs8 g3's piped kernel
     // took 169 registers on the GPU's NVRTC and fit two blocks per SM instead of the three
@@ -1271,25 +1287,12 @@ const CLUSTER_PACKING: f64 = 0.9;
 /// and all CTAs fit on the GPU at once (one wave). `asked` (`--resident-blocks`) replaces the
 /// CTAs per SM the split counts on (at most what shared memory and threads allow; the
 /// registers per thread follow from it instead of bounding it).
-#[allow(clippy::too_many_arguments)]
-fn plan_split(
-    tb: &TbGraph,
-    threads: usize,
-    fusion: &FusionPlan,
-    sched: &Schedule,
-    ops: &[OpPlan],
-    tiles: &[Option<TileGeometry>],
-    smem: &SmemPlan,
-    target: &Target,
-    pipes: &[PipeDecision],
-    asked: Option<usize>,
-) -> Split {
-    let basis = match split_basis(
-        tb, threads, fusion, sched, ops, tiles, smem, target, pipes, asked,
-    ) {
+fn plan_split(inputs: &SplitInputs) -> Split {
+    let basis = match split_basis(inputs) {
         Ok(b) => b,
         Err(why) => return Split::Off(why),
     };
+    let (tb, target) = (inputs.tb, inputs.target);
     let (f, blocks) = (tb.forloop_range, tb.num_blocks());
     let slots = target.typical_sms * basis.resident_per_sm;
     for ctas in CLUSTER_SIZES {
@@ -1315,6 +1318,30 @@ fn plan_split(
     })
 }
 
+/// What a split of a kernel's loop is planned from: the kernel as planned so far.
+struct SplitInputs<'a> {
+    /// The threadblock graph.
+    tb: &'a TbGraph,
+    /// Threads per CTA.
+    threads: usize,
+    /// Its fusion chains.
+    fusion: &'a FusionPlan,
+    /// Its schedule.
+    sched: &'a Schedule,
+    /// Per-operator plans.
+    ops: &'a [OpPlan],
+    /// Tile geometries by tensor index.
+    tiles: &'a [Option<TileGeometry>],
+    /// The shared-memory plan.
+    smem: &'a SmemPlan,
+    /// The target.
+    target: &'a Target,
+    /// Register-pipe decisions.
+    pipes: &'a [PipeDecision],
+    /// CTAs per SM asked for (`--resident-blocks`).
+    asked: Option<usize>,
+}
+
 /// What any split of a kernel's loop combines, and the CTAs per SM it counts on.
 struct SplitBasis {
     /// The accumulators combined after the loop (rescaled ones first).
@@ -1329,19 +1356,19 @@ struct SplitBasis {
 /// idle, accumulators that combine after the fact: [`split_partials`]) and the residency it
 /// counts on: at most [`SPLIT_MAX_RESIDENT`] CTAs per SM at [`SPLIT_REGS_PER_THREAD`]
 /// registers, or the `asked` count as far as shared memory and threads allow.
-#[allow(clippy::too_many_arguments)]
-fn split_basis(
-    tb: &TbGraph,
-    threads: usize,
-    fusion: &FusionPlan,
-    sched: &Schedule,
-    ops: &[OpPlan],
-    tiles: &[Option<TileGeometry>],
-    smem: &SmemPlan,
-    target: &Target,
-    pipes: &[PipeDecision],
-    asked: Option<usize>,
-) -> Result<SplitBasis, SplitOff> {
+fn split_basis(inputs: &SplitInputs) -> Result<SplitBasis, SplitOff> {
+    let SplitInputs {
+        tb,
+        threads,
+        fusion,
+        sched,
+        ops,
+        tiles,
+        smem,
+        target,
+        pipes,
+        asked,
+    } = *inputs;
     let blocks = tb.num_blocks();
     // An online-softmax register pipe's running max, rescaled sums and max accumulator combine
     // as one: the sums rescaled to the CTAs' largest max, then the max. Only for a split of the
@@ -1406,10 +1433,10 @@ const GRID_SPLIT_MAX_CTAS: usize = 16;
 /// them when none does. Measured on an H100 with `--path ampere --warps 4` (docs/benchmarks.md):
 /// the decode linears of 32 blocks 3.4-4.7x faster split over 8 CTAs (over 4 or 16: slower
 /// than 8), of 56 and 72 blocks 1.4-1.8x over 4 (over 8: slower than 4).
-fn auto_grid_split(tb: &TbGraph, target: &Target) -> Option<usize> {
+fn auto_grid_split(tb: &TbGraph, target: &Target) -> Result<usize, GridSplitOff> {
     let (blocks, f, sms) = (tb.num_blocks(), tb.forloop_range, target.typical_sms);
     if blocks * 4 > sms * 3 {
-        return None;
+        return Err(GridSplitOff::GridLarge { blocks, sms });
     }
     let candidates: Vec<usize> = (2..=GRID_SPLIT_MAX_CTAS)
         .filter(|&n| f.is_multiple_of(n) && f / n >= GRID_SPLIT_MIN_ITERS)
@@ -1419,31 +1446,25 @@ fn auto_grid_split(tb: &TbGraph, target: &Target) -> Option<usize> {
         .copied()
         .find(|&n| 2 * blocks * n >= 3 * sms)
         .or(candidates.last().copied())
+        .ok_or(GridSplitOff::NoShares {
+            iterations: f,
+            max_ctas: GRID_SPLIT_MAX_CTAS,
+            min_iters: GRID_SPLIT_MIN_ITERS,
+        })
 }
 
 /// A grid split of the loop over `ctas` CTAs per block (`--grid-split`, [`GridSplit`]), where
 /// the rules every split shares hold ([`split_basis`]), `ctas` divides the loop into shares of
 /// two iterations or more, and no partial is rescaled (only CTAs of a cluster see each other's
 /// running maxima). Its workspace offsets are placed over the whole graph later.
-#[allow(clippy::too_many_arguments)]
 fn plan_grid_split(
-    tb: &TbGraph,
-    threads: usize,
-    fusion: &FusionPlan,
-    sched: &Schedule,
-    ops: &[OpPlan],
-    tiles: &[Option<TileGeometry>],
-    smem: &SmemPlan,
-    target: &Target,
-    pipes: &[PipeDecision],
-    asked: Option<usize>,
-    (ctas, by_option): (usize, bool),
+    inputs: &SplitInputs,
+    ctas: usize,
+    by_option: bool,
 ) -> Result<GridSplit, GridSplitOff> {
+    let (tb, tiles) = (inputs.tb, inputs.tiles);
     let f = tb.forloop_range;
-    let basis = split_basis(
-        tb, threads, fusion, sched, ops, tiles, smem, target, pipes, asked,
-    )
-    .map_err(GridSplitOff::Split)?;
+    let basis = split_basis(inputs).map_err(GridSplitOff::Split)?;
     if ctas < 2 || !f.is_multiple_of(ctas) || f / ctas < 2 {
         return Err(GridSplitOff::NotDividing {
             iterations: f,
@@ -2757,7 +2778,7 @@ mod tests {
     fn grid_split_where_its_rules_hold() {
         use crate::graph::DType;
         use crate::graph::workloads::decode_gated_linear;
-        use crate::sched::plan::{CtaChoice, GridSplitChoice, GridSplitOff, Options};
+        use crate::sched::plan::{CtaChoice, GridSplitChoice, GridSplitOff, NoGridSplit, Options};
         use crate::target::Arch;
         let plan = |g: &crate::graph::kernel::KernelGraph, arch, n| {
             let o = Options {
@@ -2796,16 +2817,22 @@ mod tests {
             let (p, kp) = plan(&g, arch, 3);
             assert_eq!(
                 kp.grid_split_off,
-                Some(GridSplitOff::NotDividing {
-                    iterations: 64,
-                    ctas: 3
+                Some(NoGridSplit {
+                    asked: true,
+                    why: GridSplitOff::NotDividing {
+                        iterations: 64,
+                        ctas: 3
+                    }
                 })
             );
             assert_eq!((p.split_bytes, kp.split.grid()), (0, None));
             let (_, kp) = plan(&g, arch, 64);
             assert!(matches!(
                 kp.grid_split_off,
-                Some(GridSplitOff::NotDividing { .. })
+                Some(NoGridSplit {
+                    why: GridSplitOff::NotDividing { .. },
+                    ..
+                })
             ));
         }
         // 264 blocks fill the 132 SMs.
@@ -2813,7 +2840,38 @@ mod tests {
         let (_, kp) = plan(&g, Arch::Sm90a, 4);
         assert!(matches!(
             kp.grid_split_off,
-            Some(GridSplitOff::Split(SplitOff::GridFills { blocks: 264, .. }))
+            Some(NoGridSplit {
+                why: GridSplitOff::Split(SplitOff::GridFills { blocks: 264, .. }),
+                ..
+            })
+        ));
+        // The planner's rule (the Ampere path) says why it leaves a kernel whole: a grid of
+        // more than three quarters of the SMs, or a loop too short for shares of 4.
+        let auto = |g: &crate::graph::kernel::KernelGraph| {
+            let o = Options {
+                cta: CtaChoice::Warps(4),
+                ..Options::for_target(Target::new(Arch::Sm80))
+            };
+            let p = crate::sched::plan(g, &o).unwrap();
+            p.kernels.values().next().unwrap().grid_split_off.clone()
+        };
+        assert_eq!(
+            auto(&g),
+            Some(NoGridSplit {
+                asked: false,
+                why: GridSplitOff::GridLarge {
+                    blocks: 264,
+                    sms: Target::new(Arch::Sm80).typical_sms
+                }
+            })
+        );
+        let g = decode_gated_linear(1, 3072, 4608, 72, 6, DType::BF16).unwrap();
+        assert!(matches!(
+            auto(&g),
+            Some(NoGridSplit {
+                asked: false,
+                why: GridSplitOff::NoShares { iterations: 6, .. }
+            })
         ));
     }
 

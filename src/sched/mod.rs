@@ -174,7 +174,9 @@ fn plan_with_softmax(
         sms: opts.target.typical_sms,
         resident: BTreeMap::new(),
     };
-    let mut sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
+    // Recognised and checked once: the rewrite is tried again below with other choices.
+    let rec = softmax::recognise_attention(g, on);
+    let mut sm = softmax::online_softmax_from(g, &rec, &ask, &|_| None);
     // The graph with the splits kept, planned to measure the blocks per SM, and its plan: the
     // plan is taken as it is where the rule then folds nothing.
     let mut kept: Option<Unfolded> = None;
@@ -183,10 +185,10 @@ fn plan_with_softmax(
         .iter()
         .any(|a| a.fold == SplitFold::Kept(SplitsKept::Unmeasured))
     {
-        let (resident, planned) = resident_unfolded(g, on, &ask, opts);
+        let (resident, planned) = resident_unfolded(g, &rec, &ask, opts);
         ask.resident = resident;
         kept = planned;
-        sm = softmax::online_softmax_where(g, on, &ask, &|_| None);
+        sm = softmax::online_softmax_from(g, &rec, &ask, &|_| None);
     }
     let mut vetoed: BTreeMap<usize, NoOnlineSoftmax> = BTreeMap::new();
     // Why folded key splits were given up (the folded graph did not plan).
@@ -219,7 +221,7 @@ fn plan_with_softmax(
                     was_folded = folded;
                     unfolded = Some(SplitsKept::Plan(plan::RewriteFailure::Plan(e)));
                     ask.choice = softmax::KeyFold::Off;
-                    sm = softmax::online_softmax_where(g, on, &ask, &|k| vetoed.get(&k).cloned());
+                    sm = softmax::online_softmax_from(g, &rec, &ask, &|k| vetoed.get(&k).cloned());
                     continue;
                 }
                 sm.undo(NoOnlineSoftmax::Plan(plan::RewriteFailure::Plan(e)));
@@ -233,7 +235,7 @@ fn plan_with_softmax(
                 }
             }
             if !vetoed.is_empty() {
-                sm = softmax::online_softmax_where(g, on, &ask, &|k| vetoed.get(&k).cloned());
+                sm = softmax::online_softmax_from(g, &rec, &ask, &|k| vetoed.get(&k).cloned());
                 continue;
             }
         }
@@ -259,7 +261,7 @@ type Unfolded = (Box<KernelGraph>, (GraphPlan, Option<Box<KernelGraph>>));
 /// graph with its plan, which the caller reuses where the rule folds nothing.
 fn resident_unfolded(
     g: &KernelGraph,
-    on: bool,
+    rec: &softmax::Recognised,
     ask: &softmax::FoldAsk,
     opts: &Options,
 ) -> (BTreeMap<usize, usize>, Option<Unfolded>) {
@@ -267,7 +269,7 @@ fn resident_unfolded(
         choice: softmax::KeyFold::Off,
         ..ask.clone()
     };
-    let mut sm = softmax::online_softmax_where(g, on, &kept, &|_| None);
+    let mut sm = softmax::online_softmax_from(g, rec, &kept, &|_| None);
     let Some(g3) = sm.graph.take() else {
         return (BTreeMap::new(), None);
     };

@@ -1048,7 +1048,28 @@ impl GridSplit {
     }
 }
 
-/// Why a kernel asked for a grid split (`--grid-split N`) has none ([`KernelPlan::grid_split_off`]).
+/// Why a kernel has no grid split where one was asked for (`--grid-split N`) or the planner's
+/// rule considered one (the Ampere path's default) ([`KernelPlan::grid_split_off`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoGridSplit {
+    /// Whether `--grid-split N` asked for it (else the planner's rule looked at the kernel).
+    pub asked: bool,
+    /// Why there is none.
+    pub why: GridSplitOff,
+}
+
+impl fmt::Display for NoGridSplit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let by = if self.asked {
+            "--grid-split"
+        } else {
+            "the planner's rule"
+        };
+        write!(f, "grid split ({by}): none ({})", self.why)
+    }
+}
+
+/// Why a kernel has no grid split ([`NoGridSplit`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GridSplitOff {
     /// N does not divide the loop into shares of 2 iterations or more.
@@ -1066,8 +1087,23 @@ pub enum GridSplitOff {
         /// The accumulator.
         op: usize,
     },
-    /// A combining step or an all-reduce runs in this kernel's blocks.
-    FusedStep,
+    /// The planner's rule: the grid fills more than three quarters of the SMs.
+    GridLarge {
+        /// Blocks of the grid.
+        blocks: usize,
+        /// SMs of the target.
+        sms: usize,
+    },
+    /// The planner's rule: no CTA count it tries divides the loop into shares long enough to
+    /// pipeline.
+    NoShares {
+        /// Iterations of the loop.
+        iterations: usize,
+        /// The most CTAs per block the rule gives.
+        max_ctas: usize,
+        /// The fewest iterations a CTA keeps.
+        min_iters: usize,
+    },
 }
 
 impl fmt::Display for GridSplitOff {
@@ -1083,9 +1119,19 @@ impl fmt::Display for GridSplitOff {
                 "op {op} is an online-softmax partial (rescaled to the CTAs' largest running max: \
                  only a cluster split combines it)"
             ),
-            GridSplitOff::FusedStep => {
-                f.write_str("a combining step or an all-reduce runs in this kernel's blocks")
-            }
+            GridSplitOff::GridLarge { blocks, sms } => write!(
+                f,
+                "the grid of {blocks} blocks fills more than three quarters of the {sms} SMs"
+            ),
+            GridSplitOff::NoShares {
+                iterations,
+                max_ctas,
+                min_iters,
+            } => write!(
+                f,
+                "no count of 2 to {max_ctas} CTAs divides its {iterations}-iteration loop into \
+                 shares of {min_iters} iterations or more"
+            ),
         }
     }
 }
@@ -1749,9 +1795,9 @@ pub struct KernelPlan {
     /// The combining step of split attention this kernel performs in the last block of each
     /// group of key splits ([`super::combine`]).
     pub last_block_combine: Option<super::combine::LastBlockCombine>,
-    /// Why the grid split asked for (`--grid-split`) is not this kernel's; `None` when none was
-    /// asked or it is.
-    pub grid_split_off: Option<GridSplitOff>,
+    /// Why this kernel has no grid split where one was asked for (`--grid-split N`) or the
+    /// planner's rule considered one; `None` when it has one or none was considered.
+    pub grid_split_off: Option<NoGridSplit>,
     /// How the body computes: through the schedule's shared-memory tiles, or every tile in
     /// registers ([`super::rows`]).
     pub body: Body,

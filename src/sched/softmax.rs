@@ -808,6 +808,7 @@ impl SoftmaxRewrite {
 }
 
 /// One recognised attention kernel.
+#[derive(Clone)]
 struct Found {
     op: Handle<KnOp>,
     exp: Handle<TbOp>,
@@ -846,8 +847,25 @@ pub fn online_softmax_where(
     fold: &FoldAsk,
     veto: &dyn Fn(usize) -> Option<NoOnlineSoftmax>,
 ) -> SoftmaxRewrite {
-    let mut rw = SoftmaxRewrite::default();
-    let mut found = Vec::new();
+    online_softmax_from(g, &recognise_attention(g, on), fold, veto)
+}
+
+/// The attention kernels of a graph, each recognised and its combining step checked in the
+/// interpreter, or why not ([`recognise_attention`]). Planning tries the rewrite several times
+/// over one graph (other fold choices, vetoes): [`online_softmax_from`] reads this instead of
+/// checking every combining step again.
+pub struct Recognised {
+    /// Whether the rewrite is on (off: every kernel declines with [`NoOnlineSoftmax::Off`]).
+    on: bool,
+    /// Per customized operator that exponentiates a matmul product or multiplies an
+    /// exponential by a matrix, in operator order: what was recognised, or why not.
+    kernels: Vec<(Handle<KnOp>, Result<Found, NoOnlineSoftmax>)>,
+}
+
+/// Recognises the attention kernels of `g` and checks their combining steps (nothing when `on`
+/// is false).
+pub fn recognise_attention(g: &KernelGraph, on: bool) -> Recognised {
+    let mut kernels = Vec::new();
     for (h, op) in g.ops.iter() {
         let KnOpKind::Customized(tb) = &op.kind else {
             continue;
@@ -856,7 +874,30 @@ pub fn online_softmax_where(
         if exps.is_empty() {
             continue;
         }
-        if !on {
+        let found = if on {
+            recognise(g, h, tb, &exps).and_then(|f| check_combine(g, tb, f))
+        } else {
+            Err(NoOnlineSoftmax::Off)
+        };
+        kernels.push((h, found));
+    }
+    Recognised { on, kernels }
+}
+
+/// [`online_softmax_where`] from the kernels `rec` recognised in `g`.
+pub fn online_softmax_from(
+    g: &KernelGraph,
+    rec: &Recognised,
+    fold: &FoldAsk,
+    veto: &dyn Fn(usize) -> Option<NoOnlineSoftmax>,
+) -> SoftmaxRewrite {
+    let mut rw = SoftmaxRewrite::default();
+    let mut found = Vec::new();
+    for (h, recognised) in &rec.kernels {
+        let KnOpKind::Customized(tb) = &g.ops[*h].kind else {
+            continue;
+        };
+        if !rec.on {
             rw.declined.push((h.index(), NoOnlineSoftmax::Off));
             continue;
         }
@@ -864,7 +905,7 @@ pub fn online_softmax_where(
             rw.declined.push((h.index(), why));
             continue;
         }
-        match recognise(g, h, tb, &exps).and_then(|f| check_combine(g, tb, f)) {
+        match recognised.clone() {
             Ok(mut f) => {
                 f.fold = fold_factor(tb, h.index(), f.splits, f.looped, fold);
                 found.push(f)
@@ -1260,12 +1301,6 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
     if let Err(e) = crate::graph::validate::validate(&mini, None) {
         return Err(NoOnlineSoftmax::Combine(CombineOff::NotAlone(e)));
     }
-    let got = match crate::graph::interp::evaluate(&mini, &inputs) {
-        Ok(mut v) => v.remove(0),
-        Err(e) => {
-            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(e)));
-        }
-    };
     // Σ O / Σ l, block by block of the attention kernel.
     let rank = os.rank();
     let o_tile = tile_of(tb, f.acc);
@@ -1307,6 +1342,13 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
             }
         }
     }
+    // The partials move into the walk (they are large: no copy).
+    let got = match crate::graph::interp::evaluate_owned(&mini, inputs) {
+        Ok(mut v) => v.remove(0),
+        Err(e) => {
+            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(e)));
+        }
+    };
     let mut worst = 0.0f64;
     let mut scale = 0.0f64;
     for (i, &x) in got.data.iter().enumerate() {
