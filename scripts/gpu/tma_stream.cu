@@ -11,6 +11,11 @@
 // thread 0 refills the stage freed one iteration ago, the consumers work, a block barrier);
 // `ws` adds a producer warp that refills a stage as soon as the consumers release it (empty
 // mbarriers). Each consumer thread reads 16 B of every stage, so the copies are really used.
+// `MUCC_TMA_PDL=1`: mucc's decode configurations launched plainly and with programmatic stream
+// serialisation (`pdl` 1: griddepcontrol.wait first, then launch_dependents; 2: the CTA's first
+// `stages` iterations prefetched into L2 before the wait, which reads nothing stale since the
+// writes of the kernel before land in L2; 3: its whole share prefetched), so that a replay's
+// ramp-up overlaps the tail of the one before.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -48,6 +53,11 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity
       "r"(parity)
       : "memory");
 }
+// L2 prefetch of one box (no shared memory, no mbarrier).
+__device__ __forceinline__ void tma2d_prefetch_l2(const CUtensorMap* m, int x, int y) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(m), "r"(x), "r"(y)
+               : "memory");
+}
 __device__ __forceinline__ void tma2d(void* dst, const CUtensorMap* m, unsigned long long* bar, int x,
                                       int y, bool evict_first) {
   if (evict_first) {
@@ -79,6 +89,8 @@ struct Cfg {
   int cluster; // 1: the CTAs of a column block form a cluster (as mucc's cluster split), which
                // ends with a cluster barrier
   int l2;      // L2 promotion of the tensor map: 0 256B (mucc's), 1 none, 2 128B, 3 64B
+  int pdl;     // programmatic launch: 0 off, 1 on, 2 on with the first stages prefetched into L2
+               // before griddepcontrol.wait, 3 with the CTA's whole share prefetched
 };
 
 __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total, Cfg c, float* sink) {
@@ -100,6 +112,15 @@ __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total,
       mbar_init(empty + s, consumers / 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if (c.pdl >= 2 && tid == 0) {
+    const int m = c.pdl == 2 ? (c.stages < n ? c.stages : n) : n;
+    for (int i = 0; i < m; ++i)
+      for (int b = 0; b < c.boxes; ++b) tma2d_prefetch_l2(&map, (col_block * c.boxes + b) * 64, (it0 + i) * c.bk);
+  }
+  if (c.pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
   __syncthreads();
   auto issue = [&](int i) {  // iteration i (0-based within the CTA) into stage i % stages
@@ -160,15 +181,22 @@ static void launch(dim3 grid, int threads, int smem, cudaStream_t st, const CUte
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  int n = 0;
   if (c.cluster) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c.split;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = c.split;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
   }
+  if (c.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
   CK(cudaLaunchKernelEx(&cfg, stream, map, iters, c, sink));
 }
 
@@ -217,9 +245,11 @@ int main() {
   // MUCC_TMA_SPLITS=1: the two small decode shapes with the K range split over 1-8x more CTAs
   // than a cluster of 8 allows (is it the number of CTAs streaming at once that bounds them?).
   const bool splits = std::getenv("MUCC_TMA_SPLITS") != nullptr;
+  const bool pdl = std::getenv("MUCC_TMA_PDL") != nullptr;
   std::vector<Shape> shapes = {{11008, 2048}, {18944, 3584}};
   if (quick) shapes = {{3584, 4608}, {11008, 2048}, {2048, 22016}, {18944, 3584}};
   if (splits) shapes = {{11008, 2048}, {3584, 4608}};
+  if (pdl) shapes = {{3584, 4608}, {11008, 2048}, {18944, 3584}};
   for (Shape sh : shapes) {
     const size_t bytes = size_t(sh.k) * sh.n * 2;
     const int copies = 4;  // rotated, past the L2
@@ -229,9 +259,17 @@ int main() {
       CK(cudaMemset(p, 1, bytes));
     }
     std::printf("\nW %d x %d bf16 (%.1f MB)\n", sh.k, sh.n, bytes / 1e6);
-    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s %3s %3s\n", "bk", "boxes", "stages", "ctas", "ws",
-                "delay", "ef", "smem", "us", "GB/s", "cl", "l2");
+    std::printf("%5s %5s %6s %6s %4s %6s %3s %6s %8s %8s %3s %3s %3s\n", "bk", "boxes", "stages", "ctas", "ws",
+                "delay", "ef", "smem", "us", "GB/s", "cl", "l2", "pdl");
     std::vector<Cfg> cfgs;
+    if (pdl) {
+      // mucc's decode plans (see `quick`), in clusters and as plain CTAs, then one wave of 2 per SM.
+      const int bk = sh.k == 3584 ? 56 : sh.k == 11008 ? 172 : 148;
+      const int split = sh.k == 3584 ? 4 : sh.k == 11008 ? 8 : 2;
+      for (int cl : {1, 0})
+        for (int p : {0, 1, 2, 3}) cfgs.push_back({bk, 1, sh.k == 11008 ? 2 : 4, 0, 0, 0, 0, split, cl, 0, p});
+      for (int p : {0, 1, 2, 3}) cfgs.push_back({bk, 1, 4, 2, 0, 0, 0, 0, 0, 0, p});
+    }
     if (splits) {
       const std::vector<int> fixed = sh.k == 11008 ? std::vector<int>{8, 16} : std::vector<int>{4, 8};
       const std::vector<int> bks = sh.k == 11008 ? std::vector<int>{172, 86} : std::vector<int>{56};
@@ -255,14 +293,14 @@ int main() {
         for (int stages : {2, 3, 4}) cfgs.push_back({bk, 1, stages, 0, 0, 0, 0, split, cl});
     }
     for (int ws : {0, 1})
-      if (!quick && !splits)
+      if (!quick && !splits && !pdl)
       for (int delay : {0, 600})
         for (int bk : {172, 86, 256})
           for (int stages : {2, 3, 4, 6, 8})
             for (int per_sm : {1, 2, 3}) cfgs.push_back({bk, 1, stages, per_sm, ws, delay, 0, 0, 0});
-    if (!quick && !splits)
+    if (!quick && !splits && !pdl)
       for (int ef : {1}) cfgs.push_back({172, 1, 4, 2, 1, 0, ef, 0, 0});
-    if (!quick && !splits)
+    if (!quick && !splits && !pdl)
       for (int stages : {2, 4}) cfgs.push_back({172, 2, stages, 2, 1, 0, 0, 0, 0});
     for (Cfg c : cfgs) {
       const int col_blocks = sh.n / (64 * c.boxes);
@@ -330,8 +368,8 @@ int main() {
       cudaGraphDestroy(graph);
       cudaStreamDestroy(st);
       const double us = ms * 1e3 / reps;
-      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f %3d %3d\n", c.bk, c.boxes, c.stages, ctas, c.ws,
-                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9, c.cluster, c.l2);
+      std::printf("%5d %5d %6d %6d %4d %6d %3d %6d %8.2f %8.0f %3d %3d %3d\n", c.bk, c.boxes, c.stages, ctas, c.ws,
+                  c.delay, c.ef, smem, us, bytes / (us * 1e-6) / 1e9, c.cluster, c.l2, c.pdl);
     }
     for (auto p : w) cudaFree(p);
   }
