@@ -667,11 +667,15 @@ fn kernel(s: &mut String, p: &GraphPlan, k: usize, tb: &TbGraph, kp: &KernelPlan
     }
     ring(s, tb, kp);
     if p.target.has_tma_wgmma {
-        let launch = match &kp.dependent {
-            DependentLaunch::Off(why) => format!("plain ({why})"),
-            DependentLaunch::Programmatic => {
+        let launch = match (&kp.dependent, kp.l2_prefetch) {
+            (DependentLaunch::Off(why), _) => format!("plain ({why})"),
+            (DependentLaunch::Programmatic, None) => {
                 "programmatic (griddepcontrol.wait before anything else)".into()
             }
+            (DependentLaunch::Programmatic, Some(p)) => format!(
+                "programmatic ({p}, then griddepcontrol.wait before anything else: a prefetch \
+                 reads nothing stale)"
+            ),
         };
         let trigger = match (kp.triggers_next, kp.rows()) {
             (false, _) => String::new(),

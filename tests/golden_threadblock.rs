@@ -509,6 +509,44 @@ fn grid_split_golden() {
     }
 }
 
+/// A programmatic launch (`--dependent-launch`, sm_90a): the decode linear 18944×3584, the
+/// graph's first and last kernel, prefetches the TMA boxes of its cluster CTA's first
+/// iterations into L2, then waits with `griddepcontrol.wait`, and triggers the next launch
+/// after its loop.
+#[test]
+fn dependent_launch_golden() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock");
+    let f = mucc::read_file(
+        &dir.join("decode_m1_18944x3584_bf16.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[0].graph;
+    let mut o = opts(Arch::Sm90a);
+    o.dependent_launch = true;
+    let (p, e) = mucc::transpile::transpile(g, &o, "decode_m1_18944x3584_bf16.json").unwrap();
+    let kp = p.kernels.values().next().unwrap();
+    assert!(kp.dependent.is_programmatic() && kp.triggers_next);
+    assert_eq!(
+        kp.l2_prefetch.map(|p| p.iterations),
+        Some(kp.pipeline_stages())
+    );
+    let prefetch = e.source.find("mucc::sm90::tma_prefetch_l2(").unwrap();
+    let wait = e.source.find("mucc::sm90::grid_dependency_wait()").unwrap();
+    assert!(prefetch < wait, "the prefetch before the wait");
+    assert!(e.source.contains("mucc::sm90::launch_dependents()"));
+    assert!(e.launch.steps.iter().all(|s| match s {
+        mucc::emit::launch::Step::Kernel(k) => k.programmatic,
+        _ => true,
+    }));
+    emit_golden_with(
+        "decode_m1_18944x3584_bf16.dependent_launch",
+        g,
+        "decode_m1_18944x3584_bf16.json",
+        &o,
+    );
+}
+
 /// The corpus goldens use every threadblock operator kind that occurs in the corpus.
 #[test]
 fn corpus_goldens_cover_every_corpus_operator_kind() {

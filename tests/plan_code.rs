@@ -10,7 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::corpus_files;
-use common::plan_check::{check_graph, check_host, check_kernel, check_kernel_level, check_rings};
+use common::plan_check::{
+    check_graph, check_graph_with, check_host, check_kernel, check_kernel_level, check_rings,
+};
 use mucc::sched::{Options, plan};
 use mucc::target::Target;
 use mucc::{ImportOptions, read_file};
@@ -1086,4 +1088,51 @@ fn folded_key_splits_leave_no_combining_step() {
         let kp = &p.kernels[&a.rewritten];
         check_kernel(pg, &e, a.rewritten, kp).unwrap();
     }
+}
+
+/// With `--dependent-launch` on sm_90a, every decode graph's kernel (the graph's first launch)
+/// launches programmatically, prefetches the TMA boxes of its ring's stages into L2 before its
+/// `griddepcontrol.wait` and, as the graph's last kernel, triggers the next launch; graph 0 of
+/// every corpus file follows its plan so too. A kernel whose prefetch goes fails the check.
+#[test]
+fn programmatic_launches_prefetch_into_l2_before_they_wait() {
+    use mucc::emit::ir::{Func, calls};
+    let opts = Options {
+        dependent_launch: true,
+        ..Options::for_target(Target::new(mucc::target::Arch::Sm90a))
+    };
+    for (name, g) in mucc::graph::workloads::decode_graphs().unwrap() {
+        let p = plan(&g, &opts).unwrap();
+        let e = check_graph_with(&g, &opts, &name).unwrap();
+        let (&k, kp) = p.kernels.iter().next().unwrap();
+        assert!(kp.dependent.is_programmatic() && kp.triggers_next, "{name}");
+        assert!(!kp.tma.loads.is_empty(), "{name}");
+        assert_eq!(
+            kp.l2_prefetch.map(|p| p.iterations),
+            Some(kp.pipeline_stages()),
+            "{name}"
+        );
+        // Without its prefetch the kernel no longer follows the plan.
+        let mut bad = e.clone();
+        let body = &mut bad
+            .bodies
+            .iter_mut()
+            .find(|b| b.name == format!("k{k}_customized"))
+            .unwrap()
+            .body;
+        body.retain(|s| calls(std::slice::from_ref(s), Func::TmaPrefetchL2).is_empty());
+        let err = check_kernel(p.graph(&g), &bad, k, kp).unwrap_err();
+        assert!(err.contains("L2 prefetch"), "{name}: {err}");
+    }
+    let files = corpus_files();
+    let failures: Vec<String> = files
+        .par_iter()
+        .filter_map(|f| {
+            let file = read_file(f, &ImportOptions::default()).unwrap();
+            let g = &file.graphs[0].graph;
+            let what = format!("{} g0 --dependent-launch", f.display());
+            check_graph_with(g, &opts, &what).err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -178,8 +178,11 @@ pub struct PathArg {
     /// hopper (sm_90a only).
     #[arg(long = "path", value_name = "auto|ampere|hopper", default_value = "auto", value_parser = |s: &str| s.parse::<mucc::sched::PathChoice>())]
     pub choice: mucc::sched::PathChoice,
-    /// Launch threadblock kernels that follow a generated kernel programmatically on sm_90a
-    /// (programmatic dependent launch). Off by default: measured slower on an H200.
+    /// Launch threadblock kernels programmatically on sm_90a (programmatic dependent launch):
+    /// the graph's first one and those after a generated kernel; each waits for the kernel
+    /// before (`griddepcontrol.wait`) after prefetching its first TMA boxes into L2, and the
+    /// kernel before (the graph's last, for the next execution) triggers it after its loop.
+    /// Off by default: measured slower on an H200 before the prefetch.
     #[arg(long = "dependent-launch")]
     pub dependent_launch: bool,
     /// Warps per CTA of threadblock kernels: auto (the planner's cost model), graph (the

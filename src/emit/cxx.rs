@@ -285,6 +285,7 @@ pub fn function(f: super::ir::Func) -> &'static str {
         F::MbarArriveExpectTx => "mucc::sm90::mbar_arrive_expect_tx",
         F::MbarWait => "mucc::sm90::mbar_wait",
         F::TmaLoad => "mucc::sm90::tma_load",
+        F::TmaPrefetchL2 => "mucc::sm90::tma_prefetch_l2",
         F::TbLoadRun => "mucc::tb::load_run",
         F::TbStoreRun => "mucc::tb::store_run",
         F::TbBlockSums => "mucc::tb::block_sums",

@@ -144,6 +144,8 @@ pub enum Func {
     MbarWait,
     /// `mucc::sm90::tma_load`: a bulk tensor load completing on an mbarrier.
     TmaLoad,
+    /// `mucc::sm90::tma_prefetch_l2`: a bulk tensor prefetch of one box into L2.
+    TmaPrefetchL2,
     /// `mucc::tb::load_run`: one run of a row into registers (16 bytes where it can).
     TbLoadRun,
     /// `mucc::tb::store_run`: one run of registers to a row.

@@ -698,6 +698,7 @@ fn plan_kernel_with(
         // Decided over the whole graph (`sched::plan_dependent_launches`).
         dependent: DependentLaunch::Off(super::plan::PlainLaunch::NotPlanned),
         triggers_next: false,
+        l2_prefetch: None,
         path: CodePath::Sm80,
         cta: Cta {
             grid: tb.grid,

@@ -70,9 +70,12 @@ fn place_grid_split_counters(kernels: &mut BTreeMap<usize, plan::KernelPlan>, at
     end - at
 }
 
-/// Which threadblock kernels launch programmatically (sm_90a, Hopper path): those whose
-/// previous step is a generated kernel (a cuBLAS call or the graph's start keeps a plain
-/// launch); a threadblock kernel followed by one triggers it at its start.
+/// Which threadblock kernels launch programmatically (sm_90a, Hopper path, with
+/// [`Options::dependent_launch`]): those whose previous step is a generated kernel or the
+/// graph's start (a cuBLAS or NCCL call keeps a plain launch); a threadblock kernel followed by
+/// one triggers it after its loop, and so does the graph's last kernel (for the next
+/// execution's first). A programmatic kernel with TMA loads prefetches its first iterations'
+/// boxes into L2 before it waits ([`plan::L2Prefetch`]).
 fn plan_dependent_launches(
     kernel_ops: &[kernel_level::KnOpPlan],
     kernels: &mut BTreeMap<usize, KernelPlan>,
@@ -107,10 +110,14 @@ fn plan_dependent_launches(
                 kp.dependent = match (hopper, prev) {
                     (false, _) => off(PlainLaunch::Ampere),
                     _ if !opts.dependent_launch => off(PlainLaunch::OffByDefault),
-                    (true, Prev::Start) => off(PlainLaunch::First),
                     (true, Prev::Library) => off(PlainLaunch::AfterLibrary),
-                    (true, Prev::Generated(_)) => DependentLaunch::Programmatic,
+                    (true, Prev::Start | Prev::Generated(_)) => DependentLaunch::Programmatic,
                 };
+                if kp.dependent.is_programmatic() && !kp.tma.loads.is_empty() {
+                    kp.l2_prefetch = Some(plan::L2Prefetch {
+                        iterations: kp.pipeline_stages().max(1),
+                    });
+                }
                 if let (true, Prev::Generated(Some(j))) = (kp.dependent.is_programmatic(), prev)
                     && let Some(before) = kernels.get_mut(&j)
                 {
@@ -120,6 +127,14 @@ fn plan_dependent_launches(
             }
             _ => prev = Prev::Generated(None),
         }
+    }
+    // The last kernel lets the next execution's first kernel (a programmatic launch) start.
+    if let Prev::Generated(Some(j)) = prev
+        && hopper
+        && opts.dependent_launch
+        && let Some(last) = kernels.get_mut(&j)
+    {
+        last.triggers_next = true;
     }
 }
 

@@ -1143,8 +1143,33 @@ impl fmt::Display for GridSplitOff {
 pub enum DependentLaunch {
     /// A plain launch, and why.
     Off(PlainLaunch),
-    /// A programmatic launch after the previous generated kernel.
+    /// A programmatic launch after the previous generated kernel, or as the graph's first
+    /// launch (after whatever ran before on the stream: a kernel that does not trigger it lets
+    /// it start when it completes).
     Programmatic,
+}
+
+/// The TMA boxes of a programmatic kernel's first iterations, prefetched into L2 by thread 0
+/// before `griddepcontrol.wait` ([`KernelPlan::l2_prefetch`]), so that the kernel streams its
+/// inputs from DRAM while the kernel before it finishes and its ring's first loads find them in
+/// L2. Nothing read can be stale: a prefetch only brings lines into L2, where the writes of the
+/// kernel before land, and the loads themselves still come after the wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct L2Prefetch {
+    /// Iterations of the CTA's share (from its first) whose boxes are prefetched: the ring's
+    /// stages.
+    pub iterations: usize,
+}
+
+impl fmt::Display for L2Prefetch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the TMA boxes of its first {} iteration(s) prefetched into L2 \
+             (cp.async.bulk.prefetch.tensor)",
+            self.iterations
+        )
+    }
 }
 
 /// Why a threadblock kernel is launched plainly ([`DependentLaunch::Off`]).
@@ -1156,8 +1181,6 @@ pub enum PlainLaunch {
     Ampere,
     /// Programmatic launches are off by default (`--dependent-launch`).
     OffByDefault,
-    /// The graph's first launch.
-    First,
     /// The previous step is a library call.
     AfterLibrary,
 }
@@ -1168,7 +1191,6 @@ impl fmt::Display for PlainLaunch {
             PlainLaunch::NotPlanned => "not planned",
             PlainLaunch::Ampere => "Ampere path",
             PlainLaunch::OffByDefault => "off by default; --dependent-launch turns it on",
-            PlainLaunch::First => "the graph's first launch",
             PlainLaunch::AfterLibrary => "the previous step is a library call (cuBLAS or NCCL)",
         })
     }
@@ -1771,8 +1793,12 @@ pub struct KernelPlan {
     /// How the kernel is launched after the previous step.
     pub dependent: DependentLaunch,
     /// Whether the kernel lets the next launch start early (`griddepcontrol.launch_dependents`
-    /// after its for-loop): the next step is a programmatic launch.
+    /// after its for-loop): the next step is a programmatic launch, or this is the graph's last
+    /// kernel and launches are programmatic (the next execution's first kernel is).
     pub triggers_next: bool,
+    /// The boxes of its first iterations prefetched into L2 before `griddepcontrol.wait`: a
+    /// programmatic kernel with TMA loads.
+    pub l2_prefetch: Option<L2Prefetch>,
     /// The body's barriers beyond the schedule's, and where the loop refills its ring.
     pub barriers: BodyBarriers,
     /// Where the loop's ring issues its prologue (the loads of its first iterations).

@@ -1572,6 +1572,46 @@ pub fn check_kernel(g: &KernelGraph, e: &Emitted, k: usize, kp: &KernelPlan) -> 
             == usize::from(kp.triggers_next),
         format!("trigger of the next launch: {}", kp.triggers_next),
     );
+    // The L2 prefetch: one call per box of an iteration (in a loop over the planned
+    // iterations), all before the wait.
+    {
+        use mucc::emit::ir::{Func, Stmt, calls};
+        let boxes: usize = kp.tma.loads.iter().map(|l| l.copies.len()).sum();
+        let prefetches = calls(stmts, Func::TmaPrefetchL2).len();
+        want(
+            prefetches == kp.l2_prefetch.map_or(0, |_| boxes),
+            format!(
+                "{prefetches} L2 prefetch calls for {:?} of {boxes} boxes per iteration",
+                kp.l2_prefetch
+            ),
+        );
+        let at = |f: Func| {
+            stmts
+                .iter()
+                .position(|s| !calls(std::slice::from_ref(s), f).is_empty())
+        };
+        if let Some(p) = kp.l2_prefetch {
+            let at_prefetch = at(Func::TmaPrefetchL2);
+            want(
+                at_prefetch.is_some() && at_prefetch < at(Func::GridDependencyWait),
+                "the L2 prefetch before griddepcontrol.wait".to_string(),
+            );
+            let bound = at_prefetch.and_then(|i| match &stmts[i] {
+                Stmt::If(_, body) => body.iter().find_map(|s| match s {
+                    Stmt::For { to, .. } => Some(to.clone()),
+                    _ => None,
+                }),
+                _ => None,
+            });
+            want(
+                bound == Some(mucc::emit::ir::Expr::size(p.iterations)),
+                format!(
+                    "the L2 prefetch loops over {} iterations: {bound:?}",
+                    p.iterations
+                ),
+            );
+        }
+    }
     if any_tma {
         use mucc::emit::ir::{Expr, Func, calls};
         let ring = e
@@ -2123,6 +2163,11 @@ pub fn check_graph(g: &KernelGraph, target: Target, what: &str) -> Result<Emitte
         check_with(g, &grid, &what)?;
     }
     Ok(e)
+}
+
+/// [`check_graph`] under `opts` (without its re-checks under other options): the code.
+pub fn check_graph_with(g: &KernelGraph, opts: &Options, what: &str) -> Result<Emitted, String> {
+    check_with(g, opts, what).map(|(_, e)| e)
 }
 
 /// [`check_graph`] under `opts`: the plan and the emitted code.

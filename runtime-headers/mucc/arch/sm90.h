@@ -133,6 +133,33 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, u64* b
       : "memory");
 }
 
+// The box a load at these coordinates would copy, brought into L2 only (no shared memory, no
+// mbarrier): a hint, which may run before griddepcontrol.wait since it reads nothing into the CTA.
+__device__ __forceinline__ void tma_prefetch_l2(const TensorMap* map, int c0) {
+  asm volatile("cp.async.bulk.prefetch.tensor.1d.L2.global.tile [%0, {%1}];\n" ::"l"(map_u64(map)), "r"(c0)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_l2(const TensorMap* map, int c0, int c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map_u64(map)), "r"(c0),
+               "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_l2(const TensorMap* map, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map_u64(map)),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_l2(const TensorMap* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(map_u64(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_l2(const TensorMap* map, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n"
+               ::"l"(map_u64(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+}
+
 // A 2-D load written to the same shared-memory offset (and completing on the same mbarrier
 // offset) in every CTA of the cluster whose bit is set in `ctas`. Every destination CTA
 // announces the bytes on its own mbarrier.

@@ -232,10 +232,43 @@ impl Ctx<'_> {
             Func::MbarArriveExpectTx,
             vec![full.clone(), Expr::size(kp.tma.bytes_per_stage())],
         ))];
-        for l in &kp.tma.loads {
+        for (l, copy, coords) in self.tma_boxes(iter) {
             let elems = kp.tiles[l.tile].as_ref().map_or(0, |g| g.phys_elems);
             let slot_start =
                 Expr::var(format!("s{}", l.tile)).plus(slot.clone().times(Expr::size(elems)));
+            // A slab starts further into the slot.
+            let at = l.copy_elements(copy);
+            let dst = if at > 0 {
+                slot_start.plus(Expr::size(at))
+            } else {
+                slot_start
+            };
+            let mut args = vec![
+                dst,
+                Expr::var(format!("tm{}", copy.map)).addr(),
+                full.clone(),
+            ];
+            args.extend(coords);
+            body.push(Stmt::Eval(Expr::Call(Func::TmaLoad, args)));
+        }
+        Stmt::If(
+            Expr::Eq(Box::new(Expr::var("tid")), Box::new(Expr::size(0))),
+            body,
+        )
+    }
+
+    /// Every box the TMA loads of iteration `iter` copy: the load, the copy (a slab of it) and
+    /// the box's coordinates.
+    fn tma_boxes<'b>(
+        &'b self,
+        iter: &Expr,
+    ) -> Vec<(
+        &'b crate::sched::tma::TmaLoad,
+        &'b crate::sched::tma::TmaCopy,
+        Vec<Expr>,
+    )> {
+        let mut out = Vec::new();
+        for l in &self.kp.tma.loads {
             // Each coordinate's terms: the block's offset, then the iteration's.
             let coords: Vec<Vec<Expr>> = l
                 .coords
@@ -255,32 +288,52 @@ impl Ctx<'_> {
                     terms
                 })
                 .collect();
-            // A slab starts further into the slot and further along the split dim.
+            // A slab starts further along the split dim.
             for copy in &l.copies {
-                let at = l.copy_elements(copy);
-                let dst = if at > 0 {
-                    slot_start.clone().plus(Expr::size(at))
-                } else {
-                    slot_start.clone()
-                };
-                let mut args = vec![
-                    dst,
-                    Expr::var(format!("tm{}", copy.map)).addr(),
-                    full.clone(),
-                ];
-                for (d, terms) in coords.iter().enumerate() {
-                    let mut terms = terms.clone();
-                    if l.split == Some(d) && copy.offset > 0 {
-                        terms.push(Expr::size(copy.offset));
-                    }
-                    args.push(Expr::sum(terms).unwrap_or(Expr::size(0)));
-                }
-                body.push(Stmt::Eval(Expr::Call(Func::TmaLoad, args)));
+                let args = coords
+                    .iter()
+                    .enumerate()
+                    .map(|(d, terms)| {
+                        let mut terms = terms.clone();
+                        if l.split == Some(d) && copy.offset > 0 {
+                            terms.push(Expr::size(copy.offset));
+                        }
+                        Expr::sum(terms).unwrap_or(Expr::size(0))
+                    })
+                    .collect();
+                out.push((l, copy, args));
             }
         }
+        out
+    }
+
+    /// Thread 0's L2 prefetches of the boxes of the CTA's first iterations, before
+    /// `griddepcontrol.wait` ([`crate::sched::plan::L2Prefetch`]); `first` is the CTA's first
+    /// iteration.
+    pub(super) fn l2_prefetch(&self, p: &crate::sched::plan::L2Prefetch, first: Expr) -> Stmt {
+        let iter = Expr::var("pf0").plus(Expr::var("i"));
+        let body = self
+            .tma_boxes(&iter)
+            .into_iter()
+            .map(|(_, copy, coords)| {
+                let mut args = vec![Expr::var(format!("tm{}", copy.map)).addr()];
+                args.extend(coords);
+                Stmt::Eval(Expr::Call(Func::TmaPrefetchL2, args))
+            })
+            .collect();
         Stmt::If(
             Expr::Eq(Box::new(Expr::var("tid")), Box::new(Expr::size(0))),
-            body,
+            vec![
+                Stmt::local(Ty::ConstInt, "pf0", first),
+                Stmt::For {
+                    var: "i".into(),
+                    from: Expr::int(0),
+                    to: Expr::size(p.iterations),
+                    unroll: false,
+                    form: LoopForm::Block,
+                    body,
+                },
+            ],
         )
     }
 

@@ -654,6 +654,14 @@ fn prologue(ctx: &mut Ctx) -> Result<(), EmitError> {
     for v in ["warp", "lane"] {
         out.push(Stmt::Eval(Expr::Void(Box::new(Expr::var(v)))));
     }
+    if let Some(p) = &kp.l2_prefetch {
+        out.push(Stmt::Comment(format!(
+            "L2 prefetch of the boxes of the CTA's first {} iteration(s), before the wait: a \
+             prefetch reads nothing stale",
+            p.iterations
+        )));
+        out.push(ctx.l2_prefetch(p, share_start(&kp.split)));
+    }
     if kp.dependent.is_programmatic() {
         out.push(
             Stmt::Eval(Expr::Call(Func::GridDependencyWait, vec![]))
@@ -900,12 +908,7 @@ fn first_iteration(split: &Split) -> Vec<Stmt> {
                 "cluster split: CTA r of the cluster runs iterations [r·{0}, (r + 1)·{0})",
                 c.iters
             )),
-            Stmt::local(
-                Ty::ConstInt,
-                "it0",
-                Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
-                    .times(Expr::size(c.iters)),
-            ),
+            Stmt::local(Ty::ConstInt, "it0", share_start(split)),
         ],
         Split::Grid(g) => vec![
             Stmt::Comment(format!(
@@ -920,6 +923,19 @@ fn first_iteration(split: &Split) -> Vec<Stmt> {
                 Expr::var("rsplit").times(Expr::size(g.iters)),
             ),
         ],
+    }
+}
+
+/// The first iteration of this CTA's share of the loop: 0 unsplit, `rank · iters` under a split
+/// (the cluster rank, or the CTA's place among its block's under a grid split).
+fn share_start(split: &Split) -> Expr {
+    match split {
+        Split::Off(_) => Expr::int(0),
+        Split::Cluster(c) => {
+            Expr::Call(Func::CastToInt, vec![Expr::Call(Func::ClusterRank, vec![])])
+                .times(Expr::size(c.iters))
+        }
+        Split::Grid(g) => grid_split_rank(g).times(Expr::size(g.iters)),
     }
 }
 
