@@ -43,6 +43,15 @@ extern "C" __global__ void __cluster_dims__(1, 4, 1) __launch_bounds__(128, 3) k
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
+  // L2 prefetch of the boxes of the CTA's first 2 iteration(s), before the wait: a prefetch reads nothing stale
+  if (tid == 0) {
+    const int pf0 = 0;
+    for (int i = 0; i < 2; ++i) {
+      mucc::sm90::tma_prefetch_l2(&tm0, 0, static_cast<int>(blockIdx.y) * 1024 + (pf0 + i) * 128,
+          static_cast<int>(blockIdx.x) * 1);
+    }
+  }
+  mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::u64* full = reinterpret_cast<mucc::u64*>(smem + 16);  // TMA stage barriers
   if (tid == 0) {
@@ -143,6 +152,7 @@ extern "C" __global__ void __cluster_dims__(1, 4, 1) __launch_bounds__(128, 3) k
     // runs in op3's chain: s7 stays in registers (register pipe)
     __syncthreads();
   }
+  mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch
   // op8, op9 and op11: the 4 warps' maxima, sums and output fragments combined
   L8::combine_keys<L5, L5, L3, 4224, 4096, 128>(acc11, rm4_, lw9_, s9, s10, s12, tid, warp, lane);
   // kernel op 4 (softmax_combine): the 4 CTAs of the cluster, its key splits,
@@ -185,7 +195,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
           CU_TENSOR_MAP_SWIZZLE_128B));
     }
     const CUtensorMap* const maps[] = {&tm0.map};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 4, 1), dim3(128, 1, 1), 68608, stream, args, maps));
+    MUCC_CHECK(mucc::host::launch_programmatic(kernel, dim3(256, 4, 1), dim3(128, 1, 1), 68608, stream, args, maps));
   }
 
   return 0;

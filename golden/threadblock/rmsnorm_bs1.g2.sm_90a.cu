@@ -7,6 +7,7 @@
 // workspace: 0 bytes
 
 #include "mucc/runtime.h"
+#include "mucc/arch/sm90.h"
 #include "mucc/threadblock/cluster.h"
 
 // kernel op 2: kn_customized_op grid (128, 1, 1), block (256, 1, 1), forloop 32, 60064 bytes of shared memory
@@ -31,6 +32,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
   const int warp = tid / 32, lane = tid % 32;
   (void)warp;
   (void)lane;
+  mucc::sm90::grid_dependency_wait();  // the previous kernel's results are visible
   if (tid < 4) reinterpret_cast<unsigned*>(smem)[tid] = 0u;  // zero page
   mucc::u64* push = reinterpret_cast<mucc::u64*>(smem + 59520);  // cluster split: CTA 0's push barrier
   if (tid == 0) {
@@ -105,6 +107,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 2) k
     L3::run(acc4, s0_cur, s1_cur, smem, warp, lane);
     __syncthreads();
   }
+  mucc::sm90::launch_dependents();  // the loop is done: the next kernel may launch
   L3::each(acc4, warp, lane, [&](int row, int col, float v, int, int, int) {
     s4[L6::offset(row * 48 + col)] = mucc::from_compute<float>(v);
   });
@@ -150,7 +153,7 @@ extern "C" int mucc_execute(const void* const* inputs, void* const* outputs, voi
     static std::atomic<unsigned long long> smem_set{0};
     MUCC_CHECK(mucc::host::max_dynamic_smem(kernel, 60064, smem_set));
     void* const args[] = {buf.out(0, 0), buf.in(0, 0), buf.in(1, 0)};
-    MUCC_CHECK(mucc::host::launch(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 60064, stream, args));
+    MUCC_CHECK(mucc::host::launch_programmatic(kernel, dim3(256, 1, 1), dim3(256, 1, 1), 60064, stream, args));
   }
 
   return 0;

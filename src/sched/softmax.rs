@@ -1277,11 +1277,10 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
             inputs: vec![],
             outputs: vec![n],
         });
-        inputs.push(crate::graph::interp::HostTensor {
+        inputs.push(std::sync::Arc::new(crate::graph::interp::Array {
             shape,
-            strides: shape.row_major_strides(),
             data: (0..shape.numel()).map(|j| test_value(j, i)).collect(),
-        });
+        }));
     }
     for &oh in &f.downstream {
         let mut op = g.ops[oh].clone();
@@ -1301,6 +1300,13 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
     if let Err(e) = crate::graph::validate::validate(&mini, None) {
         return Err(NoOnlineSoftmax::Combine(CombineOff::NotAlone(e)));
     }
+    // The walk shares the partials (they are large: no copy).
+    let got = match crate::graph::interp::evaluate_shared(&mini, &inputs) {
+        Ok(mut v) => v.remove(0),
+        Err(e) => {
+            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(e)));
+        }
+    };
     // Σ O / Σ l, block by block of the attention kernel.
     let rank = os.rank();
     let o_tile = tile_of(tb, f.acc);
@@ -1342,13 +1348,6 @@ fn check_combine(g: &KernelGraph, tb: &TbGraph, f: Found) -> Result<Found, NoOnl
             }
         }
     }
-    // The partials move into the walk (they are large: no copy).
-    let got = match crate::graph::interp::evaluate_owned(&mini, inputs) {
-        Ok(mut v) => v.remove(0),
-        Err(e) => {
-            return Err(NoOnlineSoftmax::Combine(CombineOff::NotEvaluated(e)));
-        }
-    };
     let mut worst = 0.0f64;
     let mut scale = 0.0f64;
     for (i, &x) in got.data.iter().enumerate() {
