@@ -14,8 +14,9 @@
 // `MUCC_TMA_PDL=1`: mucc's decode configurations launched plainly and with programmatic stream
 // serialisation (`pdl` 1: griddepcontrol.wait first, then launch_dependents; 2: the CTA's first
 // `stages` iterations prefetched into L2 before the wait, which reads nothing stale since the
-// writes of the kernel before land in L2; 3: its whole share prefetched), so that a replay's
-// ramp-up overlaps the tail of the one before.
+// writes of the kernel before land in L2; 3: its whole share prefetched; 4: as 2, but
+// launch_dependents after the loop, where mucc's kernels trigger), so that a replay's ramp-up
+// overlaps the tail of the one before.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -90,7 +91,8 @@ struct Cfg {
                // ends with a cluster barrier
   int l2;      // L2 promotion of the tensor map: 0 256B (mucc's), 1 none, 2 128B, 3 64B
   int pdl;     // programmatic launch: 0 off, 1 on, 2 on with the first stages prefetched into L2
-               // before griddepcontrol.wait, 3 with the CTA's whole share prefetched
+               // before griddepcontrol.wait, 3 with the CTA's whole share prefetched, 4 as 2 with
+               // the trigger after the loop instead of after the wait
 };
 
 __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total, Cfg c, float* sink) {
@@ -114,14 +116,12 @@ __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total,
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if (c.pdl >= 2 && tid == 0) {
-    const int m = c.pdl == 2 ? (c.stages < n ? c.stages : n) : n;
+    const int m = c.pdl == 3 ? n : (c.stages < n ? c.stages : n);
     for (int i = 0; i < m; ++i)
       for (int b = 0; b < c.boxes; ++b) tma2d_prefetch_l2(&map, (col_block * c.boxes + b) * 64, (it0 + i) * c.bk);
   }
-  if (c.pdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
+  if (c.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (c.pdl && c.pdl != 4) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   __syncthreads();
   auto issue = [&](int i) {  // iteration i (0-based within the CTA) into stage i % stages
     const int s = i % c.stages;
@@ -169,6 +169,7 @@ __global__ void stream(const __grid_constant__ CUtensorMap map, int iters_total,
       if (tid % 32 == 0) mbar_arrive(empty + i % c.stages);
     }
   }
+  if (c.pdl == 4) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (c.cluster) asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
   if (acc == 12345.678f) sink[0] = acc;
 }
@@ -267,8 +268,8 @@ int main() {
       const int bk = sh.k == 3584 ? 56 : sh.k == 11008 ? 172 : 148;
       const int split = sh.k == 3584 ? 4 : sh.k == 11008 ? 8 : 2;
       for (int cl : {1, 0})
-        for (int p : {0, 1, 2, 3}) cfgs.push_back({bk, 1, sh.k == 11008 ? 2 : 4, 0, 0, 0, 0, split, cl, 0, p});
-      for (int p : {0, 1, 2, 3}) cfgs.push_back({bk, 1, 4, 2, 0, 0, 0, 0, 0, 0, p});
+        for (int p : {0, 1, 2, 3, 4}) cfgs.push_back({bk, 1, sh.k == 11008 ? 2 : 4, 0, 0, 0, 0, split, cl, 0, p});
+      for (int p : {0, 1, 2, 3, 4}) cfgs.push_back({bk, 1, 4, 2, 0, 0, 0, 0, 0, 0, p});
     }
     if (splits) {
       const std::vector<int> fixed = sh.k == 11008 ? std::vector<int>{8, 16} : std::vector<int>{4, 8};
