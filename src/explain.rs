@@ -1338,8 +1338,13 @@ fn kernel_ops(s: &mut String, g: &KernelGraph, p: &GraphPlan) {
                 )
             }
         };
+        let trigger = if p.kernel_level_triggers.contains(&h.index()) {
+            "; triggers the next launch first thing (griddepcontrol.launch_dependents)"
+        } else {
+            ""
+        };
         lines.push(format!(
-            "  kernel op {} ({}): {text}",
+            "  kernel op {} ({}): {text}{trigger}",
             h.index(),
             names::kn_name(&op.kind)
         ));

@@ -1135,4 +1135,31 @@ fn programmatic_launches_prefetch_into_l2_before_they_wait() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // gated_mlp g0 ends in a kernel-level multiplication: it triggers the next execution's
+    // first kernel, the customized one, first thing; without the trigger the check fails.
+    let f = read_file(
+        &common::corpus_dir().join("gated_mlp.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    let g = &f.graphs[0].graph;
+    let p = plan(g, &opts).unwrap();
+    let last = p.kernel_ops.len() - 1;
+    let mul = (0..p.kernel_ops.len())
+        .rev()
+        .find(|&k| !matches!(p.kernel_ops[k], mucc::sched::KnOpPlan::Nothing))
+        .unwrap();
+    assert!(mul <= last);
+    assert_eq!(
+        p.kernel_level_triggers.iter().copied().collect::<Vec<_>>(),
+        vec![mul]
+    );
+    let e = check_graph_with(g, &opts, "gated_mlp g0").unwrap();
+    let mut bad = e.clone();
+    for b in &mut bad.bodies {
+        b.body
+            .retain(|s| calls(std::slice::from_ref(s), Func::LaunchDependents).is_empty());
+    }
+    let err = check_kernel_level(g, &p, &bad).unwrap_err();
+    assert!(err.contains("triggers of the next launch"), "{err}");
 }

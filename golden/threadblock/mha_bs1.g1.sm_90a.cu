@@ -198,6 +198,7 @@ extern "C" __global__ void __launch_bounds__(128) k4_softmax_combine(
     const mucc::f16* __restrict__ v1,
     const mucc::f16* __restrict__ v2,
     const mucc::f16* __restrict__ v3) {
+  mucc::sm90::launch_dependents();  // the next kernel may launch: it waits for this one
   using namespace k4_softmax_combine_l;
   mucc::kn::softmax_combine<mucc::f16, L0, L1, L2, L3, 512, 2, 64, 8, 8, 2>(v0, v1, v2, v3);
 }

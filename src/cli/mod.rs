@@ -181,8 +181,9 @@ pub struct PathArg {
     /// Launch threadblock kernels programmatically on sm_90a (programmatic dependent launch):
     /// the graph's first one and those after a generated kernel; each waits for the kernel
     /// before (`griddepcontrol.wait`) after prefetching its first TMA boxes into L2, and the
-    /// kernel before (the graph's last, for the next execution) triggers it after its loop.
-    /// Off by default: measured slower on an H200 before the prefetch.
+    /// kernel before (the graph's last, for the next execution) triggers it: a threadblock
+    /// kernel after its loop, a kernel-level one first thing. Off by default: measured slower
+    /// on an H200 before the prefetch.
     #[arg(long = "dependent-launch")]
     pub dependent_launch: bool,
     /// Warps per CTA of threadblock kernels: auto (the planner's cost model), graph (the

@@ -292,13 +292,15 @@ fn views_kernel(
     )
 }
 
-/// The kernel (if any) and steps of kernel-level operator `h`.
+/// The kernel (if any) and steps of kernel-level operator `h`; with `triggers`, the kernel lets
+/// the next launch start first thing (`GraphPlan::kernel_level_triggers`).
 pub(super) fn emit(
     g: &KernelGraph,
     h: Handle<KnOp>,
     op: &KnOp,
     plan: &KnOpPlan,
     symbols: &Symbols,
+    triggers: bool,
 ) -> (Option<(KernelView, KernelBody)>, Vec<Step>) {
     let comment = describe(g, h, op);
     let k = h.index();
@@ -438,5 +440,17 @@ pub(super) fn emit(
             parts(&name, comment, *concat, whole, ps, *dtype, *l)
         }
     };
+    let (mut view, mut body) = (view, body);
+    if triggers {
+        // The next kernel (a programmatic launch) waits for this one's completion itself.
+        body.body.insert(
+            0,
+            Stmt::Eval(Expr::Call(Func::LaunchDependents, vec![]))
+                .noted("the next kernel may launch: it waits for this one"),
+        );
+        let mut text = Writer::at(1);
+        ir::print(&mut text, &body.body);
+        view.body = text.finish();
+    }
     (Some((view, body)), vec![step])
 }

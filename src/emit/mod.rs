@@ -195,8 +195,15 @@ pub fn emit(g: &KernelGraph, plan: &GraphPlan, source: &str) -> Result<Emitted, 
                 steps.push(Step::Kernel(k.launch));
             }
             other => {
-                let (view, launch) =
-                    kernel_level::emit(g, Handle::from_index(h.index()), op, other, &plan.symbols);
+                let triggers = plan.kernel_level_triggers.contains(&h.index());
+                let (view, launch) = kernel_level::emit(
+                    g,
+                    Handle::from_index(h.index()),
+                    op,
+                    other,
+                    &plan.symbols,
+                    triggers,
+                );
                 if let Some((view, body)) = view {
                     kernels.push(view);
                     bodies.push(body);

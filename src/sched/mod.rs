@@ -72,25 +72,29 @@ fn place_grid_split_counters(kernels: &mut BTreeMap<usize, plan::KernelPlan>, at
 
 /// Which threadblock kernels launch programmatically (sm_90a, Hopper path, with
 /// [`Options::dependent_launch`]): those whose previous step is a generated kernel or the
-/// graph's start (a cuBLAS or NCCL call keeps a plain launch); a threadblock kernel followed by
-/// one triggers it after its loop, and so does the graph's last kernel (for the next
-/// execution's first). A programmatic kernel with TMA loads prefetches its first iterations'
-/// boxes into L2 before it waits ([`plan::L2Prefetch`]).
+/// graph's start (a cuBLAS or NCCL call keeps a plain launch). The kernel before one triggers
+/// it — a threadblock kernel after its loop, a kernel-level one first thing (returned) — and so
+/// does the graph's last kernel (for the next execution's first). A programmatic kernel with TMA
+/// loads prefetches its first iterations' boxes into L2 before it waits ([`plan::L2Prefetch`]).
 fn plan_dependent_launches(
     kernel_ops: &[kernel_level::KnOpPlan],
     kernels: &mut BTreeMap<usize, KernelPlan>,
     opts: &Options,
-) {
+) -> BTreeSet<usize> {
     use kernel_level::KnOpPlan;
     use plan::{DependentLaunch, PlainLaunch};
+    /// The step before: the graph's start, a library call, or a generated kernel (a threadblock
+    /// kernel or a kernel-level one, by operator index).
     #[derive(Clone, Copy)]
     enum Prev {
         Start,
         Library,
-        Generated(Option<usize>),
+        Threadblock(usize),
+        KernelLevel(usize),
     }
     let hopper = opts.path.hopper(&opts.target);
     let mut prev = Prev::Start;
+    let mut kernel_level_triggers = BTreeSet::new();
     let off = DependentLaunch::Off;
     for (i, op) in kernel_ops.iter().enumerate() {
         match op {
@@ -111,31 +115,46 @@ fn plan_dependent_launches(
                     (false, _) => off(PlainLaunch::Ampere),
                     _ if !opts.dependent_launch => off(PlainLaunch::OffByDefault),
                     (true, Prev::Library) => off(PlainLaunch::AfterLibrary),
-                    (true, Prev::Start | Prev::Generated(_)) => DependentLaunch::Programmatic,
+                    (true, _) => DependentLaunch::Programmatic,
                 };
                 if kp.dependent.is_programmatic() && !kp.tma.loads.is_empty() {
                     kp.l2_prefetch = Some(plan::L2Prefetch {
                         iterations: kp.pipeline_stages().max(1),
                     });
                 }
-                if let (true, Prev::Generated(Some(j))) = (kp.dependent.is_programmatic(), prev)
-                    && let Some(before) = kernels.get_mut(&j)
-                {
-                    before.triggers_next = true;
+                if kp.dependent.is_programmatic() {
+                    match prev {
+                        Prev::Threadblock(j) => {
+                            if let Some(before) = kernels.get_mut(&j) {
+                                before.triggers_next = true;
+                            }
+                        }
+                        Prev::KernelLevel(j) => {
+                            kernel_level_triggers.insert(j);
+                        }
+                        Prev::Start | Prev::Library => {}
+                    }
                 }
-                prev = Prev::Generated(Some(i));
+                prev = Prev::Threadblock(i);
             }
-            _ => prev = Prev::Generated(None),
+            _ => prev = Prev::KernelLevel(i),
         }
     }
     // The last kernel lets the next execution's first kernel (a programmatic launch) start.
-    if let Prev::Generated(Some(j)) = prev
-        && hopper
-        && opts.dependent_launch
-        && let Some(last) = kernels.get_mut(&j)
-    {
-        last.triggers_next = true;
+    if hopper && opts.dependent_launch {
+        match prev {
+            Prev::Threadblock(j) => {
+                if let Some(last) = kernels.get_mut(&j) {
+                    last.triggers_next = true;
+                }
+            }
+            Prev::KernelLevel(j) => {
+                kernel_level_triggers.insert(j);
+            }
+            Prev::Start | Prev::Library => {}
+        }
     }
+    kernel_level_triggers
 }
 
 /// Plans a validated graph. Kernel-level matmuls whose only reader is a customized operator
@@ -554,7 +573,7 @@ fn plan_graph(
         },
     );
     counter_bytes += place_grid_split_counters(&mut kernels, counters_at + counter_bytes);
-    plan_dependent_launches(&kernel_ops, &mut kernels, opts);
+    let kernel_level_triggers = plan_dependent_launches(&kernel_ops, &mut kernels, opts);
     let unfused = dtensors::unfused(g, &dt);
     Ok(GraphPlan {
         target: *target,
@@ -563,6 +582,7 @@ fn plan_graph(
         inputs,
         outputs,
         kernel_ops,
+        kernel_level_triggers,
         kernels,
         workspace,
         workspace_tensors,

@@ -2600,6 +2600,11 @@ pub struct GraphPlan {
     pub outputs: Vec<IoPlan>,
     /// Per kernel operator (by index): how it runs.
     pub kernel_ops: Vec<KnOpPlan>,
+    /// The kernel-level operators whose kernels let the next launch start early
+    /// (`griddepcontrol.launch_dependents` first thing): those followed by a programmatic
+    /// threadblock kernel, and the graph's last step when it is one and launches are
+    /// programmatic (`sched::plan_dependent_launches`).
+    pub kernel_level_triggers: std::collections::BTreeSet<usize>,
     /// Per customized operator (by kernel op index).
     pub kernels: BTreeMap<usize, KernelPlan>,
     /// Workspace buffers (intermediate DTensors).
@@ -2661,7 +2666,9 @@ impl GraphPlan {
     pub fn runtime_headers(&self) -> Vec<RuntimeHeader> {
         let any = |f: fn(&KernelPlan) -> bool| self.kernels.values().any(f);
         let mut v = Vec::new();
-        if any(|k| !k.tma.loads.is_empty() || k.dependent.is_programmatic() || k.triggers_next) {
+        if any(|k| !k.tma.loads.is_empty() || k.dependent.is_programmatic() || k.triggers_next)
+            || !self.kernel_level_triggers.is_empty()
+        {
             v.push(RuntimeHeader::Hopper);
         }
         if any(|k| k.split.cluster().is_some() || k.cluster_combine.is_some()) {

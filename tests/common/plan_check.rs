@@ -1973,6 +1973,32 @@ pub fn check_kernel_level(g: &KernelGraph, p: &GraphPlan, e: &Emitted) -> Result
             KnOpPlan::Nothing | KnOpPlan::Customized => {}
         }
     }
+    // Kernel-level kernels trigger the next launch, first thing, exactly where the plan says.
+    for b in &e.bodies {
+        let Some(k) = b
+            .name
+            .strip_prefix('k')
+            .and_then(|r| r.split('_').next())
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if b.name.ends_with("_customized") {
+            continue;
+        }
+        let triggers = mucc::emit::ir::calls(&b.body, Func::LaunchDependents).len();
+        let first = b.body.first().is_some_and(|s| {
+            !mucc::emit::ir::calls(std::slice::from_ref(s), Func::LaunchDependents).is_empty()
+        });
+        let planned = p.kernel_level_triggers.contains(&k);
+        if triggers != usize::from(planned) || (planned && !first) {
+            return Err(format!(
+                "kernel op {k} ({}): {triggers} triggers of the next launch (first: {first}), \
+                 planned {planned}",
+                b.name
+            ));
+        }
+    }
     Ok(())
 }
 
