@@ -463,6 +463,17 @@ fn last_block_combine_golden() {
     }
 }
 
+/// The decode linear 18944×3584 of `golden/threadblock` (graph 0).
+fn decode_golden_graph() -> KernelGraph {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock");
+    let f = mucc::read_file(
+        &dir.join("decode_m1_18944x3584_bf16.json"),
+        &ImportOptions::default(),
+    )
+    .unwrap();
+    f.graphs.into_iter().next().unwrap().graph
+}
+
 /// A for-loop split over CTAs that fold through the workspace (`--grid-split 8 --warps 4`): the
 /// decode linear 18944×3584 (56 blocks of a 64-iteration loop) runs 448 CTAs of 8 iterations;
 /// each stores its partial accumulator into its slot and arrives on its block's counter, and
@@ -470,13 +481,7 @@ fn last_block_combine_golden() {
 /// cluster on either).
 #[test]
 fn grid_split_golden() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock");
-    let f = mucc::read_file(
-        &dir.join("decode_m1_18944x3584_bf16.json"),
-        &ImportOptions::default(),
-    )
-    .unwrap();
-    let g = &f.graphs[0].graph;
+    let g = &decode_golden_graph();
     for arch in [Arch::Sm80, Arch::Sm90a] {
         let mut o = opts(arch);
         o.grid_split = mucc::sched::GridSplitChoice::Ctas(8);
@@ -515,13 +520,7 @@ fn grid_split_golden() {
 /// then waits with `griddepcontrol.wait`, and triggers the next launch after its loop.
 #[test]
 fn dependent_launch_prefetches_before_the_wait() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/threadblock");
-    let f = mucc::read_file(
-        &dir.join("decode_m1_18944x3584_bf16.json"),
-        &ImportOptions::default(),
-    )
-    .unwrap();
-    let g = &f.graphs[0].graph;
+    let g = &decode_golden_graph();
     let o = opts(Arch::Sm90a);
     assert!(o.dependent_launch);
     let (p, e) = mucc::transpile::transpile(g, &o, "decode_m1_18944x3584_bf16.json").unwrap();

@@ -531,19 +531,17 @@ fn plan_kernel_with(
         .into_iter()
         .filter(|u| u.reason != NotFused::Accumulator || accum_in_registers(&ops, u.producer))
         .collect();
+    let base = SplitBase {
+        tb,
+        threads,
+        fusion: &fusion,
+        sched: &sched,
+        tiles: &tiles,
+        target,
+        pipes: &pipes,
+    };
     let mut split = if hopper && opts.cluster_split {
-        plan_split(&SplitInputs {
-            tb,
-            threads,
-            fusion: &fusion,
-            sched: &sched,
-            ops: &ops,
-            tiles: &tiles,
-            smem: &smem,
-            target,
-            pipes: &pipes,
-            asked: opts.resident_blocks,
-        })
+        plan_split(&base.with(&ops, &smem, opts.resident_blocks))
     } else if hopper {
         Split::Off(SplitOff::TurnedOff)
     } else {
@@ -574,18 +572,7 @@ fn plan_kernel_with(
             ) else {
                 break;
             };
-            let split_r = plan_split(&SplitInputs {
-                tb,
-                threads,
-                fusion: &fusion,
-                sched: &sched,
-                ops: &ops_r,
-                tiles: &tiles,
-                smem: &smem_r,
-                target,
-                pipes: &pipes,
-                asked: None,
-            });
+            let split_r = plan_split(&base.with(&ops_r, &smem_r, None));
             if ctas(&split_r) > ctas(&split) {
                 (ops, tma, smem, split, resident_blocks) = (ops_r, tma_r, smem_r, split_r, r);
             }
@@ -601,19 +588,11 @@ fn plan_kernel_with(
     };
     let grid_split = grid_ctas.map(|n| {
         n.and_then(|n| {
-            let inputs = SplitInputs {
-                tb,
-                threads,
-                fusion: &fusion,
-                sched: &sched,
-                ops: &ops,
-                tiles: &tiles,
-                smem: &smem,
-                target,
-                pipes: &pipes,
-                asked: opts.resident_blocks,
-            };
-            plan_grid_split(&inputs, n, split_asked)
+            plan_grid_split(
+                &base.with(&ops, &smem, opts.resident_blocks),
+                n,
+                split_asked,
+            )
         })
     });
     let grid_split_off = match grid_split {
@@ -1317,6 +1296,61 @@ fn plan_split(inputs: &SplitInputs) -> Split {
         blocks,
         slots,
     })
+}
+
+/// What every split of a kernel's loop is planned from and no replanning changes.
+#[derive(Clone, Copy)]
+struct SplitBase<'a> {
+    /// The threadblock graph.
+    tb: &'a TbGraph,
+    /// Threads per CTA.
+    threads: usize,
+    /// Its fusion chains.
+    fusion: &'a FusionPlan,
+    /// Its schedule.
+    sched: &'a Schedule,
+    /// Tile geometries by tensor index.
+    tiles: &'a [Option<TileGeometry>],
+    /// The target.
+    target: &'a Target,
+    /// Register-pipe decisions.
+    pipes: &'a [PipeDecision],
+}
+
+impl<'a> SplitBase<'a> {
+    /// The inputs of a split of the kernel planned with `ops` and `smem`, counting on the CTAs
+    /// per SM `asked` (`--resident-blocks`).
+    fn with<'b>(
+        self,
+        ops: &'b [OpPlan],
+        smem: &'b SmemPlan,
+        asked: Option<usize>,
+    ) -> SplitInputs<'b>
+    where
+        'a: 'b,
+    {
+        let SplitBase {
+            tb,
+            threads,
+            fusion,
+            sched,
+            tiles,
+            target,
+            pipes,
+        } = self;
+        SplitInputs {
+            tb,
+            threads,
+            fusion,
+            sched,
+            ops,
+            tiles,
+            smem,
+            target,
+            pipes,
+            asked,
+        }
+    }
 }
 
 /// What a split of a kernel's loop is planned from: the kernel as planned so far.

@@ -95,6 +95,22 @@ fn plan_dependent_launches(
     let hopper = opts.path.hopper(&opts.target);
     let mut prev = Prev::Start;
     let mut kernel_level_triggers = BTreeSet::new();
+    // The kernel `prev` names lets the next launch start early.
+    let trigger = |prev: Prev,
+                   kernels: &mut BTreeMap<usize, KernelPlan>,
+                   kl: &mut BTreeSet<usize>| {
+        match prev {
+            Prev::Threadblock(j) => {
+                if let Some(kp) = kernels.get_mut(&j) {
+                    kp.triggers_next = true;
+                }
+            }
+            Prev::KernelLevel(j) => {
+                kl.insert(j);
+            }
+            Prev::Start | Prev::Library => {}
+        }
+    };
     let off = DependentLaunch::Off;
     for (i, op) in kernel_ops.iter().enumerate() {
         match op {
@@ -123,17 +139,7 @@ fn plan_dependent_launches(
                     });
                 }
                 if kp.dependent.is_programmatic() {
-                    match prev {
-                        Prev::Threadblock(j) => {
-                            if let Some(before) = kernels.get_mut(&j) {
-                                before.triggers_next = true;
-                            }
-                        }
-                        Prev::KernelLevel(j) => {
-                            kernel_level_triggers.insert(j);
-                        }
-                        Prev::Start | Prev::Library => {}
-                    }
+                    trigger(prev, kernels, &mut kernel_level_triggers);
                 }
                 prev = Prev::Threadblock(i);
             }
@@ -142,17 +148,7 @@ fn plan_dependent_launches(
     }
     // The last kernel lets the next execution's first kernel (a programmatic launch) start.
     if hopper && opts.dependent_launch {
-        match prev {
-            Prev::Threadblock(j) => {
-                if let Some(last) = kernels.get_mut(&j) {
-                    last.triggers_next = true;
-                }
-            }
-            Prev::KernelLevel(j) => {
-                kernel_level_triggers.insert(j);
-            }
-            Prev::Start | Prev::Library => {}
-        }
+        trigger(prev, kernels, &mut kernel_level_triggers);
     }
     kernel_level_triggers
 }
